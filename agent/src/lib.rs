@@ -1,0 +1,4 @@
+//! flower-addon agent library: registration client, work channel client, runtimes and the
+//! SuperNode renderer (the only one; the hub uses it for its own cluster).
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]

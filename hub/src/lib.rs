@@ -1,0 +1,3 @@
+//! flower-addon hub library: pure core (placement, rendering, status) and adapters.
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
