@@ -2,3 +2,5 @@
 //! SuperNode renderer (the only one; the hub uses it for its own cluster).
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
+
+pub mod cli;

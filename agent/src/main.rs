@@ -1,5 +1,41 @@
-fn main() {
+//! `flower-agent`: the flower-addon agent command line.
+use clap::{Parser, Subcommand};
+use flower_addon_agent::cli::{join, run};
+use std::process::ExitCode;
+
+/// flower-addon agent: joins a hub, keeps the mTLS work channel open and runs the SuperNode pools
+/// it is given (Kubernetes workloads or supervised processes).
+#[derive(Parser, Debug)]
+#[command(name = "flower-agent", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Join a hub with a bootstrap token and wait until the hub accepts this cluster.
+    Join(join::JoinArgs),
+    /// Connect to the hub and run the work it sends (runtime kubernetes or process).
+    Run(run::RunArgs),
+}
+
+fn main() -> ExitCode {
+    // One rustls crypto provider for the whole process (kube, tonic and our own TLS).
     rustls::crypto::ring::default_provider()
         .install_default()
         .expect("install the rustls ring crypto provider");
+    flower_addon_agent::cli::init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Join(args) => join::join(args),
+        Command::Run(args) => run::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("flower-agent: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,3 +1,5 @@
 //! flower-addon hub library: pure core (placement, rendering, status) and adapters.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
+
+pub mod cli;

@@ -1,5 +1,57 @@
-fn main() {
+//! `flower-hub`: the flower-addon hub command line.
+use clap::{Parser, Subcommand};
+use flower_addon_hub::cli::{offline, registration, serve};
+use std::process::ExitCode;
+
+/// flower-addon hub: runs Flower SuperLinks for Federations and sends each selected cluster its
+/// SuperNode pools over the mTLS work channel.
+#[derive(Parser, Debug)]
+#[command(name = "flower-hub", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print every CustomResourceDefinition as a multi-document YAML stream.
+    Crds,
+    /// Validate Federation/Placement/ManagedCluster files offline (exit 0 when all are valid).
+    Validate(offline::ValidateArgs),
+    /// Print every object that would be applied, for the hub or for one spoke cluster.
+    Render(offline::RenderArgs),
+    /// Run the hub (Kubernetes mode, or `--standalone` with a state directory).
+    Serve(serve::ServeArgs),
+    /// Create, list or delete bootstrap tokens for `flower-agent join`.
+    #[command(subcommand)]
+    Token(registration::TokenCommand),
+    /// Accept a cluster that asked to join (sets hubAcceptsClient=true).
+    Accept(registration::AcceptArgs),
+    /// Show Federations and clusters (like `kubectl get federation`).
+    Status(registration::StatusArgs),
+}
+
+fn main() -> ExitCode {
+    // One rustls crypto provider for the whole process (kube, tonic and our own TLS).
     rustls::crypto::ring::default_provider()
         .install_default()
         .expect("install the rustls ring crypto provider");
+    flower_addon_hub::cli::init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Crds => offline::crds(),
+        Command::Validate(args) => offline::validate(args),
+        Command::Render(args) => offline::render(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Token(cmd) => registration::token(cmd),
+        Command::Accept(args) => registration::accept(args),
+        Command::Status(args) => registration::status(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("flower-hub: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
