@@ -1,0 +1,570 @@
+//! Placement: which registered clusters a `Placement` selects (OCM semantics), as a pure function.
+//!
+//! - predicates are ORed; inside one predicate the label and claim selectors are ANDed; no
+//!   predicate at all selects every eligible cluster;
+//! - only accepted clusters are eligible;
+//! - taints with effect `NoSelect` drop a cluster unless a toleration matches (and, with
+//!   `tolerationSeconds`, only until that many seconds after the taint was added);
+//!   `NoSelectIfNew` keeps an already-selected cluster but never adds it; `PreferNoSelect` clusters
+//!   are taken last;
+//! - `Steady`: clusters selected before stay selected while they still qualify (no churn);
+//! - `numberOfClusters` caps the selection; the rest are chosen by name, so the result is stable.
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Taint key the hub puts on a cluster whose lease expired.
+pub const TAINT_UNREACHABLE: &str = "cluster.flower-addon.io/unreachable";
+/// Taint key the hub puts on a cluster that reports itself unavailable.
+pub const TAINT_UNAVAILABLE: &str = "cluster.flower-addon.io/unavailable";
+/// Decisions per `PlacementDecision` object (OCM paginates at 100).
+pub const DECISIONS_PER_PAGE: usize = 100;
+
+/// What placement needs to know about one registered cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    /// ManagedCluster name.
+    pub name: String,
+    /// Labels of the ManagedCluster.
+    pub labels: BTreeMap<String, String>,
+    /// Cluster claims reported by the agent.
+    pub claims: BTreeMap<String, String>,
+    /// Whether the hub accepted the cluster (`hubAcceptsClient`).
+    pub accepted: bool,
+    /// Taints on the ManagedCluster.
+    pub taints: Vec<TaintView>,
+}
+
+/// Effect of a taint on placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TaintEffect {
+    /// The cluster is not selected unless the taint is tolerated.
+    NoSelect,
+    /// The cluster is selected only when no other cluster qualifies.
+    PreferNoSelect,
+    /// The cluster stays selected if it already was, but is never newly selected.
+    NoSelectIfNew,
+}
+
+impl TaintEffect {
+    /// Parses the API spelling (`NoSelect`, `PreferNoSelect`, `NoSelectIfNew`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "NoSelect" => Some(Self::NoSelect),
+            "PreferNoSelect" => Some(Self::PreferNoSelect),
+            "NoSelectIfNew" => Some(Self::NoSelectIfNew),
+            _ => None,
+        }
+    }
+
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoSelect => "NoSelect",
+            Self::PreferNoSelect => "PreferNoSelect",
+            Self::NoSelectIfNew => "NoSelectIfNew",
+        }
+    }
+}
+
+/// One taint on a cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaintView {
+    /// Taint key.
+    pub key: String,
+    /// Taint value (empty when unset).
+    pub value: String,
+    /// Taint effect.
+    pub effect: TaintEffect,
+    /// When the taint was added, in Unix seconds (None: unknown, treated as "now").
+    pub time_added: Option<i64>,
+}
+
+/// A toleration in a Placement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TolerationView {
+    /// Key to match; empty with `Exists` matches every key.
+    pub key: String,
+    /// `Equal` (default) or `Exists`.
+    pub operator: String,
+    /// Value to match with `Equal`.
+    pub value: String,
+    /// Effect to match; None matches every effect.
+    pub effect: Option<TaintEffect>,
+    /// How long after the taint was added the toleration holds; None: forever.
+    pub toleration_seconds: Option<i64>,
+}
+
+/// One OR-ed predicate: label selector AND claim selector.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PredicateView {
+    /// Selector on cluster labels.
+    pub label_selector: Option<LabelSelector>,
+    /// Selector on cluster claims (match expressions only, as in OCM).
+    pub claim_selector: Vec<LabelSelectorRequirement>,
+}
+
+/// The parts of a Placement that decide the selection.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlacementPolicy {
+    /// ORed predicates; empty selects every eligible cluster.
+    pub predicates: Vec<PredicateView>,
+    /// Upper bound on the selection; None: every qualifying cluster.
+    pub number_of_clusters: Option<u32>,
+    /// Tolerations of taints.
+    pub tolerations: Vec<TolerationView>,
+}
+
+/// Why a cluster was left out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exclusion {
+    /// The hub has not accepted the cluster.
+    NotAccepted,
+    /// No predicate matches the cluster's labels and claims.
+    PredicatesNotMatched,
+    /// A taint that no toleration covers.
+    Tainted {
+        /// The taint key.
+        key: String,
+        /// Its effect.
+        effect: TaintEffect,
+    },
+    /// The cluster qualified but `numberOfClusters` was reached.
+    NumberOfClustersReached,
+}
+
+impl std::fmt::Display for Exclusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAccepted => write!(
+                f,
+                "cluster not accepted by the hub (hubAcceptsClient=false)"
+            ),
+            Self::PredicatesNotMatched => {
+                write!(f, "no predicate matches the cluster's labels and claims")
+            }
+            Self::Tainted { key, effect } => {
+                write!(f, "taint {key}:{} is not tolerated", effect.as_str())
+            }
+            Self::NumberOfClustersReached => write!(f, "numberOfClusters reached"),
+        }
+    }
+}
+
+/// The outcome of evaluating a Placement.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlacementOutcome {
+    /// Selected cluster names, sorted.
+    pub selected: Vec<String>,
+    /// Clusters left out, with the reason.
+    pub excluded: BTreeMap<String, Exclusion>,
+    /// True when the selection has every cluster asked for (`numberOfClusters`, or at least one
+    /// cluster when it is unset).
+    pub satisfied: bool,
+    /// Seconds from `now` until a toleration expires and the result may change.
+    pub requeue_after_secs: Option<i64>,
+}
+
+/// Evaluates `policy` against `clusters`. `previous` holds the clusters selected by the last
+/// evaluation (for Steady selection and `NoSelectIfNew`); `now` is Unix seconds.
+pub fn evaluate(
+    policy: &PlacementPolicy,
+    clusters: &[ClusterView],
+    previous: &BTreeSet<String>,
+    now: i64,
+) -> PlacementOutcome {
+    let mut out = PlacementOutcome::default();
+    let mut kept = Vec::new(); // previously selected, still qualifying
+    let mut fresh = Vec::new(); // qualifying, new
+    let mut preferred_not = Vec::new(); // qualifying only through PreferNoSelect
+    let mut sorted: Vec<&ClusterView> = clusters.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    sorted.dedup_by(|a, b| a.name == b.name);
+
+    for cluster in sorted {
+        if !cluster.accepted {
+            out.excluded
+                .insert(cluster.name.clone(), Exclusion::NotAccepted);
+            continue;
+        }
+        if !matches_predicates(&policy.predicates, cluster) {
+            out.excluded
+                .insert(cluster.name.clone(), Exclusion::PredicatesNotMatched);
+            continue;
+        }
+        let was_selected = previous.contains(&cluster.name);
+        let mut blocked = None;
+        let mut prefer_not = false;
+        for taint in &cluster.taints {
+            match tolerated(&policy.tolerations, taint, now) {
+                Tolerated::Yes { expires_in } => {
+                    if let Some(secs) = expires_in {
+                        out.requeue_after_secs =
+                            Some(out.requeue_after_secs.map_or(secs, |cur| cur.min(secs)));
+                    }
+                }
+                Tolerated::No => match taint.effect {
+                    TaintEffect::NoSelect => blocked = Some(taint),
+                    TaintEffect::NoSelectIfNew if !was_selected => blocked = Some(taint),
+                    TaintEffect::NoSelectIfNew => {}
+                    TaintEffect::PreferNoSelect => prefer_not = true,
+                },
+            }
+            if blocked.is_some() {
+                break;
+            }
+        }
+        if let Some(taint) = blocked {
+            out.excluded.insert(
+                cluster.name.clone(),
+                Exclusion::Tainted {
+                    key: taint.key.clone(),
+                    effect: taint.effect,
+                },
+            );
+        } else if was_selected {
+            kept.push(cluster.name.clone());
+        } else if prefer_not {
+            preferred_not.push(cluster.name.clone());
+        } else {
+            fresh.push(cluster.name.clone());
+        }
+    }
+
+    let cap = policy
+        .number_of_clusters
+        .map(|n| n as usize)
+        .unwrap_or(usize::MAX);
+    let mut selected = Vec::new();
+    for name in kept.into_iter().chain(fresh).chain(preferred_not) {
+        if selected.len() < cap {
+            selected.push(name);
+        } else {
+            out.excluded
+                .insert(name, Exclusion::NumberOfClustersReached);
+        }
+    }
+    selected.sort();
+    out.satisfied = match policy.number_of_clusters {
+        Some(n) => selected.len() == n as usize,
+        None => !selected.is_empty(),
+    };
+    out.selected = selected;
+    out
+}
+
+enum Tolerated {
+    Yes { expires_in: Option<i64> },
+    No,
+}
+
+fn tolerated(tolerations: &[TolerationView], taint: &TaintView, now: i64) -> Tolerated {
+    for t in tolerations {
+        if let Some(effect) = t.effect
+            && effect != taint.effect
+        {
+            continue;
+        }
+        let key_ok = match t.operator.as_str() {
+            "Exists" => t.key.is_empty() || t.key == taint.key,
+            _ => t.key == taint.key && t.value == taint.value,
+        };
+        if !key_ok {
+            continue;
+        }
+        match t.toleration_seconds {
+            None => return Tolerated::Yes { expires_in: None },
+            Some(secs) => {
+                let added = taint.time_added.unwrap_or(now);
+                let left = added + secs - now;
+                if left > 0 {
+                    return Tolerated::Yes {
+                        expires_in: Some(left),
+                    };
+                }
+            }
+        }
+    }
+    Tolerated::No
+}
+
+fn matches_predicates(predicates: &[PredicateView], cluster: &ClusterView) -> bool {
+    if predicates.is_empty() {
+        return true;
+    }
+    predicates.iter().any(|p| {
+        p.label_selector
+            .as_ref()
+            .is_none_or(|sel| selector_matches(sel, &cluster.labels))
+            && p.claim_selector
+                .iter()
+                .all(|req| requirement_matches(req, &cluster.claims))
+    })
+}
+
+/// True when `labels` satisfy the Kubernetes label selector (an empty selector matches all).
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .all(|req| requirement_matches(req, labels))
+}
+
+fn requirement_matches(req: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let values = req.values.as_deref().unwrap_or(&[]);
+    let value = labels.get(&req.key);
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        // Unknown operators match nothing; validation reports them before we get here.
+        _ => false,
+    }
+}
+
+/// Splits a sorted selection into pages of at most [`DECISIONS_PER_PAGE`], named
+/// `<placement>-decision-<n>` with n from 1.
+pub fn paginate(placement: &str, selected: &[String]) -> Vec<(String, Vec<String>)> {
+    selected
+        .chunks(DECISIONS_PER_PAGE)
+        .enumerate()
+        .map(|(i, chunk)| (format!("{placement}-decision-{}", i + 1), chunk.to_vec()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(name: &str, labels: &[(&str, &str)]) -> ClusterView {
+        ClusterView {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            accepted: true,
+            ..Default::default()
+        }
+    }
+
+    fn label_pred(k: &str, v: &str) -> PredicateView {
+        PredicateView {
+            label_selector: Some(LabelSelector {
+                match_labels: Some([(k.to_string(), v.to_string())].into()),
+                match_expressions: None,
+            }),
+            claim_selector: vec![],
+        }
+    }
+
+    fn unreachable_taint(added: i64) -> TaintView {
+        TaintView {
+            key: TAINT_UNREACHABLE.into(),
+            value: String::new(),
+            effect: TaintEffect::NoSelect,
+            time_added: Some(added),
+        }
+    }
+
+    #[test]
+    fn predicates_are_ored_and_selectors_anded() {
+        // A cluster is selected when any predicate matches, and a predicate needs both selectors.
+        let mut a = cluster("a", &[("env", "prod")]);
+        a.claims.insert("region".into(), "eu".into());
+        let b = cluster("b", &[("env", "dev")]);
+        let c = cluster("c", &[("env", "prod")]);
+        let policy = PlacementPolicy {
+            predicates: vec![
+                PredicateView {
+                    claim_selector: vec![LabelSelectorRequirement {
+                        key: "region".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["eu".into()]),
+                    }],
+                    ..label_pred("env", "prod")
+                },
+                label_pred("env", "dev"),
+            ],
+            ..Default::default()
+        };
+        let out = evaluate(&policy, &[a, b, c], &BTreeSet::new(), 0);
+        assert_eq!(out.selected, vec!["a", "b"]);
+        assert_eq!(out.excluded["c"], Exclusion::PredicatesNotMatched);
+    }
+
+    #[test]
+    fn unaccepted_clusters_are_never_selected() {
+        // Registration gates placement: a pending cluster gets no work.
+        let mut a = cluster("a", &[]);
+        a.accepted = false;
+        let out = evaluate(&PlacementPolicy::default(), &[a], &BTreeSet::new(), 0);
+        assert!(out.selected.is_empty());
+        assert!(!out.satisfied);
+        assert_eq!(out.excluded["a"], Exclusion::NotAccepted);
+    }
+
+    #[test]
+    fn number_of_clusters_caps_and_steady_keeps_previous() {
+        // Steady: an already-selected cluster keeps its place even when a lower name appears.
+        let clusters = [cluster("a", &[]), cluster("b", &[]), cluster("c", &[])];
+        let policy = PlacementPolicy {
+            number_of_clusters: Some(1),
+            ..Default::default()
+        };
+        let first = evaluate(&policy, &clusters, &BTreeSet::new(), 0);
+        assert_eq!(first.selected, vec!["a"]);
+        assert!(first.satisfied);
+        let prev: BTreeSet<String> = ["c".to_string()].into();
+        let again = evaluate(&policy, &clusters, &prev, 0);
+        assert_eq!(again.selected, vec!["c"]);
+        assert_eq!(again.excluded["a"], Exclusion::NumberOfClustersReached);
+    }
+
+    #[test]
+    fn untolerated_taint_drops_cluster_and_room_goes_to_another() {
+        // An unreachable cluster leaves the selection and numberOfClusters room is refilled.
+        let mut a = cluster("a", &[]);
+        a.taints.push(unreachable_taint(100));
+        let clusters = [a, cluster("b", &[])];
+        let policy = PlacementPolicy {
+            number_of_clusters: Some(1),
+            ..Default::default()
+        };
+        let prev: BTreeSet<String> = ["a".to_string()].into();
+        let out = evaluate(&policy, &clusters, &prev, 200);
+        assert_eq!(out.selected, vec!["b"]);
+        assert!(matches!(out.excluded["a"], Exclusion::Tainted { .. }));
+    }
+
+    #[test]
+    fn toleration_seconds_count_from_time_added() {
+        // tolerationSeconds keeps the cluster until the window closes, then drops it.
+        let mut a = cluster("a", &[]);
+        a.taints.push(unreachable_taint(1000));
+        let policy = PlacementPolicy {
+            tolerations: vec![TolerationView {
+                key: TAINT_UNREACHABLE.into(),
+                operator: "Exists".into(),
+                toleration_seconds: Some(300),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let within = evaluate(&policy, std::slice::from_ref(&a), &BTreeSet::new(), 1100);
+        assert_eq!(within.selected, vec!["a"]);
+        assert_eq!(within.requeue_after_secs, Some(200));
+        let after = evaluate(&policy, &[a], &BTreeSet::new(), 1300);
+        assert!(after.selected.is_empty());
+    }
+
+    #[test]
+    fn equal_toleration_needs_the_same_value_and_effect() {
+        // A toleration for another value or effect does not cover the taint.
+        let mut a = cluster("a", &[]);
+        a.taints.push(TaintView {
+            key: "gpu".into(),
+            value: "busy".into(),
+            effect: TaintEffect::NoSelect,
+            time_added: None,
+        });
+        let tol = |value: &str, effect| TolerationView {
+            key: "gpu".into(),
+            operator: "Equal".into(),
+            value: value.into(),
+            effect,
+            toleration_seconds: None,
+        };
+        let run = |t: TolerationView| {
+            let policy = PlacementPolicy {
+                tolerations: vec![t],
+                ..Default::default()
+            };
+            evaluate(&policy, std::slice::from_ref(&a), &BTreeSet::new(), 0).selected
+        };
+        assert!(run(tol("idle", None)).is_empty());
+        assert!(run(tol("busy", Some(TaintEffect::PreferNoSelect))).is_empty());
+        assert_eq!(run(tol("busy", Some(TaintEffect::NoSelect))), vec!["a"]);
+    }
+
+    #[test]
+    fn no_select_if_new_keeps_but_never_adds() {
+        // NoSelectIfNew protects running work but stops new placements.
+        let mut a = cluster("a", &[]);
+        a.taints.push(TaintView {
+            key: "drain".into(),
+            value: String::new(),
+            effect: TaintEffect::NoSelectIfNew,
+            time_added: None,
+        });
+        let fresh = evaluate(
+            &PlacementPolicy::default(),
+            std::slice::from_ref(&a),
+            &BTreeSet::new(),
+            0,
+        );
+        assert!(fresh.selected.is_empty());
+        let prev: BTreeSet<String> = ["a".to_string()].into();
+        let kept = evaluate(&PlacementPolicy::default(), &[a], &prev, 0);
+        assert_eq!(kept.selected, vec!["a"]);
+    }
+
+    #[test]
+    fn prefer_no_select_is_taken_last() {
+        // PreferNoSelect clusters fill the selection only when nothing else qualifies.
+        let mut a = cluster("a", &[]);
+        a.taints.push(TaintView {
+            key: "slow".into(),
+            value: String::new(),
+            effect: TaintEffect::PreferNoSelect,
+            time_added: None,
+        });
+        let policy = PlacementPolicy {
+            number_of_clusters: Some(1),
+            ..Default::default()
+        };
+        let out = evaluate(
+            &policy,
+            &[a.clone(), cluster("b", &[])],
+            &BTreeSet::new(),
+            0,
+        );
+        assert_eq!(out.selected, vec!["b"]);
+        let only = evaluate(&policy, &[a], &BTreeSet::new(), 0);
+        assert_eq!(only.selected, vec!["a"]);
+    }
+
+    #[test]
+    fn selector_operators() {
+        // In, NotIn, Exists and DoesNotExist follow Kubernetes label-selector semantics.
+        let labels: BTreeMap<String, String> = [("a".to_string(), "1".to_string())].into();
+        let req = |key: &str, op: &str, values: &[&str]| LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: Some(values.iter().map(|s| s.to_string()).collect()),
+        };
+        assert!(requirement_matches(&req("a", "In", &["1", "2"]), &labels));
+        assert!(!requirement_matches(&req("a", "NotIn", &["1"]), &labels));
+        assert!(requirement_matches(&req("b", "NotIn", &["1"]), &labels));
+        assert!(requirement_matches(&req("a", "Exists", &[]), &labels));
+        assert!(requirement_matches(&req("b", "DoesNotExist", &[]), &labels));
+        assert!(!requirement_matches(&req("a", "Bogus", &[]), &labels));
+    }
+
+    #[test]
+    fn decisions_paginate_at_100() {
+        // OCM consumers expect at most 100 decisions per PlacementDecision.
+        let names: Vec<String> = (0..250).map(|i| format!("c{i:03}")).collect();
+        let pages = paginate("p", &names);
+        assert_eq!(pages.len(), 3);
+        assert_eq!(pages[0].0, "p-decision-1");
+        assert_eq!(pages[0].1.len(), 100);
+        assert_eq!(pages[2].1.len(), 50);
+    }
+}
