@@ -1,0 +1,1 @@
+"""flower-addon example Flower app: FedAvg on synthetic linear regression (numpy only)."""
