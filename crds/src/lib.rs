@@ -3,7 +3,18 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod cluster;
+pub mod federation;
+pub mod placement;
+mod schema_helpers;
+
+pub use cluster::*;
+pub use federation::*;
+pub use placement::*;
+
 /// API group of every flower-addon resource.
 pub const GROUP: &str = "flower-addon.io";
 /// API version of every flower-addon resource.
 pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of every flower-addon resource.
+pub const API_VERSION: &str = "flower-addon.io/v1alpha1";

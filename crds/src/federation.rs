@@ -1,0 +1,570 @@
+//! The `Federation` resource: one Flower SuperLink on the hub and SuperNode pools in the hub
+//! cluster or in the clusters a `Placement` selects.
+//!
+//! The spec is a superset of flower-operator's `Federation` spec (same field names and defaults);
+//! additions are `placementRef`, `superlink.externalAddress` and `tls`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EnvVar, PersistentVolumeClaimSpec, PodTemplateSpec, ResourceRequirements, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::schema_helpers::{node_config_value_schema, preserve_unknown_object};
+
+/// Default Fleet API port (SuperNodes dial it), `spec.superlink.service.ports.grpc`.
+pub const DEFAULT_FLEET_PORT: i32 = 9092;
+/// Default ServerAppIO API port, `spec.superlink.service.ports.serverAppIO`.
+pub const DEFAULT_SERVERAPPIO_PORT: i32 = 9091;
+/// Default Control API port (`flwr run`), `spec.superlink.service.ports.extra`.
+pub const DEFAULT_CONTROL_PORT: i32 = 9093;
+/// Maximum number of SuperNode pools in one Federation.
+pub const MAX_POOLS: usize = 16;
+/// Maximum number of entries in one pool's `nodeConfig` (bounds the CEL cost).
+pub const MAX_NODE_CONFIG_ENTRIES: usize = 64;
+/// Maximum length of a `nodeConfig` key or string value (bounds the CEL cost).
+pub const MAX_NODE_CONFIG_LENGTH: usize = 1024;
+
+/// Desired state of a Flower federation: a SuperLink and one or more SuperNode pools.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "flower-addon.io",
+    version = "v1alpha1",
+    kind = "Federation",
+    plural = "federations",
+    namespaced,
+    status = "FederationStatus",
+    shortname = "fed",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Isolation","type":"string","jsonPath":".spec.isolationMode"}"#,
+    printcolumn = r#"{"name":"Clusters","type":"integer","jsonPath":".status.selectedClusters"}"#,
+    printcolumn = r#"{"name":"Supernodes","type":"string","jsonPath":".status.supernodes"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FederationSpec {
+    /// How SuperNode pools are materialised: one DaemonSet or one StatefulSet per pool.
+    pub mode: DeploymentMode,
+    /// Flower isolation mode for SuperLink and SuperNodes (`process` adds SuperExec sidecars).
+    pub isolation_mode: IsolationMode,
+    /// Flower version; selects the Flower argument dialect. When unset, read from the image tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub version: Option<String>,
+    /// Run every component with `--insecure` (no TLS). Defaults to true like flower-operator.
+    #[serde(default = "default_true")]
+    pub insecure: bool,
+    /// The SuperLink (always runs in the hub cluster).
+    pub superlink: SuperLinkSpec,
+    /// SuperNode pools.
+    pub supernodes: SuperNodesSpec,
+    /// Placement whose decisions select the clusters that run the pools. Absent: the pools run in
+    /// the hub cluster, exactly like flower-operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_ref: Option<PlacementRef>,
+    /// TLS settings used when `insecure` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// How SuperNode pools are deployed.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum DeploymentMode {
+    /// One DaemonSet per pool; pools must not set `replicas`.
+    DaemonSet,
+    /// One StatefulSet per pool; every pool sets `replicas` ≥ 1.
+    StatefulSet,
+}
+
+/// Flower isolation semantics.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationMode {
+    /// SuperExec runs as a separate container (sidecar) next to SuperLink and each SuperNode.
+    Process,
+    /// SuperLink and SuperNode start SuperExec internally; no sidecars.
+    Subprocess,
+}
+
+/// Reference to a `Placement` in the Federation's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlacementRef {
+    /// Name of the Placement.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// TLS settings for the SuperLink's Fleet API (used when `spec.insecure` is false).
+///
+/// By default the hub issues the SuperLink server certificate from its CA, with SANs for the
+/// in-cluster Service names, the host of `superlink.externalAddress` and `extraSANs`; spokes get
+/// the CA bundle with their work. `secretName` instead names a user-managed `kubernetes.io/tls`
+/// Secret (keys `tls.crt`, `tls.key` and `ca.crt`) in the Federation's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsSpec {
+    /// Secret holding `tls.crt`, `tls.key` and `ca.crt`; when absent the hub CA issues them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+    /// Additional DNS names or IP addresses for the hub-issued SuperLink certificate.
+    #[serde(rename = "extraSANs", default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 32))]
+    pub extra_sans: Vec<String>,
+}
+
+// === SuperLink ===
+
+/// Configuration of the SuperLink.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperLinkSpec {
+    /// SuperLink image (in subprocess mode it must contain the ServerApp dependencies).
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// ServerApp SuperExec sidecar image; required in process mode, must be empty in subprocess.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superexec_image: Option<String>,
+    /// Resources of the `superlink` container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Resources of the `superexec-serverapp` sidecar (process mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superexec_resources: Option<ResourceRequirements>,
+    /// Environment of the SuperLink container (and of the ServerApp sidecar in process mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Extra arguments appended to the SuperLink arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// Pod-level customisation (scheduling, security context, …); containers are owned by us.
+    ///
+    /// The CRD keeps this as a free-form object (`x-kubernetes-preserve-unknown-fields`) so the
+    /// CRD stays small; it is still typed here and checked when parsed offline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub pod_template: Option<PodTemplateSpec>,
+    /// Service exposing the SuperLink.
+    #[serde(default)]
+    pub service: SuperLinkServiceSpec,
+    /// Address (`host[:port]`) spokes dial to reach the Fleet API from outside the hub cluster,
+    /// e.g. a NodePort or LoadBalancer address. Its host is added to the SuperLink certificate.
+    /// Without a port, the Fleet port (`service.ports.grpc`) is used. Required for pools that run
+    /// in other clusters (a Federation with `placementRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 261))]
+    pub external_address: Option<String>,
+    /// Pod volumes of the SuperLink StatefulSet (merged with the podTemplate's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Volume mounts of the `superlink` container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Volume mounts of the ServerApp sidecar; when empty, `volumeMounts` is used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superexec_volume_mounts: Vec<VolumeMount>,
+    /// PersistentVolumeClaim templates of the SuperLink StatefulSet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 16))]
+    pub volume_claim_templates: Vec<PersistentVolumeClaimTemplate>,
+}
+
+/// Service exposing the SuperLink's APIs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperLinkServiceSpec {
+    /// Service type; default `ClusterIP`.
+    #[serde(rename = "type", default)]
+    pub type_: ServiceType,
+    /// Service ports.
+    #[serde(default)]
+    pub ports: SuperLinkPorts,
+    /// Labels merged under ours (ours win on conflicts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the Service.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Default for SuperLinkServiceSpec {
+    fn default() -> Self {
+        Self {
+            type_: ServiceType::default(),
+            ports: SuperLinkPorts::default(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+/// Kubernetes Service type of the SuperLink Service.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    JsonSchema,
+)]
+pub enum ServiceType {
+    /// Cluster-internal virtual IP.
+    #[default]
+    ClusterIP,
+    /// Exposed on every node's port.
+    NodePort,
+    /// Exposed through a cloud load balancer.
+    LoadBalancer,
+}
+
+/// Ports of the SuperLink Service (flower-operator names and defaults).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperLinkPorts {
+    /// Fleet API port SuperNodes dial (service port `fleet`); default 9092.
+    #[serde(default = "default_fleet_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub grpc: i32,
+    /// ServerAppIO API port (service port `serverappio`, process mode only); default 9091.
+    #[serde(rename = "serverAppIO", default = "default_serverappio_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub server_app_io: i32,
+    /// Control API port used by `flwr run` (service port `control`); default 9093.
+    #[serde(default = "default_control_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub extra: i32,
+}
+
+impl Default for SuperLinkPorts {
+    fn default() -> Self {
+        Self {
+            grpc: DEFAULT_FLEET_PORT,
+            server_app_io: DEFAULT_SERVERAPPIO_PORT,
+            extra: DEFAULT_CONTROL_PORT,
+        }
+    }
+}
+
+fn default_fleet_port() -> i32 {
+    DEFAULT_FLEET_PORT
+}
+fn default_serverappio_port() -> i32 {
+    DEFAULT_SERVERAPPIO_PORT
+}
+fn default_control_port() -> i32 {
+    DEFAULT_CONTROL_PORT
+}
+
+/// A PersistentVolumeClaim template (flower-operator's reduced metadata plus a full claim spec).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PersistentVolumeClaimTemplate {
+    /// Name, labels and annotations of the claim; the name is also the volume name to mount.
+    pub metadata: PersistentVolumeClaimTemplateMeta,
+    /// The claim's spec.
+    ///
+    /// Free-form in the CRD (`x-kubernetes-preserve-unknown-fields`) to keep it small; typed here.
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub spec: PersistentVolumeClaimSpec,
+}
+
+/// Metadata of a PersistentVolumeClaim template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PersistentVolumeClaimTemplateMeta {
+    /// Claim name, also the volume name used in volume mounts.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Labels of the claim.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the claim.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+// === SuperNodes ===
+
+/// SuperNode defaults and pools.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperNodesSpec {
+    /// Default SuperNode image, used when a pool sets no `images.supernode`.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    /// Default environment of every pool (a pool's `env` overrides it by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// The pools (1..16); each becomes one DaemonSet or StatefulSet per cluster.
+    #[schemars(extend("minItems" = 1, "maxItems" = 16))]
+    pub pools: Vec<SuperNodePoolSpec>,
+}
+
+/// One pool of SuperNodes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperNodePoolSpec {
+    /// Pool name (a DNS label, unique in the Federation); used in `<fed>-supernode-<pool>`.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Replicas per cluster; required (≥ 1) in StatefulSet mode, must be unset in DaemonSet mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub replicas: Option<i32>,
+    /// Images of this pool.
+    pub images: PoolImages,
+    /// GPU request of this pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuConfig>,
+    /// Resources of the `supernode` container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_resources: Option<ResourceRequirements>,
+    /// Resources of the `superexec-clientapp` sidecar (process mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superexec_resources: Option<ResourceRequirements>,
+    /// Pod-level customisation of this pool (free-form object in the CRD, typed here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub pod_template: Option<PodTemplateSpec>,
+    /// Extra arguments appended to the SuperNode arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// Environment of this pool (overrides `spec.supernodes.env` by name; also on the sidecar).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Pod volumes of this pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Volume mounts of the `supernode` container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Volume mounts of the ClientApp sidecar; when empty, `volumeMounts` is used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superexec_volume_mounts: Vec<VolumeMount>,
+    /// PersistentVolumeClaim templates (StatefulSet mode only; ignored for DaemonSets).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 16))]
+    pub volume_claim_templates: Vec<PersistentVolumeClaimTemplate>,
+    /// `--node-config` entries (keys sorted when rendered). Values are strings, integers or
+    /// booleans and may contain placeholders: `{index}` and `{replicas}` (StatefulSet only),
+    /// `{pool}`, `{node}`, `{cluster}`, `{clusterIndex}`, `{clusters}`, `{partition}`,
+    /// `{partitions}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub node_config: BTreeMap<String, NodeConfigValue>,
+}
+
+/// One `nodeConfig` value: a string, an integer or a boolean, as written in YAML.
+///
+/// In the CRD it is a free-form value (`x-kubernetes-preserve-unknown-fields`), because a
+/// structural schema cannot express "string or integer or boolean"; `validate_federation` and the
+/// typed parser reject anything else.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(untagged)]
+pub enum NodeConfigValue {
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// Any other value, possibly with placeholders.
+    String(String),
+}
+
+impl JsonSchema for NodeConfigValue {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "NodeConfigValue".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        node_config_value_schema(generator)
+    }
+}
+
+impl std::fmt::Display for NodeConfigValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bool(b) => write!(f, "{b}"),
+            Self::Int(i) => write!(f, "{i}"),
+            Self::String(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Images of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolImages {
+    /// SuperNode image; empty: `spec.supernodes.image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode: Option<String>,
+    /// ClientApp SuperExec sidecar image; required in process mode, empty in subprocess mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superexec_client_app: Option<String>,
+}
+
+/// GPU request of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Request `count` GPUs of `resourceName` per pod.
+    #[serde(default)]
+    pub enabled: bool,
+    /// GPU vendor; selects the default resource name and what `mountAll` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<GpuVendor>,
+    /// Extended resource name (default by vendor: `nvidia.com/gpu`, `amd.com/gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
+    /// GPUs per pod; default 1.
+    #[serde(default = "default_gpu_count")]
+    #[schemars(range(min = 1))]
+    pub count: i32,
+    /// Expose every GPU of the node to the pod (needs `vendor`; `count`/`resourceName` ignored).
+    #[serde(default)]
+    pub mount_all: bool,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            vendor: None,
+            resource_name: None,
+            count: 1,
+            mount_all: false,
+        }
+    }
+}
+
+fn default_gpu_count() -> i32 {
+    1
+}
+
+/// GPU vendor.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuVendor {
+    /// NVIDIA (`nvidia.com/gpu`, runtime class `nvidia` for mountAll).
+    Nvidia,
+    /// AMD (`amd.com/gpu`, `/dev/kfd` and `/dev/dri` for mountAll).
+    Amd,
+}
+
+// === Status ===
+
+/// Observed state of a Federation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationStatus {
+    /// Generation last processed by the hub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Aggregate SuperNode readiness, `"<ready>/<desired>"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernodes: Option<String>,
+    /// Ready SuperNodes across every pool and cluster.
+    #[serde(default)]
+    pub ready_supernodes: i32,
+    /// Desired SuperNodes across every pool and cluster.
+    #[serde(default)]
+    pub desired_supernodes: i32,
+    /// Number of clusters running pools (selected by the Placement; 1 without `placementRef`).
+    #[serde(default)]
+    pub selected_clusters: i32,
+    /// Where to reach the SuperLink.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<FederationEndpoints>,
+    /// Per-pool readiness summed over clusters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    /// Per-cluster readiness (multi-cluster Federations).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterStatus>,
+    /// `Ready`, `Reconciling`, `PlacementSatisfied`, `Degraded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Addresses of the SuperLink.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationEndpoints {
+    /// In-cluster Control API address, `<svc>.<ns>.svc:<control port>` (flower-operator's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superlink_service: Option<String>,
+    /// External Fleet API address spokes dial (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<String>,
+    /// External Control API address for `flwr run` (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
+}
+
+/// Readiness of one pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Workload kind: `DaemonSet` or `StatefulSet`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Desired replicas (StatefulSet) or desired scheduled pods (DaemonSet).
+    #[serde(default)]
+    pub desired: i32,
+    /// Ready replicas or pods.
+    #[serde(default)]
+    pub ready: i32,
+    /// Pool conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Readiness of the pools in one cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// ManagedCluster name.
+    pub name: String,
+    /// SuperNode readiness in this cluster, `"<ready>/<desired>"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernodes: Option<String>,
+    /// Per-pool readiness in this cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolStatus>,
+    /// Whether the cluster's agent is connected to the hub.
+    #[serde(default)]
+    pub connected: bool,
+    /// Time of the last status report from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_report: Option<Time>,
+    /// What is wrong, when something is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
