@@ -22,8 +22,13 @@ from fedavg_app.task import TRUE_BIAS, TRUE_WEIGHTS, initial_parameters
 app = ServerApp()
 
 
-class FederationError(RuntimeError):
-    """Raised to fail the run."""
+class FederationError(Exception):
+    """Raised to fail the run.
+
+    Deliberately NOT a RuntimeError: Flower 1.25's flwr-serverapp catches RuntimeError as
+    "Failed to start run" (exit code 203) and never updates the run status, so the run would
+    stay `running` forever instead of becoming `finished:failed`.
+    """
 
 
 def _say(line: str) -> None:
