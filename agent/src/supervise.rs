@@ -1,0 +1,324 @@
+//! Supervised child processes: started, logged to a file, restarted with capped exponential
+//! backoff and jitter, and stopped with their whole process group (no orphans).
+//!
+//! The hub supervises its SuperLink with this, the process runtime its SuperNodes and SuperExecs.
+use backon::{BackoffBuilder, ExponentialBuilder};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// Short name for logs (`supernode/fed/pool-0`).
+    pub name: String,
+    /// Program (a path, or a name looked up in `PATH`).
+    pub program: PathBuf,
+    /// Arguments, passed as they are (never through a shell).
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+    /// File that receives stdout and stderr (appended).
+    pub log_file: PathBuf,
+}
+
+/// Observable state of a supervised process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessState {
+    /// Pid of the running child, if one runs.
+    pub pid: Option<u32>,
+    /// How many times it was restarted.
+    pub restarts: u32,
+    /// Exit status of the last run (`exit 1`, `signal 9`), if any.
+    pub last_exit: Option<String>,
+    /// When the current child started.
+    pub started_at: Option<Instant>,
+}
+
+/// A running supervisor. Dropping it stops the process too (best effort, without waiting).
+pub struct Supervised {
+    spec: ProcessSpec,
+    state: Arc<Mutex<ProcessState>>,
+    stop_tx: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// A run that lasted this long resets the backoff.
+const STABLE_AFTER: Duration = Duration::from_secs(30);
+/// How long a process gets to exit after SIGTERM before SIGKILL.
+const GRACE: Duration = Duration::from_secs(5);
+
+impl Supervised {
+    /// Starts supervising `spec`. Must be called from within a Tokio runtime.
+    pub fn start(spec: ProcessSpec) -> Self {
+        let state = Arc::new(Mutex::new(ProcessState::default()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(supervise(spec.clone(), state.clone(), stop_rx));
+        Self {
+            spec,
+            state,
+            stop_tx,
+            task: Some(task),
+        }
+    }
+
+    /// The spec this supervisor runs.
+    pub fn spec(&self) -> &ProcessSpec {
+        &self.spec
+    }
+
+    /// Current state.
+    pub fn state(&self) -> ProcessState {
+        self.state.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops the process group (SIGTERM, then SIGKILL after a grace period) and waits.
+    pub async fn stop(mut self) {
+        let _ = self.stop_tx.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        let _ = self.stop_tx.send(true);
+        if self.task.is_some()
+            && let Ok(state) = self.state.lock()
+            && let Some(pid) = state.pid
+        {
+            kill_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+async fn supervise(
+    spec: ProcessSpec,
+    state: Arc<Mutex<ProcessState>>,
+    mut stop_rx: watch::Receiver<bool>,
+) {
+    let builder = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times();
+    let mut backoff = builder.build();
+    loop {
+        if *stop_rx.borrow() {
+            return;
+        }
+        let started = Instant::now();
+        match spawn(&spec) {
+            Ok(mut child) => {
+                let pid = child.id();
+                tracing::info!(process = %spec.name, pid, "started");
+                if let Ok(mut s) = state.lock() {
+                    s.pid = pid;
+                    s.started_at = Some(started);
+                }
+                let exit = tokio::select! {
+                    status = child.wait() => Some(status),
+                    _ = stop_rx.changed() => None,
+                };
+                match exit {
+                    Some(status) => {
+                        let text = match status {
+                            Ok(st) => describe_exit(st),
+                            Err(err) => format!("wait failed: {err}"),
+                        };
+                        tracing::warn!(process = %spec.name, exit = %text, "exited; restarting");
+                        if let Ok(mut s) = state.lock() {
+                            s.pid = None;
+                            s.last_exit = Some(text);
+                            s.restarts += 1;
+                        }
+                    }
+                    None => {
+                        terminate(&mut child).await;
+                        if let Ok(mut s) = state.lock() {
+                            s.pid = None;
+                            s.last_exit = Some("stopped".into());
+                        }
+                        tracing::info!(process = %spec.name, "stopped");
+                        return;
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::error!(process = %spec.name, program = %spec.program.display(), %err, "cannot start");
+                if let Ok(mut s) = state.lock() {
+                    s.last_exit = Some(format!("cannot start: {err}"));
+                    s.restarts += 1;
+                }
+            }
+        }
+        if started.elapsed() >= STABLE_AFTER {
+            backoff = builder.build();
+        }
+        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop_rx.changed() => return,
+        }
+    }
+}
+
+fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
+    if let Some(dir) = spec.log_file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spec.log_file)?;
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .envs(&spec.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(cwd) = &spec.cwd {
+        cmd.current_dir(cwd);
+    }
+    die_with_parent(&mut cmd);
+    cmd.spawn()
+}
+
+/// Asks the kernel to SIGTERM the child when the supervising thread's process dies, so a killed
+/// agent or hub leaves no SuperNode or SuperLink behind.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
+async fn terminate(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        kill_group(pid, nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
+            // Helpers (flwr-clientapp, superexec) share the group; make sure they are gone too.
+            kill_group(pid, nix::sys::signal::Signal::SIGKILL);
+            return;
+        }
+        kill_group(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = child.wait().await;
+}
+
+fn kill_group(pid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        _ => "unknown".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(name: &str, dir: &std::path::Path, script: &str) -> ProcessSpec {
+        ProcessSpec {
+            name: name.into(),
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            log_file: dir.join(format!("{name}.log")),
+        }
+    }
+
+    fn alive(pid: u32) -> bool {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+    }
+
+    #[tokio::test]
+    async fn restarts_a_crashing_process_and_logs_its_output() {
+        // A process that exits is started again, and its output lands in the log file.
+        let dir = tempfile::tempdir().unwrap();
+        let sup = Supervised::start(sh("crash", dir.path(), "echo hello; exit 3"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sup.state().restarts < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "no restart seen: {:?}",
+                sup.state()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(sup.state().last_exit.as_deref(), Some("exit 3"));
+        sup.stop().await;
+        let log = std::fs::read_to_string(dir.path().join("crash.log")).unwrap();
+        assert!(log.matches("hello").count() >= 2, "log: {log}");
+    }
+
+    #[tokio::test]
+    async fn stop_ends_the_whole_process_group() {
+        // Children of the supervised process (Flower's helpers) do not outlive a stop.
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+        let sup = Supervised::start(sh("group", dir.path(), &script));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let grandchild: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let child = sup.state().pid.unwrap();
+        assert!(alive(grandchild));
+        sup.stop().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Reap-independent check: /proc entry gone or zombie.
+        for pid in [child, grandchild] {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            assert!(
+                stat.is_empty() || stat.contains(") Z "),
+                "pid {pid} still running: {stat}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_reported_not_fatal() {
+        // A wrong program path is reported in the state and retried, never a panic.
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = sh("missing", dir.path(), "");
+        spec.program = dir.path().join("no-such-binary");
+        let sup = Supervised::start(spec);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sup.state().last_exit.is_none() {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(sup.state().last_exit.unwrap().starts_with("cannot start"));
+        sup.stop().await;
+    }
+}
