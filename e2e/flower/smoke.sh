@@ -14,8 +14,9 @@
 # Exits non-zero on any failure; everything it starts is stopped by pid (trap).
 #
 # Dialects (see NOTES.md):
-#   daemons:  < 1.35.0  classic  (--serverappio/--fleet/--control-api-address, --clientappio-api-address)
-#             >= 1.35.0 unified  (--host/--port; HTTPS with GET /health)
+#   daemons:  <= 1.34   classic  (--serverappio/--fleet/--control-api-address, --clientappio-api-address)
+#             1.35-1.39 transitional (refused here, exit 2)
+#             >= 1.40.0 unified  (--host/--port; one HTTPS server with GET /health)
 #   flwr CLI: < 1.26.0  pyproject `[tool.flwr.federations.NAME]` in the app dir: flwr CMD APP NAME
 #             >= 1.26.0 $FLWR_HOME/config.toml `[superlink.NAME]`: flwr CMD [APP] NAME
 set -euo pipefail
@@ -35,7 +36,13 @@ vercmp_ge() { # vercmp_ge A B  -> true if A >= B
   [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]
 }
 
-if vercmp_ge "$VERSION" 1.35.0; then DAEMONS=unified; else DAEMONS=classic; fi
+if vercmp_ge "$VERSION" 1.40.0; then DAEMONS=unified
+elif vercmp_ge "$VERSION" 1.35.0; then
+  # 1.35-1.36: Runtime API on --host/--port (plain HTTP) but Fleet + Control still gRPC on
+  # --fleet-api-address/--control-api-address; 1.37-1.39: Control moved to HTTP, Fleet still gRPC.
+  echo "smoke.sh: Flower $VERSION is a transitional dialect (1.35-1.39), not supported; see NOTES.md" >&2
+  exit 2
+else DAEMONS=classic; fi
 if vercmp_ge "$VERSION" 1.26.0; then CLI=configtoml; else CLI=pyproject; fi
 
 VENV="$("$HERE/venv.sh" "$VERSION" | tail -1)"
