@@ -4,3 +4,4 @@
 #![deny(rust_2018_idioms)]
 
 pub mod cli;
+pub mod render;

@@ -1,0 +1,253 @@
+//! The SuperNode renderer — the only one: the agent's Kubernetes and process runtimes, the hub
+//! (for pools in its own cluster) and `flower-hub render` all call it.
+//!
+//! Rendering is pure and deterministic: the same input gives byte-identical objects (sorted maps,
+//! ordered merges), so an unchanged Federation never restarts pods.
+//!
+//! # Placeholders in Kubernetes mode
+//!
+//! `{pool}`, `{replicas}`, `{cluster}`, `{clusterIndex}`, `{clusters}` and `{partitions}` are
+//! substituted when rendering. `{index}` becomes `$(FLWR_POD_INDEX)`, an env var from the downward
+//! API (`metadata.labels['apps.kubernetes.io/pod-index']`), and `{node}` becomes
+//! `$(FLWR_NODE_NAME)` (`spec.nodeName`); Kubernetes expands both in the container arguments.
+//!
+//! `{partition}` is `offset + index`, and Kubernetes cannot add. Instead of a shell wrapper (which
+//! would need `command`, a shell in the image and quoting of every user value), a pool that uses
+//! `{partition}` gets `spec.ordinals.start = offset`: the StatefulSet then numbers its pods
+//! `offset … offset+replicas-1`, the pod-index label *is* the global partition, and `{partition}`
+//! becomes `$(FLWR_POD_INDEX)` too (pod names then carry the partition, e.g.
+//! `fed-supernode-gpu-12`). The consequence: such a pool cannot also use `{index}` (the ordinal
+//! is no longer 0-based); using both is an error, in every runtime, so a Federation is valid or
+//! not independently of where it runs. `{index}`, `{replicas}`, `{partition}` and `{partitions}`
+//! are errors in DaemonSet pools (no replica index or count).
+//!
+//! In process mode ([`supernode_argv`]) every placeholder is expanded natively with the same
+//! rules, and nothing is escaped because no one expands anything.
+
+pub mod dialect;
+pub mod merge;
+pub mod node_config;
+pub mod partition;
+pub mod placeholders;
+mod pool;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use flower_addon_crds::{FederationSpec, IsolationMode, SuperNodePoolSpec};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
+pub use node_config::{NodeConfigError, encode_node_config};
+pub use partition::PartitionPlan;
+pub use placeholders::PlaceholderError;
+pub use pool::{superexec_clientapp_argv, supernode_argv};
+
+/// Value of `app.kubernetes.io/managed-by` on everything we render.
+pub const MANAGED_BY: &str = "flower-addon";
+/// Label carrying the pool name on pool workloads and their pods.
+pub const POOL_LABEL: &str = "flower-addon.io/pool";
+/// Program the SuperNode runs ([`supernode_argv`] returns its arguments).
+pub const SUPERNODE_PROGRAM: &str = "flower-supernode";
+/// Program of the SuperExec sidecars ([`superexec_clientapp_argv`] returns its arguments).
+pub const SUPEREXEC_PROGRAM: &str = "flower-superexec";
+/// Directory where the SuperLink CA bundle (`ca.crt`) is mounted in SuperNode pods.
+pub const CA_MOUNT_DIR: &str = "/etc/flwr/superlink-ca";
+/// Key of the CA bundle in the CA Secret.
+pub const CA_KEY: &str = "ca.crt";
+
+/// The `app.kubernetes.io/*` labels of one component of a Federation (plus the pool label for
+/// pools). Also the selector of the component's workload.
+pub fn component_labels(
+    federation: &str,
+    name: &str,
+    component: &str,
+    pool: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert("app.kubernetes.io/name".to_owned(), name.to_owned());
+    labels.insert(
+        "app.kubernetes.io/instance".to_owned(),
+        federation.to_owned(),
+    );
+    labels.insert(
+        "app.kubernetes.io/component".to_owned(),
+        component.to_owned(),
+    );
+    labels.insert(
+        "app.kubernetes.io/managed-by".to_owned(),
+        MANAGED_BY.to_owned(),
+    );
+    if let Some(pool) = pool {
+        labels.insert(POOL_LABEL.to_owned(), pool.to_owned());
+    }
+    labels
+}
+
+/// Name of a pool's workload, `<fed>-supernode-<pool>`.
+pub fn pool_workload_name(federation: &str, pool: &str) -> String {
+    format!("{federation}-supernode-{pool}")
+}
+
+/// Name of the Secret holding the SuperLink CA bundle (`ca.crt`) in a spoke cluster; the agent
+/// creates it from the CA bundle it receives with its work.
+pub fn spoke_ca_secret_name(federation: &str) -> String {
+    format!("{federation}-superlink-ca")
+}
+
+/// Where the pools of a Federation run, and the partitions of one pool there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterContext {
+    /// Cluster name (`{cluster}`).
+    pub name: String,
+    /// Position of the cluster among the selected clusters, 0-based (`{clusterIndex}`).
+    pub index: u32,
+    /// Number of selected clusters (`{clusters}`).
+    pub clusters: u32,
+    /// Global partition of this pool's replica 0 on this cluster ([`PartitionPlan::offset`]).
+    pub partition_offset: u64,
+    /// SuperNodes over every selected cluster (`{partitions}`, [`PartitionPlan::total`]).
+    pub partitions: u64,
+}
+
+impl ClusterContext {
+    /// The context of pool number `pool_index` of `spec` on the cluster `name` at `index` of
+    /// `clusters`.
+    pub fn for_pool(
+        spec: &FederationSpec,
+        pool_index: usize,
+        name: &str,
+        index: u32,
+        clusters: u32,
+    ) -> Self {
+        let plan = PartitionPlan::new(spec);
+        Self {
+            name: name.to_owned(),
+            index,
+            clusters,
+            partition_offset: plan.offset(index, pool_index),
+            partitions: plan.total(clusters),
+        }
+    }
+}
+
+/// Everything needed to render one pool.
+#[derive(Clone, Copy, Debug)]
+pub struct SuperNodePoolInput<'a> {
+    /// Federation name.
+    pub federation: &'a str,
+    /// Namespace of the workload.
+    pub namespace: &'a str,
+    /// Federation spec.
+    pub spec: &'a FederationSpec,
+    /// The pool (one of `spec.supernodes.pools`).
+    pub pool: &'a SuperNodePoolSpec,
+    /// Flower argument dialect ([`FlowerDialect::select`]).
+    pub dialect: FlowerDialect,
+    /// Fleet API address SuperNodes dial, `host:port` (the real Service or external port).
+    pub fleet_address: &'a str,
+    /// Secret with the SuperLink CA bundle under `ca.crt` (used when `spec.insecure` is false).
+    pub ca_secret_name: &'a str,
+    /// The cluster and the pool's partitions there.
+    pub cluster: &'a ClusterContext,
+}
+
+/// A pool's workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workload {
+    /// StatefulSet mode.
+    StatefulSet(StatefulSet),
+    /// DaemonSet mode.
+    DaemonSet(DaemonSet),
+}
+
+impl Workload {
+    /// The workload's metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Self::StatefulSet(s) => &s.metadata,
+            Self::DaemonSet(d) => &d.metadata,
+        }
+    }
+
+    /// The object as JSON (`apiVersion` and `kind` included, keys sorted).
+    pub fn to_value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        match self {
+            Self::StatefulSet(s) => serde_json::to_value(s),
+            Self::DaemonSet(d) => serde_json::to_value(d),
+        }
+    }
+}
+
+/// One replica of a pool run as a process (edge device, local demo).
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessReplica<'a> {
+    /// Replica index in the pool, 0-based (`{index}`).
+    pub index: u32,
+    /// Port of this replica's ClientAppIO / Runtime API on 127.0.0.1 (unique per host).
+    pub runtime_port: u16,
+    /// Host name (`{node}`).
+    pub node_name: &'a str,
+    /// CA bundle file for `--root-certificates` when TLS is on (`None`: system trust store).
+    pub root_certificates: Option<&'a Path>,
+}
+
+/// Why a pool cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The pool's nodeConfig cannot be encoded.
+    #[error("pool {pool:?}: {source}")]
+    NodeConfig {
+        /// Pool name.
+        pool: String,
+        /// What is wrong.
+        source: NodeConfigError,
+    },
+    /// The pool uses `{index}` and `{partition}` together.
+    #[error(
+        "pool {pool:?}: nodeConfig uses both {{index}} and {{partition}}; use one (the pool's pods are numbered by partition when {{partition}} is used)"
+    )]
+    IndexWithPartition {
+        /// Pool name.
+        pool: String,
+    },
+    /// StatefulSet mode without replicas.
+    #[error("pool {pool:?}: replicas must be set (>=1) for every pool when mode is StatefulSet")]
+    MissingReplicas {
+        /// Pool name.
+        pool: String,
+    },
+    /// Process isolation without a ClientApp SuperExec image.
+    #[error(
+        "pool {pool:?}: spec.supernodes.pools[*].images.superexecClientApp is required when isolationMode=process"
+    )]
+    MissingSuperExecImage {
+        /// Pool name.
+        pool: String,
+    },
+    /// The SuperLink spec cannot be rendered.
+    #[error("{0}")]
+    SuperLink(String),
+    /// No Flower dialect.
+    #[error(transparent)]
+    Dialect(#[from] DialectError),
+}
+
+/// Renders one pool as the StatefulSet or DaemonSet `<fed>-supernode-<pool>`.
+pub fn render_supernode_pool(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderError> {
+    pool::render(input)
+}
+
+/// Whether the Federation runs SuperExec sidecars.
+pub(crate) fn is_process(spec: &FederationSpec) -> bool {
+    spec.isolation_mode == IsolationMode::Process
+}
+
+/// The `--isolation` value of a Federation.
+pub fn isolation_arg(spec: &FederationSpec) -> &'static str {
+    match spec.isolation_mode {
+        IsolationMode::Process => "--isolation=process",
+        IsolationMode::Subprocess => "--isolation=subprocess",
+    }
+}
