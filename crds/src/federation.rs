@@ -14,7 +14,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::schema_helpers::{node_config_value_schema, preserve_unknown_object};
+use crate::schema_helpers::{
+    node_config_value_schema, preserve_unknown_object, preserve_unknown_object_list,
+};
 
 /// Default Fleet API port (SuperNodes dial it), `spec.superlink.service.ports.grpc`.
 pub const DEFAULT_FLEET_PORT: i32 = 9092;
@@ -170,6 +172,7 @@ pub struct SuperLinkSpec {
     pub external_address: Option<String>,
     /// Pod volumes of the SuperLink StatefulSet (merged with the podTemplate's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "preserve_unknown_object_list")]
     pub volumes: Vec<Volume>,
     /// Volume mounts of the `superlink` container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -186,6 +189,7 @@ pub struct SuperLinkSpec {
 /// Service exposing the SuperLink's APIs.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[derive(Default)]
 pub struct SuperLinkServiceSpec {
     /// Service type; default `ClusterIP`.
     #[serde(rename = "type", default)]
@@ -199,17 +203,6 @@ pub struct SuperLinkServiceSpec {
     /// Annotations of the Service.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-}
-
-impl Default for SuperLinkServiceSpec {
-    fn default() -> Self {
-        Self {
-            type_: ServiceType::default(),
-            ports: SuperLinkPorts::default(),
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-        }
-    }
 }
 
 /// Kubernetes Service type of the SuperLink Service.
@@ -357,6 +350,7 @@ pub struct SuperNodePoolSpec {
     pub env: Vec<EnvVar>,
     /// Pod volumes of this pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "preserve_unknown_object_list")]
     pub volumes: Vec<Volume>,
     /// Volume mounts of the `supernode` container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -377,15 +371,17 @@ pub struct SuperNodePoolSpec {
     pub node_config: BTreeMap<String, NodeConfigValue>,
 }
 
-/// One `nodeConfig` value: a string, an integer or a boolean, as written in YAML.
+/// One `nodeConfig` value as written in YAML.
 ///
-/// In the CRD it is a free-form value (`x-kubernetes-preserve-unknown-fields`), because a
-/// structural schema cannot express "string or integer or boolean"; `validate_federation` and the
-/// typed parser reject anything else.
+/// The CRD types a value as `x-kubernetes-int-or-string` (a structural schema cannot add
+/// booleans, and a free-form value would be invisible to the CEL rules), so the apiserver accepts
+/// strings and integers only; `validate_federation` rejects [`NodeConfigValue::Bool`] with the
+/// hint to write `"true"`/`"false"`, which the renderer emits bare (a TOML boolean), exactly like
+/// flower-operator, whose values are all strings.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(untagged)]
 pub enum NodeConfigValue {
-    /// `true` / `false`.
+    /// `true` / `false` written unquoted; parsed so the error can say what to write instead.
     Bool(bool),
     /// An integer.
     Int(i64),

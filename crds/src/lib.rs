@@ -4,13 +4,18 @@
 #![deny(rust_2018_idioms)]
 
 pub mod cluster;
+pub mod crdgen;
 pub mod federation;
 pub mod placement;
+pub mod rules;
 mod schema_helpers;
+pub mod validate;
 
 pub use cluster::*;
+pub use crdgen::{crd_file_name, crd_yaml, crds, crds_yaml};
 pub use federation::*;
 pub use placement::*;
+pub use validate::{FieldError, validate_federation, validate_placement};
 
 /// API group of every flower-addon resource.
 pub const GROUP: &str = "flower-addon.io";

@@ -14,11 +14,29 @@ pub(crate) fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// A `nodeConfig` value: any scalar. A structural schema cannot say "string or integer or
-/// boolean", so the value is free-form in the CRD and typed by `NodeConfigValue` and the CEL
-/// rule that rejects non-scalars.
+/// A `nodeConfig` value: a string or an integer (`x-kubernetes-int-or-string`).
+///
+/// A structural schema cannot express "string, integer or boolean", and a free-form
+/// (`x-kubernetes-preserve-unknown-fields`) value would be invisible to CEL, so booleans are
+/// written as the strings `"true"`/`"false"` (rendered bare, i.e. as TOML booleans). `maxLength`
+/// bounds the CEL cost of the rules that inspect the values.
 pub(crate) fn node_config_value_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
-        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-int-or-string": true,
+        "maxLength": crate::federation::MAX_NODE_CONFIG_LENGTH,
+    })
+}
+
+/// A list of free-form objects (used for `volumes`): the full Volume schema would make the
+/// Federation CRD larger than `kubectl apply`'s 256 KiB annotation limit; the rendered
+/// workloads are validated by the apiserver anyway, and the Rust type stays `Vec<Volume>`.
+pub(crate) fn preserve_unknown_object_list(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 64,
+        "items": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        },
     })
 }

@@ -1,0 +1,97 @@
+//! CRD generation: kube's derived CRDs, made structural and given the Federation CEL rules.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use crate::cluster::ManagedCluster;
+use crate::federation::Federation;
+use crate::placement::{Placement, PlacementDecision};
+use crate::rules::FEDERATION_SPEC_RULES;
+
+/// Every flower-addon CRD, in a fixed order: Federation, Placement, PlacementDecision,
+/// ManagedCluster.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    [
+        finish(Federation::crd(), true),
+        finish(Placement::crd(), false),
+        finish(PlacementDecision::crd(), false),
+        finish(ManagedCluster::crd(), false),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// File name of a CRD in `manifests/crds/` (`<plural>.<group>.yaml`).
+pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
+}
+
+/// One CRD as YAML (a single document, no leading `---`).
+pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
+    // A CRD is plain data (strings, numbers, maps); serialisation cannot fail, but an error is
+    // still reported in the output instead of panicking.
+    match serde_saphyr::to_string(crd) {
+        Ok(s) => s,
+        Err(e) => format!("# failed to serialise CRD: {e}\n"),
+    }
+}
+
+/// All CRDs as one multi-document YAML stream; byte-identical on every call.
+pub fn crds_yaml() -> String {
+    crds()
+        .iter()
+        .map(|crd| format!("---\n{}", crd_yaml(crd)))
+        .collect()
+}
+
+fn finish(crd: CustomResourceDefinition, federation_rules: bool) -> CustomResourceDefinition {
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    if let Some(versions) = value
+        .pointer_mut("/spec/versions")
+        .and_then(Value::as_array_mut)
+    {
+        for version in versions {
+            if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
+                make_structural(schema);
+                if federation_rules
+                    && let Some(spec) = schema
+                        .pointer_mut("/properties/spec")
+                        .and_then(Value::as_object_mut)
+                {
+                    let rules: Vec<Value> = FEDERATION_SPEC_RULES
+                        .iter()
+                        .map(|r| {
+                            json!({
+                                "rule": r.rule,
+                                "message": r.message,
+                                "fieldPath": r.field_path,
+                            })
+                        })
+                        .collect();
+                    spec.insert("x-kubernetes-validations".into(), Value::Array(rules));
+                }
+            }
+        }
+    }
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// `deny_unknown_fields` makes schemars emit `additionalProperties: false`, which a structural
+/// schema forbids next to `properties` (the apiserver's pruning already drops unknown fields).
+fn make_structural(node: &mut Value) {
+    match node {
+        Value::Object(map) => {
+            if map.get("additionalProperties") == Some(&Value::Bool(false)) {
+                map.remove("additionalProperties");
+            }
+            for (_, child) in map.iter_mut() {
+                make_structural(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(make_structural),
+        _ => {}
+    }
+}

@@ -1,0 +1,128 @@
+//! The CEL rules of the Federation spec, in one table used by CRD generation (as
+//! `x-kubernetes-validations` on `spec`) and by the tests that check `validate_federation`
+//! against the CEL expressions themselves.
+
+/// `spec.supernodes.pools` is empty.
+pub const MSG_NO_POOLS: &str = "spec.supernodes.pools must contain at least one pool";
+/// A pool sets `replicas` in DaemonSet mode.
+pub const MSG_DAEMONSET_REPLICAS: &str =
+    "replicas must not be set for pools when mode is DaemonSet";
+/// A pool lacks `replicas` ≥ 1 in StatefulSet mode.
+pub const MSG_STATEFULSET_REPLICAS: &str =
+    "replicas must be set (>=1) for every pool when mode is StatefulSet";
+/// Process isolation without `superlink.superexecImage`.
+pub const MSG_SUPERLINK_SUPEREXEC_REQUIRED: &str =
+    "spec.superlink.superexecImage is required when isolationMode=process";
+/// Process isolation and a pool without `images.superexecClientApp`.
+pub const MSG_POOL_SUPEREXEC_REQUIRED: &str =
+    "spec.supernodes.pools[*].images.superexecClientApp is required when isolationMode=process";
+/// Subprocess isolation with `superlink.superexecImage`.
+pub const MSG_SUPERLINK_SUPEREXEC_FORBIDDEN: &str =
+    "spec.superlink.superexecImage must be empty when isolationMode=subprocess";
+/// Subprocess isolation and a pool with `images.superexecClientApp`.
+pub const MSG_POOL_SUPEREXEC_FORBIDDEN: &str = "spec.supernodes.pools[*].images.superexecClientApp must be empty when isolationMode=subprocess";
+/// `gpu.mountAll` without `gpu.vendor`.
+pub const MSG_MOUNTALL_VENDOR: &str =
+    "spec.supernodes.pools[*].gpu.vendor is required when gpu.mountAll=true";
+/// Two pools share a name.
+pub const MSG_DUPLICATE_POOL_NAME: &str = "spec.supernodes.pools[*].name must be unique";
+/// A DaemonSet pool's nodeConfig uses `{index}` or `{replicas}`.
+pub const MSG_DAEMONSET_PLACEHOLDER: &str =
+    "spec.supernodes.pools[*].nodeConfig must not use {index} or {replicas} when mode is DaemonSet";
+/// A nodeConfig string value holds both quote characters.
+pub const MSG_NODE_CONFIG_QUOTES: &str =
+    "spec.supernodes.pools[*].nodeConfig values must not contain both ' and \"";
+/// A nodeConfig string value holds a control character (e.g. a newline).
+pub const MSG_NODE_CONFIG_CONTROL: &str =
+    "spec.supernodes.pools[*].nodeConfig values must not contain control characters";
+
+/// One CEL rule on the Federation `spec` (`self` is the spec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CelRule {
+    /// The CEL expression.
+    pub rule: &'static str,
+    /// The message the apiserver and `validate_federation` report.
+    pub message: &'static str,
+    /// The field the message is about, as a pattern (`[*]` for "every pool", `{key}` for a
+    /// nodeConfig key); `validate_federation` reports the concrete path.
+    pub path: &'static str,
+    /// The CEL `fieldPath` (relative to `spec`) the apiserver reports the error at.
+    pub field_path: &'static str,
+}
+
+/// Every CEL rule on the Federation spec. Rules 1–8 are flower-operator's (same messages);
+/// the rest are what flower-operator left to reconcile time or never checked.
+pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "size(self.supernodes.pools) > 0",
+        message: MSG_NO_POOLS,
+        path: "spec.supernodes.pools",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.mode == 'DaemonSet' ? self.supernodes.pools.all(p, !has(p.replicas)) : true",
+        message: MSG_DAEMONSET_REPLICAS,
+        path: "spec.supernodes.pools[*].replicas",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.mode == 'StatefulSet' ? self.supernodes.pools.all(p, has(p.replicas) && p.replicas >= 1) : true",
+        message: MSG_STATEFULSET_REPLICAS,
+        path: "spec.supernodes.pools[*].replicas",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.isolationMode != 'process' || (has(self.superlink.superexecImage) && size(self.superlink.superexecImage) > 0)",
+        message: MSG_SUPERLINK_SUPEREXEC_REQUIRED,
+        path: "spec.superlink.superexecImage",
+        field_path: ".superlink.superexecImage",
+    },
+    CelRule {
+        rule: "self.isolationMode != 'process' || self.supernodes.pools.all(p, has(p.images.superexecClientApp) && size(p.images.superexecClientApp) > 0)",
+        message: MSG_POOL_SUPEREXEC_REQUIRED,
+        path: "spec.supernodes.pools[*].images.superexecClientApp",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.isolationMode != 'subprocess' || !has(self.superlink.superexecImage) || size(self.superlink.superexecImage) == 0",
+        message: MSG_SUPERLINK_SUPEREXEC_FORBIDDEN,
+        path: "spec.superlink.superexecImage",
+        field_path: ".superlink.superexecImage",
+    },
+    CelRule {
+        rule: "self.isolationMode != 'subprocess' || self.supernodes.pools.all(p, !has(p.images.superexecClientApp) || size(p.images.superexecClientApp) == 0)",
+        message: MSG_POOL_SUPEREXEC_FORBIDDEN,
+        path: "spec.supernodes.pools[*].images.superexecClientApp",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.supernodes.pools.all(p, !has(p.gpu) || !has(p.gpu.mountAll) || p.gpu.mountAll == false || (has(p.gpu.vendor) && size(p.gpu.vendor) > 0))",
+        message: MSG_MOUNTALL_VENDOR,
+        path: "spec.supernodes.pools[*].gpu.vendor",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.supernodes.pools.all(p, self.supernodes.pools.exists_one(q, q.name == p.name))",
+        message: MSG_DUPLICATE_POOL_NAME,
+        path: "spec.supernodes.pools[*].name",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.mode != 'DaemonSet' || self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !(p.nodeConfig[k].contains('{index}') || p.nodeConfig[k].contains('{replicas}'))))",
+        message: MSG_DAEMONSET_PLACEHOLDER,
+        path: "spec.supernodes.pools[*].nodeConfig.{key}",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !(p.nodeConfig[k].contains('\\'') && p.nodeConfig[k].contains('\"'))))",
+        message: MSG_NODE_CONFIG_QUOTES,
+        path: "spec.supernodes.pools[*].nodeConfig.{key}",
+        field_path: ".supernodes.pools",
+    },
+    CelRule {
+        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !p.nodeConfig[k].matches('[\\\\x00-\\\\x1f\\\\x7f]')))",
+        message: MSG_NODE_CONFIG_CONTROL,
+        path: "spec.supernodes.pools[*].nodeConfig.{key}",
+        field_path: ".supernodes.pools",
+    },
+];

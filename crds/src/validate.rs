@@ -1,0 +1,497 @@
+//! Pure validation of Federations and Placements: the CEL rules (same messages, see
+//! [`crate::rules`]) and everything the CRD schema enforces, with concrete field paths.
+
+use std::collections::BTreeSet;
+
+use crate::federation::{
+    DeploymentMode, Federation, IsolationMode, MAX_NODE_CONFIG_ENTRIES, MAX_NODE_CONFIG_LENGTH,
+    MAX_POOLS, NodeConfigValue, SuperNodePoolSpec,
+};
+use crate::placement::{Placement, TolerationOperator};
+use crate::rules::*;
+
+/// One validation problem: the field it is about and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FieldError {
+    /// Field path such as `spec.supernodes.pools[1].replicas`.
+    pub path: String,
+    /// What is wrong; for CEL rules the exact CEL message.
+    pub message: String,
+}
+
+impl FieldError {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Validates a Federation: every CEL rule of the CRD and every schema constraint, plus what
+/// only this function can check (nodeConfig keys). Empty when valid; in field order otherwise.
+pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
+    let spec = &fed.spec;
+    let mut errors = Vec::new();
+
+    if let Some(version) = &spec.version
+        && version.is_empty()
+    {
+        errors.push(FieldError::new(
+            "spec.version",
+            "must not be empty when set",
+        ));
+    }
+    if let Some(placement) = &spec.placement_ref {
+        check_dns_subdomain(&mut errors, "spec.placementRef.name", &placement.name);
+    }
+    if let Some(tls) = &spec.tls {
+        if let Some(secret) = &tls.secret_name {
+            check_dns_subdomain(&mut errors, "spec.tls.secretName", secret);
+        }
+        if tls.extra_sans.len() > 32 {
+            errors.push(FieldError::new(
+                "spec.tls.extraSANs",
+                "must have at most 32 items",
+            ));
+        }
+        for (i, san) in tls.extra_sans.iter().enumerate() {
+            if san.is_empty() || san.chars().any(|c| c.is_whitespace() || c == '/') {
+                errors.push(FieldError::new(
+                    format!("spec.tls.extraSANs[{i}]"),
+                    "must be a DNS name or an IP address",
+                ));
+            }
+        }
+    }
+
+    // === superlink ===
+    let sl = &spec.superlink;
+    if sl.image.is_empty() {
+        errors.push(FieldError::new("spec.superlink.image", "must not be empty"));
+    }
+    let sl_superexec = sl.superexec_image.as_deref().unwrap_or("");
+    match spec.isolation_mode {
+        IsolationMode::Process if sl_superexec.is_empty() => errors.push(FieldError::new(
+            "spec.superlink.superexecImage",
+            MSG_SUPERLINK_SUPEREXEC_REQUIRED,
+        )),
+        IsolationMode::Subprocess if !sl_superexec.is_empty() => errors.push(FieldError::new(
+            "spec.superlink.superexecImage",
+            MSG_SUPERLINK_SUPEREXEC_FORBIDDEN,
+        )),
+        _ => {}
+    }
+    let ports = &sl.service.ports;
+    for (name, port) in [
+        ("grpc", ports.grpc),
+        ("serverAppIO", ports.server_app_io),
+        ("extra", ports.extra),
+    ] {
+        if !(1..=65535).contains(&port) {
+            errors.push(FieldError::new(
+                format!("spec.superlink.service.ports.{name}"),
+                "must be between 1 and 65535",
+            ));
+        }
+    }
+    if let Some(addr) = &sl.external_address
+        && let Err(why) = check_host_port(addr)
+    {
+        errors.push(FieldError::new("spec.superlink.externalAddress", why));
+    }
+    if sl.volume_claim_templates.len() > 16 {
+        errors.push(FieldError::new(
+            "spec.superlink.volumeClaimTemplates",
+            "must have at most 16 items",
+        ));
+    }
+    check_claim_templates(&mut errors, "spec.superlink", &sl.volume_claim_templates);
+
+    // === supernodes ===
+    let sn = &spec.supernodes;
+    if sn.image.is_empty() {
+        errors.push(FieldError::new(
+            "spec.supernodes.image",
+            "must not be empty",
+        ));
+    }
+    if sn.pools.is_empty() {
+        errors.push(FieldError::new("spec.supernodes.pools", MSG_NO_POOLS));
+    }
+    if sn.pools.len() > MAX_POOLS {
+        errors.push(FieldError::new(
+            "spec.supernodes.pools",
+            format!("must have at most {MAX_POOLS} items"),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, pool) in sn.pools.iter().enumerate() {
+        let at = format!("spec.supernodes.pools[{i}]");
+        if !seen.insert(pool.name.as_str()) {
+            errors.push(FieldError::new(
+                format!("{at}.name"),
+                MSG_DUPLICATE_POOL_NAME,
+            ));
+        }
+        validate_pool(&mut errors, &at, spec.mode, spec.isolation_mode, pool);
+    }
+    errors
+}
+
+fn validate_pool(
+    errors: &mut Vec<FieldError>,
+    at: &str,
+    mode: DeploymentMode,
+    isolation: IsolationMode,
+    pool: &SuperNodePoolSpec,
+) {
+    if let Err(why) = check_dns_label(&pool.name) {
+        errors.push(FieldError::new(format!("{at}.name"), why));
+    }
+    if let Some(replicas) = pool.replicas
+        && replicas < 1
+    {
+        errors.push(FieldError::new(
+            format!("{at}.replicas"),
+            "must be greater than or equal to 1",
+        ));
+    }
+    match mode {
+        DeploymentMode::DaemonSet if pool.replicas.is_some() => {
+            errors.push(FieldError::new(
+                format!("{at}.replicas"),
+                MSG_DAEMONSET_REPLICAS,
+            ));
+        }
+        DeploymentMode::StatefulSet if pool.replicas.is_none_or(|r| r < 1) => {
+            errors.push(FieldError::new(
+                format!("{at}.replicas"),
+                MSG_STATEFULSET_REPLICAS,
+            ));
+        }
+        _ => {}
+    }
+    let clientapp = pool.images.superexec_client_app.as_deref().unwrap_or("");
+    match isolation {
+        IsolationMode::Process if clientapp.is_empty() => errors.push(FieldError::new(
+            format!("{at}.images.superexecClientApp"),
+            MSG_POOL_SUPEREXEC_REQUIRED,
+        )),
+        IsolationMode::Subprocess if !clientapp.is_empty() => errors.push(FieldError::new(
+            format!("{at}.images.superexecClientApp"),
+            MSG_POOL_SUPEREXEC_FORBIDDEN,
+        )),
+        _ => {}
+    }
+    if let Some(gpu) = &pool.gpu {
+        if gpu.count < 1 {
+            errors.push(FieldError::new(
+                format!("{at}.gpu.count"),
+                "must be greater than or equal to 1",
+            ));
+        }
+        if gpu.mount_all && gpu.vendor.is_none() {
+            errors.push(FieldError::new(
+                format!("{at}.gpu.vendor"),
+                MSG_MOUNTALL_VENDOR,
+            ));
+        }
+    }
+    if pool.volume_claim_templates.len() > 16 {
+        errors.push(FieldError::new(
+            format!("{at}.volumeClaimTemplates"),
+            "must have at most 16 items",
+        ));
+    }
+    check_claim_templates(errors, at, &pool.volume_claim_templates);
+
+    if pool.node_config.len() > MAX_NODE_CONFIG_ENTRIES {
+        errors.push(FieldError::new(
+            format!("{at}.nodeConfig"),
+            format!("must have at most {MAX_NODE_CONFIG_ENTRIES} entries"),
+        ));
+    }
+    for (key, value) in &pool.node_config {
+        let path = format!("{at}.nodeConfig.{key}");
+        if let Err(why) = check_node_config_key(key) {
+            errors.push(FieldError::new(path.clone(), why));
+        }
+        match value {
+            NodeConfigValue::Bool(b) => errors.push(FieldError::new(
+                path,
+                format!("must be a string or an integer; write the boolean as \"{b}\""),
+            )),
+            NodeConfigValue::Int(_) => {}
+            NodeConfigValue::String(s) => {
+                if s.chars().count() > MAX_NODE_CONFIG_LENGTH {
+                    errors.push(FieldError::new(
+                        path.clone(),
+                        format!("may not be longer than {MAX_NODE_CONFIG_LENGTH}"),
+                    ));
+                }
+                if mode == DeploymentMode::DaemonSet
+                    && (s.contains("{index}") || s.contains("{replicas}"))
+                {
+                    errors.push(FieldError::new(path.clone(), MSG_DAEMONSET_PLACEHOLDER));
+                }
+                if s.contains('\'') && s.contains('"') {
+                    errors.push(FieldError::new(path.clone(), MSG_NODE_CONFIG_QUOTES));
+                }
+                if s.chars().any(|c| c.is_ascii_control()) {
+                    errors.push(FieldError::new(path, MSG_NODE_CONFIG_CONTROL));
+                }
+            }
+        }
+    }
+}
+
+fn check_claim_templates(
+    errors: &mut Vec<FieldError>,
+    at: &str,
+    templates: &[crate::federation::PersistentVolumeClaimTemplate],
+) {
+    for (i, t) in templates.iter().enumerate() {
+        if let Err(why) = check_dns_label(&t.metadata.name) {
+            errors.push(FieldError::new(
+                format!("{at}.volumeClaimTemplates[{i}].metadata.name"),
+                why,
+            ));
+        }
+    }
+}
+
+/// A nodeConfig key must survive `key=value` splitting and TOML parsing as a bare (possibly
+/// dotted) key: segments of ASCII letters, digits, `_` and `-`, joined by single dots.
+fn check_node_config_key(key: &str) -> Result<(), String> {
+    let ok = !key.is_empty()
+        && key.len() <= 253
+        && key.split('.').all(|seg| {
+            !seg.is_empty()
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err("key must be letters, digits, '_' and '-' (dots separate nested keys), at most 253 characters".into())
+    }
+}
+
+/// RFC 1123 label: what the CRD schema's pattern and `maxLength: 63` enforce.
+fn check_dns_label(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > 63 {
+        return Err("may not be longer than 63".into());
+    }
+    let bytes = name.as_bytes();
+    let inner_ok = bytes
+        .iter()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    let ends_ok =
+        bytes.first().is_some_and(|b| *b != b'-') && bytes.last().is_some_and(|b| *b != b'-');
+    if inner_ok && ends_ok {
+        Ok(())
+    } else {
+        Err(r#"must match "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (a DNS label)"#.into())
+    }
+}
+
+fn check_dns_subdomain(errors: &mut Vec<FieldError>, path: &str, name: &str) {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| check_dns_label(label).is_ok());
+    if !ok {
+        errors.push(FieldError::new(
+            path,
+            "must be a DNS subdomain (lowercase letters, digits, '-' and '.'), at most 253 characters",
+        ));
+    }
+}
+
+/// `host[:port]` with an IPv6 host in brackets; no scheme, path or whitespace.
+fn check_host_port(addr: &str) -> Result<(), String> {
+    const WHAT: &str = "must be host[:port] (IPv6 in brackets), without scheme or path";
+    if addr.is_empty() || addr.len() > 261 || addr.contains("://") || addr.contains('/') {
+        return Err(WHAT.into());
+    }
+    if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(WHAT.into());
+    }
+    let (host, port) = if let Some(rest) = addr.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(|| WHAT.to_string())?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(WHAT.into());
+        }
+        match after {
+            "" => (host, None),
+            p => (
+                host,
+                Some(p.strip_prefix(':').ok_or_else(|| WHAT.to_string())?),
+            ),
+        }
+    } else {
+        match addr.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (addr, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(WHAT.into());
+    }
+    if let Some(port) = port {
+        match port.parse::<u32>() {
+            Ok(p) if (1..=65535).contains(&p) => {}
+            _ => return Err("port must be between 1 and 65535".into()),
+        }
+    }
+    Ok(())
+}
+
+/// Validates a Placement: what its schema enforces and what OCM rejects as misconfigured.
+pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
+    let spec = &placement.spec;
+    let mut errors = Vec::new();
+    if spec.predicates.len() > 32 {
+        errors.push(FieldError::new(
+            "spec.predicates",
+            "must have at most 32 items",
+        ));
+    }
+    if let Some(n) = spec.number_of_clusters
+        && n < 0
+    {
+        errors.push(FieldError::new(
+            "spec.numberOfClusters",
+            "must be greater than or equal to 0",
+        ));
+    }
+    for (i, pred) in spec.predicates.iter().enumerate() {
+        let Some(sel) = &pred.required_cluster_selector else {
+            continue;
+        };
+        let at = format!("spec.predicates[{i}].requiredClusterSelector");
+        if let Some(ls) = &sel.label_selector {
+            for (j, req) in ls.match_expressions.iter().flatten().enumerate() {
+                check_selector_requirement(
+                    &mut errors,
+                    &format!("{at}.labelSelector.matchExpressions[{j}]"),
+                    &req.operator,
+                    req.values.as_deref().unwrap_or(&[]),
+                );
+            }
+        }
+        if let Some(cs) = &sel.claim_selector {
+            for (j, req) in cs.match_expressions.iter().enumerate() {
+                check_selector_requirement(
+                    &mut errors,
+                    &format!("{at}.claimSelector.matchExpressions[{j}]"),
+                    &req.operator,
+                    req.values.as_deref().unwrap_or(&[]),
+                );
+            }
+        }
+    }
+    if spec.tolerations.len() > 32 {
+        errors.push(FieldError::new(
+            "spec.tolerations",
+            "must have at most 32 items",
+        ));
+    }
+    for (i, t) in spec.tolerations.iter().enumerate() {
+        let at = format!("spec.tolerations[{i}]");
+        let key_empty = t.key.as_deref().unwrap_or("").is_empty();
+        match t.operator.unwrap_or(TolerationOperator::Equal) {
+            TolerationOperator::Exists if t.value.as_deref().is_some_and(|v| !v.is_empty()) => {
+                errors.push(FieldError::new(
+                    format!("{at}.value"),
+                    "must be empty when operator is Exists",
+                ));
+            }
+            TolerationOperator::Equal if key_empty => errors.push(FieldError::new(
+                format!("{at}.key"),
+                "must be set when operator is Equal",
+            )),
+            _ => {}
+        }
+        if t.toleration_seconds.is_some_and(|s| s < 0) {
+            errors.push(FieldError::new(
+                format!("{at}.tolerationSeconds"),
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    if let Some(policy) = &spec.prioritizer_policy {
+        for (i, c) in policy.configurations.iter().enumerate() {
+            let at = format!("spec.prioritizerPolicy.configurations[{i}]");
+            if !(-10..=10).contains(&c.weight) {
+                errors.push(FieldError::new(
+                    format!("{at}.weight"),
+                    "must be between -10 and 10",
+                ));
+            }
+            let sc = &c.score_coordinate;
+            match sc.type_ {
+                crate::placement::ScoreCoordinateType::BuiltIn => {
+                    const BUILT_INS: [&str; 4] = [
+                        "Balance",
+                        "Steady",
+                        "ResourceAllocatableCPU",
+                        "ResourceAllocatableMemory",
+                    ];
+                    if !sc
+                        .built_in
+                        .as_deref()
+                        .is_some_and(|b| BUILT_INS.contains(&b))
+                    {
+                        errors.push(FieldError::new(
+                            format!("{at}.scoreCoordinate.builtIn"),
+                            "must be one of Balance, Steady, ResourceAllocatableCPU, ResourceAllocatableMemory when type is BuiltIn",
+                        ));
+                    }
+                }
+                crate::placement::ScoreCoordinateType::AddOn => {
+                    if sc.add_on.is_none() {
+                        errors.push(FieldError::new(
+                            format!("{at}.scoreCoordinate.addOn"),
+                            "is required when type is AddOn",
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    errors
+}
+
+fn check_selector_requirement(
+    errors: &mut Vec<FieldError>,
+    at: &str,
+    operator: &str,
+    values: &[String],
+) {
+    match operator {
+        "In" | "NotIn" if values.is_empty() => errors.push(FieldError::new(
+            format!("{at}.values"),
+            "must be non-empty when operator is In or NotIn",
+        )),
+        "Exists" | "DoesNotExist" if !values.is_empty() => errors.push(FieldError::new(
+            format!("{at}.values"),
+            "must be empty when operator is Exists or DoesNotExist",
+        )),
+        "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+        _ => errors.push(FieldError::new(
+            format!("{at}.operator"),
+            "must be one of In, NotIn, Exists, DoesNotExist",
+        )),
+    }
+}
