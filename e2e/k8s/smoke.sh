@@ -13,10 +13,17 @@ STAGES_DIR="$(dirname "${BIN_DIR}")/kwok-stages"
 WORK="$(mktemp -d /tmp/flower-k8s-smoke.XXXXXX)"
 PIDS=()
 ok=0
+stop() {  # stop <pid>: SIGTERM, then SIGKILL after 10 s
+  local p="$1" i
+  kill "${p}" 2>/dev/null || return 0
+  for (( i = 0; i < 100; i++ )); do kill -0 "${p}" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "${p}" 2>/dev/null || true
+  wait "${p}" 2>/dev/null || true
+}
 cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "${p}" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "${p}" 2>/dev/null || true; done
+  # Reverse start order: clients first, etcd last (an apiserver whose etcd is gone takes minutes to exit).
+  local i
+  for (( i = ${#PIDS[@]} - 1; i >= 0; i-- )); do stop "${PIDS[i]}"; done
   if (( ! ok )); then
     for f in "${WORK}"/*.log; do [[ -f "$f" ]] && { echo "--- tail of $f" >&2; tail -n 25 "$f" >&2; }; done
   fi
@@ -26,11 +33,12 @@ trap cleanup EXIT
 
 log() { printf '%s\n' "$*" >&2; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_for() {  # wait_for <what> <seconds> <command...>
+wait_for() {  # wait_for <what> <seconds> <command...>; also fails as soon as a started process died
   local what="$1" secs="$2"; shift 2
-  local t0=${SECONDS}
+  local t0=${SECONDS} p
   until "$@" >/dev/null 2>&1; do
     (( SECONDS - t0 < secs )) || { log "TIMEOUT waiting for ${what}"; return 1; }
+    for p in "${PIDS[@]}"; do kill -0 "${p}" 2>/dev/null || { log "process ${p} exited while waiting for ${what}"; return 1; }; done
     sleep 0.5
   done
   log "ok: ${what} ($(( SECONDS - t0 ))s)"
@@ -57,7 +65,8 @@ wait_for "etcd /health" 30 bash -c "curl -sf http://127.0.0.1:${ETCD_PORT}/healt
 # --- kube-apiserver ---------------------------------------------------------------------------
 "${BIN_DIR}/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:${ETCD_PORT}" --etcd-prefix=/cluster1 \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${API_PORT}" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
+  --secure-port="${API_PORT}" \
   --cert-dir="${WORK}/certs" \
   --service-cluster-ip-range=10.96.0.0/16 \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
@@ -66,7 +75,13 @@ wait_for "etcd /health" 30 bash -c "curl -sf http://127.0.0.1:${ETCD_PORT}/healt
   --authorization-mode=RBAC --allow-privileged=true \
   > "${WORK}/kube-apiserver.log" 2>&1 &
 PIDS+=($!)
-CA="${WORK}/certs/apiserver.crt"
+# apiserver.crt = self-signed leaf + its CA; the CA alone (2nd PEM block) is the root CA for clients.
+extract_ca() {
+  awk '/BEGIN CERTIFICATE/{n++} n==2' "${WORK}/certs/apiserver.crt" > "${WORK}/ca.crt" 2>/dev/null &&
+    grep -q 'END CERTIFICATE' "${WORK}/ca.crt"
+}
+wait_for "apiserver self-signed CA in --cert-dir" 30 extract_ca
+CA="${WORK}/ca.crt"
 api() { curl -sS --fail --cacert "${CA}" -H "Authorization: Bearer ${TOKEN}" "$@"; }
 URL="https://127.0.0.1:${API_PORT}"
 wait_for "kube-apiserver /readyz" 90 api "${URL}/readyz"
@@ -97,7 +112,7 @@ KC="${WORK}/kubeconfig"
 
 # --- kube-controller-manager ------------------------------------------------------------------
 "${BIN_DIR}/kube-controller-manager" \
-  --kubeconfig="${KC}" --authentication-kubeconfig="${KC}" --authorization-kubeconfig="${KC}" \
+  --kubeconfig="${KC}" \
   --leader-elect=false \
   --bind-address=127.0.0.1 --secure-port="${CM_PORT}" --cert-dir="${WORK}/cm-certs" \
   --service-account-private-key-file="${WORK}/sa.key" --root-ca-file="${CA}" \
@@ -107,7 +122,7 @@ PIDS+=($!)
 
 # --- kube-scheduler ---------------------------------------------------------------------------
 "${BIN_DIR}/kube-scheduler" \
-  --kubeconfig="${KC}" --authentication-kubeconfig="${KC}" --authorization-kubeconfig="${KC}" \
+  --kubeconfig="${KC}" \
   --leader-elect=false \
   --bind-address=127.0.0.1 --secure-port="${SCHED_PORT}" --cert-dir="${WORK}/sched-certs" \
   > "${WORK}/kube-scheduler.log" 2>&1 &
@@ -125,6 +140,7 @@ PIDS+=($!)
 
 wait_for "kube-controller-manager /healthz" 60 curl -sfk "https://127.0.0.1:${CM_PORT}/healthz"
 wait_for "kube-scheduler /healthz" 60 curl -sfk "https://127.0.0.1:${SCHED_PORT}/healthz"
+wait_for "kwok /healthz (plain http)" 60 curl -sf "http://127.0.0.1:${KWOK_PORT}/healthz"
 wait_for "default ServiceAccount (controller-manager works)" 60 api "${URL}/api/v1/namespaces/default/serviceaccounts/default"
 
 # --- a kwok node --------------------------------------------------------------------------------
