@@ -28,6 +28,7 @@ pub const TAINT_UNREACHABLE: &str = "cluster.open-cluster-management.io/unreacha
 #[kube(
     group = "flower-addon.io",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "ManagedCluster",
     plural = "managedclusters",
     status = "ManagedClusterStatus",

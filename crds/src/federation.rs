@@ -36,6 +36,7 @@ pub const MAX_NODE_CONFIG_LENGTH: usize = 1024;
 #[kube(
     group = "flower-addon.io",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "Federation",
     plural = "federations",
     namespaced,
@@ -329,6 +330,11 @@ pub struct SuperNodePoolSpec {
     pub replicas: Option<i32>,
     /// Images of this pool.
     pub images: PoolImages,
+    /// Narrows the pool to the selected clusters whose ManagedCluster labels match (flower-addon
+    /// addition; absent: the pool runs on every cluster the Placement selects). Lets one
+    /// Federation put different pools on different sites.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
     /// GPU request of this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuConfig>,

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod crdgen;
 pub mod federation;
+pub mod parse;
 pub mod placement;
 pub mod rules;
 mod schema_helpers;
@@ -14,6 +15,7 @@ pub mod validate;
 pub use cluster::*;
 pub use crdgen::{crd_file_name, crd_yaml, crds, crds_yaml};
 pub use federation::*;
+pub use parse::{Object, ParseError, parse_documents};
 pub use placement::*;
 pub use validate::{FieldError, validate_federation, validate_placement};
 

@@ -18,6 +18,7 @@ pub const MAX_DECISIONS_PER_OBJECT: usize = 100;
 #[kube(
     group = "flower-addon.io",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "Placement",
     plural = "placements",
     namespaced,
@@ -257,6 +258,7 @@ pub struct UnselectedCluster {
 #[kube(
     group = "flower-addon.io",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "PlacementDecision",
     plural = "placementdecisions",
     namespaced,
