@@ -1,0 +1,166 @@
+//! Applying YAML manifests to a cluster (server-side apply) and small polling helpers.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, ResourceExt};
+
+/// Field manager used by the harness for everything it applies.
+pub const FIELD_MANAGER: &str = "flower-addon-e2e";
+
+/// Parses a multi-document YAML string into objects (empty documents are skipped).
+pub fn parse_yaml(yaml: &str) -> Result<Vec<DynamicObject>> {
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(yaml).context("parsing multi-document YAML")?;
+    docs.into_iter()
+        .filter(|d| !d.is_null())
+        .map(|d| serde_json::from_value(d).context("a YAML document is not a Kubernetes object"))
+        .collect()
+}
+
+/// The `Api` for an object, resolved by discovery of its `apiVersion`/`kind`; namespaced objects
+/// without a namespace go to `default_namespace`.
+pub async fn api_for(
+    client: &Client,
+    obj: &DynamicObject,
+    default_namespace: &str,
+) -> Result<Api<DynamicObject>> {
+    let types = obj
+        .types
+        .as_ref()
+        .with_context(|| format!("object {} has no apiVersion/kind", obj.name_any()))?;
+    let gvk = GroupVersionKind::try_from(types)
+        .with_context(|| format!("bad apiVersion {:?}", types.api_version))?;
+    let (ar, caps) = pinned_kind(client, &gvk)
+        .await
+        .with_context(|| format!("discovering {}/{}", types.api_version, types.kind))?;
+    Ok(match caps.scope {
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+        Scope::Namespaced => {
+            let ns = obj
+                .namespace()
+                .unwrap_or_else(|| default_namespace.to_string());
+            Api::namespaced_with(client.clone(), &ns, &ar)
+        }
+    })
+}
+
+/// Which documents to apply and how.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyOptions<'a> {
+    /// Apply only documents of these kinds (`None`: all).
+    pub kinds: Option<&'a [&'a str]>,
+    /// Server-side dry run (`dryRun=All`): validated and admitted, not stored.
+    pub dry_run: bool,
+}
+
+/// Server-side applies one object (forced, [`FIELD_MANAGER`]); returns what the apiserver stored
+/// (or would store, with `dry_run`).
+pub async fn apply_object(
+    client: &Client,
+    obj: &DynamicObject,
+    default_namespace: &str,
+    dry_run: bool,
+) -> Result<DynamicObject> {
+    let api = api_for(client, obj, default_namespace).await?;
+    let name = obj.name_any();
+    let mut obj = obj.clone();
+    obj.metadata.managed_fields = None;
+    obj.metadata.resource_version = None;
+    let mut pp = PatchParams::apply(FIELD_MANAGER).force();
+    pp.dry_run = dry_run;
+    api.patch(&name, &pp, &Patch::Apply(&obj))
+        .await
+        .map_err(anyhow::Error::from)
+}
+
+/// Server-side applies the selected documents of a YAML string, in order.
+pub async fn apply_yaml_with(
+    client: &Client,
+    yaml: &str,
+    default_namespace: &str,
+    opts: ApplyOptions<'_>,
+) -> Result<Vec<DynamicObject>> {
+    let mut out = Vec::new();
+    for obj in parse_yaml(yaml)? {
+        let kind = obj
+            .types
+            .as_ref()
+            .map(|t| t.kind.clone())
+            .unwrap_or_default();
+        if opts.kinds.is_some_and(|ks| !ks.contains(&kind.as_str())) {
+            continue;
+        }
+        let name = obj.name_any();
+        out.push(
+            apply_object(client, &obj, default_namespace, opts.dry_run)
+                .await
+                .with_context(|| format!("applying {kind} {name}"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Server-side applies every document of a YAML string, in order.
+pub async fn apply_yaml(
+    client: &Client,
+    yaml: &str,
+    default_namespace: &str,
+) -> Result<Vec<DynamicObject>> {
+    apply_yaml_with(client, yaml, default_namespace, ApplyOptions::default()).await
+}
+
+/// Server-side applies the selected documents of a YAML file, in order.
+pub async fn apply_file_with(
+    client: &Client,
+    path: &Path,
+    default_namespace: &str,
+    opts: ApplyOptions<'_>,
+) -> Result<Vec<DynamicObject>> {
+    let yaml =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    apply_yaml_with(client, &yaml, default_namespace, opts)
+        .await
+        .with_context(|| format!("applying {}", path.display()))
+}
+
+/// Server-side applies every document of a YAML file, in order.
+pub async fn apply_file(
+    client: &Client,
+    path: &Path,
+    default_namespace: &str,
+) -> Result<Vec<DynamicObject>> {
+    apply_file_with(client, path, default_namespace, ApplyOptions::default()).await
+}
+
+/// Polls `probe` every 250 ms until it returns `Ok(true)`; fails after `timeout` with the last
+/// probe error. `what` appears in the progress line and the error.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match probe().await {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > timeout {
+            match last_err {
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -1,0 +1,628 @@
+//! A real multi-cluster control plane on loopback: one etcd shared by one kube-apiserver per
+//! cluster (`--etcd-prefix=/<cluster>`), each with kube-controller-manager, kube-scheduler and kwok
+//! managing fake nodes.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use tempfile::TempDir;
+
+use crate::bins::Binaries;
+use crate::kubeconfig;
+use crate::process::{Processes, excerpt};
+
+/// Service CIDR of every cluster.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// Annotation kwok uses to pick the nodes it manages.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// Knobs of [`ControlPlane::start_with`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Fake kwok nodes per cluster (`<cluster>-node-<i>`).
+    pub nodes_per_cluster: usize,
+    /// kube-apiserver `--watch-cache` (off saves memory; everything still works, reads hit etcd).
+    pub watch_cache: bool,
+    /// Keep the work dir (logs, kubeconfigs, certs) after the control plane stops.
+    pub keep_work_dir: bool,
+    /// Time allowed for each readiness step.
+    pub step_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes_per_cluster: 2,
+            watch_cache: std::env::var("FLOWER_ADDON_E2E_WATCH_CACHE").is_ok_and(|v| v == "1"),
+            keep_work_dir: std::env::var("FLOWER_ADDON_E2E_KEEP").is_ok_and(|v| v == "1"),
+            step_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One cluster of the control plane.
+#[derive(Clone)]
+pub struct Cluster {
+    /// Cluster name (`hub`, `spoke-1`, …), also its etcd prefix.
+    pub name: String,
+    /// API server URL, `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// CA bundle of the apiserver's serving certificate.
+    pub ca_file: PathBuf,
+    /// Admin kubeconfig (user `admin` in `system:masters`).
+    pub kubeconfig: PathBuf,
+    /// Admin bearer token.
+    pub admin_token: String,
+    /// Admin client.
+    pub client: Client,
+    /// Names of the fake kwok nodes.
+    pub nodes: Vec<String>,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("name", &self.name)
+            .field("server", &self.server)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// This cluster's directory in the work dir (certs, logs, kubeconfigs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a kubeconfig for this cluster authenticating with `token`.
+    pub fn write_kubeconfig(&self, file_name: &str, user: &str, token: &str) -> Result<PathBuf> {
+        let path = self.dir.join(file_name);
+        kubeconfig::write(&path, &self.name, &self.server, &self.ca_file, user, token)?;
+        Ok(path)
+    }
+}
+
+/// A running control plane; every process is ended by pid when it is dropped.
+pub struct ControlPlane {
+    procs: Processes,
+    clusters: Vec<Cluster>,
+    /// Time [`ControlPlane::start`] took.
+    pub startup: Duration,
+    etcd_url: String,
+    work_dir: PathBuf,
+    tmp: Option<TempDir>,
+    bins: Binaries,
+}
+
+struct Ports {
+    api: u16,
+    cm: u16,
+    sched: u16,
+    kwok: u16,
+}
+
+/// Reserves `n` distinct free loopback ports (listeners are dropped just before use).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("reserving loopback ports")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn s(v: impl std::fmt::Display) -> String {
+    v.to_string()
+}
+
+/// An unauthenticated client for a component's `/healthz` (self-signed serving cert).
+fn health_client(port: u16) -> Result<Client> {
+    let mut cfg = kube::Config::new(format!("https://127.0.0.1:{port}").parse()?);
+    cfg.accept_invalid_certs = true;
+    cfg.connect_timeout = Some(Duration::from_secs(2));
+    cfg.read_timeout = Some(Duration::from_secs(5));
+    Ok(Client::try_from(cfg)?)
+}
+
+async fn get_text(client: &Client, path: &str) -> Result<String> {
+    let req = http::Request::get(path).body(Vec::new())?;
+    Ok(client.request_text(req).await?)
+}
+
+impl ControlPlane {
+    /// Starts one etcd and, for each name, a cluster (kube-apiserver with
+    /// `--etcd-prefix=/<name>`, controller-manager, scheduler, kwok and two fake nodes) with
+    /// default [`Options`]. Fails loudly if a binary is missing.
+    pub async fn start(names: &[&str]) -> Result<Self> {
+        Self::start_with(names, Options::default()).await
+    }
+
+    /// [`ControlPlane::start`] with explicit options.
+    pub async fn start_with(names: &[&str], opts: Options) -> Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let t0 = Instant::now();
+        let bins = Binaries::locate()?;
+        let tmp = tempfile::Builder::new()
+            .prefix("flower-e2e-")
+            .tempdir()
+            .context("creating the work dir")?;
+        let work_dir = tmp.path().to_path_buf();
+        eprintln!(
+            "e2e: starting control plane {names:?} in {} (binaries: {})",
+            work_dir.display(),
+            bins.dir.display()
+        );
+        let mut cp = ControlPlane {
+            procs: Processes::default(),
+            clusters: Vec::new(),
+            startup: Duration::ZERO,
+            etcd_url: String::new(),
+            work_dir,
+            tmp: Some(tmp),
+            bins,
+        };
+        if opts.keep_work_dir {
+            cp.keep_work_dir();
+        }
+        match cp.boot(names, &opts).await {
+            Ok(()) => {
+                cp.startup = t0.elapsed();
+                eprintln!(
+                    "e2e: control plane up in {:.1}s; RSS {} MiB total",
+                    cp.startup.as_secs_f64(),
+                    cp.total_rss_kib() / 1024
+                );
+                Ok(cp)
+            }
+            Err(e) => {
+                // Dropping `cp` ends every process; say where the logs were.
+                bail!(
+                    "control plane failed to start: {e:#}\n(logs under {})",
+                    cp.work_dir.display()
+                )
+            }
+        }
+    }
+
+    async fn boot(&mut self, names: &[&str], opts: &Options) -> Result<()> {
+        let ports = free_ports(2 + 4 * names.len())?;
+        let (etcd_port, etcd_peer) = (ports[0], ports[1]);
+        let cluster_ports: Vec<Ports> = ports[2..]
+            .chunks(4)
+            .map(|c| Ports {
+                api: c[0],
+                cm: c[1],
+                sched: c[2],
+                kwok: c[3],
+            })
+            .collect();
+
+        // --- etcd -------------------------------------------------------------------------
+        let etcd_dir = self.work_dir.join("etcd");
+        std::fs::create_dir_all(&etcd_dir)?;
+        self.etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let etcd = self.bins.etcd.clone();
+        self.procs.start(
+            "etcd",
+            &etcd,
+            &[
+                s("--name=e2e"),
+                format!("--data-dir={}", etcd_dir.display()),
+                format!("--listen-client-urls={}", self.etcd_url),
+                format!("--advertise-client-urls={}", self.etcd_url),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                s("--unsafe-no-fsync=true"),
+                s("--log-level=warn"),
+            ],
+            &self.work_dir.join("etcd.log"),
+        )?;
+        let t = Instant::now();
+        self.wait("etcd /health", &["etcd"], opts.step_timeout, || {
+            etcd_healthy(etcd_port)
+        })
+        .await?;
+        eprintln!("e2e: etcd ready ({:.1}s)", t.elapsed().as_secs_f64());
+
+        // --- one kube-apiserver per cluster, started together --------------------------------
+        let sa_key = rcgen::KeyPair::generate().context("generating the service-account key")?;
+        let sa_key_file = self.work_dir.join("sa.key");
+        let sa_pub_file = self.work_dir.join("sa.pub");
+        std::fs::write(&sa_key_file, sa_key.serialize_pem())?;
+        std::fs::write(&sa_pub_file, sa_key.public_key_pem())?;
+
+        let t = Instant::now();
+        let mut pending = Vec::new();
+        for (name, p) in names.iter().zip(&cluster_ports) {
+            let dir = self.work_dir.join(name);
+            std::fs::create_dir_all(dir.join("certs"))?;
+            let token = random_hex(16)?;
+            std::fs::write(
+                dir.join("tokens.csv"),
+                format!("{token},admin,admin,system:masters\n"),
+            )?;
+            let mut args = vec![
+                format!("--etcd-servers={}", self.etcd_url),
+                format!("--etcd-prefix=/{name}"),
+                s("--bind-address=127.0.0.1"),
+                s("--advertise-address=127.0.0.1"),
+                // A loopback advertise address is refused by the endpoint reconciler.
+                s("--endpoint-reconciler-type=none"),
+                format!("--secure-port={}", p.api),
+                format!("--cert-dir={}", dir.join("certs").display()),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
+                format!("--service-account-key-file={}", sa_pub_file.display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    sa_key_file.display()
+                ),
+                format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+                s("--authorization-mode=RBAC"),
+                s("--allow-privileged=true"),
+            ];
+            if !opts.watch_cache {
+                args.push(s("--watch-cache=false"));
+            }
+            let apiserver = self.bins.kube_apiserver.clone();
+            self.procs.start(
+                &format!("{name}/kube-apiserver"),
+                &apiserver,
+                &args,
+                &dir.join("kube-apiserver.log"),
+            )?;
+            pending.push((name.to_string(), dir, token, p.api));
+        }
+
+        let mut clusters = Vec::new();
+        for (name, dir, token, port) in pending {
+            let ca_file = dir.join("certs/apiserver.crt");
+            let server = format!("https://127.0.0.1:{port}");
+            let kc = dir.join("kubeconfig");
+            let ca = ca_file.clone();
+            self.wait(
+                &format!("{name} serving certificate"),
+                &[&format!("{name}/kube-apiserver")],
+                opts.step_timeout,
+                || {
+                    let ca = ca.clone();
+                    async move { Ok(ca.is_file()) }
+                },
+            )
+            .await?;
+            kubeconfig::write(&kc, &name, &server, &ca_file, "admin", &token)?;
+            let client = kubeconfig::client(&kc).await?;
+            self.wait(
+                &format!("{name} kube-apiserver /readyz"),
+                &[&format!("{name}/kube-apiserver"), "etcd"],
+                opts.step_timeout,
+                || {
+                    let client = client.clone();
+                    async move { Ok(get_text(&client, "/readyz").await?.trim() == "ok") }
+                },
+            )
+            .await?;
+            clusters.push(Cluster {
+                name,
+                server,
+                ca_file,
+                kubeconfig: kc,
+                admin_token: token,
+                client,
+                nodes: Vec::new(),
+                dir,
+            });
+        }
+        eprintln!(
+            "e2e: {} kube-apiserver(s) ready ({:.1}s)",
+            clusters.len(),
+            t.elapsed().as_secs_f64()
+        );
+
+        // --- controller-manager, scheduler, kwok --------------------------------------------
+        let t = Instant::now();
+        for (c, p) in clusters.iter().zip(&cluster_ports) {
+            let kc = c.kubeconfig.display().to_string();
+            let common = |port: u16, cert_dir: &str| {
+                vec![
+                    format!("--kubeconfig={kc}"),
+                    format!("--authentication-kubeconfig={kc}"),
+                    format!("--authorization-kubeconfig={kc}"),
+                    s("--leader-elect=false"),
+                    s("--bind-address=127.0.0.1"),
+                    format!("--secure-port={port}"),
+                    format!("--cert-dir={}", c.dir.join(cert_dir).display()),
+                ]
+            };
+            let mut cm = common(p.cm, "cm-certs");
+            cm.extend([
+                format!(
+                    "--service-account-private-key-file={}",
+                    sa_key_file.display()
+                ),
+                format!("--root-ca-file={}", c.ca_file.display()),
+                s("--use-service-account-credentials=false"),
+            ]);
+            let bin = self.bins.kube_controller_manager.clone();
+            self.procs.start(
+                &format!("{}/kube-controller-manager", c.name),
+                &bin,
+                &cm,
+                &c.dir.join("kube-controller-manager.log"),
+            )?;
+            let bin = self.bins.kube_scheduler.clone();
+            self.procs.start(
+                &format!("{}/kube-scheduler", c.name),
+                &bin,
+                &common(p.sched, "sched-certs"),
+                &c.dir.join("kube-scheduler.log"),
+            )?;
+            let bin = self.bins.kwok.clone();
+            self.procs.start(
+                &format!("{}/kwok", c.name),
+                &bin,
+                &[
+                    format!("--kubeconfig={kc}"),
+                    s("--manage-all-nodes=false"),
+                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                    format!("--config={}", self.bins.kwok_stages.display()),
+                    s("--node-lease-duration-seconds=40"),
+                    format!("--server-address=127.0.0.1:{}", p.kwok),
+                ],
+                &c.dir.join("kwok.log"),
+            )?;
+        }
+        for (c, p) in clusters.iter_mut().zip(&cluster_ports) {
+            for (what, port) in [
+                ("kube-controller-manager", p.cm),
+                ("kube-scheduler", p.sched),
+            ] {
+                let hc = health_client(port)?;
+                self.wait(
+                    &format!("{}/{what} /healthz", c.name),
+                    &[&format!("{}/{what}", c.name)],
+                    opts.step_timeout,
+                    || {
+                        let hc = hc.clone();
+                        async move { Ok(get_text(&hc, "/healthz").await?.trim() == "ok") }
+                    },
+                )
+                .await?;
+            }
+            let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "default");
+            self.wait(
+                &format!(
+                    "{}: default ServiceAccount (controller-manager works)",
+                    c.name
+                ),
+                &[&format!("{}/kube-controller-manager", c.name)],
+                opts.step_timeout,
+                || {
+                    let sas = sas.clone();
+                    async move { Ok(sas.get_opt("default").await?.is_some()) }
+                },
+            )
+            .await?;
+            let nodes: Api<Node> = Api::all(c.client.clone());
+            for i in 0..opts.nodes_per_cluster {
+                let name = format!("{}-node-{i}", c.name);
+                nodes
+                    .create(&PostParams::default(), &fake_node(&name)?)
+                    .await
+                    .with_context(|| format!("creating node {name}"))?;
+                c.nodes.push(name);
+            }
+            for name in c.nodes.clone() {
+                self.wait(
+                    &format!("node {name} Ready (kwok)"),
+                    &[&format!("{}/kwok", c.name)],
+                    opts.step_timeout,
+                    || {
+                        let nodes = nodes.clone();
+                        let name = name.clone();
+                        async move { Ok(node_ready(&nodes.get(&name).await?)) }
+                    },
+                )
+                .await?;
+            }
+        }
+        eprintln!(
+            "e2e: controller-managers, schedulers, kwok and {} node(s) ready ({:.1}s)",
+            clusters.iter().map(|c| c.nodes.len()).sum::<usize>(),
+            t.elapsed().as_secs_f64()
+        );
+        self.clusters = clusters;
+        Ok(())
+    }
+
+    /// Waits for `probe`, failing early (with the process log) if one of `procs` exits, and on
+    /// timeout with the tails of their logs.
+    async fn wait<F, Fut>(
+        &mut self,
+        what: &str,
+        procs: &[&str],
+        timeout: Duration,
+        mut probe: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let start = Instant::now();
+        let mut last_err: Option<anyhow::Error> = None;
+        loop {
+            self.procs.check_alive()?;
+            match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last_err = Some(e),
+            }
+            if start.elapsed() > timeout {
+                let mut msg = format!("timed out after {timeout:?} waiting for {what}");
+                if let Some(e) = last_err {
+                    msg.push_str(&format!("; last error: {e:#}"));
+                }
+                for name in procs {
+                    if let Some(p) = self.procs.get(name) {
+                        msg.push_str(&format!(
+                            "\n--- tail of {} ({}):\n{}",
+                            p.log.display(),
+                            p.name,
+                            excerpt(&p.log)
+                        ));
+                    }
+                }
+                bail!(msg);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Every cluster, in start order.
+    pub fn clusters(&self) -> &[Cluster] {
+        &self.clusters
+    }
+
+    /// The cluster named `name`.
+    pub fn cluster(&self, name: &str) -> Result<&Cluster> {
+        self.clusters
+            .iter()
+            .find(|c| c.name == name)
+            .with_context(|| format!("no cluster named {name}"))
+    }
+
+    /// The shared etcd's client URL.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// The work dir (logs, kubeconfigs, certs, etcd data).
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// Keeps the work dir on disk after the control plane stops.
+    pub fn keep_work_dir(&mut self) {
+        if let Some(tmp) = self.tmp.take() {
+            let _ = tmp.keep();
+        }
+    }
+
+    /// The harness's processes (to start more, e.g. hub and agents, or stop one).
+    pub fn processes(&mut self) -> &mut Processes {
+        &mut self.procs
+    }
+
+    /// `(process name, RSS KiB)` of every running process.
+    pub fn rss_kib(&self) -> Vec<(String, u64)> {
+        self.procs
+            .all()
+            .iter()
+            .map(|p| (p.name.clone(), p.rss_kib().unwrap_or(0)))
+            .collect()
+    }
+
+    /// Sum of the RSS of every process, KiB.
+    pub fn total_rss_kib(&self) -> u64 {
+        self.rss_kib().iter().map(|(_, k)| k).sum()
+    }
+
+    /// A multi-line RSS report per process and in total.
+    pub fn rss_report(&self) -> String {
+        let mut out = String::new();
+        for (name, kib) in self.rss_kib() {
+            out.push_str(&format!("  {name:<34} {:>6} MiB\n", kib / 1024));
+        }
+        out.push_str(&format!(
+            "  {:<34} {:>6} MiB\n",
+            "total",
+            self.total_rss_kib() / 1024
+        ));
+        out
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let t = Instant::now();
+        self.procs.stop_all();
+        eprintln!(
+            "e2e: control plane stopped ({:.1}s){}",
+            t.elapsed().as_secs_f64(),
+            if self.tmp.is_none() {
+                format!("; work dir kept: {}", self.work_dir.display())
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+async fn etcd_healthy(port: u16) -> Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await?;
+    Ok(body.contains("\"health\":\"true\""))
+}
+
+fn fake_node(name: &str) -> Result<Node> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", KWOK_NODE_ANNOTATION: "fake"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok"
+            }
+        },
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        }
+    }))?)
+}
+
+/// Whether a node has condition `Ready=True`.
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Names of the nodes of a cluster (for debugging output).
+pub async fn node_names(client: &Client) -> Result<Vec<String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect())
+}

@@ -1,0 +1,40 @@
+//! flower-addon end-to-end harness: a real control plane (one etcd shared by one kube-apiserver
+//! per cluster, each with kube-controller-manager, kube-scheduler and kwok fake nodes) started from
+//! the binaries `e2e/k8s/build.sh` builds, plus helpers to apply manifests and act as
+//! least-privilege ServiceAccounts.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let cp = e2e::ControlPlane::start(&["hub", "spoke-1", "spoke-2"]).await?;
+//! let hub = cp.cluster("hub")?;
+//! println!("export KUBECONFIG={}", hub.kubeconfig.display());
+//! # Ok(()) }
+//! ```
+#![deny(unsafe_code)]
+
+pub mod access;
+pub mod apply;
+pub mod bins;
+pub mod cluster;
+pub mod kubeconfig;
+pub mod process;
+
+pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
+pub use apply::{
+    ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, wait_until,
+};
+pub use bins::Binaries;
+pub use cluster::{Cluster, ControlPlane, Options};
+
+/// Installs rustls' ring crypto provider for the process (idempotent).
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Root of the repository (for `examples/`, `manifests/`).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}

@@ -1,0 +1,239 @@
+//! Child processes of the harness: spawned so that they die with the test process, logged to a
+//! file each, and ended by their pid when the owning [`Processes`] is dropped.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// How long a process gets between SIGTERM and SIGKILL when the harness ends it.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Makes the child receive SIGKILL when the thread that forked it ends, so that a test killed
+/// from outside (SIGKILL, a crashed harness) leaves no control-plane process behind.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child between fork and exec. It only calls prctl(2)
+    // and getppid(2), both async-signal-safe, touches no lock and allocates nothing
+    // (`io::Error::from_raw_os_error` stores an integer).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+                .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+            // The parent may have died before prctl took effect: then nobody would kill us.
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child ends, not the process. Test
+/// threads and tokio workers come and go, so every child is forked from one dedicated thread that
+/// lives as long as the process.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        // The thread ends only when the process does (the sender is never dropped).
+        let spawn_thread = std::thread::Builder::new()
+            .name("e2e-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        if let Err(e) = spawn_thread {
+            // Without the thread every spawn fails with a clear error below.
+            eprintln!("e2e: cannot start the spawner thread: {e}");
+        }
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_die_with_parent(mut cmd: Command) -> Result<Child> {
+    die_with_parent(&mut cmd);
+    let (reply_tx, reply_rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .map_err(|_| anyhow::anyhow!("spawner lock poisoned"))?
+        .send((cmd, reply_tx))
+        .map_err(|_| anyhow::anyhow!("the spawner thread is gone"))?;
+    Ok(reply_rx
+        .recv()
+        .context("the spawner thread did not answer")??)
+}
+
+/// One process started by the harness.
+#[derive(Debug)]
+pub struct Proc {
+    /// Short name for messages, e.g. `spoke-1/kube-apiserver`.
+    pub name: String,
+    /// File receiving the process's stdout and stderr.
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `Some(status)` once the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Resident set size in KiB (`VmRSS` from `/proc/<pid>/status`), `None` if unavailable.
+    pub fn rss_kib(&self) -> Option<u64> {
+        rss_kib(self.pid())
+    }
+}
+
+/// `VmRSS` of a pid in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The last `lines` lines of a file (for failure messages).
+pub fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// Error lines (klog `E…`/`F…`, or containing "error") followed by the last 20 lines of a log:
+/// Go components often print their fatal error well before their last line.
+pub fn excerpt(path: &Path) -> String {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return tail(path, 20);
+    };
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with('E') || l.starts_with('F') || l.to_ascii_lowercase().contains("error")
+        })
+        .collect();
+    let errors = &errors[errors.len().saturating_sub(5)..];
+    format!(
+        "[last error lines]\n{}\n[last lines]\n{}",
+        errors.join("\n"),
+        tail(path, 20)
+    )
+}
+
+/// The processes of one harness; all are ended by pid (SIGTERM, then SIGKILL) on drop, newest
+/// first.
+#[derive(Debug, Default)]
+pub struct Processes {
+    procs: Vec<Proc>,
+}
+
+impl Processes {
+    /// Starts `program args…` with stdout and stderr appended to `log`; it dies with the harness.
+    pub fn start(&mut self, name: &str, program: &Path, args: &[String], log: &Path) -> Result<()> {
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = spawn_die_with_parent(cmd)
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        self.procs.push(Proc {
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            child,
+        });
+        Ok(())
+    }
+
+    /// Fails, with the tail of its log, if any process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for p in &mut self.procs {
+            if let Some(status) = p.exited() {
+                bail!(
+                    "{} (pid {}) exited with {status}; tail of {}:\n{}",
+                    p.name,
+                    p.pid(),
+                    p.log.display(),
+                    excerpt(&p.log)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The process named `name`.
+    pub fn get(&self, name: &str) -> Option<&Proc> {
+        self.procs.iter().find(|p| p.name == name)
+    }
+
+    /// All processes, in start order.
+    pub fn all(&self) -> &[Proc] {
+        &self.procs
+    }
+
+    /// Ends one process by pid and forgets it (e.g. to simulate a crash or a restart).
+    pub fn stop(&mut self, name: &str) -> Result<()> {
+        let idx = self
+            .procs
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no process named {name}"))?;
+        let p = self.procs.remove(idx);
+        end_all(vec![p]);
+        Ok(())
+    }
+
+    /// Ends every process (also done on drop).
+    pub fn stop_all(&mut self) {
+        let mut procs = std::mem::take(&mut self.procs);
+        procs.reverse();
+        end_all(procs);
+    }
+}
+
+fn end_all(mut procs: Vec<Proc>) {
+    for p in &mut procs {
+        if p.exited().is_none() {
+            let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + TERM_GRACE;
+    for p in &mut procs {
+        while p.exited().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if p.exited().is_none() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}

@@ -1,0 +1,358 @@
+//! Real control plane (hub + 2 spokes): workloads run through kwok, and the install manifests'
+//! RBAC is accepted by real apiservers and grants exactly what the hub and agent need.
+//! One control plane is shared by all scenarios of this binary (started once, ended by pid).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::{Access, ApplyOptions, Cluster, ControlPlane, SaAccess, can_i, service_account_access};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+type Scenario = for<'a> fn(&'a ControlPlane) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
+
+/// Runs every scenario (even after a failure) and fails listing each failed one.
+async fn run_all(cp: &ControlPlane, scenarios: &[(&str, Scenario)]) {
+    let mut failed = Vec::new();
+    for (name, scenario) in scenarios {
+        let t = Instant::now();
+        eprintln!("=== scenario {name}");
+        let res = scenario(cp).await;
+        let secs = t.elapsed().as_secs_f64();
+        match res {
+            Ok(()) => eprintln!("=== scenario {name}: ok ({secs:.1}s)"),
+            Err(e) => {
+                eprintln!("=== scenario {name}: FAILED ({secs:.1}s): {e:#}");
+                failed.push(format!("{name}: {e:#}"));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "failed scenarios:\n{}",
+        failed.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_control_plane() {
+    // Invariant: the harness brings up hub + 2 spokes whose pods really run (kwok), and the
+    // install manifests' RBAC works on real apiservers.
+    e2e::install_crypto();
+    let cp = ControlPlane::start(&["hub", "spoke-1", "spoke-2"])
+        .await
+        .expect("control plane (run e2e/k8s/build.sh if binaries are missing)");
+    eprintln!(
+        "control plane startup {:.1}s; RSS:\n{}",
+        cp.startup.as_secs_f64(),
+        cp.rss_report()
+    );
+    run_all(
+        &cp,
+        &[
+            ("statefulset_ready_through_kwok", |cp| {
+                Box::pin(statefulset_ready_through_kwok(cp))
+            }),
+            ("clusters_are_isolated", |cp| {
+                Box::pin(clusters_are_isolated(cp))
+            }),
+            ("hub_rbac_least_privilege", |cp| {
+                Box::pin(hub_rbac_least_privilege(cp))
+            }),
+            ("agent_rbac_least_privilege", |cp| {
+                Box::pin(agent_rbac_least_privilege(cp))
+            }),
+            ("manifests_accepted_dry_run", |cp| {
+                Box::pin(manifests_accepted_dry_run(cp))
+            }),
+        ],
+    )
+    .await;
+    eprintln!("RSS after scenarios:\n{}", cp.rss_report());
+}
+
+/// A 2-replica StatefulSet on spoke-1 reaches readyReplicas=2: controller-manager makes pods,
+/// the scheduler binds them to kwok nodes, kwok marks them Running/Ready; delete really deletes.
+async fn statefulset_ready_through_kwok(cp: &ControlPlane) -> Result<()> {
+    let spoke = cp.cluster("spoke-1")?;
+    let sts: Api<StatefulSet> = Api::namespaced(spoke.client.clone(), "default");
+    let obj: StatefulSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "smoke"},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "smoke",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "smoke"}},
+            "template": {
+                "metadata": {"labels": {"app": "smoke"}},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/none:1"}]}
+            }
+        }
+    }))?;
+    sts.create(&PostParams::default(), &obj).await?;
+    let took = e2e::wait_until(
+        "StatefulSet smoke 2/2 ready",
+        Duration::from_secs(90),
+        || {
+            let sts = sts.clone();
+            async move {
+                let s = sts.get("smoke").await?;
+                Ok(s.status.and_then(|s| s.ready_replicas) == Some(2))
+            }
+        },
+    )
+    .await?;
+    eprintln!("  StatefulSet 2/2 ready in {:.1}s", took.as_secs_f64());
+    let pods: Api<Pod> = Api::namespaced(spoke.client.clone(), "default");
+    let lp = ListParams::default().labels("app=smoke");
+    for p in pods.list(&lp).await?.items {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        ensure!(
+            spoke.nodes.contains(&node),
+            "pod {:?} on unexpected node {node:?}",
+            p.metadata.name
+        );
+    }
+    sts.delete("smoke", &DeleteParams::background()).await?;
+    e2e::wait_until("smoke pods gone", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        let lp = lp.clone();
+        async move { Ok(pods.list(&lp).await?.items.is_empty()) }
+    })
+    .await?;
+    Ok(())
+}
+
+/// The three apiservers share one etcd but not their data: each sees only its own nodes.
+async fn clusters_are_isolated(cp: &ControlPlane) -> Result<()> {
+    for c in cp.clusters() {
+        let mut names = e2e::cluster::node_names(&c.client).await?;
+        names.sort();
+        ensure!(
+            names == c.nodes,
+            "{}: nodes {names:?}, expected {:?}",
+            c.name,
+            c.nodes
+        );
+    }
+    Ok(())
+}
+
+fn manifest(rel: &str) -> std::path::PathBuf {
+    e2e::repo_root().join("manifests").join(rel)
+}
+
+async fn check(admin: &Cluster, sa: &SaAccess, rules: &[(bool, Access<'_>)]) -> Result<()> {
+    let mut wrong = Vec::new();
+    for (want, what) in rules {
+        let got = can_i(&admin.client, sa, what).await?;
+        if got != *want {
+            wrong.push(format!("{what:?}: allowed={got}, expected {want}"));
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("{} on {}:\n  {}", sa.user(), admin.name, wrong.join("\n  "));
+    }
+    Ok(())
+}
+
+fn a<'a>(verb: &'a str, group: &'a str, resource: &'a str, ns: Option<&'a str>) -> Access<'a> {
+    Access {
+        verb,
+        group,
+        resource,
+        subresource: None,
+        namespace: ns,
+    }
+}
+
+/// The hub's ServiceAccount (manifests/hub/rbac.yaml) can do its job and nothing more, both per
+/// SubjectAccessReview and with a client using its own token.
+async fn hub_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
+    let hub = cp.cluster("hub")?;
+    apply_namespace(hub, "hub/namespace.yaml").await?;
+    let sa = service_account_access(
+        hub,
+        &manifest("hub/rbac.yaml"),
+        "flower-addon-system",
+        "flower-hub",
+        3600,
+    )
+    .await?;
+    let g = "flower-addon.io";
+    let mut status = a("patch", g, "federations", Some("team-a"));
+    status.subresource = Some("status");
+    let mut mc_status = a("update", g, "managedclusters", None);
+    mc_status.subresource = Some("status");
+    check(
+        hub,
+        &sa,
+        &[
+            (true, a("list", g, "federations", None)),
+            (true, a("watch", g, "placements", None)),
+            (true, status),
+            (true, mc_status),
+            (true, a("create", g, "placementdecisions", Some("team-a"))),
+            (true, a("create", g, "managedclusters", None)),
+            (true, a("list", "apps", "statefulsets", None)),
+            (true, a("patch", "apps", "statefulsets", Some("team-a"))),
+            (true, a("create", "", "services", Some("team-a"))),
+            (true, a("create", "", "secrets", Some("team-a"))),
+            (true, a("create", "", "events", Some("team-a"))),
+            (true, a("create", "", "namespaces", None)),
+            (
+                true,
+                a(
+                    "update",
+                    "coordination.k8s.io",
+                    "leases",
+                    Some("flower-addon-system"),
+                ),
+            ),
+            (
+                false,
+                a(
+                    "update",
+                    "coordination.k8s.io",
+                    "leases",
+                    Some("kube-system"),
+                ),
+            ),
+            (false, a("delete", "", "nodes", None)),
+            (false, a("delete", "", "namespaces", None)),
+            (false, a("create", "", "pods", Some("team-a"))),
+            (false, a("create", "apps", "deployments", Some("team-a"))),
+            (false, a("update", g, "federations", Some("team-a"))),
+            (
+                false,
+                a(
+                    "create",
+                    "rbac.authorization.k8s.io",
+                    "clusterrolebindings",
+                    None,
+                ),
+            ),
+            (
+                false,
+                a(
+                    "create",
+                    "apiextensions.k8s.io",
+                    "customresourcedefinitions",
+                    None,
+                ),
+            ),
+        ],
+    )
+    .await?;
+    // The same with the SA's own token: list allowed, node delete forbidden.
+    let sts: Api<StatefulSet> = Api::all(sa.client.clone());
+    sts.list(&ListParams::default())
+        .await
+        .context("hub SA lists statefulsets")?;
+    let nodes: Api<Node> = Api::all(sa.client.clone());
+    let node = &hub.nodes[0];
+    match nodes.delete(node, &DeleteParams::default()).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+        other => bail!("hub SA deleting node {node}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+/// The agent's ServiceAccount (manifests/agent/rbac.yaml) on a spoke can manage pool workloads
+/// and their Secrets, read pods, and nothing more.
+async fn agent_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
+    let spoke = cp.cluster("spoke-1")?;
+    apply_namespace(spoke, "agent/namespace.yaml").await?;
+    let sa = service_account_access(
+        spoke,
+        &manifest("agent/rbac.yaml"),
+        "flower-addon-agent",
+        "flower-agent",
+        3600,
+    )
+    .await?;
+    check(
+        spoke,
+        &sa,
+        &[
+            (true, a("list", "apps", "statefulsets", None)),
+            (true, a("patch", "apps", "statefulsets", Some("team-a"))),
+            (true, a("delete", "apps", "daemonsets", Some("team-a"))),
+            (true, a("create", "", "secrets", Some("team-a"))),
+            (true, a("create", "", "namespaces", None)),
+            (true, a("list", "", "pods", Some("team-a"))),
+            (true, a("list", "", "nodes", None)),
+            (false, a("delete", "", "pods", Some("team-a"))),
+            (false, a("create", "", "pods", Some("team-a"))),
+            (false, a("delete", "", "nodes", None)),
+            (false, a("delete", "", "namespaces", None)),
+            (false, a("create", "apps", "deployments", Some("team-a"))),
+            (false, a("create", "", "services", Some("team-a"))),
+            (
+                false,
+                a(
+                    "create",
+                    "rbac.authorization.k8s.io",
+                    "roles",
+                    Some("team-a"),
+                ),
+            ),
+            (false, a("list", "flower-addon.io", "federations", None)),
+        ],
+    )
+    .await?;
+    let sts: Api<StatefulSet> = Api::all(sa.client.clone());
+    sts.list(&ListParams::default())
+        .await
+        .context("agent SA lists statefulsets")?;
+    let nodes: Api<Node> = Api::all(sa.client.clone());
+    let node = &spoke.nodes[0];
+    match nodes.delete(node, &DeleteParams::default()).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+        other => bail!("agent SA deleting node {node}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+/// Every document of manifests/hub and manifests/agent passes the real apiserver's validation and
+/// admission (server-side dry run after the namespaces exist).
+async fn manifests_accepted_dry_run(cp: &ControlPlane) -> Result<()> {
+    for (cluster, dir) in [("hub", "hub"), ("spoke-2", "agent")] {
+        let c = cp.cluster(cluster)?;
+        apply_namespace(c, &format!("{dir}/namespace.yaml")).await?;
+        let mut files: Vec<_> = std::fs::read_dir(manifest(dir))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        files.sort();
+        ensure!(!files.is_empty(), "no manifests in manifests/{dir}");
+        for f in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "yaml"))
+        {
+            let objs = e2e::apply_file_with(
+                &c.client,
+                f,
+                "default",
+                ApplyOptions {
+                    kinds: None,
+                    dry_run: true,
+                },
+            )
+            .await?;
+            ensure!(!objs.is_empty(), "{} holds no object", f.display());
+            eprintln!("  {} accepted ({} objects)", f.display(), objs.len());
+        }
+    }
+    Ok(())
+}
+
+async fn apply_namespace(c: &Cluster, rel: &str) -> Result<()> {
+    e2e::apply_file(&c.client, &manifest(rel), "default").await?;
+    Ok(())
+}
