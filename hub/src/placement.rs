@@ -328,6 +328,47 @@ fn requirement_matches(req: &LabelSelectorRequirement, labels: &BTreeMap<String,
     }
 }
 
+/// The selection policy of a `Placement` spec (API types → the pure view used here).
+pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPolicy {
+    use flower_addon_crds::{TaintEffect as ApiEffect, TolerationOperator};
+    let effect = |e: ApiEffect| match e {
+        ApiEffect::NoSelect => TaintEffect::NoSelect,
+        ApiEffect::PreferNoSelect => TaintEffect::PreferNoSelect,
+        ApiEffect::NoSelectIfNew => TaintEffect::NoSelectIfNew,
+    };
+    PlacementPolicy {
+        predicates: spec
+            .predicates
+            .iter()
+            .map(|p| {
+                let sel = p.required_cluster_selector.clone().unwrap_or_default();
+                PredicateView {
+                    label_selector: sel.label_selector,
+                    claim_selector: sel
+                        .claim_selector
+                        .map(|c| c.match_expressions)
+                        .unwrap_or_default(),
+                }
+            })
+            .collect(),
+        number_of_clusters: spec.number_of_clusters.map(|n| n.max(0) as u32),
+        tolerations: spec
+            .tolerations
+            .iter()
+            .map(|t| TolerationView {
+                key: t.key.clone().unwrap_or_default(),
+                operator: match t.operator {
+                    Some(TolerationOperator::Exists) => "Exists".into(),
+                    _ => "Equal".into(),
+                },
+                value: t.value.clone().unwrap_or_default(),
+                effect: t.effect.map(effect),
+                toleration_seconds: t.toleration_seconds,
+            })
+            .collect(),
+    }
+}
+
 /// Splits a sorted selection into pages of at most [`DECISIONS_PER_PAGE`], named
 /// `<placement>-decision-<n>` with n from 1.
 pub fn paginate(placement: &str, selected: &[String]) -> Vec<(String, Vec<String>)> {

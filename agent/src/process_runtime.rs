@@ -1,0 +1,626 @@
+//! The process runtime: SuperNodes as supervised local processes, for edge devices without a
+//! cluster and for the local demo.
+//!
+//! One `flower-supernode` per replica (and one `flower-superexec` beside it in process
+//! isolation), with arguments from the same renderer as Kubernetes ([`crate::render`]), every
+//! placeholder expanded natively. Each replica has its own Runtime API port on 127.0.0.1, its own
+//! log file and, with TLS on, its own OpenSSH EC P-384 key for Flower's SuperNode authentication;
+//! the public keys are reported to the hub, which registers them with the SuperLink.
+//!
+//! A replica is ready when its process runs and its log, since the last start, shows Flower's
+//! `SuperNode ID: <n>` line (the SuperNode is connected to the SuperLink).
+use crate::render::{
+    self, ClusterContext, FlowerDialect, FlowerVersion, ProcessReplica, SuperNodePoolInput,
+};
+use crate::runtime::{BoxFuture, Runtime, RuntimeError};
+use crate::supervise::{ProcessSpec, Supervised};
+use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
+use flower_addon_proto::{ClusterWork, Condition, FederationStatus, PoolStatus};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use tokio::sync::Mutex;
+
+/// Log line with which a SuperNode says it is connected (both dialects).
+pub const CONNECTED_LINE: &str = "SuperNode ID: ";
+/// Line the runtime writes into a replica's log before each start.
+const START_MARKER: &str = "=== flower-agent: starting";
+
+/// Settings of the process runtime.
+#[derive(Clone, Debug)]
+pub struct ProcessRuntimeConfig {
+    /// State directory (keys, CA bundles, logs live under it).
+    pub state_dir: PathBuf,
+    /// Directory holding `flower-supernode` and `flower-superexec` (a venv's `bin/`); None: PATH.
+    pub flower_bin: Option<PathBuf>,
+    /// First port tried for Runtime/ClientAppIO APIs on 127.0.0.1.
+    pub port_base: u16,
+    /// `{node}`: this device's name.
+    pub node_name: String,
+}
+
+/// Identity of one replica.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct ReplicaKey {
+    namespace: String,
+    federation: String,
+    pool: String,
+    index: u32,
+}
+
+impl ReplicaKey {
+    fn slug(&self) -> String {
+        format!(
+            "{}/{}/{}-{}",
+            self.namespace, self.federation, self.pool, self.index
+        )
+    }
+}
+
+struct Replica {
+    argv: Vec<String>,
+    port: u16,
+    log_file: PathBuf,
+    public_key: Option<String>,
+    supernode: Supervised,
+    superexec: Option<Supervised>,
+}
+
+/// Desired state of one replica, computed from a work snapshot.
+struct DesiredReplica {
+    key: ReplicaKey,
+    argv: Vec<String>,
+    superexec_argv: Option<Vec<String>>,
+    public_key: Option<String>,
+    port: u16,
+}
+
+#[derive(Default)]
+struct State {
+    replicas: BTreeMap<ReplicaKey, Replica>,
+    /// desired replica count per (namespace, federation, pool), in work order.
+    pools: BTreeMap<(String, String), Vec<(String, u32)>>,
+}
+
+/// SuperNodes as local processes.
+pub struct ProcessRuntime {
+    config: ProcessRuntimeConfig,
+    state: Mutex<State>,
+}
+
+impl ProcessRuntime {
+    /// A runtime running nothing yet. Fails when `flower-supernode` cannot be found.
+    pub fn new(config: ProcessRuntimeConfig) -> Result<Self, RuntimeError> {
+        let runtime = Self {
+            config,
+            state: Mutex::new(State::default()),
+        };
+        let program = runtime.program(render::SUPERNODE_PROGRAM);
+        if program.components().count() > 1 && !program.exists() {
+            return Err(RuntimeError::Apply(format!(
+                "{} not found: install Flower (pip install flwr) and pass --flower-bin DIR",
+                program.display()
+            )));
+        }
+        if program.components().count() == 1 && which(&program).is_none() {
+            return Err(RuntimeError::Apply(format!(
+                "{} is not on PATH: install Flower (pip install flwr) or pass --flower-bin DIR",
+                program.display()
+            )));
+        }
+        Ok(runtime)
+    }
+
+    fn program(&self, name: &str) -> PathBuf {
+        match &self.config.flower_bin {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    fn env(&self) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert("FLWR_TELEMETRY_ENABLED".into(), "0".into());
+        env.insert("FLWR_DISABLE_UPDATE_CHECK".into(), "1".into());
+        env.insert("PYTHONUNBUFFERED".into(), "1".into());
+        // Flower starts its helpers (flwr-clientapp, flower-superexec) by bare name.
+        if let Some(dir) = &self.config.flower_bin {
+            let path = std::env::var("PATH").unwrap_or_default();
+            env.insert("PATH".into(), format!("{}:{path}", dir.display()));
+        }
+        env
+    }
+
+    fn desired(
+        &self,
+        work: &ClusterWork,
+        taken_ports: &BTreeMap<ReplicaKey, u16>,
+    ) -> Result<
+        (
+            Vec<DesiredReplica>,
+            BTreeMap<(String, String), Vec<(String, u32)>>,
+        ),
+        RuntimeError,
+    > {
+        let mut out = Vec::new();
+        let mut pools = BTreeMap::new();
+        let mut used: BTreeSet<u16> = BTreeSet::new();
+        let mut fresh = Vec::new();
+        for fed in &work.federations {
+            let spec: FederationSpec =
+                serde_json::from_str(&fed.federation_spec_json).map_err(|e| {
+                    RuntimeError::Apply(format!(
+                        "federation {}/{}: cannot read its spec: {e}",
+                        fed.namespace, fed.name
+                    ))
+                })?;
+            let version = FlowerVersion::parse(&fed.flower_version).ok_or_else(|| {
+                RuntimeError::Apply(format!(
+                    "federation {}/{}: Flower version {:?} cannot be mapped to a dialect",
+                    fed.namespace, fed.name, fed.flower_version
+                ))
+            })?;
+            let dialect = FlowerDialect::of(version);
+            let fed_dir = self
+                .config
+                .state_dir
+                .join("federations")
+                .join(&fed.namespace)
+                .join(&fed.name);
+            std::fs::create_dir_all(&fed_dir).map_err(io_err(&fed_dir))?;
+            let ca_file = fed_dir.join("ca.crt");
+            if !fed.insecure {
+                write_if_changed(&ca_file, fed.ca_bundle_pem.as_bytes())?;
+            }
+            let mut fed_pools = Vec::new();
+            for pool_work in &fed.pools {
+                let pool: SuperNodePoolSpec =
+                    serde_json::from_str(&pool_work.spec_json).map_err(|e| {
+                        RuntimeError::Apply(format!(
+                            "federation {}/{} pool {}: cannot read its spec: {e}",
+                            fed.namespace, fed.name, pool_work.name
+                        ))
+                    })?;
+                let replicas = match spec.mode {
+                    DeploymentMode::StatefulSet => pool.replicas.unwrap_or(1).max(0) as u32,
+                    // A device is one node: a DaemonSet pool runs once here.
+                    DeploymentMode::DaemonSet => 1,
+                };
+                fed_pools.push((pool.name.clone(), replicas));
+                let cluster = ClusterContext {
+                    name: work.cluster_name.clone(),
+                    index: work.cluster_index,
+                    clusters: work.cluster_count,
+                    partition_offset: u64::from(pool_work.partition_offset),
+                    partitions: u64::from(fed.partitions_total),
+                };
+                let ca_secret = render::spoke_ca_secret_name(&fed.name);
+                let input = SuperNodePoolInput {
+                    federation: &fed.name,
+                    namespace: &fed.namespace,
+                    spec: &spec,
+                    pool: &pool,
+                    dialect,
+                    fleet_address: &fed.superlink_fleet_address,
+                    ca_secret_name: &ca_secret,
+                    cluster: &cluster,
+                };
+                for index in 0..replicas {
+                    let key = ReplicaKey {
+                        namespace: fed.namespace.clone(),
+                        federation: fed.name.clone(),
+                        pool: pool.name.clone(),
+                        index,
+                    };
+                    let port = taken_ports.get(&key).copied();
+                    if let Some(p) = port {
+                        used.insert(p);
+                    }
+                    fresh.push((key, port, input_owned(&input, &cluster), fed.insecure));
+                }
+            }
+            pools.insert((fed.namespace.clone(), fed.name.clone()), fed_pools);
+        }
+        // Second pass: ports (existing replicas keep theirs) and argv.
+        let mut next = self.config.port_base;
+        for (key, port, owned, insecure) in fresh {
+            let port = match port {
+                Some(p) => p,
+                None => {
+                    while used.contains(&next) || !port_free(next) {
+                        next = next.checked_add(1).ok_or_else(|| {
+                            RuntimeError::Apply("no free port for a SuperNode".into())
+                        })?;
+                    }
+                    used.insert(next);
+                    next
+                }
+            };
+            let fed_dir = self
+                .config
+                .state_dir
+                .join("federations")
+                .join(&key.namespace)
+                .join(&key.federation);
+            let ca_file = fed_dir.join("ca.crt");
+            let input = owned.input();
+            let replica = ProcessReplica {
+                index: key.index,
+                runtime_port: port,
+                node_name: &self.config.node_name,
+                root_certificates: (!insecure).then_some(ca_file.as_path()),
+            };
+            let mut argv = render::supernode_argv(&input, &replica)
+                .map_err(|e| RuntimeError::Apply(e.to_string()))?;
+            let mut public_key = None;
+            if !insecure {
+                let key_file = fed_dir
+                    .join("keys")
+                    .join(format!("{}-{}.key", key.pool, key.index));
+                public_key = Some(ensure_node_key(&key_file)?);
+                argv.push("--auth-supernode-private-key".into());
+                argv.push(key_file.display().to_string());
+            }
+            let superexec_argv = (owned.spec.isolation_mode
+                == flower_addon_crds::IsolationMode::Process)
+                .then(|| render::superexec_clientapp_argv(owned.dialect, port));
+            out.push(DesiredReplica {
+                key,
+                argv,
+                superexec_argv,
+                public_key,
+                port,
+            });
+        }
+        Ok((out, pools))
+    }
+}
+
+/// An owned copy of what a [`SuperNodePoolInput`] borrows, so argv can be computed after ports.
+struct OwnedInput {
+    federation: String,
+    namespace: String,
+    spec: FederationSpec,
+    pool: SuperNodePoolSpec,
+    dialect: FlowerDialect,
+    fleet_address: String,
+    ca_secret_name: String,
+    cluster: ClusterContext,
+}
+
+impl OwnedInput {
+    fn input(&self) -> SuperNodePoolInput<'_> {
+        SuperNodePoolInput {
+            federation: &self.federation,
+            namespace: &self.namespace,
+            spec: &self.spec,
+            pool: &self.pool,
+            dialect: self.dialect,
+            fleet_address: &self.fleet_address,
+            ca_secret_name: &self.ca_secret_name,
+            cluster: &self.cluster,
+        }
+    }
+}
+
+fn input_owned(input: &SuperNodePoolInput<'_>, cluster: &ClusterContext) -> OwnedInput {
+    OwnedInput {
+        federation: input.federation.to_owned(),
+        namespace: input.namespace.to_owned(),
+        spec: input.spec.clone(),
+        pool: input.pool.clone(),
+        dialect: input.dialect,
+        fleet_address: input.fleet_address.to_owned(),
+        ca_secret_name: input.ca_secret_name.to_owned(),
+        cluster: cluster.clone(),
+    }
+}
+
+impl Runtime for ProcessRuntime {
+    fn apply<'a>(&'a self, work: &'a ClusterWork) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut state = self.state.lock().await;
+            let taken: BTreeMap<ReplicaKey, u16> = state
+                .replicas
+                .iter()
+                .map(|(k, r)| (k.clone(), r.port))
+                .collect();
+            // Everything is computed before anything changes: a bad snapshot changes nothing.
+            let (desired, pools) = self.desired(work, &taken)?;
+            let wanted: BTreeSet<ReplicaKey> = desired.iter().map(|d| d.key.clone()).collect();
+            let stale: Vec<ReplicaKey> = state
+                .replicas
+                .keys()
+                .filter(|k| !wanted.contains(*k))
+                .cloned()
+                .collect();
+            for key in stale {
+                if let Some(replica) = state.replicas.remove(&key) {
+                    tracing::info!(replica = %key.slug(), "stopping removed SuperNode");
+                    stop_replica(replica).await;
+                }
+            }
+            for d in desired {
+                if let Some(existing) = state.replicas.get(&d.key)
+                    && existing.argv == d.argv
+                {
+                    continue;
+                }
+                if let Some(old) = state.replicas.remove(&d.key) {
+                    tracing::info!(replica = %d.key.slug(), "SuperNode arguments changed; restarting");
+                    stop_replica(old).await;
+                }
+                let log_dir = self.config.state_dir.join("logs").join(&d.key.namespace);
+                let name = format!("{}-{}-{}", d.key.federation, d.key.pool, d.key.index);
+                let log_file = log_dir.join(format!("{name}.supernode.log"));
+                append_marker(&log_file)?;
+                // Flower installs FABs under FLWR_HOME: one per SuperNode.
+                let mut env = self.env();
+                let home = self
+                    .config
+                    .state_dir
+                    .join("federations")
+                    .join(&d.key.namespace)
+                    .join(&d.key.federation)
+                    .join("homes")
+                    .join(format!("{}-{}", d.key.pool, d.key.index));
+                env.insert("FLWR_HOME".into(), home.display().to_string());
+                let supernode = Supervised::start(ProcessSpec {
+                    name: format!("supernode/{}", d.key.slug()),
+                    program: self.program(render::SUPERNODE_PROGRAM),
+                    args: d.argv.clone(),
+                    env: env.clone(),
+                    cwd: Some(self.config.state_dir.clone()),
+                    log_file: log_file.clone(),
+                });
+                let superexec = d.superexec_argv.map(|args| {
+                    Supervised::start(ProcessSpec {
+                        name: format!("superexec/{}", d.key.slug()),
+                        program: self.program(render::SUPEREXEC_PROGRAM),
+                        args,
+                        env: env.clone(),
+                        cwd: Some(self.config.state_dir.clone()),
+                        log_file: log_dir.join(format!("{name}.superexec.log")),
+                    })
+                });
+                tracing::info!(replica = %d.key.slug(), port = d.port, "started SuperNode");
+                state.replicas.insert(
+                    d.key,
+                    Replica {
+                        argv: d.argv,
+                        port: d.port,
+                        log_file,
+                        public_key: d.public_key,
+                        supernode,
+                        superexec,
+                    },
+                );
+            }
+            state.pools = pools;
+            Ok(())
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Vec<FederationStatus>> {
+        Box::pin(async move {
+            let state = self.state.lock().await;
+            state
+                .pools
+                .iter()
+                .map(|((namespace, name), pools)| FederationStatus {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    pools: pools
+                        .iter()
+                        .map(|(pool, desired)| {
+                            let replicas: Vec<&Replica> = state
+                                .replicas
+                                .iter()
+                                .filter(|(k, _)| {
+                                    &k.namespace == namespace
+                                        && &k.federation == name
+                                        && &k.pool == pool
+                                })
+                                .map(|(_, r)| r)
+                                .collect();
+                            let ready = replicas.iter().filter(|r| replica_ready(r)).count() as u32;
+                            let keys = replicas
+                                .iter()
+                                .filter_map(|r| r.public_key.clone())
+                                .collect();
+                            PoolStatus {
+                                name: pool.clone(),
+                                desired: *desired,
+                                ready,
+                                conditions: vec![ready_condition(ready, *desired, &replicas)],
+                                node_public_keys: keys,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect()
+        })
+    }
+}
+
+impl ProcessRuntime {
+    /// Stops every SuperNode (the agent is shutting down; no orphans).
+    pub async fn shutdown(&self) {
+        let mut state = self.state.lock().await;
+        let replicas = std::mem::take(&mut state.replicas);
+        for (_, replica) in replicas {
+            stop_replica(replica).await;
+        }
+    }
+}
+
+fn ready_condition(ready: u32, desired: u32, replicas: &[&Replica]) -> Condition {
+    if ready >= desired {
+        return Condition {
+            r#type: "Ready".into(),
+            status: "True".into(),
+            reason: "SuperNodesConnected".into(),
+            message: format!("{ready}/{desired} SuperNodes connected"),
+        };
+    }
+    let detail = replicas
+        .iter()
+        .filter(|r| !replica_ready(r))
+        .filter_map(|r| {
+            r.supernode
+                .state()
+                .last_exit
+                .map(|e| format!("last exit: {e}"))
+        })
+        .next()
+        .unwrap_or_else(|| "waiting for the SuperLink connection".into());
+    Condition {
+        r#type: "Ready".into(),
+        status: "False".into(),
+        reason: "SuperNodesNotConnected".into(),
+        message: format!("{ready}/{desired} SuperNodes connected; {detail}"),
+    }
+}
+
+fn replica_ready(replica: &Replica) -> bool {
+    if replica.supernode.state().pid.is_none() {
+        return false;
+    }
+    let Ok(text) = std::fs::read_to_string(&replica.log_file) else {
+        return false;
+    };
+    let since_start = text.rsplit(START_MARKER).next().unwrap_or("");
+    since_start.contains(CONNECTED_LINE)
+}
+
+async fn stop_replica(replica: Replica) {
+    if let Some(se) = replica.superexec {
+        se.stop().await;
+    }
+    replica.supernode.stop().await;
+}
+
+/// Writes the marker before a (re)start so readiness only looks at the current run's output.
+fn append_marker(log_file: &Path) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    if let Some(dir) = log_file.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)
+        .map_err(io_err(log_file))?;
+    writeln!(f, "{START_MARKER}").map_err(io_err(log_file))
+}
+
+/// Creates the replica's OpenSSH EC P-384 key (0600) if missing; returns the public key line.
+pub fn ensure_node_key(path: &Path) -> Result<String, RuntimeError> {
+    use ssh_key::{Algorithm, EcdsaCurve, LineEnding, PrivateKey, rand_core::OsRng};
+    let key = if path.exists() {
+        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+        PrivateKey::from_openssh(&text).map_err(|e| {
+            RuntimeError::Apply(format!("{}: not an OpenSSH key: {e}", path.display()))
+        })?
+    } else {
+        let key = PrivateKey::random(
+            &mut OsRng,
+            Algorithm::Ecdsa {
+                curve: EcdsaCurve::NistP384,
+            },
+        )
+        .map_err(|e| RuntimeError::Apply(format!("cannot create a node key: {e}")))?;
+        let pem = key
+            .to_openssh(LineEnding::LF)
+            .map_err(|e| RuntimeError::Apply(format!("cannot encode a node key: {e}")))?;
+        write_private(path, pem.as_bytes())?;
+        key
+    };
+    let public = key
+        .public_key()
+        .to_openssh()
+        .map_err(|e| RuntimeError::Apply(format!("cannot encode a public key: {e}")))?;
+    let pub_path = path.with_extension("key.pub");
+    write_if_changed(&pub_path, format!("{public}\n").as_bytes())?;
+    Ok(public)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
+    if std::fs::read(path).ok().as_deref() == Some(bytes) {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RuntimeError + '_ {
+    move |e| RuntimeError::Apply(format!("{}: {e}", path.display()))
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+fn which(program: &Path) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_keys_are_openssh_p384_private_and_stable() {
+        // A replica keeps its identity across restarts, and the key file is private (0600).
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys/pool-0.key");
+        let first = ensure_node_key(&path).unwrap();
+        assert!(first.starts_with("ecdsa-sha2-nistp384 "), "{first}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(ensure_node_key(&path).unwrap(), first);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"));
+    }
+
+    #[test]
+    fn a_missing_flower_install_is_a_clear_error() {
+        // The runtime refuses to start without flower-supernode instead of failing per replica.
+        let dir = tempfile::tempdir().unwrap();
+        let err = ProcessRuntime::new(ProcessRuntimeConfig {
+            state_dir: dir.path().into(),
+            flower_bin: Some(dir.path().join("nope")),
+            port_base: 19000,
+            node_name: "n".into(),
+        })
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("--flower-bin"), "{err}");
+    }
+}

@@ -1,0 +1,221 @@
+//! Federations and Placements read from a directory of YAML files, re-read when a file changes.
+//!
+//! An invalid file is reported (file, field path, message) and ignored, and it does not stop the
+//! other files: the objects it held before keep their last valid version, so a typo never tears
+//! a running federation down.
+use flower_addon_crds::{Federation, Placement};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+type Key = (String, String);
+
+/// The valid objects of a manifests directory and the problems found in it.
+pub struct Manifests {
+    dir: PathBuf,
+    fingerprint: Vec<(PathBuf, SystemTime, u64)>,
+    /// Last valid objects of every file.
+    by_file: BTreeMap<PathBuf, FileObjects>,
+    problems: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+struct FileObjects {
+    federations: Vec<Federation>,
+    placements: Vec<Placement>,
+}
+
+impl Manifests {
+    /// Watches `dir` (nothing is read until [`Manifests::refresh`]).
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            fingerprint: Vec::new(),
+            by_file: BTreeMap::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Re-reads the directory when a file was added, removed or changed; true when it did.
+    pub fn refresh(&mut self) -> bool {
+        let files = yaml_files(&self.dir);
+        let fingerprint: Vec<(PathBuf, SystemTime, u64)> = files
+            .iter()
+            .filter_map(|p| {
+                let meta = std::fs::metadata(p).ok()?;
+                Some((p.clone(), meta.modified().ok()?, meta.len()))
+            })
+            .collect();
+        if fingerprint == self.fingerprint && !self.fingerprint.is_empty() {
+            return false;
+        }
+        self.fingerprint = fingerprint;
+        self.problems.clear();
+        if !self.dir.is_dir() {
+            self.problems.push(format!(
+                "{}: manifests directory not found",
+                self.dir.display()
+            ));
+        }
+        self.by_file.retain(|path, _| files.contains(path));
+        for path in files {
+            match load_file(&path) {
+                Ok(objects) => {
+                    self.by_file.insert(path, objects);
+                }
+                Err(problems) => {
+                    self.problems.extend(problems);
+                }
+            }
+        }
+        true
+    }
+
+    /// Problems of the last read, one line each (`FILE: field.path: message`).
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    /// Every valid Federation (the last valid version of each file), sorted by namespace/name.
+    pub fn federations(&self) -> impl Iterator<Item = &Federation> {
+        let mut all: BTreeMap<Key, &Federation> = BTreeMap::new();
+        for objects in self.by_file.values() {
+            for f in &objects.federations {
+                all.insert(key(&f.metadata), f);
+            }
+        }
+        all.into_values()
+    }
+
+    /// The Placement `namespace/name`, if a valid one exists.
+    pub fn placement(&self, namespace: &str, name: &str) -> Option<&Placement> {
+        self.by_file
+            .values()
+            .flat_map(|o| o.placements.iter())
+            .find(|p| key(&p.metadata) == (namespace.to_owned(), name.to_owned()))
+    }
+}
+
+fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.is_file()
+                        && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Reads and validates one file; all or nothing.
+fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: {e}")])?;
+    let objects =
+        flower_addon_crds::parse_documents(&name, &text).map_err(|e| vec![e.to_string()])?;
+    let mut out = FileObjects::default();
+    let mut problems = Vec::new();
+    for object in objects {
+        match object {
+            flower_addon_crds::Object::Federation(mut f) => {
+                let errors = flower_addon_crds::validate_federation(&f);
+                if errors.is_empty() {
+                    if f.metadata.namespace.is_none() {
+                        f.metadata.namespace = Some("default".into());
+                    }
+                    out.federations.push(f);
+                } else {
+                    problems.extend(
+                        errors
+                            .iter()
+                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
+                    );
+                }
+            }
+            flower_addon_crds::Object::Placement(mut p) => {
+                let errors = flower_addon_crds::validate_placement(&p);
+                if errors.is_empty() {
+                    if p.metadata.namespace.is_none() {
+                        p.metadata.namespace = Some("default".into());
+                    }
+                    out.placements.push(p);
+                } else {
+                    problems.extend(
+                        errors
+                            .iter()
+                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
+                    );
+                }
+            }
+            _ => problems.push(format!(
+                "{name}: only Federation and Placement objects belong in the manifests directory"
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: demo}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  superlink: {image: "flwr/superlink:1.42.0"}
+  supernodes:
+    image: "flwr/supernode:1.42.0"
+    pools: [{name: a, replicas: 2, images: {}}]
+"#;
+
+    #[test]
+    fn a_bad_edit_keeps_the_last_valid_version_and_names_the_field() {
+        // A broken file is reported with file and field, and its objects keep their last valid
+        // version instead of disappearing (which would tear down a running federation).
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fed.yaml");
+        std::fs::write(&file, GOOD).unwrap();
+        std::fs::write(dir.path().join("other.yaml"), "kind: [").unwrap();
+        let mut m = Manifests::new(dir.path().into());
+        assert!(m.refresh());
+        assert_eq!(m.federations().count(), 1);
+        assert_eq!(m.problems().len(), 1, "{:?}", m.problems());
+        assert!(m.problems()[0].contains("other.yaml"));
+
+        std::fs::write(&file, GOOD.replace("replicas: 2", "replicas: 0")).unwrap();
+        // mtime granularity: make sure the change is seen
+        let later = SystemTime::now() + std::time::Duration::from_secs(2);
+        let f = std::fs::File::options().write(true).open(&file).unwrap();
+        f.set_modified(later).unwrap();
+        assert!(m.refresh());
+        let feds: Vec<&Federation> = m.federations().collect();
+        assert_eq!(feds[0].spec.supernodes.pools[0].replicas, Some(2));
+        assert!(
+            m.problems()
+                .iter()
+                .any(|p| p.contains("fed.yaml") && p.contains("replicas")),
+            "{:?}",
+            m.problems()
+        );
+    }
+}

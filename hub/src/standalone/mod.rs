@@ -1,0 +1,614 @@
+//! The standalone hub: no Kubernetes. Federations and Placements come from YAML files in a
+//! directory (re-read when they change), clusters and the CA live in the state directory, each
+//! Federation's SuperLink runs as a supervised child process, and status is written to
+//! `<state>/status.json` (read by `flower-hub status`).
+//!
+//! One reconcile pass (every second, and at once when something changes):
+//! manifests → placement → per-cluster work (sent over the channel when it changed) →
+//! SuperLinks (started, restarted on argument change, stopped when their Federation goes) →
+//! node keys registered → status.
+pub mod manifests;
+pub mod noderegister;
+pub mod status;
+pub mod superlink;
+
+use crate::ca::HubCa;
+use crate::channel::InMemoryWorkSource;
+use crate::placement::{self, ClusterView, TaintEffect, TaintView};
+use crate::store::{CONDITION_AVAILABLE, ClusterRecord, ClusterStore};
+use crate::work::split_work;
+use flower_addon_agent::render::{FlowerDialect, FlowerVersion, dialect::image_tag};
+use flower_addon_agent::supervise::{ProcessSpec, Supervised};
+use flower_addon_crds::{Federation, Placement};
+use flower_addon_proto::{ClusterWork, FederationWork, PoolWork};
+use manifests::Manifests;
+use status::{ClusterSummary, FederationSummary, HubStatus};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use superlink::SuperLinkPaths;
+
+/// Settings of the standalone hub controller.
+#[derive(Clone, Debug)]
+pub struct StandaloneConfig {
+    /// State directory (shared with the file store).
+    pub state_dir: PathBuf,
+    /// Directory of Federation/Placement YAML files.
+    pub manifests_dir: PathBuf,
+    /// Directory holding `flower-superlink`, `flower-superexec` and `flwr`; None: PATH.
+    pub flower_bin: Option<PathBuf>,
+    /// Host SuperLinks listen on.
+    pub superlink_host: String,
+    /// Addresses agents dial to reach this machine (first one is used in Fleet addresses).
+    pub advertise: Vec<String>,
+    /// Lease of a cluster; missed for 5 leases → unreachable taint.
+    pub lease: Duration,
+}
+
+type FedKey = (String, String);
+
+struct RunningSuperLink {
+    argv: Vec<String>,
+    superlink: Supervised,
+    superexec: Option<Supervised>,
+}
+
+/// The standalone controller's memory.
+pub struct StandaloneHub<S: ClusterStore> {
+    store: Arc<S>,
+    work: Arc<InMemoryWorkSource>,
+    ca: Arc<HubCa>,
+    config: StandaloneConfig,
+    manifests: Manifests,
+    superlinks: BTreeMap<FedKey, RunningSuperLink>,
+    selections: BTreeMap<FedKey, BTreeSet<String>>,
+    sent: BTreeMap<String, ClusterWork>,
+    registered: BTreeSet<(FedKey, String)>,
+}
+
+impl<S: ClusterStore> StandaloneHub<S> {
+    /// A controller with nothing running yet.
+    pub fn new(
+        store: Arc<S>,
+        work: Arc<InMemoryWorkSource>,
+        ca: Arc<HubCa>,
+        config: StandaloneConfig,
+    ) -> Self {
+        let manifests = Manifests::new(config.manifests_dir.clone());
+        Self {
+            store,
+            work,
+            ca,
+            config,
+            manifests,
+            superlinks: BTreeMap::new(),
+            selections: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            registered: BTreeSet::new(),
+        }
+    }
+
+    /// Runs reconcile passes until `shutdown` resolves, then stops every SuperLink.
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut store_changes = self.store.changes();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tick.tick() => {}
+                _ = store_changes.recv() => {}
+            }
+            self.reconcile().await;
+        }
+        for (_, sl) in std::mem::take(&mut self.superlinks) {
+            stop_superlink(sl).await;
+        }
+    }
+
+    fn flower_program(&self, name: &str) -> PathBuf {
+        match &self.config.flower_bin {
+            Some(dir) => dir.join(name),
+            None => PathBuf::from(name),
+        }
+    }
+
+    fn flower_env(&self) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert("FLWR_TELEMETRY_ENABLED".into(), "0".into());
+        env.insert("FLWR_DISABLE_UPDATE_CHECK".into(), "1".into());
+        env.insert("PYTHONUNBUFFERED".into(), "1".into());
+        if let Some(dir) = &self.config.flower_bin {
+            let path = std::env::var("PATH").unwrap_or_default();
+            env.insert("PATH".into(), format!("{}:{path}", dir.display()));
+        }
+        env
+    }
+
+    /// One reconcile pass.
+    pub async fn reconcile(&mut self) {
+        if self.manifests.refresh() {
+            for problem in self.manifests.problems() {
+                tracing::warn!(%problem, "manifest problem");
+            }
+        }
+        let clusters = match self.store.list_clusters().await {
+            Ok(c) => c,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list clusters");
+                return;
+            }
+        };
+        let now = crate::tokens::unix_now() as i64;
+        let views: Vec<ClusterView> = clusters
+            .iter()
+            .map(|c| cluster_view(c, now, self.config.lease))
+            .collect();
+
+        let federations: Vec<Federation> = self.manifests.federations().cloned().collect();
+        let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
+        let mut summaries = Vec::new();
+        let mut live: BTreeSet<FedKey> = BTreeSet::new();
+        for fed in &federations {
+            let key = fed_key(fed);
+            live.insert(key.clone());
+            let mut summary = FederationSummary::new(fed);
+            match self
+                .reconcile_federation(fed, &views, now, &mut per_cluster)
+                .await
+            {
+                Ok(selected) => summary.selected = selected,
+                Err(message) => summary.error = Some(message),
+            }
+            summaries.push(summary);
+        }
+        // Federations removed from the manifests: stop their SuperLinks, forget selections.
+        let gone: Vec<FedKey> = self
+            .superlinks
+            .keys()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(sl) = self.superlinks.remove(&key) {
+                tracing::info!(namespace = %key.0, federation = %key.1, "Federation removed: stopping its SuperLink");
+                stop_superlink(sl).await;
+            }
+            self.selections.remove(&key);
+        }
+
+        self.send_work(&clusters, per_cluster);
+        self.register_node_keys(&federations).await;
+
+        let status = HubStatus {
+            federations: summaries
+                .into_iter()
+                .map(|s| s.finish(&self.work, &self.superlinks_state()))
+                .collect(),
+            clusters: clusters
+                .iter()
+                .zip(&views)
+                .map(|(c, v)| ClusterSummary::new(c, v))
+                .collect(),
+            problems: self.manifests.problems().to_vec(),
+        };
+        if let Err(error) = status.write(&self.config.state_dir) {
+            tracing::warn!(%error, "cannot write status.json");
+        }
+    }
+
+    fn superlinks_state(&self) -> BTreeMap<FedKey, bool> {
+        self.superlinks
+            .iter()
+            .map(|(k, sl)| (k.clone(), sl.superlink.state().pid.is_some()))
+            .collect()
+    }
+
+    async fn reconcile_federation(
+        &mut self,
+        fed: &Federation,
+        views: &[ClusterView],
+        now: i64,
+        per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
+    ) -> Result<Vec<String>, String> {
+        let key = fed_key(fed);
+        let (version, dialect) = federation_dialect(fed)?;
+        let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
+        if !fed.spec.insecure {
+            self.ensure_superlink_tls(fed, &paths)?;
+        }
+        self.ensure_superlink(fed, version, dialect, &paths).await?;
+
+        // Placement: without placementRef there is no hub cluster to run pools in standalone
+        // mode, so nothing is selected (and the status says so).
+        let Some(placement_ref) = &fed.spec.placement_ref else {
+            return Err(
+                "standalone hub: spec.placementRef is required (pools run on joined agents)".into(),
+            );
+        };
+        let placement = self
+            .manifests
+            .placement(&key.0, &placement_ref.name)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
+                    key.0, placement_ref.name
+                )
+            })?;
+        let policy = placement_policy(&placement);
+        let previous = self.selections.get(&key).cloned().unwrap_or_default();
+        let outcome = placement::evaluate(&policy, views, &previous, now);
+        self.selections
+            .insert(key.clone(), outcome.selected.iter().cloned().collect());
+
+        let ca_pem = if fed.spec.insecure {
+            String::new()
+        } else {
+            std::fs::read_to_string(&paths.ca)
+                .map_err(|e| format!("{}: {e}", paths.ca.display()))?
+        };
+        let addr = superlink::addresses(fed, dialect);
+        let host = self
+            .config
+            .advertise
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1".into());
+        let fleet = fed
+            .spec
+            .superlink
+            .external_address
+            .clone()
+            .unwrap_or_else(|| format!("{host}:{}", addr.fleet_port));
+        let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
+            views.iter().map(|v| (v.name.as_str(), &v.labels)).collect();
+        let shares = split_work(&fed.spec, &outcome.selected, |pool, cluster| {
+            match (&pool.cluster_selector, labels_of.get(cluster)) {
+                (Some(sel), Some(labels)) => placement::selector_matches(sel, labels),
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+        });
+        let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
+        for share in shares {
+            let pools = share
+                .pools
+                .iter()
+                .filter_map(|p| {
+                    let pool = fed
+                        .spec
+                        .supernodes
+                        .pools
+                        .iter()
+                        .find(|x| x.name == p.pool)?;
+                    Some(PoolWork {
+                        name: p.pool.clone(),
+                        partition_offset: p.partition_offset,
+                        spec_json: serde_json::to_string(pool).ok()?,
+                    })
+                })
+                .collect();
+            per_cluster
+                .entry(share.cluster.clone())
+                .or_default()
+                .push(FederationWork {
+                    namespace: key.0.clone(),
+                    name: key.1.clone(),
+                    flower_version: format!(
+                        "{}.{}.{}",
+                        version.major, version.minor, version.patch
+                    ),
+                    mode: format!("{:?}", fed.spec.mode),
+                    isolation_mode: match fed.spec.isolation_mode {
+                        flower_addon_crds::IsolationMode::Process => "process".into(),
+                        flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
+                    },
+                    insecure: fed.spec.insecure,
+                    superlink_fleet_address: fleet.clone(),
+                    ca_bundle_pem: ca_pem.clone(),
+                    partitions_total: share.partitions_total,
+                    pools,
+                    federation_spec_json: spec_json.clone(),
+                });
+            // cluster index/count are per Federation; ClusterWork carries the last one set.
+            let _ = (share.cluster_index, share.clusters);
+        }
+        Ok(outcome.selected)
+    }
+
+    fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {
+        let mut sans: Vec<String> = vec!["127.0.0.1".into(), "localhost".into()];
+        sans.extend(self.config.advertise.iter().cloned());
+        if let Some(ext) = &fed.spec.superlink.external_address {
+            sans.push(host_of(ext).to_owned());
+        }
+        if let Some(tls) = &fed.spec.tls {
+            sans.extend(tls.extra_sans.iter().cloned());
+        }
+        sans.sort();
+        sans.dedup();
+        let sans_file = paths.dir.join("tls/sans");
+        let want = sans.join("\n");
+        let current = std::fs::read_to_string(&sans_file).ok();
+        if current.as_deref() == Some(want.as_str()) && paths.cert.exists() && paths.key.exists() {
+            return Ok(());
+        }
+        let issued = self
+            .ca
+            .issue_superlink_cert(&fed_key(fed).1, &sans, Duration::from_secs(365 * 24 * 3600))
+            .map_err(|e| format!("cannot issue the SuperLink certificate: {e}"))?;
+        write_private(&paths.key, issued.key_pem.as_bytes())?;
+        write_file(&paths.cert, issued.cert_pem.as_bytes())?;
+        write_file(&paths.ca, self.ca.cert_pem().as_bytes())?;
+        write_file(&sans_file, want.as_bytes())?;
+        tracing::info!(federation = %fed_key(fed).1, sans = %sans.join(","), "issued the SuperLink certificate");
+        Ok(())
+    }
+
+    async fn ensure_superlink(
+        &mut self,
+        fed: &Federation,
+        version: FlowerVersion,
+        dialect: FlowerDialect,
+        paths: &SuperLinkPaths,
+    ) -> Result<(), String> {
+        let key = fed_key(fed);
+        let argv =
+            superlink::superlink_argv(fed, version, dialect, &self.config.superlink_host, paths);
+        if let Some(running) = self.superlinks.get(&key)
+            && running.argv == argv
+        {
+            return Ok(());
+        }
+        if let Some(old) = self.superlinks.remove(&key) {
+            tracing::info!(federation = %key.1, "SuperLink arguments changed: restarting it");
+            stop_superlink(old).await;
+        }
+        std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
+        let superlink = Supervised::start(ProcessSpec {
+            name: format!("superlink/{}/{}", key.0, key.1),
+            program: self.flower_program("flower-superlink"),
+            args: argv.clone(),
+            env: {
+                // Flower installs FABs under FLWR_HOME: one per SuperLink.
+                let mut env = self.flower_env();
+                env.insert(
+                    "FLWR_HOME".into(),
+                    paths.dir.join("superlink-home").display().to_string(),
+                );
+                env
+            },
+            cwd: Some(paths.dir.clone()),
+            log_file: paths.log.clone(),
+        });
+        let superexec = (fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process)
+            .then(|| {
+                Supervised::start(ProcessSpec {
+                    name: format!("superexec-serverapp/{}/{}", key.0, key.1),
+                    program: self.flower_program("flower-superexec"),
+                    args: superlink::serverapp_superexec_argv(fed, dialect, paths),
+                    env: self.flower_env(),
+                    cwd: Some(paths.dir.clone()),
+                    log_file: paths.log.with_extension("superexec.log"),
+                })
+            });
+        tracing::info!(namespace = %key.0, federation = %key.1, "started the SuperLink");
+        self.superlinks.insert(
+            key,
+            RunningSuperLink {
+                argv,
+                superlink,
+                superexec,
+            },
+        );
+        Ok(())
+    }
+
+    fn send_work(
+        &mut self,
+        clusters: &[ClusterRecord],
+        per_cluster: BTreeMap<String, Vec<FederationWork>>,
+    ) {
+        let mut changed = Vec::new();
+        for cluster in clusters {
+            let name = &cluster.registration.name;
+            let federations = per_cluster.get(name).cloned().unwrap_or_default();
+            let content = ClusterWork {
+                version: 0,
+                cluster_name: name.clone(),
+                cluster_index: 0,
+                cluster_count: 0,
+                federations,
+            };
+            if self.sent.get(name) != Some(&content) {
+                self.sent.insert(name.clone(), content.clone());
+                changed.push((name.clone(), content));
+            }
+        }
+        if !changed.is_empty() {
+            for (name, _) in &changed {
+                tracing::info!(cluster = %name, "work changed: sending a new snapshot");
+            }
+            self.work.set_many(changed);
+        }
+    }
+
+    async fn register_node_keys(&mut self, federations: &[Federation]) {
+        for fed in federations {
+            if fed.spec.insecure {
+                continue;
+            }
+            let key = fed_key(fed);
+            let Ok((version, dialect)) = federation_dialect(fed) else {
+                continue;
+            };
+            let mut keys: BTreeSet<String> = BTreeSet::new();
+            for cluster in self.sent.keys() {
+                if let Some(status) = self.work.last_status(cluster) {
+                    for f in status
+                        .federations
+                        .iter()
+                        .filter(|f| f.namespace == key.0 && f.name == key.1)
+                    {
+                        for pool in &f.pools {
+                            keys.extend(pool.node_public_keys.iter().cloned());
+                        }
+                    }
+                }
+            }
+            let todo: Vec<String> = keys
+                .into_iter()
+                .filter(|k| !self.registered.contains(&(key.clone(), k.clone())))
+                .collect();
+            if todo.is_empty() {
+                continue;
+            }
+            let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
+            let addr = superlink::addresses(fed, dialect);
+            let connection =
+                match noderegister::write_connection(&paths, version, addr.control_port, false) {
+                    Ok(c) => c,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot prepare flwr");
+                        continue;
+                    }
+                };
+            let path_env = self.flower_env().get("PATH").cloned();
+            for public_key in todo {
+                let file = match noderegister::key_file(&paths, &public_key) {
+                    Ok(f) => f,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot store a node key");
+                        continue;
+                    }
+                };
+                match noderegister::register_key(
+                    &self.flower_program("flwr"),
+                    &paths,
+                    &connection,
+                    &file,
+                    path_env.as_deref(),
+                )
+                .await
+                {
+                    Ok(()) => {
+                        tracing::info!(federation = %key.1, key = %file.display(), "registered a SuperNode key with the SuperLink");
+                        self.registered.insert((key.clone(), public_key));
+                    }
+                    Err(error) => {
+                        tracing::warn!(federation = %key.1, %error, "cannot register a SuperNode key yet; will retry");
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn stop_superlink(sl: RunningSuperLink) {
+    if let Some(se) = sl.superexec {
+        se.stop().await;
+    }
+    sl.superlink.stop().await;
+}
+
+fn fed_key(fed: &Federation) -> FedKey {
+    (
+        fed.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        fed.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The Flower version and dialect of a Federation, from `spec.version` or the SuperLink tag.
+pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDialect), String> {
+    let text = fed
+        .spec
+        .version
+        .clone()
+        .or_else(|| image_tag(&fed.spec.superlink.image).map(str::to_owned))
+        .unwrap_or_default();
+    let version = FlowerVersion::parse(&text).ok_or_else(|| {
+        format!(
+            "spec.version: cannot tell the Flower version from {text:?}: set spec.version, e.g. 1.42.0"
+        )
+    })?;
+    Ok((version, FlowerDialect::of(version)))
+}
+
+fn host_of(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => address,
+    }
+}
+
+/// The placement view of a registered cluster; a missed lease (5 × lease since the last
+/// heartbeat, or `Available=False`) becomes the unreachable taint, added when the lease ran out.
+fn cluster_view(record: &ClusterRecord, now: i64, lease: Duration) -> ClusterView {
+    let mut taints = Vec::new();
+    let grace = 5 * lease.as_secs() as i64;
+    let last = record.status.last_heartbeat_unix.map(|t| t as i64);
+    let available = record.status.condition(CONDITION_AVAILABLE);
+    let expired_at = match (last, available) {
+        (Some(t), _) if now - t > grace => Some(t + grace),
+        (_, Some(c)) if c.status == "False" => Some(c.last_transition_unix as i64),
+        (None, _) => Some(record.registration.created_unix as i64),
+        _ => None,
+    };
+    if let Some(added) = expired_at {
+        taints.push(TaintView {
+            key: placement::TAINT_UNREACHABLE.into(),
+            value: String::new(),
+            effect: TaintEffect::NoSelect,
+            time_added: Some(added),
+        });
+    }
+    ClusterView {
+        name: record.registration.name.clone(),
+        labels: record.registration.labels.clone(),
+        claims: record.registration.claims.clone(),
+        accepted: record.hub_accepts_client,
+        taints,
+    }
+}
+
+/// The parts of a Placement's spec that decide its selection.
+pub fn placement_policy(p: &Placement) -> placement::PlacementPolicy {
+    crate::placement::policy_from_spec(&p.spec)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(bytes)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,249 @@
+//! Status of the standalone hub, written to `<state>/status.json` after every reconcile pass and
+//! printed by `flower-hub status` (a table like `kubectl get federation`, or JSON).
+use crate::channel::InMemoryWorkSource;
+use crate::placement::ClusterView;
+use crate::store::{CONDITION_AVAILABLE, ClusterRecord};
+use flower_addon_crds::Federation;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Name of the status file in the state directory.
+pub const STATUS_FILE: &str = "status.json";
+
+/// Everything `flower-hub status` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HubStatus {
+    /// One entry per valid Federation.
+    pub federations: Vec<FederationSummary>,
+    /// One entry per registered cluster.
+    pub clusters: Vec<ClusterSummary>,
+    /// Problems in the manifests directory (`FILE: field: message`).
+    #[serde(default)]
+    pub problems: Vec<String>,
+}
+
+/// Status of one Federation.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FederationSummary {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// StatefulSet or DaemonSet.
+    pub mode: String,
+    /// subprocess or process.
+    pub isolation: String,
+    /// Selected clusters.
+    pub selected: Vec<String>,
+    /// `ready/desired` SuperNodes over all clusters.
+    pub supernodes: String,
+    /// Ready SuperNodes.
+    pub ready_supernodes: u32,
+    /// Desired SuperNodes.
+    pub desired_supernodes: u32,
+    /// Whether the SuperLink process runs.
+    pub superlink_running: bool,
+    /// True when every desired SuperNode is ready and the SuperLink runs.
+    pub ready: bool,
+    /// Why it is not ready (or an error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Error that stopped reconciling this Federation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Per cluster and pool: `cluster/pool` → `ready/desired`.
+    pub pools: BTreeMap<String, String>,
+}
+
+impl FederationSummary {
+    /// A summary with the spec's facts filled in.
+    pub fn new(fed: &Federation) -> Self {
+        Self {
+            namespace: fed
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: fed.metadata.name.clone().unwrap_or_default(),
+            mode: format!("{:?}", fed.spec.mode),
+            isolation: match fed.spec.isolation_mode {
+                flower_addon_crds::IsolationMode::Process => "process".into(),
+                flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
+            },
+            ..Self::default()
+        }
+    }
+
+    /// Fills in readiness from the agents' last reports.
+    pub fn finish(
+        mut self,
+        work: &InMemoryWorkSource,
+        superlinks: &BTreeMap<(String, String), bool>,
+    ) -> Self {
+        self.superlink_running = superlinks
+            .get(&(self.namespace.clone(), self.name.clone()))
+            .copied()
+            .unwrap_or(false);
+        let mut missing = Vec::new();
+        for cluster in &self.selected {
+            let report = work.last_status(cluster);
+            let fed = report.as_ref().and_then(|s| {
+                s.federations
+                    .iter()
+                    .find(|f| f.namespace == self.namespace && f.name == self.name)
+                    .cloned()
+            });
+            match fed {
+                Some(f) => {
+                    for pool in &f.pools {
+                        self.ready_supernodes += pool.ready;
+                        self.desired_supernodes += pool.desired;
+                        self.pools.insert(
+                            format!("{cluster}/{}", pool.name),
+                            format!("{}/{}", pool.ready, pool.desired),
+                        );
+                        if pool.ready < pool.desired {
+                            let why = pool
+                                .conditions
+                                .iter()
+                                .find(|c| c.r#type == "Ready")
+                                .map(|c| c.message.clone())
+                                .unwrap_or_default();
+                            missing.push(format!("{cluster}/{}: {why}", pool.name));
+                        }
+                    }
+                }
+                None => missing.push(format!("{cluster}: no report yet")),
+            }
+        }
+        self.supernodes = format!("{}/{}", self.ready_supernodes, self.desired_supernodes);
+        self.ready = self.error.is_none()
+            && self.superlink_running
+            && !self.selected.is_empty()
+            && missing.is_empty()
+            && self.ready_supernodes >= self.desired_supernodes;
+        self.message = if let Some(e) = &self.error {
+            Some(e.clone())
+        } else if !self.superlink_running {
+            Some("SuperLink not running".into())
+        } else if self.selected.is_empty() {
+            Some("no cluster selected by the Placement".into())
+        } else if !missing.is_empty() {
+            Some(missing.join("; "))
+        } else {
+            None
+        };
+        self
+    }
+}
+
+/// Status of one registered cluster.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterSummary {
+    /// Cluster name.
+    pub name: String,
+    /// hubAcceptsClient.
+    pub accepted: bool,
+    /// `Available` condition status (`True`, `False`, `Unknown`).
+    pub available: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Taint keys placement sees.
+    pub taints: Vec<String>,
+    /// Seconds since the last heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_unix: Option<u64>,
+}
+
+impl ClusterSummary {
+    /// The summary of a stored cluster and its placement view.
+    pub fn new(record: &ClusterRecord, view: &ClusterView) -> Self {
+        Self {
+            name: record.registration.name.clone(),
+            accepted: record.hub_accepts_client,
+            available: record
+                .status
+                .condition(CONDITION_AVAILABLE)
+                .map(|c| c.status.clone())
+                .unwrap_or_else(|| "Unknown".into()),
+            labels: record.registration.labels.clone(),
+            taints: view.taints.iter().map(|t| t.key.clone()).collect(),
+            last_heartbeat_unix: record.status.last_heartbeat_unix,
+        }
+    }
+}
+
+impl HubStatus {
+    /// Writes `status.json` atomically (temp + rename).
+    pub fn write(&self, state_dir: &Path) -> std::io::Result<()> {
+        let path = state_dir.join(STATUS_FILE);
+        let tmp = state_dir.join(".status.json.tmp");
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// Reads `status.json`.
+    pub fn read(state_dir: &Path) -> std::io::Result<Self> {
+        let text = std::fs::read_to_string(state_dir.join(STATUS_FILE))?;
+        serde_json::from_str(&text).map_err(std::io::Error::other)
+    }
+
+    /// The Federation table (`kubectl get federation` columns).
+    pub fn federation_table(&self) -> String {
+        let mut rows = vec![[
+            "NAMESPACE".to_string(),
+            "NAME".into(),
+            "MODE".into(),
+            "ISOLATION".into(),
+            "CLUSTERS".into(),
+            "SUPERNODES".into(),
+            "READY".into(),
+            "MESSAGE".into(),
+        ]];
+        for f in &self.federations {
+            rows.push([
+                f.namespace.clone(),
+                f.name.clone(),
+                f.mode.clone(),
+                f.isolation.clone(),
+                f.selected.len().to_string(),
+                f.supernodes.clone(),
+                if f.ready {
+                    "True".into()
+                } else {
+                    "False".into()
+                },
+                f.message.clone().unwrap_or_default(),
+            ]);
+        }
+        table(&rows)
+    }
+}
+
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
