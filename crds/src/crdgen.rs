@@ -56,27 +56,35 @@ fn finish(crd: CustomResourceDefinition, federation_rules: bool) -> CustomResour
         for version in versions {
             if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
                 make_structural(schema);
-                if federation_rules
-                    && let Some(spec) = schema
-                        .pointer_mut("/properties/spec")
-                        .and_then(Value::as_object_mut)
-                {
-                    let rules: Vec<Value> = FEDERATION_SPEC_RULES
-                        .iter()
-                        .map(|r| {
-                            json!({
-                                "rule": r.rule,
-                                "message": r.message,
-                                "fieldPath": r.field_path,
-                            })
-                        })
-                        .collect();
-                    spec.insert("x-kubernetes-validations".into(), Value::Array(rules));
+                if federation_rules {
+                    add_rules(schema);
                 }
             }
         }
     }
     serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// Puts every rule of [`FEDERATION_SPEC_RULES`] into `x-kubernetes-validations` at its location.
+fn add_rules(schema: &mut Value) {
+    for rule in FEDERATION_SPEC_RULES {
+        let Some(node) = schema
+            .pointer_mut(rule.location)
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        let mut entry = json!({ "rule": rule.rule, "message": rule.message });
+        if !rule.field_path.is_empty() {
+            entry["fieldPath"] = json!(rule.field_path);
+        }
+        let list = node
+            .entry("x-kubernetes-validations")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(items) = list {
+            items.push(entry);
+        }
+    }
 }
 
 /// `deny_unknown_fields` makes schemars emit `additionalProperties: false`, which a structural

@@ -36,7 +36,16 @@ pub const MSG_NODE_CONFIG_QUOTES: &str =
 pub const MSG_NODE_CONFIG_CONTROL: &str =
     "spec.supernodes.pools[*].nodeConfig values must not contain control characters";
 
-/// One CEL rule on the Federation `spec` (`self` is the spec).
+/// Schema location (JSON pointer under `openAPIV3Schema`) of the Federation spec.
+pub const SPEC: &str = "/properties/spec";
+/// Schema location of `spec.supernodes.pools`.
+pub const POOLS: &str = "/properties/spec/properties/supernodes/properties/pools";
+
+/// One CEL rule of the Federation (`self` is the node at `location`, mostly the spec).
+///
+/// nodeConfig values are `x-kubernetes-int-or-string`; the rules read them through `string()`
+/// (an integer never holds a placeholder, quote or control character) instead of a `type()`
+/// guard, which evaluates the same in the apiserver and in kube's client-side evaluator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CelRule {
     /// The CEL expression.
@@ -46,11 +55,14 @@ pub struct CelRule {
     /// The field the message is about, as a pattern (`[*]` for "every pool", `{key}` for a
     /// nodeConfig key); `validate_federation` reports the concrete path.
     pub path: &'static str,
-    /// The CEL `fieldPath` (relative to `spec`) the apiserver reports the error at.
+    /// The CEL `fieldPath` (relative to `location`) the apiserver reports the error at; empty
+    /// for none.
     pub field_path: &'static str,
+    /// JSON pointer, under `openAPIV3Schema`, of the schema node that carries the rule.
+    pub location: &'static str,
 }
 
-/// Every CEL rule on the Federation spec. Rules 1–8 are flower-operator's (same messages);
+/// Every CEL rule of the Federation. Rules 1–8 are flower-operator's (same messages);
 /// the rest are what flower-operator left to reconcile time or never checked.
 pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
     CelRule {
@@ -58,71 +70,85 @@ pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
         message: MSG_NO_POOLS,
         path: "spec.supernodes.pools",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
         rule: "self.mode == 'DaemonSet' ? self.supernodes.pools.all(p, !has(p.replicas)) : true",
         message: MSG_DAEMONSET_REPLICAS,
         path: "spec.supernodes.pools[*].replicas",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
         rule: "self.mode == 'StatefulSet' ? self.supernodes.pools.all(p, has(p.replicas) && p.replicas >= 1) : true",
         message: MSG_STATEFULSET_REPLICAS,
         path: "spec.supernodes.pools[*].replicas",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
         rule: "self.isolationMode != 'process' || (has(self.superlink.superexecImage) && size(self.superlink.superexecImage) > 0)",
         message: MSG_SUPERLINK_SUPEREXEC_REQUIRED,
         path: "spec.superlink.superexecImage",
         field_path: ".superlink.superexecImage",
+        location: SPEC,
     },
     CelRule {
         rule: "self.isolationMode != 'process' || self.supernodes.pools.all(p, has(p.images.superexecClientApp) && size(p.images.superexecClientApp) > 0)",
         message: MSG_POOL_SUPEREXEC_REQUIRED,
         path: "spec.supernodes.pools[*].images.superexecClientApp",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
         rule: "self.isolationMode != 'subprocess' || !has(self.superlink.superexecImage) || size(self.superlink.superexecImage) == 0",
         message: MSG_SUPERLINK_SUPEREXEC_FORBIDDEN,
         path: "spec.superlink.superexecImage",
         field_path: ".superlink.superexecImage",
+        location: SPEC,
     },
     CelRule {
         rule: "self.isolationMode != 'subprocess' || self.supernodes.pools.all(p, !has(p.images.superexecClientApp) || size(p.images.superexecClientApp) == 0)",
         message: MSG_POOL_SUPEREXEC_FORBIDDEN,
         path: "spec.supernodes.pools[*].images.superexecClientApp",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
         rule: "self.supernodes.pools.all(p, !has(p.gpu) || !has(p.gpu.mountAll) || p.gpu.mountAll == false || (has(p.gpu.vendor) && size(p.gpu.vendor) > 0))",
         message: MSG_MOUNTALL_VENDOR,
         path: "spec.supernodes.pools[*].gpu.vendor",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
-        rule: "self.supernodes.pools.all(p, self.supernodes.pools.exists_one(q, q.name == p.name))",
+        // On the pools list itself: a nested iteration from the spec root is costed as unbounded
+        // by kube's estimator; on the list, `maxItems: 16` bounds both loops.
+        rule: "self.all(p, self.exists_one(q, q.name == p.name))",
         message: MSG_DUPLICATE_POOL_NAME,
         path: "spec.supernodes.pools[*].name",
-        field_path: ".supernodes.pools",
+        field_path: "",
+        location: POOLS,
     },
     CelRule {
-        rule: "self.mode != 'DaemonSet' || self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !(p.nodeConfig[k].contains('{index}') || p.nodeConfig[k].contains('{replicas}'))))",
+        rule: "self.mode != 'DaemonSet' || self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, !(string(p.nodeConfig[k]).contains('{index}') || string(p.nodeConfig[k]).contains('{replicas}'))))",
         message: MSG_DAEMONSET_PLACEHOLDER,
         path: "spec.supernodes.pools[*].nodeConfig.{key}",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
-        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !(p.nodeConfig[k].contains('\\'') && p.nodeConfig[k].contains('\"'))))",
+        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, !(string(p.nodeConfig[k]).contains('\\'') && string(p.nodeConfig[k]).contains('\"'))))",
         message: MSG_NODE_CONFIG_QUOTES,
         path: "spec.supernodes.pools[*].nodeConfig.{key}",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
     CelRule {
-        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, type(p.nodeConfig[k]) != string || !p.nodeConfig[k].matches('[\\\\x00-\\\\x1f\\\\x7f]')))",
+        rule: "self.supernodes.pools.all(p, !has(p.nodeConfig) || p.nodeConfig.all(k, !string(p.nodeConfig[k]).matches('[\\\\x00-\\\\x1f\\\\x7f]')))",
         message: MSG_NODE_CONFIG_CONTROL,
         path: "spec.supernodes.pools[*].nodeConfig.{key}",
         field_path: ".supernodes.pools",
+        location: SPEC,
     },
 ];
