@@ -1,0 +1,206 @@
+//! Unit tests of validate_federation / validate_placement, one per rule.
+
+use flower_addon_crds::rules::*;
+use flower_addon_crds::*;
+
+fn fed(yaml_spec: &str) -> Federation {
+    let text = format!(
+        "apiVersion: flower-addon.io/v1alpha1\nkind: Federation\nmetadata:\n  name: f\nspec:\n{yaml_spec}"
+    );
+    match parse_documents("t.yaml", &text).unwrap().remove(0) {
+        Object::Federation(f) => f,
+        other => panic!("{other:?}"),
+    }
+}
+
+const STS: &str = "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n  supernodes:\n    image: n\n    pools:\n";
+
+fn errors(f: &Federation) -> Vec<(String, String)> {
+    validate_federation(f)
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect()
+}
+
+// A minimal StatefulSet Federation is valid and gets flower-operator's defaults.
+#[test]
+fn minimal_is_valid_with_defaults() {
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 1\n        images: {{}}\n"
+    ));
+    assert!(errors(&f).is_empty());
+    assert!(f.spec.insecure);
+    assert_eq!(
+        f.spec.superlink.service.ports,
+        SuperLinkPorts {
+            grpc: 9092,
+            server_app_io: 9091,
+            extra: 9093
+        }
+    );
+    assert_eq!(f.spec.superlink.service.type_, ServiceType::ClusterIP);
+}
+
+// Replicas below 1 are rejected with the schema message and the StatefulSet rule.
+#[test]
+fn replicas_zero() {
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 0\n        images: {{}}\n"
+    ));
+    let e = errors(&f);
+    assert!(e.contains(&(
+        "spec.supernodes.pools[0].replicas".into(),
+        "must be greater than or equal to 1".into()
+    )));
+    assert!(e.contains(&(
+        "spec.supernodes.pools[0].replicas".into(),
+        MSG_STATEFULSET_REPLICAS.into()
+    )));
+}
+
+// Pool names must be DNS labels of at most 63 characters.
+#[test]
+fn pool_name_dns_label() {
+    for bad in ["Upper", "-a", "a-", "a_b", &"a".repeat(64)] {
+        let f = fed(&format!(
+            "{STS}      - name: \"{bad}\"\n        replicas: 1\n        images: {{}}\n"
+        ));
+        assert!(
+            errors(&f)
+                .iter()
+                .any(|(p, _)| p == "spec.supernodes.pools[0].name"),
+            "{bad}"
+        );
+    }
+}
+
+// More than 16 pools is rejected.
+#[test]
+fn at_most_16_pools() {
+    let pools: String = (0..17)
+        .map(|i| format!("      - name: p{i}\n        replicas: 1\n        images: {{}}\n"))
+        .collect();
+    let f = fed(&format!("{STS}{pools}"));
+    assert_eq!(
+        errors(&f),
+        vec![(
+            "spec.supernodes.pools".into(),
+            "must have at most 16 items".into()
+        )]
+    );
+}
+
+// gpu.count must be at least 1.
+#[test]
+fn gpu_count_at_least_one() {
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 1\n        images: {{}}\n        gpu:\n          count: 0\n"
+    ));
+    assert_eq!(
+        errors(&f),
+        vec![(
+            "spec.supernodes.pools[0].gpu.count".into(),
+            "must be greater than or equal to 1".into()
+        )]
+    );
+}
+
+// Service ports must be 1..65535.
+#[test]
+fn service_ports_range() {
+    let f = fed(
+        "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n    service:\n      ports:\n        grpc: 70000\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n        images: {}\n",
+    );
+    assert_eq!(
+        errors(&f),
+        vec![(
+            "spec.superlink.service.ports.grpc".into(),
+            "must be between 1 and 65535".into()
+        )]
+    );
+}
+
+// The DaemonSet placeholder rule names the exact nodeConfig key; StatefulSet allows {index}.
+#[test]
+fn daemonset_placeholders_named_by_key() {
+    let ds = fed(
+        "  mode: DaemonSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        images: {}\n        nodeConfig:\n          n: \"{replicas}\"\n",
+    );
+    assert_eq!(
+        errors(&ds),
+        vec![(
+            "spec.supernodes.pools[0].nodeConfig.n".into(),
+            MSG_DAEMONSET_PLACEHOLDER.into()
+        )]
+    );
+    let sts = fed(&format!(
+        "{STS}      - name: a\n        replicas: 2\n        images: {{}}\n        nodeConfig:\n          n: \"{{index}}\"\n"
+    ));
+    assert!(errors(&sts).is_empty());
+}
+
+// nodeConfig values: integers pass, booleans get a hint, a value with both quotes is named, '$HOME' is fine.
+#[test]
+fn node_config_values() {
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 1\n        images: {{}}\n        nodeConfig:\n          i: 3\n          b: true\n          h: $HOME\n          q: 'a\"b''c'\n"
+    ));
+    let e = errors(&f);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert_eq!(e[0].0, "spec.supernodes.pools[0].nodeConfig.b");
+    assert!(e[0].1.contains("\"true\""));
+    assert_eq!(
+        e[1],
+        (
+            "spec.supernodes.pools[0].nodeConfig.q".into(),
+            MSG_NODE_CONFIG_QUOTES.into()
+        )
+    );
+}
+
+// nodeConfig keys must survive key=value splitting and TOML parsing.
+#[test]
+fn node_config_keys() {
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 1\n        images: {{}}\n        nodeConfig:\n          \"a b\": x\n          ok.nested-key_1: yy\n"
+    ));
+    let e = errors(&f);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].0, "spec.supernodes.pools[0].nodeConfig.a b");
+}
+
+// externalAddress must be host[:port] with a valid port.
+#[test]
+fn external_address() {
+    for (addr, ok) in [
+        ("h.example:30092", true),
+        ("[::1]:9092", true),
+        ("10.0.0.1", true),
+        ("https://h", false),
+        ("h:0", false),
+        ("h:x", false),
+    ] {
+        let f = fed(&format!(
+            "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n    externalAddress: \"{addr}\"\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n        images: {{}}\n"
+        ));
+        assert_eq!(errors(&f).is_empty(), ok, "{addr}");
+    }
+}
+
+// Placement: In needs values, Exists forbids them, toleration Exists has no value.
+#[test]
+fn placement_rules() {
+    let text = "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata:\n  name: p\nspec:\n  predicates:\n    - requiredClusterSelector:\n        claimSelector:\n          matchExpressions:\n            - key: k\n              operator: In\n  tolerations:\n    - key: t\n      operator: Exists\n      value: v\n";
+    let Object::Placement(p) = parse_documents("p.yaml", text).unwrap().remove(0) else {
+        panic!()
+    };
+    let paths: Vec<String> = validate_placement(&p).into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "spec.predicates[0].requiredClusterSelector.claimSelector.matchExpressions[0].values"
+                .to_string(),
+            "spec.tolerations[0].value".to_string(),
+        ]
+    );
+}
