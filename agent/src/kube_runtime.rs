@@ -1,0 +1,759 @@
+//! The Kubernetes runtime: applies each Federation's pool workloads (and the CA Secret they
+//! mount) with server-side apply, prunes what the snapshot no longer has, and reports readiness
+//! from the workloads' status.
+//!
+//! Everything the agent applies carries [`APPLIED_BY_LABEL`]` = `[`AGENT_FIELD_MANAGER`] on top of
+//! the renderer's `app.kubernetes.io/*` labels. Pruning lists StatefulSets, DaemonSets and Secrets
+//! with that label in every namespace and deletes those not in the snapshot: removed pools,
+//! removed Federations, and the old kind after a mode switch (same name, other kind). Objects of
+//! a Federation whose work could not be rendered are kept (a bad spec never deletes running
+//! SuperNodes), and the channel never calls [`Runtime::apply`] while the hub is unreachable.
+//!
+//! Applying is deterministic: the renderer's output is byte-identical for an unchanged snapshot,
+//! and a server-side apply of an unchanged object changes no `resourceVersion`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::sync::Mutex;
+
+use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
+use flower_addon_proto::{ClusterWork, Condition, FederationStatus, FederationWork, PoolStatus};
+use k8s_openapi::ByteString;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::render::{
+    CA_KEY, ClusterContext, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput,
+    Workload, component_labels, pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
+};
+use crate::runtime::{BoxFuture, Runtime, RuntimeError};
+
+/// Field manager of every server-side apply the agent makes.
+pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
+/// Label marking objects the agent applied (value [`AGENT_FIELD_MANAGER`]); pruning selects on it.
+pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
+
+/// Why the Kubernetes runtime could not apply (part of) a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeRuntimeError {
+    /// A JSON document of the work does not decode into the crds types.
+    #[error("federation {federation}: {what} does not decode: {source}")]
+    Decode {
+        /// `<namespace>/<name>` of the Federation.
+        federation: String,
+        /// Which document.
+        what: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// The hub sent a Flower version the agent cannot read.
+    #[error("federation {federation}: flower_version {version:?} is not a Flower version")]
+    Version {
+        /// `<namespace>/<name>` of the Federation.
+        federation: String,
+        /// The value received.
+        version: String,
+    },
+    /// A pool cannot be rendered.
+    #[error("federation {federation}: {source}")]
+    Render {
+        /// `<namespace>/<name>` of the Federation.
+        federation: String,
+        /// What is wrong.
+        source: RenderError,
+    },
+    /// The apiserver refused a request.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What the agent was doing, e.g. `apply StatefulSet ns/name`.
+        action: String,
+        /// The client error.
+        source: kube::Error,
+    },
+    /// An object could not be serialized for the apply body.
+    #[error("serialize {what}: {source}")]
+    Serialize {
+        /// The object.
+        what: String,
+        /// The serialization error.
+        source: serde_json::Error,
+    },
+}
+
+impl KubeRuntimeError {
+    /// A stable, low-cardinality name of the error kind (metrics, logs).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Decode { .. } => "decode",
+            Self::Version { .. } => "version",
+            Self::Render { .. } => "render",
+            Self::Kube { .. } => "kube",
+            Self::Serialize { .. } => "serialize",
+        }
+    }
+}
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeRuntimeError {
+    let action = action.into();
+    move |source| KubeRuntimeError::Kube { action, source }
+}
+
+/// Kind of an applied object, for the desired set and pruning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    StatefulSet,
+    DaemonSet,
+    Secret,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::StatefulSet => "StatefulSet",
+            Self::DaemonSet => "DaemonSet",
+            Self::Secret => "Secret",
+        }
+    }
+}
+
+/// `(kind, namespace, name)` of an object the snapshot wants.
+type ObjectKey = (Kind, String, String);
+
+/// One pool as applied, for [`Runtime::status`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AppliedPool {
+    name: String,
+    workload: String,
+    kind: Kind,
+}
+
+/// One Federation as applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AppliedFederation {
+    namespace: String,
+    name: String,
+    pools: Vec<AppliedPool>,
+    /// Why the Federation's work could not be applied, reported in every pool's condition.
+    error: Option<String>,
+}
+
+/// Objects rendered for one Federation, ready to apply.
+struct Rendered {
+    secret: Option<Secret>,
+    workloads: Vec<(AppliedPool, Workload)>,
+}
+
+// === impl KubeRuntime ===
+
+/// Runs SuperNode pools as StatefulSets or DaemonSets in the agent's cluster.
+pub struct KubeRuntime {
+    client: Client,
+    applied: Mutex<Vec<AppliedFederation>>,
+}
+
+impl Debug for KubeRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeRuntime").finish_non_exhaustive()
+    }
+}
+
+impl KubeRuntime {
+    /// A runtime applying with `client` (the agent's ServiceAccount in its cluster).
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            applied: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Converges the cluster to `work`; on failure the first error is returned after every
+    /// Federation was tried (one bad Federation does not block the others).
+    pub async fn apply_work(&self, work: &ClusterWork) -> Result<(), KubeRuntimeError> {
+        let mut desired: BTreeSet<ObjectKey> = BTreeSet::new();
+        // Federations whose objects must not be pruned: their work failed to render or apply.
+        let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut applied = Vec::new();
+        let mut first_error = None;
+        for fed in &work.federations {
+            let id = format!("{}/{}", fed.namespace, fed.name);
+            let result = match render_federation(work, fed) {
+                Ok(rendered) => self
+                    .apply_federation(fed, &rendered, &mut desired)
+                    .await
+                    .map(|()| rendered),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(rendered) => {
+                    tracing::debug!(federation = %id, pools = rendered.workloads.len(), "federation applied");
+                    applied.push(AppliedFederation {
+                        namespace: fed.namespace.clone(),
+                        name: fed.name.clone(),
+                        pools: rendered.workloads.into_iter().map(|(p, _)| p).collect(),
+                        error: None,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(federation = %id, kind = e.metric_label(), error = %e, "federation not applied");
+                    keep.insert((fed.namespace.clone(), fed.name.clone()));
+                    applied.push(AppliedFederation {
+                        namespace: fed.namespace.clone(),
+                        name: fed.name.clone(),
+                        pools: declared_pools(fed),
+                        error: Some(e.to_string()),
+                    });
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Ok(mut slot) = self.applied.lock() {
+            *slot = applied;
+        }
+        self.prune(&desired, &keep).await?;
+        match first_error {
+            Some(e) => Err(e),
+            None => {
+                tracing::info!(
+                    version = work.version,
+                    federations = work.federations.len(),
+                    "work applied"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    async fn apply_federation(
+        &self,
+        fed: &FederationWork,
+        rendered: &Rendered,
+        desired: &mut BTreeSet<ObjectKey>,
+    ) -> Result<(), KubeRuntimeError> {
+        ensure_namespace(&self.client, &fed.namespace).await?;
+        let ns = fed.namespace.as_str();
+        if let Some(secret) = &rendered.secret {
+            let name = secret.metadata.name.clone().unwrap_or_default();
+            desired.insert((Kind::Secret, ns.to_owned(), name.clone()));
+            apply(
+                &Api::<Secret>::namespaced(self.client.clone(), ns),
+                &name,
+                secret,
+            )
+            .await?;
+        }
+        for (pool, workload) in &rendered.workloads {
+            desired.insert((pool.kind, ns.to_owned(), pool.workload.clone()));
+            match workload {
+                Workload::StatefulSet(s) => {
+                    apply(
+                        &Api::<StatefulSet>::namespaced(self.client.clone(), ns),
+                        &pool.workload,
+                        s,
+                    )
+                    .await?
+                }
+                Workload::DaemonSet(d) => {
+                    apply(
+                        &Api::<DaemonSet>::namespaced(self.client.clone(), ns),
+                        &pool.workload,
+                        d,
+                    )
+                    .await?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn prune(
+        &self,
+        desired: &BTreeSet<ObjectKey>,
+        keep: &BTreeSet<(String, String)>,
+    ) -> Result<(), KubeRuntimeError> {
+        prune_kind::<StatefulSet>(&self.client, Kind::StatefulSet, desired, keep).await?;
+        prune_kind::<DaemonSet>(&self.client, Kind::DaemonSet, desired, keep).await?;
+        prune_kind::<Secret>(&self.client, Kind::Secret, desired, keep).await
+    }
+
+    /// The observed state of every Federation of the last applied snapshot.
+    pub async fn observe(&self) -> Vec<FederationStatus> {
+        let applied = self.applied.lock().map(|a| a.clone()).unwrap_or_default();
+        let mut out = Vec::with_capacity(applied.len());
+        for fed in applied {
+            let mut pools = Vec::with_capacity(fed.pools.len());
+            for pool in &fed.pools {
+                pools.push(match &fed.error {
+                    Some(error) => PoolStatus {
+                        name: pool.name.clone(),
+                        conditions: vec![condition("False", "ApplyFailed", error.clone())],
+                        ..PoolStatus::default()
+                    },
+                    None => self.pool_status(&fed.namespace, pool).await,
+                });
+            }
+            out.push(FederationStatus {
+                namespace: fed.namespace,
+                name: fed.name,
+                pools,
+            });
+        }
+        out
+    }
+
+    async fn pool_status(&self, namespace: &str, pool: &AppliedPool) -> PoolStatus {
+        let observed = match pool.kind {
+            Kind::StatefulSet => Api::<StatefulSet>::namespaced(self.client.clone(), namespace)
+                .get_opt(&pool.workload)
+                .await
+                .map(|s| s.map(|s| statefulset_counts(&s))),
+            _ => Api::<DaemonSet>::namespaced(self.client.clone(), namespace)
+                .get_opt(&pool.workload)
+                .await
+                .map(|d| d.map(|d| daemonset_counts(&d))),
+        };
+        let what = format!("{} {namespace}/{}", pool.kind.name(), pool.workload);
+        let (desired, ready, cond) = match observed {
+            Ok(Some(counts)) => {
+                let cond = ready_condition(&what, counts);
+                (counts.desired, counts.ready, cond)
+            }
+            Ok(None) => (
+                0,
+                0,
+                condition("False", "WorkloadMissing", format!("{what} not found")),
+            ),
+            Err(e) => (
+                0,
+                0,
+                condition("Unknown", "StatusUnavailable", format!("get {what}: {e}")),
+            ),
+        };
+        PoolStatus {
+            name: pool.name.clone(),
+            desired,
+            ready,
+            conditions: vec![cond],
+            node_public_keys: Vec::new(),
+        }
+    }
+}
+
+impl Runtime for KubeRuntime {
+    fn apply<'a>(&'a self, work: &'a ClusterWork) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.apply_work(work)
+                .await
+                .map_err(|e| RuntimeError::Apply(e.to_string()))
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Vec<FederationStatus>> {
+        Box::pin(self.observe())
+    }
+}
+
+// === rendering ===
+
+/// Renders one Federation's work: the CA Secret (TLS on) and one workload per pool.
+fn render_federation(
+    work: &ClusterWork,
+    fed: &FederationWork,
+) -> Result<Rendered, KubeRuntimeError> {
+    let id = format!("{}/{}", fed.namespace, fed.name);
+    let spec: FederationSpec =
+        serde_json::from_str(&fed.federation_spec_json).map_err(|source| {
+            KubeRuntimeError::Decode {
+                federation: id.clone(),
+                what: "federation_spec_json".to_owned(),
+                source,
+            }
+        })?;
+    let version =
+        FlowerVersion::parse(&fed.flower_version).ok_or_else(|| KubeRuntimeError::Version {
+            federation: id.clone(),
+            version: fed.flower_version.clone(),
+        })?;
+    let dialect = FlowerDialect::of(version);
+    let ca_secret_name = spoke_ca_secret_name(&fed.name);
+    let secret = (!spec.insecure).then(|| ca_secret(fed, &ca_secret_name));
+
+    let mut workloads = Vec::with_capacity(fed.pools.len());
+    for pool in &fed.pools {
+        let pool_spec: SuperNodePoolSpec =
+            serde_json::from_str(&pool.spec_json).map_err(|source| KubeRuntimeError::Decode {
+                federation: id.clone(),
+                what: format!("pool {:?} spec_json", pool.name),
+                source,
+            })?;
+        let cluster = ClusterContext {
+            name: work.cluster_name.clone(),
+            index: work.cluster_index,
+            clusters: work.cluster_count,
+            partition_offset: u64::from(pool.partition_offset),
+            partitions: u64::from(fed.partitions_total),
+        };
+        let mut workload = render_supernode_pool(&SuperNodePoolInput {
+            federation: &fed.name,
+            namespace: &fed.namespace,
+            spec: &spec,
+            pool: &pool_spec,
+            dialect,
+            fleet_address: &fed.superlink_fleet_address,
+            ca_secret_name: &ca_secret_name,
+            cluster: &cluster,
+        })
+        .map_err(|source| KubeRuntimeError::Render {
+            federation: id.clone(),
+            source,
+        })?;
+        let kind = match &mut workload {
+            Workload::StatefulSet(s) => {
+                mark(&mut s.metadata);
+                Kind::StatefulSet
+            }
+            Workload::DaemonSet(d) => {
+                mark(&mut d.metadata);
+                Kind::DaemonSet
+            }
+        };
+        workloads.push((
+            AppliedPool {
+                name: pool_spec.name.clone(),
+                workload: pool_workload_name(&fed.name, &pool_spec.name),
+                kind,
+            },
+            workload,
+        ));
+    }
+    Ok(Rendered { secret, workloads })
+}
+
+/// The pools a Federation's work declares, for status when it could not be rendered.
+fn declared_pools(fed: &FederationWork) -> Vec<AppliedPool> {
+    let mode = serde_json::from_str::<FederationSpec>(&fed.federation_spec_json)
+        .map(|s| s.mode)
+        .unwrap_or(DeploymentMode::StatefulSet);
+    fed.pools
+        .iter()
+        .map(|p| AppliedPool {
+            name: p.name.clone(),
+            workload: pool_workload_name(&fed.name, &p.name),
+            kind: match mode {
+                DeploymentMode::StatefulSet => Kind::StatefulSet,
+                DeploymentMode::DaemonSet => Kind::DaemonSet,
+            },
+        })
+        .collect()
+}
+
+/// Adds the agent's ownership label (metadata only: selectors are immutable and stay the
+/// renderer's).
+fn mark(meta: &mut ObjectMeta) {
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(APPLIED_BY_LABEL.to_owned(), AGENT_FIELD_MANAGER.to_owned());
+}
+
+/// The Secret with the SuperLink CA bundle (`ca.crt`) the pools mount.
+fn ca_secret(fed: &FederationWork, name: &str) -> Secret {
+    let mut metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(fed.namespace.clone()),
+        labels: Some(component_labels(
+            &fed.name,
+            "superlink-ca",
+            "superlink-ca",
+            None,
+        )),
+        ..ObjectMeta::default()
+    };
+    mark(&mut metadata);
+    Secret {
+        metadata,
+        data: Some(BTreeMap::from([(
+            CA_KEY.to_owned(),
+            ByteString(fed.ca_bundle_pem.as_bytes().to_vec()),
+        )])),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    }
+}
+
+// === Kubernetes I/O ===
+
+/// Creates `namespace` unless it exists (never deleted by the agent: it may hold user data).
+async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), KubeRuntimeError> {
+    let api = Api::<Namespace>::all(client.clone());
+    let action = format!("get Namespace {namespace}");
+    if api
+        .get_opt(namespace)
+        .await
+        .map_err(kube_err(action))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {
+            tracing::info!(%namespace, "namespace created");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(KubeRuntimeError::Kube {
+            action: format!("create Namespace {namespace}"),
+            source,
+        }),
+    }
+}
+
+/// Server-side applies `object` as the agent's field manager (forced: the agent owns these).
+async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), KubeRuntimeError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
+        what: format!("{kind} {name}"),
+        source,
+    })?;
+    api.patch(name, &params, &Patch::Apply(&body))
+        .await
+        .map_err(kube_err(format!("apply {kind} {name}")))?;
+    Ok(())
+}
+
+/// Deletes objects of one kind that carry the agent's label and are not desired.
+async fn prune_kind<K>(
+    client: &Client,
+    kind: Kind,
+    desired: &BTreeSet<ObjectKey>,
+    keep: &BTreeSet<(String, String)>,
+) -> Result<(), KubeRuntimeError>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let selector = format!(
+        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}",
+        crate::render::MANAGED_BY
+    );
+    let all = Api::<K>::all(client.clone());
+    let list = all
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!("list {}", kind.name())))?;
+    for object in list.items {
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let instance = object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/instance"))
+            .cloned()
+            .unwrap_or_default();
+        if desired.contains(&(kind, namespace.clone(), name.clone()))
+            || keep.contains(&(namespace.clone(), instance))
+        {
+            continue;
+        }
+        let api = Api::<K>::namespaced(client.clone(), &namespace);
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(kind = kind.name(), %namespace, %name, "pruned"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(KubeRuntimeError::Kube {
+                    action: format!("delete {} {namespace}/{name}", kind.name()),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+// === status ===
+
+/// Desired and ready SuperNodes of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Counts {
+    desired: u32,
+    ready: u32,
+    /// The controller has not yet observed the latest spec.
+    stale: bool,
+}
+
+fn non_negative(n: Option<i32>) -> u32 {
+    n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
+}
+
+fn statefulset_counts(s: &StatefulSet) -> Counts {
+    let status = s.status.as_ref();
+    let desired = non_negative(s.spec.replicas.or(Some(1)));
+    Counts {
+        desired,
+        ready: non_negative(status.and_then(|st| st.ready_replicas)),
+        stale: status.and_then(|st| st.observed_generation) < s.metadata.generation,
+    }
+}
+
+fn daemonset_counts(d: &DaemonSet) -> Counts {
+    let status = d.status.as_ref();
+    Counts {
+        desired: non_negative(status.map(|st| st.desired_number_scheduled)),
+        ready: non_negative(status.map(|st| st.number_ready)),
+        stale: status.and_then(|st| st.observed_generation) < d.metadata.generation,
+    }
+}
+
+fn condition(status: &str, reason: &str, message: String) -> Condition {
+    Condition {
+        r#type: "Ready".to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+    }
+}
+
+/// `Ready` of one pool; the message names the workload and what it lacks.
+fn ready_condition(what: &str, counts: Counts) -> Condition {
+    if counts.stale {
+        return condition(
+            "False",
+            "Progressing",
+            format!("{what}: the latest spec is not yet observed by its controller"),
+        );
+    }
+    if counts.ready >= counts.desired && counts.desired > 0 {
+        condition(
+            "True",
+            "SuperNodesReady",
+            format!(
+                "{what}: {}/{} SuperNodes ready",
+                counts.ready, counts.desired
+            ),
+        )
+    } else {
+        condition(
+            "False",
+            "SuperNodesNotReady",
+            format!(
+                "{what}: {}/{} SuperNodes ready",
+                counts.ready, counts.desired
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_addon_proto::PoolWork;
+
+    fn work(insecure: bool) -> ClusterWork {
+        let spec = serde_json::json!({
+            "mode": "StatefulSet",
+            "isolationMode": "subprocess",
+            "insecure": insecure,
+            "superlink": {"image": "flwr/superlink:1.42.0"},
+            "supernodes": {"image": "flwr/supernode:1.42.0", "pools": [
+                {"name": "a", "replicas": 2, "images": {}},
+            ]},
+        });
+        ClusterWork {
+            version: 1,
+            cluster_name: "spoke-1".into(),
+            cluster_index: 0,
+            cluster_count: 1,
+            federations: vec![FederationWork {
+                namespace: "team".into(),
+                name: "fed".into(),
+                flower_version: "1.42.0".into(),
+                insecure,
+                superlink_fleet_address: "hub.example:30092".into(),
+                ca_bundle_pem: "PEM".into(),
+                partitions_total: 2,
+                federation_spec_json: spec.to_string(),
+                pools: vec![PoolWork {
+                    name: "a".into(),
+                    partition_offset: 0,
+                    spec_json: spec["supernodes"]["pools"][0].to_string(),
+                }],
+                ..FederationWork::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn rendered_objects_carry_the_prune_label_outside_the_selector() {
+        // Pruning finds what the agent applied, and adding the label never touches an immutable selector.
+        let w = work(false);
+        let rendered = render_federation(&w, &w.federations[0]).unwrap();
+        let secret = rendered.secret.unwrap();
+        assert_eq!(secret.metadata.name.as_deref(), Some("fed-superlink-ca"));
+        assert_eq!(
+            secret.metadata.labels.as_ref().unwrap()[APPLIED_BY_LABEL],
+            AGENT_FIELD_MANAGER
+        );
+        let Workload::StatefulSet(s) = &rendered.workloads[0].1 else {
+            panic!("StatefulSet mode renders a StatefulSet");
+        };
+        assert_eq!(
+            s.metadata.labels.as_ref().unwrap()[APPLIED_BY_LABEL],
+            AGENT_FIELD_MANAGER
+        );
+        let selector = s.spec.selector.match_labels.as_ref().unwrap();
+        assert!(!selector.contains_key(APPLIED_BY_LABEL));
+    }
+
+    #[test]
+    fn insecure_work_has_no_ca_secret() {
+        // Without TLS nothing mounts a CA bundle, so none is applied (and an old one is pruned).
+        let w = work(true);
+        assert!(
+            render_federation(&w, &w.federations[0])
+                .unwrap()
+                .secret
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn rendering_is_deterministic() {
+        // The same snapshot gives byte-identical objects, so re-applying changes nothing.
+        let w = work(false);
+        let a = render_federation(&w, &w.federations[0]).unwrap();
+        let b = render_federation(&w, &w.federations[0]).unwrap();
+        assert_eq!(a.workloads[0].1, b.workloads[0].1);
+        assert_eq!(a.secret, b.secret);
+    }
+
+    #[test]
+    fn readiness_needs_every_replica_and_a_fresh_status() {
+        // Ready=True only when the controller saw the latest spec and all replicas are ready.
+        let c = |desired, ready, stale| Counts {
+            desired,
+            ready,
+            stale,
+        };
+        assert_eq!(ready_condition("x", c(2, 2, false)).status, "True");
+        assert_eq!(ready_condition("x", c(2, 1, false)).status, "False");
+        assert!(ready_condition("x", c(2, 1, false)).message.contains("1/2"));
+        assert_eq!(ready_condition("x", c(2, 2, true)).status, "False");
+    }
+}

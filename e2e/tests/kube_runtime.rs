@@ -1,0 +1,377 @@
+//! The agent's Kubernetes runtime against a real spoke apiserver (kwok nodes): pools applied with
+//! server-side apply, readiness from the workloads' status, idempotent re-apply, pruning of
+//! removed pools, switched modes and removed Federations.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use e2e::ControlPlane;
+use flower_addon_agent::kube_runtime::{AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, KubeRuntime};
+use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolWork};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+const NS: &str = "team-a";
+const FED: &str = "fed";
+
+/// A Federation's work with the given mode and pools (`(name, replicas)`; replicas ignored in
+/// DaemonSet mode), TLS on.
+fn federation(namespace: &str, name: &str, mode: &str, pools: &[(&str, i32)]) -> FederationWork {
+    let pool_specs: Vec<serde_json::Value> = pools
+        .iter()
+        .map(|(pool, replicas)| {
+            if mode == "StatefulSet" {
+                serde_json::json!({"name": pool, "replicas": replicas, "images": {}})
+            } else {
+                serde_json::json!({"name": pool, "images": {}})
+            }
+        })
+        .collect();
+    let spec = serde_json::json!({
+        "mode": mode,
+        "isolationMode": "subprocess",
+        "insecure": false,
+        "superlink": {"image": "flwr/superlink:1.42.0", "externalAddress": "hub.example:30092"},
+        "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pool_specs},
+        "placementRef": {"name": "all"},
+    });
+    let mut offset = 0u32;
+    let pools = pools
+        .iter()
+        .zip(&pool_specs)
+        .map(|((pool, replicas), spec)| {
+            let work = PoolWork {
+                name: (*pool).to_owned(),
+                partition_offset: offset,
+                spec_json: spec.to_string(),
+            };
+            offset += u32::try_from(*replicas).unwrap_or(0);
+            work
+        })
+        .collect();
+    FederationWork {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        flower_version: "1.42.0".to_owned(),
+        mode: "subprocess".to_owned(),
+        isolation_mode: "subprocess".to_owned(),
+        insecure: false,
+        superlink_fleet_address: "hub.example:30092".to_owned(),
+        ca_bundle_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_owned(),
+        partitions_total: offset,
+        pools,
+        federation_spec_json: spec.to_string(),
+    }
+}
+
+fn snapshot(version: u64, federations: Vec<FederationWork>) -> ClusterWork {
+    ClusterWork {
+        version,
+        cluster_name: "spoke-1".to_owned(),
+        cluster_index: 0,
+        cluster_count: 1,
+        federations,
+    }
+}
+
+/// `(desired, ready, Ready status)` of each pool of `fed` in `statuses`.
+fn pool_counts(statuses: &[FederationStatus], fed: &str) -> BTreeMap<String, (u32, u32, String)> {
+    statuses
+        .iter()
+        .filter(|f| f.name == fed)
+        .flat_map(|f| f.pools.iter())
+        .map(|p| {
+            let ready = p
+                .conditions
+                .iter()
+                .find(|c| c.r#type == "Ready")
+                .map(|c| c.status.clone())
+                .unwrap_or_default();
+            (p.name.clone(), (p.desired, p.ready, ready))
+        })
+        .collect()
+}
+
+async fn wait_pools(
+    runtime: &KubeRuntime,
+    what: &str,
+    want: BTreeMap<String, (u32, u32, String)>,
+) -> Result<Duration> {
+    e2e::wait_until(what, Duration::from_secs(90), || {
+        let want = want.clone();
+        async move { Ok(pool_counts(&runtime.observe().await, FED) == want) }
+    })
+    .await
+}
+
+fn counts(entries: &[(&str, u32, u32, &str)]) -> BTreeMap<String, (u32, u32, String)> {
+    entries
+        .iter()
+        .map(|(n, d, r, s)| ((*n).to_owned(), (*d, *r, (*s).to_owned())))
+        .collect()
+}
+
+/// resourceVersions of everything the agent applied in `NS`, by `kind/name`.
+async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
+    let lp = ListParams::default().labels(&format!("{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}"));
+    let mut out = BTreeMap::new();
+    for s in Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("StatefulSet/{}", s.name_any()),
+            s.resource_version().unwrap_or_default(),
+        );
+    }
+    for d in Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("DaemonSet/{}", d.name_any()),
+            d.resource_version().unwrap_or_default(),
+        );
+    }
+    for s in Api::<Secret>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("Secret/{}", s.name_any()),
+            s.resource_version().unwrap_or_default(),
+        );
+    }
+    Ok(out)
+}
+
+/// Pod UIDs in `NS`, by name.
+async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect())
+}
+
+/// Waits until the StatefulSets' status is settled (controllers done writing), so a later
+/// resourceVersion change can only come from the agent.
+async fn wait_settled(client: &Client) -> Result<()> {
+    let api = Api::<StatefulSet>::namespaced(client.clone(), NS);
+    e2e::wait_until(
+        "StatefulSet status settled",
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let list = api.list(&ListParams::default()).await?;
+                Ok(list.items.iter().all(|s| {
+                    let want = s.spec.replicas.unwrap_or(1);
+                    s.status.as_ref().is_some_and(|st| {
+                        st.observed_generation == s.metadata.generation
+                            && st.ready_replicas == Some(want)
+                            && st.available_replicas == Some(want)
+                            && st.current_replicas == Some(want)
+                            && st.updated_replicas == Some(want)
+                            && st.current_revision == st.update_revision
+                    })
+                }))
+            }
+        },
+    )
+    .await?;
+    // Let any trailing status write land before taking versions.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+async fn exists<K>(client: &Client, name: &str) -> Result<bool>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Ok(Api::<K>::namespaced(client.clone(), NS)
+        .get_opt(name)
+        .await?
+        .is_some())
+}
+
+async fn wait_gone<K>(client: &Client, name: &str) -> Result<()>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    e2e::wait_until(
+        &format!("{name} deleted"),
+        Duration::from_secs(60),
+        || async move { Ok(!exists::<K>(client, name).await?) },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
+    // Invariant: the agent's cluster converges to each snapshot (apply, prune, readiness) and an
+    // unchanged snapshot changes no object.
+    e2e::install_crypto();
+    let cp = ControlPlane::start(&["spoke-1"])
+        .await
+        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
+    let client = cp.cluster("spoke-1")?.client.clone();
+    let runtime = KubeRuntime::new(client.clone());
+    let t0 = Instant::now();
+
+    // 1. Two pools: namespace created, CA Secret and StatefulSets applied, pods Ready via kwok.
+    let two_pools = snapshot(
+        1,
+        vec![federation(NS, FED, "StatefulSet", &[("a", 2), ("b", 1)])],
+    );
+    runtime.apply_work(&two_pools).await?;
+    ensure!(
+        Api::<Namespace>::all(client.clone())
+            .get_opt(NS)
+            .await?
+            .is_some(),
+        "namespace {NS} not created"
+    );
+    let secret = Api::<Secret>::namespaced(client.clone(), NS)
+        .get("fed-superlink-ca")
+        .await?;
+    ensure!(
+        secret
+            .data
+            .as_ref()
+            .is_some_and(|d| d.contains_key("ca.crt")),
+        "CA Secret without ca.crt"
+    );
+    ensure!(
+        exists::<StatefulSet>(&client, "fed-supernode-a").await?,
+        "pool a missing"
+    );
+    ensure!(
+        exists::<StatefulSet>(&client, "fed-supernode-b").await?,
+        "pool b missing"
+    );
+    let took = wait_pools(
+        &runtime,
+        "pools a 2/2 and b 1/1 Ready",
+        counts(&[("a", 2, 2, "True"), ("b", 1, 1, "True")]),
+    )
+    .await?;
+    eprintln!("pools ready {:.1}s after apply", took.as_secs_f64());
+
+    // 2. Re-applying the unchanged snapshot changes no resourceVersion and recreates no pod.
+    wait_settled(&client).await?;
+    let versions = applied_versions(&client).await?;
+    let pods = pod_uids(&client).await?;
+    ensure!(
+        versions.len() == 3,
+        "expected 2 StatefulSets + 1 Secret, got {versions:?}"
+    );
+    runtime
+        .apply_work(&snapshot(2, two_pools.federations.clone()))
+        .await?;
+    runtime
+        .apply_work(&snapshot(3, two_pools.federations.clone()))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        applied_versions(&client).await? == versions,
+        "re-apply changed objects: before {versions:?}"
+    );
+    ensure!(pod_uids(&client).await? == pods, "re-apply recreated pods");
+
+    // 3. A Federation whose work cannot be rendered keeps its running objects (never pruned).
+    let mut broken = two_pools.federations[0].clone();
+    broken.flower_version = "latest".to_owned();
+    let err = runtime.apply_work(&snapshot(4, vec![broken])).await;
+    ensure!(
+        err.is_err(),
+        "unreadable flower_version must fail the apply"
+    );
+    ensure!(
+        applied_versions(&client).await? == versions,
+        "a failed apply touched the running objects"
+    );
+    let status = runtime.observe().await;
+    ensure!(
+        status[0].pools.iter().all(
+            |p| p.conditions[0].status == "False" && p.conditions[0].message.contains("latest")
+        ),
+        "failed apply not reported: {status:?}"
+    );
+
+    // 4. Pool b removed → its StatefulSet is pruned; pool a untouched.
+    let one_pool = snapshot(5, vec![federation(NS, FED, "StatefulSet", &[("a", 2)])]);
+    runtime.apply_work(&one_pool).await?;
+    wait_gone::<StatefulSet>(&client, "fed-supernode-b").await?;
+    let after = applied_versions(&client).await?;
+    ensure!(
+        after.get("StatefulSet/fed-supernode-a") == versions.get("StatefulSet/fed-supernode-a"),
+        "removing pool b changed pool a"
+    );
+    wait_pools(
+        &runtime,
+        "only pool a reported",
+        counts(&[("a", 2, 2, "True")]),
+    )
+    .await?;
+
+    // 5. Mode switch StatefulSet → DaemonSet: the old kind is pruned, the DaemonSet runs on
+    //    every kwok node.
+    let daemon = snapshot(6, vec![federation(NS, FED, "DaemonSet", &[("a", 0)])]);
+    runtime.apply_work(&daemon).await?;
+    wait_gone::<StatefulSet>(&client, "fed-supernode-a").await?;
+    ensure!(
+        exists::<DaemonSet>(&client, "fed-supernode-a").await?,
+        "DaemonSet missing"
+    );
+    let nodes = u32::try_from(cp.cluster("spoke-1")?.nodes.len())?;
+    wait_pools(
+        &runtime,
+        "DaemonSet pool ready on every node",
+        counts(&[("a", nodes, nodes, "True")]),
+    )
+    .await?;
+
+    // 6. Federation removed from the snapshot → its workload and Secret are pruned; another
+    //    Federation applied in the same snapshot is kept.
+    let other = federation("team-b", "other", "StatefulSet", &[("x", 1)]);
+    runtime
+        .apply_work(&snapshot(7, vec![other.clone()]))
+        .await?;
+    wait_gone::<DaemonSet>(&client, "fed-supernode-a").await?;
+    wait_gone::<Secret>(&client, "fed-superlink-ca").await?;
+    ensure!(
+        Api::<StatefulSet>::namespaced(client.clone(), "team-b")
+            .get_opt("other-supernode-x")
+            .await?
+            .is_some(),
+        "the remaining Federation's pool is missing"
+    );
+    ensure!(
+        Api::<Namespace>::all(client.clone())
+            .get_opt(NS)
+            .await?
+            .is_some(),
+        "the agent must never delete namespaces"
+    );
+
+    eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
