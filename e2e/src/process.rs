@@ -214,20 +214,31 @@ impl Processes {
     }
 }
 
-fn end_all(mut procs: Vec<Proc>) {
-    for p in &mut procs {
+/// Ends processes one by one, in the given order: SIGTERM, up to [`TERM_GRACE`], then SIGKILL.
+/// One at a time because an apiserver whose etcd vanished at the same moment hangs in shutdown.
+fn end_all(procs: Vec<Proc>) {
+    for mut p in procs {
+        let t = Instant::now();
         if p.exited().is_none() {
             let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGTERM);
-        }
-    }
-    let deadline = Instant::now() + TERM_GRACE;
-    for p in &mut procs {
-        while p.exited().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
+            let deadline = Instant::now() + TERM_GRACE;
+            while p.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         if p.exited().is_none() {
+            eprintln!(
+                "e2e: {} ignored SIGTERM for {TERM_GRACE:?}: SIGKILL",
+                p.name
+            );
             let _ = p.child.kill();
             let _ = p.child.wait();
+        } else if t.elapsed() > Duration::from_secs(1) {
+            eprintln!(
+                "e2e: {} took {:.1}s to stop",
+                p.name,
+                t.elapsed().as_secs_f64()
+            );
         }
     }
 }
