@@ -3,4 +3,5 @@
 #![deny(rust_2018_idioms)]
 
 pub mod cli;
+pub mod render;
 pub mod placement;

@@ -8,14 +8,31 @@
 
 use std::fmt;
 
-/// The first Flower release of the [`FlowerDialect::Unified`] dialect.
+/// The first Flower release after the classic dialect.
 ///
-/// `--host`/`--port` appear in 1.36 and the old address flags are deprecated or rejected from
-/// there on (FLOWER.md; 1.25.0 … 1.30.0 were checked to use the classic flags, 1.42.0 the unified
-/// ones).
+/// Verified by running the releases (e2e/flower/NOTES.md): 1.25.0 … 1.34.x use the classic flags;
+/// 1.35 … 1.39 are transitional (Runtime API on `--host/--port` but Fleet and Control still on
+/// the old gRPC addresses, Control moving to HTTP in 1.37) and are refused rather than given a
+/// third and fourth argument shape; 1.40.0 and later are unified.
+pub const FIRST_TRANSITIONAL_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 35,
+    patch: 0,
+};
+
+/// The first Flower release of the [`FlowerDialect::Unified`] dialect (verified on 1.40.0 and
+/// 1.42.0, e2e/flower/NOTES.md).
 pub const FIRST_UNIFIED_VERSION: FlowerVersion = FlowerVersion {
     major: 1,
-    minor: 36,
+    minor: 40,
+    patch: 0,
+};
+
+/// The first release with `flower-superlink --disable-runtime-dependency-installation` (1.32;
+/// 1.29–1.31 only had an opt-in flag and 1.25 never installs; NOTES.md).
+pub const FIRST_DISABLE_RUNTIME_DEPS_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 32,
     patch: 0,
 };
 
@@ -95,22 +112,32 @@ impl fmt::Display for FlowerVersion {
 /// The set of command-line flags a Flower release understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FlowerDialect {
-    /// Before 1.36: three fixed gRPC APIs on the SuperLink, `--clientappio-api-address` on the
+    /// Before 1.35: three fixed gRPC APIs on the SuperLink, `--clientappio-api-address` on the
     /// SuperNode, `flower-superexec --plugin-type … --appio-api-address …`.
     Classic,
-    /// 1.36 and later: one `--host`/`--port` server per component, `flower-superexec
+    /// 1.40 and later: one `--host`/`--port` server per component, `flower-superexec
     /// --runtime-api-address …`, `--disable-runtime-dependency-installation` on the SuperLink.
     Unified,
 }
 
 impl FlowerDialect {
-    /// The dialect of a Flower release.
-    pub fn of(version: FlowerVersion) -> Self {
+    /// The dialect of a Flower release. Transitional releases (1.35 … 1.39) have no dialect of
+    /// ours and map to `None`; [`FlowerDialect::select`] turns that into an error, so versions
+    /// that went through it (as the hub's work does) always have one.
+    pub fn supported(version: FlowerVersion) -> Option<Self> {
         if version >= FIRST_UNIFIED_VERSION {
-            Self::Unified
+            Some(Self::Unified)
+        } else if version >= FIRST_TRANSITIONAL_VERSION {
+            None
         } else {
-            Self::Classic
+            Some(Self::Classic)
         }
+    }
+
+    /// The dialect of a version already accepted by [`FlowerDialect::select`]: classic before
+    /// 1.35, unified from 1.40 (a transitional release, never accepted, maps to unified).
+    pub fn of(version: FlowerVersion) -> Self {
+        Self::supported(version).unwrap_or(Self::Unified)
     }
 
     /// Chooses the dialect from `spec.version`, else from the tag of `image`
@@ -129,7 +156,8 @@ impl FlowerDialect {
                     image: image.to_owned(),
                 })?,
         };
-        Ok((version, Self::of(version)))
+        let dialect = Self::supported(version).ok_or(DialectError::Transitional { version })?;
+        Ok((version, dialect))
     }
 
     /// The dialect's name as written in docs and errors.
@@ -160,6 +188,14 @@ pub enum DialectError {
     BadVersion {
         /// The value found.
         value: String,
+    },
+    /// A transitional release (1.35 … 1.39) whose flags we do not render.
+    #[error(
+        "spec.version: Flower {version} is a transitional release (1.35-1.39: Fleet and Control not yet on --host/--port) and is not supported; use 1.34.x or earlier, or 1.40.0 or later (e.g. 1.42.0)"
+    )]
+    Transitional {
+        /// The version found.
+        version: FlowerVersion,
     },
     /// `spec.version` is unset and the image tag is not a release number.
     #[error(
@@ -199,12 +235,33 @@ mod tests {
     }
 
     #[test]
-    fn boundary_between_dialects_is_1_36() {
-        // 1.35.x renders classic flags and 1.36.0 unified ones (FLOWER.md).
-        assert_eq!(FlowerDialect::of(v(1, 25, 0)), FlowerDialect::Classic);
-        assert_eq!(FlowerDialect::of(v(1, 35, 9)), FlowerDialect::Classic);
-        assert_eq!(FlowerDialect::of(v(1, 36, 0)), FlowerDialect::Unified);
-        assert_eq!(FlowerDialect::of(v(1, 42, 0)), FlowerDialect::Unified);
+    fn boundaries_between_dialects_match_the_verified_releases() {
+        // 1.34.x renders classic flags, 1.35-1.39 are refused, 1.40.0 renders unified (NOTES.md).
+        assert_eq!(
+            FlowerDialect::supported(v(1, 25, 0)),
+            Some(FlowerDialect::Classic)
+        );
+        assert_eq!(
+            FlowerDialect::supported(v(1, 34, 9)),
+            Some(FlowerDialect::Classic)
+        );
+        assert_eq!(FlowerDialect::supported(v(1, 35, 0)), None);
+        assert_eq!(FlowerDialect::supported(v(1, 39, 9)), None);
+        assert_eq!(
+            FlowerDialect::supported(v(1, 40, 0)),
+            Some(FlowerDialect::Unified)
+        );
+        assert_eq!(
+            FlowerDialect::supported(v(1, 42, 0)),
+            Some(FlowerDialect::Unified)
+        );
+        let err = FlowerDialect::select(Some("1.36.0"), "flwr/superlink:1.36.0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("spec.version: Flower 1.36.0 is a transitional release"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
 pub use node_config::{NodeConfigError, encode_node_config};
 pub use partition::PartitionPlan;
 pub use placeholders::PlaceholderError;
-pub use pool::{superexec_clientapp_argv, supernode_argv};
+pub use pool::{claim, superexec_clientapp_argv, supernode_argv};
 
 /// Value of `app.kubernetes.io/managed-by` on everything we render.
 pub const MANAGED_BY: &str = "flower-addon";

@@ -1,19 +1,32 @@
 //! Offline commands: `crds`, `validate`, `render`. They read files and print; no cluster needed.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context as _;
+use flower_addon_crds::{Federation, ManagedCluster, Placement, PlacementDecision};
+use serde::de::DeserializeOwned;
+
+use crate::render::{SpokeCluster, render_hub, render_problems, render_spoke};
 
 /// Arguments of `flower-hub validate`.
 #[derive(clap::Args, Debug)]
 pub struct ValidateArgs {
-    /// YAML files holding Federation, Placement or ManagedCluster objects.
+    /// YAML files holding Federation, Placement, PlacementDecision or ManagedCluster objects
+    /// (multi-document streams allowed).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
 
 /// Arguments of `flower-hub render`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "\
+Without --cluster: what the hub applies in its own cluster — the SuperLink StatefulSet and \
+Service, plus the SuperNode pools of Federations without placementRef (their {cluster} is \
+\"local\"). With --cluster: the pool workloads that spoke's agent applies for Federations with \
+placementRef. Secrets holding certificates (the SuperLink TLS Secret, the spokes' CA Secret \
+<fed>-superlink-ca) are issued by a running hub and are not printed; a comment names them.")]
 pub struct RenderArgs {
-    /// YAML files holding Federation and Placement objects.
+    /// YAML files holding Federation (and Placement) objects.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Render what this spoke cluster's agent would apply (default: what the hub applies).
@@ -27,17 +40,242 @@ pub struct RenderArgs {
     pub clusters: u32,
 }
 
+/// Name used for `{cluster}` when pools run in the hub's own cluster.
+pub const LOCAL_CLUSTER: &str = "local";
+
 /// `flower-hub crds`.
 pub fn crds() -> anyhow::Result<ExitCode> {
-    anyhow::bail!("crds: not implemented yet")
+    print!("{}", flower_addon_crds::crds_yaml());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One object read from a file.
+#[derive(Debug)]
+pub enum Object {
+    /// A Federation.
+    Federation(Box<Federation>),
+    /// A Placement.
+    Placement(Box<Placement>),
+    /// A PlacementDecision.
+    PlacementDecision(Box<PlacementDecision>),
+    /// A ManagedCluster.
+    ManagedCluster(Box<ManagedCluster>),
+}
+
+/// Reads every object of a YAML stream. Errors name the file and, where the YAML parser knows
+/// it, the line.
+pub fn read_objects(path: &Path) -> anyhow::Result<Vec<Object>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    parse_objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Parses every object of a YAML stream (`---`-separated documents; empty documents skipped).
+pub fn parse_objects(text: &str) -> Result<Vec<Object>, String> {
+    let mut objects = Vec::new();
+    for (start_line, doc) in documents(text) {
+        // Pad with newlines so the parser's line numbers are the file's.
+        let padded = format!("{}{doc}", "\n".repeat(start_line));
+        let value: serde_json::Value =
+            serde_saphyr::from_str(&padded).map_err(|e| one_line(&e.to_string()))?;
+        if value.is_null() {
+            continue;
+        }
+        let line = start_line
+            + 1
+            + doc
+                .lines()
+                .take_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+                .count();
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        if api_version != flower_addon_crds::API_VERSION {
+            return Err(format!(
+                "line {line}: apiVersion {api_version:?} is not {:?}",
+                flower_addon_crds::API_VERSION
+            ));
+        }
+        objects.push(match kind {
+            "Federation" => Object::Federation(typed(&padded)?),
+            "Placement" => Object::Placement(typed(&padded)?),
+            "PlacementDecision" => Object::PlacementDecision(typed(&padded)?),
+            "ManagedCluster" => Object::ManagedCluster(typed(&padded)?),
+            other => {
+                return Err(format!(
+                    "line {line}: unknown kind {other:?} (expected Federation, Placement, PlacementDecision or ManagedCluster)"
+                ));
+            }
+        });
+    }
+    Ok(objects)
+}
+
+fn typed<T: DeserializeOwned>(padded: &str) -> Result<Box<T>, String> {
+    serde_saphyr::from_str(padded)
+        .map(Box::new)
+        .map_err(|e| one_line(&e.to_string()))
+}
+
+/// Parser errors can span lines (snippets); keep the stderr contract of one line per problem.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Splits a YAML stream at `---` lines; yields (0-based start line, document text).
+fn documents(text: &str) -> Vec<(usize, String)> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut current = String::new();
+    for (number, line) in text.lines().enumerate() {
+        let marker =
+            line == "---" || line.starts_with("--- ") || line.starts_with("---\t") || line == "...";
+        if marker {
+            docs.push((start, std::mem::take(&mut current)));
+            start = number + 1;
+        } else {
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    docs.push((start, current));
+    docs
 }
 
 /// `flower-hub validate`.
-pub fn validate(_args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("validate: not implemented yet")
+pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let mut problems = 0usize;
+    for file in &args.files {
+        let shown = file.display();
+        let objects = match read_objects(file) {
+            Ok(objects) => objects,
+            Err(err) => {
+                eprintln!("{err:#}");
+                problems += 1;
+                continue;
+            }
+        };
+        for object in &objects {
+            for (path, message) in object_problems(object) {
+                eprintln!("{shown}: {path}: {message}");
+                problems += 1;
+            }
+        }
+    }
+    Ok(if problems == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Validation problems of one object as `(field path, message)`: the CRD rules first; when they
+/// pass, what the renderer would still refuse.
+pub fn object_problems(object: &Object) -> Vec<(String, String)> {
+    match object {
+        Object::Federation(fed) => {
+            let errors = flower_addon_crds::validate_federation(fed);
+            if errors.is_empty() {
+                render_problems(fed)
+            } else {
+                errors.into_iter().map(|e| (e.path, e.message)).collect()
+            }
+        }
+        Object::Placement(placement) => flower_addon_crds::validate_placement(placement)
+            .into_iter()
+            .map(|e| (e.path, e.message))
+            .collect(),
+        Object::PlacementDecision(_) | Object::ManagedCluster(_) => Vec::new(),
+    }
 }
 
 /// `flower-hub render`.
-pub fn render(_args: RenderArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("render: not implemented yet")
+pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
+    if args.cluster.is_some() && args.cluster_index >= args.clusters {
+        anyhow::bail!(
+            "--cluster-index {} must be smaller than --clusters {}",
+            args.cluster_index,
+            args.clusters
+        );
+    }
+    let mut federations = Vec::new();
+    let mut invalid = false;
+    for file in &args.files {
+        for object in read_objects(file)? {
+            let problems = object_problems(&object);
+            for (path, message) in &problems {
+                eprintln!("{}: {path}: {message}", file.display());
+            }
+            invalid |= !problems.is_empty();
+            if let Object::Federation(fed) = object {
+                federations.push(*fed);
+            }
+        }
+    }
+    if invalid {
+        return Ok(ExitCode::FAILURE);
+    }
+    let spoke = args.cluster.as_deref().map(|name| SpokeCluster {
+        name,
+        index: args.cluster_index,
+        clusters: args.clusters,
+    });
+    print!("{}", render_stream(&federations, spoke)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The YAML stream `render` prints for `federations`: the hub side, or one spoke's side.
+pub fn render_stream(
+    federations: &[Federation],
+    spoke: Option<SpokeCluster<'_>>,
+) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for fed in federations {
+        let name = fed.metadata.name.as_deref().unwrap_or_default();
+        let (values, secret_note) = match spoke {
+            None => {
+                let objects =
+                    render_hub(fed, LOCAL_CLUSTER).with_context(|| format!("Federation {name}"))?;
+                let note = (!fed.spec.insecure).then(|| {
+                    format!(
+                        "# Secret {} (tls.crt, tls.key, ca.crt) is issued by the hub CA at run time; not shown.\n",
+                        crate::render::superlink_tls_secret_name(fed)
+                    )
+                });
+                (objects.to_values()?, note)
+            }
+            Some(cluster) => {
+                let workloads =
+                    render_spoke(fed, cluster).with_context(|| format!("Federation {name}"))?;
+                let note = (!fed.spec.insecure && !workloads.is_empty()).then(|| {
+                    format!(
+                        "# Secret {} (ca.crt) is created by the agent from the hub's CA bundle; not shown.\n",
+                        flower_addon_agent::render::spoke_ca_secret_name(name)
+                    )
+                });
+                let values = workloads
+                    .iter()
+                    .map(|w| w.to_value())
+                    .collect::<Result<Vec<_>, _>>()?;
+                (values, note)
+            }
+        };
+        if let Some(note) = secret_note {
+            out.push_str(&note);
+        }
+        for value in values {
+            out.push_str("---\n");
+            out.push_str(&serde_saphyr::to_string(&value)?);
+        }
+    }
+    Ok(out)
 }

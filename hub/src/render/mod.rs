@@ -1,0 +1,324 @@
+//! What the hub renders for a Federation: the SuperLink (StatefulSet + Service) in the hub
+//! cluster, and the SuperNode pools — in the hub cluster when the Federation has no
+//! `placementRef`, otherwise per selected spoke cluster. Pools are rendered by the agent's
+//! renderer ([`flower_addon_agent::render`]), the only SuperNode renderer.
+//!
+//! Everything here is pure and deterministic; owner references and server-side apply are the
+//! controller's business.
+
+mod service;
+mod superlink;
+
+use flower_addon_agent::render::{
+    self as pools, ClusterContext, DialectError, FlowerDialect, FlowerVersion, RenderError,
+    SuperNodePoolInput, Workload, render_supernode_pool,
+};
+use flower_addon_crds::Federation;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Service;
+
+pub use service::render_superlink_service;
+pub use superlink::{STATE_MOUNT_DIR, STATE_VOLUME, TLS_MOUNT_DIR, render_superlink};
+
+/// Why a Federation cannot be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HubRenderError {
+    /// No Flower dialect could be chosen.
+    #[error(transparent)]
+    Dialect(#[from] DialectError),
+    /// A pool cannot be rendered.
+    #[error("spec.supernodes.pools[{index}]: {source}")]
+    Pool {
+        /// Position of the pool in the spec.
+        index: usize,
+        /// What is wrong.
+        source: RenderError,
+    },
+    /// Pools run in spokes but nothing tells them where the SuperLink is.
+    #[error(
+        "spec.superlink.externalAddress: required when spec.placementRef is set (spokes dial it)"
+    )]
+    MissingExternalAddress,
+    /// Two Service ports share a number.
+    #[error("spec.superlink.service.ports: {0}")]
+    PortClash(String),
+    /// Process isolation without a ServerApp SuperExec image.
+    #[error(
+        "spec.superlink.superexecImage: spec.superlink.superexecImage is required when isolationMode=process"
+    )]
+    MissingSuperExecImage,
+    /// The Federation has no namespace or name.
+    #[error("metadata: {0}")]
+    Metadata(&'static str),
+}
+
+/// Objects the hub applies in its own cluster for one Federation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HubObjects {
+    /// SuperLink StatefulSet `<fed>-superlink`.
+    pub superlink: StatefulSet,
+    /// SuperLink Service `<fed>-superlink`.
+    pub service: Service,
+    /// Pool workloads, only when the Federation has no `placementRef`.
+    pub pools: Vec<Workload>,
+}
+
+impl HubObjects {
+    /// Every object as JSON, in apply order (StatefulSet, Service, pools).
+    pub fn to_values(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
+        let mut out = vec![
+            serde_json::to_value(&self.superlink)?,
+            serde_json::to_value(&self.service)?,
+        ];
+        for pool in &self.pools {
+            out.push(pool.to_value()?);
+        }
+        Ok(out)
+    }
+}
+
+/// A selected spoke cluster: its name and position among `clusters` selected clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpokeCluster<'a> {
+    /// ManagedCluster name.
+    pub name: &'a str,
+    /// Position among the selected clusters, 0-based (stable order chosen by the placement).
+    pub index: u32,
+    /// Number of selected clusters.
+    pub clusters: u32,
+}
+
+/// The Federation's Flower version and dialect (`spec.version`, else the SuperLink image tag).
+pub fn federation_dialect(
+    fed: &Federation,
+) -> Result<(FlowerVersion, FlowerDialect), HubRenderError> {
+    Ok(FlowerDialect::select(
+        fed.spec.version.as_deref(),
+        &fed.spec.superlink.image,
+    )?)
+}
+
+/// Name of the SuperLink StatefulSet and Service, `<fed>-superlink`.
+pub fn superlink_name(federation: &str) -> String {
+    format!("{federation}-superlink")
+}
+
+/// Name of the Secret with the SuperLink's `tls.crt`, `tls.key` and `ca.crt`: `spec.tls.secretName`
+/// or `<fed>-superlink-tls` (issued by the hub CA).
+pub fn superlink_tls_secret_name(fed: &Federation) -> String {
+    fed.spec
+        .tls
+        .as_ref()
+        .and_then(|t| t.secret_name.clone())
+        .unwrap_or_else(|| format!("{}-superlink-tls", name(fed)))
+}
+
+/// Fleet address for SuperNodes in the hub cluster: `<fed>-superlink.<ns>.svc:<ports.grpc>`, the
+/// Service's real port (flower-operator always dialed 9092).
+pub fn in_cluster_fleet_address(fed: &Federation) -> String {
+    format!(
+        "{}.{}.svc:{}",
+        superlink_name(name(fed)),
+        namespace(fed),
+        fed.spec.superlink.service.ports.grpc
+    )
+}
+
+/// Fleet address for SuperNodes in spoke clusters: `spec.superlink.externalAddress`, with the
+/// Fleet port (`ports.grpc`) added when it has none.
+pub fn spoke_fleet_address(fed: &Federation) -> Result<String, HubRenderError> {
+    let address = fed
+        .spec
+        .superlink
+        .external_address
+        .as_deref()
+        .filter(|a| !a.is_empty())
+        .ok_or(HubRenderError::MissingExternalAddress)?;
+    Ok(with_default_port(
+        address,
+        fed.spec.superlink.service.ports.grpc,
+    ))
+}
+
+/// `host` → `host:port`, `[v6]` → `[v6]:port`, bare `v6` → `[v6]:port`; addresses with a port
+/// are kept.
+fn with_default_port(address: &str, port: i32) -> String {
+    if let Some(rest) = address.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((_, after)) if after.starts_with(':') => address.to_owned(),
+            _ => format!("{address}:{port}"),
+        };
+    }
+    match address.matches(':').count() {
+        0 => format!("{address}:{port}"),
+        1 => address.to_owned(),
+        _ => format!("[{address}]:{port}"),
+    }
+}
+
+fn name(fed: &Federation) -> &str {
+    fed.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn namespace(fed: &Federation) -> &str {
+    fed.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+fn check_metadata(fed: &Federation) -> Result<(), HubRenderError> {
+    if name(fed).is_empty() {
+        return Err(HubRenderError::Metadata("the Federation has no name"));
+    }
+    Ok(())
+}
+
+/// Everything the hub applies in its own cluster: the SuperLink StatefulSet and Service, plus the
+/// pools when the Federation has no `placementRef` (they then run in the hub cluster, named
+/// `local_cluster` for `{cluster}`, as the only selected cluster).
+pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, HubRenderError> {
+    check_metadata(fed)?;
+    let (version, dialect) = federation_dialect(fed)?;
+    let superlink = render_superlink(fed, version, dialect)?;
+    let service = render_superlink_service(fed, dialect)?;
+    let pools = if fed.spec.placement_ref.is_some() {
+        Vec::new()
+    } else {
+        let fleet = in_cluster_fleet_address(fed);
+        let ca = superlink_tls_secret_name(fed);
+        render_pools(fed, dialect, &fleet, &ca, local_cluster, 0, 1)?
+    };
+    Ok(HubObjects {
+        superlink,
+        service,
+        pools,
+    })
+}
+
+/// The pool workloads a spoke's agent applies for this Federation (the CA bundle Secret
+/// [`pools::spoke_ca_secret_name`] is created by the agent from its work and is not rendered).
+/// Empty for a Federation without `placementRef` (its pools run in the hub cluster).
+pub fn render_spoke(
+    fed: &Federation,
+    cluster: SpokeCluster<'_>,
+) -> Result<Vec<Workload>, HubRenderError> {
+    check_metadata(fed)?;
+    if fed.spec.placement_ref.is_none() {
+        return Ok(Vec::new());
+    }
+    let (_, dialect) = federation_dialect(fed)?;
+    let fleet = spoke_fleet_address(fed)?;
+    let ca = pools::spoke_ca_secret_name(name(fed));
+    render_pools(
+        fed,
+        dialect,
+        &fleet,
+        &ca,
+        cluster.name,
+        cluster.index,
+        cluster.clusters,
+    )
+}
+
+fn render_pools(
+    fed: &Federation,
+    dialect: FlowerDialect,
+    fleet: &str,
+    ca_secret: &str,
+    cluster: &str,
+    cluster_index: u32,
+    clusters: u32,
+) -> Result<Vec<Workload>, HubRenderError> {
+    let plan = pools::PartitionPlan::new(&fed.spec);
+    fed.spec
+        .supernodes
+        .pools
+        .iter()
+        .enumerate()
+        .map(|(index, pool)| {
+            let context = ClusterContext {
+                name: cluster.to_owned(),
+                index: cluster_index,
+                clusters,
+                partition_offset: plan.offset(cluster_index, index),
+                partitions: plan.total(clusters),
+            };
+            render_supernode_pool(&SuperNodePoolInput {
+                federation: name(fed),
+                namespace: namespace(fed),
+                spec: &fed.spec,
+                pool,
+                dialect,
+                fleet_address: fleet,
+                ca_secret_name: ca_secret,
+                cluster: &context,
+            })
+            .map_err(|source| HubRenderError::Pool { index, source })
+        })
+        .collect()
+}
+
+/// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports
+/// it before anything is applied (Flower version, placeholders the runtime cannot expand, a
+/// missing external address, clashing ports).
+pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let mut push = |err: HubRenderError| {
+        let text = err.to_string();
+        match text.split_once(": ") {
+            Some((path, message)) => problems.push((path.to_owned(), message.to_owned())),
+            None => problems.push((String::new(), text)),
+        }
+    };
+    let dialect = match federation_dialect(fed) {
+        Ok((_, dialect)) => dialect,
+        Err(err) => {
+            push(err);
+            return problems;
+        }
+    };
+    if let Err(err) = render_superlink_service(fed, dialect) {
+        push(err);
+    }
+    let fleet = if fed.spec.placement_ref.is_some() {
+        match spoke_fleet_address(fed) {
+            Ok(address) => address,
+            Err(err) => {
+                push(err);
+                "superlink.invalid:9092".to_owned()
+            }
+        }
+    } else {
+        in_cluster_fleet_address(fed)
+    };
+    for (index, pool) in fed.spec.supernodes.pools.iter().enumerate() {
+        let context = ClusterContext::for_pool(&fed.spec, index, "check", 0, 1);
+        let input = SuperNodePoolInput {
+            federation: name(fed),
+            namespace: namespace(fed),
+            spec: &fed.spec,
+            pool,
+            dialect,
+            fleet_address: &fleet,
+            ca_secret_name: "check",
+            cluster: &context,
+        };
+        if let Err(source) = render_supernode_pool(&input) {
+            push(HubRenderError::Pool { index, source });
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_default_port;
+
+    #[test]
+    fn external_address_gets_the_fleet_port_only_when_it_has_none() {
+        // Spokes must dial a real port: the user's, else the Service's Fleet port.
+        assert_eq!(with_default_port("hub.example", 9092), "hub.example:9092");
+        assert_eq!(with_default_port("10.0.0.1:30092", 9092), "10.0.0.1:30092");
+        assert_eq!(with_default_port("[::1]:30092", 9092), "[::1]:30092");
+        assert_eq!(with_default_port("[::1]", 9092), "[::1]:9092");
+        assert_eq!(with_default_port("fd00::1", 9092), "[fd00::1]:9092");
+    }
+}

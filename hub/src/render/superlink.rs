@@ -1,0 +1,240 @@
+//! The SuperLink StatefulSet `<fed>-superlink`.
+
+use flower_addon_agent::render::dialect::{
+    FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, unified_ports,
+};
+use flower_addon_agent::render::merge::{
+    append_mounts, append_volumes, merge_pod_template, non_empty,
+};
+use flower_addon_agent::render::{FlowerDialect, FlowerVersion, component_labels, isolation_arg};
+use flower_addon_crds::{Federation, IsolationMode};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, PodSpec, PodTemplateSpec, SecretVolumeSource,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::{HubRenderError, name, namespace, superlink_name, superlink_tls_secret_name};
+
+/// Volume holding the SuperLink database. An `emptyDir` (survives container restarts) unless
+/// `spec.superlink.volumeClaimTemplates` has a claim with this name (survives pod deletion).
+pub const STATE_VOLUME: &str = "superlink-state";
+/// Where [`STATE_VOLUME`] is mounted; the database is `superlink.db` in it.
+pub const STATE_MOUNT_DIR: &str = "/var/lib/flwr/state";
+/// Where the SuperLink TLS Secret (`ca.crt`, `tls.crt`, `tls.key`) is mounted.
+pub const TLS_MOUNT_DIR: &str = "/etc/flwr/tls";
+const TLS_VOLUME: &str = "superlink-tls";
+
+fn port(name: &str, number: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: number,
+        protocol: Some("TCP".to_owned()),
+        ..ContainerPort::default()
+    }
+}
+
+/// The `superlink` container's arguments: isolation, TLS, listen address (unified), database,
+/// (unified) no run-time dependency installation, then `extraArgs`.
+///
+/// `--database` keeps node registrations and runs across SuperLink restarts; without it
+/// SuperNodes get 401 after a restart and exit. `--disable-runtime-dependency-installation`
+/// (from 1.32; older releases never install by default) keeps the SuperLink from running
+/// `uv sync` per run: images carry the app's dependencies, as with flower-operator.
+fn superlink_args(fed: &Federation, version: FlowerVersion, dialect: FlowerDialect) -> Vec<String> {
+    let mut args = vec![isolation_arg(&fed.spec).to_owned()];
+    if fed.spec.insecure {
+        args.push("--insecure".to_owned());
+    } else {
+        args.push(format!("--ssl-ca-certfile={TLS_MOUNT_DIR}/ca.crt"));
+        args.push(format!("--ssl-certfile={TLS_MOUNT_DIR}/tls.crt"));
+        args.push(format!("--ssl-keyfile={TLS_MOUNT_DIR}/tls.key"));
+    }
+    if dialect == FlowerDialect::Unified {
+        args.push("--host=0.0.0.0".to_owned());
+        args.push(format!("--port={}", unified_ports::SUPERLINK));
+    }
+    args.push(format!("--database={STATE_MOUNT_DIR}/superlink.db"));
+    if version >= FIRST_DISABLE_RUNTIME_DEPS_VERSION {
+        args.push("--disable-runtime-dependency-installation".to_owned());
+    }
+    args.extend(fed.spec.superlink.extra_args.iter().cloned());
+    args
+}
+
+/// The ServerApp SuperExec's arguments. Classic: the ServerAppIO hop is plaintext by design, so
+/// `--insecure` always. Unified: it dials the SuperLink's own HTTPS port, so it trusts the CA.
+fn serverapp_superexec_args(fed: &Federation, dialect: FlowerDialect) -> Vec<String> {
+    match dialect {
+        FlowerDialect::Classic => vec![
+            "--plugin-type=serverapp".to_owned(),
+            format!(
+                "--appio-api-address=127.0.0.1:{}",
+                classic_ports::SERVERAPPIO
+            ),
+            "--insecure".to_owned(),
+        ],
+        FlowerDialect::Unified => vec![
+            format!(
+                "--runtime-api-address=127.0.0.1:{}",
+                unified_ports::SUPERLINK
+            ),
+            if fed.spec.insecure {
+                "--insecure".to_owned()
+            } else {
+                format!("--root-certificates={TLS_MOUNT_DIR}/ca.crt")
+            },
+        ],
+    }
+}
+
+/// Renders the SuperLink StatefulSet: one replica, container `superlink` with the image's
+/// entrypoint, the dialect's ports, the database volume, TLS mounts when `insecure` is false, and
+/// the `superexec-serverapp` sidecar in process isolation.
+pub fn render_superlink(
+    fed: &Federation,
+    version: FlowerVersion,
+    dialect: FlowerDialect,
+) -> Result<StatefulSet, HubRenderError> {
+    let spec = &fed.spec;
+    let superlink = &spec.superlink;
+    let process = spec.isolation_mode == IsolationMode::Process;
+    let fed_name = name(fed);
+    let object_name = superlink_name(fed_name);
+    let labels = component_labels(fed_name, "superlink", "superlink", None);
+
+    let ports = match dialect {
+        FlowerDialect::Classic => {
+            let mut ports = vec![
+                port("fleet", classic_ports::FLEET),
+                port("control", classic_ports::CONTROL),
+            ];
+            if process {
+                ports.push(port("serverappio", classic_ports::SERVERAPPIO));
+            }
+            ports
+        }
+        FlowerDialect::Unified => vec![port("api", unified_ports::SUPERLINK)],
+    };
+
+    // Volumes: ours (state, TLS), then the spec's, then the podTemplate's; first name wins.
+    let state_is_claim = superlink
+        .volume_claim_templates
+        .iter()
+        .any(|c| c.metadata.name == STATE_VOLUME);
+    let mut volumes = Vec::new();
+    if !state_is_claim {
+        volumes.push(Volume {
+            name: STATE_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    let tls_mount = VolumeMount {
+        name: TLS_VOLUME.to_owned(),
+        mount_path: TLS_MOUNT_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    if !spec.insecure {
+        volumes.push(Volume {
+            name: TLS_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(superlink_tls_secret_name(fed)),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    append_volumes(&mut volumes, &superlink.volumes);
+
+    let mut mounts = vec![VolumeMount {
+        name: STATE_VOLUME.to_owned(),
+        mount_path: STATE_MOUNT_DIR.to_owned(),
+        ..VolumeMount::default()
+    }];
+    if !spec.insecure {
+        mounts.push(tls_mount.clone());
+    }
+    append_mounts(&mut mounts, &superlink.volume_mounts);
+
+    let mut containers = vec![Container {
+        name: "superlink".to_owned(),
+        image: Some(superlink.image.clone()),
+        args: Some(superlink_args(fed, version, dialect)),
+        ports: Some(ports),
+        env: non_empty(superlink.env.clone()),
+        resources: superlink.resources.clone(),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    }];
+    if process {
+        let image = superlink
+            .superexec_image
+            .clone()
+            .filter(|s| !s.is_empty())
+            .ok_or(HubRenderError::MissingSuperExecImage)?;
+        let mut sidecar_mounts = Vec::new();
+        if !spec.insecure && dialect == FlowerDialect::Unified {
+            sidecar_mounts.push(tls_mount);
+        }
+        let user_mounts = if superlink.superexec_volume_mounts.is_empty() {
+            &superlink.volume_mounts
+        } else {
+            &superlink.superexec_volume_mounts
+        };
+        append_mounts(&mut sidecar_mounts, user_mounts);
+        containers.push(Container {
+            name: "superexec-serverapp".to_owned(),
+            image: Some(image),
+            args: Some(serverapp_superexec_args(fed, dialect)),
+            env: non_empty(superlink.env.clone()),
+            resources: superlink.superexec_resources.clone(),
+            volume_mounts: non_empty(sidecar_mounts),
+            ..Container::default()
+        });
+    }
+
+    let mut pod = PodSpec {
+        containers,
+        volumes: non_empty(volumes),
+        ..PodSpec::default()
+    };
+    let mut pod_meta = ObjectMeta {
+        labels: Some(labels.clone()),
+        ..ObjectMeta::default()
+    };
+    if let Some(template) = &superlink.pod_template {
+        merge_pod_template(&mut pod_meta, &mut pod, template);
+    }
+    Ok(StatefulSet {
+        metadata: ObjectMeta {
+            name: Some(object_name.clone()),
+            namespace: Some(namespace(fed).to_owned()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: StatefulSetSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(labels),
+                ..LabelSelector::default()
+            },
+            service_name: Some(object_name),
+            template: PodTemplateSpec {
+                metadata: Some(pod_meta),
+                spec: Some(pod),
+            },
+            volume_claim_templates: non_empty(
+                superlink
+                    .volume_claim_templates
+                    .iter()
+                    .map(flower_addon_agent::render::claim)
+                    .collect(),
+            ),
+            ..StatefulSetSpec::default()
+        },
+        status: None,
+    })
+}

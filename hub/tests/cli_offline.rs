@@ -1,0 +1,217 @@
+//! The real `flower-hub` binary on the examples and on invalid variants: `crds`, `validate`,
+//! `render`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn hub(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flower-hub"))
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("flower-hub runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn examples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("examples dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, content: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).expect("write");
+    path.display().to_string()
+}
+
+const VALID: &str = "apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: { name: fed }
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  superlink: { image: flwr/superlink:1.25.0 }
+  supernodes:
+    image: flwr/supernode:1.25.0
+    pools: [{ name: a, replicas: 1, images: {} }]
+";
+
+#[test]
+fn every_example_validates() {
+    // The shipped examples are valid: exit 0 and nothing on stderr.
+    let files = examples();
+    assert!(!files.is_empty());
+    let args: Vec<&str> = files
+        .iter()
+        .map(|p| p.to_str().expect("utf-8 path"))
+        .collect();
+    let mut all = vec!["validate"];
+    all.extend(&args);
+    let out = hub(&all);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn invalid_examples_fail_with_one_line_per_problem() {
+    // Each invalid variant exits 1 with `FILE: <field path>: <message>` lines on stderr.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/invalid");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("invalid dir")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for file in files {
+        let shown = file.to_str().expect("utf-8 path");
+        let out = hub(&["validate", shown]);
+        assert_eq!(out.status.code(), Some(1), "{shown}");
+        let stderr = text(&out.stderr);
+        assert!(!stderr.is_empty(), "{shown}");
+        for line in stderr.lines() {
+            let rest = line
+                .strip_prefix(&format!("{shown}: "))
+                .unwrap_or_else(|| panic!("{line}"));
+            assert!(
+                rest.starts_with("spec.") || rest.starts_with("metadata"),
+                "{line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn broken_files_name_the_file_and_line_and_never_panic() {
+    // Malformed YAML, unknown fields and unknown kinds are clear errors, not panics.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        (
+            "malformed.yaml",
+            format!("{VALID}  pools: [unclosed\n"),
+            "line",
+        ),
+        (
+            "unknown-field.yaml",
+            VALID.replace("mode: StatefulSet", "mode: StatefulSet\n  colour: blue"),
+            "colour",
+        ),
+        (
+            "unknown-kind.yaml",
+            VALID.replace("kind: Federation", "kind: Frobnicator"),
+            "unknown kind",
+        ),
+        (
+            "second-doc.yaml",
+            format!(
+                "{VALID}---\n{}",
+                VALID.replace("kind: Federation", "kind: Nope")
+            ),
+            "line 12",
+        ),
+        (
+            "latest.yaml",
+            VALID.replace("superlink:1.25.0", "superlink:latest"),
+            "spec.version",
+        ),
+        (
+            "transitional.yaml",
+            VALID.replace(
+                "mode: StatefulSet",
+                "mode: StatefulSet\n  version: \"1.37.0\"",
+            ),
+            "transitional",
+        ),
+    ];
+    for (name, content, needle) in cases {
+        let path = write(&dir, name, &content);
+        let out = hub(&["validate", &path]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(&path), "{name}: {stderr}");
+        assert!(stderr.contains(needle), "{name}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
+        let out = hub(&["render", &path]);
+        assert_eq!(out.status.code(), Some(1), "render {name}");
+    }
+    let missing = hub(&["validate", "/nonexistent/file.yaml"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("/nonexistent/file.yaml"));
+}
+
+#[test]
+fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
+    // `render` output is valid YAML; the hub gets SuperLink objects, a spoke its placed pools.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = write(&dir, "local.yaml", VALID);
+    let out = hub(&["render", &local]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
+    let kinds: Vec<_> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(kinds, ["StatefulSet", "Service", "StatefulSet"]);
+    assert_eq!(docs[2]["metadata"]["name"], "fed-supernode-a");
+
+    let placed = VALID.replace(
+        "superlink: { image: flwr/superlink:1.25.0 }",
+        "placementRef: { name: p }\n  superlink: { image: flwr/superlink:1.25.0, externalAddress: \"hub.example:30092\" }",
+    );
+    let placed = write(&dir, "placed.yaml", &placed);
+    let out = hub(&[
+        "render",
+        &placed,
+        "--cluster",
+        "east",
+        "--cluster-index",
+        "1",
+        "--clusters",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
+    assert_eq!(docs.len(), 1);
+    assert_eq!(
+        docs[0]["spec"]["template"]["spec"]["containers"][0]["args"][0],
+        "--superlink=hub.example:30092"
+    );
+    let out = hub(&["render", &placed]);
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
+    assert_eq!(docs.len(), 2, "placed pools are not rendered for the hub");
+    let out = hub(&[
+        "render",
+        &placed,
+        "--cluster",
+        "east",
+        "--cluster-index",
+        "2",
+        "--clusters",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn crds_prints_every_definition() {
+    // `crds` prints the generated CustomResourceDefinitions as a YAML stream.
+    let out = hub(&["crds"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
+    assert!(docs.len() >= 4);
+    assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
+}

@@ -1,0 +1,102 @@
+//! Golden files: every example (`examples/*.yaml`) and test fixture (`hub/tests/fixtures/*.yaml`)
+//! rendered for the hub and for one spoke, compared byte for byte with `hub/tests/golden/`.
+//! `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` rewrites them.
+
+use std::path::{Path, PathBuf};
+
+use flower_addon_hub::cli::offline::{Object, parse_objects, render_stream};
+use flower_addon_hub::render::SpokeCluster;
+
+fn inputs() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in [root.join("../examples"), root.join("tests/fixtures")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The golden text of one input: the hub side, then what cluster `spoke-b` (index 1 of 3) applies.
+fn golden_text(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("input readable");
+    let feds: Vec<_> = parse_objects(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .filter_map(|o| match o {
+            Object::Federation(f) => Some(*f),
+            _ => None,
+        })
+        .collect();
+    let hub = render_stream(&feds, None).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let spoke = SpokeCluster {
+        name: "spoke-b",
+        index: 1,
+        clusters: 3,
+    };
+    let spoke =
+        render_stream(&feds, Some(spoke)).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    format!("# ===== hub =====\n{hub}# ===== cluster spoke-b (index 1 of 3) =====\n{spoke}")
+}
+
+#[test]
+fn rendered_examples_match_golden_files() {
+    // Rendering changes only on purpose: any byte of difference in any example fails here.
+    let bless = std::env::var_os("FLOWER_ADDON_BLESS").is_some();
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let inputs = inputs();
+    assert!(!inputs.is_empty(), "no examples or fixtures found");
+    let mut failures = Vec::new();
+    for input in inputs {
+        let name = input
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        let golden = golden_dir.join(&name);
+        let actual = golden_text(&input);
+        if bless {
+            std::fs::write(&golden, &actual).expect("write golden");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&golden).unwrap_or_default();
+        if expected != actual {
+            let first = expected
+                .lines()
+                .zip(actual.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(expected.lines().count().min(actual.lines().count()));
+            failures.push(format!(
+                "{name}: differs from {} at line {} (expected {:?}, got {:?})",
+                golden.display(),
+                first + 1,
+                expected.lines().nth(first).unwrap_or("<end>"),
+                actual.lines().nth(first).unwrap_or("<end>"),
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\nIf the change is intended, run `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` and review the diff of hub/tests/golden/.",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn rendering_is_byte_identical_across_runs() {
+    // An unchanged Federation renders byte-identical objects (no pod restarts on reconcile).
+    for input in inputs() {
+        let first = golden_text(&input);
+        for _ in 0..5 {
+            assert_eq!(golden_text(&input), first, "{}", input.display());
+        }
+    }
+}

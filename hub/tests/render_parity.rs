@@ -1,0 +1,343 @@
+//! One test per flower-operator defect listed in PARITY.md (each would fail if we had it), and
+//! the hub side's rendering facts (SuperLink StatefulSet and Service).
+
+use flower_addon_agent::render::{FlowerDialect, FlowerVersion, Workload};
+use flower_addon_crds::Federation;
+use flower_addon_hub::render::{
+    HubObjects, SpokeCluster, render_hub, render_problems, render_spoke, render_superlink,
+    render_superlink_service,
+};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+fn fed(yaml: &str) -> Federation {
+    serde_saphyr::from_str(yaml).expect("test Federation parses")
+}
+
+const BASE: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: { name: fed, namespace: ns }
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  superlink: { image: "flwr/superlink:1.25.0" }
+  supernodes:
+    image: "flwr/supernode:1.25.0"
+    pools: [{ name: default, replicas: 2, images: {} }]
+"#;
+
+fn hub(fed: &Federation) -> HubObjects {
+    render_hub(fed, "local").expect("renders")
+}
+
+fn superlink_pod(objects: &HubObjects) -> &PodSpec {
+    objects.superlink.spec.template.spec.as_ref().expect("pod")
+}
+
+fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
+    pod.containers
+        .iter()
+        .find(|c| c.name == name)
+        .expect("container")
+}
+
+fn pool_args(objects: &HubObjects) -> Vec<String> {
+    let Workload::StatefulSet(sts) = &objects.pools[0] else {
+        panic!("StatefulSet expected")
+    };
+    let pod = sts.spec.template.spec.as_ref().expect("pod");
+    container(pod, "supernode").args.clone().expect("args")
+}
+
+fn v(text: &str) -> FlowerVersion {
+    FlowerVersion::parse(text).expect("version")
+}
+
+#[test]
+fn supernodes_dial_the_real_fleet_port() {
+    // flower-operator always dialed :9092; ours follows service.ports.grpc.
+    let mut f = fed(BASE);
+    f.spec.superlink.service.ports.grpc = 30092;
+    let objects = hub(&f);
+    assert_eq!(
+        pool_args(&objects)[0],
+        "--superlink=fed-superlink.ns.svc:30092"
+    );
+    let ports = objects
+        .service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .expect("ports");
+    assert_eq!(
+        (ports[0].name.as_deref(), ports[0].port),
+        (Some("fleet"), 30092)
+    );
+}
+
+#[test]
+fn spokes_dial_the_external_address_with_a_real_port() {
+    // Spokes cannot reach a cluster-local name: they dial externalAddress (port defaulted to grpc).
+    let mut f = fed(BASE);
+    f.spec.placement_ref = Some(flower_addon_crds::PlacementRef { name: "p".into() });
+    f.spec.superlink.external_address = Some("hub.example".into());
+    f.spec.superlink.service.ports.grpc = 31000;
+    let cluster = SpokeCluster {
+        name: "c",
+        index: 0,
+        clusters: 1,
+    };
+    let workloads = render_spoke(&f, cluster).expect("renders");
+    let Workload::StatefulSet(sts) = &workloads[0] else {
+        panic!("StatefulSet expected")
+    };
+    let pod = sts.spec.template.spec.as_ref().expect("pod");
+    assert_eq!(
+        container(pod, "supernode").args.as_ref().expect("args")[0],
+        "--superlink=hub.example:31000"
+    );
+    assert!(
+        hub(&f).pools.is_empty(),
+        "pools of a placed Federation do not run in the hub cluster"
+    );
+    f.spec.superlink.external_address = None;
+    let problems = render_problems(&f);
+    assert_eq!(problems[0].0, "spec.superlink.externalAddress");
+}
+
+#[test]
+fn version_selects_the_dialect() {
+    // flower-operator ignored spec.version; ours renders unified flags for 1.42 even with a 1.25 tag.
+    let mut f = fed(BASE);
+    f.spec.version = Some("1.42.0".into());
+    let objects = hub(&f);
+    let args = container(superlink_pod(&objects), "superlink")
+        .args
+        .clone()
+        .expect("args");
+    assert!(
+        args.contains(&"--host=0.0.0.0".to_owned()) && args.contains(&"--port=8000".to_owned()),
+        "{args:?}"
+    );
+    let ports = objects
+        .service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.clone())
+        .expect("ports");
+    assert!(ports.iter().all(|p| p.target_port
+        == Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8000))));
+    f.spec.version = Some("nightly".into());
+    assert_eq!(render_problems(&f)[0].0, "spec.version");
+}
+
+#[test]
+fn labels_removed_from_the_spec_vanish_from_the_service() {
+    // The rendered Service is the whole desired state: a label dropped from the spec is not kept.
+    let mut f = fed(BASE);
+    f.spec
+        .superlink
+        .service
+        .labels
+        .insert("team".into(), "ml".into());
+    f.spec
+        .superlink
+        .service
+        .labels
+        .insert("app.kubernetes.io/name".into(), "hijack".into());
+    let with = hub(&f).service;
+    let labels = with.metadata.labels.expect("labels");
+    assert_eq!(labels["team"], "ml");
+    assert_eq!(
+        labels["app.kubernetes.io/name"], "superlink",
+        "our labels win"
+    );
+    f.spec.superlink.service.labels.clear();
+    let without = hub(&f).service.metadata.labels.expect("labels");
+    assert!(!without.contains_key("team"));
+    let selector = hub(&f)
+        .service
+        .spec
+        .and_then(|s| s.selector)
+        .expect("selector");
+    assert!(!selector.contains_key("team"));
+}
+
+#[test]
+fn env_and_volume_order_is_stable() {
+    // flower-operator merged through Go maps: order changed every reconcile and pods restarted.
+    let f = fed(&BASE.replace(
+        "pools: [{ name: default, replicas: 2, images: {} }]",
+        "env: [{ name: A, value: a }, { name: B, value: b }]\n    pools: [{ name: default, replicas: 2, images: {}, env: [{ name: C, value: c }, { name: A, value: pool }], volumes: [{ name: v1, emptyDir: {} }, { name: v2, emptyDir: {} }], volumeMounts: [{ name: v2, mountPath: /b }, { name: v1, mountPath: /a }] }]",
+    ));
+    let first = serde_json::to_string(&hub(&f).to_values().expect("json")).expect("string");
+    for _ in 0..50 {
+        assert_eq!(
+            serde_json::to_string(&hub(&f).to_values().expect("json")).expect("string"),
+            first
+        );
+    }
+    let objects = hub(&f);
+    let Workload::StatefulSet(sts) = &objects.pools[0] else {
+        panic!("StatefulSet expected")
+    };
+    let pod = sts.spec.template.spec.as_ref().expect("pod");
+    let env: Vec<_> = container(pod, "supernode")
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(env, ["A", "B", "C"]);
+    let mounts: Vec<_> = container(pod, "supernode")
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(mounts, ["/b", "/a"]);
+}
+
+#[test]
+fn node_config_values_are_escaped_not_shell_expanded() {
+    // flower-operator put values into a shell unescaped; ours quote for TOML and double `$` for Kubernetes.
+    let f = fed(&BASE.replace(
+        "images: {} }]",
+        "images: {}, nodeConfig: { a: \"$HOME\", b: 'say \"hi\"', c: \"x y\" } }]",
+    ));
+    let args = pool_args(&hub(&f));
+    assert_eq!(
+        args.last().expect("args"),
+        r#"--node-config=a="$$HOME" b='say "hi"' c="x y""#
+    );
+    assert!(
+        container(superlink_pod(&hub(&f)), "superlink")
+            .command
+            .is_none()
+    );
+}
+
+#[test]
+fn superlink_renders_flower_operator_facts_plus_a_persistent_database() {
+    // 1-replica StatefulSet, image entrypoint, --isolation/--insecure, ports, database on a volume.
+    let f = fed(BASE);
+    let objects = hub(&f);
+    assert_eq!(
+        objects.superlink.metadata.name.as_deref(),
+        Some("fed-superlink")
+    );
+    assert_eq!(objects.superlink.spec.replicas, Some(1));
+    let pod = superlink_pod(&objects);
+    let superlink = container(pod, "superlink");
+    assert_eq!(
+        superlink.args.clone().expect("args"),
+        [
+            "--isolation=subprocess",
+            "--insecure",
+            "--database=/var/lib/flwr/state/superlink.db"
+        ]
+    );
+    let ports: Vec<_> = superlink
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref().unwrap_or_default(), p.container_port))
+        .collect();
+    assert_eq!(ports, [("fleet", 9092), ("control", 9093)]);
+    let state = &pod.volumes.as_ref().expect("volumes")[0];
+    assert_eq!(state.name, "superlink-state");
+    assert!(state.empty_dir.is_some());
+    assert_eq!(pod.containers.len(), 1);
+}
+
+#[test]
+fn superlink_state_can_live_on_a_claim() {
+    // A volumeClaimTemplate named superlink-state replaces the emptyDir (survives pod deletion).
+    let f = fed(&BASE.replace(
+        "superlink: { image: \"flwr/superlink:1.25.0\" }",
+        "superlink: { image: \"flwr/superlink:1.25.0\", volumeClaimTemplates: [{ metadata: { name: superlink-state }, spec: { accessModes: [ReadWriteOnce], resources: { requests: { storage: 1Gi } } } }] }",
+    ));
+    let objects = hub(&f);
+    assert!(superlink_pod(&objects).volumes.is_none());
+    assert_eq!(
+        objects
+            .superlink
+            .spec
+            .volume_claim_templates
+            .as_ref()
+            .expect("claims")
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn process_mode_and_tls_per_dialect() {
+    // Process: serverapp sidecar (classic plaintext appio hop; unified dials its own HTTPS port with the CA).
+    let mut f = fed(&BASE
+        .replace("isolationMode: subprocess", "isolationMode: process")
+        .replace("superlink: { image: \"flwr/superlink:1.25.0\" }", "superlink: { image: \"flwr/superlink:1.25.0\", superexecImage: \"flwr/superexec:1.25.0\" }"));
+    f.spec.insecure = false;
+    let classic = render_superlink(&f, v("1.25.0"), FlowerDialect::Classic).expect("renders");
+    let pod = classic.spec.template.spec.as_ref().expect("pod");
+    assert_eq!(
+        container(pod, "superlink").args.clone().expect("args")[1..4],
+        [
+            "--ssl-ca-certfile=/etc/flwr/tls/ca.crt",
+            "--ssl-certfile=/etc/flwr/tls/tls.crt",
+            "--ssl-keyfile=/etc/flwr/tls/tls.key"
+        ]
+    );
+    assert_eq!(
+        container(pod, "superexec-serverapp")
+            .args
+            .clone()
+            .expect("args"),
+        [
+            "--plugin-type=serverapp",
+            "--appio-api-address=127.0.0.1:9091",
+            "--insecure"
+        ]
+    );
+    let unified = render_superlink(&f, v("1.42.0"), FlowerDialect::Unified).expect("renders");
+    let pod = unified.spec.template.spec.as_ref().expect("pod");
+    assert_eq!(
+        container(pod, "superexec-serverapp")
+            .args
+            .clone()
+            .expect("args"),
+        [
+            "--runtime-api-address=127.0.0.1:8000",
+            "--root-certificates=/etc/flwr/tls/ca.crt"
+        ]
+    );
+    assert!(
+        container(pod, "superlink")
+            .args
+            .clone()
+            .expect("args")
+            .contains(&"--disable-runtime-dependency-installation".to_owned())
+    );
+    let service = render_superlink_service(&f, FlowerDialect::Classic).expect("renders");
+    let names: Vec<_> = service
+        .spec
+        .and_then(|s| s.ports)
+        .expect("ports")
+        .into_iter()
+        .map(|p| p.name.unwrap_or_default())
+        .collect();
+    assert_eq!(names, ["fleet", "control", "serverappio"]);
+}
+
+#[test]
+fn clashing_service_ports_are_reported() {
+    // Two Service ports on one number would be rejected by the API server; say so before applying.
+    let mut f = fed(BASE);
+    f.spec.superlink.service.ports.extra = f.spec.superlink.service.ports.grpc;
+    assert_eq!(render_problems(&f)[0].0, "spec.superlink.service.ports");
+    f.spec.version = Some("1.42.0".into());
+    assert!(
+        render_problems(&f).is_empty(),
+        "unified serves both on one port"
+    );
+}
