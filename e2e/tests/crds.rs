@@ -54,7 +54,61 @@ async fn crds_on_real_apiserver() {
         Ok(()) => eprintln!("printer columns ok ({:.1}s)", t.elapsed().as_secs_f64()),
         Err(e) => failed.push(format!("printer_columns: {e:#}")),
     }
+    let t = Instant::now();
+    match hub_sa_on_our_resources(hub).await {
+        Ok(()) => eprintln!(
+            "hub SA on our resources ok ({:.1}s)",
+            t.elapsed().as_secs_f64()
+        ),
+        Err(e) => failed.push(format!("hub_sa_on_our_resources: {e:#}")),
+    }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+/// With its own token (manifests/hub/rbac.yaml), the hub lists Federations and patches their
+/// status, but cannot change a user's Federation spec or delete it.
+async fn hub_sa_on_our_resources(hub: &Cluster) -> Result<()> {
+    let manifests = e2e::repo_root().join("manifests/hub");
+    e2e::apply_file(&hub.client, &manifests.join("namespace.yaml"), "default").await?;
+    let sa = e2e::service_account_access(
+        hub,
+        &manifests.join("rbac.yaml"),
+        "flower-addon-system",
+        "flower-hub",
+        600,
+    )
+    .await?;
+    let gvk = kube::core::GroupVersionKind::gvk(
+        flower_addon_crds::GROUP,
+        flower_addon_crds::VERSION,
+        "Federation",
+    );
+    let ar = kube::core::ApiResource::from_gvk_with_plural(&gvk, "federations");
+    let all: Api<kube::api::DynamicObject> = Api::all_with(sa.client.clone(), &ar);
+    let feds = all
+        .list(&Default::default())
+        .await
+        .context("hub SA lists federations")?;
+    let fed = feds.items.first().context("no Federation to test with")?;
+    let ns = fed.metadata.namespace.clone().unwrap_or_default();
+    let name = fed.name_any();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(sa.client.clone(), &ns, &ar);
+    let status = serde_json::json!({"status": {"supernodes": "0/0"}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .context("hub SA patches federation status")?;
+    let spec = serde_json::json!({"spec": {"isolationMode": "process"}});
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&spec))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => bail!("hub SA patching a Federation spec: expected 403, got {other:?}"),
+    }
+    match api.delete(&name, &Default::default()).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+        other => bail!("hub SA deleting a Federation: expected 403, got {other:?}"),
+    }
 }
 
 /// Server-side applies every generated CRD and waits until each is Established.
