@@ -1,0 +1,508 @@
+//! The hub's Federation controller on a real hub apiserver (kwok nodes): a Federation without
+//! `placementRef` runs SuperLink, Service, TLS Secret and pools in the hub cluster, owned by the
+//! Federation; changes propagate, removed pools and switched modes are pruned, an invalid spec is
+//! Degraded without touching anything, and a restarted controller changes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use e2e::{Cluster, ControlPlane};
+use flower_addon_crds::Federation;
+use flower_addon_hub::ca::HubCa;
+use flower_addon_hub::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const NS: &str = "team";
+const FED: &str = "fed";
+const USER: &str = "e2e-user";
+
+async fn install_crds(hub: &Cluster) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
+    for crd in flower_addon_crds::crds() {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("apply CRD {name}"))?;
+        e2e::wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let c = crds.get(&name).await?;
+                    Ok(c.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True"))
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The Federation as a user applies it: StatefulSet mode, TLS on, pools `(name, replicas)`.
+fn federation(
+    mode: &str,
+    image: &str,
+    pools: &[(&str, i32)],
+    service_labels: &[(&str, &str)],
+) -> serde_json::Value {
+    let pools: Vec<serde_json::Value> = pools
+        .iter()
+        .map(|(name, replicas)| {
+            if mode == "StatefulSet" {
+                serde_json::json!({"name": name, "replicas": replicas, "images": {}})
+            } else {
+                serde_json::json!({"name": name, "images": {}})
+            }
+        })
+        .collect();
+    let labels: BTreeMap<&str, &str> = service_labels.iter().copied().collect();
+    let mut service = serde_json::json!({"type": "NodePort"});
+    if !labels.is_empty() {
+        service["labels"] = serde_json::json!(labels);
+    }
+    serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Federation",
+        "metadata": {"name": FED, "namespace": NS},
+        "spec": {
+            "mode": mode,
+            "isolationMode": "subprocess",
+            "insecure": false,
+            "superlink": {
+                "image": image,
+                "externalAddress": "hub.example:30092",
+                "service": service,
+            },
+            "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pools},
+        }
+    })
+}
+
+async fn apply_federation(client: &Client, fed: &serde_json::Value) -> Result<()> {
+    Api::<Federation>::namespaced(client.clone(), NS)
+        .patch(FED, &PatchParams::apply(USER).force(), &Patch::Apply(fed))
+        .await
+        .context("apply Federation")?;
+    Ok(())
+}
+
+async fn get_fed(client: &Client) -> Result<Federation> {
+    Ok(Api::<Federation>::namespaced(client.clone(), NS)
+        .get(FED)
+        .await?)
+}
+
+fn condition(fed: &Federation, type_: &str) -> Option<(String, String)> {
+    fed.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.message.clone()))
+}
+
+/// Waits until the Federation's status shows `supernodes` and Ready=True for its generation.
+async fn wait_ready(client: &Client, supernodes: &str) -> Result<Duration> {
+    e2e::wait_until(
+        &format!("Federation {supernodes} and Ready=True"),
+        Duration::from_secs(90),
+        || async move {
+            let fed = get_fed(client).await?;
+            let status = fed.status.clone().unwrap_or_default();
+            Ok(status.observed_generation == fed.metadata.generation
+                && status.supernodes.as_deref() == Some(supernodes)
+                && condition(&fed, "Ready").is_some_and(|(s, _)| s == "True"))
+        },
+    )
+    .await
+}
+
+/// resourceVersions of everything the hub applied in `NS`, by `kind/name`.
+async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
+    let lp = ListParams::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
+    let mut out = BTreeMap::new();
+    for o in Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("StatefulSet/{}", o.name_any()),
+            o.resource_version().unwrap_or_default(),
+        );
+    }
+    for o in Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("DaemonSet/{}", o.name_any()),
+            o.resource_version().unwrap_or_default(),
+        );
+    }
+    for o in Api::<Service>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("Service/{}", o.name_any()),
+            o.resource_version().unwrap_or_default(),
+        );
+    }
+    for o in Api::<Secret>::namespaced(client.clone(), NS)
+        .list(&lp)
+        .await?
+        .items
+    {
+        out.insert(
+            format!("Secret/{}", o.name_any()),
+            o.resource_version().unwrap_or_default(),
+        );
+    }
+    Ok(out)
+}
+
+async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect())
+}
+
+/// Waits until every StatefulSet's status is final, so later resourceVersion changes can only
+/// come from the controller under test.
+async fn wait_settled(client: &Client) -> Result<()> {
+    let api = Api::<StatefulSet>::namespaced(client.clone(), NS);
+    e2e::wait_until(
+        "StatefulSet status settled",
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                Ok(api
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .all(|s| {
+                        let want = s.spec.replicas.unwrap_or(1);
+                        s.status.as_ref().is_some_and(|st| {
+                            st.observed_generation == s.metadata.generation
+                                && st.ready_replicas == Some(want)
+                                && st.available_replicas == Some(want)
+                                && st.current_replicas == Some(want)
+                                && st.updated_replicas == Some(want)
+                                && st.current_revision == st.update_revision
+                        })
+                    }))
+            }
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+fn start_controller(client: &Client, ca: &Arc<HubCa>) -> Running {
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(controller::run(client.clone(), ca.clone(), async move {
+        let _ = rx.await;
+    }));
+    Running { stop, task }
+}
+
+async fn stop_controller(running: Running) -> Result<()> {
+    let _ = running.stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), running.task)
+        .await
+        .context("controller did not stop")??;
+    Ok(())
+}
+
+fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, uid: &str) -> bool {
+    meta.owner_references.as_ref().is_some_and(|refs| {
+        refs.iter()
+            .any(|r| r.uid == uid && r.controller == Some(true))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
+    // Invariant: a Federation without placementRef converges to SuperLink + Service + TLS Secret +
+    // pools owned by it, follows spec changes (prune included), is Degraded without side effects
+    // when invalid, and a controller restart recreates and rewrites nothing.
+    e2e::install_crypto();
+    let cp = ControlPlane::start(&["hub"])
+        .await
+        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
+    let hub = cp.cluster("hub")?;
+    let client = hub.client.clone();
+    install_crds(hub).await?;
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    let ca = Arc::new(HubCa::generate()?);
+    let mut running = start_controller(&client, &ca);
+    let t0 = Instant::now();
+
+    // 1. Two pools: everything applied, owned by the Federation, pods Ready, status 3/3.
+    apply_federation(
+        &client,
+        &federation(
+            "StatefulSet",
+            "flwr/superlink:1.42.0",
+            &[("a", 2), ("b", 1)],
+            &[("team", "a")],
+        ),
+    )
+    .await?;
+    let took = wait_ready(&client, "3/3").await?;
+    eprintln!("Federation 3/3 Ready in {:.1}s", took.as_secs_f64());
+    let fed = get_fed(&client).await?;
+    let uid = fed.uid().unwrap_or_default();
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
+    for name in ["fed-superlink", "fed-supernode-a", "fed-supernode-b"] {
+        let s = sts
+            .get(name)
+            .await
+            .with_context(|| format!("StatefulSet {name}"))?;
+        ensure!(
+            owned_by(&s.metadata, &uid),
+            "{name} not owned by the Federation"
+        );
+    }
+    let svc = Api::<Service>::namespaced(client.clone(), NS)
+        .get("fed-superlink")
+        .await?;
+    ensure!(
+        owned_by(&svc.metadata, &uid),
+        "Service not owned by the Federation"
+    );
+    ensure!(
+        svc.labels().get("team").map(String::as_str) == Some("a"),
+        "Service labels from the spec missing"
+    );
+    let secret = Api::<Secret>::namespaced(client.clone(), NS)
+        .get("fed-superlink-tls")
+        .await?;
+    ensure!(
+        owned_by(&secret.metadata, &uid),
+        "TLS Secret not owned by the Federation"
+    );
+    let data = secret.data.clone().unwrap_or_default();
+    ensure!(
+        ["tls.crt", "tls.key", "ca.crt"]
+            .iter()
+            .all(|k| data.contains_key(*k)),
+        "TLS Secret keys: {:?}",
+        data.keys().collect::<Vec<_>>()
+    );
+    ensure!(
+        data.get("ca.crt").map(|b| b.0.as_slice()) == Some(ca.cert_pem().as_bytes()),
+        "TLS Secret ca.crt is not the hub CA"
+    );
+    let sans = secret
+        .annotations()
+        .get("flower-addon.io/tls-sans")
+        .cloned()
+        .unwrap_or_default();
+    for want in ["hub.example", "fed-superlink.team.svc", "127.0.0.1"] {
+        ensure!(
+            sans.split(',').any(|s| s == want),
+            "SAN {want} missing in {sans}"
+        );
+    }
+    let status = fed.status.clone().unwrap_or_default();
+    ensure!(
+        status
+            .endpoints
+            .as_ref()
+            .and_then(|e| e.superlink_service.as_deref())
+            == Some("fed-superlink.team.svc:9093"),
+        "endpoints: {:?}",
+        status.endpoints
+    );
+    ensure!(
+        status.ready_supernodes == 3 && status.desired_supernodes == 3,
+        "{status:?}"
+    );
+    ensure!(
+        condition(&fed, "Degraded").is_some_and(|(s, _)| s == "False")
+            && condition(&fed, "Reconciling").is_some_and(|(s, _)| s == "False"),
+        "conditions: {:?}",
+        status.conditions
+    );
+
+    // 2. Replicas changed and a Service label removed → propagated.
+    apply_federation(
+        &client,
+        &federation(
+            "StatefulSet",
+            "flwr/superlink:1.42.0",
+            &[("a", 3), ("b", 1)],
+            &[],
+        ),
+    )
+    .await?;
+    wait_ready(&client, "4/4").await?;
+    ensure!(
+        sts.get("fed-supernode-a").await?.spec.replicas == Some(3),
+        "replicas not propagated"
+    );
+    let svc = Api::<Service>::namespaced(client.clone(), NS)
+        .get("fed-superlink")
+        .await?;
+    ensure!(
+        !svc.labels().contains_key("team"),
+        "removed Service label still set"
+    );
+
+    // 3. Pool b removed → pruned.
+    let one_pool = federation("StatefulSet", "flwr/superlink:1.42.0", &[("a", 3)], &[]);
+    apply_federation(&client, &one_pool).await?;
+    wait_ready(&client, "3/3").await?;
+    e2e::wait_until("pool b pruned", Duration::from_secs(30), || {
+        let sts = sts.clone();
+        async move { Ok(sts.get_opt("fed-supernode-b").await?.is_none()) }
+    })
+    .await?;
+    let fed = get_fed(&client).await?;
+    let pools: Vec<String> = fed
+        .status
+        .clone()
+        .unwrap_or_default()
+        .pools
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    ensure!(pools == ["a"], "status pools {pools:?}");
+
+    // 4. Controller restarted → no pod recreated, no object rewritten, status unchanged.
+    wait_settled(&client).await?;
+    let versions = applied_versions(&client).await?;
+    let pods = pod_uids(&client).await?;
+    let fed_version = get_fed(&client).await?.resource_version();
+    stop_controller(running).await?;
+    running = start_controller(&client, &ca);
+    // Prove a reconcile ran against the running state, on top of the restarted controller's own.
+    let ctx = Arc::new(Context::new(client.clone(), ca.clone()));
+    controller::reconcile(Arc::new(get_fed(&client).await?), ctx.clone()).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        applied_versions(&client).await? == versions,
+        "restart rewrote objects: before {versions:?}"
+    );
+    ensure!(pod_uids(&client).await? == pods, "restart recreated pods");
+    ensure!(
+        get_fed(&client).await?.resource_version() == fed_version,
+        "restart rewrote the status"
+    );
+
+    // 5. Unmappable Flower version → Degraded naming spec.version; nothing touched.
+    apply_federation(
+        &client,
+        &federation("StatefulSet", "flwr/superlink:latest", &[("a", 3)], &[]),
+    )
+    .await?;
+    e2e::wait_until(
+        "Degraded=True naming spec.version",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let fed = get_fed(&client).await?;
+                Ok(fed.status.as_ref().and_then(|s| s.observed_generation)
+                    == fed.metadata.generation
+                    && condition(&fed, "Degraded")
+                        .is_some_and(|(s, m)| s == "True" && m.contains("spec.version")))
+            }
+        },
+    )
+    .await?;
+    let fed = get_fed(&client).await?;
+    ensure!(
+        condition(&fed, "Ready").is_some_and(|(s, _)| s == "False"),
+        "invalid spec but Ready"
+    );
+    ensure!(
+        applied_versions(&client).await? == versions,
+        "an invalid spec touched running objects"
+    );
+    ensure!(
+        pod_uids(&client).await? == pods,
+        "an invalid spec restarted pods"
+    );
+
+    // 6. Mode switch StatefulSet → DaemonSet: the pool's StatefulSet is pruned, the DaemonSet runs
+    //    on every kwok node.
+    apply_federation(
+        &client,
+        &federation("DaemonSet", "flwr/superlink:1.42.0", &[("a", 0)], &[]),
+    )
+    .await?;
+    let nodes = hub.nodes.len();
+    wait_ready(&client, &format!("{nodes}/{nodes}")).await?;
+    ensure!(
+        sts.get_opt("fed-supernode-a").await?.is_none(),
+        "old StatefulSet not pruned"
+    );
+    let ds = Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .get("fed-supernode-a")
+        .await?;
+    ensure!(
+        owned_by(&ds.metadata, &uid),
+        "DaemonSet not owned by the Federation"
+    );
+    ensure!(
+        sts.get_opt("fed-superlink").await?.is_some(),
+        "SuperLink pruned by mistake"
+    );
+    let fed = get_fed(&client).await?;
+    let kind = fed
+        .status
+        .clone()
+        .unwrap_or_default()
+        .pools
+        .first()
+        .and_then(|p| p.kind.clone());
+    ensure!(kind.as_deref() == Some("DaemonSet"), "pool kind {kind:?}");
+    ensure!(
+        fed.meta().deletion_timestamp.is_none(),
+        "Federation being deleted"
+    );
+
+    stop_controller(running).await?;
+    eprintln!("hub controller scenario {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Server-side apply under the hub's one field manager, owner references, and pruning of the
+//! labelled objects of a Federation that the build no longer returns.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+
+use flower_addon_agent::render::MANAGED_BY;
+use flower_addon_crds::Federation;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Error;
+
+/// Field manager of every server-side apply the hub makes (objects and Federation status).
+pub const HUB_FIELD_MANAGER: &str = "flower-addon-hub";
+/// Label marking objects the hub applied (value [`HUB_FIELD_MANAGER`]); pruning selects on it.
+pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
+/// Label with the Federation's name on everything applied for it (the renderer's `instance`).
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+
+/// Adds the hub's ownership label and the Federation's controller owner reference to `meta`.
+pub(super) fn own(meta: &mut ObjectMeta, fed: &Federation) {
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(APPLIED_BY_LABEL.to_owned(), HUB_FIELD_MANAGER.to_owned());
+    meta.owner_references = fed.controller_owner_ref(&()).map(|r| vec![r]);
+}
+
+/// The label selector of everything the hub applied for the Federation `name`.
+pub(super) fn selector(name: &str) -> String {
+    format!(
+        "app.kubernetes.io/managed-by={MANAGED_BY},{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER},{INSTANCE_LABEL}={name}"
+    )
+}
+
+/// Server-side applies `object` (forced: the hub owns these fields) and returns the stored
+/// object, status included.
+pub(super) async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let name = object.name_any();
+    let kind = K::kind(&());
+    let body = serde_json::to_value(object).map_err(|source| Error::Serialize {
+        what: format!("{kind} {name}"),
+        source,
+    })?;
+    api.patch(
+        &name,
+        &PatchParams::apply(HUB_FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|source| Error::Kube {
+        action: format!("apply {kind} {name}"),
+        source,
+    })
+}
+
+/// Deletes this Federation's labelled objects of kind `K` that are not in `desired` (names)
+/// and that it owns (an owner reference with its uid), so nothing else is ever pruned.
+pub(super) async fn prune<K>(
+    client: &Client,
+    fed: &Federation,
+    desired: &BTreeSet<String>,
+) -> Result<Vec<String>, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let namespace = fed.namespace().unwrap_or_default();
+    let uid = fed.uid().unwrap_or_default();
+    let kind = K::kind(&());
+    let api = Api::<K>::namespaced(client.clone(), &namespace);
+    let list = api
+        .list_metadata(&ListParams::default().labels(&selector(&fed.name_any())))
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("list {kind} in {namespace}"),
+            source,
+        })?;
+    let mut pruned = Vec::new();
+    for object in list.items {
+        let name = object.name_any();
+        let owned = object.owner_references().iter().any(|r| r.uid == uid);
+        if desired.contains(&name) || !owned {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {
+                tracing::info!(%kind, %namespace, %name, "pruned");
+                pruned.push(format!("{kind} {name}"));
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Kube {
+                    action: format!("delete {kind} {namespace}/{name}"),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(pruned)
+}

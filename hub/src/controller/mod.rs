@@ -1,0 +1,358 @@
+//! The hub's Kubernetes-mode Federation controller (kube-runtime).
+//!
+//! Reconcile is a pipeline `validate → build → apply → prune → status`:
+//! - validate: [`validate_federation`] plus everything the renderer would refuse
+//!   ([`render_problems`]); an invalid Federation gets `Degraded=True` naming the fields and
+//!   nothing is applied or deleted (running workloads keep running);
+//! - build: [`render_hub`] (SuperLink StatefulSet, Service, and the pools when there is no
+//!   `placementRef`) plus the SuperLink TLS Secret issued by the hub CA when TLS is on;
+//! - apply: server-side apply under one field manager ([`HUB_FIELD_MANAGER`]), every object
+//!   owned by the Federation (garbage-collected with it), labelled for pruning. Fields the build
+//!   stops setting (Service labels removed from the spec) vanish because one manager owns them;
+//! - prune: labelled, owned objects the build no longer returns (removed pools, the old kind after
+//!   a mode switch) are deleted;
+//! - status: written with server-side apply on the status subresource, only when it changed.
+//!
+//! Pools of Federations with a `placementRef` run in spoke clusters through the work channel;
+//! this controller applies only their SuperLink side.
+
+mod apply;
+mod status;
+mod tls;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use flower_addon_agent::render::Workload;
+use flower_addon_crds::{API_VERSION, Federation, validate_federation};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+
+use crate::ca::{CaError, HubCa};
+use crate::render::{HubRenderError, render_hub, render_problems, superlink_tls_secret_name};
+
+pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
+pub use status::{Outcome, WorkloadReadiness, federation_status};
+pub use tls::{hub_issues_tls, superlink_sans};
+
+/// `{cluster}` of pools that run in the hub cluster (OCM's name for the hub's own cluster).
+pub const LOCAL_CLUSTER: &str = "local-cluster";
+/// How often a converged Federation is reconciled anyway (drift, certificate renewal).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+/// Why a reconcile failed (retried by [`error_policy`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The apiserver refused a request.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What the controller was doing, e.g. `apply StatefulSet f-superlink`.
+        action: String,
+        /// The client error.
+        source: kube::Error,
+    },
+    /// An object could not be serialized.
+    #[error("serialize {what}: {source}")]
+    Serialize {
+        /// The object.
+        what: String,
+        /// The serialization error.
+        source: serde_json::Error,
+    },
+    /// The hub CA could not issue the SuperLink certificate.
+    #[error("issue the SuperLink certificate: {0}")]
+    Ca(CaError),
+    /// The renderer refused a spec that validation accepted.
+    #[error(transparent)]
+    Render(#[from] HubRenderError),
+    /// The object lacks its namespace (the CRD is namespaced; only a broken cache gives this).
+    #[error("Federation {0} has no namespace")]
+    NoNamespace(String),
+}
+
+/// `Result` of the controller.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A stable, low-cardinality name of the error kind (metrics, logs).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+            Self::Serialize { .. } => "serialize",
+            Self::Ca(_) => "ca",
+            Self::Render(_) => "render",
+            Self::NoNamespace(_) => "no_namespace",
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Client of the hub cluster.
+    pub client: Client,
+    /// CA issuing SuperLink certificates.
+    pub ca: Arc<HubCa>,
+    /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
+    pub recorder: Recorder,
+    /// `{cluster}` for pools that run in the hub cluster.
+    pub local_cluster: String,
+}
+
+impl Context {
+    /// A context for `client` and `ca`, pools in the hub cluster named [`LOCAL_CLUSTER`].
+    pub fn new(client: Client, ca: Arc<HubCa>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: HUB_FIELD_MANAGER.to_owned(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Self {
+            client,
+            ca,
+            recorder,
+            local_cluster: LOCAL_CLUSTER.to_owned(),
+        }
+    }
+
+    async fn publish(&self, fed: &Federation, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &fed.object_ref(&())).await {
+            tracing::debug!(%error, "event not published");
+        }
+    }
+}
+
+/// Runs the Federation controller until `shutdown` resolves (graceful: running reconciles end).
+pub async fn run(
+    client: Client,
+    ca: Arc<HubCa>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    run_with(Context::new(client, ca), shutdown).await;
+}
+
+/// [`run`] with an explicit [`Context`].
+pub async fn run_with(
+    context: Context,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = context.client.clone();
+    let owned =
+        watcher::Config::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
+    Controller::new(
+        Api::<Federation>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
+    .owns(Api::<DaemonSet>::all(client.clone()), owned.clone())
+    .owns(Api::<Service>::all(client.clone()), owned.clone())
+    .owns(Api::<Secret>::all(client.clone()), owned)
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, Arc::new(context))
+    .for_each(|result| async move {
+        match result {
+            Ok((object, _)) => tracing::debug!(federation = %object, "reconciled"),
+            Err(error) => tracing::warn!(%error, "reconcile failed"),
+        }
+    })
+    .await;
+    tracing::info!("federation controller stopped");
+}
+
+/// Requeue with a delay after a failed reconcile.
+pub fn error_policy(fed: Arc<Federation>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        federation = %fed.name_any(),
+        namespace = fed.namespace().unwrap_or_default(),
+        kind = error.metric_label(),
+        %error,
+        "reconcile error"
+    );
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// Problems that keep a Federation from being applied, as `(field path, message)`.
+pub fn problems(fed: &Federation) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = validate_federation(fed)
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect();
+    if out.is_empty() {
+        out = render_problems(fed);
+    }
+    out
+}
+
+/// Reconciles one Federation: validate → build → apply → prune → status.
+pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action> {
+    let name = fed.name_any();
+    let namespace = fed
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    if fed.meta().deletion_timestamp.is_some() {
+        // Owner references let the garbage collector remove everything.
+        return Ok(Action::await_change());
+    }
+    let problems = problems(&fed);
+    let outcome = if problems.is_empty() {
+        apply_federation(&fed, &ctx, &namespace).await?
+    } else {
+        let message = problems
+            .iter()
+            .map(|(p, m)| format!("{p}: {m}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        tracing::info!(federation = %name, %namespace, %message, "invalid; nothing applied");
+        ctx.publish(&fed, EventType::Warning, "InvalidSpec", message)
+            .await;
+        Outcome::Invalid(problems)
+    };
+    write_status(&fed, &ctx, &namespace, &outcome).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Applies the SuperLink, its Service, the TLS Secret and the local pools, then prunes.
+async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
+    let client = &ctx.client;
+    let name = fed.name_any();
+    let mut objects = render_hub(fed, &ctx.local_cluster)?;
+
+    let mut secrets = BTreeSet::new();
+    if tls::hub_issues_tls(fed) {
+        let secret_name = superlink_tls_secret_name(fed);
+        secrets.insert(secret_name.clone());
+        let secrets_api = Api::<Secret>::namespaced(client.clone(), namespace);
+        let sans = tls::superlink_sans(fed);
+        let existing = secrets_api
+            .get_opt(&secret_name)
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("get Secret {secret_name}"),
+                source,
+            })?;
+        let owned = existing.as_ref().is_some_and(|s| {
+            s.owner_references()
+                .iter()
+                .any(|r| Some(&r.uid) == fed.uid().as_ref())
+        });
+        let keep = existing
+            .as_ref()
+            .is_some_and(|s| owned && tls::still_valid(s, &sans, &ctx.ca, SystemTime::now()));
+        if !keep {
+            let secret = tls::issue_secret(fed, &ctx.ca, &sans)?;
+            apply::apply(&secrets_api, &secret).await?;
+            tracing::info!(federation = %name, %namespace, sans = %sans.join(","), "SuperLink certificate issued");
+            ctx.publish(
+                fed,
+                EventType::Normal,
+                "CertificateIssued",
+                format!("SuperLink certificate issued for {}", sans.join(", ")),
+            )
+            .await;
+        }
+    }
+
+    apply::own(&mut objects.superlink.metadata, fed);
+    apply::own(&mut objects.service.metadata, fed);
+    let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
+    let ds_api = Api::<DaemonSet>::namespaced(client.clone(), namespace);
+    let superlink = apply::apply(&sts_api, &objects.superlink).await?;
+    apply::apply(
+        &Api::<Service>::namespaced(client.clone(), namespace),
+        &objects.service,
+    )
+    .await?;
+
+    let mut statefulsets = BTreeSet::from([superlink.name_any()]);
+    let mut daemonsets = BTreeSet::new();
+    let mut pools = Vec::with_capacity(objects.pools.len());
+    for (workload, spec) in objects.pools.iter_mut().zip(&fed.spec.supernodes.pools) {
+        match workload {
+            Workload::StatefulSet(s) => {
+                apply::own(&mut s.metadata, fed);
+                let applied = apply::apply(&sts_api, s).await?;
+                statefulsets.insert(applied.name_any());
+                pools.push(WorkloadReadiness::of_statefulset(&spec.name, &applied));
+            }
+            Workload::DaemonSet(d) => {
+                apply::own(&mut d.metadata, fed);
+                let applied = apply::apply(&ds_api, d).await?;
+                daemonsets.insert(applied.name_any());
+                pools.push(WorkloadReadiness::of_daemonset(&spec.name, &applied));
+            }
+        }
+    }
+
+    let services = BTreeSet::from([objects.service.name_any()]);
+    let mut pruned = apply::prune::<StatefulSet>(client, fed, &statefulsets).await?;
+    pruned.extend(apply::prune::<DaemonSet>(client, fed, &daemonsets).await?);
+    pruned.extend(apply::prune::<Service>(client, fed, &services).await?);
+    pruned.extend(apply::prune::<Secret>(client, fed, &secrets).await?);
+    if !pruned.is_empty() {
+        ctx.publish(fed, EventType::Normal, "Pruned", pruned.join(", "))
+            .await;
+    }
+    tracing::debug!(federation = %name, %namespace, pools = pools.len(), "applied");
+    Ok(Outcome::Applied {
+        superlink: WorkloadReadiness::of_statefulset("superlink", &superlink),
+        pools,
+    })
+}
+
+/// Writes the status with server-side apply when it differs from the stored one.
+async fn write_status(
+    fed: &Federation,
+    ctx: &Context,
+    namespace: &str,
+    outcome: &Outcome,
+) -> Result<()> {
+    let now = Time(
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    );
+    let status = federation_status(fed, outcome, &now);
+    if fed.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let name = fed.name_any();
+    let body = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "Federation",
+        "status": status,
+    });
+    Api::<Federation>::namespaced(ctx.client.clone(), namespace)
+        .patch_status(
+            &name,
+            &PatchParams::apply(HUB_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("patch status of Federation {name}"),
+            source,
+        })?;
+    tracing::info!(
+        federation = %name,
+        %namespace,
+        supernodes = status.supernodes.as_deref().unwrap_or("-"),
+        "status updated"
+    );
+    Ok(())
+}

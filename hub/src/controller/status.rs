@@ -1,0 +1,323 @@
+//! The Federation status from what was applied (pure): `supernodes "r/d"`, per-pool readiness,
+//! endpoints and the conditions `Ready`, `Reconciling` and `Degraded`.
+//!
+//! Unchanged facts give an identical status (a condition keeps its `lastTransitionTime` while its
+//! status stays), so the controller only writes when something changed and never loops on its
+//! own status updates.
+
+use flower_addon_crds::{Federation, FederationEndpoints, FederationStatus, PoolStatus};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+use crate::render::{spoke_fleet_address, superlink_name};
+
+/// Desired and ready replicas of one workload as its controller last reported them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadReadiness {
+    /// Pool name (or `superlink`).
+    pub name: String,
+    /// `StatefulSet` or `DaemonSet`.
+    pub kind: &'static str,
+    /// Desired replicas (StatefulSet `spec.replicas`; DaemonSet `desiredNumberScheduled`).
+    pub desired: i32,
+    /// Ready replicas (`readyReplicas`; `numberReady`).
+    pub ready: i32,
+    /// The workload controller has not observed the latest spec yet.
+    pub stale: bool,
+}
+
+impl WorkloadReadiness {
+    /// Readiness of a StatefulSet.
+    pub fn of_statefulset(name: &str, s: &StatefulSet) -> Self {
+        let status = s.status.as_ref();
+        Self {
+            name: name.to_owned(),
+            kind: "StatefulSet",
+            desired: s.spec.replicas.unwrap_or(1),
+            ready: status.and_then(|st| st.ready_replicas).unwrap_or(0),
+            stale: status.and_then(|st| st.observed_generation) < s.metadata.generation,
+        }
+    }
+
+    /// Readiness of a DaemonSet.
+    pub fn of_daemonset(name: &str, d: &DaemonSet) -> Self {
+        let status = d.status.as_ref();
+        Self {
+            name: name.to_owned(),
+            kind: "DaemonSet",
+            desired: status.map_or(0, |st| st.desired_number_scheduled),
+            ready: status.map_or(0, |st| st.number_ready),
+            stale: status.and_then(|st| st.observed_generation) < d.metadata.generation,
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        !self.stale && self.desired > 0 && self.ready >= self.desired
+    }
+
+    fn summary(&self, what: &str) -> String {
+        if self.stale {
+            format!("{what} {}: update not yet observed", self.name)
+        } else {
+            format!(
+                "{what} {}: {}/{} ready",
+                self.name, self.ready, self.desired
+            )
+        }
+    }
+}
+
+/// What the reconcile found: either the validation problems (nothing applied) or the applied
+/// SuperLink and pools.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// The spec is invalid; `(field path, message)` pairs.
+    Invalid(Vec<(String, String)>),
+    /// Objects applied; their readiness.
+    Applied {
+        /// The SuperLink StatefulSet.
+        superlink: WorkloadReadiness,
+        /// Pools in the hub cluster (empty with `placementRef`).
+        pools: Vec<WorkloadReadiness>,
+    },
+}
+
+/// The Federation status for `outcome`, keeping transition times of unchanged conditions.
+pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> FederationStatus {
+    let previous = fed.status.clone().unwrap_or_default();
+    let generation = fed.metadata.generation;
+    let mut status = FederationStatus {
+        observed_generation: generation,
+        endpoints: Some(endpoints(fed)),
+        ..FederationStatus::default()
+    };
+    let mut conditions = Vec::new();
+    match outcome {
+        Outcome::Invalid(problems) => {
+            // Keep the last known readiness: nothing was touched, workloads keep running.
+            status.supernodes = previous.supernodes.clone();
+            status.ready_supernodes = previous.ready_supernodes;
+            status.desired_supernodes = previous.desired_supernodes;
+            status.selected_clusters = previous.selected_clusters;
+            status.pools = previous.pools.clone();
+            let message = problems
+                .iter()
+                .map(|(path, msg)| {
+                    if path.is_empty() {
+                        msg.clone()
+                    } else {
+                        format!("{path}: {msg}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            conditions.push(cond("Degraded", "True", "InvalidSpec", &message));
+            conditions.push(cond(
+                "Ready",
+                "False",
+                "InvalidSpec",
+                "the spec is invalid; nothing was applied (see Degraded)",
+            ));
+            conditions.push(cond(
+                "Reconciling",
+                "False",
+                "InvalidSpec",
+                "waiting for a valid spec",
+            ));
+        }
+        Outcome::Applied { superlink, pools } => {
+            let desired: i32 = pools.iter().map(|p| p.desired).sum();
+            let ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
+            status.desired_supernodes = desired;
+            status.ready_supernodes = ready;
+            status.supernodes = Some(format!("{ready}/{desired}"));
+            status.selected_clusters = i32::from(fed.spec.placement_ref.is_none());
+            status.pools = pools
+                .iter()
+                .map(|p| PoolStatus {
+                    name: p.name.clone(),
+                    kind: Some(p.kind.to_owned()),
+                    desired: p.desired,
+                    ready: p.ready,
+                    conditions: vec![keep_time(
+                        previous
+                            .pools
+                            .iter()
+                            .find(|q| q.name == p.name)
+                            .map_or(&[][..], |q| &q.conditions[..]),
+                        if p.is_ready() {
+                            cond("Ready", "True", "SuperNodesReady", &p.summary("pool"))
+                        } else {
+                            cond("Ready", "False", "SuperNodesNotReady", &p.summary("pool"))
+                        },
+                        now,
+                        generation,
+                    )],
+                })
+                .collect();
+            let mut not_ready: Vec<String> = Vec::new();
+            if !superlink.is_ready() {
+                not_ready.push(superlink.summary("SuperLink"));
+            }
+            not_ready.extend(
+                pools
+                    .iter()
+                    .filter(|p| !p.is_ready())
+                    .map(|p| p.summary("pool")),
+            );
+            if fed.spec.placement_ref.is_some() {
+                not_ready.push(
+                    "pools in spoke clusters: status aggregation from the work channel is not available yet"
+                        .to_owned(),
+                );
+            }
+            conditions.push(cond("Degraded", "False", "Valid", "the spec is valid"));
+            if not_ready.is_empty() {
+                let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
+                conditions.push(cond("Ready", "True", "AllReady", &message));
+                conditions.push(cond(
+                    "Reconciling",
+                    "False",
+                    "Converged",
+                    "every object is applied and ready",
+                ));
+            } else {
+                let message = not_ready.join("; ");
+                conditions.push(cond("Ready", "False", "NotReady", &message));
+                conditions.push(cond("Reconciling", "True", "Progressing", &message));
+            }
+        }
+    }
+    status.conditions = conditions
+        .into_iter()
+        .map(|c| keep_time(&previous.conditions, c, now, generation))
+        .collect();
+    status
+}
+
+/// `superlinkService` (Control API in the cluster) and, when spokes dial an external address,
+/// the external Fleet endpoint.
+fn endpoints(fed: &Federation) -> FederationEndpoints {
+    let ns = fed.namespace().unwrap_or_else(|| "default".to_owned());
+    FederationEndpoints {
+        superlink_service: Some(format!(
+            "{}.{ns}.svc:{}",
+            superlink_name(&fed.name_any()),
+            fed.spec.superlink.service.ports.extra
+        )),
+        fleet: spoke_fleet_address(fed).ok(),
+        control: None,
+    }
+}
+
+fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }
+}
+
+/// Sets the transition time (kept from `previous` when the condition's status did not change)
+/// and the observed generation.
+fn keep_time(
+    previous: &[Condition],
+    mut c: Condition,
+    now: &Time,
+    generation: Option<i64>,
+) -> Condition {
+    c.last_transition_time = previous
+        .iter()
+        .find(|p| p.type_ == c.type_ && p.status == c.status)
+        .map_or_else(|| now.clone(), |p| p.last_transition_time.clone());
+    c.observed_generation = generation;
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fed() -> Federation {
+        let mut f: Federation = serde_saphyr::from_str(
+            r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: f, namespace: team, generation: 3}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  superlink: {image: "flwr/superlink:1.42.0"}
+  supernodes: {image: "flwr/supernode:1.42.0", pools: [{name: a, replicas: 2, images: {}}]}
+"#,
+        )
+        .unwrap();
+        f.status = None;
+        f
+    }
+
+    fn w(name: &str, desired: i32, ready: i32) -> WorkloadReadiness {
+        WorkloadReadiness {
+            name: name.into(),
+            kind: "StatefulSet",
+            desired,
+            ready,
+            stale: false,
+        }
+    }
+
+    fn find<'a>(s: &'a FederationStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn not_ready_names_what_is_missing() {
+        // Users see which pool or the SuperLink holds Ready back, with counts.
+        let outcome = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![w("a", 2, 1)],
+        };
+        let s = federation_status(&fed(), &outcome, &at(10));
+        assert_eq!(s.supernodes.as_deref(), Some("1/2"));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(find(&s, "Ready").status, "False");
+        assert!(find(&s, "Ready").message.contains("pool a: 1/2 ready"));
+        assert_eq!(find(&s, "Reconciling").status, "True");
+        assert_eq!(
+            s.endpoints.unwrap().superlink_service.as_deref(),
+            Some("f-superlink.team.svc:9093")
+        );
+    }
+
+    #[test]
+    fn unchanged_facts_give_an_identical_status() {
+        // The controller writes status only on change, so it never loops on its own writes.
+        let outcome = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![w("a", 2, 2)],
+        };
+        let mut f = fed();
+        let first = federation_status(&f, &outcome, &at(10));
+        assert_eq!(find(&first, "Ready").status, "True");
+        f.status = Some(first.clone());
+        assert_eq!(federation_status(&f, &outcome, &at(20)), first);
+    }
+
+    #[test]
+    fn invalid_spec_is_degraded_with_the_field_path() {
+        // The message names the field to fix; readiness of what runs is kept.
+        let outcome = Outcome::Invalid(vec![("spec.version".into(), "not set".into())]);
+        let s = federation_status(&fed(), &outcome, &at(10));
+        assert_eq!(find(&s, "Degraded").status, "True");
+        assert_eq!(find(&s, "Degraded").message, "spec.version: not set");
+        assert_eq!(find(&s, "Ready").status, "False");
+    }
+}
