@@ -3,5 +3,10 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod channel;
 pub mod cli;
+pub mod credentials;
+pub mod join;
+pub mod runtime;
+pub mod tls;
 pub mod render;

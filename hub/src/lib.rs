@@ -2,6 +2,10 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod ca;
+pub mod channel;
 pub mod cli;
+pub mod store;
+pub mod tokens;
 pub mod render;
 pub mod placement;

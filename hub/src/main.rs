@@ -27,6 +27,8 @@ enum Command {
     Token(registration::TokenCommand),
     /// Accept a cluster that asked to join (sets hubAcceptsClient=true).
     Accept(registration::AcceptArgs),
+    /// Revoke a cluster (hubAcceptsClient=false, its stream closes), or `--delete` it.
+    Revoke(registration::RevokeArgs),
     /// Show Federations and clusters (like `kubectl get federation`).
     Status(registration::StatusArgs),
 }
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(args),
         Command::Token(cmd) => registration::token(cmd),
         Command::Accept(args) => registration::accept(args),
+        Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
     };
     match result {

@@ -11,3 +11,6 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+/// Well-known protobuf types (`google.protobuf.Timestamp`) used by the messages.
+pub use prost_types;

@@ -1,0 +1,348 @@
+//! The agent side of the work stream: connect over mTLS, apply each snapshot through the
+//! [`Runtime`], ack it, report status and answer pings; reconnect with backoff (exponential,
+//! jitter, capped) and resync from the hub's next snapshot. When the hub is unreachable nothing is
+//! undone: the runtime keeps running the last applied work.
+//!
+//! The client certificate is renewed at 80 % of its life over the same HTTP/2 connection, so the
+//! open stream is not interrupted; the renewed certificate is used from the next connection on.
+use crate::credentials::{self, Credentials, CredentialsError};
+use crate::runtime::Runtime;
+use crate::tls::{self, HubAddress};
+use backon::BackoffBuilder;
+use flower_addon_proto::agent_message::Kind as AgentKind;
+use flower_addon_proto::hub_message::Kind as HubKind;
+use flower_addon_proto::registration_client::RegistrationClient;
+use flower_addon_proto::work_client::WorkClient;
+use flower_addon_proto::{Ack, AgentMessage, FederationStatus, Heartbeat, RenewRequest, Status};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+/// Largest message the agent accepts from the hub (a work snapshot).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Settings of [`run`].
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Identity and hub address.
+    pub credentials: Credentials,
+    /// Where renewed certificates are written (`None`: memory only, for benchmarks).
+    pub state_dir: Option<PathBuf>,
+    /// Local address to connect from (benchmarks).
+    pub local_ip: Option<IpAddr>,
+    /// First reconnect delay (default 1 s).
+    pub reconnect_min: Duration,
+    /// Longest reconnect delay (default 30 s).
+    pub reconnect_max: Duration,
+    /// How often the runtime status is checked and sent if it changed (default 15 s).
+    pub status_interval: Duration,
+    /// Fraction of the certificate's life after which it is renewed (default 0.8).
+    pub renew_at: f64,
+    /// Receives what happens, for tests and benchmarks.
+    pub events: Option<mpsc::UnboundedSender<AgentEvent>>,
+}
+
+impl RunOptions {
+    /// Defaults for `credentials`, saving renewals into `state_dir`.
+    pub fn new(credentials: Credentials, state_dir: Option<PathBuf>) -> Self {
+        Self {
+            credentials,
+            state_dir,
+            local_ip: None,
+            reconnect_min: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(30),
+            status_interval: Duration::from_secs(15),
+            renew_at: 0.8,
+            events: None,
+        }
+    }
+}
+
+/// Something that happened on the channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentEvent {
+    /// The work stream is open.
+    Connected,
+    /// A snapshot was applied and acked.
+    Applied {
+        /// Its version.
+        version: u64,
+    },
+    /// The stream ended (the agent will reconnect).
+    Disconnected {
+        /// gRPC code, if the hub sent one.
+        code: Option<tonic::Code>,
+        /// Why.
+        message: String,
+    },
+    /// The client certificate was renewed.
+    Renewed {
+        /// End of the new certificate's validity.
+        not_after: SystemTime,
+    },
+}
+
+/// Errors that stop the agent for good.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Credentials could not be read or written.
+    #[error("{0}")]
+    Credentials(#[from] CredentialsError),
+}
+
+struct State {
+    options: RunOptions,
+    credentials: Mutex<Credentials>,
+}
+
+impl State {
+    fn credentials(&self) -> Credentials {
+        self.credentials
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn emit(&self, event: AgentEvent) {
+        if let Some(events) = &self.options.events {
+            let _ = events.send(event);
+        }
+    }
+
+    fn address(&self, creds: &Credentials) -> HubAddress {
+        HubAddress {
+            hub: creds.config.hub.clone(),
+            server_name: creds.config.server_name.clone(),
+            local_ip: self.options.local_ip,
+        }
+    }
+}
+
+/// Keeps the work stream open until `shutdown` turns true.
+pub async fn run(
+    options: RunOptions,
+    runtime: Arc<dyn Runtime>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
+    let state = Arc::new(State {
+        credentials: Mutex::new(options.credentials.clone()),
+        options,
+    });
+    let new_backoff = |o: &RunOptions| {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(o.reconnect_min)
+            .with_max_delay(o.reconnect_max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut backoff = new_backoff(&state.options);
+    loop {
+        let started = Instant::now();
+        let (code, message) = match session(&state, runtime.as_ref(), &mut shutdown).await {
+            None => return Ok(()),
+            Some(end) => end,
+        };
+        let cluster = state.credentials().config.cluster_name;
+        match code {
+            Some(tonic::Code::PermissionDenied) | Some(tonic::Code::Unauthenticated) => {
+                tracing::error!(%cluster, %message, "the hub refuses this cluster; applied work keeps running, retrying")
+            }
+            _ => {
+                tracing::warn!(%cluster, ?code, %message, "work stream ended; applied work keeps running, reconnecting")
+            }
+        }
+        state.emit(AgentEvent::Disconnected { code, message });
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = new_backoff(&state.options);
+        }
+        let delay = backoff.next().unwrap_or(state.options.reconnect_max);
+        tokio::select! {
+            _ = stopped(&mut shutdown) => return Ok(()),
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// One connection; `None` on shutdown, otherwise why it ended.
+async fn session(
+    state: &Arc<State>,
+    runtime: &dyn Runtime,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<(Option<tonic::Code>, String)> {
+    let creds = state.credentials();
+    let name = creds.config.cluster_name.clone();
+    let config = match tls::mtls_config(&creds.ca_pem, &creds.cert_pem, &creds.key_pem) {
+        Ok(config) => config,
+        Err(e) => return Some((None, e.to_string())),
+    };
+    let address = state.address(&creds);
+    let channel = tokio::select! {
+        _ = stopped(shutdown) => return None,
+        channel = tls::connect(&address, config) => match channel {
+            Ok(channel) => channel,
+            Err(e) => return Some((None, e.to_string())),
+        },
+    };
+    let (tx, rx) = mpsc::channel::<AgentMessage>(32);
+    let _ = tx
+        .send(message(AgentKind::Heartbeat(Heartbeat {
+            cluster_name: name.clone(),
+        })))
+        .await;
+    let mut client = WorkClient::new(channel.clone())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let mut inbound = tokio::select! {
+        _ = stopped(shutdown) => return None,
+        response = client.connect(ReceiverStream::new(rx)) => match response {
+            Ok(response) => response.into_inner(),
+            Err(status) => return Some((Some(status.code()), status.message().to_string())),
+        },
+    };
+    tracing::info!(cluster = %name, hub = %creds.config.hub, "work stream open");
+    state.emit(AgentEvent::Connected);
+    let renewer = AbortOnDrop(tokio::spawn(renew_loop(state.clone(), channel)));
+    let mut status_tick = tokio::time::interval(state.options.status_interval);
+    let mut last_status: Option<Vec<FederationStatus>> = None;
+    let mut observed = 0u64;
+    let end = loop {
+        tokio::select! {
+            _ = stopped(shutdown) => break None,
+            incoming = inbound.message() => match incoming {
+                Ok(Some(msg)) => match msg.kind {
+                    Some(HubKind::Work(work)) => {
+                        let version = work.version;
+                        match runtime.apply(&work).await {
+                            Ok(()) => {
+                                observed = version;
+                                tracing::debug!(cluster = %name, version, "work applied");
+                                let _ = tx.send(message(AgentKind::Ack(Ack { version, cluster_name: name.clone() }))).await;
+                                state.emit(AgentEvent::Applied { version });
+                            }
+                            Err(error) => tracing::error!(cluster = %name, version, %error, "cannot apply work"),
+                        }
+                        let federations = runtime.status().await;
+                        last_status = Some(federations.clone());
+                        let _ = tx.send(message(AgentKind::Status(Status {
+                            observed_version: observed,
+                            federations,
+                            cluster_name: name.clone(),
+                        }))).await;
+                    }
+                    Some(HubKind::Ping(_)) => {
+                        let _ = tx.send(message(AgentKind::Heartbeat(Heartbeat { cluster_name: name.clone() }))).await;
+                    }
+                    None => {}
+                },
+                Ok(None) => break Some((None, "the hub closed the stream".to_string())),
+                Err(status) => break Some((Some(status.code()), status.message().to_string())),
+            },
+            _ = status_tick.tick() => {
+                let federations = runtime.status().await;
+                if last_status.as_ref() != Some(&federations) {
+                    last_status = Some(federations.clone());
+                    let _ = tx.send(message(AgentKind::Status(Status {
+                        observed_version: observed,
+                        federations,
+                        cluster_name: name.clone(),
+                    }))).await;
+                }
+            }
+        }
+    };
+    drop(renewer);
+    end
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+fn message(kind: AgentKind) -> AgentMessage {
+    AgentMessage { kind: Some(kind) }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renews the client certificate at `renew_at` of its life over `channel` (the stream's own
+/// connection), retrying every minute (or sooner near expiry) on failure.
+async fn renew_loop(state: Arc<State>, channel: Channel) {
+    loop {
+        let creds = state.credentials();
+        let name = creds.config.cluster_name.clone();
+        let (not_before, not_after) = match creds.cert_validity() {
+            Ok(v) => v,
+            Err(error) => {
+                tracing::error!(cluster = %name, %error, "cannot read the client certificate; not renewing");
+                return;
+            }
+        };
+        let life = not_after.duration_since(not_before).unwrap_or_default();
+        let renew_time = not_before + life.mul_f64(state.options.renew_at.clamp(0.0, 1.0));
+        // At least a second between renewals, so a clock problem cannot turn into a hot loop.
+        let wait = renew_time
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            .max(Duration::from_secs(1));
+        tokio::time::sleep(wait).await;
+        match renew_once(&state, &creds, channel.clone()).await {
+            Ok(not_after) => {
+                tracing::info!(cluster = %name, ?not_after, "client certificate renewed");
+                state.emit(AgentEvent::Renewed { not_after });
+            }
+            Err(error) => {
+                let left = not_after
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default();
+                let retry = (left / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+                tracing::warn!(cluster = %name, %error, ?retry, "certificate renewal failed; retrying");
+                tokio::time::sleep(retry).await;
+            }
+        }
+    }
+}
+
+async fn renew_once(
+    state: &State,
+    creds: &Credentials,
+    channel: Channel,
+) -> Result<SystemTime, String> {
+    let key = rcgen::KeyPair::from_pem(&creds.key_pem).map_err(|e| e.to_string())?;
+    let csr_pem =
+        credentials::make_csr(&key, &creds.config.cluster_name).map_err(|e| e.to_string())?;
+    let mut request = tonic::Request::new(RenewRequest { csr_pem });
+    request.set_timeout(Duration::from_secs(15));
+    let response = RegistrationClient::new(channel)
+        .renew(request)
+        .await
+        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .into_inner();
+    let (_, not_after) =
+        credentials::cert_validity(&response.client_cert_pem).map_err(|e| e.to_string())?;
+    let mut guard = state
+        .credentials
+        .lock()
+        .map_err(|_| "poisoned lock".to_string())?;
+    match &state.options.state_dir {
+        Some(dir) => guard
+            .save_renewed(dir, response.client_cert_pem, response.ca_bundle_pem)
+            .map_err(|e| e.to_string())?,
+        None => {
+            guard.cert_pem = response.client_cert_pem;
+            guard.ca_pem = response.ca_bundle_pem;
+        }
+    }
+    Ok(not_after)
+}

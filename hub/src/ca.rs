@@ -1,0 +1,320 @@
+//! The hub certificate authority: one CA key pair (rcgen, ECDSA P-256) that signs the gRPC server
+//! certificate, agent client certificates and SuperLink server certificates.
+//!
+//! The CA is identified by its hash `sha256:<hex>`: the SHA-256 of the DER-encoded
+//! SubjectPublicKeyInfo of the CA certificate, exactly like kubeadm's
+//! `--discovery-token-ca-cert-hash`. Hashing the public key (not the whole certificate) keeps the
+//! hash stable if the CA certificate is ever re-issued with the same key.
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData,
+    SerialNumber,
+};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::time::{Duration, SystemTime};
+
+/// Validity of the CA certificate itself.
+const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Certificates start this much in the past so small clock skew between machines does not matter.
+const BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// Errors of the certificate authority.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// rcgen refused to build, parse or sign something.
+    #[error("certificate error: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    /// A PEM or DER input could not be parsed.
+    #[error("cannot parse {what}: {detail}")]
+    Parse {
+        /// What was being parsed.
+        what: &'static str,
+        /// Why it failed.
+        detail: String,
+    },
+    /// A requested name is not acceptable in a certificate.
+    #[error("invalid name {0:?}")]
+    InvalidName(String),
+}
+
+/// The persisted form of the CA: PEM certificate and PEM (PKCS#8) private key.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct CaMaterial {
+    /// PEM of the self-signed CA certificate.
+    pub cert_pem: String,
+    /// PEM of the CA private key. Secret.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for CaMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaMaterial")
+            .field("key_pem", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A certificate with the private key it was issued for (both PEM).
+#[derive(Clone)]
+pub struct IssuedKeyPair {
+    /// PEM certificate.
+    pub cert_pem: String,
+    /// PEM (PKCS#8) private key. Secret.
+    pub key_pem: String,
+    /// End of validity.
+    pub not_after: SystemTime,
+}
+
+/// A certificate issued from a CSR (the key stays with the requester).
+#[derive(Clone, Debug)]
+pub struct IssuedCert {
+    /// PEM certificate.
+    pub cert_pem: String,
+    /// End of validity.
+    pub not_after: SystemTime,
+    /// `sha256:<hex>` of the certificate's SubjectPublicKeyInfo (see [`spki_fingerprint`]).
+    pub key_fingerprint: String,
+}
+
+/// Start and end of a certificate's validity.
+#[derive(Clone, Copy, Debug)]
+pub struct Validity {
+    /// First instant the certificate is valid.
+    pub not_before: SystemTime,
+    /// Last instant the certificate is valid.
+    pub not_after: SystemTime,
+}
+
+impl Validity {
+    /// From now (backdated up to 5 minutes, at most a tenth of `lifetime`, for clock skew) for
+    /// `lifetime`.
+    pub fn from_now(lifetime: Duration) -> Self {
+        let now = SystemTime::now();
+        Self {
+            not_before: now - BACKDATE.min(lifetime / 10),
+            not_after: now + lifetime,
+        }
+    }
+}
+
+/// The hub CA, ready to sign.
+pub struct HubCa {
+    material: CaMaterial,
+    cert_der: CertificateDer<'static>,
+    issuer: Issuer<'static, KeyPair>,
+    hash: String,
+}
+
+impl std::fmt::Debug for HubCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubCa")
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl HubCa ===
+
+impl HubCa {
+    /// Makes a new CA (fresh key, self-signed, 10 years). Persist [`HubCa::material`] before use.
+    pub fn generate() -> Result<Self, CaError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "flower-addon");
+        dn.push(DnType::CommonName, "flower-addon hub CA");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.serial_number = Some(random_serial());
+        let validity = Validity::from_now(CA_VALIDITY);
+        params.not_before = validity.not_before.into();
+        params.not_after = validity.not_after.into();
+        let cert = params.self_signed(&key)?;
+        Self::from_material(CaMaterial {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Loads a CA from its persisted PEM material.
+    pub fn from_material(material: CaMaterial) -> Result<Self, CaError> {
+        let cert_der =
+            CertificateDer::from_pem_slice(material.cert_pem.as_bytes()).map_err(|e| {
+                CaError::Parse {
+                    what: "CA certificate PEM",
+                    detail: e.to_string(),
+                }
+            })?;
+        let key = KeyPair::from_pem(&material.key_pem)?;
+        let issuer = Issuer::from_ca_cert_der(&cert_der, key)?;
+        let hash = ca_cert_hash(&cert_der)?;
+        Ok(Self {
+            material,
+            cert_der,
+            issuer,
+            hash,
+        })
+    }
+
+    /// The persisted form (certificate + key PEM).
+    pub fn material(&self) -> &CaMaterial {
+        &self.material
+    }
+
+    /// PEM of the CA certificate (the CA bundle agents and SuperNodes trust).
+    pub fn cert_pem(&self) -> &str {
+        &self.material.cert_pem
+    }
+
+    /// DER of the CA certificate.
+    pub fn cert_der(&self) -> &CertificateDer<'static> {
+        &self.cert_der
+    }
+
+    /// `sha256:<hex>` of the CA certificate's SubjectPublicKeyInfo (what `--ca-hash` pins).
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// Issues the hub's gRPC server certificate with a fresh key. `advertise` are the names or IP
+    /// addresses agents dial; `127.0.0.1` and `localhost` are always added.
+    pub fn issue_server_cert(
+        &self,
+        advertise: &[String],
+        lifetime: Duration,
+    ) -> Result<IssuedKeyPair, CaError> {
+        let mut sans: Vec<String> = advertise.to_vec();
+        for default in ["127.0.0.1", "localhost"] {
+            if !sans.iter().any(|s| s == default) {
+                sans.push(default.to_string());
+            }
+        }
+        self.issue_serving_cert("flower-addon hub", &sans, lifetime)
+    }
+
+    /// Issues a SuperLink server certificate (fresh key) for the addresses SuperNodes dial
+    /// (`sans`: DNS names or IP addresses), e.g. the Fleet API's external address.
+    pub fn issue_superlink_cert(
+        &self,
+        federation: &str,
+        sans: &[String],
+        lifetime: Duration,
+    ) -> Result<IssuedKeyPair, CaError> {
+        self.issue_serving_cert(&format!("{federation} superlink"), sans, lifetime)
+    }
+
+    fn issue_serving_cert(
+        &self,
+        common_name: &str,
+        sans: &[String],
+        lifetime: Duration,
+    ) -> Result<IssuedKeyPair, CaError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(sans.to_vec())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "flower-addon");
+        dn.push(DnType::CommonName, common_name);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let validity = Validity::from_now(lifetime);
+        params.not_before = validity.not_before.into();
+        params.not_after = validity.not_after.into();
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedKeyPair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            not_after: validity.not_after,
+        })
+    }
+
+    /// Signs an agent's CSR as a client certificate for `cluster_name`, valid for `lifetime`.
+    /// Only the CSR's public key is used: subject (CN = `cluster_name`), CA=false, clientAuth,
+    /// serial and validity are decided here whatever the CSR asks for.
+    pub fn sign_client_csr(
+        &self,
+        csr_pem: &str,
+        cluster_name: &str,
+        lifetime: Duration,
+    ) -> Result<IssuedCert, CaError> {
+        self.sign_client_csr_with_validity(csr_pem, cluster_name, Validity::from_now(lifetime))
+    }
+
+    /// Like [`HubCa::sign_client_csr`] with an explicit validity window (tests use it to make
+    /// expired certificates).
+    pub fn sign_client_csr_with_validity(
+        &self,
+        csr_pem: &str,
+        cluster_name: &str,
+        validity: Validity,
+    ) -> Result<IssuedCert, CaError> {
+        if cluster_name.is_empty() || cluster_name.len() > 253 {
+            return Err(CaError::InvalidName(cluster_name.to_string()));
+        }
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+        let key_fingerprint = spki_fingerprint(&csr.public_key.subject_public_key_info());
+        // Start from empty parameters: nothing the CSR asked for is copied.
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "flower-addon");
+        dn.push(DnType::CommonName, cluster_name);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = validity.not_before.into();
+        params.not_after = validity.not_after.into();
+        let cert = params.signed_by(&csr.public_key, &self.issuer)?;
+        Ok(IssuedCert {
+            cert_pem: cert.pem(),
+            not_after: validity.not_after,
+            key_fingerprint,
+        })
+    }
+}
+
+/// `sha256:<hex>` of a certificate's SubjectPublicKeyInfo DER (the CA hash when applied to the
+/// CA certificate).
+pub fn ca_cert_hash(cert_der: &[u8]) -> Result<String, CaError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).map_err(|e| CaError::Parse {
+        what: "certificate DER",
+        detail: e.to_string(),
+    })?;
+    Ok(spki_fingerprint(cert.tbs_certificate.subject_pki.raw))
+}
+
+/// `sha256:<hex>` of a SubjectPublicKeyInfo DER.
+pub fn spki_fingerprint(spki_der: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(spki_der)))
+}
+
+/// `sha256:<hex>` of the public key in a PEM CSR (the key the hub pins a cluster to). The CSR's
+/// self-signature is verified.
+pub fn csr_key_fingerprint(csr_pem: &str) -> Result<String, CaError> {
+    let csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+    Ok(spki_fingerprint(&csr.public_key.subject_public_key_info()))
+}
+
+/// A positive random 128-bit serial number.
+fn random_serial() -> SerialNumber {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01;
+    SerialNumber::from_slice(&bytes)
+}

@@ -1,0 +1,287 @@
+//! `Registration`: Join (bootstrap token + CSR) and Renew (mTLS + CSR with the same key).
+use super::tls::PeerInfo;
+use super::{Shared, WorkSource, internal};
+use crate::ca::csr_key_fingerprint;
+use crate::store::{
+    CONDITION_HUB_ACCEPTED, CONDITION_JOINED, ClusterRegistration, ClusterStore, StoreError,
+};
+use crate::tokens::{self, unix_now};
+use flower_addon_proto::prost_types::Timestamp;
+use flower_addon_proto::registration_server::Registration;
+use flower_addon_proto::{JoinRequest, JoinResponse, JoinStatus, RenewRequest, RenewResponse};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tonic::{Request, Response, Status};
+
+/// Most labels or claims a cluster may report.
+const MAX_LABELS: usize = 64;
+/// Longest label/claim key and value.
+const MAX_LABEL_KEY: usize = 317;
+const MAX_LABEL_VALUE: usize = 1024;
+
+pub(crate) struct RegistrationService<S, W> {
+    pub(crate) shared: Arc<Shared<S, W>>,
+}
+
+#[tonic::async_trait]
+impl<S: ClusterStore, W: WorkSource> Registration for RegistrationService<S, W> {
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let deadline = self.shared.config.unary_deadline;
+        let remote = peer.map(|p| p.remote.ip().to_string()).unwrap_or_default();
+        match tokio::time::timeout(deadline, self.join_inner(&remote, request.into_inner())).await {
+            Ok(result) => result.map(Response::new),
+            Err(_) => Err(Status::deadline_exceeded(
+                "join took too long on the hub; retry",
+            )),
+        }
+    }
+
+    async fn renew(
+        &self,
+        request: Request<RenewRequest>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let deadline = self.shared.config.unary_deadline;
+        let identity = peer.and_then(|p| p.identity);
+        let body = request.into_inner();
+        match tokio::time::timeout(deadline, self.renew_inner(identity.as_deref(), body)).await {
+            Ok(result) => result.map(Response::new),
+            Err(_) => Err(Status::deadline_exceeded(
+                "renew took too long on the hub; retry",
+            )),
+        }
+    }
+}
+
+impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
+    async fn join_inner(&self, remote: &str, req: JoinRequest) -> Result<JoinResponse, Status> {
+        let shared = &self.shared;
+        if !shared.limiter.allow(&format!("addr:{remote}")) {
+            return Err(Status::resource_exhausted(format!(
+                "too many join attempts from {remote}; retry in a few seconds"
+            )));
+        }
+        let (token_id, secret) =
+            tokens::parse(&req.token).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !shared.limiter.allow(&format!("token:{token_id}")) {
+            return Err(Status::resource_exhausted(
+                "too many join attempts with this token; retry in a few seconds",
+            ));
+        }
+        validate_cluster_name(&req.cluster_name)?;
+        validate_map("labels", &req.labels)?;
+        validate_map("claims", &req.claims)?;
+        let record = shared
+            .store
+            .get_token(token_id)
+            .await
+            .map_err(|e| internal("reading the token", e))?;
+        if let Err(error) = tokens::verify(record.as_ref(), secret, unix_now()) {
+            tracing::info!(token_id, cluster = %req.cluster_name, %remote, %error, "join refused");
+            return Err(Status::unauthenticated(error.to_string()));
+        }
+        let fingerprint = csr_key_fingerprint(&req.csr_pem).map_err(|e| {
+            Status::invalid_argument(format!(
+                "csr_pem is not a valid PEM PKCS#10 certificate request: {e}"
+            ))
+        })?;
+        let name = req.cluster_name.clone();
+        let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
+        let claims: BTreeMap<String, String> = req.claims.into_iter().collect();
+
+        let existing = shared
+            .store
+            .get_cluster(&name)
+            .await
+            .map_err(|e| internal("reading the cluster", e))?;
+        let accepted = match existing {
+            None => {
+                let auto = !shared.config.auto_accept.is_empty()
+                    && shared
+                        .config
+                        .auto_accept
+                        .iter()
+                        .all(|(k, v)| labels.get(k) == Some(v));
+                let registration = ClusterRegistration {
+                    name: name.clone(),
+                    labels,
+                    claims,
+                    key_fingerprint: fingerprint.clone(),
+                    agent_version: req.agent_version,
+                    token_id: token_id.to_string(),
+                    created_unix: unix_now(),
+                };
+                match shared.store.create_cluster(&registration, auto).await {
+                    Ok(()) => {}
+                    Err(StoreError::AlreadyExists(_)) => {
+                        return Err(Status::aborted(format!(
+                            "cluster {name:?} was registered concurrently; retry"
+                        )));
+                    }
+                    Err(e) => return Err(internal("recording the cluster", e)),
+                }
+                tracing::info!(cluster = %name, token_id, %remote, auto_accepted = auto, "cluster registered");
+                auto
+            }
+            Some(record) if record.registration.key_fingerprint != fingerprint => {
+                tracing::warn!(cluster = %name, %remote, "join refused: name taken by another key");
+                return Err(Status::already_exists(format!(
+                    "cluster {name:?} is already registered with a different key. If that cluster \
+                     is gone, delete it on the hub with `flower-hub revoke {name} --delete` and join \
+                     again; otherwise choose another --cluster-name"
+                )));
+            }
+            Some(record) => {
+                let mut updated = record.registration.clone();
+                updated.labels = labels;
+                updated.claims = claims;
+                updated.agent_version = req.agent_version;
+                if updated != record.registration {
+                    shared
+                        .store
+                        .update_registration(&updated)
+                        .await
+                        .map_err(|e| internal("updating the cluster", e))?;
+                }
+                record.hub_accepts_client
+            }
+        };
+
+        let now = unix_now();
+        if !accepted {
+            shared
+                .update_status(&name, |st| {
+                    st.set_condition(
+                        CONDITION_HUB_ACCEPTED,
+                        "False",
+                        "WaitingForAcceptance",
+                        "run `flower-hub accept` to accept this cluster",
+                        now,
+                    );
+                })
+                .await
+                .map_err(|e| internal("updating the cluster status", e))?;
+            return Ok(JoinResponse {
+                status: JoinStatus::Pending as i32,
+                message: format!(
+                    "waiting for the hub to accept cluster {name}: run `flower-hub accept {name}`"
+                ),
+                ..Default::default()
+            });
+        }
+        let issued = shared
+            .ca
+            .sign_client_csr(&req.csr_pem, &name, shared.config.cert_validity)
+            .map_err(|e| Status::invalid_argument(format!("cannot sign csr_pem: {e}")))?;
+        let not_after = unix(issued.not_after);
+        shared
+            .update_status(&name, |st| {
+                st.set_condition(
+                    CONDITION_HUB_ACCEPTED,
+                    "True",
+                    "HubClusterAdminAccepted",
+                    "",
+                    now,
+                );
+                st.set_condition(CONDITION_JOINED, "True", "ClientCertificateIssued", "", now);
+                st.client_cert_not_after_unix = Some(not_after);
+            })
+            .await
+            .map_err(|e| internal("updating the cluster status", e))?;
+        tracing::info!(cluster = %name, not_after, "client certificate issued");
+        Ok(JoinResponse {
+            status: JoinStatus::Accepted as i32,
+            client_cert_pem: issued.cert_pem,
+            ca_bundle_pem: shared.ca.cert_pem().to_string(),
+            valid_until: Some(timestamp(issued.not_after)),
+            message: String::new(),
+        })
+    }
+
+    async fn renew_inner(
+        &self,
+        identity: Option<&super::tls::PeerIdentity>,
+        req: RenewRequest,
+    ) -> Result<RenewResponse, Status> {
+        let shared = &self.shared;
+        let record = shared.authorize(identity).await?;
+        let name = record.registration.name;
+        let fingerprint = csr_key_fingerprint(&req.csr_pem).map_err(|e| {
+            Status::invalid_argument(format!(
+                "csr_pem is not a valid PEM PKCS#10 certificate request: {e}"
+            ))
+        })?;
+        if fingerprint != record.registration.key_fingerprint {
+            return Err(Status::permission_denied(format!(
+                "a renewal must keep the key cluster {name:?} is registered with"
+            )));
+        }
+        let issued = shared
+            .ca
+            .sign_client_csr(&req.csr_pem, &name, shared.config.cert_validity)
+            .map_err(|e| Status::invalid_argument(format!("cannot sign csr_pem: {e}")))?;
+        let not_after = unix(issued.not_after);
+        shared
+            .update_status(&name, |st| st.client_cert_not_after_unix = Some(not_after))
+            .await
+            .map_err(|e| internal("updating the cluster status", e))?;
+        tracing::info!(cluster = %name, not_after, "client certificate renewed");
+        Ok(RenewResponse {
+            client_cert_pem: issued.cert_pem,
+            ca_bundle_pem: shared.ca.cert_pem().to_string(),
+            valid_until: Some(timestamp(issued.not_after)),
+        })
+    }
+}
+
+/// A cluster name must be a DNS-1123 label: it becomes a file name, an object name and a CN.
+pub(crate) fn validate_cluster_name(name: &str) -> Result<(), Status> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "cluster_name {name:?} must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', \
+             starting and ending with a letter or digit"
+        )))
+    }
+}
+
+fn validate_map(what: &str, map: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    if map.len() > MAX_LABELS {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_LABELS} {what} are allowed, got {}",
+            map.len()
+        )));
+    }
+    for (k, v) in map {
+        if k.is_empty() || k.len() > MAX_LABEL_KEY || v.len() > MAX_LABEL_VALUE {
+            return Err(Status::invalid_argument(format!(
+                "{what} key {k:?} must be 1-{MAX_LABEL_KEY} characters and its value at most \
+                 {MAX_LABEL_VALUE}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    Timestamp {
+        seconds: i64::try_from(unix(t)).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}

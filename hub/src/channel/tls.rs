@@ -1,0 +1,207 @@
+//! TLS for the work channel, on our own tokio-rustls streams so the hub sees the verified peer
+//! certificate of each connection (tonic's own TLS features are not used).
+//!
+//! Client certificates are optional at the TLS layer (Join runs before the agent has one) but,
+//! when presented, must chain to the hub CA and be within their validity, or the handshake fails.
+//! Each RPC then decides: Join ignores the identity, Renew and Connect require it.
+use super::ChannelError;
+use crate::ca::{HubCa, IssuedKeyPair};
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tonic::transport::server::Connected;
+
+/// The identity proven by a verified client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Common name of the certificate: the cluster name the hub wrote into it.
+    pub cluster_name: String,
+    /// `sha256:<hex>` of the certificate's SubjectPublicKeyInfo.
+    pub key_fingerprint: String,
+    /// End of the certificate's validity.
+    pub not_after: SystemTime,
+}
+
+/// Connection facts handed to every request as a tonic request extension.
+#[derive(Clone, Debug)]
+pub struct PeerInfo {
+    /// Remote socket address.
+    pub remote: SocketAddr,
+    /// Verified client identity, if the peer presented a certificate.
+    pub identity: Option<Arc<PeerIdentity>>,
+}
+
+/// An accepted TLS connection that carries its [`PeerInfo`] into tonic.
+pub struct TlsConn {
+    inner: TlsStream<TcpStream>,
+    info: PeerInfo,
+}
+
+impl Connected for TlsConn {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Builds the hub's rustls server configuration: `server` certificate (chain includes the CA so
+/// agents can pin it by hash during Join), optional client certificates verified against the CA,
+/// ALPN `h2`.
+pub fn server_config(
+    ca: &HubCa,
+    server: &IssuedKeyPair,
+) -> Result<Arc<rustls::ServerConfig>, ChannelError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(ca.cert_der().clone())
+        .map_err(ChannelError::Tls)?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| ChannelError::Config(format!("client verifier: {e}")))?;
+    let cert = CertificateDer::from_pem_slice(server.cert_pem.as_bytes())
+        .map_err(|e| ChannelError::Config(format!("server certificate: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes())
+        .map_err(|e| ChannelError::Config(format!("server key: {e}")))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(ChannelError::Tls)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert, ca.cert_der().clone()], key)
+        .map_err(ChannelError::Tls)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Parses the verified end-entity certificate of a peer into its identity.
+pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerIdentity> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cluster_name = parsed
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let not_after = SystemTime::UNIX_EPOCH
+        + Duration::from_secs(u64::try_from(parsed.validity().not_after.timestamp()).ok()?);
+    Some(PeerIdentity {
+        cluster_name,
+        key_fingerprint: crate::ca::spki_fingerprint(parsed.tbs_certificate.subject_pki.raw),
+        not_after,
+    })
+}
+
+/// Accepts TCP connections on every listener, runs the TLS handshakes (each bounded by
+/// `handshake_timeout`) and sends finished connections to `out`, until `stop` turns true.
+pub fn spawn_acceptors(
+    listeners: Vec<TcpListener>,
+    config: Arc<rustls::ServerConfig>,
+    handshake_timeout: Duration,
+    out: mpsc::Sender<Result<TlsConn, io::Error>>,
+    stop: watch::Receiver<bool>,
+) {
+    let acceptor = TlsAcceptor::from(config);
+    for listener in listeners {
+        let acceptor = acceptor.clone();
+        let out = out.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.wait_for(|s| *s) => break,
+                    accepted = listener.accept() => accepted,
+                };
+                let (tcp, remote) = match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let out = out.clone();
+                tokio::spawn(async move {
+                    let tls =
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(error)) => {
+                                tracing::info!(%remote, %error, "TLS handshake refused");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::info!(%remote, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let identity = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|certs| certs.first())
+                        .and_then(peer_identity)
+                        .map(Arc::new);
+                    let info = PeerInfo { remote, identity };
+                    let _ = out.send(Ok(TlsConn { inner: tls, info })).await;
+                });
+            }
+        });
+    }
+}

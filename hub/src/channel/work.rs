@@ -1,0 +1,456 @@
+//! `Work.Connect`: one bidirectional stream per cluster. The hub sends the full snapshot of the
+//! cluster's work on connect and whenever it changes; the agent acks versions, reports status and
+//! heartbeats (which renew the cluster lease).
+use super::tls::PeerInfo;
+use super::{Shared, internal};
+use crate::store::{CONDITION_AVAILABLE, ClusterStore};
+use crate::tokens::unix_now;
+use dashmap::DashMap;
+use flower_addon_proto::agent_message::Kind as AgentKind;
+use flower_addon_proto::hub_message::Kind as HubKind;
+use flower_addon_proto::work_server::Work;
+use flower_addon_proto::{AgentMessage, ClusterWork, HubMessage, Ping, Status as AgentStatus};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Where the hub gets each cluster's desired work, and where acks and status reports go.
+///
+/// `snapshot` must be cheap (an in-memory index): it is called for every connected cluster on
+/// every change. The hub sends a snapshot when its version differs from the last one sent on that
+/// stream, so versions must change whenever the content does.
+pub trait WorkSource: Send + Sync + 'static {
+    /// The complete current work of `cluster` (an empty list of federations if none).
+    fn snapshot(&self, cluster: &str) -> ClusterWork;
+    /// A receiver whose value changes whenever any cluster's work may have changed.
+    fn changes(&self) -> watch::Receiver<u64>;
+    /// `cluster` applied the snapshot with `version`.
+    fn on_ack(&self, cluster: &str, version: u64) {
+        let _ = (cluster, version);
+    }
+    /// `cluster` reported the observed state of its work.
+    fn on_status(&self, cluster: &str, status: &AgentStatus) {
+        let _ = (cluster, status);
+    }
+}
+
+/// A [`WorkSource`] held in memory, driven by [`InMemoryWorkSource::set`]. Used by the standalone
+/// hub and by tests; records acks and the last status per cluster.
+#[derive(Debug)]
+pub struct InMemoryWorkSource {
+    works: RwLock<HashMap<String, ClusterWork>>,
+    base_version: u64,
+    next_version: AtomicU64,
+    changes: watch::Sender<u64>,
+    acks: DashMap<String, u64>,
+    statuses: DashMap<String, AgentStatus>,
+}
+
+impl Default for InMemoryWorkSource {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+// === impl InMemoryWorkSource ===
+
+impl InMemoryWorkSource {
+    /// An empty source. Versions start at the current Unix time in milliseconds, so a restarted
+    /// hub never reuses a version an agent saw from the previous run.
+    pub fn new() -> Self {
+        let base = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(1);
+        Self {
+            works: RwLock::new(HashMap::new()),
+            base_version: base,
+            next_version: AtomicU64::new(base + 1),
+            changes: watch::channel(base).0,
+            acks: DashMap::new(),
+            statuses: DashMap::new(),
+        }
+    }
+
+    /// Replaces `cluster`'s work (its `version` and `cluster_name` are overwritten) and notifies
+    /// the streams. Returns the new version.
+    pub fn set(&self, cluster: &str, mut work: ClusterWork) -> u64 {
+        let version = self.next_version.fetch_add(1, Ordering::SeqCst);
+        work.version = version;
+        work.cluster_name = cluster.to_string();
+        if let Ok(mut works) = self.works.write() {
+            works.insert(cluster.to_string(), work);
+        }
+        self.changes.send_replace(version);
+        version
+    }
+
+    /// Sets the work of many clusters at once with one notification; returns the versions.
+    pub fn set_many(&self, works: impl IntoIterator<Item = (String, ClusterWork)>) -> Vec<u64> {
+        let mut versions = Vec::new();
+        let mut last = 0;
+        if let Ok(mut map) = self.works.write() {
+            for (cluster, mut work) in works {
+                let version = self.next_version.fetch_add(1, Ordering::SeqCst);
+                work.version = version;
+                work.cluster_name = cluster.clone();
+                map.insert(cluster, work);
+                versions.push(version);
+                last = version;
+            }
+        }
+        self.changes.send_replace(last);
+        versions
+    }
+
+    /// The last version `cluster` acked.
+    pub fn acked(&self, cluster: &str) -> Option<u64> {
+        self.acks.get(cluster).map(|v| *v)
+    }
+
+    /// The last status `cluster` reported.
+    pub fn last_status(&self, cluster: &str) -> Option<AgentStatus> {
+        self.statuses.get(cluster).map(|s| s.clone())
+    }
+}
+
+impl WorkSource for InMemoryWorkSource {
+    fn snapshot(&self, cluster: &str) -> ClusterWork {
+        self.works
+            .read()
+            .ok()
+            .and_then(|w| w.get(cluster).cloned())
+            .unwrap_or_else(|| ClusterWork {
+                version: self.base_version,
+                cluster_name: cluster.to_string(),
+                ..Default::default()
+            })
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn on_ack(&self, cluster: &str, version: u64) {
+        self.acks.insert(cluster.to_string(), version);
+    }
+
+    fn on_status(&self, cluster: &str, status: &AgentStatus) {
+        self.statuses.insert(cluster.to_string(), status.clone());
+    }
+}
+
+/// The open stream of one cluster, so a newer stream or a revocation can stop it.
+pub(crate) struct StreamEntry {
+    id: u64,
+    key_fingerprint: String,
+    stop: oneshot::Sender<Status>,
+}
+
+impl StreamEntry {
+    /// Ends the stream with `status` sent to the agent.
+    pub(crate) fn stop(self, status: Status) {
+        let _ = self.stop.send(status);
+    }
+}
+
+/// Lease bookkeeping of one cluster.
+pub(crate) struct Lease {
+    last_heartbeat: Instant,
+    persisted: Instant,
+    available: bool,
+}
+
+pub(crate) struct WorkService<S, W> {
+    pub(crate) shared: Arc<Shared<S, W>>,
+}
+
+#[tonic::async_trait]
+impl<S: ClusterStore, W: super::WorkSource> Work for WorkService<S, W> {
+    type ConnectStream = ReceiverStream<Result<HubMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let identity = peer.as_ref().and_then(|p| p.identity.clone());
+        let record = self.shared.authorize(identity.as_deref()).await?;
+        let name = record.registration.name.clone();
+        let remote = peer.map(|p| p.remote.to_string()).unwrap_or_default();
+
+        let id = self.shared.next_stream_id.fetch_add(1, Ordering::Relaxed);
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let entry = StreamEntry {
+            id,
+            key_fingerprint: record.registration.key_fingerprint.clone(),
+            stop: stop_tx,
+        };
+        if let Some(old) = self.shared.streams.insert(name.clone(), entry) {
+            tracing::info!(cluster = %name, %remote, "a new stream replaces the open one");
+            old.stop(Status::aborted(
+                "replaced by a newer stream from the same cluster",
+            ));
+        }
+        let (tx, rx) = mpsc::channel(16);
+        let shared = self.shared.clone();
+        tokio::spawn(run_stream(
+            shared,
+            name,
+            id,
+            request.into_inner(),
+            tx,
+            stop_rx,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Drives one cluster's stream until the agent leaves, the stream is replaced or revoked, or the
+/// hub stops.
+async fn run_stream<S: ClusterStore, W: super::WorkSource>(
+    shared: Arc<Shared<S, W>>,
+    name: String,
+    id: u64,
+    mut inbound: Streaming<AgentMessage>,
+    tx: mpsc::Sender<Result<HubMessage, Status>>,
+    mut stop: oneshot::Receiver<Status>,
+) {
+    tracing::info!(cluster = %name, stream = id, "work stream opened");
+    let mut changes = shared.work.changes();
+    let ping_every = (shared.config.lease_duration / 3).max(Duration::from_millis(100));
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    let send_timeout = Duration::from_secs(30);
+    let snapshot = shared.work.snapshot(&name);
+    let mut last_sent = Some(snapshot.version);
+    let end: Option<Status> = 'stream: {
+        if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
+            break 'stream None;
+        }
+        loop {
+            tokio::select! {
+                reason = &mut stop => break 'stream reason.ok(),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        break 'stream Some(Status::unavailable("the hub is shutting down"));
+                    }
+                    let snapshot = shared.work.snapshot(&name);
+                    if last_sent != Some(snapshot.version) {
+                        last_sent = Some(snapshot.version);
+                        tracing::debug!(cluster = %name, version = snapshot.version, "sending work");
+                        if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
+                            break 'stream None;
+                        }
+                    }
+                }
+                message = inbound.next() => match message {
+                    None => break 'stream None,
+                    Some(Err(status)) => {
+                        tracing::info!(cluster = %name, code = ?status.code(), message = status.message(), "agent stream failed");
+                        // Report decode errors (e.g. oversized messages) back to the agent.
+                        break 'stream Some(status);
+                    }
+                    Some(Ok(message)) => {
+                        if let Err(status) = handle_agent_message(&shared, &name, message).await {
+                            tracing::warn!(cluster = %name, message = status.message(), "agent message refused");
+                            break 'stream Some(status);
+                        }
+                    }
+                },
+                _ = ping.tick() => {
+                    if !send(&tx, HubKind::Ping(Ping {}), send_timeout).await {
+                        break 'stream None;
+                    }
+                }
+            }
+        }
+    };
+    if let Some(status) = end {
+        let _ = tx.try_send(Err(status));
+    }
+    shared.streams.remove_if(&name, |_, e| e.id == id);
+    tracing::info!(cluster = %name, stream = id, "work stream closed");
+}
+
+async fn send(
+    tx: &mpsc::Sender<Result<HubMessage, Status>>,
+    kind: HubKind,
+    timeout: Duration,
+) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tx.send(Ok(HubMessage { kind: Some(kind) }))).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Checks that a message speaks only for the stream's own cluster, then records it.
+async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+    message: AgentMessage,
+) -> Result<(), Status> {
+    let claimed = match &message.kind {
+        Some(AgentKind::Ack(ack)) => &ack.cluster_name,
+        Some(AgentKind::Status(status)) => &status.cluster_name,
+        Some(AgentKind::Heartbeat(hb)) => &hb.cluster_name,
+        None => {
+            return Err(Status::invalid_argument(
+                "empty AgentMessage: set ack, status or heartbeat",
+            ));
+        }
+    };
+    if !claimed.is_empty() && claimed != name {
+        return Err(Status::permission_denied(format!(
+            "this stream is authenticated as cluster {name:?}; it cannot speak for cluster {claimed:?}"
+        )));
+    }
+    match message.kind {
+        Some(AgentKind::Ack(ack)) => {
+            tracing::debug!(cluster = %name, version = ack.version, "work acked");
+            shared.work.on_ack(name, ack.version);
+        }
+        Some(AgentKind::Status(status)) => shared.work.on_status(name, &status),
+        _ => {}
+    }
+    renew_lease(shared, name).await;
+    Ok(())
+}
+
+/// Renews the cluster lease; persists the heartbeat when the cluster becomes available and at
+/// most every half lease after that (so 10,000 agents do not turn into 10,000 writes a second).
+async fn renew_lease<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+    let now = Instant::now();
+    let persist_every = shared.config.lease_duration / 2;
+    let must_persist = {
+        let mut lease = shared.leases.entry(name.to_string()).or_insert(Lease {
+            last_heartbeat: now,
+            persisted: now,
+            available: false,
+        });
+        lease.last_heartbeat = now;
+        let due = !lease.available || now.duration_since(lease.persisted) >= persist_every;
+        if due {
+            lease.available = true;
+            lease.persisted = now;
+        }
+        due
+    };
+    if must_persist {
+        let at = unix_now();
+        let result = shared
+            .update_status(name, |st| {
+                st.last_heartbeat_unix = Some(at);
+                if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
+                    tracing::info!(cluster = %name, "cluster available");
+                }
+            })
+            .await;
+        if let Err(error) = result {
+            let _ = internal("recording the heartbeat", error);
+        }
+    }
+}
+
+/// Closes the stream of any cluster that is deleted, no longer accepted or re-bound to another
+/// key, as soon as the store announces the change.
+pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
+    shared: Arc<Shared<S, W>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut events = shared.store.changes();
+    tokio::spawn(async move {
+        loop {
+            let names: Vec<String> = tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                event = events.recv() => match event {
+                    Ok(name) => vec![name],
+                    // Missed events: check every open stream.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        shared.streams.iter().map(|e| e.key().clone()).collect()
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+            };
+            for name in names {
+                let Some(fingerprint) =
+                    shared.streams.get(&name).map(|e| e.key_fingerprint.clone())
+                else {
+                    continue;
+                };
+                let reason = match shared.store.get_cluster(&name).await {
+                    Ok(None) => Some(format!("cluster {name:?} was deleted on the hub")),
+                    Ok(Some(r)) if !r.hub_accepts_client => Some(format!(
+                        "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
+                    )),
+                    Ok(Some(r)) if r.registration.key_fingerprint != fingerprint => Some(format!(
+                        "cluster {name:?} was re-registered with another key"
+                    )),
+                    Ok(Some(_)) => None,
+                    Err(error) => {
+                        tracing::warn!(cluster = %name, %error, "cannot check revocation");
+                        None
+                    }
+                };
+                if let Some(reason) = reason
+                    && let Some((_, entry)) = shared.streams.remove(&name)
+                {
+                    tracing::warn!(cluster = %name, %reason, "closing revoked stream");
+                    shared.leases.remove(&name);
+                    entry.stop(Status::permission_denied(reason));
+                }
+            }
+        }
+    });
+}
+
+/// Marks clusters unavailable when their lease runs out.
+pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
+    shared: Arc<Shared<S, W>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let lease = shared.config.lease_duration;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tick.tick() => {}
+            }
+            let expired: Vec<String> = shared
+                .leases
+                .iter_mut()
+                .filter_map(|mut e| {
+                    if e.available && e.last_heartbeat.elapsed() > lease {
+                        e.available = false;
+                        Some(e.key().clone())
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            for name in expired {
+                let at = unix_now();
+                tracing::warn!(cluster = %name, "lease expired: cluster unavailable");
+                let result = shared
+                    .update_status(&name, |st| {
+                        st.set_condition(
+                            CONDITION_AVAILABLE,
+                            "Unknown",
+                            "ClusterLeaseExpired",
+                            "no heartbeat from the agent within the lease duration",
+                            at,
+                        );
+                    })
+                    .await;
+                if let Err(error) = result {
+                    let _ = internal("recording the lease expiry", error);
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,486 @@
+//! Standalone store: plain files in a state directory.
+//!
+//! Layout (every file written to a temporary name, fsynced, then renamed, so a crash leaves either
+//! the old or the new content; secrets are mode 0600):
+//! ```text
+//! DIR/ca.json                          CA certificate + key (0600), created once
+//! DIR/ca.crt                           CA certificate alone (0644), for convenience
+//! DIR/tokens/<id>.json                 hashed bootstrap tokens
+//! DIR/clusters/<name>/registration.json  what the agent declared (written by the hub)
+//! DIR/clusters/<name>/accepted         present = hubAcceptsClient (written by `accept`/`revoke`)
+//! DIR/clusters/<name>/status.json      what the hub observed (written by the hub)
+//! DIR/clusters/.generation             bumped by every process after a cluster change
+//! ```
+//! Each file has a single writer role, so the hub and the CLI never overwrite each other's
+//! fields. The serving hub calls [`FileStore::poll_external_changes`] periodically to notice
+//! changes made by the CLI (it only reads `.generation` unless something changed).
+use super::{ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
+use crate::ca::CaMaterial;
+use crate::tokens::TokenRecord;
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use tokio::sync::broadcast;
+
+/// Per cluster: (accepted, key fingerprint), as last seen.
+type SeenClusters = HashMap<String, (bool, String)>;
+
+/// A [`ClusterStore`] in a state directory.
+#[derive(Debug)]
+pub struct FileStore {
+    dir: PathBuf,
+    events: broadcast::Sender<String>,
+    /// Last seen `.generation` and (accepted, key fingerprint) per cluster, for change detection.
+    seen: Mutex<(String, SeenClusters)>,
+}
+
+// === impl FileStore ===
+
+impl FileStore {
+    /// Opens (creating if needed) the state directory `dir` with mode 0700.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let dir = dir.into();
+        for sub in [dir.clone(), dir.join("tokens"), dir.join("clusters")] {
+            fs::create_dir_all(&sub).map_err(|e| io_err(&sub, e))?;
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| io_err(&dir, e))?;
+        let (events, _) = broadcast::channel(4096);
+        let store = Self {
+            dir,
+            events,
+            seen: Mutex::new((String::new(), HashMap::new())),
+        };
+        store.rescan()?;
+        Ok(store)
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Notices changes made by other processes (`flower-hub accept`, `revoke`): if the
+    /// generation file changed, rescans the clusters and announces those whose acceptance or key
+    /// changed, or that disappeared. Cheap when nothing changed (one small file read).
+    pub fn poll_external_changes(&self) -> Result<(), StoreError> {
+        let generation = self.read_generation();
+        let unchanged = self.seen.lock().map(|s| s.0 == generation).unwrap_or(false);
+        if unchanged {
+            return Ok(());
+        }
+        self.rescan()
+    }
+
+    fn rescan(&self) -> Result<(), StoreError> {
+        let generation = self.read_generation();
+        let mut now = HashMap::new();
+        for name in self.cluster_names()? {
+            if let Some(reg) = self.read_registration(&name)? {
+                now.insert(
+                    name.clone(),
+                    (self.accepted_path(&name).exists(), reg.key_fingerprint),
+                );
+            }
+        }
+        let mut seen = self.seen.lock().map_err(|_| poisoned())?;
+        for (name, state) in &seen.1 {
+            if now.get(name) != Some(state) {
+                let _ = self.events.send(name.clone());
+            }
+        }
+        for name in now.keys() {
+            if !seen.1.contains_key(name) {
+                let _ = self.events.send(name.clone());
+            }
+        }
+        *seen = (generation, now);
+        Ok(())
+    }
+
+    fn changed(&self, name: &str) -> Result<(), StoreError> {
+        let path = self.dir.join("clusters").join(".generation");
+        let next = format!("{}-{}", crate::tokens::unix_now(), rand::random::<u64>());
+        write_atomic(&path, next.as_bytes(), 0o600)?;
+        // Keep our own view in sync so the poller does not re-announce our own write.
+        let reg = self.read_registration(name)?;
+        let accepted = self.accepted_path(name).exists();
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.0 = next;
+            match reg {
+                Some(reg) => {
+                    seen.1
+                        .insert(name.to_string(), (accepted, reg.key_fingerprint));
+                }
+                None => {
+                    seen.1.remove(name);
+                }
+            }
+        }
+        let _ = self.events.send(name.to_string());
+        Ok(())
+    }
+
+    fn read_generation(&self) -> String {
+        fs::read_to_string(self.dir.join("clusters").join(".generation")).unwrap_or_default()
+    }
+
+    fn cluster_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("clusters").join(name)
+    }
+
+    fn accepted_path(&self, name: &str) -> PathBuf {
+        self.cluster_dir(name).join("accepted")
+    }
+
+    fn cluster_names(&self) -> Result<Vec<String>, StoreError> {
+        let dir = self.dir.join("clusters");
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(|e| io_err(&dir, e))? {
+            let entry = entry.map_err(|e| io_err(&dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && entry.path().is_dir() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn read_registration(&self, name: &str) -> Result<Option<ClusterRegistration>, StoreError> {
+        read_json(&self.cluster_dir(name).join("registration.json"))
+    }
+}
+
+impl ClusterStore for FileStore {
+    async fn load_ca(&self) -> Result<Option<CaMaterial>, StoreError> {
+        read_json(&self.dir.join("ca.json"))
+    }
+
+    async fn create_ca(&self, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+        let path = self.dir.join("ca.json");
+        let body = serde_json::to_vec_pretty(ca).map_err(|e| corrupt(&path, e))?;
+        // Write to a temporary file, then hard-link it into place: link fails if a CA exists, so
+        // a racing process never replaces a CA someone may already trust.
+        let tmp = temp_path(&path);
+        write_file(&tmp, &body, 0o600)?;
+        let linked = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(&path, e)),
+        }
+        let stored: CaMaterial = read_json(&path)?.ok_or_else(|| StoreError::Corrupt {
+            path: path.display().to_string(),
+            detail: "vanished after creation".into(),
+        })?;
+        write_atomic(&self.dir.join("ca.crt"), stored.cert_pem.as_bytes(), 0o644)?;
+        Ok(stored)
+    }
+
+    async fn put_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        let path = self.dir.join("tokens").join(format!("{}.json", token.id));
+        let body = serde_json::to_vec_pretty(token).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>, StoreError> {
+        if !is_safe_name(id) {
+            return Ok(None);
+        }
+        read_json(&self.dir.join("tokens").join(format!("{id}.json")))
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let dir = self.dir.join("tokens");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(|e| io_err(&dir, e))? {
+            let path = entry.map_err(|e| io_err(&dir, e))?.path();
+            if path.extension().is_some_and(|e| e == "json")
+                && let Some(t) = read_json::<TokenRecord>(&path)?
+            {
+                out.push(t);
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        if !is_safe_name(id) {
+            return Ok(false);
+        }
+        let path = self.dir.join("tokens").join(format!("{id}.json"));
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_err(&path, e)),
+        }
+    }
+
+    async fn create_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        hub_accepts_client: bool,
+    ) -> Result<(), StoreError> {
+        let name = &registration.name;
+        if !is_safe_name(name) {
+            return Err(StoreError::NotFound {
+                kind: "cluster",
+                name: name.clone(),
+            });
+        }
+        let dir = self.cluster_dir(name);
+        // mkdir is the atomic "create if absent". A directory left without registration.json by
+        // a crash between mkdir and the write is reclaimed.
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if self.read_registration(name)?.is_some() {
+                    return Err(StoreError::AlreadyExists(name.clone()));
+                }
+            }
+            Err(e) => return Err(io_err(&dir, e)),
+        }
+        if hub_accepts_client {
+            write_atomic(&self.accepted_path(name), b"", 0o600)?;
+        }
+        let path = dir.join("registration.json");
+        let body = serde_json::to_vec_pretty(registration).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)?;
+        self.changed(name)
+    }
+
+    async fn update_registration(
+        &self,
+        registration: &ClusterRegistration,
+    ) -> Result<(), StoreError> {
+        let name = &registration.name;
+        if !is_safe_name(name) || self.read_registration(name)?.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "cluster",
+                name: name.clone(),
+            });
+        }
+        let path = self.cluster_dir(name).join("registration.json");
+        let body = serde_json::to_vec_pretty(registration).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)?;
+        self.changed(name)
+    }
+
+    async fn set_accepted(&self, name: &str, accepted: bool) -> Result<(), StoreError> {
+        if !is_safe_name(name) || self.read_registration(name)?.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "cluster",
+                name: name.to_string(),
+            });
+        }
+        let path = self.accepted_path(name);
+        if accepted {
+            write_atomic(&path, b"", 0o600)?;
+        } else {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path, e)),
+            }
+        }
+        self.changed(name)
+    }
+
+    async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
+        if !is_safe_name(name) || self.read_registration(name)?.is_none() {
+            return Err(StoreError::NotFound {
+                kind: "cluster",
+                name: name.to_string(),
+            });
+        }
+        let path = self.cluster_dir(name).join("status.json");
+        let body = serde_json::to_vec_pretty(status).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRecord>, StoreError> {
+        if !is_safe_name(name) {
+            return Ok(None);
+        }
+        let Some(registration) = self.read_registration(name)? else {
+            return Ok(None);
+        };
+        let status: ClusterStatus =
+            read_json(&self.cluster_dir(name).join("status.json"))?.unwrap_or_default();
+        Ok(Some(ClusterRecord {
+            registration,
+            hub_accepts_client: self.accepted_path(name).exists(),
+            status,
+        }))
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
+        let mut out = Vec::new();
+        for name in self.cluster_names()? {
+            if let Some(rec) = self.get_cluster(&name).await? {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_cluster(&self, name: &str) -> Result<bool, StoreError> {
+        if !is_safe_name(name) {
+            return Ok(false);
+        }
+        let dir = self.cluster_dir(name);
+        if !dir.exists() {
+            return Ok(false);
+        }
+        // Rename first so readers see the cluster vanish at once, then remove at leisure.
+        let trash = self
+            .dir
+            .join("clusters")
+            .join(format!(".deleted-{name}-{}", rand::random::<u32>()));
+        fs::rename(&dir, &trash).map_err(|e| io_err(&dir, e))?;
+        fs::remove_dir_all(&trash).map_err(|e| io_err(&trash, e))?;
+        self.changed(name)?;
+        Ok(true)
+    }
+
+    fn changes(&self) -> broadcast::Receiver<String> {
+        self.events.subscribe()
+    }
+}
+
+/// Names used as file names must not escape their directory.
+fn is_safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, StoreError> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| corrupt(path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(path, e)),
+    }
+}
+
+/// Writes `body` to `path` atomically: temp file with `mode`, fsync, rename over `path`.
+pub(crate) fn write_atomic(path: &Path, body: &[u8], mode: u32) -> Result<(), StoreError> {
+    let tmp = temp_path(path);
+    write_file(&tmp, body, mode)?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err(path, e)
+    })
+}
+
+fn write_file(path: &Path, body: &[u8], mode: u32) -> Result<(), StoreError> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| io_err(path, e))?;
+    file.write_all(body).map_err(|e| io_err(path, e))?;
+    file.sync_all().map_err(|e| io_err(path, e))
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp-{}", rand::random::<u64>()))
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn corrupt(path: &Path, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Io {
+        path: "<in-memory view>".into(),
+        source: std::io::Error::other("lock poisoned"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(name: &str, fp: &str) -> ClusterRegistration {
+        ClusterRegistration {
+            name: name.into(),
+            labels: Default::default(),
+            claims: Default::default(),
+            key_fingerprint: fp.into(),
+            agent_version: String::new(),
+            token_id: String::new(),
+            created_unix: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn create_is_exclusive_and_accept_round_trips() {
+        // A cluster name can be created once; acceptance and deletion are visible to a second
+        // store instance on the same directory (as the CLI and the serving hub are).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = FileStore::open(dir.path()).expect("open");
+        let b = FileStore::open(dir.path()).expect("open");
+        a.create_cluster(&registration("c1", "fp"), false)
+            .await
+            .expect("create");
+        assert!(matches!(
+            b.create_cluster(&registration("c1", "other"), false).await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        let mut events = a.changes();
+        b.set_accepted("c1", true).await.expect("accept");
+        a.poll_external_changes().expect("poll");
+        assert_eq!(events.recv().await.expect("event"), "c1");
+        assert!(
+            a.get_cluster("c1")
+                .await
+                .expect("get")
+                .expect("some")
+                .hub_accepts_client
+        );
+        assert!(b.delete_cluster("c1").await.expect("delete"));
+        assert!(a.get_cluster("c1").await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn secrets_are_private_files() {
+        // The CA key and token hashes are written with mode 0600 and the CA is created once.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        let ca = crate::store::load_or_create_ca(&store).await.expect("ca");
+        let again = crate::store::load_or_create_ca(&store).await.expect("ca");
+        assert_eq!(ca.hash(), again.hash());
+        let mode = fs::metadata(dir.path().join("ca.json"))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

@@ -1,0 +1,237 @@
+//! Where the hub keeps registration state: bootstrap tokens, clusters (the standalone form of
+//! `ManagedCluster`) and the CA. One trait, two adapters: [`file::FileStore`] for standalone mode
+//! and, later, a Kubernetes store (ManagedCluster objects and Secrets).
+use crate::ca::{CaError, CaMaterial, HubCa};
+use crate::tokens::TokenRecord;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::future::Future;
+use tokio::sync::broadcast;
+
+pub mod file;
+
+/// Condition type: the hub admin accepted the cluster (`hubAcceptsClient=true`).
+pub const CONDITION_HUB_ACCEPTED: &str = "HubAcceptedManagedCluster";
+/// Condition type: the cluster holds a client certificate issued by the hub.
+pub const CONDITION_JOINED: &str = "Joined";
+/// Condition type: the cluster's lease is current (heartbeats arrive).
+pub const CONDITION_AVAILABLE: &str = "Available";
+
+/// Errors of a [`ClusterStore`].
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A cluster with this name already exists.
+    #[error("cluster {0:?} already exists")]
+    AlreadyExists(String),
+    /// No such cluster or token.
+    #[error("{kind} {name:?} not found")]
+    NotFound {
+        /// `cluster` or `token`.
+        kind: &'static str,
+        /// The name looked up.
+        name: String,
+    },
+    /// The backing storage failed.
+    #[error("store I/O on {path}: {source}")]
+    Io {
+        /// File or object concerned.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// Stored data could not be decoded.
+    #[error("corrupt store entry {path}: {detail}")]
+    Corrupt {
+        /// File or object concerned.
+        path: String,
+        /// Decoder message.
+        detail: String,
+    },
+    /// The stored CA could not be loaded.
+    #[error("certificate authority: {0}")]
+    Ca(#[from] CaError),
+}
+
+/// What an agent declared when it joined (the spec side of a `ManagedCluster`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRegistration {
+    /// Cluster name (= client certificate CN).
+    pub name: String,
+    /// Labels reported by the agent.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Cluster claims reported by the agent.
+    #[serde(default)]
+    pub claims: BTreeMap<String, String>,
+    /// `sha256:<hex>` of the agent's public key (SubjectPublicKeyInfo); the cluster is bound to it.
+    pub key_fingerprint: String,
+    /// Version of the agent at its last join.
+    #[serde(default)]
+    pub agent_version: String,
+    /// Id of the bootstrap token used for the first join.
+    #[serde(default)]
+    pub token_id: String,
+    /// First join, seconds since the Unix epoch.
+    pub created_unix: u64,
+}
+
+/// A Kubernetes-style condition on a cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCondition {
+    /// Condition type (`Available`, `Joined`, …).
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// One CamelCase word.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// Last change of `status`, seconds since the Unix epoch.
+    pub last_transition_unix: u64,
+}
+
+/// What the hub observed about a cluster (the status side of a `ManagedCluster`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// Last heartbeat, seconds since the Unix epoch.
+    #[serde(default)]
+    pub last_heartbeat_unix: Option<u64>,
+    /// End of validity of the last client certificate issued, seconds since the Unix epoch.
+    #[serde(default)]
+    pub client_cert_not_after_unix: Option<u64>,
+    /// Conditions, one per type.
+    #[serde(default)]
+    pub conditions: Vec<ClusterCondition>,
+}
+
+impl ClusterStatus {
+    /// Sets a condition, keeping `last_transition_unix` when the status did not change. Returns
+    /// whether the status value changed.
+    pub fn set_condition(
+        &mut self,
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+        now_unix: u64,
+    ) -> bool {
+        match self.conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(c) => {
+                let changed = c.status != status;
+                if changed {
+                    c.last_transition_unix = now_unix;
+                }
+                c.status = status.to_string();
+                c.reason = reason.to_string();
+                c.message = message.to_string();
+                changed
+            }
+            None => {
+                self.conditions.push(ClusterCondition {
+                    type_: type_.to_string(),
+                    status: status.to_string(),
+                    reason: reason.to_string(),
+                    message: message.to_string(),
+                    last_transition_unix: now_unix,
+                });
+                true
+            }
+        }
+    }
+
+    /// Status of the condition of this type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&ClusterCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// One cluster as stored: registration, the admin's decision, and the observed status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRecord {
+    /// What the agent declared.
+    pub registration: ClusterRegistration,
+    /// `spec.hubAcceptsClient`.
+    pub hub_accepts_client: bool,
+    /// What the hub observed.
+    pub status: ClusterStatus,
+}
+
+/// Storage of tokens, clusters and the CA. Implementations must make each write atomic (a reader
+/// never sees half a record) and must announce cluster changes on [`ClusterStore::changes`],
+/// including changes made by other processes (e.g. `flower-hub accept`), so the hub can close
+/// a revoked cluster's stream at once.
+pub trait ClusterStore: Send + Sync + 'static {
+    /// The stored CA, if any.
+    fn load_ca(&self) -> impl Future<Output = Result<Option<CaMaterial>, StoreError>> + Send;
+    /// Stores `ca` unless a CA exists already; returns the CA that is stored afterwards (the
+    /// existing one wins a race).
+    fn create_ca(
+        &self,
+        ca: &CaMaterial,
+    ) -> impl Future<Output = Result<CaMaterial, StoreError>> + Send;
+
+    /// Stores a new token record.
+    fn put_token(&self, token: &TokenRecord)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The token with this id.
+    fn get_token(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<TokenRecord>, StoreError>> + Send;
+    /// Every token, sorted by id.
+    fn list_tokens(&self) -> impl Future<Output = Result<Vec<TokenRecord>, StoreError>> + Send;
+    /// Deletes (revokes) a token; false if it did not exist.
+    fn delete_token(&self, id: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Creates a cluster; [`StoreError::AlreadyExists`] if the name is taken (atomic, so two
+    /// concurrent joins cannot both create it).
+    fn create_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        hub_accepts_client: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Replaces the registration of an existing cluster (labels/claims on a repeated join).
+    fn update_registration(
+        &self,
+        registration: &ClusterRegistration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Sets `hubAcceptsClient`.
+    fn set_accepted(
+        &self,
+        name: &str,
+        accepted: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Replaces the observed status of an existing cluster.
+    fn put_status(
+        &self,
+        name: &str,
+        status: &ClusterStatus,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The cluster with this name.
+    fn get_cluster(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ClusterRecord>, StoreError>> + Send;
+    /// Every cluster, sorted by name.
+    fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterRecord>, StoreError>> + Send;
+    /// Deletes a cluster; false if it did not exist.
+    fn delete_cluster(&self, name: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Names of clusters whose registration or acceptance changed (possibly spuriously).
+    fn changes(&self) -> broadcast::Receiver<String>;
+}
+
+/// Loads the hub CA from the store, creating and persisting it on first use.
+pub async fn load_or_create_ca<S: ClusterStore>(store: &S) -> Result<HubCa, StoreError> {
+    if let Some(material) = store.load_ca().await? {
+        return Ok(HubCa::from_material(material)?);
+    }
+    let fresh = HubCa::generate()?;
+    let stored = store.create_ca(fresh.material()).await?;
+    tracing::info!("created the hub certificate authority");
+    Ok(HubCa::from_material(stored)?)
+}

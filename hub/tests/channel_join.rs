@@ -1,0 +1,316 @@
+//! Join over real TLS on loopback: tokens, CA pinning, CSR handling, name binding, rate limits.
+mod channel_support;
+
+use channel_support::*;
+use flower_addon_agent::credentials::{load_or_generate_key, make_csr};
+use flower_addon_agent::join::{JoinError, join};
+use flower_addon_agent::tls::{self, HubAddress};
+use flower_addon_hub::store::ClusterStore;
+use flower_addon_hub::tokens::{self, TokenRecord};
+use flower_addon_proto::registration_client::RegistrationClient;
+use flower_addon_proto::{JoinRequest, JoinStatus};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::Code;
+
+async fn raw_join(
+    hub: &Hub,
+    request: JoinRequest,
+) -> Result<flower_addon_proto::JoinResponse, tonic::Status> {
+    let config = tls::pinned_config(hub.ca.hash(), Arc::new(Mutex::new(None))).expect("tls");
+    let channel = tls::connect(&HubAddress::new(&hub.hub()), config)
+        .await
+        .expect("connect");
+    RegistrationClient::new(channel)
+        .join(request)
+        .await
+        .map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn join_waits_for_acceptance_then_gets_an_authorized_client_certificate() {
+    // A join stays pending (progress line, nothing issued) until `accept`; then the cert is
+    // CN=cluster, CA=false, clientAuth; joining again with the same key is idempotent.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let token = hub.token().await;
+    let options = hub.join_options(&token, "edge-1", agent_dir.path());
+    let mut lines = Vec::new();
+    let err = join(&options, &mut |l| lines.push(l.to_string()))
+        .await
+        .expect_err("pending");
+    assert!(matches!(err, JoinError::Timeout(..)), "{err}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l
+                == "waiting for the hub to accept cluster edge-1: run flower-hub accept edge-1"),
+        "{lines:?}"
+    );
+    let record = hub
+        .store
+        .get_cluster("edge-1")
+        .await
+        .expect("get")
+        .expect("recorded");
+    assert!(!record.hub_accepts_client);
+    assert!(record.status.client_cert_not_after_unix.is_none());
+
+    hub.store
+        .set_accepted("edge-1", true)
+        .await
+        .expect("accept");
+    let creds = join(&options, &mut |_| {}).await.expect("join");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(creds.cert_pem.as_bytes()).expect("pem");
+    let cert = pem.parse_x509().expect("x509");
+    let cn: Vec<_> = cert
+        .subject()
+        .iter_common_name()
+        .map(|c| c.as_str().expect("cn").to_string())
+        .collect();
+    assert_eq!(cn, vec!["edge-1".to_string()]);
+    let bc = cert.basic_constraints().expect("bc").expect("present");
+    assert!(!bc.value.ca);
+    let eku = cert.extended_key_usage().expect("eku").expect("present");
+    assert!(eku.value.client_auth && !eku.value.server_auth);
+
+    // Same name, same key (same state dir), another valid token: idempotent, one cluster.
+    let token2 = hub.token().await;
+    let again = join(
+        &hub.join_options(&token2, "edge-1", agent_dir.path()),
+        &mut |_| {},
+    )
+    .await
+    .expect("rejoin");
+    assert_eq!(again.key_pem, creds.key_pem);
+    let clusters = hub.store.list_clusters().await.expect("list");
+    assert_eq!(clusters.len(), 1);
+    assert_eq!(
+        clusters[0].registration.key_fingerprint,
+        record.registration.key_fingerprint
+    );
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_expired_and_revoked_tokens_are_refused_and_change_nothing() {
+    // Every bad token is refused UNAUTHENTICATED and leaves no cluster behind.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let good = hub.token().await;
+    let (id, _) = tokens::parse(&good).expect("parse");
+    let wrong_secret = format!("{id}.aaaaaaaaaaaaaaaa");
+
+    let expired = tokens::generate(Duration::from_secs(3600), "expired");
+    hub.store
+        .put_token(&TokenRecord {
+            expires_unix: tokens::unix_now() - 1,
+            ..expired.record.clone()
+        })
+        .await
+        .expect("put");
+    let revoked = hub.token().await;
+    let (revoked_id, _) = tokens::parse(&revoked).expect("parse");
+    hub.store.delete_token(revoked_id).await.expect("delete");
+
+    let before = hub.snapshot().await;
+    for (token, needle) in [
+        (wrong_secret.as_str(), "unknown or was revoked"),
+        (expired.token.as_str(), "expired"),
+        (revoked.as_str(), "unknown or was revoked"),
+    ] {
+        let err = join_err(&hub.join_options(token, "intruder", agent_dir.path())).await;
+        match err {
+            JoinError::Refused { code, message } => {
+                assert_eq!(code, Code::Unauthenticated, "{token}: {message}");
+                assert!(message.contains(needle), "{token}: {message}");
+            }
+            other => panic!("{token}: expected a refusal, got {other}"),
+        }
+    }
+    assert_eq!(hub.snapshot().await, before);
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn ca_hash_mismatch_is_refused_before_anything_is_sent() {
+    // An agent pinned to another CA refuses the hub; the hub records nothing.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let token = hub.token().await;
+    let before = hub.snapshot().await;
+    let mut options = hub.join_options(&token, "edge-1", agent_dir.path());
+    options.ca_hash = format!("sha256:{}", "0".repeat(64));
+    let err = join_err(&options).await;
+    match &err {
+        JoinError::CaMismatch(detail) => assert!(detail.contains(hub.ca.hash()), "{detail}"),
+        other => panic!("expected CaMismatch, got {other}"),
+    }
+    assert!(!agent_dir.path().join("agent.json").exists());
+    assert_eq!(hub.snapshot().await, before);
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn csr_asking_for_ca_and_another_name_gets_a_plain_client_cert_for_the_authorized_name() {
+    // The hub copies nothing from the CSR but the key: CA=true, CN=admin, SANs and serverAuth
+    // requested in the CSR are all ignored.
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.auto_accept.insert("env".into(), "test".into());
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params =
+        rcgen::CertificateParams::new(vec!["evil.example".to_string()]).expect("params");
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "admin");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let csr_pem = params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
+    let token = hub.token().await;
+    let response = raw_join(
+        &hub,
+        JoinRequest {
+            token,
+            cluster_name: "edge-2".into(),
+            csr_pem,
+            labels: [("env".to_string(), "test".to_string())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("join");
+    assert_eq!(response.status, JoinStatus::Accepted as i32);
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(response.client_cert_pem.as_bytes()).expect("pem");
+    let cert = pem.parse_x509().expect("x509");
+    let cn: Vec<_> = cert
+        .subject()
+        .iter_common_name()
+        .map(|c| c.as_str().expect("cn").to_string())
+        .collect();
+    assert_eq!(cn, vec!["edge-2".to_string()]);
+    assert!(
+        !cert
+            .basic_constraints()
+            .expect("bc")
+            .expect("present")
+            .value
+            .ca
+    );
+    let eku = cert.extended_key_usage().expect("eku").expect("present");
+    assert!(eku.value.client_auth && !eku.value.server_auth);
+    assert!(cert.subject_alternative_name().expect("san").is_none());
+    assert!(
+        cert.validity().time_to_expiration().expect("valid")
+            <= Duration::from_secs(30 * 86400 + 60)
+    );
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_key_claiming_a_taken_name_is_refused_with_instructions() {
+    // A name is bound to the first key: another key gets ALREADY_EXISTS naming the delete command,
+    // and the registration keeps the first key.
+    let dir = tempfile::tempdir().expect("tmp");
+    let first = tempfile::tempdir().expect("tmp");
+    let second = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    hub.join_accepted("edge-1", first.path()).await;
+    let before = hub.snapshot().await;
+    let token = hub.token().await;
+    let before_tokens = hub.snapshot().await;
+    let err = join_err(&hub.join_options(&token, "edge-1", second.path())).await;
+    match err {
+        JoinError::Refused { code, message } => {
+            assert_eq!(code, Code::AlreadyExists);
+            assert!(
+                message.contains("flower-hub revoke edge-1 --delete"),
+                "{message}"
+            );
+        }
+        other => panic!("expected ALREADY_EXISTS, got {other}"),
+    }
+    assert_eq!(hub.snapshot().await, before_tokens);
+    assert_eq!(hub.snapshot().await.0, before.0);
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn joins_are_rate_limited_per_token_and_bad_input_is_rejected() {
+    // Past the burst a token gets RESOURCE_EXHAUSTED; malformed names and CSRs get
+    // INVALID_ARGUMENT; none of it creates a cluster.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.join_burst = 2;
+    cfg.join_per_second = 0.0;
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+    let token = hub.token().await;
+    let key = load_or_generate_key(agent_dir.path()).expect("key");
+    let csr_pem = make_csr(&key, "x").expect("csr");
+    let before = hub.snapshot().await;
+    let bad_name = raw_join(
+        &hub,
+        JoinRequest {
+            token: token.clone(),
+            cluster_name: "Bad_Name".into(),
+            csr_pem: csr_pem.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        bad_name.expect_err("bad name").code(),
+        Code::InvalidArgument
+    );
+    let bad_csr = raw_join(
+        &hub,
+        JoinRequest {
+            token: token.clone(),
+            cluster_name: "ok".into(),
+            csr_pem: "garbage".into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(bad_csr.expect_err("bad csr").code(), Code::InvalidArgument);
+    let huge = raw_join(
+        &hub,
+        JoinRequest {
+            token: token.clone(),
+            cluster_name: "ok".into(),
+            csr_pem: "x".repeat(5 * 1024 * 1024),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_ne!(huge.expect_err("oversized").code(), Code::Ok);
+    let limited = raw_join(
+        &hub,
+        JoinRequest {
+            token,
+            cluster_name: "ok".into(),
+            csr_pem,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        limited.expect_err("limited").code(),
+        Code::ResourceExhausted
+    );
+    assert_eq!(hub.snapshot().await, before);
+    hub.stop().await;
+}
