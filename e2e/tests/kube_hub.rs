@@ -182,6 +182,23 @@ async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
+/// Reasons of the events the hub published about the Federation.
+async fn event_reasons(client: &Client) -> Result<Vec<String>> {
+    Ok(
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), NS)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reporting_controller.as_deref() == Some(HUB_FIELD_MANAGER)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(FED)
+            })
+            .filter_map(|e| e.reason)
+            .collect(),
+    )
+}
+
 async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
     Ok(Api::<Pod>::namespaced(client.clone(), NS)
         .list(&ListParams::default())
@@ -272,8 +289,19 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
             &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
         )
         .await?;
+    // The controller acts with the hub's least-privilege ServiceAccount from manifests/hub.
+    let manifests = e2e::repo_root().join("manifests/hub");
+    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
+    let hub_sa = e2e::service_account_access(
+        hub,
+        &manifests.join("rbac.yaml"),
+        "flower-addon-system",
+        "flower-hub",
+        3600,
+    )
+    .await?;
     let ca = Arc::new(HubCa::generate()?);
-    let mut running = start_controller(&client, &ca);
+    let mut running = start_controller(&hub_sa.client, &ca);
     let t0 = Instant::now();
 
     // 1. Two pools: everything applied, owned by the Federation, pods Ready, status 3/3.
@@ -364,6 +392,14 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         status.conditions
     );
 
+    ensure!(
+        event_reasons(&client)
+            .await?
+            .iter()
+            .any(|r| r == "CertificateIssued"),
+        "no CertificateIssued event"
+    );
+
     // 2. Replicas changed and a Service label removed → propagated.
     apply_federation(
         &client,
@@ -414,9 +450,9 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
     let pods = pod_uids(&client).await?;
     let fed_version = get_fed(&client).await?.resource_version();
     stop_controller(running).await?;
-    running = start_controller(&client, &ca);
+    running = start_controller(&hub_sa.client, &ca);
     // Prove a reconcile ran against the running state, on top of the restarted controller's own.
-    let ctx = Arc::new(Context::new(client.clone(), ca.clone()));
+    let ctx = Arc::new(Context::new(hub_sa.client.clone(), ca.clone()));
     controller::reconcile(Arc::new(get_fed(&client).await?), ctx.clone()).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
@@ -462,6 +498,13 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
     ensure!(
         pod_uids(&client).await? == pods,
         "an invalid spec restarted pods"
+    );
+    ensure!(
+        event_reasons(&client)
+            .await?
+            .iter()
+            .any(|r| r == "InvalidSpec"),
+        "no InvalidSpec event"
     );
 
     // 6. Mode switch StatefulSet → DaemonSet: the pool's StatefulSet is pruned, the DaemonSet runs

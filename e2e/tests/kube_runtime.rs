@@ -232,8 +232,20 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     let cp = ControlPlane::start(&["spoke-1"])
         .await
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
-    let client = cp.cluster("spoke-1")?.client.clone();
-    let runtime = KubeRuntime::new(client.clone());
+    let spoke = cp.cluster("spoke-1")?;
+    let client = spoke.client.clone();
+    // The runtime acts with the agent's least-privilege ServiceAccount from manifests/agent.
+    let manifests = e2e::repo_root().join("manifests/agent");
+    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
+    let agent = e2e::service_account_access(
+        spoke,
+        &manifests.join("rbac.yaml"),
+        "flower-addon-agent",
+        "flower-agent",
+        3600,
+    )
+    .await?;
+    let runtime = KubeRuntime::new(agent.client.clone());
     let t0 = Instant::now();
 
     // 1. Two pools: namespace created, CA Secret and StatefulSets applied, pods Ready via kwok.
