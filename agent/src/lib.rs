@@ -7,6 +7,7 @@ pub mod channel;
 pub mod cli;
 pub mod credentials;
 pub mod join;
+pub mod kube_runtime;
 pub mod runtime;
 pub mod tls;
 pub mod render;

@@ -4,6 +4,7 @@
 
 pub mod ca;
 pub mod channel;
+pub mod controller;
 pub mod cli;
 pub mod store;
 pub mod tokens;
