@@ -1,6 +1,6 @@
 //! flower-addon agent library: registration client, work channel client, runtimes and the
 //! SuperNode renderer (the only one; the hub uses it for its own cluster).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
 pub mod channel;
@@ -11,3 +11,5 @@ pub mod kube_runtime;
 pub mod runtime;
 pub mod tls;
 pub mod render;
+pub mod supervise;
+pub mod process_runtime;

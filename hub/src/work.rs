@@ -100,8 +100,8 @@ superlink: {image: "flwr/superlink:1.42.0"}
 supernodes:
   image: "flwr/supernode:1.42.0"
   pools:
-    - {name: a, replicas: 2}
-    - {name: b, replicas: 3}
+    - {name: a, replicas: 2, images: {}}
+    - {name: b, replicas: 3, images: {}}
 "#;
 
     #[test]

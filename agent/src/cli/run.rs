@@ -1,6 +1,8 @@
 //! `flower-agent run`.
 use crate::channel::{RunOptions, run as run_channel};
 use crate::credentials::Credentials;
+use crate::kube_runtime::KubeRuntime;
+use crate::process_runtime::{ProcessRuntime, ProcessRuntimeConfig};
 use crate::runtime::{MemoryRuntime, Runtime};
 use anyhow::Context;
 use std::path::PathBuf;
@@ -25,34 +27,80 @@ pub struct RunArgs {
     #[arg(long)]
     pub state_dir: PathBuf,
     /// Runtime that applies the work.
-    #[arg(long, value_enum, default_value = "noop")]
+    #[arg(long, value_enum, default_value = "process")]
     pub runtime: RuntimeKind,
+    /// Directory holding `flower-supernode` (a venv's `bin/`; process runtime). Default: PATH.
+    #[arg(long, env = "FLOWER_BIN_DIR")]
+    pub flower_bin: Option<PathBuf>,
+    /// First local port tried for SuperNode Runtime/ClientAppIO APIs (process runtime). Give
+    /// agents sharing one machine distinct ranges.
+    #[arg(long, default_value_t = 19100)]
+    pub port_base: u16,
+    /// Value of `{node}` (process runtime). Default: the host name.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// How often the observed status is checked (sent only when it changed), e.g. `5s`.
+    #[arg(long, default_value = "3s", value_parser = super::join::parse_duration)]
+    pub status_interval: std::time::Duration,
 }
 
 /// `flower-agent run`.
+///
+/// The process runtime stops its SuperNodes when the agent stops (an edge device runs nothing it
+/// does not supervise); the Kubernetes runtime leaves the workloads running. Neither removes
+/// anything because the hub is unreachable.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let credentials = Credentials::load(&args.state_dir)?;
-    let runtime: Arc<dyn Runtime> = match args.runtime {
-        RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
-        other => anyhow::bail!("--runtime {other:?} is not available yet; use --runtime noop"),
-    };
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
     tokio.block_on(async move {
+        let mut process: Option<Arc<ProcessRuntime>> = None;
+        let runtime: Arc<dyn Runtime> = match args.runtime {
+            RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
+            RuntimeKind::Process => {
+                let node_name = match args.node_name.clone() {
+                    Some(n) => n,
+                    None => nix::unistd::gethostname()
+                        .ok()
+                        .and_then(|h| h.into_string().ok())
+                        .unwrap_or_else(|| "localhost".into()),
+                };
+                let rt = Arc::new(ProcessRuntime::new(ProcessRuntimeConfig {
+                    state_dir: args.state_dir.clone(),
+                    flower_bin: args.flower_bin.clone(),
+                    port_base: args.port_base,
+                    node_name,
+                })?);
+                process = Some(rt.clone());
+                rt
+            }
+            RuntimeKind::Kubernetes => {
+                let client = kube::Client::try_default()
+                    .await
+                    .context("connect to this cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+                Arc::new(KubeRuntime::new(client))
+            }
+        };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("interrupted: stopping (applied work keeps running)");
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            tracing::info!("stopping");
             let _ = stop_tx.send(true);
         });
-        run_channel(
-            RunOptions::new(credentials, Some(args.state_dir)),
-            runtime,
-            stop_rx,
-        )
-        .await
+        let mut options = RunOptions::new(credentials, Some(args.state_dir));
+        options.status_interval = args.status_interval;
+        let result = run_channel(options, runtime, stop_rx).await;
+        if let Some(rt) = process {
+            tracing::info!("stopping this agent's SuperNodes");
+            rt.shutdown().await;
+        }
+        result.map_err(anyhow::Error::from)
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -95,7 +95,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     state: StateDirArgs,
     /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: Output,
 }
 
@@ -239,6 +239,8 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let store = FileStore::open(&args.state.state_dir)?;
         let clusters = store.list_clusters().await?;
+        // Federations are written by the running hub after each reconcile pass.
+        let hub_status = crate::standalone::status::HubStatus::read(&args.state.state_dir).ok();
         if args.output == Output::Json {
             let rows: Vec<_> = clusters
                 .iter()
@@ -253,11 +255,28 @@ pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
                     })
                 })
                 .collect();
+            let (federations, problems) = hub_status
+                .map(|s| (s.federations, s.problems))
+                .unwrap_or_default();
             println!(
                 "{}",
-                serde_json::to_string_pretty(&serde_json::json!({ "clusters": rows }))?
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "federations": federations,
+                    "clusters": rows,
+                    "problems": problems,
+                }))?
             );
             return Ok(ExitCode::SUCCESS);
+        }
+        match &hub_status {
+            Some(s) => {
+                print!("{}", s.federation_table());
+                for p in &s.problems {
+                    println!("problem: {p}");
+                }
+                println!();
+            }
+            None => println!("(no status.json yet: is `flower-hub serve --standalone` running?)\n"),
         }
         println!(
             "{:<24} {:<9} {:<10} {:<22} LABELS",

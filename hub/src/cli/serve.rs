@@ -2,6 +2,8 @@
 use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
 use crate::cli::registration::DEFAULT_PORT;
 use crate::store::file::FileStore;
+use crate::ca::{CaMaterial, HubCa};
+use crate::standalone::{StandaloneConfig, StandaloneHub};
 use crate::store::load_or_create_ca;
 use anyhow::Context;
 use std::collections::BTreeMap;
@@ -40,6 +42,20 @@ pub struct ServeArgs {
     /// A cluster without heartbeat for this long becomes unavailable.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lease_duration: Duration,
+    /// Directory of Federation and Placement YAML files, re-read when they change (standalone).
+    /// Default: `<state-dir>/manifests`.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// Directory holding `flower-superlink`, `flower-superexec` and `flwr` (a venv's `bin/`;
+    /// standalone). Default: PATH.
+    #[arg(long, env = "FLOWER_BIN_DIR")]
+    pub flower_bin: Option<PathBuf>,
+    /// Host the SuperLinks listen on (standalone).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub superlink_host: String,
+    /// Namespace of the hub's own objects, e.g. the CA Secret (Kubernetes mode).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
+    pub namespace: String,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -49,9 +65,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `flower-hub serve`.
 pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if !args.standalone {
-        anyhow::bail!(
-            "Kubernetes mode is not available yet: use `flower-hub serve --standalone --state-dir DIR`"
-        );
+        return serve_kubernetes(args);
     }
     let dir = args
         .state_dir
@@ -119,13 +133,135 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ..ChannelConfig::default()
         };
         let work = Arc::new(InMemoryWorkSource::new());
+        let manifests_dir = args.manifests.clone().unwrap_or_else(|| dir.join("manifests"));
+        std::fs::create_dir_all(&manifests_dir)
+            .with_context(|| format!("create {}", manifests_dir.display()))?;
+        println!(
+            "flower-hub: reading Federations and Placements from {}",
+            manifests_dir.display()
+        );
+        let controller = StandaloneHub::new(
+            store.clone(),
+            work.clone(),
+            ca.clone(),
+            StandaloneConfig {
+                state_dir: dir.clone(),
+                manifests_dir,
+                flower_bin: args.flower_bin.clone(),
+                superlink_host: args.superlink_host.clone(),
+                advertise: args.advertise_address.clone(),
+                lease: args.lease_duration,
+            },
+        );
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let controller = tokio::spawn(controller.run(wait_stop(stop_rx.clone())));
         let server = ChannelServer::new(store, work, ca, config);
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("interrupted: stopping");
+        let shutdown = async move {
+            shutdown_signal().await;
+            tracing::info!("stopping");
+            let _ = stop_tx.send(true);
         };
         server.serve(listeners, shutdown).await?;
+        // The controller stops its SuperLinks before the hub exits.
+        let _ = controller.await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(t) => { t.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
+/// Name of the Secret holding the hub CA in Kubernetes mode.
+pub const CA_SECRET: &str = "flower-hub-ca";
+
+/// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
+/// Federations without `placementRef`, the pools in this cluster), with the hub CA kept in the
+/// Secret `flower-hub-ca` of `--namespace`.
+///
+/// The work channel to spoke clusters (ManagedClusters and Placements on the hub apiserver) is
+/// not served in Kubernetes mode yet; multi-cluster federations run with `--standalone`.
+fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
+        println!(
+            "flower-hub: Kubernetes mode, CA in secret {}/{CA_SECRET} (hash {})",
+            args.namespace,
+            ca.hash()
+        );
+        crate::controller::run(client, ca, shutdown_signal()).await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the hub CA from its Secret, creating both on first start. Creation uses `create` (not
+/// apply), so two hubs starting at once end up with one CA: the loser reads the winner's.
+pub async fn load_or_create_ca_secret(client: kube::Client, namespace: &str) -> anyhow::Result<HubCa> {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::ByteString;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
+    let read = |secret: &Secret| -> anyhow::Result<HubCa> {
+        let data = secret.data.clone().unwrap_or_default();
+        let get = |k: &str| {
+            data.get(k)
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .with_context(|| format!("secret {namespace}/{CA_SECRET} has no {k}"))
+        };
+        Ok(HubCa::from_material(CaMaterial {
+            cert_pem: get("ca.crt")?,
+            key_pem: get("ca.key")?,
+        })?)
+    };
+    if let Some(secret) = api.get_opt(CA_SECRET).await.context("read the CA secret")? {
+        return read(&secret);
+    }
+    let fresh = HubCa::generate()?;
+    let mut data = BTreeMap::new();
+    data.insert("ca.crt".to_string(), ByteString(fresh.material().cert_pem.clone().into_bytes()));
+    data.insert("ca.key".to_string(), ByteString(fresh.material().key_pem.clone().into_bytes()));
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(CA_SECRET.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    };
+    match api.create(&Default::default(), &secret).await {
+        Ok(_) => Ok(fresh),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let secret = api.get(CA_SECRET).await.context("read the CA secret")?;
+            read(&secret)
+        }
+        Err(e) => Err(e).context("create the CA secret"),
+    }
 }

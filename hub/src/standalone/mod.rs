@@ -312,9 +312,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     partitions_total: share.partitions_total,
                     pools,
                     federation_spec_json: spec_json.clone(),
+                    cluster_index: share.cluster_index,
+                    cluster_count: share.clusters,
                 });
-            // cluster index/count are per Federation; ClusterWork carries the last one set.
-            let _ = (share.cluster_index, share.clusters);
         }
         Ok(outcome.selected)
     }
@@ -477,24 +477,21 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     }
                 };
             let path_env = self.flower_env().get("PATH").cloned();
-            for public_key in todo {
-                let file = match noderegister::key_file(&paths, &public_key) {
-                    Ok(f) => f,
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot store a node key");
-                        continue;
-                    }
-                };
-                match noderegister::register_key(
-                    &self.flower_program("flwr"),
-                    &paths,
-                    &connection,
-                    &file,
-                    path_env.as_deref(),
-                )
-                .await
-                {
-                    Ok(()) => {
+            let flwr = self.flower_program("flwr");
+            // `flwr` takes seconds to start: register every new key of this Federation at once.
+            let attempts = todo.into_iter().map(|public_key| {
+                let (paths, connection, path_env, flwr) =
+                    (paths.clone(), connection.clone(), path_env.clone(), flwr.clone());
+                async move {
+                    let file = noderegister::key_file(&paths, &public_key)?;
+                    noderegister::register_key(&flwr, &paths, &connection, &file, path_env.as_deref())
+                        .await
+                        .map(|()| (public_key, file))
+                }
+            });
+            for result in futures::future::join_all(attempts).await {
+                match result {
+                    Ok((public_key, file)) => {
                         tracing::info!(federation = %key.1, key = %file.display(), "registered a SuperNode key with the SuperLink");
                         self.registered.insert((key.clone(), public_key));
                     }

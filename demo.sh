@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# The local demo: a standalone flower-addon hub, two agents joined with a bootstrap token and
+# accepted, a Federation + Placement (2 pools x 2 replicas over both agents, TLS + SuperNode
+# authentication), and a real `flwr run` of the example FedAvg app to completion.
+#
+# Usage: ./demo.sh [--keep]
+#   --keep   leave the federation running and print the flwr connection for your own app
+# Environment:
+#   FLOWER_VERSION     Flower release to use (default 1.42.0; 1.25.0 exercises the classic dialect)
+#   FLOWER_ADDON_CACHE cache root (default ~/.cache/flower-addon): venvs live there
+#   DEMO_ROUNDS        FedAvg rounds (default 3)
+#   DEMO_WORK          work directory (default: a new temp dir)
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT="$PWD"
+KEEP=0
+for arg in "$@"; do
+  case "$arg" in
+    --keep) KEEP=1 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+FLOWER_VERSION="${FLOWER_VERSION:-1.42.0}"
+ROUNDS="${DEMO_ROUNDS:-3}"
+T0=$(date +%s.%N)
+step() { printf '==> [%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $T0" | bc)" "$*"; }
+die() { echo "demo.sh: FAILED: $*" >&2; exit 1; }
+
+step "Python venv with flwr==$FLOWER_VERSION (cached under ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon})"
+VENV="$(e2e/flower/venv.sh "$FLOWER_VERSION" | tail -n 1)"
+[[ -x "$VENV/bin/flower-superlink" ]] || die "no flower-superlink in $VENV"
+
+step "building flower-hub and flower-agent (cargo build)"
+cargo build --quiet --bin flower-hub --bin flower-agent
+HUB="$ROOT/target/debug/flower-hub"
+AGENT="$ROOT/target/debug/flower-agent"
+
+WORK="${DEMO_WORK:-$(mktemp -d /tmp/flower-addon-demo.XXXXXX)}"
+mkdir -p "$WORK/manifests" "$WORK/flwr-home"
+PIDS=()
+cleanup() {
+  local rc=$?
+  if (( KEEP == 0 || rc != 0 )); then
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do
+      for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$p" 2>/dev/null || true
+    done
+    if (( rc != 0 )); then
+      echo "--- logs in $WORK (last lines):" >&2
+      for f in "$WORK"/*.log "$WORK"/hub/logs/*.log "$WORK"/agent-*/logs/*/*.log; do
+        [[ -f "$f" ]] && { echo "--- $f" >&2; tail -n 15 "$f" >&2; }
+      done
+    fi
+  fi
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+HUB_PORT="$(free_port)"
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+
+step "starting the hub: flower-hub serve --standalone (work channel on 127.0.0.1:$HUB_PORT)"
+"$HUB" serve --standalone --state-dir "$WORK/hub" --manifests "$WORK/manifests" \
+  --listen "127.0.0.1:$HUB_PORT" --advertise-address 127.0.0.1 --flower-bin "$VENV/bin" \
+  >"$WORK/hub.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do [[ -f "$WORK/hub/hub-address" ]] && break; sleep 0.1; done
+[[ -f "$WORK/hub/hub-address" ]] || die "the hub did not start (see $WORK/hub.log)"
+
+step "creating a bootstrap token: flower-hub token create --ttl 1h --output json"
+TOKEN_JSON="$("$HUB" token create --state-dir "$WORK/hub" --ttl 1h --output json)"
+TOKEN="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])' <<<"$TOKEN_JSON")"
+CA_HASH="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["caHash"])' <<<"$TOKEN_JSON")"
+echo "    CA hash $CA_HASH"
+
+JOIN_PIDS=()
+for i in 1 2; do
+  site=$([[ $i == 1 ]] && echo a || echo b)
+  step "agent edge-$i joins: flower-agent join --cluster-name edge-$i --label site=$site --label demo=quickstart"
+  "$AGENT" join --hub "127.0.0.1:$HUB_PORT" --token "$TOKEN" --ca-hash "$CA_HASH" \
+    --cluster-name "edge-$i" --label "site=$site" --label demo=quickstart \
+    --state-dir "$WORK/agent-$i" >"$WORK/join-$i.log" 2>&1 &
+  JOIN_PIDS+=($!)
+done
+for i in 1 2; do
+  for _ in $(seq 1 100); do grep -q "waiting for the hub to accept" "$WORK/join-$i.log" 2>/dev/null && break; sleep 0.1; done
+  step "the admin accepts it: flower-hub accept edge-$i"
+  "$HUB" accept "edge-$i" --state-dir "$WORK/hub" | sed 's/^/    /'
+done
+for i in 1 2; do wait "${JOIN_PIDS[$((i-1))]}" || die "join of edge-$i failed: $(tail -3 "$WORK/join-$i.log")"; done
+step "both agents hold hub-issued client certificates"
+
+for i in 1 2; do
+  step "starting agent edge-$i: flower-agent run --runtime process"
+  "$AGENT" run --state-dir "$WORK/agent-$i" --runtime process --flower-bin "$VENV/bin" \
+    --port-base "$((19100 + 100 * i))" >"$WORK/agent-$i.log" 2>&1 &
+  PIDS+=($!)
+done
+
+step "applying examples/quickstart (Federation + Placement) to the hub's manifests directory"
+sed "s/\"1.42.0\"/\"$FLOWER_VERSION\"/; s/:1.42.0/:$FLOWER_VERSION/g" examples/quickstart/federation.yaml >"$WORK/manifests/federation.yaml"
+cp examples/quickstart/placement.yaml "$WORK/manifests/placement.yaml"
+
+step "waiting until all 4 SuperNodes are connected (flower-hub status)"
+for _ in $(seq 1 180); do
+  if "$HUB" status --state-dir "$WORK/hub" -o json 2>/dev/null | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+f = [x for x in s.get("federations", []) if x["name"] == "quickstart"]
+sys.exit(0 if f and f[0]["ready"] and f[0]["readySupernodes"] == 4 else 1)'; then break; fi
+  sleep 1
+done
+"$HUB" status --state-dir "$WORK/hub" | sed 's/^/    /'
+"$HUB" status --state-dir "$WORK/hub" -o json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+f = [x for x in s.get("federations", []) if x["name"] == "quickstart"]
+sys.exit(0 if f and f[0]["ready"] and f[0]["readySupernodes"] == 4 else 1)' || die "SuperNodes not ready after 180 s"
+T_READY=$(echo "$(date +%s.%N) - $T0" | bc)
+
+# flwr's connection to the hub SuperLink (Control API), over TLS with the hub CA.
+CA="$WORK/hub/federations/default/quickstart/tls/ca.crt"
+APP="$WORK/app"; cp -r examples/fedavg "$APP"; rm -rf "$APP/.flwr"
+MINOR="$(cut -d. -f2 <<<"$FLOWER_VERSION")"
+if (( MINOR >= 35 )); then CONTROL=19092; else CONTROL=19093; fi
+if (( MINOR >= 26 )); then
+  cat >"$WORK/flwr-home/config.toml" <<EOF
+[superlink]
+default = "quickstart"
+
+[superlink.quickstart]
+address = "127.0.0.1:$CONTROL"
+root-certificates = "$CA"
+EOF
+  CONN=(quickstart)
+else
+  cat >>"$APP/pyproject.toml" <<EOF
+
+[tool.flwr.federations]
+default = "quickstart"
+
+[tool.flwr.federations.quickstart]
+address = "127.0.0.1:$CONTROL"
+root-certificates = "$CA"
+EOF
+  CONN=("$APP" quickstart)
+fi
+export FLWR_HOME="$WORK/flwr-home" PATH="$VENV/bin:$PATH"
+
+step "flwr run $APP quickstart ($ROUNDS rounds of FedAvg)"
+flwr run "$APP" quickstart --run-config "num-server-rounds=$ROUNDS min-nodes=4" --stream \
+  >"$WORK/run.log" 2>&1 &
+RUN_PID=$!
+T_FIRST=""
+while kill -0 "$RUN_PID" 2>/dev/null; do
+  if [[ -z "$T_FIRST" ]] && grep -q '^round 1/' "$WORK/run.log"; then
+    T_FIRST=$(echo "$(date +%s.%N) - $T0" | bc)
+    step "first round completed"
+  fi
+  sleep 0.5
+done
+wait "$RUN_PID" || die "flwr run failed: $(tail -5 "$WORK/run.log")"
+[[ -n "$T_FIRST" ]] || { grep -q '^round 1/' "$WORK/run.log" && T_FIRST=$(echo "$(date +%s.%N) - $T0" | bc); }
+RUN_ID="$(grep -oE 'started run [0-9]+' "$WORK/run.log" | grep -oE '[0-9]+$' | head -n 1)"
+[[ -n "$RUN_ID" ]] || die "no run id in the flwr run output (see $WORK/run.log)"
+STATUS=""
+for _ in $(seq 1 120); do
+  STATUS="$(flwr ls "${CONN[@]}" --run-id "$RUN_ID" --format json 2>/dev/null | python3 -c '
+import json, sys
+raw = sys.stdin.read(); d = json.loads(raw[raw.index("{"):])
+print(d["runs"][0]["status"] if d.get("success") else "error")' || true)"
+  [[ "$STATUS" == finished:* ]] && break
+  sleep 1
+done
+T_DONE=$(echo "$(date +%s.%N) - $T0" | bc)
+grep -E '^round ' "$WORK/run.log" | sed 's/^/    /' || true
+METRIC="$(grep -E '^final: ' "$WORK/run.log" || true)"
+step "run $RUN_ID: $STATUS — $METRIC"
+[[ "$STATUS" == "finished:completed" ]] || die "run $RUN_ID ended $STATUS (see $WORK/run.log)"
+[[ -n "$METRIC" ]] || die "no final metric in the run output"
+rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
+printf 'demo: ready=%.1fs first_round=%.1fs all_rounds=%.1fs rss_hub=%s rss_agent1=%s rss_agent2=%s\n' \
+  "$T_READY" "${T_FIRST:-0}" "$T_DONE" "$(rss "${PIDS[0]}")" "$(rss "${PIDS[1]}")" "$(rss "${PIDS[2]}")"
+
+if (( KEEP )); then
+  cat <<EOF
+
+The federation keeps running (hub pid ${PIDS[0]}, agents ${PIDS[1]} ${PIDS[2]}; state in $WORK).
+Add this to ~/.flwr/config.toml (or use FLWR_HOME=$WORK/flwr-home) and run your own app:
+
+[superlink.quickstart]
+address = "127.0.0.1:$CONTROL"
+root-certificates = "$CA"
+
+    flwr run ./your-app quickstart --stream
+Stop everything with: kill ${PIDS[*]}
+EOF
+  trap - EXIT INT TERM
+else
+  step "stopping everything the demo started"
+fi
