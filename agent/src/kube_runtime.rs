@@ -393,8 +393,16 @@ fn render_federation(
             })?;
         let cluster = ClusterContext {
             name: work.cluster_name.clone(),
-            index: if fed.cluster_count > 0 { fed.cluster_index } else { work.cluster_index },
-            clusters: if fed.cluster_count > 0 { fed.cluster_count } else { work.cluster_count.max(1) },
+            index: if fed.cluster_count > 0 {
+                fed.cluster_index
+            } else {
+                work.cluster_index
+            },
+            clusters: if fed.cluster_count > 0 {
+                fed.cluster_count
+            } else {
+                work.cluster_count.max(1)
+            },
             partition_offset: u64::from(pool.partition_offset),
             partitions: u64::from(fed.partitions_total),
         };

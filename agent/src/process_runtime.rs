@@ -74,11 +74,14 @@ struct DesiredReplica {
     port: u16,
 }
 
+/// Desired replicas per pool, in work order, keyed by (namespace, federation).
+type PoolCounts = BTreeMap<(String, String), Vec<(String, u32)>>;
+
 #[derive(Default)]
 struct State {
     replicas: BTreeMap<ReplicaKey, Replica>,
     /// desired replica count per (namespace, federation, pool), in work order.
-    pools: BTreeMap<(String, String), Vec<(String, u32)>>,
+    pools: PoolCounts,
 }
 
 /// SuperNodes as local processes.
@@ -134,13 +137,7 @@ impl ProcessRuntime {
         &self,
         work: &ClusterWork,
         taken_ports: &BTreeMap<ReplicaKey, u16>,
-    ) -> Result<
-        (
-            Vec<DesiredReplica>,
-            BTreeMap<(String, String), Vec<(String, u32)>>,
-        ),
-        RuntimeError,
-    > {
+    ) -> Result<(Vec<DesiredReplica>, PoolCounts), RuntimeError> {
         let mut out = Vec::new();
         let mut pools = BTreeMap::new();
         let mut used: BTreeSet<u16> = BTreeSet::new();
@@ -159,7 +156,12 @@ impl ProcessRuntime {
                     fed.namespace, fed.name, fed.flower_version
                 ))
             })?;
-            let dialect = FlowerDialect::of(version);
+            let dialect = FlowerDialect::supported(version).ok_or_else(|| {
+                RuntimeError::Apply(format!(
+                    "federation {}/{}: Flower {} has no supported argument dialect (use < 1.35 or >= 1.40)",
+                    fed.namespace, fed.name, fed.flower_version
+                ))
+            })?;
             let fed_dir = self
                 .config
                 .state_dir
@@ -188,8 +190,16 @@ impl ProcessRuntime {
                 fed_pools.push((pool.name.clone(), replicas));
                 let cluster = ClusterContext {
                     name: work.cluster_name.clone(),
-                    index: if fed.cluster_count > 0 { fed.cluster_index } else { work.cluster_index },
-                    clusters: if fed.cluster_count > 0 { fed.cluster_count } else { work.cluster_count.max(1) },
+                    index: if fed.cluster_count > 0 {
+                        fed.cluster_index
+                    } else {
+                        work.cluster_index
+                    },
+                    clusters: if fed.cluster_count > 0 {
+                        fed.cluster_count
+                    } else {
+                        work.cluster_count.max(1)
+                    },
                     partition_offset: u64::from(pool_work.partition_offset),
                     partitions: u64::from(fed.partitions_total),
                 };

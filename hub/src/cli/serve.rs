@@ -1,9 +1,9 @@
 //! `flower-hub serve`: the long-running hub (Kubernetes mode or standalone).
+use crate::ca::{CaMaterial, HubCa};
 use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
 use crate::cli::registration::DEFAULT_PORT;
-use crate::store::file::FileStore;
-use crate::ca::{CaMaterial, HubCa};
 use crate::standalone::{StandaloneConfig, StandaloneHub};
+use crate::store::file::FileStore;
 use crate::store::load_or_create_ca;
 use anyhow::Context;
 use std::collections::BTreeMap;
@@ -133,7 +133,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ..ChannelConfig::default()
         };
         let work = Arc::new(InMemoryWorkSource::new());
-        let manifests_dir = args.manifests.clone().unwrap_or_else(|| dir.join("manifests"));
+        let manifests_dir = args
+            .manifests
+            .clone()
+            .unwrap_or_else(|| dir.join("manifests"));
         std::fs::create_dir_all(&manifests_dir)
             .with_context(|| format!("create {}", manifests_dir.display()))?;
         println!(
@@ -179,8 +182,7 @@ async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = async {
@@ -207,9 +209,9 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
-            .await
-            .context("connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        let client = kube::Client::try_default().await.context(
+            "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
+        )?;
         let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
         println!(
             "flower-hub: Kubernetes mode, CA in secret {}/{CA_SECRET} (hash {})",
@@ -224,9 +226,12 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
 /// Loads the hub CA from its Secret, creating both on first start. Creation uses `create` (not
 /// apply), so two hubs starting at once end up with one CA: the loser reads the winner's.
-pub async fn load_or_create_ca_secret(client: kube::Client, namespace: &str) -> anyhow::Result<HubCa> {
-    use k8s_openapi::api::core::v1::Secret;
+pub async fn load_or_create_ca_secret(
+    client: kube::Client,
+    namespace: &str,
+) -> anyhow::Result<HubCa> {
     use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
     let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
     let read = |secret: &Secret| -> anyhow::Result<HubCa> {
         let data = secret.data.clone().unwrap_or_default();
@@ -245,8 +250,14 @@ pub async fn load_or_create_ca_secret(client: kube::Client, namespace: &str) -> 
     }
     let fresh = HubCa::generate()?;
     let mut data = BTreeMap::new();
-    data.insert("ca.crt".to_string(), ByteString(fresh.material().cert_pem.clone().into_bytes()));
-    data.insert("ca.key".to_string(), ByteString(fresh.material().key_pem.clone().into_bytes()));
+    data.insert(
+        "ca.crt".to_string(),
+        ByteString(fresh.material().cert_pem.clone().into_bytes()),
+    );
+    data.insert(
+        "ca.key".to_string(),
+        ByteString(fresh.material().key_pem.clone().into_bytes()),
+    );
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(CA_SECRET.into()),

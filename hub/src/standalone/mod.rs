@@ -17,7 +17,7 @@ use crate::channel::InMemoryWorkSource;
 use crate::placement::{self, ClusterView, TaintEffect, TaintView};
 use crate::store::{CONDITION_AVAILABLE, ClusterRecord, ClusterStore};
 use crate::work::split_work;
-use flower_addon_agent::render::{FlowerDialect, FlowerVersion, dialect::image_tag};
+use flower_addon_agent::render::{FlowerDialect, FlowerVersion};
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::{Federation, Placement};
 use flower_addon_proto::{ClusterWork, FederationWork, PoolWork};
@@ -480,13 +480,23 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let flwr = self.flower_program("flwr");
             // `flwr` takes seconds to start: register every new key of this Federation at once.
             let attempts = todo.into_iter().map(|public_key| {
-                let (paths, connection, path_env, flwr) =
-                    (paths.clone(), connection.clone(), path_env.clone(), flwr.clone());
+                let (paths, connection, path_env, flwr) = (
+                    paths.clone(),
+                    connection.clone(),
+                    path_env.clone(),
+                    flwr.clone(),
+                );
                 async move {
                     let file = noderegister::key_file(&paths, &public_key)?;
-                    noderegister::register_key(&flwr, &paths, &connection, &file, path_env.as_deref())
-                        .await
-                        .map(|()| (public_key, file))
+                    noderegister::register_key(
+                        &flwr,
+                        &paths,
+                        &connection,
+                        &file,
+                        path_env.as_deref(),
+                    )
+                    .await
+                    .map(|()| (public_key, file))
                 }
             });
             for result in futures::future::join_all(attempts).await {
@@ -521,20 +531,10 @@ fn fed_key(fed: &Federation) -> FedKey {
     )
 }
 
-/// The Flower version and dialect of a Federation, from `spec.version` or the SuperLink tag.
+/// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);
+/// versions without a supported dialect are refused with the field to fix.
 pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDialect), String> {
-    let text = fed
-        .spec
-        .version
-        .clone()
-        .or_else(|| image_tag(&fed.spec.superlink.image).map(str::to_owned))
-        .unwrap_or_default();
-    let version = FlowerVersion::parse(&text).ok_or_else(|| {
-        format!(
-            "spec.version: cannot tell the Flower version from {text:?}: set spec.version, e.g. 1.42.0"
-        )
-    })?;
-    Ok((version, FlowerDialect::of(version)))
+    crate::render::federation_dialect(fed).map_err(|e| e.to_string())
 }
 
 fn host_of(address: &str) -> &str {
