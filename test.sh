@@ -1,22 +1,53 @@
 #!/usr/bin/env bash
-# Runs the whole flower-addon test suite: formatting, lints, unit and golden tests, and the
-# tests against real components (real kube-apiservers built from Go modules, real Flower from
-# PyPI). Installs what it needs and caches the expensive parts in ~/.cache/flower-addon/.
+# Runs the whole flower-addon test suite: formatting, lints, unit and golden tests, tests on real
+# kube-apiservers (built from Go modules), the work channel over real TLS, and the quickstart with
+# real Flower from PyPI for both Flower argument dialects (1.42.0 and 1.25.0).
+#
+# Installs what it needs and caches the expensive parts in ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon}:
+# the Kubernetes binaries (first build 20-35 min on 2 cores) and the Flower venvs (~30 s each).
 set -euo pipefail
 cd "$(dirname "$0")"
 export FLOWER_ADDON_CACHE="${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}"
-step() { printf '\n==> [%s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+T0=$SECONDS
+step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
+LOG_DIR="$(mktemp -d /tmp/flower-addon-test.XXXXXX)"
+PASSED=0
 
-step "checking the toolchain (cargo, go, python3)"
-for tool in cargo go python3; do
+step "checking the toolchain (cargo, go, python3, bc, curl)"
+for tool in cargo go python3 bc; do
   command -v "$tool" >/dev/null || { echo "test.sh: $tool is required but not on PATH" >&2; exit 1; }
 done
+
+step "Kubernetes test control plane: e2e/k8s/build.sh (cold build 20-35 min, then cached)"
+K8S_BIN="$(e2e/k8s/build.sh)"
+export FLOWER_ADDON_K8S_BIN="$K8S_BIN"
+echo "    $K8S_BIN"
+
+step "Flower venvs from PyPI: flwr 1.42.0 and 1.25.0 (cached)"
+e2e/flower/venv.sh 1.42.0 | tail -n 1 | sed 's/^/    /'
+e2e/flower/venv.sh 1.25.0 | tail -n 1 | sed 's/^/    /'
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
+step "cargo clippy --all-targets -- -D warnings (first run compiles everything: several minutes)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-step "unit, golden and loopback tests (cargo test --workspace)"
-cargo test --workspace --quiet 2>&1 | tee "${TMPDIR:-/tmp}/flower-addon-cargo-test.log"
+step "building flower-hub and flower-agent"
+cargo build --quiet --bins
+
+step "cargo test --workspace: unit, golden, CLI, loopback mTLS, real apiservers, real Flower"
+cargo test --workspace 2>&1 | tee "$LOG_DIR/cargo-test.log"
+cargo_passed="$(grep -E '^test result: ok\.' "$LOG_DIR/cargo-test.log" | awk '{s += $4} END {print s + 0}')"
+(( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
+PASSED=$((PASSED + cargo_passed))
+
+for version in 1.42.0 1.25.0; do
+  step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run)"
+  FLOWER_VERSION="$version" DEMO_WORK="$LOG_DIR/demo-$version" ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log"
+  grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"
+  PASSED=$((PASSED + 1))
+done
+
+step "done in $((SECONDS - T0)) s (logs in $LOG_DIR)"
+echo "test.sh: $PASSED passed, 0 failed"
