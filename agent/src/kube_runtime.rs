@@ -29,8 +29,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::render::{
-    CA_KEY, ClusterContext, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput,
-    Workload, component_labels, pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
+    CA_KEY, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput, Workload,
+    component_labels, pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
 };
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 
@@ -391,21 +391,7 @@ fn render_federation(
                 what: format!("pool {:?} spec_json", pool.name),
                 source,
             })?;
-        let cluster = ClusterContext {
-            name: work.cluster_name.clone(),
-            index: if fed.cluster_count > 0 {
-                fed.cluster_index
-            } else {
-                work.cluster_index
-            },
-            clusters: if fed.cluster_count > 0 {
-                fed.cluster_count
-            } else {
-                work.cluster_count.max(1)
-            },
-            partition_offset: u64::from(pool.partition_offset),
-            partitions: u64::from(fed.partitions_total),
-        };
+        let cluster = crate::runtime::cluster_context(work, fed, pool);
         let mut workload = render_supernode_pool(&SuperNodePoolInput {
             federation: &fed.name,
             namespace: &fed.namespace,

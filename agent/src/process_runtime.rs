@@ -121,16 +121,7 @@ impl ProcessRuntime {
     }
 
     fn env(&self) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        env.insert("FLWR_TELEMETRY_ENABLED".into(), "0".into());
-        env.insert("FLWR_DISABLE_UPDATE_CHECK".into(), "1".into());
-        env.insert("PYTHONUNBUFFERED".into(), "1".into());
-        // Flower starts its helpers (flwr-clientapp, flower-superexec) by bare name.
-        if let Some(dir) = &self.config.flower_bin {
-            let path = std::env::var("PATH").unwrap_or_default();
-            env.insert("PATH".into(), format!("{}:{path}", dir.display()));
-        }
-        env
+        crate::supervise::flower_env(self.config.flower_bin.as_deref())
     }
 
     fn desired(
@@ -188,21 +179,7 @@ impl ProcessRuntime {
                     DeploymentMode::DaemonSet => 1,
                 };
                 fed_pools.push((pool.name.clone(), replicas));
-                let cluster = ClusterContext {
-                    name: work.cluster_name.clone(),
-                    index: if fed.cluster_count > 0 {
-                        fed.cluster_index
-                    } else {
-                        work.cluster_index
-                    },
-                    clusters: if fed.cluster_count > 0 {
-                        fed.cluster_count
-                    } else {
-                        work.cluster_count.max(1)
-                    },
-                    partition_offset: u64::from(pool_work.partition_offset),
-                    partitions: u64::from(fed.partitions_total),
-                };
+                let cluster = crate::runtime::cluster_context(work, fed, pool_work);
                 let ca_secret = render::spoke_ca_secret_name(&fed.name);
                 let input = SuperNodePoolInput {
                     federation: &fed.name,

@@ -112,3 +112,24 @@ impl Runtime for MemoryRuntime {
         })
     }
 }
+
+/// The render context of one pool from a work snapshot: the Federation's own cluster index and
+/// count when the hub sent them, else the snapshot-wide ones (older hubs).
+pub fn cluster_context(
+    work: &ClusterWork,
+    fed: &flower_addon_proto::FederationWork,
+    pool: &flower_addon_proto::PoolWork,
+) -> crate::render::ClusterContext {
+    let (index, clusters) = if fed.cluster_count > 0 {
+        (fed.cluster_index, fed.cluster_count)
+    } else {
+        (work.cluster_index, work.cluster_count.max(1))
+    };
+    crate::render::ClusterContext {
+        name: work.cluster_name.clone(),
+        index,
+        clusters,
+        partition_offset: u64::from(pool.partition_offset),
+        partitions: u64::from(fed.partitions_total),
+    }
+}

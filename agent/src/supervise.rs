@@ -12,6 +12,21 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// Environment for Flower processes: no telemetry, no update check, unbuffered output, and
+/// `flower_bin` first on PATH (Flower starts its helpers — `flower-superexec`, `flwr-clientapp`,
+/// `flwr-serverapp` — by bare name).
+pub fn flower_env(flower_bin: Option<&std::path::Path>) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("FLWR_TELEMETRY_ENABLED".into(), "0".into());
+    env.insert("FLWR_DISABLE_UPDATE_CHECK".into(), "1".into());
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    if let Some(dir) = flower_bin {
+        let path = std::env::var("PATH").unwrap_or_default();
+        env.insert("PATH".into(), format!("{}:{path}", dir.display()));
+    }
+    env
+}
+
 /// What to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessSpec {

@@ -116,15 +116,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     }
 
     fn flower_env(&self) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        env.insert("FLWR_TELEMETRY_ENABLED".into(), "0".into());
-        env.insert("FLWR_DISABLE_UPDATE_CHECK".into(), "1".into());
-        env.insert("PYTHONUNBUFFERED".into(), "1".into());
-        if let Some(dir) = &self.config.flower_bin {
-            let path = std::env::var("PATH").unwrap_or_default();
-            env.insert("PATH".into(), format!("{}:{path}", dir.display()));
-        }
-        env
+        flower_addon_agent::supervise::flower_env(self.config.flower_bin.as_deref())
     }
 
     /// One reconcile pass.
