@@ -1,0 +1,385 @@
+//! Work-channel scale benchmark: N simulated agents (real mTLS streams, all in this process)
+//! against one standalone hub running as a child process (so its RSS is its own).
+//!
+//! `cargo run --release -p e2e --bin channel_bench -- --agents 10000`
+//!
+//! Steps: provision N accepted clusters and their client certificates directly in a fresh state
+//! directory (joining is not what is measured), start the hub child, connect the agents in
+//! batches, then change every cluster's work `--rounds` times and measure, in the hub, the time
+//! from the change to each agent's ack (fan-out latency). Prints held connections, hub RSS and
+//! p50/p99/max fan-out.
+use anyhow::{Context, bail};
+use clap::Parser;
+use flower_addon_agent::channel::{RunOptions, run};
+use flower_addon_agent::credentials::{AgentConfig, Credentials, make_csr};
+use flower_addon_agent::runtime::MemoryRuntime;
+use flower_addon_hub::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource, WorkSource};
+use flower_addon_hub::store::file::FileStore;
+use flower_addon_hub::store::{ClusterRegistration, ClusterStore, load_or_create_ca};
+use flower_addon_proto::{ClusterWork, FederationWork, PoolWork, Status};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{Notify, watch};
+
+#[derive(Parser, Debug)]
+#[command(about = "flower-addon work channel scale benchmark")]
+struct Args {
+    /// Number of simulated agents.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// Work changes to measure.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Loopback source addresses the agents spread over (127.0.0.1 … 127.0.0.K).
+    #[arg(long, default_value_t = 4)]
+    source_ips: u8,
+    /// Agents started per batch (one batch every 100 ms).
+    #[arg(long, default_value_t = 250)]
+    batch: usize,
+    /// Internal: run as the hub child on this state dir.
+    #[arg(long, hide = true)]
+    serve_hub: Option<PathBuf>,
+    /// Internal: hub child listen address.
+    #[arg(long, hide = true, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match args.serve_hub.clone() {
+        Some(dir) => runtime.block_on(hub_child(dir, args.listen)),
+        None => runtime.block_on(driver(args)),
+    }
+}
+
+/// Raises RLIMIT_NOFILE as far as allowed (root may lift the hard limit too).
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let want = 1_048_576;
+    if setrlimit(Resource::RLIMIT_NOFILE, want, want).is_err()
+        && let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+// === hub child ===
+
+/// Wraps the in-memory source and timestamps acks of the current round.
+struct BenchWork {
+    inner: InMemoryWorkSource,
+    round: Mutex<Round>,
+    done: Notify,
+}
+
+#[derive(Default)]
+struct Round {
+    started: Option<Instant>,
+    targets: HashMap<String, u64>,
+    latencies: Vec<Duration>,
+}
+
+impl WorkSource for BenchWork {
+    fn snapshot(&self, cluster: &str) -> ClusterWork {
+        self.inner.snapshot(cluster)
+    }
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes()
+    }
+    fn on_ack(&self, cluster: &str, version: u64) {
+        if let Ok(mut round) = self.round.lock()
+            && let Some(started) = round.started
+            && round.targets.get(cluster) == Some(&version)
+        {
+            round.targets.remove(cluster);
+            round.latencies.push(started.elapsed());
+            if round.targets.is_empty() {
+                self.done.notify_one();
+            }
+        }
+    }
+    fn on_status(&self, cluster: &str, status: &Status) {
+        self.inner.on_status(cluster, status)
+    }
+}
+
+fn bench_work(round: usize) -> ClusterWork {
+    ClusterWork {
+        cluster_count: 1,
+        federations: vec![FederationWork {
+            namespace: "bench".into(),
+            name: "fed".into(),
+            flower_version: "1.20.0".into(),
+            superlink_fleet_address: "127.0.0.1:9092".into(),
+            partitions_total: 2,
+            pools: vec![PoolWork {
+                name: "p0".into(),
+                partition_offset: 0,
+                spec_json: format!(r#"{{"name":"p0","replicas":2,"round":{round}}}"#),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+async fn hub_child(dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
+    let store = Arc::new(FileStore::open(&dir)?);
+    let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
+    let names: Vec<String> = store
+        .list_clusters()
+        .await?
+        .into_iter()
+        .map(|c| c.registration.name)
+        .collect();
+    let work = Arc::new(BenchWork {
+        inner: InMemoryWorkSource::new(),
+        round: Mutex::new(Round::default()),
+        done: Notify::new(),
+    });
+    let config = ChannelConfig {
+        lease_duration: Duration::from_secs(600),
+        handshake_timeout: Duration::from_secs(60),
+        ..ChannelConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let server = ChannelServer::new(store, work.clone(), ca, config);
+    let connected = server.connected_counter();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.serve(vec![listener], async {
+        let _ = stop_rx.await;
+    }));
+    println!("ready {addr}");
+    // Commands on stdin (read on a plain thread: tokio's stdin needs a feature we do not enable).
+    let (line_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if line_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut round_no = 0;
+    while let Some(line) = lines.recv().await {
+        match line.trim() {
+            "stats" => println!("stats connected={} rss_kib={}", connected(), rss_kib()),
+            "bump" => {
+                round_no += 1;
+                let works = names.iter().map(|n| (n.clone(), bench_work(round_no)));
+                {
+                    // Hold the round lock while publishing, so every target is recorded before
+                    // any ack for it can be counted.
+                    let mut round = work.round.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                    *round = Round::default();
+                    round.started = Some(Instant::now());
+                    let versions = work.inner.set_many(works);
+                    round.targets = names.iter().cloned().zip(versions).collect();
+                }
+                let waited =
+                    tokio::time::timeout(Duration::from_secs(120), work.done.notified()).await;
+                let mut round = work.round.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                let mut l = std::mem::take(&mut round.latencies);
+                l.sort();
+                let pct = |p: f64| {
+                    l.get(((l.len() as f64 * p).ceil() as usize).saturating_sub(1))
+                        .map(|d| d.as_secs_f64() * 1000.0)
+                        .unwrap_or(f64::NAN)
+                };
+                println!(
+                    "fanout acked={} missing={} p50_ms={:.1} p99_ms={:.1} max_ms={:.1} timeout={}",
+                    l.len(),
+                    round.targets.len(),
+                    pct(0.50),
+                    pct(0.99),
+                    pct(1.0),
+                    waited.is_err()
+                );
+            }
+            "quit" => break,
+            other => println!("error unknown command {other:?}"),
+        }
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), serving).await;
+    Ok(())
+}
+
+// === driver ===
+
+async fn driver(args: Args) -> anyhow::Result<()> {
+    let n = args.agents;
+    let dir = tempfile::tempdir()?;
+    let t = Instant::now();
+    let creds = provision(dir.path().to_path_buf(), n).await?;
+    eprintln!(
+        "provisioned {n} clusters in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .arg("--serve-hub")
+        .arg(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("start the hub child")?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let mut out = BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let ready = out.next_line().await?.context("hub child exited")?;
+    let addr = ready
+        .strip_prefix("ready ")
+        .context("unexpected hub output")?
+        .to_string();
+    let mut ask = async |cmd: &str| -> anyhow::Result<String> {
+        stdin.write_all(format!("{cmd}\n").as_bytes()).await?;
+        out.next_line().await?.context("hub child exited")
+    };
+
+    let idle_rss = ask("stats").await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let t = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for (i, mut c) in creds.into_iter().enumerate() {
+        c.config.hub = addr.clone();
+        let mut options = RunOptions::new(c, None);
+        options.local_ip = Some(IpAddr::V4(Ipv4Addr::new(
+            127,
+            0,
+            0,
+            1 + (i % usize::from(args.source_ips.max(1))) as u8,
+        )));
+        options.reconnect_min = Duration::from_millis(500);
+        options.reconnect_max = Duration::from_secs(5);
+        options.status_interval = Duration::from_secs(3600);
+        let runtime = Arc::new(MemoryRuntime::new());
+        let stop = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = run(options, runtime, stop).await;
+        }));
+        if (i + 1) % args.batch == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut connected = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        let stats = ask("stats").await?;
+        connected = field(&stats, "connected").unwrap_or(0);
+        if connected >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let connect_secs = t.elapsed().as_secs_f64();
+    if connected < n as u64 {
+        eprintln!("only {connected}/{n} agents connected after {connect_secs:.0}s");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = ask("stats").await?;
+    println!("agents={n} connected={connected} connect_all_s={connect_secs:.1}");
+    println!("hub idle (no agents): {idle_rss}");
+    println!("hub holding streams:  {held}");
+    let mut results = Vec::new();
+    for round in 1..=args.rounds {
+        let line = ask("bump").await?;
+        println!("round {round}: {line}");
+        results.push(line);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let after = ask("stats").await?;
+    println!("hub after fan-out:    {after}");
+    println!("client process rss_kib={} (all {n} agents)", rss_kib());
+    // Agents first (so the hub's departure is not logged as 10,000 reconnects), then the hub.
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    stdin.write_all(b"quit\n").await?;
+    let _ = stdin_quit(&mut child).await;
+    if connected < n as u64 {
+        bail!("not every agent connected");
+    }
+    Ok(())
+}
+
+async fn stdin_quit(child: &mut tokio::process::Child) -> anyhow::Result<()> {
+    let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
+    child.kill().await.ok();
+    Ok(())
+}
+
+fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Creates the CA, N accepted clusters and their client certificates.
+async fn provision(dir: PathBuf, n: usize) -> anyhow::Result<Vec<Credentials>> {
+    let store = FileStore::open(&dir)?;
+    let ca = load_or_create_ca(&store).await?;
+    let mut creds = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("bench-{i:05}");
+        let key = rcgen::KeyPair::generate()?;
+        let csr = make_csr(&key, &name)?;
+        let issued = ca.sign_client_csr(&csr, &name, Duration::from_secs(86400))?;
+        store
+            .create_cluster(
+                &ClusterRegistration {
+                    name: name.clone(),
+                    labels: Default::default(),
+                    claims: Default::default(),
+                    key_fingerprint: issued.key_fingerprint.clone(),
+                    agent_version: "bench".into(),
+                    token_id: String::new(),
+                    created_unix: 0,
+                },
+                true,
+            )
+            .await?;
+        creds.push(Credentials {
+            config: AgentConfig {
+                cluster_name: name,
+                hub: String::new(),
+                server_name: "127.0.0.1".into(),
+            },
+            ca_pem: ca.cert_pem().to_string(),
+            cert_pem: issued.cert_pem,
+            key_pem: key.serialize_pem(),
+        });
+    }
+    Ok(creds)
+}
