@@ -17,6 +17,7 @@
 //! this controller applies only their SuperLink side.
 
 mod apply;
+pub mod placement;
 mod status;
 mod tls;
 

@@ -1,0 +1,379 @@
+//! The hub's Kubernetes-mode multi-cluster side on a real hub apiserver: the Placement controller
+//! turns ManagedClusters + Placements into PlacementDecisions (selectors, relabelling, Steady
+//! selection with `numberOfClusters`, taints and expiring tolerations, pagination at 100), under
+//! the hub's least-privilege ServiceAccount from `manifests/hub`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use e2e::{Cluster, ControlPlane};
+use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
+use flower_addon_hub::controller::placement;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use tokio::sync::oneshot;
+
+const NS: &str = "team";
+const USER: &str = "e2e-user";
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn install_crds(hub: &Cluster) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
+    for crd in flower_addon_crds::crds() {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("apply CRD {name}"))?;
+        e2e::wait_until(&format!("CRD {name} Established"), WAIT, || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let c = crds.get(&name).await?;
+                Ok(c.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True"))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Applies (as the user) a ManagedCluster with `labels`, accepted or not, with `taints`.
+async fn apply_cluster(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+    accepted: bool,
+    taints: serde_json::Value,
+) -> Result<()> {
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+    let body = serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "ManagedCluster",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"hubAcceptsClient": accepted, "taints": taints},
+    });
+    Api::<ManagedCluster>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .with_context(|| format!("apply ManagedCluster {name}"))?;
+    Ok(())
+}
+
+async fn apply_placement(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
+    let body = serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Placement",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    });
+    Api::<Placement>::namespaced(client.clone(), NS)
+        .patch(
+            name,
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .with_context(|| format!("apply Placement {name}"))?;
+    Ok(())
+}
+
+/// Decision pages of `placement` by name, each with its cluster names.
+async fn pages(client: &Client, placement: &str) -> Result<BTreeMap<String, Vec<String>>> {
+    Ok(Api::<PlacementDecision>::namespaced(client.clone(), NS)
+        .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={placement}")))
+        .await?
+        .items
+        .into_iter()
+        .map(|d| {
+            let clusters = d
+                .status
+                .iter()
+                .flat_map(|s| s.decisions.iter().map(|c| c.cluster_name.clone()))
+                .collect();
+            (d.name_any(), clusters)
+        })
+        .collect())
+}
+
+/// Waits until the decisions of `placement` are exactly `want` (sorted) and the status agrees.
+async fn wait_decisions(client: &Client, placement: &str, want: &[&str]) -> Result<Duration> {
+    let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+    let took = e2e::wait_until(
+        &format!("Placement {placement} decides {want:?}"),
+        WAIT,
+        || {
+            let want = want.clone();
+            async move {
+                let mut got: Vec<String> = pages(client, placement)
+                    .await?
+                    .into_values()
+                    .flatten()
+                    .collect();
+                got.sort();
+                let p = Api::<Placement>::namespaced(client.clone(), NS)
+                    .get(placement)
+                    .await?;
+                let selected = p
+                    .status
+                    .as_ref()
+                    .map_or(-1, |s| s.number_of_selected_clusters);
+                Ok(got == want && selected == want.len() as i32)
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "Placement {placement} → {want:?} in {:.2}s",
+        took.as_secs_f64()
+    );
+    Ok(took)
+}
+
+async fn status_of(client: &Client, placement: &str) -> Result<flower_addon_crds::PlacementStatus> {
+    Ok(Api::<Placement>::namespaced(client.clone(), NS)
+        .get(placement)
+        .await?
+        .status
+        .unwrap_or_default())
+}
+
+fn condition(status: &flower_addon_crds::PlacementStatus, type_: &str) -> Option<String> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
+    // Invariant: PlacementDecisions always list exactly the accepted, matching, untolerated-taint-
+    // free clusters (Steady under numberOfClusters, expiring tolerations honoured, 100 per page,
+    // owned by the Placement), and the Placement status says how many and why others are out.
+    e2e::install_crypto();
+    let cp = ControlPlane::start(&["hub"])
+        .await
+        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
+    let hub = cp.cluster("hub")?;
+    let client = hub.client.clone();
+    install_crds(hub).await?;
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    let manifests = e2e::repo_root().join("manifests/hub");
+    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
+    let hub_sa = e2e::service_account_access(
+        hub,
+        &manifests.join("rbac.yaml"),
+        "flower-addon-system",
+        "flower-hub",
+        3600,
+    )
+    .await?;
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
+        let _ = rx.await;
+    }));
+    let t0 = Instant::now();
+    let none = serde_json::json!([]);
+
+    // 1. Three accepted clusters (two prod) and one prod cluster not accepted.
+    apply_cluster(&client, "c1", &[("env", "prod")], true, none.clone()).await?;
+    apply_cluster(&client, "c2", &[("env", "prod")], true, none.clone()).await?;
+    apply_cluster(&client, "c3", &[("env", "dev")], true, none.clone()).await?;
+    apply_cluster(&client, "c9", &[("env", "prod")], false, none.clone()).await?;
+    let prod = serde_json::json!({"predicates": [
+        {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+    ]});
+    apply_placement(&client, "prod", prod.clone()).await?;
+    wait_decisions(&client, "prod", &["c1", "c2"]).await?;
+    let placement_uid = Api::<Placement>::namespaced(client.clone(), NS)
+        .get("prod")
+        .await?
+        .uid()
+        .unwrap_or_default();
+    let page = Api::<PlacementDecision>::namespaced(client.clone(), NS)
+        .get("prod-decision-1")
+        .await?;
+    ensure!(
+        page.owner_references()
+            .iter()
+            .any(|r| r.uid == placement_uid && r.controller == Some(true)),
+        "decision page not owned by the Placement: {:?}",
+        page.owner_references()
+    );
+    let status = status_of(&client, "prod").await?;
+    ensure!(
+        condition(&status, "PlacementSatisfied").as_deref() == Some("True"),
+        "PlacementSatisfied: {status:?}"
+    );
+    ensure!(
+        condition(&status, "PlacementMisconfigured").as_deref() == Some("False"),
+        "PlacementMisconfigured: {status:?}"
+    );
+    let out = placement::unselected(&status);
+    ensure!(
+        out.get("c3")
+            .is_some_and(|r| r.contains("no predicate matches"))
+            && out.get("c9").is_some_and(|r| r.contains("not accepted")),
+        "unselected reasons: {out:?}"
+    );
+
+    // 2. Relabelling moves the decision: c2 leaves prod, c3 joins it.
+    apply_cluster(&client, "c2", &[("env", "dev")], true, none.clone()).await?;
+    apply_cluster(&client, "c3", &[("env", "prod")], true, none.clone()).await?;
+    wait_decisions(&client, "prod", &["c1", "c3"]).await?;
+
+    // 3. numberOfClusters=1 is Steady: a new matching cluster that sorts first does not take
+    //    the place of the selected one (while the unbounded Placement gets it).
+    let mut one = prod.clone();
+    one["numberOfClusters"] = serde_json::json!(1);
+    apply_placement(&client, "one", one).await?;
+    wait_decisions(&client, "one", &["c1"]).await?;
+    apply_cluster(&client, "c0", &[("env", "prod")], true, none.clone()).await?;
+    wait_decisions(&client, "prod", &["c0", "c1", "c3"]).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_decisions(&client, "one", &["c1"]).await?;
+    let reasons = placement::unselected(&status_of(&client, "one").await?);
+    ensure!(
+        reasons
+            .get("c0")
+            .is_some_and(|r| r.contains("numberOfClusters")),
+        "c0 left out of `one` for numberOfClusters: {reasons:?}"
+    );
+
+    // 4. An untolerated NoSelect taint drops c1 everywhere; `one` takes another cluster.
+    apply_cluster(
+        &client,
+        "c1",
+        &[("env", "prod")],
+        true,
+        serde_json::json!([{"key": "maintenance", "effect": "NoSelect"}]),
+    )
+    .await?;
+    wait_decisions(&client, "prod", &["c0", "c3"]).await?;
+    wait_decisions(&client, "one", &["c0"]).await?;
+    let reasons = placement::unselected(&status_of(&client, "prod").await?);
+    ensure!(
+        reasons
+            .get("c1")
+            .is_some_and(|r| r.contains("maintenance:NoSelect")),
+        "c1 left out for its taint: {reasons:?}"
+    );
+
+    // 5. A toleration with tolerationSeconds keeps a tainted cluster only until it expires: the
+    //    controller requeues itself at the expiry (no other change happens meanwhile).
+    let mut tolerant = prod.clone();
+    tolerant["tolerations"] = serde_json::json!([
+        {"key": "unreachable", "operator": "Exists", "tolerationSeconds": 6}
+    ]);
+    apply_placement(&client, "tolerant", tolerant).await?;
+    wait_decisions(&client, "tolerant", &["c0", "c3"]).await?;
+    let added =
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())?;
+    apply_cluster(
+        &client,
+        "c3",
+        &[("env", "prod")],
+        true,
+        serde_json::json!([{"key": "unreachable", "effect": "NoSelect",
+                            "timeAdded": added.to_string()}]),
+    )
+    .await?;
+    wait_decisions(&client, "prod", &["c0"]).await?;
+    wait_decisions(&client, "tolerant", &["c0", "c3"]).await?;
+    let dropped = e2e::wait_until("toleration expiry drops c3", WAIT, || async {
+        let mut got: Vec<String> = pages(&client, "tolerant")
+            .await?
+            .into_values()
+            .flatten()
+            .collect();
+        got.sort();
+        Ok(got == ["c0"])
+    })
+    .await?;
+    let held = added.duration_until(k8s_openapi::jiff::Timestamp::now());
+    eprintln!(
+        "tolerated for {:.1}s (tolerationSeconds 6)",
+        held.as_secs_f64()
+    );
+    ensure!(
+        held.as_secs_f64() >= 5.0 && held.as_secs_f64() < 20.0,
+        "c3 dropped {held:?} after the taint, tolerationSeconds was 6 (waited {dropped:?})"
+    );
+
+    // 6. Pagination: 101 more clusters → two pages of at most 100; removing them deletes the
+    //    surplus page.
+    let every = serde_json::json!({"tolerations": [{"operator": "Exists"}]});
+    for i in 0..101 {
+        apply_cluster(&client, &format!("bulk-{i:03}"), &[], true, none.clone()).await?;
+    }
+    apply_placement(&client, "every", every).await?;
+    // bulk-000..100 and c0..c3 (tainted ones tolerated); c9 is not accepted.
+    e2e::wait_until("two decision pages", WAIT, || async {
+        let p = pages(&client, "every").await?;
+        let sizes: Vec<usize> = p.values().map(Vec::len).collect();
+        Ok(p.len() == 2
+            && p.contains_key("every-decision-1")
+            && p.contains_key("every-decision-2")
+            && sizes.iter().all(|n| *n <= 100)
+            && sizes.iter().sum::<usize>() == 105)
+    })
+    .await?;
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    for i in 0..101 {
+        clusters
+            .delete(&format!("bulk-{i:03}"), &DeleteParams::default())
+            .await?;
+    }
+    wait_decisions(&client, "every", &["c0", "c1", "c2", "c3"]).await?;
+    e2e::wait_until("surplus page deleted", WAIT, || async {
+        Ok(pages(&client, "every").await?.len() == 1)
+    })
+    .await?;
+
+    // 7. Nothing matches → one empty page and PlacementSatisfied=False.
+    apply_placement(
+        &client,
+        "nobody",
+        serde_json::json!({"predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "none"}}}}
+        ]}),
+    )
+    .await?;
+    wait_decisions(&client, "nobody", &[]).await?;
+    ensure!(
+        pages(&client, "nobody").await?.len() == 1,
+        "an empty selection keeps one page"
+    );
+    let status = status_of(&client, "nobody").await?;
+    ensure!(
+        condition(&status, "PlacementSatisfied").as_deref() == Some("False"),
+        "PlacementSatisfied for an empty selection: {status:?}"
+    );
+
+    eprintln!("placement scenario took {:.1}s", t0.elapsed().as_secs_f64());
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .context("placement controller did not stop")??;
+    Ok(())
+}

@@ -1,0 +1,490 @@
+//! The hub's Kubernetes-mode Placement controller (kube-runtime).
+//!
+//! A `Placement` is evaluated with the pure [`crate::placement::evaluate`] against every
+//! `ManagedCluster` (labels: the agent-reported `status.labels` overlaid by `metadata.labels`, so
+//! `kubectl label managedcluster` wins; claims from `status.clusterClaims`; only
+//! `spec.hubAcceptsClient` clusters are eligible; taints from `spec.taints` with `timeAdded`).
+//! The previous selection (read back from the decisions) keeps Steady clusters selected.
+//!
+//! The result is written as `PlacementDecision`s `<placement>-decision-<n>` (at most
+//! [`DECISIONS_PER_PAGE`] each, label [`PLACEMENT_LABEL`]`=<placement>`, controller owner
+//! reference to the Placement) with server-side apply, decisions in the status subresource;
+//! surplus pages are deleted. One page always exists, empty when nothing is selected, so
+//! consumers can watch it. The Placement status carries `numberOfSelectedClusters`,
+//! `PlacementSatisfied`, `PlacementMisconfigured` and, for clusters left out, the reason.
+//! A toleration with `tolerationSeconds` requeues the Placement when it expires.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_addon_crds::{
+    API_VERSION, ClusterDecision, ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision,
+    PlacementStatus, UnselectedCluster, validate_placement,
+};
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+
+use super::{Error, HUB_FIELD_MANAGER, RESYNC, Result};
+use crate::placement::{
+    ClusterView, DECISIONS_PER_PAGE, PlacementOutcome, TaintEffect, TaintView, evaluate, paginate,
+    policy_from_spec,
+};
+
+/// Condition type: the selection has every cluster the Placement asks for.
+pub const CONDITION_SATISFIED: &str = "PlacementSatisfied";
+/// Condition type: the Placement spec is invalid (nothing is decided while it is).
+pub const CONDITION_MISCONFIGURED: &str = "PlacementMisconfigured";
+
+/// What every reconcile shares.
+pub struct PlacementContext {
+    /// Client of the hub cluster.
+    pub client: Client,
+}
+
+/// Runs the Placement controller until `shutdown` resolves. Every ManagedCluster change
+/// reconciles every Placement (placement is cheap; writes happen only on change).
+pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    let controller = Controller::new(
+        Api::<Placement>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let placements = controller.store();
+    controller
+        .owns(
+            Api::<PlacementDecision>::all(client.clone()),
+            watcher::Config::default().labels(PLACEMENT_LABEL),
+        )
+        .watches(
+            Api::<ManagedCluster>::all(client.clone()),
+            watcher::Config::default(),
+            move |_cluster| {
+                placements
+                    .state()
+                    .iter()
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(PlacementContext { client }),
+        )
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(placement = %object, "reconciled"),
+                Err(error) => tracing::warn!(%error, "placement reconcile failed"),
+            }
+        })
+        .await;
+    tracing::info!("placement controller stopped");
+}
+
+/// Requeue with a delay after a failed reconcile.
+pub fn error_policy(
+    placement: Arc<Placement>,
+    error: &Error,
+    _ctx: Arc<PlacementContext>,
+) -> Action {
+    tracing::warn!(
+        placement = %placement.name_any(),
+        namespace = placement.namespace().unwrap_or_default(),
+        kind = error.metric_label(),
+        %error,
+        "placement reconcile error"
+    );
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// The placement view of a ManagedCluster.
+pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
+    let status = cluster.status.clone().unwrap_or_default();
+    let mut labels = status.labels;
+    labels.extend(cluster.labels().clone());
+    ClusterView {
+        name: cluster.name_any(),
+        labels,
+        claims: status
+            .cluster_claims
+            .into_iter()
+            .map(|c| (c.name, c.value))
+            .collect(),
+        accepted: cluster.spec.hub_accepts_client,
+        taints: cluster
+            .spec
+            .taints
+            .iter()
+            .map(|t| TaintView {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: match t.effect {
+                    flower_addon_crds::TaintEffect::NoSelect => TaintEffect::NoSelect,
+                    flower_addon_crds::TaintEffect::PreferNoSelect => TaintEffect::PreferNoSelect,
+                    flower_addon_crds::TaintEffect::NoSelectIfNew => TaintEffect::NoSelectIfNew,
+                },
+                time_added: t.time_added.as_ref().map(|t| t.0.as_second()),
+            })
+            .collect(),
+    }
+}
+
+fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Kube { action, source }
+}
+
+fn now_seconds() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+fn time_at(seconds: i64) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_second(seconds)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// Reconciles one Placement: evaluate → decisions → prune surplus pages → status.
+pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) -> Result<Action> {
+    let name = placement.name_any();
+    let namespace = placement
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    if placement.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let now = now_seconds();
+    let problems = validate_placement(&placement);
+    if !problems.is_empty() {
+        let message = problems
+            .iter()
+            .map(|e| format!("{}: {}", e.path, e.message))
+            .collect::<Vec<_>>()
+            .join("; ");
+        tracing::info!(placement = %name, %namespace, %message, "misconfigured; decisions kept");
+        let mut status = placement.status.clone().unwrap_or_default();
+        set_condition(
+            &mut status.conditions,
+            CONDITION_MISCONFIGURED,
+            "True",
+            "Misconfigured",
+            &message,
+            placement.metadata.generation,
+            now,
+        );
+        write_status(&placement, &ctx, &namespace, status).await?;
+        return Ok(Action::await_change());
+    }
+
+    let clusters: Vec<ClusterView> = Api::<ManagedCluster>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err("list ManagedClusters".into()))?
+        .items
+        .iter()
+        .map(cluster_view)
+        .collect();
+    let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
+    let uid = placement.uid().unwrap_or_default();
+    let existing: Vec<PlacementDecision> = decisions_api
+        .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={name}")))
+        .await
+        .map_err(kube_err(format!("list PlacementDecisions of {name}")))?
+        .items
+        .into_iter()
+        .filter(|d| d.owner_references().iter().any(|r| r.uid == uid))
+        .collect();
+    let previous: BTreeSet<String> = existing
+        .iter()
+        .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
+        .map(|d| d.cluster_name.clone())
+        .collect();
+
+    let outcome = evaluate(
+        &policy_from_spec(&placement.spec),
+        &clusters,
+        &previous,
+        now,
+    );
+    write_decisions(&placement, &decisions_api, &existing, &outcome.selected).await?;
+    let status = placement_status(&placement, &outcome, now);
+    write_status(&placement, &ctx, &namespace, status).await?;
+    if outcome.selected.iter().collect::<BTreeSet<_>>() != previous.iter().collect() {
+        tracing::info!(placement = %name, %namespace, selected = %outcome.selected.join(","), "decisions updated");
+    }
+    Ok(match outcome.requeue_after_secs {
+        Some(secs) => Action::requeue(Duration::from_secs(secs.max(0) as u64 + 1).min(RESYNC)),
+        None => Action::requeue(RESYNC),
+    })
+}
+
+/// Applies the decision pages (one empty page when nothing is selected) and deletes the rest.
+async fn write_decisions(
+    placement: &Placement,
+    api: &Api<PlacementDecision>,
+    existing: &[PlacementDecision],
+    selected: &[String],
+) -> Result<()> {
+    let name = placement.name_any();
+    let mut pages = paginate(&name, selected);
+    if pages.is_empty() {
+        pages.push((format!("{name}-decision-1"), Vec::new()));
+    }
+    let owner = placement.controller_owner_ref(&());
+    let params = PatchParams::apply(HUB_FIELD_MANAGER).force();
+    for (page, clusters) in &pages {
+        debug_assert!(clusters.len() <= DECISIONS_PER_PAGE);
+        let decisions: Vec<ClusterDecision> = clusters
+            .iter()
+            .map(|c| ClusterDecision {
+                cluster_name: c.clone(),
+                reason: String::new(),
+            })
+            .collect();
+        let current = existing.iter().find(|d| d.name_any() == *page);
+        let meta_ok = current.is_some_and(|d| {
+            d.labels().get(PLACEMENT_LABEL) == Some(&name)
+                && d.owner_references()
+                    .iter()
+                    .any(|r| Some(r) == owner.as_ref())
+        });
+        if !meta_ok {
+            let body = serde_json::json!({
+                "apiVersion": API_VERSION,
+                "kind": "PlacementDecision",
+                "metadata": {
+                    "name": page,
+                    "labels": {PLACEMENT_LABEL: name},
+                    "ownerReferences": owner.iter().collect::<Vec<_>>(),
+                },
+                "spec": {},
+            });
+            api.patch(page, &params, &Patch::Apply(&body))
+                .await
+                .map_err(kube_err(format!("apply PlacementDecision {page}")))?;
+        }
+        let stored = current
+            .and_then(|d| d.status.as_ref())
+            .map(|s| s.decisions.as_slice())
+            .unwrap_or_default();
+        if !meta_ok || stored != decisions.as_slice() {
+            let body = serde_json::json!({
+                "apiVersion": API_VERSION,
+                "kind": "PlacementDecision",
+                "status": {"decisions": decisions},
+            });
+            api.patch_status(page, &params, &Patch::Apply(&body))
+                .await
+                .map_err(kube_err(format!(
+                    "patch status of PlacementDecision {page}"
+                )))?;
+        }
+    }
+    let wanted: BTreeSet<&str> = pages.iter().map(|(p, _)| p.as_str()).collect();
+    for surplus in existing
+        .iter()
+        .filter(|d| !wanted.contains(d.name_any().as_str()))
+    {
+        let page = surplus.name_any();
+        match api.delete(&page, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(placement = %name, %page, "surplus decision page deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Kube {
+                    action: format!("delete PlacementDecision {page}"),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The Placement status for `outcome` (conditions keep their transition time when unchanged).
+pub fn placement_status(
+    placement: &Placement,
+    outcome: &PlacementOutcome,
+    now: i64,
+) -> PlacementStatus {
+    let mut status = placement.status.clone().unwrap_or_default();
+    status.number_of_selected_clusters = i32::try_from(outcome.selected.len()).unwrap_or(i32::MAX);
+    let generation = placement.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        CONDITION_MISCONFIGURED,
+        "False",
+        "Succeedconfigured",
+        "Placement configurations check pass",
+        generation,
+        now,
+    );
+    let wanted = placement
+        .spec
+        .number_of_clusters
+        .map_or_else(|| "at least 1".to_owned(), |n| n.to_string());
+    let (state, reason, message) = if outcome.satisfied {
+        (
+            "True",
+            "AllDecisionsScheduled",
+            format!("{} cluster(s) selected", outcome.selected.len()),
+        )
+    } else if outcome.selected.is_empty() {
+        (
+            "False",
+            "NoManagedClusterMatched",
+            format!("no cluster qualifies (wanted {wanted})"),
+        )
+    } else {
+        (
+            "False",
+            "NotAllDecisionsScheduled",
+            format!("{} of {wanted} cluster(s) selected", outcome.selected.len()),
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        CONDITION_SATISFIED,
+        state,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    status.unselected_clusters = outcome
+        .excluded
+        .iter()
+        .map(|(cluster, why)| UnselectedCluster {
+            cluster_name: cluster.clone(),
+            reason: why.to_string(),
+        })
+        .collect();
+    status
+}
+
+fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: i64,
+) {
+    let fresh = Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: time_at(now),
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status => {
+            c.reason = fresh.reason;
+            c.message = fresh.message;
+            c.observed_generation = fresh.observed_generation;
+        }
+        Some(c) => *c = fresh,
+        None => conditions.push(fresh),
+    }
+}
+
+/// Writes the status with server-side apply when it differs from the stored one.
+async fn write_status(
+    placement: &Placement,
+    ctx: &PlacementContext,
+    namespace: &str,
+    status: PlacementStatus,
+) -> Result<()> {
+    if placement.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let name = placement.name_any();
+    let body = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "Placement",
+        "status": status,
+    });
+    Api::<Placement>::namespaced(ctx.client.clone(), namespace)
+        .patch_status(
+            &name,
+            &PatchParams::apply(HUB_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(kube_err(format!("patch status of Placement {name}")))?;
+    Ok(())
+}
+
+/// Unselected clusters by name (for tests and status readers).
+pub fn unselected(status: &PlacementStatus) -> BTreeMap<String, String> {
+    status
+        .unselected_clusters
+        .iter()
+        .map(|u| (u.cluster_name.clone(), u.reason.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_addon_crds::{ClusterClaim, ManagedClusterSpec, ManagedClusterStatus, Taint};
+
+    #[test]
+    fn cluster_view_overlays_metadata_labels_on_reported_ones() {
+        // Invariant: hub-side labels win over agent-reported ones; claims, acceptance and taints
+        // (with timeAdded) carry over.
+        let mut mc = ManagedCluster::new(
+            "c1",
+            ManagedClusterSpec {
+                hub_accepts_client: true,
+                taints: vec![Taint {
+                    key: "k".into(),
+                    value: None,
+                    effect: flower_addon_crds::TaintEffect::NoSelect,
+                    time_added: Some(time_at(100)),
+                }],
+                ..Default::default()
+            },
+        );
+        mc.metadata.labels = Some([("zone".to_string(), "hub".to_string())].into());
+        mc.status = Some(ManagedClusterStatus {
+            labels: [
+                ("zone".to_string(), "agent".to_string()),
+                ("gpu".to_string(), "yes".to_string()),
+            ]
+            .into(),
+            cluster_claims: vec![ClusterClaim {
+                name: "region".into(),
+                value: "eu".into(),
+            }],
+            ..Default::default()
+        });
+        let v = cluster_view(&mc);
+        assert_eq!(v.labels.get("zone").map(String::as_str), Some("hub"));
+        assert_eq!(v.labels.get("gpu").map(String::as_str), Some("yes"));
+        assert_eq!(v.claims.get("region").map(String::as_str), Some("eu"));
+        assert!(v.accepted);
+        assert_eq!(v.taints[0].time_added, Some(100));
+        assert_eq!(v.taints[0].effect, TaintEffect::NoSelect);
+    }
+
+    #[test]
+    fn unchanged_condition_keeps_its_transition_time() {
+        // Invariant: re-evaluating with the same result does not move lastTransitionTime, so the
+        // status is not rewritten on every reconcile.
+        let mut conditions = Vec::new();
+        set_condition(&mut conditions, "A", "True", "R", "m", Some(1), 10);
+        set_condition(&mut conditions, "A", "True", "R", "m", Some(1), 20);
+        assert_eq!(conditions[0].last_transition_time, time_at(10));
+        set_condition(&mut conditions, "A", "False", "R", "m", Some(1), 30);
+        assert_eq!(conditions[0].last_transition_time, time_at(30));
+    }
+}
