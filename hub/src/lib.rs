@@ -4,11 +4,11 @@
 
 pub mod ca;
 pub mod channel;
-pub mod controller;
 pub mod cli;
+pub mod controller;
+pub mod placement;
 pub mod render;
+pub mod standalone;
 pub mod store;
 pub mod tokens;
-pub mod placement;
 pub mod work;
-pub mod standalone;
