@@ -1,0 +1,1019 @@
+//! The README quickstart, for real: a standalone `flower-hub`, two `flower-agent`s with the process
+//! runtime and the real Flower 1.42 packages from PyPI (no mocks), then the failure modes the
+//! product promises to handle: a scale-up without restarts, an unregistered node key, a wrong CA,
+//! a killed SuperLink and a killed agent.
+//!
+//! Needs `target/debug/flower-hub` and `target/debug/flower-agent` (`cargo build --bins`; test.sh
+//! builds first) and `e2e/flower/venv.sh` (python3 + network on the first run, cached after).
+#![allow(unsafe_code)]
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const FLOWER_VERSION: &str = "1.42.0";
+const NS: &str = "default";
+const FED: &str = "quickstart";
+const KEY_FLAG: &str = "--auth-supernode-private-key";
+
+/// One process the test started: its own process group, ended by pid in [`World`]'s Drop.
+struct Daemon {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+/// Everything one run of the scenarios shares.
+struct World {
+    work: Option<tempfile::TempDir>,
+    dir: PathBuf,
+    venv: PathBuf,
+    hub_bin: PathBuf,
+    agent_bin: PathBuf,
+    hub_dir: PathBuf,
+    manifests: PathBuf,
+    agents: [PathBuf; 2],
+    hub_port: u16,
+    grpc_port: u16,
+    extra_port: u16,
+    serverappio_port: u16,
+    port_bases: [u16; 2],
+    used_ports: Vec<u16>,
+    daemons: Vec<Daemon>,
+}
+
+fn main_env(cmd: &mut Command) {
+    cmd.env("FLWR_TELEMETRY_ENABLED", "0")
+        .env("FLWR_DISABLE_UPDATE_CHECK", "1")
+        .env("RUST_LOG", "info");
+}
+
+/// Starts `program` in its own process group, killed by the kernel if the test thread dies.
+fn spawn(program: &Path, args: &[String], log: &Path, env: &[(&str, String)]) -> Result<Child> {
+    let out = File::create(log).with_context(|| format!("{}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    main_env(&mut cmd);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // SAFETY: between fork and exec, only prctl(2) (async-signal-safe), no allocation or lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {}", program.display()))
+}
+
+/// argv of every live process (zombies have an empty cmdline and are skipped).
+fn processes() -> Vec<(u32, Vec<String>)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if raw.is_empty() {
+            continue;
+        }
+        let args = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push((pid, args));
+    }
+    out
+}
+
+/// Whether `pid` is a live (non-zombie) process.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Pids of the SuperNodes started with `--auth-supernode-private-key key`.
+fn supernode_pids(key: &Path) -> Vec<u32> {
+    let key = key.display().to_string();
+    processes()
+        .into_iter()
+        .filter(|(_, a)| a.windows(2).any(|w| w[0] == KEY_FLAG && w[1] == key))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+fn one_pid(pids: Vec<u32>, what: &str) -> Result<u32> {
+    match pids.as_slice() {
+        [p] => Ok(*p),
+        _ => bail!("expected exactly one process for {what}, found {pids:?}"),
+    }
+}
+
+fn free_port(avoid: &[u16]) -> Result<u16> {
+    for _ in 0..200 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let p = l.local_addr()?.port();
+        if p < 60000 && avoid.iter().all(|a| a.abs_diff(p) > 12) {
+            return Ok(p);
+        }
+    }
+    bail!("no free port")
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Polls `check` every 250 ms until it returns `Some`, or fails with `what` and `context()`.
+fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<Option<T>>,
+    context: impl Fn() -> String,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
+                context()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The JSON object in a `flwr … --format json` output (which may be preceded by other text).
+fn json_of(stdout: &[u8]) -> Result<Value> {
+    let text = String::from_utf8_lossy(stdout);
+    let start = text
+        .find('{')
+        .ok_or_else(|| anyhow!("no JSON in: {text}"))?;
+    serde_json::from_str(&text[start..]).with_context(|| format!("bad JSON: {text}"))
+}
+
+fn status_of<'a>(status: &'a Value, federation: &str) -> Option<&'a Value> {
+    status["federations"]
+        .as_array()?
+        .iter()
+        .find(|f| f["name"] == federation)
+}
+
+fn tainted(cluster: &Value) -> bool {
+    cluster["taints"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|k| k == "cluster.flower-addon.io/unreachable"))
+}
+
+fn cluster_of<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+    status["clusters"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+impl World {
+    fn start() -> Result<Self> {
+        let root = e2e::repo_root();
+        let hub_bin = root.join("target/debug/flower-hub");
+        let agent_bin = root.join("target/debug/flower-agent");
+        for b in [&hub_bin, &agent_bin] {
+            ensure!(
+                b.is_file(),
+                "{} is missing: run `cargo build --bins` first (test.sh does)",
+                b.display()
+            );
+        }
+        let out = Command::new(root.join("e2e/flower/venv.sh"))
+            .arg(FLOWER_VERSION)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("e2e/flower/venv.sh")?;
+        ensure!(out.status.success(), "venv.sh {FLOWER_VERSION} failed");
+        let venv = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        ensure!(
+            venv.join("bin/flower-superlink").is_file(),
+            "no flower-superlink in {}",
+            venv.display()
+        );
+        let work = tempfile::Builder::new()
+            .prefix("flower-addon-standalone.")
+            .tempdir()?;
+        let dir = work.path().to_path_buf();
+        let mut used = Vec::new();
+        let mut port = || -> Result<u16> {
+            let p = free_port(&used)?;
+            used.push(p);
+            Ok(p)
+        };
+        let (hub_port, grpc_port, extra_port, serverappio_port) =
+            (port()?, port()?, port()?, port()?);
+        let port_bases = [port()?, port()?];
+        let manifests = dir.join("manifests");
+        std::fs::create_dir_all(&manifests)?;
+        std::fs::create_dir_all(dir.join("flwr-home"))?;
+        Ok(Self {
+            work: Some(work),
+            hub_dir: dir.join("hub"),
+            agents: [dir.join("agent-1"), dir.join("agent-2")],
+            manifests,
+            dir,
+            venv,
+            hub_bin,
+            agent_bin,
+            hub_port,
+            grpc_port,
+            extra_port,
+            serverappio_port,
+            port_bases,
+            used_ports: used,
+            daemons: Vec::new(),
+        })
+    }
+
+    fn start_daemon(&mut self, name: &str, program: &Path, args: &[String]) -> Result<()> {
+        let log = self.dir.join(format!("{name}.log"));
+        let child = spawn(program, args, &log, &[])?;
+        self.daemons.push(Daemon {
+            name: name.into(),
+            child,
+            log,
+        });
+        Ok(())
+    }
+
+    fn daemon(&mut self, name: &str) -> Result<&mut Daemon> {
+        self.daemons
+            .iter_mut()
+            .find(|d| d.name == name)
+            .ok_or_else(|| anyhow!("no daemon {name}"))
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for d in &self.daemons {
+            s += &format!(
+                "--- {} ({}):\n{}\n",
+                d.name,
+                d.log.display(),
+                tail(&d.log, 20)
+            );
+        }
+        s += &format!(
+            "--- status.json:\n{}\n",
+            std::fs::read_to_string(self.hub_dir.join("status.json")).unwrap_or_default()
+        );
+        s
+    }
+
+    fn hub(&self, args: &[&str]) -> Result<std::process::Output> {
+        let mut cmd = Command::new(&self.hub_bin);
+        cmd.args(args)
+            .arg("--state-dir")
+            .arg(&self.hub_dir)
+            .stdin(Stdio::null());
+        main_env(&mut cmd);
+        let out = cmd.output()?;
+        ensure!(
+            out.status.success(),
+            "flower-hub {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(out)
+    }
+
+    fn status(&self) -> Result<Value> {
+        let text = std::fs::read_to_string(self.hub_dir.join("status.json"))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    fn hub_ca(&self) -> PathBuf {
+        self.hub_dir
+            .join("federations")
+            .join(NS)
+            .join(FED)
+            .join("tls/ca.crt")
+    }
+
+    fn key(&self, agent: usize, pool: &str, index: u32) -> PathBuf {
+        self.agents[agent]
+            .join("federations")
+            .join(NS)
+            .join(FED)
+            .join("keys")
+            .join(format!("{pool}-{index}.key"))
+    }
+
+    fn supernode_log(&self, agent: usize, pool: &str, index: u32) -> PathBuf {
+        self.agents[agent]
+            .join("logs")
+            .join(NS)
+            .join(format!("{FED}-{pool}-{index}.supernode.log"))
+    }
+
+    fn federation_yaml(&self, site_a_replicas: u32) -> Result<String> {
+        let root = e2e::repo_root();
+        let text = std::fs::read_to_string(root.join("examples/quickstart/federation.yaml"))?;
+        let mut out = text.clone();
+        for (from, to) in [
+            ("grpc: 19092", format!("grpc: {}", self.grpc_port)),
+            ("extra: 19093", format!("extra: {}", self.extra_port)),
+            (
+                "serverAppIO: 19091",
+                format!("serverAppIO: {}", self.serverappio_port),
+            ),
+            (
+                "- name: site-a\n        replicas: 2",
+                format!("- name: site-a\n        replicas: {site_a_replicas}"),
+            ),
+        ] {
+            ensure!(
+                out.contains(from),
+                "examples/quickstart/federation.yaml: no `{from}`"
+            );
+            out = out.replace(from, &to);
+        }
+        Ok(out)
+    }
+
+    /// Waits until status.json shows the Federation ready with `n`/`n` SuperNodes.
+    fn wait_ready(&self, n: u64, timeout: Duration) -> Result<Value> {
+        wait_for(
+            timeout,
+            &format!("{FED} ready with {n}/{n} SuperNodes"),
+            || {
+                let s = self.status()?;
+                let f = status_of(&s, FED).ok_or_else(|| anyhow!("no {FED} in status"))?;
+                Ok((f["ready"] == true
+                    && f["readySupernodes"].as_u64() == Some(n)
+                    && f["desiredSupernodes"].as_u64() == Some(n))
+                .then(|| f.clone()))
+            },
+            || self.logs(),
+        )
+    }
+
+    fn flwr(&self, args: &[&str]) -> Result<std::process::Output> {
+        let path = format!(
+            "{}:{}",
+            self.venv.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = Command::new(self.venv.join("bin/flwr"));
+        cmd.args(args)
+            .current_dir(&self.dir)
+            .env("FLWR_HOME", self.dir.join("flwr-home"))
+            .env("PATH", path)
+            .stdin(Stdio::null());
+        main_env(&mut cmd);
+        Ok(cmd.output()?)
+    }
+
+    /// `flwr run` of examples/fedavg (2 rounds, `min_nodes`), judged by `flwr ls` reaching
+    /// `finished:completed`. Returns the run id.
+    fn flwr_run(&self, min_nodes: u64) -> Result<String> {
+        let app = self.dir.join("app");
+        let app_s = app.display().to_string();
+        let config = format!("num-server-rounds=2 min-nodes={min_nodes}");
+        // A SuperLink that was just (re)started may not listen yet: retry only that error.
+        let args = [
+            "run",
+            &app_s,
+            FED,
+            "--run-config",
+            &config,
+            "--format",
+            "json",
+        ];
+        let v = wait_for(
+            Duration::from_secs(60),
+            "flwr run to reach the SuperLink",
+            || {
+                let out = self.flwr(&args)?;
+                let v = json_of(&out.stdout).with_context(|| {
+                    format!("flwr run: {}", String::from_utf8_lossy(&out.stderr))
+                })?;
+                let unavailable = v["error-message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Connection to the SuperLink is unavailable"));
+                if unavailable {
+                    std::thread::sleep(Duration::from_secs(1));
+                    return Ok(None);
+                }
+                Ok(Some(v))
+            },
+            || self.logs(),
+        )?;
+        ensure!(v["success"] == true, "flwr run failed: {v}");
+        let run_id = match &v["run-id"] {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            other => bail!("no run-id in {other}"),
+        };
+        let status = wait_for(
+            Duration::from_secs(180),
+            &format!("run {run_id} to finish"),
+            || {
+                let out = self.flwr(&["ls", FED, "--run-id", &run_id, "--format", "json"])?;
+                let v = json_of(&out.stdout)?;
+                let run = &v["runs"][0];
+                let st = run["status"].as_str().unwrap_or_default().to_owned();
+                std::thread::sleep(Duration::from_secs(1));
+                Ok(st
+                    .starts_with("finished:")
+                    .then(|| (st, run["status-details"].clone())))
+            },
+            || self.logs(),
+        )?;
+        if status.0 != "finished:completed" {
+            let log = self.flwr(&["log", &run_id, FED, "--show"])?;
+            bail!(
+                "run {run_id} ended {} ({}):\n{}",
+                status.0,
+                status.1,
+                String::from_utf8_lossy(&log.stdout)
+            );
+        }
+        Ok(run_id)
+    }
+
+    /// Starts a `flower-supernode` by hand against the hub SuperLink and waits for it to exit.
+    fn rogue_supernode(&self, name: &str, ca: &Path) -> Result<(ExitStatus, String, Duration)> {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(dir.join("flwr-home"))?;
+        let key = dir.join("node.key");
+        flower_addon_agent::process_runtime::ensure_node_key(&key)
+            .map_err(|e| anyhow!("ensure_node_key: {e}"))?;
+        let port = free_port(&self.used_ports)?;
+        let args: Vec<String> = vec![
+            "--superlink".into(),
+            format!("127.0.0.1:{}", self.grpc_port),
+            "--root-certificates".into(),
+            ca.display().to_string(),
+            KEY_FLAG.into(),
+            key.display().to_string(),
+            "--isolation".into(),
+            "subprocess".into(),
+            "--host".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            port.to_string(),
+            "--node-config".into(),
+            "partition-id=0 num-partitions=4".into(),
+        ];
+        let log = dir.join("supernode.log");
+        let path = format!(
+            "{}:{}",
+            self.venv.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let t0 = Instant::now();
+        let mut child = spawn(
+            &self.venv.join("bin/flower-supernode"),
+            &args,
+            &log,
+            &[
+                ("FLWR_HOME", dir.join("flwr-home").display().to_string()),
+                ("PATH", path),
+            ],
+        )?;
+        let pid = child.id();
+        let status = wait_for(
+            Duration::from_secs(60),
+            &format!("the {name} SuperNode to exit"),
+            || Ok(child.try_wait()?),
+            || tail(&log, 20),
+        );
+        if status.is_err() {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+        let status = status?;
+        // Its superexec helper leaves by --parent-pid; do not wait for it.
+        Ok((status, std::fs::read_to_string(&log)?, t0.elapsed()))
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for d in &self.daemons {
+            let _ = killpg(Pid::from_raw(d.child.id() as i32), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for d in &mut self.daemons {
+            while Instant::now() < deadline && matches!(d.child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = killpg(Pid::from_raw(d.child.id() as i32), Signal::SIGKILL);
+            let _ = d.child.wait();
+        }
+        // Anything left that was started on our files (SuperLink, SuperNodes, helpers): by pid.
+        let marker = self.dir.display().to_string();
+        for (pid, args) in processes() {
+            if args.iter().any(|a| a.contains(&marker)) {
+                eprintln!(
+                    "standalone_flower: killing leftover {pid}: {}",
+                    args.join(" ")
+                );
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+        if std::thread::panicking()
+            && let Some(work) = self.work.take()
+        {
+            eprintln!("standalone_flower: keeping {}", work.keep().display());
+        }
+    }
+}
+
+// === scenarios ===
+
+/// Hub + 2 agents + quickstart → 4/4 ready, and a real `flwr run` completes.
+fn s1_quickstart(w: &mut World) -> Result<()> {
+    let hub_bin = w.hub_bin.clone();
+    let args: Vec<String> = [
+        "serve",
+        "--standalone",
+        "--state-dir",
+        &w.hub_dir.display().to_string(),
+        "--manifests",
+        &w.manifests.display().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{}", w.hub_port),
+        "--advertise-address",
+        "127.0.0.1",
+        "--superlink-host",
+        "127.0.0.1",
+        "--flower-bin",
+        &w.venv.join("bin").display().to_string(),
+        "--lease-duration",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    w.start_daemon("hub", &hub_bin, &args)?;
+    let hub_addr = w.hub_dir.join("hub-address");
+    wait_for(
+        Duration::from_secs(20),
+        "the hub to write hub-address",
+        || Ok(hub_addr.is_file().then_some(())),
+        || w.logs(),
+    )?;
+    let token = json_of(
+        &w.hub(&["token", "create", "--ttl", "1h", "--output", "json"])?
+            .stdout,
+    )?;
+    let (tok, ca_hash) = (
+        token["token"].as_str().context("token")?.to_owned(),
+        token["caHash"].as_str().context("caHash")?.to_owned(),
+    );
+    let mut joins = Vec::new();
+    for (i, site) in [(1, "a"), (2, "b")] {
+        let args: Vec<String> = [
+            "join",
+            "--hub",
+            &format!("127.0.0.1:{}", w.hub_port),
+            "--token",
+            &tok,
+            "--ca-hash",
+            &ca_hash,
+            "--cluster-name",
+            &format!("edge-{i}"),
+            "--label",
+            &format!("site={site}"),
+            "--label",
+            "demo=quickstart",
+            "--state-dir",
+            &w.agents[i - 1].display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let log = w.dir.join(format!("join-{i}.log"));
+        joins.push((spawn(&w.agent_bin, &args, &log, &[])?, log));
+    }
+    for (i, (child, log)) in joins.iter_mut().enumerate() {
+        wait_for(
+            Duration::from_secs(20),
+            "the join to wait for acceptance",
+            || {
+                Ok(std::fs::read_to_string(&*log)
+                    .unwrap_or_default()
+                    .contains("waiting for the hub to accept")
+                    .then_some(()))
+            },
+            || tail(log, 20),
+        )?;
+        w.hub(&["accept", &format!("edge-{}", i + 1)])?;
+        let st = wait_for(
+            Duration::from_secs(30),
+            "the join to finish",
+            || Ok(child.try_wait()?),
+            || tail(log, 20),
+        )?;
+        ensure!(
+            st.success(),
+            "join edge-{} failed: {}",
+            i + 1,
+            tail(log, 10)
+        );
+    }
+    for i in 0..2 {
+        let agent_bin = w.agent_bin.clone();
+        let args: Vec<String> = [
+            "run",
+            "--state-dir",
+            &w.agents[i].display().to_string(),
+            "--runtime",
+            "process",
+            "--flower-bin",
+            &w.venv.join("bin").display().to_string(),
+            "--port-base",
+            &w.port_bases[i].to_string(),
+            "--status-interval",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        w.start_daemon(&format!("agent-{}", i + 1), &agent_bin, &args)?;
+    }
+    std::fs::write(w.manifests.join("federation.yaml"), w.federation_yaml(2)?)?;
+    std::fs::copy(
+        e2e::repo_root().join("examples/quickstart/placement.yaml"),
+        w.manifests.join("placement.yaml"),
+    )?;
+    let t = Instant::now();
+    let f = w.wait_ready(4, Duration::from_secs(180))?;
+    eprintln!(
+        "  4/4 SuperNodes ready after {:.1}s: pools {}",
+        t.elapsed().as_secs_f64(),
+        f["pools"]
+    );
+    let expected: BTreeMap<String, String> = [("edge-1/site-a", "2/2"), ("edge-2/site-b", "2/2")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let pools: BTreeMap<String, String> = serde_json::from_value(f["pools"].clone())?;
+    ensure!(pools == expected, "pools {pools:?} != {expected:?}");
+
+    // flwr's connection: the hub CA and the (rewritten, free) Control port.
+    std::fs::write(
+        w.dir.join("flwr-home/config.toml"),
+        format!(
+            "[superlink]\ndefault = \"{FED}\"\n\n[superlink.{FED}]\naddress = \"127.0.0.1:{}\"\nroot-certificates = \"{}\"\n",
+            w.grpc_port,
+            w.hub_ca().display()
+        ),
+    )?;
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(e2e::repo_root().join("examples/fedavg"))
+        .arg(w.dir.join("app"))
+        .status()?;
+    ensure!(status.success(), "cp examples/fedavg");
+    let _ = std::fs::remove_dir_all(w.dir.join("app/.flwr"));
+    let t = Instant::now();
+    let run = w.flwr_run(4)?;
+    eprintln!(
+        "  run {run} finished:completed in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// site-a replicas 2 → 3: a third SuperNode connects, the two others keep their pids.
+fn s2_scale_up(w: &mut World) -> Result<()> {
+    let before: Vec<u32> = (0..2)
+        .map(|i| {
+            one_pid(
+                supernode_pids(&w.key(0, "site-a", i)),
+                &format!("site-a-{i}"),
+            )
+        })
+        .collect::<Result<_>>()?;
+    std::fs::write(w.manifests.join("federation.yaml"), w.federation_yaml(3)?)?;
+    let f = w.wait_ready(5, Duration::from_secs(90))?;
+    ensure!(
+        f["pools"]["edge-1/site-a"] == "3/3",
+        "pools after scale-up: {}",
+        f["pools"]
+    );
+    let third = one_pid(supernode_pids(&w.key(0, "site-a", 2)), "site-a-2")?;
+    let log = std::fs::read_to_string(w.supernode_log(0, "site-a", 2))?;
+    ensure!(
+        log.contains("SuperNode ID: "),
+        "site-a-2 never connected:\n{log}"
+    );
+    let after: Vec<u32> = (0..2)
+        .map(|i| {
+            one_pid(
+                supernode_pids(&w.key(0, "site-a", i)),
+                &format!("site-a-{i}"),
+            )
+        })
+        .collect::<Result<_>>()?;
+    ensure!(
+        before == after,
+        "site-a-0/1 were restarted: pids {before:?} -> {after:?}\n--- site-a-0 log:\n{}",
+        tail(&w.supernode_log(0, "site-a", 0), 15)
+    );
+    eprintln!("  site-a-2 pid {third} connected; site-a-0/1 kept pids {after:?}");
+    Ok(())
+}
+
+/// A SuperNode whose key the hub never registered is refused by the SuperLink.
+fn s3_unregistered_key(w: &mut World) -> Result<()> {
+    let ca = w.hub_ca();
+    let (status, log, took) = w.rogue_supernode("unregistered", &ca)?;
+    ensure!(
+        !status.success(),
+        "unregistered SuperNode exited {status}:\n{log}"
+    );
+    ensure!(
+        log.contains("Failed to activate SuperNode") || log.contains("No SuperNode found"),
+        "unregistered SuperNode exited {status} for another reason:\n{log}"
+    );
+    eprintln!("  refused: {status} after {:.1}s", took.as_secs_f64());
+    Ok(())
+}
+
+/// A SuperNode trusting another CA does not talk to the hub SuperLink.
+fn s4_wrong_ca(w: &mut World) -> Result<()> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "not the hub CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let cert = params.self_signed(&key)?;
+    let ca = w.dir.join("other-ca.crt");
+    std::fs::write(&ca, cert.pem())?;
+    let (status, log, took) = w.rogue_supernode("wrong-ca", &ca)?;
+    ensure!(
+        !status.success(),
+        "wrong-CA SuperNode exited {status}:\n{log}"
+    );
+    ensure!(
+        log.contains("CERTIFICATE_VERIFY_FAILED"),
+        "wrong-CA SuperNode exited {status} for another reason:\n{log}"
+    );
+    eprintln!("  refused: {status} after {:.1}s", took.as_secs_f64());
+    Ok(())
+}
+
+/// SIGKILLed SuperLink → the hub restarts it, SuperNodes reconnect, a new run completes.
+fn s5_superlink_killed(w: &mut World) -> Result<()> {
+    let db = format!(
+        "--database={}",
+        w.hub_dir
+            .join("federations")
+            .join(NS)
+            .join(FED)
+            .join("superlink.db")
+            .display()
+    );
+    let find = || -> Vec<u32> {
+        processes()
+            .into_iter()
+            .filter(|(_, a)| a.contains(&db))
+            .map(|(p, _)| p)
+            .collect()
+    };
+    let old = one_pid(find(), "the SuperLink")?;
+    kill(Pid::from_raw(old as i32), Signal::SIGKILL)?;
+    let t = Instant::now();
+    let new = wait_for(
+        Duration::from_secs(60),
+        "the hub to restart the SuperLink",
+        || {
+            let p = find();
+            Ok(match p.as_slice() {
+                [p] if *p != old => Some(*p),
+                _ => None,
+            })
+        },
+        || w.logs(),
+    )?;
+    eprintln!(
+        "  SuperLink {old} killed; restarted as {new} after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    let n = status_of(&w.status()?, FED)
+        .and_then(|f| f["desiredSupernodes"].as_u64())
+        .context("desiredSupernodes")?;
+    w.wait_ready(n, Duration::from_secs(90))?;
+    // min-nodes = every SuperNode: the run proves each one reconnected to the new SuperLink.
+    let t = Instant::now();
+    let run = w.flwr_run(n)?;
+    eprintln!(
+        "  run {run} with min-nodes={n} finished:completed in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// SIGKILLed agent → its SuperNodes die, the hub marks the cluster unreachable after the lease,
+/// and the Federation is no longer ready.
+fn s6_agent_killed(w: &mut World) -> Result<()> {
+    let pids: Vec<u32> = (0..2)
+        .map(|i| {
+            one_pid(
+                supernode_pids(&w.key(1, "site-b", i)),
+                &format!("site-b-{i}"),
+            )
+        })
+        .collect::<Result<_>>()?;
+    let s = w.status()?;
+    let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
+    ensure!(
+        c["available"] == "True" && !tainted(c),
+        "edge-2 not healthy before the kill: {c}"
+    );
+    let agent = w.daemon("agent-2")?;
+    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGKILL)?;
+    agent.child.wait()?;
+    let t = Instant::now();
+    wait_for(
+        Duration::from_secs(10),
+        "edge-2's SuperNodes to exit",
+        || Ok(pids.iter().all(|p| !alive(*p)).then_some(())),
+        || {
+            format!(
+                "still alive: {:?}",
+                pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+            )
+        },
+    )?;
+    eprintln!(
+        "  SuperNodes {pids:?} gone {:.1}s after the agent",
+        t.elapsed().as_secs_f64()
+    );
+    let t_lease = wait_for(
+        Duration::from_secs(20),
+        "the hub to mark edge-2 not Available",
+        || {
+            let s = w.status()?;
+            let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
+            Ok((c["available"] != "True").then(|| t.elapsed()))
+        },
+        || w.logs(),
+    )?;
+    let c = wait_for(
+        Duration::from_secs(40),
+        "the hub to taint edge-2 unreachable",
+        || {
+            let s = w.status()?;
+            let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
+            Ok(tainted(c).then(|| c.clone()))
+        },
+        || w.logs(),
+    )?;
+    eprintln!(
+        "  edge-2 not Available after {:.1}s, tainted unreachable after {:.1}s: {c}",
+        t_lease.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    // Let edge-1 settle (all its SuperNodes connected again), then the Federation, whose pool
+    // site-b has no live cluster left, must still not be ready.
+    let f = wait_for(
+        Duration::from_secs(60),
+        "edge-1's pools to be fully connected",
+        || {
+            let s = w.status()?;
+            let f = status_of(&s, FED).context("federation")?;
+            let pools = f["pools"].as_object().context("pools")?;
+            let edge1_ok = pools
+                .iter()
+                .filter(|(k, _)| k.starts_with("edge-1/"))
+                .all(|(_, v)| {
+                    v.as_str()
+                        .and_then(|v| v.split_once('/'))
+                        .is_some_and(|(a, b)| a == b)
+                });
+            Ok(edge1_ok.then(|| f.clone()))
+        },
+        || w.logs(),
+    )?;
+    ensure!(
+        f["ready"] == false,
+        "{FED} reports ready without edge-2 (pool site-b has no live cluster): {f}"
+    );
+    eprintln!("  {FED} not ready: {}", f["message"]);
+    Ok(())
+}
+
+type Scenario = fn(&mut World) -> Result<()>;
+
+#[test]
+fn standalone_hub_agents_and_real_flower() {
+    // Invariant: with the real binaries and real Flower, the quickstart federation runs, scales
+    // without restarts, refuses unknown keys and foreign CAs, survives a SuperLink crash, and
+    // notices a dead agent.
+    e2e::install_crypto();
+    let t0 = Instant::now();
+    let mut w = World::start().expect("setup");
+    eprintln!(
+        "standalone_flower: work dir {} (venv {})",
+        w.dir.display(),
+        w.venv.display()
+    );
+    let scenarios: [(&str, Scenario, bool); 6] = [
+        (
+            "1 quickstart: 4/4 ready, flwr run completes",
+            s1_quickstart,
+            true,
+        ),
+        ("2 site-a 2 -> 3 without restarts", s2_scale_up, false),
+        ("3 unregistered key refused", s3_unregistered_key, false),
+        ("4 wrong CA refused", s4_wrong_ca, false),
+        (
+            "5 SuperLink killed, restarted, run completes",
+            s5_superlink_killed,
+            false,
+        ),
+        (
+            "6 agent killed: SuperNodes gone, cluster unavailable",
+            s6_agent_killed,
+            false,
+        ),
+    ];
+    let mut results = Vec::new();
+    for (name, run, fatal) in scenarios {
+        eprintln!("==> [{:6.1}s] scenario {name}", t0.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let r = run(&mut w);
+        let took = t.elapsed().as_secs_f64();
+        match &r {
+            Ok(()) => eprintln!("<== scenario {name}: PASS in {took:.1}s"),
+            Err(e) => eprintln!("<== scenario {name}: FAIL in {took:.1}s: {e:#}"),
+        }
+        let failed = r.is_err();
+        results.push((name, r, took));
+        if failed && fatal {
+            break;
+        }
+    }
+    eprintln!(
+        "standalone_flower: total {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n}: {e:#}")))
+        .collect();
+    assert!(
+        failures.is_empty() && results.len() == 6,
+        "failed scenarios:\n{}",
+        failures.join("\n\n")
+    );
+}
