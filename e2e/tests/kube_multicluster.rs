@@ -1,7 +1,8 @@
 //! The hub's Kubernetes-mode multi-cluster side on a real hub apiserver: the Placement controller
 //! turns ManagedClusters + Placements into PlacementDecisions (selectors, relabelling, Steady
 //! selection with `numberOfClusters`, taints and expiring tolerations, pagination at 100), under
-//! the hub's least-privilege ServiceAccount from `manifests/hub`.
+//! the hub's least-privilege ServiceAccount from `manifests/hub`; the Kubernetes ClusterStore keeps
+//! the registration state in ManagedClusters and Secrets.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -9,15 +10,21 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use e2e::{Cluster, ControlPlane};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
+use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::controller::placement;
-use k8s_openapi::api::core::v1::Namespace;
+use flower_addon_hub::kube_store::{self, KubeStore};
+use flower_addon_hub::placement::TAINT_UNREACHABLE;
+use flower_addon_hub::store::{ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
+use flower_addon_hub::tokens;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 
 const NS: &str = "team";
 const USER: &str = "e2e-user";
+const HUB_NS: &str = "flower-addon-system";
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn install_crds(hub: &Cluster) -> Result<()> {
@@ -160,11 +167,9 @@ fn condition(status: &flower_addon_crds::PlacementStatus, type_: &str) -> Option
         .map(|c| c.status.clone())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
-    // Invariant: PlacementDecisions always list exactly the accepted, matching, untolerated-taint-
-    // free clusters (Steady under numberOfClusters, expiring tolerations honoured, 100 per page,
-    // owned by the Placement), and the Placement status says how many and why others are out.
+/// A hub control plane with the CRDs, namespace [`NS`], and the hub's ServiceAccount client
+/// (RBAC from `manifests/hub`).
+async fn hub_with_rbac() -> Result<(ControlPlane, Client, e2e::SaAccess)> {
     e2e::install_crypto();
     let cp = ControlPlane::start(&["hub"])
         .await
@@ -183,11 +188,20 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
     let hub_sa = e2e::service_account_access(
         hub,
         &manifests.join("rbac.yaml"),
-        "flower-addon-system",
+        HUB_NS,
         "flower-hub",
         3600,
     )
     .await?;
+    Ok((cp, client, hub_sa))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
+    // Invariant: PlacementDecisions always list exactly the accepted, matching, untolerated-taint-
+    // free clusters (Steady under numberOfClusters, expiring tolerations honoured, 100 per page,
+    // owned by the Placement), and the Placement status says how many and why others are out.
+    let (_cp, client, hub_sa) = hub_with_rbac().await?;
     let (stop, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
         let _ = rx.await;
@@ -376,4 +390,228 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         .await
         .context("placement controller did not stop")??;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -> Result<()> {
+    // Invariant: the Kubernetes ClusterStore (under the hub's RBAC) keeps one CA, hashed tokens
+    // with expiry, exclusive cluster creation pending acceptance, round-trips registration and
+    // status, taints unavailable clusters (so Placements drop them), keeps the admin's edits, and
+    // announces admin-side changes on changes().
+    let (_cp, client, hub_sa) = hub_with_rbac().await?;
+    let store = KubeStore::new(hub_sa.client.clone(), HUB_NS);
+    let mut changes = store.changes();
+    let t0 = Instant::now();
+
+    // CA: created once; a second create returns the first.
+    ensure!(
+        store.load_ca().await?.is_none(),
+        "no CA before the first start"
+    );
+    let first = HubCa::generate()?;
+    let stored = store.create_ca(first.material()).await?;
+    let second = HubCa::generate()?;
+    let again = store.create_ca(second.material()).await?;
+    ensure!(
+        again.cert_pem == stored.cert_pem && stored.cert_pem == first.material().cert_pem,
+        "the first CA wins"
+    );
+    let ca = flower_addon_hub::cli::serve::load_or_create_ca_secret(client.clone(), HUB_NS).await?;
+    ensure!(
+        ca.cert_pem() == first.material().cert_pem,
+        "serve's CA loader reads the store's CA"
+    );
+
+    // Tokens: hashed Secrets with an expiry annotation; verify works; delete revokes.
+    let token = tokens::generate(Duration::from_secs(600), "e2e");
+    store.put_token(&token.record).await?;
+    let (id, secret) = tokens::parse(&token.token)?;
+    let got = store.get_token(id).await?;
+    ensure!(
+        got.as_ref() == Some(&token.record),
+        "token round trip: {got:?}"
+    );
+    tokens::verify(got.as_ref(), secret, token.record.created_unix + 1)?;
+    let raw = Api::<Secret>::namespaced(client.clone(), HUB_NS)
+        .get(&format!("{}{id}", kube_store::TOKEN_SECRET_PREFIX))
+        .await?;
+    ensure!(
+        raw.annotations()
+            .contains_key(kube_store::ANN_TOKEN_EXPIRES),
+        "expiry annotation"
+    );
+    let body: Vec<u8> = raw
+        .data
+        .unwrap_or_default()
+        .into_values()
+        .flat_map(|b| b.0)
+        .collect();
+    ensure!(
+        !String::from_utf8_lossy(&body).contains(secret),
+        "the token secret itself is stored"
+    );
+    ensure!(store.list_tokens().await?.len() == 1, "one token listed");
+    ensure!(store.delete_token(id).await?, "token deleted");
+    ensure!(
+        store.get_token(id).await?.is_none(),
+        "deleted token is gone"
+    );
+    ensure!(
+        !store.delete_token(id).await?,
+        "second delete reports absence"
+    );
+
+    // Clusters: created pending, exclusive, registration round-trips.
+    let registration = ClusterRegistration {
+        name: "spoke-1".into(),
+        labels: BTreeMap::from([("env".into(), "prod".into())]),
+        claims: BTreeMap::from([("region".into(), "eu".into())]),
+        key_fingerprint: "sha256:00ff".into(),
+        agent_version: "0.1.0".into(),
+        token_id: id.into(),
+        created_unix: 1_700_000_000,
+    };
+    store.create_cluster(&registration, false).await?;
+    ensure!(
+        matches!(
+            store.create_cluster(&registration, true).await,
+            Err(StoreError::AlreadyExists(_))
+        ),
+        "a second create must fail"
+    );
+    let record = store
+        .get_cluster("spoke-1")
+        .await?
+        .context("cluster stored")?;
+    ensure!(
+        record.registration == registration && !record.hub_accepts_client,
+        "record: {record:?}"
+    );
+    let mc = Api::<ManagedCluster>::all(client.clone())
+        .get("spoke-1")
+        .await?;
+    ensure!(
+        !mc.spec.hub_accepts_client
+            && mc
+                .status
+                .as_ref()
+                .is_some_and(|s| s.labels.get("env").is_some_and(|v| v == "prod")),
+        "ManagedCluster pending with reported labels: {mc:?}"
+    );
+
+    // The admin accepts with kubectl: changes() announces it and the record follows.
+    wait_change(&mut changes, "spoke-1").await?;
+    Api::<ManagedCluster>::all(client.clone())
+        .patch(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
+        )
+        .await?;
+    wait_change(&mut changes, "spoke-1").await?;
+    ensure!(
+        store
+            .get_cluster("spoke-1")
+            .await?
+            .is_some_and(|r| r.hub_accepts_client),
+        "accepted by the admin"
+    );
+
+    // Status: heartbeat and conditions; Available=Unknown adds the unreachable taint and keeps
+    // the admin's own taint; the Placement controller then drops the cluster.
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
+        let _ = rx.await;
+    }));
+    apply_placement(&client, "all", serde_json::json!({})).await?;
+    wait_decisions(&client, "all", &["spoke-1"]).await?;
+    Api::<ManagedCluster>::all(client.clone())
+        .patch(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": "admin", "effect": "PreferNoSelect"}
+            ]}})),
+        )
+        .await?;
+    let mut status = ClusterStatus {
+        last_heartbeat_unix: Some(1_700_000_100),
+        client_cert_not_after_unix: Some(1_800_000_000),
+        ..Default::default()
+    };
+    status.set_condition(
+        "Available",
+        "Unknown",
+        "ClusterLeaseExpired",
+        "no heartbeat",
+        1_700_000_200,
+    );
+    store.put_status("spoke-1", &status).await?;
+    let record = store.get_cluster("spoke-1").await?.context("cluster")?;
+    ensure!(
+        record.status == status,
+        "status round trip: {:?}",
+        record.status
+    );
+    let taints: Vec<String> = Api::<ManagedCluster>::all(client.clone())
+        .get("spoke-1")
+        .await?
+        .spec
+        .taints
+        .iter()
+        .map(|t| t.key.clone())
+        .collect();
+    ensure!(
+        taints == ["admin", TAINT_UNREACHABLE],
+        "taints after the lease expired: {taints:?}"
+    );
+    wait_decisions(&client, "all", &[]).await?;
+    status.set_condition(
+        "Available",
+        "True",
+        "ClusterLeaseRenewed",
+        "",
+        1_700_000_300,
+    );
+    store.put_status("spoke-1", &status).await?;
+    wait_decisions(&client, "all", &["spoke-1"]).await?;
+
+    // Revocation by the store and deletion.
+    store.set_accepted("spoke-1", false).await?;
+    ensure!(
+        !Api::<ManagedCluster>::all(client.clone())
+            .get("spoke-1")
+            .await?
+            .spec
+            .hub_accepts_client,
+        "revoked"
+    );
+    ensure!(
+        store.list_clusters().await?.len() == 1,
+        "one cluster listed"
+    );
+    ensure!(store.delete_cluster("spoke-1").await?, "deleted");
+    ensure!(store.get_cluster("spoke-1").await?.is_none(), "gone");
+    ensure!(!store.delete_cluster("spoke-1").await?, "second delete");
+    eprintln!("store scenario took {:.1}s", t0.elapsed().as_secs_f64());
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .context("placement controller did not stop")??;
+    Ok(())
+}
+
+/// Waits until `changes` announces `name`.
+async fn wait_change(changes: &mut broadcast::Receiver<String>, name: &str) -> Result<()> {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match changes.recv().await {
+                Ok(n) if n == name => return Ok(()),
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => return Err(anyhow::anyhow!("changes closed: {e}")),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("no change announced for {name}"))?
 }

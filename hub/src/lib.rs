@@ -6,6 +6,7 @@ pub mod ca;
 pub mod channel;
 pub mod cli;
 pub mod controller;
+pub mod kube_store;
 pub mod placement;
 pub mod render;
 pub mod standalone;

@@ -1,0 +1,708 @@
+//! [`ClusterStore`] on the hub's Kubernetes API: clusters are `ManagedCluster` objects, bootstrap
+//! tokens are Secrets in the hub namespace, the CA is the Secret [`CA_SECRET`].
+//!
+//! Mapping of a [`ClusterRecord`]:
+//! - `spec.hubAcceptsClient` ← acceptance; a new cluster is created with `false` unless
+//!   auto-accepted;
+//! - `status.labels`, `status.clusterClaims`, `status.version.agent` ← what the agent declared
+//!   (hub-side `metadata.labels` stay the admin's);
+//! - annotations [`ANN_KEY_FINGERPRINT`], [`ANN_TOKEN_ID`], [`ANN_CREATED`],
+//!   [`ANN_CLIENT_CERT_NOT_AFTER`] ← the rest of the registration;
+//! - `status.conditions`, `status.lastHeartbeat` ← the observed status (status subresource);
+//! - while `Available` is not `True` the cluster carries the NoSelect taint
+//!   [`crate::placement::TAINT_UNREACHABLE`] in `spec.taints` (timeAdded: when it became
+//!   unavailable), so Placements drop it unless they tolerate it.
+//!
+//! Writes are read-modify-write with the object's resourceVersion (retried on conflict), so the
+//! admin's concurrent edits (labels, taints, acceptance) are never lost. [`ClusterStore::changes`]
+//! is fed by a watch on ManagedClusters, so `kubectl patch … hubAcceptsClient=false` or a delete
+//! closes the cluster's stream at once.
+
+use std::collections::BTreeMap;
+
+use flower_addon_crds::{
+    ClusterClaim, ManagedCluster, ManagedClusterSpec, ManagedClusterStatus, ManagedClusterVersion,
+    Taint, TaintEffect,
+};
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::ca::CaMaterial;
+use crate::placement::TAINT_UNREACHABLE;
+use crate::store::{
+    CONDITION_AVAILABLE, ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus,
+    ClusterStore, StoreError,
+};
+use crate::tokens::TokenRecord;
+
+/// Name of the Secret holding the hub CA (`ca.crt`, `ca.key`) in the hub namespace.
+pub const CA_SECRET: &str = "flower-hub-ca";
+/// Annotation: `sha256:<hex>` of the key the cluster is bound to.
+pub const ANN_KEY_FINGERPRINT: &str = "flower-addon.io/key-fingerprint";
+/// Annotation: id of the bootstrap token of the first join.
+pub const ANN_TOKEN_ID: &str = "flower-addon.io/token-id";
+/// Annotation: first join, Unix seconds.
+pub const ANN_CREATED: &str = "flower-addon.io/created-unix";
+/// Annotation: end of validity of the last client certificate, Unix seconds.
+pub const ANN_CLIENT_CERT_NOT_AFTER: &str = "flower-addon.io/client-cert-not-after";
+/// Label on token Secrets (value `true`).
+pub const TOKEN_LABEL: &str = "flower-addon.io/bootstrap-token";
+/// Annotation on token Secrets: expiry, RFC 3339.
+pub const ANN_TOKEN_EXPIRES: &str = "flower-addon.io/expires";
+/// `type` of token Secrets.
+pub const TOKEN_SECRET_TYPE: &str = "flower-addon.io/bootstrap-token";
+/// Prefix of token Secret names (`flower-hub-token-<id>`).
+pub const TOKEN_SECRET_PREFIX: &str = "flower-hub-token-";
+
+const CONFLICT_RETRIES: usize = 8;
+
+/// A [`ClusterStore`] on the hub cluster's API.
+pub struct KubeStore {
+    client: Client,
+    namespace: String,
+    changes: broadcast::Sender<String>,
+    watch: JoinHandle<()>,
+}
+
+impl Drop for KubeStore {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+impl std::fmt::Debug for KubeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStore")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> StoreError {
+    let path = what.into();
+    move |e| StoreError::Io {
+        path,
+        source: std::io::Error::other(e),
+    }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+fn time_of(unix: u64) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_second(i64::try_from(unix).unwrap_or(i64::MAX))
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+fn unix_of(time: &Time) -> u64 {
+    u64::try_from(time.0.as_second()).unwrap_or(0)
+}
+
+impl KubeStore {
+    /// A store on `client` keeping tokens and the CA in `namespace`. Starts the ManagedCluster
+    /// watch that feeds [`ClusterStore::changes`] (needs a Tokio runtime; stopped on drop).
+    pub fn new(client: Client, namespace: impl Into<String>) -> Self {
+        let (changes, _) = broadcast::channel(1024);
+        let tx = changes.clone();
+        let api = Api::<ManagedCluster>::all(client.clone());
+        let watch = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(mc) | watcher::Event::Delete(mc)) => {
+                        let _ = tx.send(mc.name_any());
+                    }
+                    Ok(watcher::Event::InitApply(mc)) => {
+                        let _ = tx.send(mc.name_any());
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                    Err(error) => tracing::warn!(%error, "ManagedCluster watch"),
+                }
+            }
+        });
+        Self {
+            client,
+            namespace: namespace.into(),
+            changes,
+            watch,
+        }
+    }
+
+    fn clusters(&self) -> Api<ManagedCluster> {
+        Api::all(self.client.clone())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Read-modify-write of a ManagedCluster's metadata and spec (`update` returns whether it
+    /// changed anything), retried on conflicts.
+    async fn modify(
+        &self,
+        name: &str,
+        mut update: impl FnMut(&mut ManagedCluster) -> bool,
+    ) -> Result<(), StoreError> {
+        let api = self.clusters();
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut mc) = api
+                .get_opt(name)
+                .await
+                .map_err(kube_err(format!("get ManagedCluster {name}")))?
+            else {
+                return Err(not_found("cluster", name));
+            };
+            if !update(&mut mc) {
+                return Ok(());
+            }
+            match api.replace(name, &PostParams::default(), &mc).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) if is_status(&e, 404) => return Err(not_found("cluster", name)),
+                Err(e) => return Err(kube_err(format!("update ManagedCluster {name}"))(e)),
+            }
+        }
+        Err(conflict(name))
+    }
+
+    /// Read-modify-write of a ManagedCluster's status subresource, retried on conflicts.
+    async fn modify_status(
+        &self,
+        name: &str,
+        mut update: impl FnMut(&mut ManagedClusterStatus),
+    ) -> Result<(), StoreError> {
+        let api = self.clusters();
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut mc) = api
+                .get_opt(name)
+                .await
+                .map_err(kube_err(format!("get ManagedCluster {name}")))?
+            else {
+                return Err(not_found("cluster", name));
+            };
+            let before = mc.status.clone();
+            let status = mc.status.get_or_insert_with(Default::default);
+            update(status);
+            if mc.status == before {
+                return Ok(());
+            }
+            match api.replace_status(name, &PostParams::default(), &mc).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) if is_status(&e, 404) => return Err(not_found("cluster", name)),
+                Err(e) => {
+                    return Err(kube_err(format!("update status of ManagedCluster {name}"))(
+                        e,
+                    ));
+                }
+            }
+        }
+        Err(conflict(name))
+    }
+}
+
+fn not_found(kind: &'static str, name: &str) -> StoreError {
+    StoreError::NotFound {
+        kind,
+        name: name.to_owned(),
+    }
+}
+
+fn conflict(name: &str) -> StoreError {
+    StoreError::Io {
+        path: format!("ManagedCluster {name}"),
+        source: std::io::Error::other("too many conflicting concurrent updates"),
+    }
+}
+
+/// Writes the agent-declared part of `registration` into `status`.
+fn set_declared(status: &mut ManagedClusterStatus, registration: &ClusterRegistration) {
+    status.labels = registration.labels.clone();
+    status.cluster_claims = registration
+        .claims
+        .iter()
+        .map(|(name, value)| ClusterClaim {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    let version = status
+        .version
+        .get_or_insert_with(ManagedClusterVersion::default);
+    version.agent =
+        (!registration.agent_version.is_empty()).then(|| registration.agent_version.clone());
+}
+
+/// The registration annotations of `registration`.
+fn registration_annotations(registration: &ClusterRegistration) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            ANN_KEY_FINGERPRINT.to_owned(),
+            registration.key_fingerprint.clone(),
+        ),
+        (ANN_TOKEN_ID.to_owned(), registration.token_id.clone()),
+        (
+            ANN_CREATED.to_owned(),
+            registration.created_unix.to_string(),
+        ),
+    ])
+}
+
+/// The stored record of a ManagedCluster.
+pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
+    let annotations = mc.annotations();
+    let ann = |k: &str| annotations.get(k).cloned().unwrap_or_default();
+    let status = mc.status.clone().unwrap_or_default();
+    let created_unix = ann(ANN_CREATED)
+        .parse()
+        .ok()
+        .or_else(|| mc.creation_timestamp().as_ref().map(unix_of))
+        .unwrap_or(0);
+    ClusterRecord {
+        registration: ClusterRegistration {
+            name: mc.name_any(),
+            labels: status.labels.clone(),
+            claims: status
+                .cluster_claims
+                .iter()
+                .map(|c| (c.name.clone(), c.value.clone()))
+                .collect(),
+            key_fingerprint: ann(ANN_KEY_FINGERPRINT),
+            agent_version: status
+                .version
+                .as_ref()
+                .and_then(|v| v.agent.clone())
+                .unwrap_or_default(),
+            token_id: ann(ANN_TOKEN_ID),
+            created_unix,
+        },
+        hub_accepts_client: mc.spec.hub_accepts_client,
+        status: ClusterStatus {
+            last_heartbeat_unix: status.last_heartbeat.as_ref().map(unix_of),
+            client_cert_not_after_unix: ann(ANN_CLIENT_CERT_NOT_AFTER).parse().ok(),
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| ClusterCondition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    last_transition_unix: unix_of(&c.last_transition_time),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// Sets or clears the unreachable taint according to the `Available` condition; true if changed.
+fn sync_unreachable_taint(spec: &mut ManagedClusterSpec, status: &ClusterStatus) -> bool {
+    let unavailable = status
+        .condition(CONDITION_AVAILABLE)
+        .filter(|c| c.status != "True");
+    let has = spec.taints.iter().any(|t| t.key == TAINT_UNREACHABLE);
+    match unavailable {
+        Some(c) if !has => {
+            spec.taints.push(Taint {
+                key: TAINT_UNREACHABLE.to_owned(),
+                value: None,
+                effect: TaintEffect::NoSelect,
+                time_added: Some(time_of(c.last_transition_unix)),
+            });
+            true
+        }
+        None if has => {
+            spec.taints.retain(|t| t.key != TAINT_UNREACHABLE);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn token_secret_name(id: &str) -> String {
+    format!("{TOKEN_SECRET_PREFIX}{id}")
+}
+
+fn token_secret(namespace: &str, token: &TokenRecord) -> Result<Secret, StoreError> {
+    let expires = k8s_openapi::jiff::Timestamp::from_second(
+        i64::try_from(token.expires_unix).unwrap_or(i64::MAX),
+    )
+    .map(|t| t.to_string())
+    .unwrap_or_default();
+    let body = serde_json::to_vec(token).map_err(|e| StoreError::Corrupt {
+        path: token_secret_name(&token.id),
+        detail: e.to_string(),
+    })?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(token_secret_name(&token.id)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(
+                TOKEN_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(ANN_TOKEN_EXPIRES.to_owned(), expires)])),
+            ..Default::default()
+        },
+        type_: Some(TOKEN_SECRET_TYPE.to_owned()),
+        data: Some(BTreeMap::from([(
+            "token.json".to_owned(),
+            ByteString(body),
+        )])),
+        ..Default::default()
+    })
+}
+
+fn token_of(secret: &Secret) -> Result<TokenRecord, StoreError> {
+    let name = secret.name_any();
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token.json"))
+        .ok_or_else(|| StoreError::Corrupt {
+            path: name.clone(),
+            detail: "no token.json".into(),
+        })?;
+    serde_json::from_slice(&data.0).map_err(|e| StoreError::Corrupt {
+        path: name,
+        detail: e.to_string(),
+    })
+}
+
+fn ca_of(secret: &Secret) -> Result<CaMaterial, StoreError> {
+    let data = secret.data.clone().unwrap_or_default();
+    let get = |k: &str| {
+        data.get(k)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| StoreError::Corrupt {
+                path: CA_SECRET.into(),
+                detail: format!("no {k}"),
+            })
+    };
+    Ok(CaMaterial {
+        cert_pem: get("ca.crt")?,
+        key_pem: get("ca.key")?,
+    })
+}
+
+impl ClusterStore for KubeStore {
+    async fn load_ca(&self) -> Result<Option<CaMaterial>, StoreError> {
+        self.secrets()
+            .get_opt(CA_SECRET)
+            .await
+            .map_err(kube_err(format!("get Secret {CA_SECRET}")))?
+            .as_ref()
+            .map(ca_of)
+            .transpose()
+    }
+
+    async fn create_ca(&self, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(CA_SECRET.into()),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([
+                (
+                    "ca.crt".to_owned(),
+                    ByteString(ca.cert_pem.clone().into_bytes()),
+                ),
+                (
+                    "ca.key".to_owned(),
+                    ByteString(ca.key_pem.clone().into_bytes()),
+                ),
+            ])),
+            ..Default::default()
+        };
+        match self.secrets().create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(ca.clone()),
+            Err(e) if is_status(&e, 409) => {
+                self.load_ca().await?.ok_or_else(|| StoreError::Corrupt {
+                    path: CA_SECRET.into(),
+                    detail: "vanished after a create conflict".into(),
+                })
+            }
+            Err(e) => Err(kube_err(format!("create Secret {CA_SECRET}"))(e)),
+        }
+    }
+
+    async fn put_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        let secret = token_secret(&self.namespace, token)?;
+        let name = secret.name_any();
+        self.secrets()
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(kube_err(format!("create Secret {name}")))?;
+        Ok(())
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let name = token_secret_name(id);
+        match self
+            .secrets()
+            .get_opt(&name)
+            .await
+            .map_err(kube_err(format!("get Secret {name}")))?
+        {
+            Some(secret) if secret.type_.as_deref() == Some(TOKEN_SECRET_TYPE) => {
+                token_of(&secret).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let mut out = self
+            .secrets()
+            .list(&ListParams::default().labels(&format!("{TOKEN_LABEL}=true")))
+            .await
+            .map_err(kube_err("list token Secrets"))?
+            .items
+            .iter()
+            .filter(|s| s.type_.as_deref() == Some(TOKEN_SECRET_TYPE))
+            .map(token_of)
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let name = token_secret_name(id);
+        match self.secrets().delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(kube_err(format!("delete Secret {name}"))(e)),
+        }
+    }
+
+    async fn create_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        hub_accepts_client: bool,
+    ) -> Result<(), StoreError> {
+        let name = registration.name.clone();
+        let mut mc = ManagedCluster::new(
+            &name,
+            ManagedClusterSpec {
+                hub_accepts_client,
+                ..Default::default()
+            },
+        );
+        mc.metadata.annotations = Some(registration_annotations(registration));
+        match self.clusters().create(&PostParams::default(), &mc).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 409) => return Err(StoreError::AlreadyExists(name)),
+            Err(e) => return Err(kube_err(format!("create ManagedCluster {name}"))(e)),
+        }
+        self.modify_status(&name, |status| set_declared(status, registration))
+            .await
+    }
+
+    async fn update_registration(
+        &self,
+        registration: &ClusterRegistration,
+    ) -> Result<(), StoreError> {
+        let annotations = registration_annotations(registration);
+        self.modify(&registration.name, |mc| {
+            let current = mc.annotations_mut();
+            let mut changed = false;
+            for (k, v) in &annotations {
+                if current.get(k) != Some(v) {
+                    current.insert(k.clone(), v.clone());
+                    changed = true;
+                }
+            }
+            changed
+        })
+        .await?;
+        self.modify_status(&registration.name, |status| {
+            set_declared(status, registration)
+        })
+        .await
+    }
+
+    async fn set_accepted(&self, name: &str, accepted: bool) -> Result<(), StoreError> {
+        self.modify(name, |mc| {
+            let changed = mc.spec.hub_accepts_client != accepted;
+            mc.spec.hub_accepts_client = accepted;
+            changed
+        })
+        .await
+    }
+
+    async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
+        let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
+        self.modify(name, |mc| {
+            let mut changed = sync_unreachable_taint(&mut mc.spec, status);
+            let annotations = mc.annotations_mut();
+            if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
+                match &not_after {
+                    Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
+                    None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
+                };
+                changed = true;
+            }
+            changed
+        })
+        .await?;
+        self.modify_status(name, |observed| {
+            observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
+            observed.conditions = status
+                .conditions
+                .iter()
+                .map(|c| Condition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    observed_generation: None,
+                    last_transition_time: time_of(c.last_transition_unix),
+                })
+                .collect();
+        })
+        .await
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRecord>, StoreError> {
+        Ok(self
+            .clusters()
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("get ManagedCluster {name}")))?
+            .as_ref()
+            .map(record_of))
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
+        let mut out: Vec<ClusterRecord> = self
+            .clusters()
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list ManagedClusters"))?
+            .items
+            .iter()
+            .map(record_of)
+            .collect();
+        out.sort_by(|a, b| a.registration.name.cmp(&b.registration.name));
+        Ok(out)
+    }
+
+    async fn delete_cluster(&self, name: &str) -> Result<bool, StoreError> {
+        match self.clusters().delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_status(&e, 404) => Ok(false),
+            Err(e) => Err(kube_err(format!("delete ManagedCluster {name}"))(e)),
+        }
+    }
+
+    fn changes(&self) -> broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration() -> ClusterRegistration {
+        ClusterRegistration {
+            name: "spoke-1".into(),
+            labels: BTreeMap::from([("env".into(), "prod".into())]),
+            claims: BTreeMap::from([("region".into(), "eu".into())]),
+            key_fingerprint: "sha256:ab".into(),
+            agent_version: "0.1.0".into(),
+            token_id: "abcdef".into(),
+            created_unix: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn registration_round_trips_through_a_managed_cluster() {
+        // Invariant: what create_cluster/put_status write reads back as the same record.
+        let reg = registration();
+        let mut mc = ManagedCluster::new("spoke-1", ManagedClusterSpec::default());
+        mc.metadata.annotations = Some(registration_annotations(&reg));
+        let mut status = ManagedClusterStatus::default();
+        set_declared(&mut status, &reg);
+        status.last_heartbeat = Some(time_of(1_700_000_100));
+        status.conditions.push(Condition {
+            type_: "Joined".into(),
+            status: "True".into(),
+            reason: "ClientCertificateIssued".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: time_of(1_700_000_050),
+        });
+        mc.status = Some(status);
+        let record = record_of(&mc);
+        assert_eq!(record.registration, reg);
+        assert!(!record.hub_accepts_client);
+        assert_eq!(record.status.last_heartbeat_unix, Some(1_700_000_100));
+        assert_eq!(
+            record
+                .status
+                .condition("Joined")
+                .map(|c| c.last_transition_unix),
+            Some(1_700_000_050)
+        );
+    }
+
+    #[test]
+    fn unavailable_clusters_carry_the_unreachable_taint_until_available() {
+        // Invariant: Available!=True ⇒ exactly one NoSelect unreachable taint added when the
+        // condition changed; Available=True ⇒ none; other taints are never touched.
+        let mut spec = ManagedClusterSpec {
+            taints: vec![Taint {
+                key: "admin".into(),
+                value: None,
+                effect: TaintEffect::PreferNoSelect,
+                time_added: None,
+            }],
+            ..Default::default()
+        };
+        let mut status = ClusterStatus::default();
+        assert!(!sync_unreachable_taint(&mut spec, &status));
+        status.set_condition(
+            CONDITION_AVAILABLE,
+            "Unknown",
+            "ClusterLeaseExpired",
+            "",
+            500,
+        );
+        assert!(sync_unreachable_taint(&mut spec, &status));
+        assert!(!sync_unreachable_taint(&mut spec, &status));
+        let taint = spec.taints.iter().find(|t| t.key == TAINT_UNREACHABLE);
+        assert_eq!(taint.and_then(|t| t.time_added.clone()), Some(time_of(500)));
+        status.set_condition(CONDITION_AVAILABLE, "True", "ClusterLeaseRenewed", "", 600);
+        assert!(sync_unreachable_taint(&mut spec, &status));
+        assert_eq!(spec.taints.len(), 1);
+        assert_eq!(spec.taints[0].key, "admin");
+    }
+
+    #[test]
+    fn token_secrets_hold_only_the_hash_and_announce_expiry() {
+        // Invariant: a token Secret carries the record (hash, not the secret) and an RFC 3339
+        // expiry annotation, and reads back unchanged.
+        let token = crate::tokens::generate(std::time::Duration::from_secs(3600), "test");
+        let secret = token_secret("ns", &token.record).expect("secret");
+        let raw = String::from_utf8_lossy(&secret.data.as_ref().expect("data")["token.json"].0)
+            .into_owned();
+        let (_, plain) = token.token.split_once('.').expect("id.secret");
+        assert!(!raw.contains(plain));
+        assert!(secret.annotations()[ANN_TOKEN_EXPIRES].ends_with('Z'));
+        assert_eq!(token_of(&secret).expect("record"), token.record);
+    }
+}
