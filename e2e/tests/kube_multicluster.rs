@@ -11,8 +11,10 @@ use anyhow::{Context as _, Result, ensure};
 use e2e::{Cluster, ControlPlane};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
 use flower_addon_hub::ca::HubCa;
+use flower_addon_hub::channel::WorkSource;
 use flower_addon_hub::controller::placement;
 use flower_addon_hub::kube_store::{self, KubeStore};
+use flower_addon_hub::kube_work::KubeWorkSource;
 use flower_addon_hub::placement::TAINT_UNREACHABLE;
 use flower_addon_hub::store::{ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
 use flower_addon_hub::tokens;
@@ -614,4 +616,150 @@ async fn wait_change(changes: &mut broadcast::Receiver<String>, name: &str) -> R
     })
     .await
     .with_context(|| format!("no change announced for {name}"))?
+}
+
+/// Federation names in the work snapshot of `cluster`, with their pools.
+fn work_of(work: &KubeWorkSource, cluster: &str) -> Vec<(String, Vec<String>)> {
+    work.snapshot(cluster)
+        .federations
+        .iter()
+        .map(|f| {
+            (
+                f.name.clone(),
+                f.pools.iter().map(|p| p.name.clone()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
+    // Invariant: each cluster's work snapshot holds exactly the Federations whose Placement
+    // decided it, with their pools; it follows relabelling and spec changes, and an invalid
+    // Federation keeps the work it had (nothing is pruned while the spec is broken).
+    let (_cp, client, hub_sa) = hub_with_rbac().await?;
+    let none = serde_json::json!([]);
+    apply_cluster(&client, "s1", &[("env", "prod")], true, none.clone()).await?;
+    apply_cluster(&client, "s2", &[("env", "prod")], true, none.clone()).await?;
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
+        let _ = rx.await;
+    }));
+    apply_placement(
+        &client,
+        "prod",
+        serde_json::json!({"predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+        ]}),
+    )
+    .await?;
+    wait_decisions(&client, "prod", &["s1", "s2"]).await?;
+    let fed = |pools: serde_json::Value, external: Option<&str>| {
+        let mut superlink = serde_json::json!({"image": "flwr/superlink:1.42.0"});
+        if let Some(address) = external {
+            superlink["externalAddress"] = serde_json::json!(address);
+        }
+        serde_json::json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "Federation",
+            "metadata": {"name": "fed", "namespace": NS},
+            "spec": {
+                "mode": "StatefulSet",
+                "isolationMode": "subprocess",
+                "insecure": false,
+                "placementRef": {"name": "prod"},
+                "superlink": superlink,
+                "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pools},
+            }
+        })
+    };
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
+    let apply_fed = |body: serde_json::Value| {
+        let feds = feds.clone();
+        async move {
+            feds.patch(
+                "fed",
+                &PatchParams::apply(USER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .context("apply Federation")
+        }
+    };
+    apply_fed(fed(
+        serde_json::json!([{"name": "a", "replicas": 2, "images": {}}]),
+        Some("hub.example:30092"),
+    ))
+    .await?;
+    let t0 = Instant::now();
+    let work = KubeWorkSource::start(hub_sa.client.clone(), "CA PEM".into()).await?;
+    eprintln!("work source ready in {:.2}s", t0.elapsed().as_secs_f64());
+    let want = |pools: &[&str]| {
+        vec![(
+            "fed".to_string(),
+            pools.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        )]
+    };
+    e2e::wait_until("both clusters get pool a", WAIT, || async {
+        Ok(work_of(&work, "s1") == want(&["a"]) && work_of(&work, "s2") == want(&["a"]))
+    })
+    .await?;
+    let snap = work.snapshot("s2");
+    let fw = &snap.federations[0];
+    ensure!(
+        fw.superlink_fleet_address == "hub.example:30092"
+            && fw.ca_bundle_pem == "CA PEM"
+            && fw.partitions_total == 4
+            && fw.cluster_index == 1
+            && fw.cluster_count == 2
+            && fw.pools[0].partition_offset == 2,
+        "work of s2: {fw:?}"
+    );
+
+    // A pool added → both clusters; s2 relabelled out → its work is empty.
+    apply_fed(fed(
+        serde_json::json!([{"name": "a", "replicas": 2, "images": {}},
+                           {"name": "b", "replicas": 1, "images": {}}]),
+        Some("hub.example:30092"),
+    ))
+    .await?;
+    e2e::wait_until("pool b everywhere", WAIT, || async {
+        Ok(work_of(&work, "s1") == want(&["a", "b"]) && work_of(&work, "s2") == want(&["a", "b"]))
+    })
+    .await?;
+    apply_cluster(&client, "s2", &[("env", "dev")], true, none.clone()).await?;
+    e2e::wait_until("s2 loses its work", WAIT, || async {
+        Ok(work_of(&work, "s1") == want(&["a", "b"]) && work_of(&work, "s2").is_empty())
+    })
+    .await?;
+    let s1 = work.snapshot("s1").federations[0].clone();
+    ensure!(
+        s1.cluster_count == 1 && s1.partitions_total == 3,
+        "s1 alone: {s1:?}"
+    );
+
+    // Invalid (no external address for the spokes) → s1 keeps its work.
+    let before = work.snapshot("s1");
+    apply_fed(fed(
+        serde_json::json!([{"name": "a", "replicas": 5, "images": {}}]),
+        None,
+    ))
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        work.snapshot("s1") == before,
+        "an invalid Federation must not change the work"
+    );
+
+    // Federation deleted → no work anywhere.
+    feds.delete("fed", &DeleteParams::default()).await?;
+    e2e::wait_until("work removed with the Federation", WAIT, || async {
+        Ok(work_of(&work, "s1").is_empty() && work_of(&work, "s2").is_empty())
+    })
+    .await?;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .context("placement controller did not stop")??;
+    Ok(())
 }

@@ -7,6 +7,7 @@ pub mod channel;
 pub mod cli;
 pub mod controller;
 pub mod kube_store;
+pub mod kube_work;
 pub mod placement;
 pub mod render;
 pub mod standalone;
