@@ -248,6 +248,7 @@ impl State {
 
 /// The work of `fed` for each cluster of `selected` (sorted names), as `(cluster, work)`.
 /// `labels` holds each cluster's labels (for pools with a `clusterSelector`).
+#[allow(clippy::needless_update)]
 pub fn federation_work(
     fed: &Federation,
     selected: &[String],
@@ -308,6 +309,9 @@ pub fn federation_work(
                 federation_spec_json: spec_json.clone(),
                 cluster_index: share.cluster_index,
                 cluster_count: share.clusters,
+                registered_node_keys: Vec::new(),
+                // Fields added to the message later keep their defaults here.
+                ..Default::default()
             },
         ));
     }

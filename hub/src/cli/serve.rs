@@ -198,11 +198,10 @@ pub async fn shutdown_signal() {
 pub const CA_SECRET: &str = "flower-hub-ca";
 
 /// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
-/// Federations without `placementRef`, the pools in this cluster), with the hub CA kept in the
-/// Secret `flower-hub-ca` of `--namespace`.
-///
-/// The work channel to spoke clusters (ManagedClusters and Placements on the hub apiserver) is
-/// not served in Kubernetes mode yet; multi-cluster federations run with `--standalone`.
+/// Federations without `placementRef`, the pools in this cluster), the Placement controller
+/// (PlacementDecisions from ManagedClusters), and the work channel on `--listen` (agents join
+/// into ManagedClusters, tokens are Secrets, work comes from Federations + PlacementDecisions),
+/// with the hub CA kept in the Secret `flower-hub-ca` of `--namespace`.
 fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -218,7 +217,56 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.namespace,
             ca.hash()
         );
-        crate::controller::run(client, ca, shutdown_signal()).await;
+        let store = Arc::new(crate::kube_store::KubeStore::new(
+            client.clone(),
+            args.namespace.clone(),
+        ));
+        let mut listeners = Vec::new();
+        for addr in &args.listen {
+            listeners.push(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("listen on {addr}"))?,
+            );
+        }
+        let work = Arc::new(
+            crate::kube_work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())
+                .await?,
+        );
+        let config = ChannelConfig {
+            advertise: args.advertise_address.clone(),
+            cert_validity: args.cert_validity,
+            lease_duration: args.lease_duration,
+            auto_accept: args.auto_accept.into_iter().collect::<BTreeMap<_, _>>(),
+            ..ChannelConfig::default()
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let federations = tokio::spawn(crate::controller::run(
+            client.clone(),
+            ca.clone(),
+            wait_stop(stop_rx.clone()),
+        ));
+        let placements = tokio::spawn(crate::controller::placement::run(
+            client,
+            wait_stop(stop_rx),
+        ));
+        println!(
+            "flower-hub: serving the work channel on {}",
+            args.listen
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let server = ChannelServer::new(store, work, ca, config);
+        let shutdown = async move {
+            shutdown_signal().await;
+            tracing::info!("stopping");
+            let _ = stop_tx.send(true);
+        };
+        server.serve(listeners, shutdown).await?;
+        let _ = federations.await;
+        let _ = placements.await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
