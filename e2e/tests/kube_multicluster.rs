@@ -763,3 +763,303 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
         .context("placement controller did not stop")??;
     Ok(())
 }
+
+/// Ready replicas of StatefulSet `name` in `NS` of a cluster, if it exists.
+async fn sts_ready(client: &Client, name: &str) -> Result<Option<(i32, i32)>> {
+    Ok(
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), NS)
+            .get_opt(name)
+            .await?
+            .map(|s| {
+                (
+                    s.status.and_then(|st| st.ready_replicas).unwrap_or(0),
+                    s.spec.replicas.unwrap_or(1),
+                )
+            }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
+    // Invariant: against the Kubernetes-mode `flower-hub serve` (hub RBAC), two agents join with a
+    // token and are accepted on their ManagedClusters; a Federation + Placement selecting both
+    // gives a SuperLink and NodePort Service on the hub and Ready pool workloads on both spokes
+    // (agent RBAC), and a relabelled spoke loses its pools.
+    let root = e2e::repo_root();
+    let (hub_bin, agent_bin) = (
+        root.join("target/debug/flower-hub"),
+        root.join("target/debug/flower-agent"),
+    );
+    ensure!(
+        hub_bin.is_file() && agent_bin.is_file(),
+        "run `cargo build --bins` first (test.sh does)"
+    );
+    e2e::install_crypto();
+    let mut cp = ControlPlane::start(&["hub", "spoke-1", "spoke-2"])
+        .await
+        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
+    let hub = cp.cluster("hub")?.clone();
+    let client = hub.client.clone();
+    install_crds(&hub).await?;
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
+        )
+        .await?;
+    let manifests = root.join("manifests/hub");
+    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
+    let hub_sa = e2e::service_account_access(
+        &hub,
+        &manifests.join("rbac.yaml"),
+        HUB_NS,
+        "flower-hub",
+        3600,
+    )
+    .await?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let work_dir = cp.work_dir().to_path_buf();
+    let env = |kubeconfig: &std::path::Path, rest: Vec<String>| -> Vec<String> {
+        let mut args = vec![
+            format!("KUBECONFIG={}", kubeconfig.display()),
+            "RUST_LOG=info".to_string(),
+        ];
+        args.extend(rest);
+        args
+    };
+    let t0 = Instant::now();
+    cp.processes().start(
+        "flower-hub",
+        std::path::Path::new("/usr/bin/env"),
+        &env(
+            &hub_sa.kubeconfig,
+            [
+                hub_bin.display().to_string().as_str(),
+                "serve",
+                "--namespace",
+                HUB_NS,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--advertise-address",
+                "127.0.0.1",
+                "--lease-duration",
+                "5s",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        ),
+        &work_dir.join("flower-hub.log"),
+    )?;
+
+    // Token (stored as the hub stores it) and the CA hash from the hub's CA Secret.
+    let store = KubeStore::new(client.clone(), HUB_NS);
+    let token = tokens::generate(Duration::from_secs(600), "e2e");
+    store.put_token(&token.record).await?;
+    e2e::wait_until("the hub CA Secret", WAIT, || async {
+        Ok(store.load_ca().await?.is_some())
+    })
+    .await?;
+    let ca = HubCa::from_material(store.load_ca().await?.context("CA")?)?;
+
+    // Both agents join; each waits until its ManagedCluster is accepted.
+    let mut joins = Vec::new();
+    for (spoke, env_label) in [("spoke-1", "prod"), ("spoke-2", "prod")] {
+        let options = flower_addon_agent::join::JoinOptions {
+            hub: flower_addon_agent::tls::HubAddress::new(&format!("127.0.0.1:{port}")),
+            token: token.token.clone(),
+            ca_hash: ca.hash().to_string(),
+            cluster_name: spoke.to_string(),
+            labels: BTreeMap::from([("env".to_string(), env_label.to_string())]),
+            claims: BTreeMap::new(),
+            state_dir: work_dir.join(format!("agent-{spoke}")),
+            max_wait: Some(Duration::from_secs(60)),
+            max_backoff: Duration::from_secs(1),
+        };
+        joins.push(tokio::spawn(async move {
+            let mut progress = |_: &str| {};
+            flower_addon_agent::join::join(&options, &mut progress).await
+        }));
+    }
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    for spoke in ["spoke-1", "spoke-2"] {
+        e2e::wait_until(&format!("ManagedCluster {spoke} pending"), WAIT, || async {
+            Ok(clusters
+                .get_opt(spoke)
+                .await?
+                .is_some_and(|mc| !mc.spec.hub_accepts_client))
+        })
+        .await?;
+        clusters
+            .patch(
+                spoke,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
+            )
+            .await?;
+    }
+    for join in joins {
+        join.await?.context("join")?;
+    }
+    eprintln!("both spokes joined in {:.1}s", t0.elapsed().as_secs_f64());
+
+    // Agents run the Kubernetes runtime under manifests/agent's ServiceAccount.
+    for spoke in ["spoke-1", "spoke-2"] {
+        let cluster = cp.cluster(spoke)?.clone();
+        let agent_manifests = root.join("manifests/agent");
+        e2e::apply_file(
+            &cluster.client,
+            &agent_manifests.join("namespace.yaml"),
+            "default",
+        )
+        .await?;
+        let sa = e2e::service_account_access(
+            &cluster,
+            &agent_manifests.join("rbac.yaml"),
+            "flower-addon-agent",
+            "flower-agent",
+            3600,
+        )
+        .await?;
+        cp.processes().start(
+            &format!("agent-{spoke}"),
+            std::path::Path::new("/usr/bin/env"),
+            &env(
+                &sa.kubeconfig,
+                [
+                    agent_bin.display().to_string().as_str(),
+                    "run",
+                    "--state-dir",
+                    &work_dir
+                        .join(format!("agent-{spoke}"))
+                        .display()
+                        .to_string(),
+                    "--runtime",
+                    "kubernetes",
+                    "--status-interval",
+                    "1s",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ),
+            &work_dir.join(format!("agent-{spoke}.log")),
+        )?;
+    }
+
+    // Federation + Placement selecting both spokes.
+    apply_placement(
+        &client,
+        "both",
+        serde_json::json!({"predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+        ]}),
+    )
+    .await?;
+    let fed = serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Federation",
+        "metadata": {"name": "fed", "namespace": NS},
+        "spec": {
+            "mode": "StatefulSet",
+            "isolationMode": "subprocess",
+            "insecure": false,
+            "placementRef": {"name": "both"},
+            "superlink": {"image": "flwr/superlink:1.42.0",
+                          "externalAddress": "127.0.0.1:30092",
+                          "service": {"type": "NodePort"}},
+            "supernodes": {"image": "flwr/supernode:1.42.0",
+                           "pools": [{"name": "a", "replicas": 2, "images": {}}]},
+        }
+    });
+    let t1 = Instant::now();
+    Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS)
+        .patch(
+            "fed",
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&fed),
+        )
+        .await?;
+    wait_decisions(&client, "both", &["spoke-1", "spoke-2"]).await?;
+    let spoke_clients = [
+        cp.cluster("spoke-1")?.client.clone(),
+        cp.cluster("spoke-2")?.client.clone(),
+    ];
+    let processes_ok = std::sync::Mutex::new(&mut cp);
+    e2e::wait_until(
+        "pool a Ready on both spokes",
+        Duration::from_secs(90),
+        || async {
+            if let Ok(mut cp) = processes_ok.lock() {
+                cp.processes().check_alive()?;
+            }
+            let mut all = true;
+            for c in &spoke_clients {
+                all &= sts_ready(c, "fed-supernode-a").await? == Some((2, 2));
+            }
+            Ok(all)
+        },
+    )
+    .await?;
+    eprintln!(
+        "Federation applied → pools Ready on both spokes in {:.1}s",
+        t1.elapsed().as_secs_f64()
+    );
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
+        .get("fed-superlink")
+        .await?;
+    ensure!(
+        svc.spec.and_then(|s| s.type_).as_deref() == Some("NodePort"),
+        "NodePort SuperLink Service on the hub"
+    );
+    ensure!(
+        sts_ready(&client, "fed-superlink").await?.is_some(),
+        "SuperLink StatefulSet on the hub"
+    );
+    ensure!(
+        sts_ready(&client, "fed-supernode-a").await?.is_none(),
+        "no pool runs in the hub cluster for a placementRef Federation"
+    );
+
+    // spoke-2 relabelled out of the Placement → its pool is pruned; spoke-1 keeps running.
+    let sts1 =
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(spoke_clients[0].clone(), NS)
+            .get("fed-supernode-a")
+            .await?
+            .uid();
+    clusters
+        .patch(
+            "spoke-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"env": "dev"}}})),
+        )
+        .await?;
+    wait_decisions(&client, "both", &["spoke-1"]).await?;
+    e2e::wait_until(
+        "pool a pruned on spoke-2",
+        Duration::from_secs(60),
+        || async {
+            Ok(sts_ready(&spoke_clients[1], "fed-supernode-a")
+                .await?
+                .is_none())
+        },
+    )
+    .await?;
+    let still =
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(spoke_clients[0].clone(), NS)
+            .get("fed-supernode-a")
+            .await?
+            .uid();
+    ensure!(still == sts1, "spoke-1's pool was recreated");
+    let heartbeat = clusters
+        .get("spoke-1")
+        .await?
+        .status
+        .and_then(|s| s.last_heartbeat);
+    ensure!(heartbeat.is_some(), "spoke-1 reports heartbeats");
+    eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
