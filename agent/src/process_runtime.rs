@@ -71,6 +71,9 @@ struct DesiredReplica {
     argv: Vec<String>,
     superexec_argv: Option<Vec<String>>,
     public_key: Option<String>,
+    /// False while the hub has not registered this replica's key with the SuperLink: starting
+    /// it would only get it refused (and restarted with backoff).
+    registered: bool,
     port: u16,
 }
 
@@ -82,6 +85,8 @@ struct State {
     replicas: BTreeMap<ReplicaKey, Replica>,
     /// desired replica count per (namespace, federation, pool), in work order.
     pools: PoolCounts,
+    /// Replicas waiting for the hub to register their key, with that public key.
+    pending: BTreeMap<ReplicaKey, String>,
 }
 
 /// SuperNodes as local processes.
@@ -202,14 +207,20 @@ impl ProcessRuntime {
                     if let Some(p) = port {
                         used.insert(p);
                     }
-                    fresh.push((key, port, input_owned(&input, &cluster), fed.insecure));
+                    fresh.push((
+                        key,
+                        port,
+                        input_owned(&input, &cluster),
+                        fed.insecure,
+                        fed.registered_node_keys.clone(),
+                    ));
                 }
             }
             pools.insert((fed.namespace.clone(), fed.name.clone()), fed_pools);
         }
         // Second pass: ports (existing replicas keep theirs) and argv.
         let mut next = self.config.port_base;
-        for (key, port, owned, insecure) in fresh {
+        for (key, port, owned, insecure, registered_keys) in fresh {
             let port = match port {
                 Some(p) => p,
                 None => {
@@ -250,7 +261,11 @@ impl ProcessRuntime {
             let superexec_argv = (owned.spec.isolation_mode
                 == flower_addon_crds::IsolationMode::Process)
                 .then(|| render::superexec_clientapp_argv(owned.dialect, port));
+            let registered = public_key
+                .as_ref()
+                .is_none_or(|k| registered_keys.iter().any(|r| r.trim() == k.trim()));
             out.push(DesiredReplica {
+                registered,
                 key,
                 argv,
                 superexec_argv,
@@ -326,10 +341,18 @@ impl Runtime for ProcessRuntime {
                     stop_replica(replica).await;
                 }
             }
+            state.pending.clear();
             for d in desired {
                 if let Some(existing) = state.replicas.get(&d.key)
                     && existing.argv == d.argv
                 {
+                    continue;
+                }
+                if !d.registered && !state.replicas.contains_key(&d.key) {
+                    if let Some(public_key) = d.public_key {
+                        tracing::info!(replica = %d.key.slug(), "waiting for the hub to register this SuperNode's key");
+                        state.pending.insert(d.key, public_key);
+                    }
                     continue;
                 }
                 if let Some(old) = state.replicas.remove(&d.key) {
@@ -410,9 +433,20 @@ impl Runtime for ProcessRuntime {
                                 .map(|(_, r)| r)
                                 .collect();
                             let ready = replicas.iter().filter(|r| replica_ready(r)).count() as u32;
+                            let pending: Vec<String> = state
+                                .pending
+                                .iter()
+                                .filter(|(k, _)| {
+                                    &k.namespace == namespace
+                                        && &k.federation == name
+                                        && &k.pool == pool
+                                })
+                                .map(|(_, public_key)| public_key.clone())
+                                .collect();
                             let keys = replicas
                                 .iter()
                                 .filter_map(|r| r.public_key.clone())
+                                .chain(pending)
                                 .collect();
                             PoolStatus {
                                 name: pool.clone(),

@@ -64,6 +64,9 @@ fn federation(namespace: &str, name: &str, mode: &str, pools: &[(&str, i32)]) ->
         partitions_total: offset,
         pools,
         federation_spec_json: spec.to_string(),
+        cluster_index: 0,
+        cluster_count: 1,
+        registered_node_keys: Vec::new(),
     }
 }
 

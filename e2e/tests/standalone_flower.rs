@@ -370,6 +370,14 @@ impl World {
                 "- name: site-a\n        replicas: 2",
                 format!("- name: site-a\n        replicas: {site_a_replicas}"),
             ),
+            // Flower reads node config only at start: a value that depends on the size of the
+            // federation ({partitions}) changes when it is scaled, and the agent then restarts
+            // the SuperNodes it applies to, by design. A fixed partition count keeps the running
+            // SuperNodes' arguments unchanged, which is what scenario 2 checks.
+            (
+                "num-partitions: \"{partitions}\"",
+                "num-partitions: \"8\"".to_string(),
+            ),
         ] {
             ensure!(
                 out.contains(from),

@@ -151,7 +151,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .reconcile_federation(fed, &views, now, &mut per_cluster)
                 .await
             {
-                Ok(selected) => summary.selected = selected,
+                Ok((selected, unplaced)) => {
+                    summary.selected = selected;
+                    summary.unplaced_pools = unplaced;
+                }
                 Err(message) => summary.error = Some(message),
             }
             summaries.push(summary);
@@ -204,7 +207,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         views: &[ClusterView],
         now: i64,
         per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<(Vec<String>, Vec<String>), String> {
         let key = fed_key(fed);
         let (version, dialect) = federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
@@ -264,7 +267,26 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 (None, _) => true,
             }
         });
+        // Pools no selected cluster runs (their clusterSelector matches none): not ready.
+        let unplaced: Vec<String> = fed
+            .spec
+            .supernodes
+            .pools
+            .iter()
+            .filter(|p| {
+                !shares
+                    .iter()
+                    .any(|s| s.pools.iter().any(|x| x.pool == p.name))
+            })
+            .map(|p| p.name.clone())
+            .collect();
         let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
+        let registered: Vec<String> = self
+            .registered
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, public_key)| public_key.clone())
+            .collect();
         for share in shares {
             let pools = share
                 .pools
@@ -306,9 +328,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     federation_spec_json: spec_json.clone(),
                     cluster_index: share.cluster_index,
                     cluster_count: share.clusters,
+                    registered_node_keys: registered.clone(),
                 });
         }
-        Ok(outcome.selected)
+        Ok((outcome.selected, unplaced))
     }
 
     fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {

@@ -56,6 +56,9 @@ pub struct FederationSummary {
     pub error: Option<String>,
     /// Per cluster and pool: `cluster/pool` → `ready/desired`.
     pub pools: BTreeMap<String, String>,
+    /// Pools that no selected cluster runs (no available cluster matches their selector).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unplaced_pools: Vec<String>,
 }
 
 impl FederationSummary {
@@ -87,7 +90,11 @@ impl FederationSummary {
             .get(&(self.namespace.clone(), self.name.clone()))
             .copied()
             .unwrap_or(false);
-        let mut missing = Vec::new();
+        let mut missing: Vec<String> = self
+            .unplaced_pools
+            .iter()
+            .map(|p| format!("pool {p}: no available cluster matches its clusterSelector"))
+            .collect();
         for cluster in &self.selected {
             let report = work.last_status(cluster);
             let fed = report.as_ref().and_then(|s| {
