@@ -784,7 +784,8 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
     // Invariant: against the Kubernetes-mode `flower-hub serve` (hub RBAC), two agents join with a
     // token and are accepted on their ManagedClusters; a Federation + Placement selecting both
     // gives a SuperLink and NodePort Service on the hub and Ready pool workloads on both spokes
-    // (agent RBAC), and a relabelled spoke loses its pools.
+    // (agent RBAC), the agents' reports appear per cluster in the Federation status, and a
+    // relabelled spoke loses its pools.
     let root = e2e::repo_root();
     let (hub_bin, agent_bin) = (
         root.join("target/debug/flower-hub"),
@@ -1008,6 +1009,29 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "Federation applied → pools Ready on both spokes in {:.1}s",
         t1.elapsed().as_secs_f64()
     );
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
+    let took = e2e::wait_until(
+        "Federation status.clusters 2/2 and connected on both spokes",
+        Duration::from_secs(60),
+        || async {
+            let status = feds.get("fed").await?.status.unwrap_or_default();
+            let got: Vec<(String, Option<String>, bool)> = status
+                .clusters
+                .iter()
+                .map(|c| (c.name.clone(), c.supernodes.clone(), c.connected))
+                .collect();
+            Ok(got
+                == [
+                    ("spoke-1".to_string(), Some("2/2".to_string()), true),
+                    ("spoke-2".to_string(), Some("2/2".to_string()), true),
+                ])
+        },
+    )
+    .await?;
+    eprintln!(
+        "per-cluster Federation status 2/2 on both spokes {:.1}s after pods Ready",
+        took.as_secs_f64()
+    );
     let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
         .get("fed-superlink")
         .await?;
@@ -1054,6 +1078,20 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             .await?
             .uid();
     ensure!(still == sts1, "spoke-1's pool was recreated");
+    e2e::wait_until(
+        "status.clusters lists only spoke-1",
+        Duration::from_secs(30),
+        || async {
+            let status = feds.get("fed").await?.status.unwrap_or_default();
+            Ok(status
+                .clusters
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                == ["spoke-1"])
+        },
+    )
+    .await?;
     let heartbeat = clusters
         .get("spoke-1")
         .await?

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dashmap::DashMap;
 use flower_addon_crds::{Federation, ManagedCluster, PLACEMENT_LABEL, PlacementDecision};
 use flower_addon_proto::{ClusterWork, FederationWork, PoolWork, Status as AgentStatus};
 use futures::StreamExt;
@@ -49,12 +50,23 @@ pub enum KubeWorkError {
 /// The work of every cluster, kept current from the hub apiserver.
 pub struct KubeWorkSource {
     inner: Arc<InMemoryWorkSource>,
+    reports: Arc<DashMap<String, Report>>,
+    reported: watch::Sender<u64>,
     task: JoinHandle<()>,
+    status_task: JoinHandle<()>,
+}
+
+/// The last status report of a cluster and when it arrived (Unix seconds).
+#[derive(Clone, Debug)]
+struct Report {
+    status: AgentStatus,
+    at: i64,
 }
 
 impl Drop for KubeWorkSource {
     fn drop(&mut self) {
         self.task.abort();
+        self.status_task.abort();
     }
 }
 
@@ -64,6 +76,7 @@ impl std::fmt::Debug for KubeWorkSource {
     }
 }
 
+#[derive(Clone)]
 struct Stores {
     federations: Store<Federation>,
     decisions: Store<PlacementDecision>,
@@ -74,6 +87,7 @@ impl KubeWorkSource {
     /// Starts the reflectors on `client`, waits until each has listed, computes the first work
     /// and returns. `ca_pem` is the CA bundle spokes use to verify SuperLinks.
     pub async fn start(client: Client, ca_pem: String) -> Result<Self, KubeWorkError> {
+        let status_client = client.clone();
         let (federations, fed_writer) = reflector::store::<Federation>();
         let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
         let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
@@ -110,6 +124,14 @@ impl KubeWorkSource {
         let inner = Arc::new(InMemoryWorkSource::new());
         let (ready_tx, mut ready_rx) = watch::channel(false);
         let work = inner.clone();
+        let reports: Arc<DashMap<String, Report>> = Arc::new(DashMap::new());
+        let (reported, reported_rx) = watch::channel(0u64);
+        let status_task = tokio::spawn(write_cluster_statuses(
+            status_client,
+            stores.clone(),
+            reports.clone(),
+            reported_rx,
+        ));
         let task = tokio::spawn(async move {
             let mut state = State {
                 ca_pem,
@@ -141,9 +163,16 @@ impl KubeWorkSource {
         let waited = tokio::time::timeout(READY_TIMEOUT, ready_rx.wait_for(|r| *r)).await;
         if !matches!(waited, Ok(Ok(_))) {
             task.abort();
+            status_task.abort();
             return Err(KubeWorkError::NotReady(READY_TIMEOUT));
         }
-        Ok(Self { inner, task })
+        Ok(Self {
+            inner,
+            reports,
+            reported,
+            task,
+            status_task,
+        })
     }
 
     /// The in-memory source behind this one (acks and last status per cluster).
@@ -192,18 +221,9 @@ impl State {
             let namespace = fed.namespace().unwrap_or_default();
             let key = (namespace.clone(), fed.name_any());
             live.insert(key.clone());
-            let mut selected: Vec<String> = decisions
-                .iter()
-                .filter(|d| {
-                    d.namespace().as_deref() == Some(namespace.as_str())
-                        && d.labels().get(PLACEMENT_LABEL) == Some(&placement.name)
-                })
-                .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
-                .map(|d| d.cluster_name.clone())
-                .filter(|c| labels.contains_key(c))
-                .collect();
-            selected.sort();
-            selected.dedup();
+            let selected = decided(&decisions, &namespace, &placement.name, |c| {
+                labels.contains_key(c)
+            });
             let works = match federation_work(&fed, &selected, &labels, &self.ca_pem) {
                 Ok(works) => {
                     self.last_good.insert(key.clone(), works.clone());
@@ -243,6 +263,184 @@ impl State {
         if !changed.is_empty() {
             work.set_many(changed);
         }
+    }
+}
+
+/// Clusters decided for Placement `namespace/placement` (sorted, unique) that pass `known`.
+fn decided(
+    decisions: &[Arc<PlacementDecision>],
+    namespace: &str,
+    placement: &str,
+    known: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut selected: Vec<String> = decisions
+        .iter()
+        .filter(|d| {
+            d.namespace().as_deref() == Some(namespace)
+                && d.labels().get(PLACEMENT_LABEL).map(String::as_str) == Some(placement)
+        })
+        .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
+        .map(|d| d.cluster_name.clone())
+        .filter(|c| known(c))
+        .collect();
+    selected.sort();
+    selected.dedup();
+    selected
+}
+
+/// Field manager of the per-cluster part of the Federation status (`status.clusters`), which
+/// the work source owns; everything else in the status is the Federation controller's.
+pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
+/// How often the per-cluster status is refreshed without new reports (connectivity changes).
+const STATUS_RESYNC: Duration = Duration::from_secs(10);
+
+/// Keeps `status.clusters` of every Federation with a `placementRef` current from the agents'
+/// reports: per cluster its pools' `ready/desired`, whether it is connected (`Available=True`),
+/// the time of its last report, and what is missing.
+async fn write_cluster_statuses(
+    client: Client,
+    stores: Stores,
+    reports: Arc<DashMap<String, Report>>,
+    mut reported: watch::Receiver<u64>,
+) {
+    loop {
+        tokio::select! {
+            changed = reported.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(STATUS_RESYNC) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let clusters: BTreeMap<String, Arc<ManagedCluster>> = stores
+            .clusters
+            .state()
+            .into_iter()
+            .map(|mc| (mc.name_any(), mc))
+            .collect();
+        let decisions = stores.decisions.state();
+        for fed in stores.federations.state() {
+            let Some(placement) = fed.spec.placement_ref.as_ref() else {
+                continue;
+            };
+            let namespace = fed.namespace().unwrap_or_default();
+            let selected = decided(&decisions, &namespace, &placement.name, |c| {
+                clusters.contains_key(c)
+            });
+            let want: Vec<flower_addon_crds::ClusterStatus> = selected
+                .iter()
+                .map(|name| {
+                    cluster_status(
+                        &fed,
+                        name,
+                        clusters.get(name).map(AsRef::as_ref),
+                        reports.get(name).as_deref(),
+                    )
+                })
+                .collect();
+            let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
+            if same_but_fresh(current, &want) {
+                continue;
+            }
+            let body = serde_json::json!({
+                "apiVersion": flower_addon_crds::API_VERSION,
+                "kind": "Federation",
+                "status": {"clusters": want},
+            });
+            let name = fed.name_any();
+            let result = Api::<Federation>::namespaced(client.clone(), &namespace)
+                .patch_status(
+                    &name,
+                    &kube::api::PatchParams::apply(CLUSTER_STATUS_FIELD_MANAGER),
+                    &kube::api::Patch::Apply(&body),
+                )
+                .await;
+            if let Err(error) = result {
+                tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
+            }
+        }
+    }
+}
+
+/// How stale `lastReport` may get before it alone causes a status write.
+const REPORT_TIME_SLACK: i64 = 60;
+
+/// True when `current` equals `want` up to `lastReport` times less than
+/// [`REPORT_TIME_SLACK`] apart (so periodic reports do not rewrite the status each time).
+fn same_but_fresh(
+    current: &[flower_addon_crds::ClusterStatus],
+    want: &[flower_addon_crds::ClusterStatus],
+) -> bool {
+    current.len() == want.len()
+        && current.iter().zip(want).all(|(c, w)| {
+            let close = match (&c.last_report, &w.last_report) {
+                (Some(a), Some(b)) => (a.0.as_second() - b.0.as_second()).abs() < REPORT_TIME_SLACK,
+                (None, None) => true,
+                _ => false,
+            };
+            close
+                && flower_addon_crds::ClusterStatus {
+                    last_report: None,
+                    ..c.clone()
+                } == flower_addon_crds::ClusterStatus {
+                    last_report: None,
+                    ..w.clone()
+                }
+        })
+}
+
+/// The status of Federation `fed` in cluster `name`.
+fn cluster_status(
+    fed: &Federation,
+    name: &str,
+    cluster: Option<&ManagedCluster>,
+    report: Option<&Report>,
+) -> flower_addon_crds::ClusterStatus {
+    let connected = cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == crate::store::CONDITION_AVAILABLE && c.status == "True")
+    });
+    let namespace = fed.namespace().unwrap_or_default();
+    let observed = report.and_then(|r| {
+        r.status
+            .federations
+            .iter()
+            .find(|f| f.namespace == namespace && f.name == fed.name_any())
+    });
+    let pools: Vec<flower_addon_crds::PoolStatus> = observed
+        .map(|f| {
+            f.pools
+                .iter()
+                .map(|p| flower_addon_crds::PoolStatus {
+                    name: p.name.clone(),
+                    kind: None,
+                    desired: i32::try_from(p.desired).unwrap_or(i32::MAX),
+                    ready: i32::try_from(p.ready).unwrap_or(i32::MAX),
+                    conditions: Vec::new(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let desired: i32 = pools.iter().map(|p| p.desired).sum();
+    let ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
+    let message = if observed.is_none() {
+        Some("no status report for this Federation from the agent yet".to_owned())
+    } else if !connected {
+        Some("the cluster's agent is not connected (lease expired)".to_owned())
+    } else if ready < desired {
+        Some(format!("{ready}/{desired} SuperNodes ready"))
+    } else {
+        None
+    };
+    flower_addon_crds::ClusterStatus {
+        name: name.to_owned(),
+        supernodes: observed.map(|_| format!("{ready}/{desired}")),
+        pools,
+        connected,
+        last_report: report.and_then(|r| {
+            k8s_openapi::jiff::Timestamp::from_second(r.at)
+                .ok()
+                .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+        }),
+        message,
     }
 }
 
@@ -333,6 +531,18 @@ impl WorkSource for KubeWorkSource {
 
     fn on_status(&self, cluster: &str, status: &AgentStatus) {
         self.inner.on_status(cluster, status);
+        let report = Report {
+            status: status.clone(),
+            at: k8s_openapi::jiff::Timestamp::now().as_second(),
+        };
+        let changed = self
+            .reports
+            .get(cluster)
+            .is_none_or(|old| old.status != report.status);
+        self.reports.insert(cluster.to_owned(), report);
+        if changed {
+            self.reported.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 }
 
@@ -397,6 +607,57 @@ spec:
         assert_eq!(w2.superlink_fleet_address, "hub.example:30092");
         assert_eq!(w2.ca_bundle_pem, "CA");
         assert_eq!((w1.cluster_index, w1.cluster_count), (0, 2));
+    }
+
+    #[test]
+    fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
+        // Invariant: a cluster's entry shows its pools' ready/desired from the agent's report,
+        // and says so when there is no report yet or the cluster is not Available.
+        let fed = federation("[{name: a, replicas: 2, images: {}}]");
+        let none = cluster_status(&fed, "s1", None, None);
+        assert_eq!(none.supernodes, None);
+        assert!(!none.connected);
+        assert!(none.message.is_some_and(|m| m.contains("no status report")));
+        let report = Report {
+            status: AgentStatus {
+                observed_version: 1,
+                cluster_name: "s1".into(),
+                federations: vec![flower_addon_proto::FederationStatus {
+                    namespace: "team".into(),
+                    name: "fed".into(),
+                    pools: vec![flower_addon_proto::PoolStatus {
+                        name: "a".into(),
+                        desired: 2,
+                        ready: 1,
+                        ..Default::default()
+                    }],
+                }],
+            },
+            at: 1_700_000_000,
+        };
+        let mut mc = ManagedCluster::new("s1", Default::default());
+        mc.status = Some(flower_addon_crds::ManagedClusterStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Available".into(),
+                status: "True".into(),
+                reason: "ClusterLeaseRenewed".into(),
+                message: String::new(),
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            }],
+            ..Default::default()
+        });
+        let st = cluster_status(&fed, "s1", Some(&mc), Some(&report));
+        assert_eq!(st.supernodes.as_deref(), Some("1/2"));
+        assert!(st.connected);
+        assert_eq!(st.message.as_deref(), Some("1/2 SuperNodes ready"));
+        let mut later = st.clone();
+        later.last_report = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_010).expect("time"),
+        ));
+        assert!(same_but_fresh(std::slice::from_ref(&st), &[later]));
     }
 
     #[test]
