@@ -67,9 +67,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                         .and_then(|h| h.into_string().ok())
                         .unwrap_or_else(|| "localhost".into()),
                 };
+                // SuperNodes run in subdirectories: every path handed to them must be absolute.
+                let absolute = |p: &std::path::Path| {
+                    std::fs::canonicalize(p).with_context(|| format!("resolve {}", p.display()))
+                };
                 let rt = Arc::new(ProcessRuntime::new(ProcessRuntimeConfig {
-                    state_dir: args.state_dir.clone(),
-                    flower_bin: args.flower_bin.clone(),
+                    state_dir: absolute(&args.state_dir)?,
+                    flower_bin: args.flower_bin.as_deref().map(absolute).transpose()?,
                     port_base: args.port_base,
                     node_name,
                 })?);

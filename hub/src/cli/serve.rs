@@ -77,6 +77,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("start the async runtime")?;
     runtime.block_on(async move {
         let store = Arc::new(FileStore::open(&dir)?);
+        // Child processes run in subdirectories: every path handed to them must be absolute.
+        let dir =
+            std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
         let mut listeners = Vec::new();
         for addr in &args.listen {
@@ -139,6 +142,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| dir.join("manifests"));
         std::fs::create_dir_all(&manifests_dir)
             .with_context(|| format!("create {}", manifests_dir.display()))?;
+        let manifests_dir = std::fs::canonicalize(&manifests_dir)
+            .with_context(|| format!("resolve {}", manifests_dir.display()))?;
+        let flower_bin = match &args.flower_bin {
+            Some(d) => Some(
+                std::fs::canonicalize(d)
+                    .with_context(|| format!("--flower-bin {}: not found", d.display()))?,
+            ),
+            None => None,
+        };
         println!(
             "flower-hub: reading Federations and Placements from {}",
             manifests_dir.display()
@@ -150,7 +162,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             StandaloneConfig {
                 state_dir: dir.clone(),
                 manifests_dir,
-                flower_bin: args.flower_bin.clone(),
+                flower_bin,
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
                 lease: args.lease_duration,

@@ -48,6 +48,10 @@ pub struct StandaloneConfig {
 
 type FedKey = (String, String);
 
+/// Name of the virtual cluster that runs, on the hub machine itself, the pools of Federations
+/// without `placementRef`. Not a DNS label, so no joining cluster can take it.
+pub const LOCAL_CLUSTER: &str = "(hub)";
+
 struct RunningSuperLink {
     argv: Vec<String>,
     superlink: Supervised,
@@ -65,6 +69,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     selections: BTreeMap<FedKey, BTreeSet<String>>,
     sent: BTreeMap<String, ClusterWork>,
     registered: BTreeSet<(FedKey, String)>,
+    /// Process runtime for the pools of Federations without `placementRef` (started on need).
+    local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -86,6 +92,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             selections: BTreeMap::new(),
             sent: BTreeMap::new(),
             registered: BTreeSet::new(),
+            local: None,
         }
     }
 
@@ -102,6 +109,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 _ = store_changes.recv() => {}
             }
             self.reconcile().await;
+        }
+        if let Some(local) = self.local.take() {
+            local.shutdown().await;
         }
         for (_, sl) in std::mem::take(&mut self.superlinks) {
             stop_superlink(sl).await;
@@ -174,6 +184,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
             self.selections.remove(&key);
         }
 
+        let local_work = per_cluster.remove(LOCAL_CLUSTER);
+        self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
         self.register_node_keys(&federations).await;
 
@@ -216,29 +228,29 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
         self.ensure_superlink(fed, version, dialect, &paths).await?;
 
-        // Placement: without placementRef there is no hub cluster to run pools in standalone
-        // mode, so nothing is selected (and the status says so).
-        let Some(placement_ref) = &fed.spec.placement_ref else {
-            return Err(
-                "standalone hub: spec.placementRef is required (pools run on joined agents)".into(),
-            );
+        // Without placementRef the pools run on this machine, next to the SuperLink (the
+        // standalone counterpart of "in the hub cluster"): the virtual cluster LOCAL_CLUSTER.
+        let selected: Vec<String> = match &fed.spec.placement_ref {
+            None => vec![LOCAL_CLUSTER.to_owned()],
+            Some(placement_ref) => {
+                let placement = self
+                    .manifests
+                    .placement(&key.0, &placement_ref.name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!(
+                            "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
+                            key.0, placement_ref.name
+                        )
+                    })?;
+                let policy = placement_policy(&placement);
+                let previous = self.selections.get(&key).cloned().unwrap_or_default();
+                let outcome = placement::evaluate(&policy, views, &previous, now);
+                self.selections
+                    .insert(key.clone(), outcome.selected.iter().cloned().collect());
+                outcome.selected
+            }
         };
-        let placement = self
-            .manifests
-            .placement(&key.0, &placement_ref.name)
-            .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
-                    key.0, placement_ref.name
-                )
-            })?;
-        let policy = placement_policy(&placement);
-        let previous = self.selections.get(&key).cloned().unwrap_or_default();
-        let outcome = placement::evaluate(&policy, views, &previous, now);
-        self.selections
-            .insert(key.clone(), outcome.selected.iter().cloned().collect());
-
         let ca_pem = if fed.spec.insecure {
             String::new()
         } else {
@@ -252,15 +264,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .first()
             .cloned()
             .unwrap_or_else(|| "127.0.0.1".into());
-        let fleet = fed
-            .spec
-            .superlink
-            .external_address
-            .clone()
-            .unwrap_or_else(|| format!("{host}:{}", addr.fleet_port));
+        let fleet = match &fed.spec.placement_ref {
+            None => format!("127.0.0.1:{}", addr.fleet_port),
+            Some(_) => fed
+                .spec
+                .superlink
+                .external_address
+                .clone()
+                .unwrap_or_else(|| format!("{host}:{}", addr.fleet_port)),
+        };
         let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
             views.iter().map(|v| (v.name.as_str(), &v.labels)).collect();
-        let shares = split_work(&fed.spec, &outcome.selected, |pool, cluster| {
+        let shares = split_work(&fed.spec, &selected, |pool, cluster| {
             match (&pool.cluster_selector, labels_of.get(cluster)) {
                 (Some(sel), Some(labels)) => placement::selector_matches(sel, labels),
                 (Some(_), None) => false,
@@ -331,7 +346,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     registered_node_keys: registered.clone(),
                 });
         }
-        Ok((outcome.selected, unplaced))
+        Ok((selected, unplaced))
     }
 
     fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {
@@ -451,6 +466,60 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
+    /// Runs the pools of Federations without `placementRef` on this machine and records their
+    /// status like an agent's report.
+    async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
+        use crate::channel::WorkSource;
+        use flower_addon_agent::runtime::Runtime;
+        let federations = federations.unwrap_or_default();
+        if federations.is_empty() && self.local.is_none() {
+            return;
+        }
+        let runtime = match &self.local {
+            Some(rt) => rt.clone(),
+            None => {
+                let config = flower_addon_agent::process_runtime::ProcessRuntimeConfig {
+                    state_dir: self.config.state_dir.join("local-pools"),
+                    flower_bin: self.config.flower_bin.clone(),
+                    port_base: 19500,
+                    node_name: "hub".into(),
+                };
+                match flower_addon_agent::process_runtime::ProcessRuntime::new(config) {
+                    Ok(rt) => {
+                        let rt = Arc::new(rt);
+                        self.local = Some(rt.clone());
+                        rt
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot run pools on the hub machine");
+                        return;
+                    }
+                }
+            }
+        };
+        let work = ClusterWork {
+            version: 0,
+            cluster_name: LOCAL_CLUSTER.into(),
+            cluster_index: 0,
+            cluster_count: 1,
+            federations,
+        };
+        if self.sent.get(LOCAL_CLUSTER) != Some(&work) {
+            match runtime.apply(&work).await {
+                Ok(()) => {
+                    self.sent.insert(LOCAL_CLUSTER.into(), work);
+                }
+                Err(error) => tracing::warn!(%error, "cannot run the hub's own pools"),
+            }
+        }
+        let status = flower_addon_proto::Status {
+            observed_version: 0,
+            federations: runtime.status().await,
+            cluster_name: LOCAL_CLUSTER.into(),
+        };
+        self.work.on_status(LOCAL_CLUSTER, &status);
+    }
+
     async fn register_node_keys(&mut self, federations: &[Federation]) {
         for fed in federations {
             if fed.spec.insecure {
@@ -461,7 +530,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 continue;
             };
             let mut keys: BTreeSet<String> = BTreeSet::new();
-            for cluster in self.sent.keys() {
+            for cluster in self.sent.keys().map(String::as_str).chain([LOCAL_CLUSTER]) {
                 if let Some(status) = self.work.last_status(cluster) {
                     for f in status
                         .federations
