@@ -24,7 +24,8 @@ done
 FLOWER_VERSION="${FLOWER_VERSION:-1.42.0}"
 ROUNDS="${DEMO_ROUNDS:-3}"
 T0=$(date +%s.%N)
-step() { printf '==> [%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $T0" | bc)" "$*"; }
+elapsed() { awk -v now="$(date +%s.%N)" -v t0="$T0" 'BEGIN { printf "%.1f", now - t0 }'; }
+step() { printf '==> [%6ss] %s\n' "$(elapsed)" "$*"; }
 die() { echo "demo.sh: FAILED: $*" >&2; exit 1; }
 
 step "Python venv with flwr==$FLOWER_VERSION (cached under ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon})"
@@ -118,7 +119,7 @@ import json, sys
 s = json.load(sys.stdin)
 f = [x for x in s.get("federations", []) if x["name"] == "quickstart"]
 sys.exit(0 if f and f[0]["ready"] and f[0]["readySupernodes"] == 4 else 1)' || die "SuperNodes not ready after 180 s"
-T_READY=$(echo "$(date +%s.%N) - $T0" | bc)
+T_READY=$(elapsed)
 
 # flwr's connection to the hub SuperLink (Control API), over TLS with the hub CA.
 CA="$WORK/hub/federations/default/quickstart/tls/ca.crt"
@@ -156,13 +157,13 @@ RUN_PID=$!
 T_FIRST=""
 while kill -0 "$RUN_PID" 2>/dev/null; do
   if [[ -z "$T_FIRST" ]] && grep -q '^round 1/' "$WORK/run.log"; then
-    T_FIRST=$(echo "$(date +%s.%N) - $T0" | bc)
+    T_FIRST=$(elapsed)
     step "first round completed"
   fi
   sleep 0.5
 done
 wait "$RUN_PID" || die "flwr run failed: $(tail -5 "$WORK/run.log")"
-[[ -n "$T_FIRST" ]] || { grep -q '^round 1/' "$WORK/run.log" && T_FIRST=$(echo "$(date +%s.%N) - $T0" | bc); }
+[[ -n "$T_FIRST" ]] || { grep -q '^round 1/' "$WORK/run.log" && T_FIRST=$(elapsed); }
 RUN_ID="$(grep -oE 'started run [0-9]+' "$WORK/run.log" | grep -oE '[0-9]+$' | head -n 1)"
 [[ -n "$RUN_ID" ]] || die "no run id in the flwr run output (see $WORK/run.log)"
 STATUS=""
@@ -174,7 +175,7 @@ print(d["runs"][0]["status"] if d.get("success") else "error")' || true)"
   [[ "$STATUS" == finished:* ]] && break
   sleep 1
 done
-T_DONE=$(echo "$(date +%s.%N) - $T0" | bc)
+T_DONE=$(elapsed)
 grep -E '^round ' "$WORK/run.log" | sed 's/^/    /' || true
 METRIC="$(grep -E '^final: ' "$WORK/run.log" || true)"
 step "run $RUN_ID: $STATUS — $METRIC"

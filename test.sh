@@ -13,8 +13,8 @@ step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
 LOG_DIR="$(mktemp -d /tmp/flower-addon-test.XXXXXX)"
 PASSED=0
 
-step "checking the toolchain (cargo, go, python3, bc, curl)"
-for tool in cargo go python3 bc; do
+step "checking the toolchain (cargo, go, python3)"
+for tool in cargo go python3; do
   command -v "$tool" >/dev/null || { echo "test.sh: $tool is required but not on PATH" >&2; exit 1; }
 done
 
