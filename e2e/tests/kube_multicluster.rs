@@ -779,13 +779,28 @@ async fn sts_ready(client: &Client, name: &str) -> Result<Option<(i32, i32)>> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
-    // Invariant: against the Kubernetes-mode `flower-hub serve` (hub RBAC), two agents join with a
-    // token and are accepted on their ManagedClusters; a Federation + Placement selecting both
-    // gives a SuperLink and NodePort Service on the hub and Ready pool workloads on both spokes
-    // (agent RBAC), the agents' reports appear per cluster in the Federation status, and a
-    // relabelled spoke loses its pools.
+/// Hub (`flower-hub serve` in Kubernetes mode) and two agents (Kubernetes runtime) on real
+/// apiservers, with Federation `fed` (pool `a`, 2 replicas) Ready on both spokes.
+struct World {
+    cp: ControlPlane,
+    client: Client,
+    spoke_clients: [Client; 2],
+    /// How each daemon is started: `/usr/bin/env` arguments and log file.
+    starts: BTreeMap<String, (Vec<String>, std::path::PathBuf)>,
+}
+
+/// (Re)starts daemon `name` as recorded in `starts`.
+fn start(
+    cp: &mut ControlPlane,
+    starts: &BTreeMap<String, (Vec<String>, std::path::PathBuf)>,
+    name: &str,
+) -> Result<()> {
+    let (args, log) = starts.get(name).context("unknown daemon")?;
+    cp.processes()
+        .start(name, std::path::Path::new("/usr/bin/env"), args, log)
+}
+
+async fn two_spokes_running() -> Result<World> {
     let root = e2e::repo_root();
     let (hub_bin, agent_bin) = (
         root.join("target/debug/flower-hub"),
@@ -832,29 +847,32 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         args
     };
     let t0 = Instant::now();
-    cp.processes().start(
-        "flower-hub",
-        std::path::Path::new("/usr/bin/env"),
-        &env(
-            &hub_sa.kubeconfig,
-            [
-                hub_bin.display().to_string().as_str(),
-                "serve",
-                "--namespace",
-                HUB_NS,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--advertise-address",
-                "127.0.0.1",
-                "--lease-duration",
-                "5s",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+    let mut starts: BTreeMap<String, (Vec<String>, std::path::PathBuf)> = BTreeMap::new();
+    starts.insert(
+        "flower-hub".to_string(),
+        (
+            env(
+                &hub_sa.kubeconfig,
+                [
+                    hub_bin.display().to_string().as_str(),
+                    "serve",
+                    "--namespace",
+                    HUB_NS,
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--advertise-address",
+                    "127.0.0.1",
+                    "--lease-duration",
+                    "5s",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ),
+            work_dir.join("flower-hub.log"),
         ),
-        &work_dir.join("flower-hub.log"),
-    )?;
+    );
+    start(&mut cp, &starts, "flower-hub")?;
 
     // Token (stored as the hub stores it) and the CA hash from the hub's CA Secret.
     let store = KubeStore::new(client.clone(), HUB_NS);
@@ -925,30 +943,32 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             3600,
         )
         .await?;
-        cp.processes().start(
-            &format!("agent-{spoke}"),
-            std::path::Path::new("/usr/bin/env"),
-            &env(
-                &sa.kubeconfig,
-                [
-                    agent_bin.display().to_string().as_str(),
-                    "run",
-                    "--state-dir",
-                    &work_dir
-                        .join(format!("agent-{spoke}"))
-                        .display()
-                        .to_string(),
-                    "--runtime",
-                    "kubernetes",
-                    "--status-interval",
-                    "1s",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+        starts.insert(
+            format!("agent-{spoke}"),
+            (
+                env(
+                    &sa.kubeconfig,
+                    [
+                        agent_bin.display().to_string().as_str(),
+                        "run",
+                        "--state-dir",
+                        &work_dir
+                            .join(format!("agent-{spoke}"))
+                            .display()
+                            .to_string(),
+                        "--runtime",
+                        "kubernetes",
+                        "--status-interval",
+                        "1s",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                ),
+                work_dir.join(format!("agent-{spoke}.log")),
             ),
-            &work_dir.join(format!("agent-{spoke}.log")),
-        )?;
+        );
+        start(&mut cp, &starts, &format!("agent-{spoke}"))?;
     }
 
     // Federation + Placement selecting both spokes.
@@ -1009,6 +1029,29 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "Federation applied → pools Ready on both spokes in {:.1}s",
         t1.elapsed().as_secs_f64()
     );
+    Ok(World {
+        cp,
+        client,
+        spoke_clients,
+        starts,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
+    // Invariant: against the Kubernetes-mode `flower-hub serve` (hub RBAC), two agents join with a
+    // token and are accepted on their ManagedClusters; a Federation + Placement selecting both
+    // gives a SuperLink and NodePort Service on the hub and Ready pool workloads on both spokes
+    // (agent RBAC), the agents' reports appear per cluster in the Federation status, and a
+    // relabelled spoke loses its pools.
+    let World {
+        cp: _cp,
+        client,
+        spoke_clients,
+        ..
+    } = two_spokes_running().await?;
+    let t0 = Instant::now();
+    let clusters = Api::<ManagedCluster>::all(client.clone());
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let took = e2e::wait_until(
         "Federation status.clusters 2/2 and connected on both spokes",
@@ -1099,5 +1142,153 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         .and_then(|s| s.last_heartbeat);
     ensure!(heartbeat.is_some(), "spoke-1 reports heartbeats");
     eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// `uid@resourceVersion` of StatefulSet `fed-supernode-a` in `NS`.
+async fn pool_identity(client: &Client) -> Result<String> {
+    let s = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), NS)
+        .get("fed-supernode-a")
+        .await?;
+    Ok(format!(
+        "{}@{}",
+        s.uid().unwrap_or_default(),
+        s.resource_version().unwrap_or_default()
+    ))
+}
+
+/// Pod name → uid in `NS`.
+async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
+    Ok(
+        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_cluster() -> Result<()> {
+    // Invariant: restarting the hub or an agent recreates no pod and rewrites no workload on any
+    // spoke; an agent that stops heartbeating gets the unreachable taint and its Placement drops
+    // it (its workloads keep running), and it is selected again once it is back.
+    let World {
+        mut cp,
+        client,
+        spoke_clients,
+        starts,
+    } = two_spokes_running().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before: Vec<(String, BTreeMap<String, String>)> = {
+        let mut v = Vec::new();
+        for c in &spoke_clients {
+            v.push((pool_identity(c).await?, pod_uids(c).await?));
+        }
+        v
+    };
+
+    // f. Hub restarted: the agents reconnect, nothing on the spokes changes.
+    cp.processes().stop("flower-hub")?;
+    let t = Instant::now();
+    start(&mut cp, &starts, "flower-hub")?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
+    let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    e2e::wait_until(
+        "both agents heartbeat to the restarted hub",
+        WAIT,
+        || async {
+            let mut all = true;
+            for spoke in ["spoke-1", "spoke-2"] {
+                all &= clusters
+                    .get(spoke)
+                    .await?
+                    .status
+                    .and_then(|s| s.last_heartbeat)
+                    .is_some_and(|t| t.0.as_second() > restarted);
+            }
+            Ok(all)
+        },
+    )
+    .await?;
+    e2e::wait_until(
+        "both clusters connected in the Federation status",
+        WAIT,
+        || async {
+            let status = feds.get("fed").await?.status.unwrap_or_default();
+            Ok(status.clusters.len() == 2 && status.clusters.iter().all(|c| c.connected))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (c, (identity, pods)) in spoke_clients.iter().zip(&before) {
+        ensure!(
+            &pool_identity(c).await? == identity,
+            "a workload changed after the hub restart"
+        );
+        ensure!(
+            &pod_uids(c).await? == pods,
+            "a pod was recreated after the hub restart"
+        );
+    }
+    eprintln!(
+        "hub restart: nothing changed on the spokes ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+
+    // g. Agent restarted: no workload changes.
+    cp.processes().stop("agent-spoke-1")?;
+    start(&mut cp, &starts, "agent-spoke-1")?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ensure!(
+        pool_identity(&spoke_clients[0]).await? == before[0].0,
+        "a workload changed after the agent restart"
+    );
+    ensure!(
+        pod_uids(&spoke_clients[0]).await? == before[0].1,
+        "a pod was recreated after the agent restart"
+    );
+
+    // e. Agent stopped: lease (5s) expires → unreachable taint → dropped; its pods keep running.
+    cp.processes().stop("agent-spoke-2")?;
+    let t = Instant::now();
+    e2e::wait_until(
+        "spoke-2 tainted unreachable",
+        Duration::from_secs(60),
+        || async {
+            Ok(clusters
+                .get("spoke-2")
+                .await?
+                .spec
+                .taints
+                .iter()
+                .any(|t| t.key == TAINT_UNREACHABLE))
+        },
+    )
+    .await?;
+    wait_decisions(&client, "both", &["spoke-1"]).await?;
+    eprintln!(
+        "agent stopped → tainted and dropped in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    ensure!(
+        pod_uids(&spoke_clients[1]).await? == before[1].1,
+        "the stopped agent's pods must keep running"
+    );
+    start(&mut cp, &starts, "agent-spoke-2")?;
+    e2e::wait_until("spoke-2 untainted", Duration::from_secs(60), || async {
+        Ok(!clusters
+            .get("spoke-2")
+            .await?
+            .spec
+            .taints
+            .iter()
+            .any(|t| t.key == TAINT_UNREACHABLE))
+    })
+    .await?;
+    wait_decisions(&client, "both", &["spoke-1", "spoke-2"]).await?;
     Ok(())
 }
