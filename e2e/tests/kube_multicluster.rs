@@ -779,6 +779,58 @@ async fn sts_ready(client: &Client, name: &str) -> Result<Option<(i32, i32)>> {
     )
 }
 
+/// Federation `fed` (placementRef `both`, NodePort SuperLink, TLS) with `pools`.
+fn fed_with_pools(pools: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Federation",
+        "metadata": {"name": "fed", "namespace": NS},
+        "spec": {
+            "mode": "StatefulSet",
+            "isolationMode": "subprocess",
+            "insecure": false,
+            "placementRef": {"name": "both"},
+            "superlink": {"image": "flwr/superlink:1.42.0",
+                          "externalAddress": "127.0.0.1:30092",
+                          "service": {"type": "NodePort"}},
+            "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pools},
+        }
+    })
+}
+
+async fn apply_fed(client: &Client, body: &serde_json::Value) -> Result<()> {
+    Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS)
+        .patch(
+            "fed",
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .context("apply Federation")?;
+    Ok(())
+}
+
+/// Waits until StatefulSet `name` on every client has `(ready, desired)` = `want` (None: absent).
+async fn wait_pool(
+    clients: &[Client],
+    name: &str,
+    want: Option<(i32, i32)>,
+    timeout: Duration,
+) -> Result<Duration> {
+    e2e::wait_until(
+        &format!("{name} {want:?} on every spoke"),
+        timeout,
+        || async {
+            let mut all = true;
+            for c in clients {
+                all &= sts_ready(c, name).await? == want;
+            }
+            Ok(all)
+        },
+    )
+    .await
+}
+
 /// Hub (`flower-hub serve` in Kubernetes mode) and two agents (Kubernetes runtime) on real
 /// apiservers, with Federation `fed` (pool `a`, 2 replicas) Ready on both spokes.
 struct World {
@@ -980,22 +1032,7 @@ async fn two_spokes_running() -> Result<World> {
         ]}),
     )
     .await?;
-    let fed = serde_json::json!({
-        "apiVersion": "flower-addon.io/v1alpha1",
-        "kind": "Federation",
-        "metadata": {"name": "fed", "namespace": NS},
-        "spec": {
-            "mode": "StatefulSet",
-            "isolationMode": "subprocess",
-            "insecure": false,
-            "placementRef": {"name": "both"},
-            "superlink": {"image": "flwr/superlink:1.42.0",
-                          "externalAddress": "127.0.0.1:30092",
-                          "service": {"type": "NodePort"}},
-            "supernodes": {"image": "flwr/supernode:1.42.0",
-                           "pools": [{"name": "a", "replicas": 2, "images": {}}]},
-        }
-    });
+    let fed = fed_with_pools(serde_json::json!([{"name": "a", "replicas": 2, "images": {}}]));
     let t1 = Instant::now();
     Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS)
         .patch(
@@ -1042,8 +1079,8 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
     // Invariant: against the Kubernetes-mode `flower-hub serve` (hub RBAC), two agents join with a
     // token and are accepted on their ManagedClusters; a Federation + Placement selecting both
     // gives a SuperLink and NodePort Service on the hub and Ready pool workloads on both spokes
-    // (agent RBAC), the agents' reports appear per cluster in the Federation status, and a
-    // relabelled spoke loses its pools.
+    // (agent RBAC), the agents' reports appear per cluster in the Federation status, spec changes
+    // reach both spokes (a removed pool is pruned), and a relabelled spoke loses its pools.
     let World {
         cp: _cp,
         client,
@@ -1090,6 +1127,29 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         sts_ready(&client, "fed-supernode-a").await?.is_none(),
         "no pool runs in the hub cluster for a placementRef Federation"
     );
+
+    // c. Replicas changed and a pool added → on both spokes; the pool removed → pruned on both.
+    apply_fed(
+        &client,
+        &fed_with_pools(serde_json::json!([
+            {"name": "a", "replicas": 3, "images": {}},
+            {"name": "b", "replicas": 1, "images": {}}
+        ])),
+    )
+    .await?;
+    let took = wait_pool(&spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
+    wait_pool(&spoke_clients, "fed-supernode-b", Some((1, 1)), WAIT).await?;
+    eprintln!(
+        "replicas 2→3 and pool b on both spokes in {:.1}s",
+        took.as_secs_f64()
+    );
+    apply_fed(
+        &client,
+        &fed_with_pools(serde_json::json!([{"name": "a", "replicas": 3, "images": {}}])),
+    )
+    .await?;
+    wait_pool(&spoke_clients, "fed-supernode-b", None, WAIT).await?;
+    wait_pool(&spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
 
     // spoke-2 relabelled out of the Placement → its pool is pruned; spoke-1 keeps running.
     let sts1 =
@@ -1290,5 +1350,66 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     })
     .await?;
     wait_decisions(&client, "both", &["spoke-1", "spoke-2"]).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn measure_federation_change_to_workloads_on_both_spokes() -> Result<()> {
+    // Invariant: every one of 20 replica changes reaches both spokes; the latency (Federation
+    // applied → StatefulSet with the new replicas on both spokes) is printed as p50/p95, and the
+    // hub's and agents' RSS when idle.
+    let World {
+        mut cp,
+        client,
+        spoke_clients,
+        ..
+    } = two_spokes_running().await?;
+    let mut samples = Vec::new();
+    for i in 0..20 {
+        let replicas = 3 + (i % 2);
+        apply_fed(
+            &client,
+            &fed_with_pools(serde_json::json!([{"name": "a", "replicas": replicas, "images": {}}])),
+        )
+        .await?;
+        let took = e2e::wait_until(
+            &format!("replicas {replicas} on both spokes"),
+            WAIT,
+            || async {
+                let mut all = true;
+                for c in &spoke_clients {
+                    all &=
+                        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.clone(), NS)
+                            .get("fed-supernode-a")
+                            .await?
+                            .spec
+                            .replicas
+                            == Some(replicas);
+                }
+                Ok(all)
+            },
+        )
+        .await?;
+        samples.push(took);
+    }
+    samples.sort();
+    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
+    eprintln!(
+        "Federation change → workloads on both spokes over {} changes: p50 {:?}, p95 {:?} \
+         (250 ms polling granularity)",
+        samples.len(),
+        pct(50),
+        pct(95)
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for p in cp.processes().all() {
+        if p.name == "flower-hub" || p.name.starts_with("agent-") {
+            eprintln!(
+                "idle RSS {}: {} KiB",
+                p.name,
+                p.rss_kib().unwrap_or_default()
+            );
+        }
+    }
     Ok(())
 }
