@@ -1413,3 +1413,42 @@ async fn measure_federation_change_to_workloads_on_both_spokes() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scenario_5d_a_spoke_that_stops_matching_hands_its_place_to_another() -> Result<()> {
+    // Invariant: with numberOfClusters=1 only the selected spoke runs the pools; when its label
+    // no longer matches, its workloads are deleted and the other matching spoke gets them.
+    let World {
+        cp: _cp,
+        client,
+        spoke_clients,
+        ..
+    } = two_spokes_running().await?;
+    apply_placement(
+        &client,
+        "both",
+        serde_json::json!({"numberOfClusters": 1, "predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+        ]}),
+    )
+    .await?;
+    wait_decisions(&client, "both", &["spoke-1"]).await?;
+    wait_pool(&spoke_clients[1..], "fed-supernode-a", None, WAIT).await?;
+    wait_pool(&spoke_clients[..1], "fed-supernode-a", Some((2, 2)), WAIT).await?;
+    let t = Instant::now();
+    Api::<ManagedCluster>::all(client.clone())
+        .patch(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"env": "dev"}}})),
+        )
+        .await?;
+    wait_decisions(&client, "both", &["spoke-2"]).await?;
+    wait_pool(&spoke_clients[..1], "fed-supernode-a", None, WAIT).await?;
+    wait_pool(&spoke_clients[1..], "fed-supernode-a", Some((2, 2)), WAIT).await?;
+    eprintln!(
+        "spoke-1 relabelled → pools moved to spoke-2 in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
