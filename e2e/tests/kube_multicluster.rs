@@ -1234,7 +1234,8 @@ async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
 async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_cluster() -> Result<()> {
     // Invariant: restarting the hub or an agent recreates no pod and rewrites no workload on any
     // spoke; an agent that stops heartbeating gets the unreachable taint and its Placement drops
-    // it (its workloads keep running), and it is selected again once it is back.
+    // it (its workloads keep running), and it is selected again once it is back; revoking a
+    // cluster (hubAcceptsClient=false) cuts its stream.
     let World {
         mut cp,
         client,
@@ -1350,6 +1351,28 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     })
     .await?;
     wait_decisions(&client, "both", &["spoke-1", "spoke-2"]).await?;
+
+    // Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
+    // (persisted every half lease, 2.5 s) stop reaching the hub.
+    clusters
+        .patch(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": false}})),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let heartbeat = |c: ManagedCluster| c.status.and_then(|s| s.last_heartbeat);
+    let frozen = heartbeat(clusters.get("spoke-1").await?);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    ensure!(
+        heartbeat(clusters.get("spoke-1").await?) == frozen,
+        "a revoked cluster's heartbeats still arrive"
+    );
+    ensure!(
+        heartbeat(clusters.get("spoke-2").await?) > frozen,
+        "spoke-2 keeps heartbeating"
+    );
     Ok(())
 }
 
