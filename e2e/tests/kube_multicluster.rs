@@ -253,6 +253,23 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         "unselected reasons: {out:?}"
     );
 
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), NS);
+    e2e::wait_until("a DecisionUpdate event for prod", WAIT, || async {
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.reporting_controller.as_deref()
+                    == Some(flower_addon_hub::controller::HUB_FIELD_MANAGER)
+                    && e.reason.as_deref() == Some("DecisionUpdate")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("prod")
+                    && e.note.as_deref().is_some_and(|n| n.contains("c1, c2"))
+            }))
+    })
+    .await?;
+
     // 2. Relabelling moves the decision: c2 leaves prod, c3 joins it.
     apply_cluster(&client, "c2", &[("env", "dev")], true, none.clone()).await?;
     apply_cluster(&client, "c3", &[("env", "prod")], true, none.clone()).await?;

@@ -27,6 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -46,6 +47,39 @@ pub const CONDITION_MISCONFIGURED: &str = "PlacementMisconfigured";
 pub struct PlacementContext {
     /// Client of the hub cluster.
     pub client: Client,
+    /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
+    pub recorder: Recorder,
+}
+
+impl PlacementContext {
+    /// A context for `client`.
+    pub fn new(client: Client) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: HUB_FIELD_MANAGER.to_owned(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Self { client, recorder }
+    }
+
+    async fn publish(&self, placement: &Placement, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Schedule".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self
+            .recorder
+            .publish(&event, &placement.object_ref(&()))
+            .await
+        {
+            tracing::debug!(%error, "event not published");
+        }
+    }
 }
 
 /// Runs the Placement controller until `shutdown` resolves. Every ManagedCluster change
@@ -76,7 +110,7 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Syn
         .run(
             reconcile,
             error_policy,
-            Arc::new(PlacementContext { client }),
+            Arc::new(PlacementContext::new(client)),
         )
         .for_each(|result| async move {
             match result {
@@ -169,6 +203,24 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
             .collect::<Vec<_>>()
             .join("; ");
         tracing::info!(placement = %name, %namespace, %message, "misconfigured; decisions kept");
+        if placement
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == CONDITION_MISCONFIGURED)
+            })
+            .is_none_or(|c| c.status != "True" || c.message != message)
+        {
+            ctx.publish(
+                &placement,
+                EventType::Warning,
+                "Misconfigured",
+                message.clone(),
+            )
+            .await;
+        }
         let mut status = placement.status.clone().unwrap_or_default();
         set_condition(
             &mut status.conditions,
@@ -218,6 +270,13 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     write_status(&placement, &ctx, &namespace, status).await?;
     if outcome.selected.iter().collect::<BTreeSet<_>>() != previous.iter().collect() {
         tracing::info!(placement = %name, %namespace, selected = %outcome.selected.join(","), "decisions updated");
+        let note = if outcome.selected.is_empty() {
+            "no cluster selected".to_owned()
+        } else {
+            format!("selected: {}", outcome.selected.join(", "))
+        };
+        ctx.publish(&placement, EventType::Normal, "DecisionUpdate", note)
+            .await;
     }
     Ok(match outcome.requeue_after_secs {
         Some(secs) => Action::requeue(Duration::from_secs(secs.max(0) as u64 + 1).min(RESYNC)),
