@@ -1129,6 +1129,22 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "per-cluster Federation status 2/2 on both spokes {:.1}s after pods Ready",
         took.as_secs_f64()
     );
+    // The totals and Ready come from the spokes' reports (what `kubectl get federation` shows).
+    e2e::wait_until(
+        "Federation supernodes 4/4, 2 clusters, Ready=True",
+        Duration::from_secs(60),
+        || async {
+            let status = feds.get("fed").await?.status.unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            Ok(status.supernodes.as_deref() == Some("4/4")
+                && status.selected_clusters == 2
+                && ready)
+        },
+    )
+    .await?;
     let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
         .get("fed-superlink")
         .await?;

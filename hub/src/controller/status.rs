@@ -127,12 +127,29 @@ pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> Fed
             ));
         }
         Outcome::Applied { superlink, pools } => {
-            let desired: i32 = pools.iter().map(|p| p.desired).sum();
-            let ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
+            let mut desired: i32 = pools.iter().map(|p| p.desired).sum();
+            let mut ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
+            // Spoke clusters: `status.clusters` is written from the agents' reports by the work
+            // source (its own field manager); the totals and Ready are computed here from it.
+            let spokes = if fed.spec.placement_ref.is_some() {
+                previous.clusters.clone()
+            } else {
+                Vec::new()
+            };
+            for cluster in &spokes {
+                for p in &cluster.pools {
+                    desired += p.desired;
+                    ready += p.ready.min(p.desired);
+                }
+            }
             status.desired_supernodes = desired;
             status.ready_supernodes = ready;
             status.supernodes = Some(format!("{ready}/{desired}"));
-            status.selected_clusters = i32::from(fed.spec.placement_ref.is_none());
+            status.selected_clusters = if fed.spec.placement_ref.is_some() {
+                i32::try_from(spokes.len()).unwrap_or(i32::MAX)
+            } else {
+                1
+            };
             status.pools = pools
                 .iter()
                 .map(|p| PoolStatus {
@@ -167,10 +184,20 @@ pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> Fed
                     .map(|p| p.summary("pool")),
             );
             if fed.spec.placement_ref.is_some() {
-                not_ready.push(
-                    "pools in spoke clusters: status aggregation from the work channel is not available yet"
-                        .to_owned(),
-                );
+                if spokes.is_empty() {
+                    not_ready.push("no cluster selected by the Placement (yet)".to_owned());
+                }
+                for cluster in &spokes {
+                    if !cluster.connected {
+                        not_ready.push(format!("cluster {}: agent not connected", cluster.name));
+                    }
+                    for p in cluster.pools.iter().filter(|p| p.ready < p.desired) {
+                        not_ready.push(format!(
+                            "cluster {} pool {}: {}/{} ready",
+                            cluster.name, p.name, p.ready, p.desired
+                        ));
+                    }
+                }
             }
             conditions.push(cond("Degraded", "False", "Valid", "the spec is valid"));
             if not_ready.is_empty() {
