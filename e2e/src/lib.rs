@@ -17,6 +17,7 @@ pub mod apply;
 pub mod bins;
 pub mod cluster;
 pub mod kubeconfig;
+pub mod observe;
 pub mod process;
 
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
@@ -25,6 +26,7 @@ pub use apply::{
 };
 pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};
+pub use observe::{applied_versions, pod_uids};
 
 /// Installs rustls' ring crypto provider for the process (idempotent).
 pub fn install_crypto() {

@@ -13,7 +13,7 @@ use flower_addon_crds::Federation;
 use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
@@ -137,49 +137,12 @@ async fn wait_ready(client: &Client, supernodes: &str) -> Result<Duration> {
 
 /// resourceVersions of everything the hub applied in `NS`, by `kind/name`.
 async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
-    let lp = ListParams::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
-    let mut out = BTreeMap::new();
-    for o in Api::<StatefulSet>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("StatefulSet/{}", o.name_any()),
-            o.resource_version().unwrap_or_default(),
-        );
-    }
-    for o in Api::<DaemonSet>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("DaemonSet/{}", o.name_any()),
-            o.resource_version().unwrap_or_default(),
-        );
-    }
-    for o in Api::<Service>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("Service/{}", o.name_any()),
-            o.resource_version().unwrap_or_default(),
-        );
-    }
-    for o in Api::<Secret>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("Secret/{}", o.name_any()),
-            o.resource_version().unwrap_or_default(),
-        );
-    }
-    Ok(out)
+    e2e::applied_versions(
+        client,
+        NS,
+        &format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"),
+    )
+    .await
 }
 
 /// Reasons of the events the hub published about the Federation.
@@ -200,13 +163,7 @@ async fn event_reasons(client: &Client) -> Result<Vec<String>> {
 }
 
 async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
-    Ok(Api::<Pod>::namespaced(client.clone(), NS)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-        .collect())
+    e2e::pod_uids(client, NS).await
 }
 
 /// Waits until every StatefulSet's status is final, so later resourceVersion changes can only

@@ -1252,15 +1252,7 @@ async fn pool_identity(client: &Client) -> Result<String> {
 
 /// Pod name → uid in `NS`.
 async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
-    Ok(
-        Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-            .collect(),
-    )
+    e2e::pod_uids(client, NS).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

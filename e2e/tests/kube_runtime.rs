@@ -10,9 +10,9 @@ use e2e::ControlPlane;
 use flower_addon_agent::kube_runtime::{AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, KubeRuntime};
 use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolWork};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Client;
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
 
 const NS: &str = "team-a";
 const FED: &str = "fed";
@@ -119,50 +119,17 @@ fn counts(entries: &[(&str, u32, u32, &str)]) -> BTreeMap<String, (u32, u32, Str
 
 /// resourceVersions of everything the agent applied in `NS`, by `kind/name`.
 async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
-    let lp = ListParams::default().labels(&format!("{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}"));
-    let mut out = BTreeMap::new();
-    for s in Api::<StatefulSet>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("StatefulSet/{}", s.name_any()),
-            s.resource_version().unwrap_or_default(),
-        );
-    }
-    for d in Api::<DaemonSet>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("DaemonSet/{}", d.name_any()),
-            d.resource_version().unwrap_or_default(),
-        );
-    }
-    for s in Api::<Secret>::namespaced(client.clone(), NS)
-        .list(&lp)
-        .await?
-        .items
-    {
-        out.insert(
-            format!("Secret/{}", s.name_any()),
-            s.resource_version().unwrap_or_default(),
-        );
-    }
-    Ok(out)
+    e2e::applied_versions(
+        client,
+        NS,
+        &format!("{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}"),
+    )
+    .await
 }
 
 /// Pod UIDs in `NS`, by name.
 async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
-    Ok(Api::<Pod>::namespaced(client.clone(), NS)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-        .collect())
+    e2e::pod_uids(client, NS).await
 }
 
 /// Waits until the StatefulSets' status is settled (controllers done writing), so a later
