@@ -5,7 +5,7 @@
 //!
 //! The client certificate is renewed at 80 % of its life over the same HTTP/2 connection, so the
 //! open stream is not interrupted; the renewed certificate is used from the next connection on.
-use crate::credentials::{self, Credentials, CredentialsError};
+use crate::credentials::{self, CredentialStore, Credentials, CredentialsError};
 use crate::runtime::Runtime;
 use crate::tls::{self, HubAddress};
 use backon::BackoffBuilder;
@@ -31,7 +31,7 @@ pub struct RunOptions {
     /// Identity and hub address.
     pub credentials: Credentials,
     /// Where renewed certificates are written (`None`: memory only, for benchmarks).
-    pub state_dir: Option<PathBuf>,
+    pub store: Option<CredentialStore>,
     /// Local address to connect from (benchmarks).
     pub local_ip: Option<IpAddr>,
     /// First reconnect delay (default 1 s).
@@ -49,9 +49,14 @@ pub struct RunOptions {
 impl RunOptions {
     /// Defaults for `credentials`, saving renewals into `state_dir`.
     pub fn new(credentials: Credentials, state_dir: Option<PathBuf>) -> Self {
+        Self::with_store(credentials, state_dir.map(CredentialStore::Dir))
+    }
+
+    /// Defaults for `credentials`, saving renewals into `store`.
+    pub fn with_store(credentials: Credentials, store: Option<CredentialStore>) -> Self {
         Self {
             credentials,
-            state_dir,
+            store,
             local_ip: None,
             reconnect_min: Duration::from_secs(1),
             reconnect_max: Duration::from_secs(30),
@@ -331,18 +336,17 @@ async fn renew_once(
         .into_inner();
     let (_, not_after) =
         credentials::cert_validity(&response.client_cert_pem).map_err(|e| e.to_string())?;
-    let mut guard = state
+    let mut renewed = state.credentials();
+    renewed.cert_pem = response.client_cert_pem;
+    renewed.ca_pem = response.ca_bundle_pem;
+    // Stored before it is used: a restart never comes back with an older certificate than the
+    // one in use.
+    if let Some(store) = &state.options.store {
+        store.save_renewed(&renewed).await.map_err(|e| e.to_string())?;
+    }
+    *state
         .credentials
         .lock()
-        .map_err(|_| "poisoned lock".to_string())?;
-    match &state.options.state_dir {
-        Some(dir) => guard
-            .save_renewed(dir, response.client_cert_pem, response.ca_bundle_pem)
-            .map_err(|e| e.to_string())?,
-        None => {
-            guard.cert_pem = response.client_cert_pem;
-            guard.ca_pem = response.ca_bundle_pem;
-        }
-    }
+        .map_err(|_| "poisoned lock".to_string())? = renewed;
     Ok(not_after)
 }

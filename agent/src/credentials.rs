@@ -1,13 +1,20 @@
-//! The agent's identity on disk (standalone / edge mode): its private key, the client certificate
-//! the hub issued, the hub CA bundle and where the hub is. Every file is mode 0600 in the state
-//! directory and written temp + rename, so a crash never leaves half a key or certificate.
+//! The agent's identity: its private key, the client certificate the hub issued, the hub CA
+//! bundle and where the hub is. It lives in one of two places ([`CredentialStore`]):
+//!
+//! - a state directory (standalone / edge mode): every file is mode 0600 and written
+//!   temp + rename, so a crash never leaves half a key or certificate;
+//! - a Secret in the agent's own namespace (Kubernetes mode), with the same four keys, written
+//!   with server-side apply (field manager `flower-agent`).
 //!
 //! ```text
-//! DIR/agent.json   {clusterName, hub, serverName}
-//! DIR/client.key   PKCS#8 PEM private key (made once, kept across renewals)
-//! DIR/client.crt   PEM client certificate
-//! DIR/ca.crt       PEM hub CA bundle
+//! agent.json   {clusterName, hub, serverName}
+//! client.key   PKCS#8 PEM private key (made once, kept across renewals and restarts)
+//! client.crt   PEM client certificate
+//! ca.crt       PEM hub CA bundle
 //! ```
+//!
+//! The key is stored before the first join attempt, so an agent restarted while it waits for
+//! `flower-hub accept` comes back with the same key (the hub pins the first key it saw).
 use rcgen::KeyPair;
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -40,6 +47,14 @@ pub enum CredentialsError {
         "no credentials in {0}: run `flower-agent join --hub HOST:PORT --token T --ca-hash sha256:… --cluster-name NAME --state-dir {0}` first"
     )]
     NotJoined(PathBuf),
+    /// Reading or writing the credential Secret failed.
+    #[error("secret {secret}: {source}")]
+    Kube {
+        /// `namespace/name` of the Secret.
+        secret: String,
+        /// Underlying error.
+        source: kube::Error,
+    },
 }
 
 /// Where the agent's hub is and who the agent is.
@@ -217,4 +232,240 @@ fn write_atomic(path: &Path, body: &[u8]) -> Result<(), CredentialsError> {
     file.write_all(body).map_err(io)?;
     file.sync_all().map_err(io)?;
     fs::rename(&tmp, path).map_err(io)
+}
+
+/// Field manager of the agent's writes to its credential Secret.
+pub const FIELD_MANAGER: &str = "flower-agent";
+
+/// Keys of the credential Secret (the same names as the files in a state directory).
+const KEY_CONFIG: &str = "agent.json";
+const KEY_PRIVATE: &str = "client.key";
+const KEY_CERT: &str = "client.crt";
+const KEY_CA: &str = "ca.crt";
+
+/// Where the agent keeps its credentials.
+#[derive(Clone)]
+pub enum CredentialStore {
+    /// Files in a state directory (standalone and edge agents).
+    Dir(PathBuf),
+    /// A Secret in the agent's namespace (agents running in a Kubernetes cluster).
+    Secret(Box<SecretStore>),
+}
+
+impl std::fmt::Debug for CredentialStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// The credential Secret `namespace/name`.
+#[derive(Clone)]
+pub struct SecretStore {
+    api: kube::Api<k8s_openapi::api::core::v1::Secret>,
+    namespace: String,
+    name: String,
+}
+
+// === impl CredentialStore ===
+
+impl CredentialStore {
+    /// The Secret `namespace/name` through `client`.
+    pub fn secret(client: kube::Client, namespace: &str, name: &str) -> Self {
+        Self::Secret(Box::new(SecretStore {
+            api: kube::Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }))
+    }
+
+    /// Where the credentials are, for messages: `directory D` or `secret NS/NAME`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Dir(dir) => format!("directory {}", dir.display()),
+            Self::Secret(s) => format!("secret {}/{}", s.namespace, s.name),
+        }
+    }
+
+    /// The stored credentials, or `None` when the agent has not joined yet.
+    pub async fn load(&self) -> Result<Option<Credentials>, CredentialsError> {
+        match self {
+            Self::Dir(dir) => match Credentials::load(dir) {
+                Ok(c) => Ok(Some(c)),
+                Err(CredentialsError::NotJoined(_)) => Ok(None),
+                Err(e) => Err(e),
+            },
+            Self::Secret(s) => {
+                let data = s.data().await?;
+                if !data.contains_key(KEY_CONFIG) || !data.contains_key(KEY_CERT) {
+                    return Ok(None);
+                }
+                let config: AgentConfig = serde_json::from_str(&s.field(&data, KEY_CONFIG)?)
+                    .map_err(|e| s.invalid(KEY_CONFIG, e.to_string()))?;
+                Ok(Some(Credentials {
+                    config,
+                    ca_pem: s.field(&data, KEY_CA)?,
+                    cert_pem: s.field(&data, KEY_CERT)?,
+                    key_pem: s.field(&data, KEY_PRIVATE)?,
+                }))
+            }
+        }
+    }
+
+    /// The agent's private key, made and stored on first use.
+    pub async fn load_or_generate_key(&self) -> Result<KeyPair, CredentialsError> {
+        match self {
+            Self::Dir(dir) => load_or_generate_key(dir),
+            Self::Secret(s) => {
+                let data = s.data().await?;
+                if data.contains_key(KEY_PRIVATE) {
+                    let pem = s.field(&data, KEY_PRIVATE)?;
+                    return KeyPair::from_pem(&pem).map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()));
+                }
+                let key = KeyPair::generate().map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()))?;
+                // `create` when the Secret is absent, so two agent processes starting at once
+                // end up with one key: the loser reads the winner's.
+                if s.create_with_key(&key.serialize_pem()).await? {
+                    return Ok(key);
+                }
+                let data = s.data().await?;
+                if data.contains_key(KEY_PRIVATE) {
+                    let pem = s.field(&data, KEY_PRIVATE)?;
+                    return KeyPair::from_pem(&pem)
+                        .map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()));
+                }
+                s.apply(&[(KEY_PRIVATE, key.serialize_pem())]).await?;
+                Ok(key)
+            }
+        }
+    }
+
+    /// Stores all the credentials (`agent.json` last in a directory, so it marks "joined").
+    pub async fn save(&self, creds: &Credentials) -> Result<(), CredentialsError> {
+        match self {
+            Self::Dir(dir) => creds.save(dir),
+            Self::Secret(s) => {
+                let config = serde_json::to_string_pretty(&creds.config)
+                    .map_err(|e| s.invalid(KEY_CONFIG, e.to_string()))?;
+                s.apply(&[
+                    (KEY_PRIVATE, creds.key_pem.clone()),
+                    (KEY_CA, creds.ca_pem.clone()),
+                    (KEY_CERT, creds.cert_pem.clone()),
+                    (KEY_CONFIG, config),
+                ])
+                .await
+            }
+        }
+    }
+
+    /// Stores a renewed client certificate and CA bundle.
+    pub async fn save_renewed(&self, creds: &Credentials) -> Result<(), CredentialsError> {
+        match self {
+            Self::Dir(dir) => {
+                write_atomic(&dir.join(KEY_CA), creds.ca_pem.as_bytes())?;
+                write_atomic(&dir.join(KEY_CERT), creds.cert_pem.as_bytes())
+            }
+            // Applying every key keeps them all owned by this field manager.
+            Self::Secret(_) => self.save(creds).await,
+        }
+    }
+}
+
+// === impl SecretStore ===
+
+impl SecretStore {
+    fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn kube(&self) -> impl FnOnce(kube::Error) -> CredentialsError + '_ {
+        move |source| CredentialsError::Kube {
+            secret: self.label(),
+            source,
+        }
+    }
+
+    fn invalid(&self, key: &str, detail: String) -> CredentialsError {
+        CredentialsError::Invalid {
+            path: PathBuf::from(format!("secret {}, key {key}", self.label())),
+            detail,
+        }
+    }
+
+    async fn data(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, CredentialsError> {
+        let secret = self.api.get_opt(&self.name).await.map_err(self.kube())?;
+        Ok(secret.and_then(|s| s.data).unwrap_or_default())
+    }
+
+    fn field(
+        &self,
+        data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>,
+        key: &str,
+    ) -> Result<String, CredentialsError> {
+        let bytes = data
+            .get(key)
+            .ok_or_else(|| self.invalid(key, "missing".into()))?;
+        String::from_utf8(bytes.0.clone()).map_err(|e| self.invalid(key, e.to_string()))
+    }
+
+    /// Creates the Secret holding only `key_pem`; `false` when it already exists.
+    async fn create_with_key(&self, key_pem: &str) -> Result<bool, CredentialsError> {
+        let mut secret: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(self.object(&[(KEY_PRIVATE, key_pem.to_string())]))
+                .map_err(|e| self.invalid(KEY_PRIVATE, e.to_string()))?;
+        secret.metadata.namespace = None;
+        let params = kube::api::PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match self.api.create(&params, &secret).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(self.kube()(e)),
+        }
+    }
+
+    /// The Secret holding `entries`, as JSON.
+    fn object(&self, entries: &[(&str, String)]) -> serde_json::Value {
+        let data: serde_json::Map<String, serde_json::Value> = entries
+            .iter()
+            .map(|(k, v)| {
+                (
+                    (*k).to_string(),
+                    serde_json::to_value(k8s_openapi::ByteString(v.clone().into_bytes()))
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {
+                    "app.kubernetes.io/name": "flower-agent",
+                    "app.kubernetes.io/part-of": "flower-addon",
+                },
+            },
+            "type": "Opaque",
+            "data": data,
+        })
+    }
+
+    /// Server-side apply of `entries` (other keys this manager owns are kept only if listed,
+    /// so callers list every key they want to keep after the first join).
+    async fn apply(&self, entries: &[(&str, String)]) -> Result<(), CredentialsError> {
+        let patch = self.object(entries);
+        self.api
+            .patch(
+                &self.name,
+                &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(patch),
+            )
+            .await
+            .map_err(self.kube())?;
+        Ok(())
+    }
 }

@@ -1,6 +1,6 @@
 //! `flower-agent join`: make a key and CSR, present a bootstrap token to the hub (pinned by its
 //! CA hash), wait with backoff until the hub accepts the cluster, then store the credentials.
-use crate::credentials::{self, AgentConfig, Credentials, CredentialsError};
+use crate::credentials::{self, AgentConfig, CredentialStore, Credentials, CredentialsError};
 use crate::tls::{self, HubAddress, TlsError};
 use backon::BackoffBuilder;
 use flower_addon_proto::registration_client::RegistrationClient;
@@ -27,7 +27,7 @@ pub struct JoinOptions {
     /// Cluster claims reported to the hub.
     pub claims: BTreeMap<String, String>,
     /// Where the key and credentials are kept.
-    pub state_dir: PathBuf,
+    pub store: CredentialStore,
     /// Give up waiting for acceptance after this long (`None`: wait forever).
     pub max_wait: Option<Duration>,
     /// Longest pause between attempts (default 30 s).
@@ -50,7 +50,7 @@ impl JoinOptions {
             cluster_name: cluster_name.to_string(),
             labels: BTreeMap::new(),
             claims: BTreeMap::new(),
-            state_dir,
+            store: CredentialStore::Dir(state_dir),
             max_wait: None,
             max_backoff: Duration::from_secs(30),
         }
@@ -94,14 +94,14 @@ enum Retry {
     Unreachable(String),
 }
 
-/// Joins the hub and stores the credentials in `options.state_dir`. `progress` receives the
+/// Joins the hub and stores the credentials in `options.store`. `progress` receives the
 /// human-readable progress lines (e.g. "waiting for the hub to accept cluster NAME: run
 /// flower-hub accept NAME").
 pub async fn join(
     options: &JoinOptions,
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> Result<Credentials, JoinError> {
-    let key = credentials::load_or_generate_key(&options.state_dir)?;
+    let key = options.store.load_or_generate_key().await?;
     let csr_pem = credentials::make_csr(&key, &options.cluster_name)?;
     let started = Instant::now();
     let mut backoff = backon::ExponentialBuilder::default()
@@ -124,12 +124,12 @@ pub async fn join(
                     cert_pem,
                     key_pem: key.serialize_pem(),
                 };
-                creds.save(&options.state_dir)?;
+                options.store.save(&creds).await?;
                 progress(&format!(
                     "cluster {} joined the hub at {}; credentials are in {}",
                     options.cluster_name,
                     options.hub.hub,
-                    options.state_dir.display()
+                    options.store.describe()
                 ));
                 return Ok(creds);
             }

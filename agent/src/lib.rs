@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
+pub mod bootstrap;
 pub mod channel;
 pub mod cli;
 pub mod credentials;

@@ -15,6 +15,7 @@
 pub mod access;
 pub mod apply;
 pub mod bins;
+pub mod deployment;
 pub mod cluster;
 pub mod kubeconfig;
 pub mod observe;
@@ -25,6 +26,7 @@ pub use apply::{
     ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, wait_until,
 };
 pub use bins::Binaries;
+pub use deployment::ContainerCommand;
 pub use cluster::{Cluster, ControlPlane, Options};
 pub use observe::{applied_versions, pod_uids};
 

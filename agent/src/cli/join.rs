@@ -1,42 +1,159 @@
 //! `flower-agent join`.
+use crate::bootstrap::{self, JoinSettings};
+use crate::credentials::CredentialStore;
 use crate::join::{JoinOptions, join as join_hub};
-use crate::tls::HubAddress;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Arguments of `flower-agent join`.
-#[derive(clap::Args, Debug)]
-pub struct JoinArgs {
+/// Where the agent keeps its credentials: a directory, or a Secret in its namespace.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Directory for the key and credentials (files 0600); standalone and edge agents.
+    #[arg(long, required_unless_present = "credentials_secret")]
+    pub state_dir: Option<PathBuf>,
+    /// Keep the key and credentials in this Secret of --namespace instead (agents in a
+    /// Kubernetes cluster; the API is reached through KUBECONFIG or the in-cluster config).
+    #[arg(long, conflicts_with = "state_dir")]
+    pub credentials_secret: Option<String>,
+    /// Namespace of the credential and bootstrap Secrets. Default: the kubeconfig's namespace
+    /// (in a pod: its own).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+/// How to join: flags, or a bootstrap Secret (flags override its values).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct JoinSourceArgs {
     /// `HOST:PORT` of the hub's work channel (as printed by `flower-hub token create`).
     #[arg(long)]
-    pub hub: String,
+    pub hub: Option<String>,
     /// Bootstrap token `<id>.<secret>` from `flower-hub token create`.
-    #[arg(long, env = "FLOWER_AGENT_TOKEN")]
-    pub token: String,
+    #[arg(long, env = "FLOWER_AGENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// `sha256:<hex>` of the hub CA's public key; the agent refuses a hub that does not match.
     #[arg(long)]
-    pub ca_hash: String,
+    pub ca_hash: Option<String>,
     /// Name to register this cluster under (DNS-1123 label).
     #[arg(long)]
-    pub cluster_name: String,
+    pub cluster_name: Option<String>,
     /// Label reported to the hub, `key=value` (repeatable).
     #[arg(long = "label", value_parser = parse_pair)]
     pub labels: Vec<(String, String)>,
     /// Cluster claim reported to the hub, `name=value` (repeatable).
     #[arg(long = "claim", value_parser = parse_pair)]
     pub claims: Vec<(String, String)>,
-    /// Directory for the key and credentials (files 0600).
-    #[arg(long)]
-    pub state_dir: PathBuf,
     /// Name the hub's certificate must carry (default: the host of --hub).
     #[arg(long)]
     pub server_name: Option<String>,
+    /// Read hub, token, caHash, clusterName (and serverName, labels, claims) from this Secret of
+    /// --namespace, as `flower-hub token create -o secret` prints it.
+    #[arg(long)]
+    pub bootstrap_secret: Option<String>,
+}
+
+/// Arguments of `flower-agent join`.
+#[derive(clap::Args, Debug)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub source: JoinSourceArgs,
     /// Stop waiting for acceptance after this long (e.g. `10m`; default: wait forever).
     #[arg(long, value_parser = humantime_duration)]
     pub timeout: Option<Duration>,
+}
+
+/// The Kubernetes client and namespace, made on first use.
+#[derive(Default)]
+pub struct KubeContext {
+    client: Option<(kube::Client, String)>,
+}
+
+impl KubeContext {
+    /// The client (KUBECONFIG or in-cluster) and the namespace (`namespace`, else the client's).
+    pub async fn get(
+        &mut self,
+        namespace: Option<&str>,
+    ) -> anyhow::Result<(kube::Client, String)> {
+        if let Some(c) = &self.client {
+            return Ok(c.clone());
+        }
+        let client = kube::Client::try_default().await.context(
+            "connect to this cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
+        )?;
+        let ns = namespace
+            .map(str::to_string)
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        self.client = Some((client.clone(), ns.clone()));
+        Ok((client, ns))
+    }
+}
+
+/// Opens the credential store `args` name.
+pub async fn open_store(
+    args: &StoreArgs,
+    kube: &mut KubeContext,
+) -> anyhow::Result<CredentialStore> {
+    match (&args.state_dir, &args.credentials_secret) {
+        (Some(dir), _) => Ok(CredentialStore::Dir(dir.clone())),
+        (None, Some(name)) => {
+            let (client, ns) = kube.get(args.namespace.as_deref()).await?;
+            Ok(CredentialStore::secret(client, &ns, name))
+        }
+        (None, None) => anyhow::bail!("give --state-dir DIR or --credentials-secret NAME"),
+    }
+}
+
+/// Join options from the flags and, if named, the bootstrap Secret. With `wait_for_secret` a
+/// missing Secret is waited for (a pod may start before the admin creates it).
+pub async fn join_options(
+    source: &JoinSourceArgs,
+    store: CredentialStore,
+    namespace: Option<&str>,
+    kube: &mut KubeContext,
+    max_wait: Option<Duration>,
+    wait_for_secret: bool,
+) -> anyhow::Result<JoinOptions> {
+    let flags = JoinSettings {
+        hub: source.hub.clone(),
+        token: source.token.clone(),
+        ca_hash: source.ca_hash.clone(),
+        cluster_name: source.cluster_name.clone(),
+        server_name: source.server_name.clone(),
+        labels: source.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        claims: source.claims.iter().cloned().collect::<BTreeMap<_, _>>(),
+    };
+    let Some(name) = &source.bootstrap_secret else {
+        return Ok(flags.into_options(store, "the flags", max_wait)?);
+    };
+    let (client, ns) = kube.get(namespace).await?;
+    let label = format!("{ns}/{name}");
+    let mut announced = false;
+    let data = loop {
+        match bootstrap::read_secret(&client, &ns, name)
+            .await
+            .with_context(|| format!("read the bootstrap secret {label}"))?
+        {
+            Some(data) => break data,
+            None if wait_for_secret => {
+                if !announced {
+                    eprintln!(
+                        "flower-agent: waiting for the bootstrap secret {label}: on the hub run `flower-hub token create --cluster-name NAME -o secret --agent-namespace {ns}` and apply its output here"
+                    );
+                    announced = true;
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            None => anyhow::bail!(
+                "bootstrap secret {label} not found: on the hub run `flower-hub token create --cluster-name NAME -o secret --agent-namespace {ns}` and apply its output here"
+            ),
+        }
+    };
+    let settings = JoinSettings::from_secret_data(&data, &label)?.overlaid_by(flags);
+    Ok(settings.into_options(store, &format!("secret {label} or the flags"), max_wait)?)
 }
 
 /// Parses `key=value`.
@@ -72,30 +189,28 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// `flower-agent join`.
+/// `flower-agent join`: joins (again, idempotently with the stored key) and stores the
+/// credentials.
 pub fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
-    let mut hub = HubAddress::new(&args.hub);
-    if let Some(name) = args.server_name {
-        hub.server_name = name;
-    }
-    let options = JoinOptions {
-        hub,
-        token: args.token,
-        ca_hash: args.ca_hash,
-        cluster_name: args.cluster_name,
-        labels: args.labels.into_iter().collect::<BTreeMap<_, _>>(),
-        claims: args.claims.into_iter().collect::<BTreeMap<_, _>>(),
-        state_dir: args.state_dir,
-        max_wait: args.timeout,
-        max_backoff: Duration::from_secs(30),
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async {
+        let mut kube = KubeContext::default();
+        let store = open_store(&args.store, &mut kube).await?;
+        let options = join_options(
+            &args.source,
+            store,
+            args.store.namespace.as_deref(),
+            &mut kube,
+            args.timeout,
+            false,
+        )
+        .await?;
         let mut progress = |line: &str| eprintln!("flower-agent: {line}");
-        join_hub(&options, &mut progress).await
+        join_hub(&options, &mut progress).await?;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }

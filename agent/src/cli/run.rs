@@ -1,10 +1,10 @@
 //! `flower-agent run`.
 use crate::channel::{RunOptions, run as run_channel};
-use crate::credentials::Credentials;
 use crate::kube_runtime::KubeRuntime;
 use crate::process_runtime::{ProcessRuntime, ProcessRuntimeConfig};
 use crate::runtime::{MemoryRuntime, Runtime};
 use anyhow::Context;
+use super::join::{JoinSourceArgs, KubeContext, StoreArgs, join_options, open_store};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -23,9 +23,14 @@ pub enum RuntimeKind {
 /// Arguments of `flower-agent run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Directory holding the credentials written by `flower-agent join`.
-    #[arg(long)]
-    pub state_dir: PathBuf,
+    /// Where the credentials are (`--state-dir` as written by `flower-agent join`, or
+    /// `--credentials-secret`).
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// How to join when the store holds no credentials yet (e.g. `--bootstrap-secret`). Without
+    /// any, an agent that never joined stops with an error.
+    #[command(flatten)]
+    pub source: JoinSourceArgs,
     /// Runtime that applies the work.
     #[arg(long, value_enum, default_value = "process")]
     pub runtime: RuntimeKind,
@@ -50,16 +55,43 @@ pub struct RunArgs {
 /// does not supervise); the Kubernetes runtime leaves the workloads running. Neither removes
 /// anything because the hub is unreachable.
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let credentials = Credentials::load(&args.state_dir)?;
+    if args.runtime == RuntimeKind::Process && args.store.state_dir.is_none() {
+        anyhow::bail!(
+            "--runtime process keeps its SuperNodes' keys and files in --state-dir: give --state-dir DIR"
+        );
+    }
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
     tokio.block_on(async move {
+        let mut kube = KubeContext::default();
+        let store = open_store(&args.store, &mut kube).await?;
+        let credentials = match store.load().await? {
+            Some(c) => c,
+            None if args.source.bootstrap_secret.is_some() || args.source.token.is_some() => {
+                let options = join_options(
+                    &args.source,
+                    store.clone(),
+                    args.store.namespace.as_deref(),
+                    &mut kube,
+                    None,
+                    true,
+                )
+                .await?;
+                let mut progress = |line: &str| eprintln!("flower-agent: {line}");
+                crate::join::join(&options, &mut progress).await?
+            }
+            None => anyhow::bail!(
+                "no credentials in {}: join first (`flower-agent join …`), or give --bootstrap-secret NAME to join from a Secret",
+                store.describe()
+            ),
+        };
         let mut process: Option<Arc<ProcessRuntime>> = None;
         let runtime: Arc<dyn Runtime> = match args.runtime {
             RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
             RuntimeKind::Process => {
+                let state_dir = args.store.state_dir.clone().unwrap_or_default();
                 let node_name = match args.node_name.clone() {
                     Some(n) => n,
                     None => nix::unistd::gethostname()
@@ -72,7 +104,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     std::fs::canonicalize(p).with_context(|| format!("resolve {}", p.display()))
                 };
                 let rt = Arc::new(ProcessRuntime::new(ProcessRuntimeConfig {
-                    state_dir: absolute(&args.state_dir)?,
+                    state_dir: absolute(&state_dir)?,
                     flower_bin: args.flower_bin.as_deref().map(absolute).transpose()?,
                     port_base: args.port_base,
                     node_name,
@@ -81,9 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 rt
             }
             RuntimeKind::Kubernetes => {
-                let client = kube::Client::try_default()
-                    .await
-                    .context("connect to this cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+                let (client, _) = kube.get(args.store.namespace.as_deref()).await?;
                 Arc::new(KubeRuntime::new(client))
             }
         };
@@ -97,7 +127,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("stopping");
             let _ = stop_tx.send(true);
         });
-        let mut options = RunOptions::new(credentials, Some(args.state_dir));
+        let mut options = RunOptions::with_store(credentials, Some(store));
         options.status_interval = args.status_interval;
         let result = run_channel(options, runtime, stop_rx).await;
         if let Some(rt) = process {
