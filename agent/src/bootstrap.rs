@@ -105,7 +105,11 @@ impl JoinSettings {
             let Some(list) = data.get(key) else {
                 return Ok(out);
             };
-            for item in list.split([',', '\n']).map(str::trim).filter(|s| !s.is_empty()) {
+            for item in list
+                .split([',', '\n'])
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+            {
                 let (k, v) = crate::cli::join::parse_pair(item).map_err(|e| {
                     BootstrapError::Invalid(format!(
                         "secret {secret}: key {key}: {e}; write comma-separated key=value pairs"

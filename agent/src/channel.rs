@@ -342,7 +342,10 @@ async fn renew_once(
     // Stored before it is used: a restart never comes back with an older certificate than the
     // one in use.
     if let Some(store) = &state.options.store {
-        store.save_renewed(&renewed).await.map_err(|e| e.to_string())?;
+        store
+            .save_renewed(&renewed)
+            .await
+            .map_err(|e| e.to_string())?;
     }
     *state
         .credentials

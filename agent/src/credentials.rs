@@ -319,7 +319,8 @@ impl CredentialStore {
                 let data = s.data().await?;
                 if data.contains_key(KEY_PRIVATE) {
                     let pem = s.field(&data, KEY_PRIVATE)?;
-                    return KeyPair::from_pem(&pem).map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()));
+                    return KeyPair::from_pem(&pem)
+                        .map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()));
                 }
                 let key = KeyPair::generate().map_err(|e| s.invalid(KEY_PRIVATE, e.to_string()))?;
                 // `create` when the Secret is absent, so two agent processes starting at once

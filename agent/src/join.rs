@@ -61,7 +61,9 @@ impl JoinOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
     /// The hub's CA is not the pinned one: refusing to talk to it.
-    #[error("{0}; refusing to join (check --ca-hash against `flower-hub token create`)")]
+    #[error(
+        "{0}; refusing to join (check --ca-hash, or the bootstrap Secret key caHash, against `flower-hub token create`)"
+    )]
     CaMismatch(String),
     /// The hub refused the request (bad token, name taken, invalid input…).
     #[error("the hub refused to join: {code:?}: {message}")]

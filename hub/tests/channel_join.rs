@@ -5,7 +5,8 @@ use channel_support::*;
 use flower_addon_agent::credentials::{load_or_generate_key, make_csr};
 use flower_addon_agent::join::{JoinError, join};
 use flower_addon_agent::tls::{self, HubAddress};
-use flower_addon_hub::store::ClusterStore;
+use flower_addon_hub::ca::csr_key_fingerprint;
+use flower_addon_hub::store::{ClusterRegistration, ClusterStore};
 use flower_addon_hub::tokens::{self, TokenRecord};
 use flower_addon_proto::registration_client::RegistrationClient;
 use flower_addon_proto::{JoinRequest, JoinStatus};
@@ -312,5 +313,139 @@ async fn joins_are_rate_limited_per_token_and_bad_input_is_rejected() {
         Code::ResourceExhausted
     );
     assert_eq!(hub.snapshot().await, before);
+    hub.stop().await;
+}
+
+/// What an admin writes before the agent joins: a ManagedCluster with no key yet.
+fn pre_created(name: &str) -> ClusterRegistration {
+    ClusterRegistration {
+        name: name.into(),
+        labels: Default::default(),
+        claims: Default::default(),
+        key_fingerprint: String::new(),
+        agent_version: String::new(),
+        token_id: String::new(),
+        created_unix: 1_700_000_000,
+    }
+}
+
+/// `sha256:…` of the key the agent in `dir` joins with.
+fn agent_key_fingerprint(dir: &std::path::Path) -> String {
+    let key = load_or_generate_key(dir).expect("key");
+    csr_key_fingerprint(&make_csr(&key, "x").expect("csr")).expect("fingerprint")
+}
+
+#[tokio::test]
+async fn a_pre_accepted_cluster_is_bound_to_the_first_joining_key_and_refuses_any_other() {
+    // An admin may create (and accept) a cluster before its agent joins, as in OCM: the first
+    // join with a valid token binds the name to its key and gets a certificate at once, the
+    // agent's labels are recorded, and a second key for the name is ALREADY_EXISTS afterwards.
+    let dir = tempfile::tempdir().expect("tmp");
+    let first = tempfile::tempdir().expect("tmp");
+    let second = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    hub.store
+        .create_cluster(&pre_created("edge-1"), true)
+        .await
+        .expect("pre-create");
+
+    let token = hub.token().await;
+    let mut options = hub.join_options(&token, "edge-1", first.path());
+    options.labels.insert("env".into(), "prod".into());
+    let creds = join(&options, &mut |_| {})
+        .await
+        .expect("joins without accept");
+    assert!(!creds.cert_pem.is_empty());
+    let record = hub
+        .store
+        .get_cluster("edge-1")
+        .await
+        .expect("get")
+        .expect("kept");
+    assert!(record.hub_accepts_client, "the admin's acceptance stands");
+    assert_eq!(
+        record.registration.key_fingerprint,
+        agent_key_fingerprint(first.path())
+    );
+    assert_eq!(
+        record.registration.labels.get("env").map(String::as_str),
+        Some("prod")
+    );
+    assert_eq!(record.registration.created_unix, 1_700_000_000);
+    let (token_id, _) = tokens::parse(&token).expect("parse");
+    assert_eq!(record.registration.token_id, token_id);
+
+    let before = hub.snapshot().await;
+    let token2 = hub.token().await;
+    let before_tokens = hub.snapshot().await;
+    let err = join_err(&hub.join_options(&token2, "edge-1", second.path())).await;
+    match err {
+        JoinError::Refused { code, message } => {
+            assert_eq!(code, Code::AlreadyExists, "{message}");
+            assert!(message.contains("edge-1"), "{message}");
+        }
+        other => panic!("expected ALREADY_EXISTS, got {other}"),
+    }
+    assert_eq!(hub.snapshot().await, before_tokens);
+    assert_eq!(
+        hub.snapshot().await.0,
+        before.0,
+        "the first key stays bound"
+    );
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_pre_created_unaccepted_cluster_binds_the_key_but_waits_for_acceptance() {
+    // hubAcceptsClient=false written by the admin is not overridden, not even by auto-accept
+    // labels: the join records the key and stays pending until `accept`; only that key then
+    // gets the certificate.
+    let dir = tempfile::tempdir().expect("tmp");
+    let first = tempfile::tempdir().expect("tmp");
+    let second = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.auto_accept.insert("env".into(), "prod".into());
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+    hub.store
+        .create_cluster(&pre_created("edge-1"), false)
+        .await
+        .expect("pre-create");
+    let token = hub.token().await;
+    let mut options = hub.join_options(&token, "edge-1", first.path());
+    options.labels.insert("env".into(), "prod".into());
+    let err = join_err(&options).await;
+    assert!(matches!(err, JoinError::Timeout(..)), "{err}");
+    let record = hub
+        .store
+        .get_cluster("edge-1")
+        .await
+        .expect("get")
+        .expect("kept");
+    assert!(!record.hub_accepts_client);
+    assert_eq!(
+        record.registration.key_fingerprint,
+        agent_key_fingerprint(first.path())
+    );
+
+    // Another key now finds the name taken, even before acceptance.
+    let err = join_err(&hub.join_options(&token, "edge-1", second.path())).await;
+    assert!(
+        matches!(
+            err,
+            JoinError::Refused {
+                code: Code::AlreadyExists,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    hub.store
+        .set_accepted("edge-1", true)
+        .await
+        .expect("accept");
+    join(&options, &mut |_| {})
+        .await
+        .expect("join after accept");
     hub.stop().await;
 }

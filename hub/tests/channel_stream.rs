@@ -8,6 +8,7 @@ use flower_addon_agent::credentials::Credentials;
 use flower_addon_agent::runtime::MemoryRuntime;
 use flower_addon_agent::tls::{self, HubAddress};
 use flower_addon_hub::ca::{HubCa, Validity};
+use flower_addon_hub::channel::work::REASON_REVOKED;
 use flower_addon_hub::store::{CONDITION_AVAILABLE, ClusterStore};
 use flower_addon_proto::agent_message::Kind as AgentKind;
 use flower_addon_proto::hub_message::Kind as HubKind;
@@ -307,6 +308,75 @@ async fn revocation_and_deletion_close_the_stream_at_once_and_applied_work_stays
         "nothing re-created"
     );
     assert_eq!(runtime.current().expect("still applied").version, v2);
+    let _ = stop.send(true);
+    task.await.expect("agent");
+    hub.stop().await;
+}
+
+/// The `Available` condition of `name` as `(status, reason)`.
+async fn available(hub: &Hub, name: &str) -> Option<(String, String)> {
+    hub.store
+        .get_cluster(name)
+        .await
+        .ok()
+        .flatten()?
+        .status
+        .condition(CONDITION_AVAILABLE)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+async fn a_revoked_cluster_is_recorded_unavailable_until_it_is_accepted_again() {
+    // Revocation closes the stream and records Available=False (reason ClusterRevoked) that
+    // neither a late heartbeat nor the lease checker overwrites; re-accepting makes the cluster
+    // Available again once its agent reconnects.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    let runtime = Arc::new(MemoryRuntime::new());
+    let (stop, _events, task) = spawn_agent(creds, runtime, None);
+    let available_is = |status: &'static str, reason: &'static str| {
+        let hub = &hub;
+        async move || {
+            available(hub, "edge-1").await == Some((status.to_string(), reason.to_string()))
+        }
+    };
+    eventually(
+        "Available=True",
+        Duration::from_secs(5),
+        available_is("True", "ClusterAvailable"),
+    )
+    .await;
+
+    hub.store
+        .set_accepted("edge-1", false)
+        .await
+        .expect("revoke");
+    eventually(
+        "Available=False after revocation",
+        Duration::from_secs(3),
+        available_is("False", REASON_REVOKED),
+    )
+    .await;
+    assert_eq!((hub.connected)(), 0);
+    // Longer than the lease (3 s): still False, not Unknown (lease expiry) or True.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        available(&hub, "edge-1").await,
+        Some(("False".to_string(), REASON_REVOKED.to_string()))
+    );
+
+    hub.store
+        .set_accepted("edge-1", true)
+        .await
+        .expect("accept");
+    eventually(
+        "Available=True after re-accept",
+        Duration::from_secs(5),
+        available_is("True", "ClusterAvailable"),
+    )
+    .await;
     let _ = stop.send(true);
     task.await.expect("agent");
     hub.stop().await;

@@ -74,10 +74,7 @@ pub struct KubeContext {
 
 impl KubeContext {
     /// The client (KUBECONFIG or in-cluster) and the namespace (`namespace`, else the client's).
-    pub async fn get(
-        &mut self,
-        namespace: Option<&str>,
-    ) -> anyhow::Result<(kube::Client, String)> {
+    pub async fn get(&mut self, namespace: Option<&str>) -> anyhow::Result<(kube::Client, String)> {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }

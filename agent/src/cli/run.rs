@@ -1,10 +1,10 @@
 //! `flower-agent run`.
+use super::join::{JoinSourceArgs, KubeContext, StoreArgs, join_options, open_store};
 use crate::channel::{RunOptions, run as run_channel};
 use crate::kube_runtime::KubeRuntime;
 use crate::process_runtime::{ProcessRuntime, ProcessRuntimeConfig};
 use crate::runtime::{MemoryRuntime, Runtime};
 use anyhow::Context;
-use super::join::{JoinSourceArgs, KubeContext, StoreArgs, join_options, open_store};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;

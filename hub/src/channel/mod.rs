@@ -110,6 +110,8 @@ pub(crate) struct Shared<S, W> {
     pub(crate) leases: DashMap<String, work::Lease>,
     /// Serializes status read-modify-write per cluster.
     status_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Serializes joins per cluster name, so two keys cannot both adopt a pre-created cluster.
+    join_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
 }
 
 // === impl Shared ===
@@ -147,6 +149,16 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
             )));
         }
         Ok(record)
+    }
+
+    /// Holds the join lock of cluster `name` while the guard lives.
+    pub(crate) async fn lock_join(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .join_locks
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        lock.lock_owned().await
     }
 
     /// Read-modify-write of a cluster's status, serialized per cluster.
@@ -196,6 +208,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
                 next_stream_id: AtomicU64::new(1),
                 leases: DashMap::new(),
                 status_locks: DashMap::new(),
+                join_locks: DashMap::new(),
             }),
         }
     }

@@ -91,6 +91,9 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
         let claims: BTreeMap<String, String> = req.claims.into_iter().collect();
 
+        // One join per name at a time: the check below and the write that binds the key must
+        // not interleave with another join of the same name.
+        let _join_guard = shared.lock_join(&name).await;
         let existing = shared
             .store
             .get_cluster(&name)
@@ -124,6 +127,33 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 }
                 tracing::info!(cluster = %name, token_id, %remote, auto_accepted = auto, "cluster registered");
                 auto
+            }
+            // Created by an admin before the agent joined (e.g. `kubectl apply` of a
+            // ManagedCluster, possibly pre-accepted as in OCM): the first valid join binds the
+            // name to its key; the admin's hubAcceptsClient stands.
+            Some(record) if record.registration.key_fingerprint.is_empty() => {
+                let registration = ClusterRegistration {
+                    name: name.clone(),
+                    labels,
+                    claims,
+                    key_fingerprint: fingerprint.clone(),
+                    agent_version: req.agent_version,
+                    token_id: token_id.to_string(),
+                    created_unix: match record.registration.created_unix {
+                        0 => unix_now(),
+                        t => t,
+                    },
+                };
+                shared
+                    .store
+                    .update_registration(&registration)
+                    .await
+                    .map_err(|e| internal("binding the pre-created cluster to its key", e))?;
+                tracing::info!(
+                    cluster = %name, token_id, %remote, accepted = record.hub_accepts_client,
+                    "pre-created cluster bound to the joining key"
+                );
+                record.hub_accepts_client
             }
             Some(record) if record.registration.key_fingerprint != fingerprint => {
                 tracing::warn!(cluster = %name, %remote, "join refused: name taken by another key");

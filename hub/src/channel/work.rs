@@ -19,6 +19,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+/// Reason of `Available=False` on a cluster the hub no longer accepts (`hubAcceptsClient=false`).
+pub const REASON_REVOKED: &str = "ClusterRevoked";
+
 /// Where the hub gets each cluster's desired work, and where acks and status reports go.
 ///
 /// `snapshot` must be cheap (an in-memory index): it is called for every connected cluster on
@@ -256,7 +259,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                         break 'stream Some(status);
                     }
                     Some(Ok(message)) => {
-                        if let Err(status) = handle_agent_message(&shared, &name, message).await {
+                        if let Err(status) = handle_agent_message(&shared, &name, id, message).await {
                             tracing::warn!(cluster = %name, message = status.message(), "agent message refused");
                             break 'stream Some(status);
                         }
@@ -292,6 +295,7 @@ async fn send(
 async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
+    stream: u64,
     message: AgentMessage,
 ) -> Result<(), Status> {
     let claimed = match &message.kind {
@@ -317,13 +321,27 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
         Some(AgentKind::Status(status)) => shared.work.on_status(name, &status),
         _ => {}
     }
-    renew_lease(shared, name).await;
+    renew_lease(shared, name, stream).await;
     Ok(())
+}
+
+/// Whether `stream` is still the registered stream of `name` (not revoked, replaced or closed).
+fn is_current<S, W>(shared: &Shared<S, W>, name: &str, stream: u64) -> bool {
+    shared.streams.get(name).is_some_and(|e| e.id == stream)
 }
 
 /// Renews the cluster lease; persists the heartbeat when the cluster becomes available and at
 /// most every half lease after that (so 10,000 agents do not turn into 10,000 writes a second).
-async fn renew_lease<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+/// Only the cluster's current stream renews: a message that raced a revocation must not make
+/// the revoked cluster Available again.
+async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+    stream: u64,
+) {
+    if !is_current(shared, name, stream) {
+        return;
+    }
     let now = Instant::now();
     let persist_every = shared.config.lease_duration / 2;
     let must_persist = {
@@ -344,6 +362,11 @@ async fn renew_lease<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W
         let at = unix_now();
         let result = shared
             .update_status(name, |st| {
+                // Checked again under the status lock: the revocation watcher removes the stream
+                // before it records Available=False under the same lock.
+                if !is_current(shared, name, stream) {
+                    return;
+                }
                 st.last_heartbeat_unix = Some(at);
                 if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
                     tracing::info!(cluster = %name, "cluster available");
@@ -377,35 +400,76 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                 },
             };
             for name in names {
-                let Some(fingerprint) =
-                    shared.streams.get(&name).map(|e| e.key_fingerprint.clone())
-                else {
+                let fingerprint = shared.streams.get(&name).map(|e| e.key_fingerprint.clone());
+                // Only clusters this hub tracks (open stream or lease) can need anything.
+                if fingerprint.is_none() && !shared.leases.contains_key(&name) {
                     continue;
-                };
-                let reason = match shared.store.get_cluster(&name).await {
-                    Ok(None) => Some(format!("cluster {name:?} was deleted on the hub")),
-                    Ok(Some(r)) if !r.hub_accepts_client => Some(format!(
-                        "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
-                    )),
-                    Ok(Some(r)) if r.registration.key_fingerprint != fingerprint => Some(format!(
-                        "cluster {name:?} was re-registered with another key"
-                    )),
-                    Ok(Some(_)) => None,
+                }
+                let (reason, revoked) = match shared.store.get_cluster(&name).await {
+                    Ok(None) => (
+                        Some(format!("cluster {name:?} was deleted on the hub")),
+                        false,
+                    ),
+                    Ok(Some(r)) if !r.hub_accepts_client => (
+                        Some(format!(
+                            "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
+                        )),
+                        true,
+                    ),
+                    Ok(Some(r))
+                        if fingerprint
+                            .as_ref()
+                            .is_some_and(|f| *f != r.registration.key_fingerprint) =>
+                    {
+                        (
+                            Some(format!(
+                                "cluster {name:?} was re-registered with another key"
+                            )),
+                            false,
+                        )
+                    }
+                    Ok(Some(_)) => (None, false),
                     Err(error) => {
                         tracing::warn!(cluster = %name, %error, "cannot check revocation");
-                        None
+                        (None, false)
                     }
                 };
-                if let Some(reason) = reason
-                    && let Some((_, entry)) = shared.streams.remove(&name)
-                {
+                let Some(reason) = reason else { continue };
+                if let Some((_, entry)) = shared.streams.remove(&name) {
                     tracing::warn!(cluster = %name, %reason, "closing revoked stream");
-                    shared.leases.remove(&name);
                     entry.stop(Status::permission_denied(reason));
+                }
+                // Out of lease tracking, so the lease checker leaves the cluster alone; a revoked
+                // cluster is recorded unavailable (it keeps no stream and gets no work).
+                shared.leases.remove(&name);
+                if revoked {
+                    mark_revoked(&shared, &name).await;
                 }
             }
         }
     });
+}
+
+/// Records `Available=False` (reason [`REASON_REVOKED`]) on a cluster whose acceptance the
+/// admin withdrew.
+async fn mark_revoked<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+    let at = unix_now();
+    let result = shared
+        .update_status(name, |st| {
+            if st.set_condition(
+                CONDITION_AVAILABLE,
+                "False",
+                REASON_REVOKED,
+                "hubAcceptsClient=false: the hub closed the cluster's work stream and sends it no work",
+                at,
+            ) {
+                tracing::info!(cluster = %name, "revoked cluster unavailable");
+            }
+        })
+        .await;
+    if let Err(error) = result {
+        let _ = internal("recording the revocation", error);
+    }
 }
 
 /// Marks clusters unavailable when their lease runs out.
