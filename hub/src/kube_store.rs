@@ -44,6 +44,9 @@ use crate::tokens::TokenRecord;
 
 /// Name of the Secret holding the hub CA (`ca.crt`, `ca.key`) in the hub namespace.
 pub const CA_SECRET: &str = "flower-hub-ca";
+/// Name of the Service in front of the hub's work channel (manifests/hub/service.yaml); its DNS
+/// names are in the hub's server certificate.
+pub const HUB_SERVICE: &str = "flower-hub";
 /// Annotation: `sha256:<hex>` of the key the cluster is bound to.
 pub const ANN_KEY_FINGERPRINT: &str = "flower-addon.io/key-fingerprint";
 /// Annotation: id of the bootstrap token of the first join.
@@ -68,12 +71,14 @@ pub struct KubeStore {
     client: Client,
     namespace: String,
     changes: broadcast::Sender<String>,
-    watch: JoinHandle<()>,
+    watch: Option<JoinHandle<()>>,
 }
 
 impl Drop for KubeStore {
     fn drop(&mut self) {
-        self.watch.abort();
+        if let Some(watch) = &self.watch {
+            watch.abort();
+        }
     }
 }
 
@@ -136,7 +141,19 @@ impl KubeStore {
             client,
             namespace: namespace.into(),
             changes,
-            watch,
+            watch: Some(watch),
+        }
+    }
+
+    /// A store without the ManagedCluster watch, for one-shot commands (`flower-hub token`,
+    /// `accept`, …): [`ClusterStore::changes`] never fires.
+    pub fn without_watch(client: Client, namespace: impl Into<String>) -> Self {
+        let (changes, _) = broadcast::channel(1);
+        Self {
+            client,
+            namespace: namespace.into(),
+            changes,
+            watch: None,
         }
     }
 
@@ -329,6 +346,23 @@ fn sync_unreachable_taint(spec: &mut ManagedClusterSpec, status: &ClusterStatus)
         }
         _ => false,
     }
+}
+
+/// DNS names of the hub Service in `namespace`, shortest first (`flower-hub`, `flower-hub.<ns>`,
+/// `flower-hub.<ns>.svc`, `flower-hub.<ns>.svc.cluster.local`).
+pub fn hub_service_dns_names(namespace: &str) -> Vec<String> {
+    vec![
+        HUB_SERVICE.to_owned(),
+        format!("{HUB_SERVICE}.{namespace}"),
+        hub_service_server_name(namespace),
+        format!("{HUB_SERVICE}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// The name agents verify the hub certificate by when they dial a node or load-balancer address:
+/// `flower-hub.<namespace>.svc`.
+pub fn hub_service_server_name(namespace: &str) -> String {
+    format!("{HUB_SERVICE}.{namespace}.svc")
 }
 
 fn token_secret_name(id: &str) -> String {

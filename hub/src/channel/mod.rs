@@ -24,6 +24,7 @@ mod registration;
 pub mod tls;
 pub mod work;
 
+pub(crate) use registration::validate_cluster_name;
 pub use work::{InMemoryWorkSource, WorkSource};
 
 /// Errors starting or running the channel server.

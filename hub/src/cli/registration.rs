@@ -1,13 +1,26 @@
-//! Registration commands: `token create|list|delete`, `accept`, `revoke`, `status`. They work on
-//! the standalone state directory, also while `flower-hub serve` runs (it notices changes within
-//! a second).
+//! Registration commands: `token create|list|delete`, `accept`, `revoke`, `status`.
+//!
+//! With `--state-dir` (or `FLOWER_HUB_STATE_DIR`) they work on a standalone hub's state
+//! directory, also while `flower-hub serve --standalone` runs (it notices changes within a
+//! second). Without it they work on the hub cluster's Kubernetes API (`--kubeconfig`,
+//! `--context`, else KUBECONFIG or in-cluster): ManagedClusters, token Secrets and the CA Secret
+//! in `--namespace`, the same objects `flower-hub serve` uses.
+use crate::kube_store::KubeStore;
 use crate::store::file::FileStore;
-use crate::store::{CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStore, load_or_create_ca};
+use crate::store::{
+    CONDITION_AVAILABLE, ClusterRecord, ClusterStore, StoreError, load_or_create_ca,
+};
 use crate::tokens;
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
+
+mod kube_api;
+mod secret;
+
+pub use secret::{Bootstrap, bootstrap_secret, bootstrap_secret_yaml};
 
 /// Default port of the work channel.
 pub const DEFAULT_PORT: u16 = 9443;
@@ -15,23 +28,34 @@ pub const DEFAULT_PORT: u16 = 9443;
 /// `flower-hub token …`.
 #[derive(clap::Subcommand, Debug)]
 pub enum TokenCommand {
-    /// Create a bootstrap token and print a ready-to-paste `flower-agent join` line.
+    /// Create a bootstrap token and print a ready-to-paste `flower-agent join` line (or, with
+    /// `-o secret`, the agent's bootstrap Secret).
     Create(TokenCreateArgs),
     /// List bootstrap tokens (ids and expiry; secrets are not stored).
-    List(StateDirArgs),
+    List(HubArgs),
     /// Delete (revoke) a bootstrap token by id.
     Delete(TokenDeleteArgs),
 }
 
-/// The state directory of a standalone hub.
-#[derive(clap::Args, Debug)]
-pub struct StateDirArgs {
-    /// State directory of the standalone hub (tokens, clusters, CA).
+/// Which hub a command works on: a standalone hub's state directory, or the hub cluster's API.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HubArgs {
+    /// State directory of a standalone hub (tokens, clusters, CA). Without it the command works
+    /// on the hub cluster's Kubernetes API.
     #[arg(long, env = "FLOWER_HUB_STATE_DIR")]
-    pub state_dir: PathBuf,
+    pub state_dir: Option<PathBuf>,
+    /// Kubeconfig of the hub cluster (default: KUBECONFIG, ~/.kube/config, else in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context of the hub cluster (default: the current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Namespace of the hub in Kubernetes mode (CA and token Secrets, Service flower-hub).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
+    pub namespace: String,
 }
 
-/// Output format.
+/// Output format of `status`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Human-readable lines.
@@ -40,30 +64,63 @@ pub enum Output {
     Json,
 }
 
+/// Output format of `token create`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenOutput {
+    /// Human-readable lines and the `flower-agent join` command.
+    Text,
+    /// One JSON object.
+    Json,
+    /// The agent's bootstrap Secret as YAML, for `kubectl apply -f -` on the spoke cluster
+    /// (needs --cluster-name).
+    Secret,
+}
+
 /// Arguments of `flower-hub token create`.
 #[derive(clap::Args, Debug)]
 pub struct TokenCreateArgs {
     #[command(flatten)]
-    state: StateDirArgs,
+    hub_args: HubArgs,
     /// Lifetime of the token (e.g. `30m`, `24h`, `7d`).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     pub ttl: Duration,
-    /// `HOST:PORT` agents dial (default: the address `serve` advertises, from the state dir).
+    /// `HOST:PORT` agents dial (default: standalone, the address `serve` advertises; Kubernetes,
+    /// derived from the Service flower-hub).
     #[arg(long)]
     pub hub: Option<String>,
+    /// Name the hub certificate is verified by (default in Kubernetes mode:
+    /// `flower-hub.<namespace>.svc`; standalone: the host of --hub).
+    #[arg(long)]
+    pub server_name: Option<String>,
     /// Free text stored with the token.
     #[arg(long, default_value = "")]
     pub description: String,
-    /// Output format; JSON has keys `token`, `caHash`, `hub`, `expires`, `joinCommand`.
-    #[arg(long, value_enum, default_value = "text")]
-    pub output: Output,
+    /// Name the agent joins as (required with `-o secret`; used in the printed join command).
+    #[arg(long)]
+    pub cluster_name: Option<String>,
+    /// Label the agent reports, `key=value` (repeatable).
+    #[arg(long = "label", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    pub labels: Vec<(String, String)>,
+    /// Cluster claim the agent reports, `name=value` (repeatable).
+    #[arg(long = "claim", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    pub claims: Vec<(String, String)>,
+    /// Name of the bootstrap Secret (`-o secret`).
+    #[arg(long, default_value = secret::DEFAULT_SECRET_NAME)]
+    pub secret_name: String,
+    /// Namespace of the agent, where the bootstrap Secret goes (`-o secret`).
+    #[arg(long, default_value = secret::DEFAULT_AGENT_NAMESPACE)]
+    pub agent_namespace: String,
+    /// Output format; JSON has keys `token`, `caHash`, `hub`, `expires`, `joinCommand` and
+    /// `serverName` when known; `secret` prints the agent's bootstrap Secret.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: TokenOutput,
 }
 
 /// Arguments of `flower-hub token delete`.
 #[derive(clap::Args, Debug)]
 pub struct TokenDeleteArgs {
     #[command(flatten)]
-    state: StateDirArgs,
+    hub_args: HubArgs,
     /// Token id (the part before the dot) or the whole token.
     pub id: String,
 }
@@ -74,7 +131,7 @@ pub struct AcceptArgs {
     /// Name of the ManagedCluster to accept.
     pub cluster: String,
     #[command(flatten)]
-    state: StateDirArgs,
+    hub_args: HubArgs,
 }
 
 /// Arguments of `flower-hub revoke`.
@@ -86,14 +143,14 @@ pub struct RevokeArgs {
     #[arg(long)]
     pub delete: bool,
     #[command(flatten)]
-    state: StateDirArgs,
+    hub_args: HubArgs,
 }
 
 /// Arguments of `flower-hub status`.
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     #[command(flatten)]
-    state: StateDirArgs,
+    hub_args: HubArgs,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: Output,
@@ -119,35 +176,117 @@ pub fn advertised_hub(dir: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+// === Hub: the store a command works on ===
+
+/// An opened hub: a standalone state directory or the hub cluster's API.
+enum Hub {
+    File {
+        store: FileStore,
+        dir: PathBuf,
+    },
+    Kube {
+        store: KubeStore,
+        client: kube::Client,
+        namespace: String,
+    },
+}
+
+/// Runs `$body` with `$s` bound to the store of `$hub`, whichever kind it is (the store trait is
+/// not object-safe, so the bodies are generic and this dispatches).
+macro_rules! with_store {
+    ($hub:expr, $s:ident => $body:expr) => {
+        match $hub {
+            Hub::File { store: $s, .. } => $body,
+            Hub::Kube { store: $s, .. } => $body,
+        }
+    };
+}
+
+impl Hub {
+    async fn open(args: &HubArgs) -> anyhow::Result<Hub> {
+        if let Some(dir) = &args.state_dir {
+            if args.kubeconfig.is_some() || args.context.is_some() {
+                anyhow::bail!(
+                    "--state-dir (or FLOWER_HUB_STATE_DIR) selects a standalone hub and \
+                     --kubeconfig/--context a hub in Kubernetes: pass one of them"
+                );
+            }
+            return Ok(Hub::File {
+                store: FileStore::open(dir)?,
+                dir: dir.clone(),
+            });
+        }
+        let (client, _source) =
+            kube_api::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+        Ok(Hub::Kube {
+            store: KubeStore::without_watch(client.clone(), args.namespace.clone()),
+            client,
+            namespace: args.namespace.clone(),
+        })
+    }
+
+    /// Where clusters come from and how to list them, for "no such cluster" messages.
+    fn list_clusters_hint(&self) -> &'static str {
+        match self {
+            Hub::File { .. } => {
+                "a cluster appears when its agent joins; list the registered clusters with \
+                 `flower-hub status`"
+            }
+            Hub::Kube { .. } => {
+                "a ManagedCluster appears when its agent joins (or create one); list them with \
+                 `flower-hub status` or `kubectl get managedclusters`"
+            }
+        }
+    }
+}
+
+/// The HTTP status of a Kubernetes API error inside a store error, if that is what it is.
+fn api_code(error: &StoreError) -> Option<u16> {
+    match error {
+        StoreError::Io { source, .. } => match source.get_ref()?.downcast_ref::<kube::Error>()? {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Adds what to do about common API failures (CRDs missing, namespace missing, forbidden).
+fn explain(error: StoreError, hub: &Hub) -> anyhow::Error {
+    let hint = match (hub, api_code(&error)) {
+        (Hub::Kube { namespace, .. }, Some(404)) => Some(format!(
+            "are the flower-addon CRDs installed (`flower-hub crds | kubectl apply --server-side \
+             -f -`) and does namespace {namespace:?} exist (manifests/hub/namespace.yaml)?"
+        )),
+        (Hub::Kube { namespace, .. }, Some(403)) => Some(format!(
+            "the kubeconfig's user may not do this: it needs ManagedClusters and Secrets in \
+             namespace {namespace:?} (or use the hub's ServiceAccount)"
+        )),
+        _ => None,
+    };
+    match hint {
+        Some(hint) => anyhow::Error::new(error).context(hint),
+        None => anyhow::Error::new(error),
+    }
+}
+
+// === token ===
+
 /// `flower-hub token …`.
 pub fn token(cmd: TokenCommand) -> anyhow::Result<ExitCode> {
     block_on(async move {
         match cmd {
             TokenCommand::Create(args) => token_create(args).await,
             TokenCommand::List(args) => {
-                let store = FileStore::open(&args.state_dir)?;
-                let now = tokens::unix_now();
-                println!("{:<8} {:<22} {:<8} DESCRIPTION", "ID", "EXPIRES", "STATE");
-                for t in store.list_tokens().await? {
-                    let state = if now >= t.expires_unix {
-                        "expired"
-                    } else {
-                        "valid"
-                    };
-                    println!(
-                        "{:<8} {:<22} {:<8} {}",
-                        t.id,
-                        rfc3339(t.expires_unix),
-                        state,
-                        t.description
-                    );
-                }
-                Ok(ExitCode::SUCCESS)
+                let hub = Hub::open(&args).await?;
+                with_store!(&hub, s => token_list(s).await.map_err(|e| explain(e, &hub)))
             }
             TokenCommand::Delete(args) => {
-                let store = FileStore::open(&args.state.state_dir)?;
+                let hub = Hub::open(&args.hub_args).await?;
                 let id = args.id.split('.').next().unwrap_or_default();
-                if store.delete_token(id).await? {
+                let deleted = with_store!(&hub, s => s.delete_token(id).await)
+                    .map_err(|e| explain(e, &hub))?;
+                if deleted {
                     println!("token {id} deleted");
                     Ok(ExitCode::SUCCESS)
                 } else {
@@ -159,173 +298,414 @@ pub fn token(cmd: TokenCommand) -> anyhow::Result<ExitCode> {
     })
 }
 
+async fn token_list<S: ClusterStore>(store: &S) -> Result<ExitCode, StoreError> {
+    let now = tokens::unix_now();
+    println!("{:<8} {:<22} {:<8} DESCRIPTION", "ID", "EXPIRES", "STATE");
+    for t in store.list_tokens().await? {
+        let state = if now >= t.expires_unix {
+            "expired"
+        } else {
+            "valid"
+        };
+        println!(
+            "{:<8} {:<22} {:<8} {}",
+            t.id,
+            rfc3339(t.expires_unix),
+            state,
+            t.description
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn token_create(args: TokenCreateArgs) -> anyhow::Result<ExitCode> {
-    let dir = &args.state.state_dir;
-    let store = FileStore::open(dir)?;
-    let ca = load_or_create_ca(&store).await?;
+    // Everything the output needs is checked before a token exists.
+    if let Some(name) = &args.cluster_name {
+        crate::channel::validate_cluster_name(name)
+            .map_err(|s| anyhow::anyhow!("--cluster-name: {}", s.message()))?;
+    }
+    if args.output == TokenOutput::Secret && args.cluster_name.is_none() {
+        anyhow::bail!(
+            "-o secret needs --cluster-name NAME: the bootstrap Secret says which name the agent \
+             joins as"
+        );
+    }
+    let hub = Hub::open(&args.hub_args).await?;
+    let (ca, address, server_name) = match &hub {
+        Hub::File { store, dir } => {
+            let known = args.hub.clone().or_else(|| advertised_hub(dir));
+            if known.is_none() && args.output == TokenOutput::Secret {
+                anyhow::bail!(
+                    "no hub address for the bootstrap Secret: pass --hub HOST:PORT (or start \
+                     `flower-hub serve --standalone --advertise-address HOST` once)"
+                );
+            }
+            let address = known.unwrap_or_else(|| format!("HUB_HOST:{DEFAULT_PORT}"));
+            let ca = load_or_create_ca(store).await?;
+            (ca, address, args.server_name.clone())
+        }
+        Hub::Kube {
+            client, namespace, ..
+        } => {
+            let ca = super::serve::load_or_create_ca_secret(client.clone(), namespace).await?;
+            let address = match &args.hub {
+                Some(hub) => hub.clone(),
+                None => {
+                    let derived = kube_api::derive_hub_address(client, namespace).await?;
+                    if !derived.resolved && args.output == TokenOutput::Secret {
+                        anyhow::bail!(
+                            "cannot derive the hub address for the bootstrap Secret: {}",
+                            derived.hint.unwrap_or_default()
+                        );
+                    }
+                    if let Some(hint) = &derived.hint {
+                        eprintln!("flower-hub: hub address {}: {hint}", derived.address);
+                    }
+                    derived.address
+                }
+            };
+            let server_name = args
+                .server_name
+                .clone()
+                .unwrap_or_else(|| crate::kube_store::hub_service_server_name(namespace));
+            (ca, address, Some(server_name))
+        }
+    };
     let new = tokens::generate(args.ttl, &args.description);
-    store.put_token(&new.record).await?;
-    let hub = args
-        .hub
-        .or_else(|| advertised_hub(dir))
-        .unwrap_or_else(|| format!("HUB_HOST:{DEFAULT_PORT}"));
-    let join = format!(
-        "flower-agent join --hub {hub} --token {} --ca-hash {} --cluster-name CLUSTER_NAME --state-dir /var/lib/flower-agent",
-        new.token,
-        ca.hash()
-    );
+    with_store!(&hub, s => s.put_token(&new.record).await).map_err(|e| explain(e, &hub))?;
+
+    let bootstrap = Bootstrap {
+        hub: address,
+        token: new.token.clone(),
+        ca_hash: ca.hash().to_string(),
+        server_name,
+        cluster_name: args.cluster_name.clone().unwrap_or_default(),
+        labels: args.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        claims: args.claims.iter().cloned().collect::<BTreeMap<_, _>>(),
+    };
+    let expires = rfc3339(new.record.expires_unix);
     match args.output {
-        Output::Json => {
-            let value = serde_json::json!({
-                "token": new.token,
-                "caHash": ca.hash(),
-                "hub": hub,
-                "expires": rfc3339(new.record.expires_unix),
-                "joinCommand": join,
+        TokenOutput::Secret => {
+            print!(
+                "{}",
+                bootstrap_secret_yaml(&bootstrap, &args.secret_name, &args.agent_namespace)?
+            );
+        }
+        TokenOutput::Json => {
+            let mut value = serde_json::json!({
+                "token": bootstrap.token,
+                "caHash": bootstrap.ca_hash,
+                "hub": bootstrap.hub,
+                "expires": expires,
+                "joinCommand": join_command(&bootstrap),
             });
+            if let Some(server_name) = &bootstrap.server_name {
+                value["serverName"] = server_name.clone().into();
+            }
             println!("{}", serde_json::to_string_pretty(&value)?);
         }
-        Output::Text => {
-            println!("token:   {}", new.token);
-            println!("caHash:  {}", ca.hash());
-            println!("hub:     {hub}");
-            println!("expires: {}", rfc3339(new.record.expires_unix));
+        TokenOutput::Text => {
+            // Values aligned; "serverName:" is the longest key when present.
+            let w = if bootstrap.server_name.is_some() {
+                12
+            } else {
+                9
+            };
+            println!("{:<w$}{}", "token:", bootstrap.token);
+            println!("{:<w$}{}", "caHash:", bootstrap.ca_hash);
+            println!("{:<w$}{}", "hub:", bootstrap.hub);
+            if let Some(server_name) = &bootstrap.server_name {
+                println!("{:<w$}{server_name}", "serverName:");
+            }
+            println!("{:<w$}{expires}", "expires:");
             println!();
-            println!("On the cluster or device to add, run (choose CLUSTER_NAME):");
-            println!("  {join}");
+            if bootstrap.cluster_name.is_empty() {
+                println!("On the cluster or device to add, run (choose CLUSTER_NAME):");
+            } else {
+                println!("On the cluster or device to add, run:");
+            }
+            println!("  {}", join_command(&bootstrap));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `flower-agent join` line for `b` (`CLUSTER_NAME` when no name was given).
+fn join_command(b: &Bootstrap) -> String {
+    let name = if b.cluster_name.is_empty() {
+        "CLUSTER_NAME"
+    } else {
+        &b.cluster_name
+    };
+    let mut line = format!(
+        "flower-agent join --hub {} --token {} --ca-hash {} --cluster-name {name}",
+        b.hub, b.token, b.ca_hash
+    );
+    if let Some(server_name) = &b.server_name {
+        line.push_str(&format!(" --server-name {server_name}"));
+    }
+    for (k, v) in &b.labels {
+        line.push_str(&format!(" --label {k}={v}"));
+    }
+    for (k, v) in &b.claims {
+        line.push_str(&format!(" --claim {k}={v}"));
+    }
+    line.push_str(" --state-dir /var/lib/flower-agent");
+    line
+}
+
+// === accept, revoke ===
+
 /// `flower-hub accept`.
 pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = FileStore::open(&args.state.state_dir)?;
-        store
-            .set_accepted(&args.cluster, true)
-            .await
-            .with_context(|| {
-                format!(
-                    "accept {}: see `flower-hub status` for registered clusters",
-                    args.cluster
-                )
-            })?;
-        println!("cluster {} accepted", args.cluster);
-        Ok(ExitCode::SUCCESS)
+        let hub = Hub::open(&args.hub_args).await?;
+        let name = &args.cluster;
+        match with_store!(&hub, s => s.set_accepted(name, true).await) {
+            Ok(()) => {
+                println!("cluster {name} accepted");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(StoreError::NotFound { .. }) => {
+                eprintln!(
+                    "flower-hub: cannot accept cluster {name:?}: no such cluster on this hub; {}",
+                    hub.list_clusters_hint()
+                );
+                Ok(ExitCode::FAILURE)
+            }
+            Err(e) => Err(explain(e, &hub).context(format!("accept cluster {name}"))),
+        }
     })
 }
 
 /// `flower-hub revoke`.
 pub fn revoke(args: RevokeArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = FileStore::open(&args.state.state_dir)?;
+        let hub = Hub::open(&args.hub_args).await?;
+        let name = &args.cluster;
+        let missing = || {
+            eprintln!(
+                "flower-hub: cannot revoke cluster {name:?}: no such cluster on this hub; {}",
+                hub.list_clusters_hint()
+            );
+            Ok(ExitCode::FAILURE)
+        };
         if args.delete {
-            if store.delete_cluster(&args.cluster).await? {
-                println!("cluster {} deleted", args.cluster);
+            let deleted = with_store!(&hub, s => s.delete_cluster(name).await)
+                .map_err(|e| explain(e, &hub))?;
+            if deleted {
+                println!("cluster {name} deleted");
                 return Ok(ExitCode::SUCCESS);
             }
-            eprintln!("flower-hub: no cluster named {:?}", args.cluster);
-            return Ok(ExitCode::FAILURE);
+            return missing();
         }
-        store.set_accepted(&args.cluster, false).await?;
-        println!("cluster {} revoked (hubAcceptsClient=false)", args.cluster);
-        Ok(ExitCode::SUCCESS)
+        match with_store!(&hub, s => s.set_accepted(name, false).await) {
+            Ok(()) => {
+                println!("cluster {name} revoked (hubAcceptsClient=false)");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(StoreError::NotFound { .. }) => missing(),
+            Err(e) => Err(explain(e, &hub).context(format!("revoke cluster {name}"))),
+        }
     })
 }
+
+// === status ===
 
 /// `flower-hub status`.
 pub fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let store = FileStore::open(&args.state.state_dir)?;
-        let clusters = store.list_clusters().await?;
-        // Federations are written by the running hub after each reconcile pass.
-        let hub_status = crate::standalone::status::HubStatus::read(&args.state.state_dir).ok();
-        if args.output == Output::Json {
-            let rows: Vec<_> = clusters
-                .iter()
-                .map(|c| {
-                    serde_json::json!({
-                        "name": c.registration.name,
-                        "hubAcceptsClient": c.hub_accepts_client,
-                        "labels": c.registration.labels,
-                        "claims": c.registration.claims,
-                        "keyFingerprint": c.registration.key_fingerprint,
-                        "status": c.status,
-                    })
-                })
-                .collect();
-            let (federations, problems) = hub_status
-                .map(|s| (s.federations, s.problems))
-                .unwrap_or_default();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "federations": federations,
-                    "clusters": rows,
-                    "problems": problems,
-                }))?
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        match &hub_status {
-            Some(s) => {
-                print!("{}", s.federation_table());
-                for p in &s.problems {
-                    println!("problem: {p}");
-                }
-                println!();
-            }
-            None => println!("(no status.json yet: is `flower-hub serve --standalone` running?)\n"),
-        }
-        println!(
-            "{:<24} {:<9} {:<10} {:<22} LABELS",
-            "CLUSTER", "ACCEPTED", "AVAILABLE", "LAST HEARTBEAT"
-        );
-        for c in &clusters {
-            let cond = |t: &str| {
-                c.status
-                    .condition(t)
-                    .map(|c| c.status.clone())
-                    .unwrap_or_else(|| "Unknown".into())
-            };
-            let accepted = if c.hub_accepts_client {
-                "true".to_string()
-            } else {
-                format!("false ({})", cond(CONDITION_HUB_ACCEPTED))
-            };
-            let labels: Vec<String> = c
-                .registration
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            println!(
-                "{:<24} {:<9} {:<10} {:<22} {}",
-                c.registration.name,
-                if c.hub_accepts_client {
-                    "true"
+        let hub = Hub::open(&args.hub_args).await?;
+        let clusters =
+            with_store!(&hub, s => s.list_clusters().await).map_err(|e| explain(e, &hub))?;
+        match &hub {
+            Hub::File { dir, .. } => status_standalone(dir, &clusters, args.output)?,
+            Hub::Kube { client, .. } => {
+                let federations = kube_api::list_federations(client).await?;
+                if args.output == Output::Json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&serde_json::json!({
+                            "federations": federations,
+                            "clusters": cluster_json(&clusters),
+                            "problems": [],
+                        }))?
+                    );
                 } else {
-                    "false"
-                },
-                cond(CONDITION_AVAILABLE),
-                c.status
-                    .last_heartbeat_unix
-                    .map(rfc3339)
-                    .unwrap_or_else(|| "-".into()),
-                labels.join(",")
-            );
-            let _ = accepted;
-        }
-        if clusters.is_empty() {
-            println!(
-                "(no clusters: create a token with `flower-hub token create` and run the printed `flower-agent join`)"
-            );
+                    print!("{}", federation_table(&federations));
+                    println!();
+                    print_cluster_table(&clusters);
+                }
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
 }
 
+fn status_standalone(dir: &Path, clusters: &[ClusterRecord], output: Output) -> anyhow::Result<()> {
+    // Federations are written by the running hub after each reconcile pass.
+    let hub_status = crate::standalone::status::HubStatus::read(dir).ok();
+    if output == Output::Json {
+        let (federations, problems) = hub_status
+            .map(|s| (s.federations, s.problems))
+            .unwrap_or_default();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "federations": federations,
+                "clusters": cluster_json(clusters),
+                "problems": problems,
+            }))?
+        );
+        return Ok(());
+    }
+    match &hub_status {
+        Some(s) => {
+            print!("{}", s.federation_table());
+            for p in &s.problems {
+                println!("problem: {p}");
+            }
+            println!();
+        }
+        None => println!("(no status.json yet: is `flower-hub serve --standalone` running?)\n"),
+    }
+    print_cluster_table(clusters);
+    Ok(())
+}
+
+fn cluster_json(clusters: &[ClusterRecord]) -> Vec<serde_json::Value> {
+    clusters
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "name": c.registration.name,
+                "hubAcceptsClient": c.hub_accepts_client,
+                "labels": c.registration.labels,
+                "claims": c.registration.claims,
+                "keyFingerprint": c.registration.key_fingerprint,
+                "status": c.status,
+            })
+        })
+        .collect()
+}
+
+fn print_cluster_table(clusters: &[ClusterRecord]) {
+    println!(
+        "{:<24} {:<9} {:<10} {:<22} LABELS",
+        "CLUSTER", "ACCEPTED", "AVAILABLE", "LAST HEARTBEAT"
+    );
+    for c in clusters {
+        let available = c
+            .status
+            .condition(CONDITION_AVAILABLE)
+            .map(|c| c.status.clone())
+            .unwrap_or_else(|| "Unknown".into());
+        let labels: Vec<String> = c
+            .registration
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "{:<24} {:<9} {:<10} {:<22} {}",
+            c.registration.name,
+            c.hub_accepts_client,
+            available,
+            c.status
+                .last_heartbeat_unix
+                .map(rfc3339)
+                .unwrap_or_else(|| "-".into()),
+            labels.join(",")
+        );
+    }
+    if clusters.is_empty() {
+        println!(
+            "(no clusters: create a token with `flower-hub token create` and run the printed `flower-agent join`)"
+        );
+    }
+}
+
+/// The Federations of a Kubernetes hub as a table like `kubectl get federations -A`.
+fn federation_table(rows: &[kube_api::FederationRow]) -> String {
+    if rows.is_empty() {
+        return "(no Federations)\n".to_owned();
+    }
+    let mut cells = vec![
+        [
+            "NAMESPACE",
+            "NAME",
+            "MODE",
+            "ISOLATION",
+            "CLUSTERS",
+            "SUPERNODES",
+            "READY",
+            "MESSAGE",
+        ]
+        .map(String::from),
+    ];
+    for f in rows {
+        cells.push([
+            f.namespace.clone(),
+            f.name.clone(),
+            f.mode.clone(),
+            f.isolation.clone(),
+            f.clusters.to_string(),
+            f.supernodes.clone(),
+            f.ready.clone(),
+            f.message.clone().unwrap_or_default(),
+        ]);
+    }
+    let mut widths = [0usize; 8];
+    for row in &cells {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &cells {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 fn rfc3339(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_join_command_carries_the_server_name_only_when_known() {
+        // Invariant: the standalone join line is unchanged; a known server name, cluster name,
+        // labels and claims all reach the agent's flags.
+        let mut b = Bootstrap {
+            hub: "h:1".into(),
+            token: "abcdef.x".into(),
+            ca_hash: "sha256:00".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            join_command(&b),
+            "flower-agent join --hub h:1 --token abcdef.x --ca-hash sha256:00 --cluster-name \
+             CLUSTER_NAME --state-dir /var/lib/flower-agent"
+        );
+        b.server_name = Some("flower-hub.ns.svc".into());
+        b.cluster_name = "spoke-1".into();
+        b.labels.insert("env".into(), "prod".into());
+        b.claims.insert("region".into(), "eu".into());
+        assert_eq!(
+            join_command(&b),
+            "flower-agent join --hub h:1 --token abcdef.x --ca-hash sha256:00 --cluster-name \
+             spoke-1 --server-name flower-hub.ns.svc --label env=prod --claim region=eu \
+             --state-dir /var/lib/flower-agent"
+        );
+    }
 }

@@ -207,7 +207,7 @@ pub async fn shutdown_signal() {
 }
 
 /// Name of the Secret holding the hub CA in Kubernetes mode.
-pub const CA_SECRET: &str = "flower-hub-ca";
+pub use crate::kube_store::CA_SECRET;
 
 /// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
 /// Federations without `placementRef`, the pools in this cluster), the Placement controller
@@ -246,7 +246,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .await?,
         );
         let config = ChannelConfig {
-            advertise: args.advertise_address.clone(),
+            advertise: kubernetes_advertise(&args.advertise_address, &args.namespace),
             cert_validity: args.cert_validity,
             lease_duration: args.lease_duration,
             auto_accept: args.auto_accept.into_iter().collect::<BTreeMap<_, _>>(),
@@ -282,6 +282,19 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names in the hub's server certificate in Kubernetes mode: `--advertise-address` values, then
+/// the DNS names of the Service [`crate::kube_store::HUB_SERVICE`] in `namespace` (agents that
+/// dial a node or load-balancer address verify the certificate by `flower-hub.<ns>.svc`).
+pub fn kubernetes_advertise(advertise: &[String], namespace: &str) -> Vec<String> {
+    let mut names = advertise.to_vec();
+    for name in crate::kube_store::hub_service_dns_names(namespace) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// Loads the hub CA from its Secret, creating both on first start. Creation uses `create` (not
@@ -333,6 +346,54 @@ pub async fn load_or_create_ca_secret(
             let secret = api.get(CA_SECRET).await.context("read the CA secret")?;
             read(&secret)
         }
-        Err(e) => Err(e).context("create the CA secret"),
+        Err(kube::Error::Api(e)) if e.code == 404 => Err(anyhow::anyhow!(
+            "cannot create the CA secret {namespace}/{CA_SECRET}: namespace {namespace:?} does \
+             not exist (apply manifests/hub/namespace.yaml, or pass --namespace)"
+        )),
+        Err(e) => Err(e).with_context(|| format!("create the CA secret {namespace}/{CA_SECRET}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubernetes_server_certificate_names_the_hub_service() {
+        // Invariant: agents dialling the Service (or a node IP with serverName
+        // flower-hub.<ns>.svc) can verify the hub certificate; advertised names come first.
+        let names = kubernetes_advertise(&["hub.example".into(), "flower-hub".into()], "ns");
+        assert_eq!(
+            names,
+            [
+                "hub.example",
+                "flower-hub",
+                "flower-hub.ns",
+                "flower-hub.ns.svc",
+                "flower-hub.ns.svc.cluster.local"
+            ]
+        );
+        let ca = HubCa::generate().expect("ca");
+        let issued = ca
+            .issue_server_cert(&names, Duration::from_secs(3600))
+            .expect("cert");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(issued.cert_pem.as_bytes()).expect("pem");
+        let cert = pem.parse_x509().expect("x509");
+        let san = cert
+            .subject_alternative_name()
+            .expect("san")
+            .expect("present");
+        let dns: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect();
+        for name in &names {
+            assert!(dns.contains(name), "{name} missing from {dns:?}");
+        }
     }
 }
