@@ -15,8 +15,8 @@
 pub mod access;
 pub mod apply;
 pub mod bins;
-pub mod deployment;
 pub mod cluster;
+pub mod deployment;
 pub mod kubeconfig;
 pub mod observe;
 pub mod process;
@@ -26,8 +26,8 @@ pub use apply::{
     ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, wait_until,
 };
 pub use bins::Binaries;
-pub use deployment::ContainerCommand;
 pub use cluster::{Cluster, ControlPlane, Options};
+pub use deployment::ContainerCommand;
 pub use observe::{applied_versions, pod_uids};
 
 /// Installs rustls' ring crypto provider for the process (idempotent).

@@ -27,6 +27,7 @@ use tokio::sync::{broadcast, oneshot};
 const NS: &str = "team";
 const USER: &str = "e2e-user";
 const HUB_NS: &str = "flower-addon-system";
+const AGENT_NS: &str = "flower-addon-agent";
 const WAIT: Duration = Duration::from_secs(30);
 
 async fn install_crds(hub: &Cluster) -> Result<()> {
@@ -848,6 +849,25 @@ async fn wait_pool(
     .await
 }
 
+/// Runs `flower-hub ARGS` against the hub cluster (`kubeconfig`), as an admin would; its stdout,
+/// or an error with its stderr when it fails.
+fn hub_cli(kubeconfig: &std::path::Path, args: &[&str]) -> Result<String> {
+    let bin = e2e::repo_root().join("target/debug/flower-hub");
+    let out = std::process::Command::new(&bin)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("FLOWER_HUB_STATE_DIR")
+        .output()
+        .with_context(|| format!("run {}", bin.display()))?;
+    ensure!(
+        out.status.success(),
+        "flower-hub {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// Hub (`flower-hub serve` in Kubernetes mode) and two agents (Kubernetes runtime) on real
 /// apiservers, with Federation `fed` (pool `a`, 2 replicas) Ready on both spokes.
 struct World {
@@ -907,97 +927,71 @@ async fn two_spokes_running() -> Result<World> {
         l.local_addr()?.port()
     };
     let work_dir = cp.work_dir().to_path_buf();
-    let env = |kubeconfig: &std::path::Path, rest: Vec<String>| -> Vec<String> {
-        let mut args = vec![
-            format!("KUBECONFIG={}", kubeconfig.display()),
-            "RUST_LOG=info".to_string(),
-        ];
-        args.extend(rest);
-        args
-    };
     let t0 = Instant::now();
     let mut starts: BTreeMap<String, (Vec<String>, std::path::PathBuf)> = BTreeMap::new();
+    // The hub runs as manifests/hub/deployment.yaml says, on a free local port and with a 5 s
+    // lease so lease expiry is quick to observe.
+    let mut hub_command =
+        e2e::ContainerCommand::from_manifest(&manifests.join("deployment.yaml"), "hub", HUB_NS)?;
+    hub_command
+        .set_flag("--listen", &format!("127.0.0.1:{port}"))?
+        .push_args(&["--advertise-address", "127.0.0.1", "--lease-duration", "5s"]);
     starts.insert(
         "flower-hub".to_string(),
         (
-            env(
-                &hub_sa.kubeconfig,
-                [
-                    hub_bin.display().to_string().as_str(),
-                    "serve",
-                    "--namespace",
-                    HUB_NS,
-                    "--listen",
-                    &format!("127.0.0.1:{port}"),
-                    "--advertise-address",
-                    "127.0.0.1",
-                    "--lease-duration",
-                    "5s",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            hub_command.env_argv(
+                &hub_bin,
+                &[("KUBECONFIG", hub_sa.kubeconfig.display().to_string())],
             ),
             work_dir.join("flower-hub.log"),
         ),
     );
     start(&mut cp, &starts, "flower-hub")?;
 
-    // Token (stored as the hub stores it) and the CA hash from the hub's CA Secret.
-    let store = KubeStore::new(client.clone(), HUB_NS);
-    let token = tokens::generate(Duration::from_secs(600), "e2e");
-    store.put_token(&token.record).await?;
-    e2e::wait_until("the hub CA Secret", WAIT, || async {
-        Ok(store.load_ca().await?.is_some())
-    })
-    .await?;
-    let ca = HubCa::from_material(store.load_ca().await?.context("CA")?)?;
+    // Bootstrap, as the README tells an admin: `flower-hub token create` against the hub
+    // cluster prints the agent's bootstrap Secret (spoke-1), or the token and CA hash to fill the
+    // template manifests/agent/bootstrap-secret.yaml in by hand (spoke-2).
+    let hub_address = format!("127.0.0.1:{port}");
+    let admin = hub.kubeconfig.clone();
+    let bootstrap_yaml = hub_cli(
+        &admin,
+        &[
+            "token",
+            "create",
+            "--cluster-name",
+            "spoke-1",
+            "--label",
+            "env=prod",
+            "--hub",
+            &hub_address,
+            "-o",
+            "secret",
+        ],
+    )?;
+    let created: serde_json::Value = serde_json::from_str(&hub_cli(
+        &admin,
+        &["token", "create", "--hub", &hub_address, "-o", "json"],
+    )?)?;
+    let template = std::fs::read_to_string(root.join("manifests/agent/bootstrap-secret.yaml"))?;
+    let filled = template
+        .replace(
+            "REPLACE-WITH-BOOTSTRAP-TOKEN",
+            created["token"].as_str().context("token")?,
+        )
+        .replace("REPLACE-WITH-HUB-HOST:PORT", &hub_address)
+        .replace(
+            "sha256:REPLACE-WITH-HUB-CA-SHA256",
+            created["caHash"].as_str().context("caHash")?,
+        )
+        .replace("REPLACE-WITH-CLUSTER-NAME", "spoke-2")
+        .replace("labels: \"\"", "labels: \"env=prod\"");
+    let bootstraps = [("spoke-1", bootstrap_yaml), ("spoke-2", filled)];
 
-    // Both agents join; each waits until its ManagedCluster is accepted.
-    let mut joins = Vec::new();
-    for (spoke, env_label) in [("spoke-1", "prod"), ("spoke-2", "prod")] {
-        let options = flower_addon_agent::join::JoinOptions {
-            hub: flower_addon_agent::tls::HubAddress::new(&format!("127.0.0.1:{port}")),
-            token: token.token.clone(),
-            ca_hash: ca.hash().to_string(),
-            cluster_name: spoke.to_string(),
-            labels: BTreeMap::from([("env".to_string(), env_label.to_string())]),
-            claims: BTreeMap::new(),
-            state_dir: work_dir.join(format!("agent-{spoke}")),
-            max_wait: Some(Duration::from_secs(60)),
-            max_backoff: Duration::from_secs(1),
-        };
-        joins.push(tokio::spawn(async move {
-            let mut progress = |_: &str| {};
-            flower_addon_agent::join::join(&options, &mut progress).await
-        }));
-    }
-    let clusters = Api::<ManagedCluster>::all(client.clone());
-    for spoke in ["spoke-1", "spoke-2"] {
-        e2e::wait_until(&format!("ManagedCluster {spoke} pending"), WAIT, || async {
-            Ok(clusters
-                .get_opt(spoke)
-                .await?
-                .is_some_and(|mc| !mc.spec.hub_accepts_client))
-        })
-        .await?;
-        clusters
-            .patch(
-                spoke,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
-            )
-            .await?;
-    }
-    for join in joins {
-        join.await?.context("join")?;
-    }
-    eprintln!("both spokes joined in {:.1}s", t0.elapsed().as_secs_f64());
-
-    // Agents run the Kubernetes runtime under manifests/agent's ServiceAccount.
-    for spoke in ["spoke-1", "spoke-2"] {
+    // Agents run as manifests/agent/deployment.yaml says, under its ServiceAccount: they join from
+    // the bootstrap Secret and keep their credentials in a Secret (no state directory).
+    let agent_manifests = root.join("manifests/agent");
+    for (spoke, bootstrap) in &bootstraps {
         let cluster = cp.cluster(spoke)?.clone();
-        let agent_manifests = root.join("manifests/agent");
         e2e::apply_file(
             &cluster.client,
             &agent_manifests.join("namespace.yaml"),
@@ -1007,38 +1001,63 @@ async fn two_spokes_running() -> Result<World> {
         let sa = e2e::service_account_access(
             &cluster,
             &agent_manifests.join("rbac.yaml"),
-            "flower-addon-agent",
+            AGENT_NS,
             "flower-agent",
             3600,
         )
         .await?;
+        e2e::apply_yaml(&cluster.client, bootstrap, AGENT_NS).await?;
+        let mut command = e2e::ContainerCommand::from_manifest(
+            &agent_manifests.join("deployment.yaml"),
+            "agent",
+            AGENT_NS,
+        )?;
+        command.push_args(&["--status-interval", "1s"]);
         starts.insert(
             format!("agent-{spoke}"),
             (
-                env(
-                    &sa.kubeconfig,
-                    [
-                        agent_bin.display().to_string().as_str(),
-                        "run",
-                        "--state-dir",
-                        &work_dir
-                            .join(format!("agent-{spoke}"))
-                            .display()
-                            .to_string(),
-                        "--runtime",
-                        "kubernetes",
-                        "--status-interval",
-                        "1s",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
+                command.env_argv(
+                    &agent_bin,
+                    &[("KUBECONFIG", sa.kubeconfig.display().to_string())],
                 ),
                 work_dir.join(format!("agent-{spoke}.log")),
             ),
         );
         start(&mut cp, &starts, &format!("agent-{spoke}"))?;
     }
+
+    // Each agent waits for acceptance; the admin accepts with the CLI.
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    for spoke in ["spoke-1", "spoke-2"] {
+        let alive = std::sync::Mutex::new(&mut cp);
+        e2e::wait_until(&format!("ManagedCluster {spoke} pending"), WAIT, || async {
+            if let Ok(mut cp) = alive.lock() {
+                cp.processes().check_alive()?;
+            }
+            Ok(clusters
+                .get_opt(spoke)
+                .await?
+                .is_some_and(|mc| !mc.spec.hub_accepts_client))
+        })
+        .await?;
+        hub_cli(&admin, &["accept", spoke])?;
+    }
+    for spoke in ["spoke-1", "spoke-2"] {
+        let secrets = Api::<Secret>::namespaced(cp.cluster(spoke)?.client.clone(), AGENT_NS);
+        e2e::wait_until(&format!("{spoke}'s credentials Secret"), WAIT, || async {
+            Ok(secrets
+                .get_opt("flower-agent-credentials")
+                .await?
+                .and_then(|s| s.data)
+                .is_some_and(|d| {
+                    ["agent.json", "client.key", "client.crt", "ca.crt"]
+                        .iter()
+                        .all(|k| d.contains_key(*k))
+                }))
+        })
+        .await?;
+    }
+    eprintln!("both spokes joined in {:.1}s", t0.elapsed().as_secs_f64());
 
     // Federation + Placement selecting both spokes.
     apply_placement(
@@ -1234,7 +1253,109 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         .status
         .and_then(|s| s.last_heartbeat);
     ensure!(heartbeat.is_some(), "spoke-1 reports heartbeats");
+    bootstrap_refusals(&_cp).await?;
     eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Invariant: an agent joining from a bootstrap Secret refuses the unfilled template, a hub whose
+/// CA does not match the pinned hash, and a token the hub does not know; each exits non-zero with
+/// a message naming the cause, and none stores a client certificate.
+async fn bootstrap_refusals(cp: &ControlPlane) -> Result<()> {
+    let root = e2e::repo_root();
+    let spoke = cp.cluster("spoke-1")?;
+    let admin = cp.cluster("hub")?.kubeconfig.clone();
+    let secrets = Api::<Secret>::namespaced(spoke.client.clone(), AGENT_NS);
+    let hub_address = secrets
+        .get("flower-agent-bootstrap")
+        .await?
+        .data
+        .and_then(|d| {
+            d.get("hub")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+        .context("spoke-1's bootstrap Secret names the hub")?;
+    let created: serde_json::Value = serde_json::from_str(&hub_cli(
+        &admin,
+        &[
+            "token",
+            "create",
+            "--ttl",
+            "10m",
+            "--hub",
+            &hub_address,
+            "-o",
+            "json",
+        ],
+    )?)?;
+    let template = std::fs::read_to_string(root.join("manifests/agent/bootstrap-secret.yaml"))?;
+    let real = |yaml: &str, token: &str, ca_hash: &str| {
+        yaml.replace("REPLACE-WITH-BOOTSTRAP-TOKEN", token)
+            .replace("REPLACE-WITH-HUB-HOST:PORT", &hub_address)
+            .replace("sha256:REPLACE-WITH-HUB-CA-SHA256", ca_hash)
+            .replace("REPLACE-WITH-CLUSTER-NAME", "intruder")
+    };
+    let token = created["token"].as_str().context("token")?;
+    let ca_hash = created["caHash"].as_str().context("caHash")?;
+    let wrong_hash = format!("sha256:{}", "00".repeat(32));
+    let cases = [
+        (
+            "neg-template",
+            template.clone(),
+            "key hub still holds the template placeholder",
+        ),
+        (
+            "neg-ca",
+            real(&template, token, &wrong_hash),
+            "refusing to join",
+        ),
+        (
+            "neg-token",
+            real(&template, "abcdef.0123456789abcdef", ca_hash),
+            "the hub refused to join",
+        ),
+    ];
+    for (name, yaml, expected) in cases {
+        let yaml = yaml.replace("name: flower-agent-bootstrap", &format!("name: {name}"));
+        e2e::apply_yaml(&spoke.client, &yaml, AGENT_NS).await?;
+        let creds = format!("{name}-credentials");
+        let out = std::process::Command::new(root.join("target/debug/flower-agent"))
+            .args([
+                "join",
+                "--namespace",
+                AGENT_NS,
+                "--bootstrap-secret",
+                name,
+                "--credentials-secret",
+                &creds,
+                "--timeout",
+                "20s",
+            ])
+            .env("KUBECONFIG", &spoke.kubeconfig)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains(expected),
+            "{name}: expected a failure saying {expected:?}, got {:?}: {stderr}",
+            out.status
+        );
+        let stored = secrets.get_opt(&creds).await?.and_then(|s| s.data);
+        ensure!(
+            !stored.is_some_and(|d| d.contains_key("client.crt")),
+            "{name}: a refused join stored a client certificate"
+        );
+        eprintln!(
+            "{name}: refused ({})",
+            stderr.trim().lines().last().unwrap_or_default()
+        );
+    }
+    ensure!(
+        Api::<ManagedCluster>::all(cp.cluster("hub")?.client.clone())
+            .get_opt("intruder")
+            .await?
+            .is_none(),
+        "a refused join registered a cluster"
+    );
     Ok(())
 }
 
@@ -1325,10 +1446,37 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         t.elapsed().as_secs_f64()
     );
 
-    // g. Agent restarted: no workload changes.
+    // g. Agent restarted: no workload changes. Every bootstrap token is deleted first, so the
+    // agent can only come back with the credentials it keeps in its Secret.
+    let admin = cp.cluster("hub")?.kubeconfig.clone();
+    let listed = hub_cli(&admin, &["token", "list"])?;
+    let ids: Vec<String> = listed
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    ensure!(ids.len() == 2, "two bootstrap tokens listed: {listed}");
+    for id in &ids {
+        hub_cli(&admin, &["token", "delete", id])?;
+    }
     cp.processes().stop("agent-spoke-1")?;
+    let restarted = k8s_openapi::jiff::Timestamp::now();
     start(&mut cp, &starts, "agent-spoke-1")?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    e2e::wait_until(
+        "the restarted agent heartbeats without a token",
+        WAIT,
+        || async {
+            Ok(clusters
+                .get("spoke-1")
+                .await?
+                .status
+                .and_then(|s| s.last_heartbeat)
+                .is_some_and(|t| t.0 > restarted))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
         pool_identity(&spoke_clients[0]).await? == before[0].0,
         "a workload changed after the agent restart"
