@@ -1527,13 +1527,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
 
     // Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
     // (persisted every half lease, 2.5 s) stop reaching the hub.
-    clusters
-        .patch(
-            "spoke-1",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": false}})),
-        )
-        .await?;
+    hub_cli(&admin, &["revoke", "spoke-1"])?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heartbeat = |c: ManagedCluster| c.status.and_then(|s| s.last_heartbeat);
     let frozen = heartbeat(clusters.get("spoke-1").await?);
@@ -1546,6 +1540,61 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         heartbeat(clusters.get("spoke-2").await?) > frozen,
         "spoke-2 keeps heartbeating"
     );
+    let condition = |c: &ManagedCluster, t: &str| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let revoked = clusters.get("spoke-1").await?;
+    ensure!(
+        condition(&revoked, "Available") == Some(("False".into(), "ClusterRevoked".into()))
+            && condition(&revoked, "HubAcceptedManagedCluster")
+                == Some(("False".into(), "HubClusterAdminRevoked".into())),
+        "a revoked cluster is recorded unavailable and not accepted: {:?}",
+        revoked.status
+    );
+
+    // Revoked while the hub is down: the restarted hub records it, with no stream to close.
+    cp.processes().stop("flower-hub")?;
+    clusters
+        .patch(
+            "spoke-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": false}})),
+        )
+        .await?;
+    start(&mut cp, &starts, "flower-hub")?;
+    e2e::wait_until(
+        "spoke-2, revoked while the hub was down, recorded unavailable",
+        WAIT,
+        || async {
+            let c = clusters.get("spoke-2").await?;
+            Ok(condition(&c, "Available") == Some(("False".into(), "ClusterRevoked".into())))
+        },
+    )
+    .await?;
+    // Accepted again (with kubectl, not the CLI): the agent's retries get it back in.
+    clusters
+        .patch(
+            "spoke-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
+        )
+        .await?;
+    e2e::wait_until(
+        "spoke-2 accepted and available again",
+        Duration::from_secs(60),
+        || async {
+            let c = clusters.get("spoke-2").await?;
+            Ok(
+                condition(&c, "Available") == Some(("True".into(), "ClusterAvailable".into()))
+                    && condition(&c, "HubAcceptedManagedCluster").map(|c| c.0)
+                        == Some("True".into()),
+            )
+        },
+    )
+    .await?;
     Ok(())
 }
 

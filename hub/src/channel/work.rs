@@ -3,7 +3,7 @@
 //! heartbeats (which renew the cluster lease).
 use super::tls::PeerInfo;
 use super::{Shared, internal};
-use crate::store::{CONDITION_AVAILABLE, ClusterStore};
+use crate::store::{CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore};
 use crate::tokens::unix_now;
 use dashmap::DashMap;
 use flower_addon_proto::agent_message::Kind as AgentKind;
@@ -387,6 +387,15 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
 ) {
     let mut events = shared.store.changes();
     tokio::spawn(async move {
+        // Changes made while no hub ran (subscribed above, so nothing falls in between).
+        match shared.store.list_clusters().await {
+            Ok(all) => {
+                for record in all {
+                    sync_acceptance_of(&shared, record).await;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot list clusters to check acceptance"),
+        }
         loop {
             let names: Vec<String> = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
@@ -400,8 +409,11 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                 },
             };
             for name in names {
+                // Every cluster's conditions follow hubAcceptsClient, also for clusters without
+                // a stream (e.g. revoked while this hub was down, or accepted by `kubectl`).
+                sync_acceptance(&shared, &name).await;
                 let fingerprint = shared.streams.get(&name).map(|e| e.key_fingerprint.clone());
-                // Only clusters this hub tracks (open stream or lease) can need anything.
+                // Only clusters this hub tracks (open stream or lease) can need anything more.
                 if fingerprint.is_none() && !shared.leases.contains_key(&name) {
                     continue;
                 }
@@ -448,6 +460,88 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
             }
         }
     });
+}
+
+/// Reason of `HubAcceptedManagedCluster=False` once an accepted cluster is revoked.
+pub const REASON_ADMIN_REVOKED: &str = "HubClusterAdminRevoked";
+
+/// Brings the acceptance conditions of `status` in line with `hub_accepts_client`: accepted →
+/// `HubAcceptedManagedCluster=True`; revoked after having been accepted →
+/// `HubAcceptedManagedCluster=False` and `Available=False` (a cluster still waiting for
+/// acceptance keeps its `WaitingForAcceptance`). Returns whether a condition's status changed.
+pub fn acceptance_conditions(
+    status: &mut ClusterStatus,
+    hub_accepts_client: bool,
+    now: u64,
+) -> bool {
+    let is = |st: &ClusterStatus, t: &str, v: &str| st.condition(t).is_some_and(|c| c.status == v);
+    if hub_accepts_client {
+        if is(status, CONDITION_HUB_ACCEPTED, "True") {
+            return false;
+        }
+        return status.set_condition(
+            CONDITION_HUB_ACCEPTED,
+            "True",
+            "HubClusterAdminAccepted",
+            "",
+            now,
+        );
+    }
+    let mut changed = false;
+    if is(status, CONDITION_HUB_ACCEPTED, "True") {
+        changed |= status.set_condition(
+            CONDITION_HUB_ACCEPTED,
+            "False",
+            REASON_ADMIN_REVOKED,
+            "hubAcceptsClient=false: set it to true (`flower-hub accept`) to let the cluster back in",
+            now,
+        );
+    }
+    if is(status, CONDITION_AVAILABLE, "True") {
+        changed |= status.set_condition(
+            CONDITION_AVAILABLE,
+            "False",
+            REASON_REVOKED,
+            "hubAcceptsClient=false: the hub closed the cluster's work stream and sends it no work",
+            now,
+        );
+    }
+    changed
+}
+
+/// Writes [`acceptance_conditions`] for cluster `name` when they change anything (so the
+/// write's own change event finds nothing to do).
+async fn sync_acceptance<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+    match shared.store.get_cluster(name).await {
+        Ok(Some(record)) => sync_acceptance_of(shared, record).await,
+        Ok(None) => {}
+        Err(error) => tracing::warn!(cluster = %name, %error, "cannot read the cluster"),
+    }
+}
+
+/// [`sync_acceptance`] of a record already read (no read when nothing changes).
+async fn sync_acceptance_of<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+    record: crate::store::ClusterRecord,
+) {
+    let name = record.registration.name.as_str();
+    let now = unix_now();
+    let mut probe = record.status.clone();
+    if !acceptance_conditions(&mut probe, record.hub_accepts_client, now) {
+        return;
+    }
+    let accepted = record.hub_accepts_client;
+    let result = shared
+        .update_status(name, |st| {
+            acceptance_conditions(st, accepted, now);
+        })
+        .await;
+    match result {
+        Ok(()) => tracing::info!(cluster = %name, accepted, "acceptance conditions updated"),
+        Err(error) => {
+            let _ = internal("recording the acceptance", error);
+        }
+    }
 }
 
 /// Records `Available=False` (reason [`REASON_REVOKED`]) on a cluster whose acceptance the
@@ -517,4 +611,72 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod acceptance_tests {
+    use super::*;
+
+    fn status_of(conditions: &[(&str, &str)]) -> ClusterStatus {
+        let mut st = ClusterStatus::default();
+        for (t, v) in conditions {
+            st.set_condition(t, v, "Before", "", 1);
+        }
+        st
+    }
+
+    fn get<'a>(st: &'a ClusterStatus, t: &str) -> Option<(&'a str, &'a str)> {
+        st.condition(t)
+            .map(|c| (c.status.as_str(), c.reason.as_str()))
+    }
+
+    #[test]
+    fn revoking_an_accepted_available_cluster_turns_both_conditions_false() {
+        let mut st = status_of(&[
+            (CONDITION_HUB_ACCEPTED, "True"),
+            (CONDITION_AVAILABLE, "True"),
+        ]);
+        assert!(acceptance_conditions(&mut st, false, 5));
+        assert_eq!(
+            get(&st, CONDITION_HUB_ACCEPTED),
+            Some(("False", REASON_ADMIN_REVOKED))
+        );
+        assert_eq!(
+            get(&st, CONDITION_AVAILABLE),
+            Some(("False", REASON_REVOKED))
+        );
+        // Idempotent: the write's own change event finds nothing to do.
+        assert!(!acceptance_conditions(&mut st, false, 6));
+    }
+
+    #[test]
+    fn a_cluster_waiting_for_acceptance_keeps_its_reason() {
+        let mut st = ClusterStatus::default();
+        st.set_condition(
+            CONDITION_HUB_ACCEPTED,
+            "False",
+            "WaitingForAcceptance",
+            "",
+            1,
+        );
+        assert!(!acceptance_conditions(&mut st, false, 5));
+        assert_eq!(
+            get(&st, CONDITION_HUB_ACCEPTED),
+            Some(("False", "WaitingForAcceptance"))
+        );
+        assert!(get(&st, CONDITION_AVAILABLE).is_none());
+    }
+
+    #[test]
+    fn accepting_sets_hub_accepted_true_once() {
+        let mut st = status_of(&[(CONDITION_HUB_ACCEPTED, "False")]);
+        assert!(acceptance_conditions(&mut st, true, 5));
+        assert_eq!(
+            get(&st, CONDITION_HUB_ACCEPTED),
+            Some(("True", "HubClusterAdminAccepted"))
+        );
+        assert!(!acceptance_conditions(&mut st, true, 6));
+        // Available is the lease's business, not acceptance's.
+        assert!(get(&st, CONDITION_AVAILABLE).is_none());
+    }
 }
