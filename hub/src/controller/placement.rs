@@ -28,8 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::{Error, HUB_FIELD_MANAGER, RESYNC, Result};
@@ -49,11 +49,63 @@ pub struct PlacementContext {
     pub client: Client,
     /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
     pub recorder: Recorder,
+    /// Every ManagedCluster, kept by one watch (no list per reconcile).
+    pub clusters: Store<ManagedCluster>,
+}
+
+/// The placement-relevant view of every cluster seen on the watch, to tell changes that matter
+/// to placement (labels, claims, acceptance, taints; a cluster added or deleted) from those that
+/// do not (heartbeats, conditions): with N agents heartbeating, re-evaluating every Placement
+/// on each heartbeat would cost N × (Placements × N) per lease period.
+#[derive(Debug, Default)]
+pub struct ClusterViews {
+    views: BTreeMap<String, ClusterView>,
+}
+
+impl ClusterViews {
+    /// Records `cluster`; whether its placement view is new or changed.
+    pub fn apply(&mut self, cluster: &ManagedCluster) -> bool {
+        let view = cluster_view(cluster);
+        match self.views.get(&view.name) {
+            Some(old) if *old == view => false,
+            _ => {
+                self.views.insert(view.name.clone(), view);
+                true
+            }
+        }
+    }
+
+    /// Forgets `name`; whether it was known.
+    pub fn delete(&mut self, name: &str) -> bool {
+        self.views.remove(name).is_some()
+    }
+
+    /// Forgets everything (the watch re-lists).
+    pub fn clear(&mut self) {
+        self.views.clear();
+    }
+
+    /// Whether watch event `event` should re-evaluate every Placement.
+    pub fn on_event(&mut self, event: &watcher::Event<ManagedCluster>) -> bool {
+        match event {
+            watcher::Event::Apply(mc) => self.apply(mc),
+            watcher::Event::Delete(mc) => self.delete(&mc.name_any()),
+            watcher::Event::Init => {
+                self.clear();
+                false
+            }
+            watcher::Event::InitApply(mc) => {
+                self.apply(mc);
+                false
+            }
+            watcher::Event::InitDone => true,
+        }
+    }
 }
 
 impl PlacementContext {
-    /// A context for `client`.
-    pub fn new(client: Client) -> Self {
+    /// A context for `client`, reading clusters from `clusters`.
+    pub fn new(client: Client, clusters: Store<ManagedCluster>) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -61,7 +113,11 @@ impl PlacementContext {
                 instance: std::env::var("POD_NAME").ok(),
             },
         );
-        Self { client, recorder }
+        Self {
+            client,
+            recorder,
+            clusters,
+        }
     }
 
     async fn publish(&self, placement: &Placement, type_: EventType, reason: &str, note: String) {
@@ -82,35 +138,43 @@ impl PlacementContext {
     }
 }
 
-/// Runs the Placement controller until `shutdown` resolves. Every ManagedCluster change
-/// reconciles every Placement (placement is cheap; writes happen only on change).
+/// Runs the Placement controller until `shutdown` resolves. A ManagedCluster change that
+/// matters to placement ([`ClusterViews`]) reconciles every Placement (placement is cheap;
+/// writes happen only on change); heartbeats do not.
 pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     let controller = Controller::new(
         Api::<Placement>::all(client.clone()),
         watcher::Config::default(),
     );
-    let placements = controller.store();
+    let (clusters, writer) = reflector::store::<ManagedCluster>();
+    let mut views = ClusterViews::default();
+    let cluster_changes = watcher(
+        Api::<ManagedCluster>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .filter_map(move |event| {
+        let fire = match &event {
+            Ok(event) => views.on_event(event),
+            Err(error) => {
+                tracing::warn!(%error, "ManagedCluster watch");
+                false
+            }
+        };
+        std::future::ready(fire.then_some(()))
+    });
     controller
         .owns(
             Api::<PlacementDecision>::all(client.clone()),
             watcher::Config::default().labels(PLACEMENT_LABEL),
         )
-        .watches(
-            Api::<ManagedCluster>::all(client.clone()),
-            watcher::Config::default(),
-            move |_cluster| {
-                placements
-                    .state()
-                    .iter()
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .reconcile_all_on(cluster_changes)
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
             error_policy,
-            Arc::new(PlacementContext::new(client)),
+            Arc::new(PlacementContext::new(client, clusters)),
         )
         .for_each(|result| async move {
             match result {
@@ -235,14 +299,17 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         return Ok(Action::await_change());
     }
 
-    let clusters: Vec<ClusterView> = Api::<ManagedCluster>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err("list ManagedClusters".into()))?
-        .items
+    // The first reconciles can come before the cluster watch has listed once.
+    if ctx.clusters.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let mut clusters: Vec<ClusterView> = ctx
+        .clusters
+        .state()
         .iter()
-        .map(cluster_view)
+        .map(|mc| cluster_view(mc))
         .collect();
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
     let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
     let uid = placement.uid().unwrap_or_default();
     let existing: Vec<PlacementDecision> = decisions_api
@@ -545,5 +612,65 @@ mod tests {
         assert_eq!(conditions[0].last_transition_time, time_at(10));
         set_condition(&mut conditions, "A", "False", "R", "m", Some(1), 30);
         assert_eq!(conditions[0].last_transition_time, time_at(30));
+    }
+
+    #[test]
+    fn only_changes_that_matter_to_placement_re_evaluate_placements() {
+        // Invariant: a heartbeat (status time, conditions) triggers nothing; a label, taint or
+        // acceptance change, a new cluster and a deleted one each trigger once; a re-list
+        // triggers once at its end.
+        let mut mc = ManagedCluster::new(
+            "c1",
+            ManagedClusterSpec {
+                hub_accepts_client: true,
+                ..Default::default()
+            },
+        );
+        let mut views = ClusterViews::default();
+        assert!(
+            views.on_event(&watcher::Event::Apply(mc.clone())),
+            "new cluster"
+        );
+        assert!(
+            !views.on_event(&watcher::Event::Apply(mc.clone())),
+            "same view"
+        );
+        mc.status = Some(ManagedClusterStatus {
+            last_heartbeat: Some(time_at(200)),
+            ..Default::default()
+        });
+        assert!(
+            !views.on_event(&watcher::Event::Apply(mc.clone())),
+            "heartbeat only"
+        );
+        mc.metadata.labels = Some([("env".to_string(), "prod".to_string())].into());
+        assert!(views.on_event(&watcher::Event::Apply(mc.clone())), "label");
+        mc.spec.taints.push(Taint {
+            key: "k".into(),
+            value: None,
+            effect: flower_addon_crds::TaintEffect::NoSelect,
+            time_added: Some(time_at(300)),
+        });
+        assert!(views.on_event(&watcher::Event::Apply(mc.clone())), "taint");
+        mc.spec.hub_accepts_client = false;
+        assert!(
+            views.on_event(&watcher::Event::Apply(mc.clone())),
+            "revoked"
+        );
+        assert!(
+            views.on_event(&watcher::Event::Delete(mc.clone())),
+            "deleted"
+        );
+        assert!(
+            !views.on_event(&watcher::Event::Delete(mc.clone())),
+            "unknown"
+        );
+        assert!(!views.on_event(&watcher::Event::Init));
+        assert!(!views.on_event(&watcher::Event::InitApply(mc.clone())));
+        assert!(views.on_event(&watcher::Event::InitDone), "re-list done");
+        assert!(
+            !views.on_event(&watcher::Event::Apply(mc)),
+            "known after the re-list"
+        );
     }
 }
