@@ -77,18 +77,28 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             line,
             message,
         };
+        // Header problems point at the document's first line of content, not at leading
+        // comments or blank lines.
+        let header_line = first_line
+            + doc
+                .lines()
+                .take_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+                .count() as u64;
         let header: Value = serde_saphyr::from_str(&doc).map_err(|e| {
             let line = e
                 .location()
                 .map(|l| first_line + l.line().saturating_sub(1));
-            err(line.or(Some(first_line)), format!("malformed YAML: {e}"))
+            err(
+                line.or(Some(first_line)),
+                format!("malformed YAML: {}", one_line(&e, first_line)),
+            )
         })?;
         let map = match header {
             Value::Null => continue,
             Value::Object(map) => map,
             _ => {
                 return Err(err(
-                    Some(first_line),
+                    Some(header_line),
                     "a document must be a mapping (a Kubernetes object)".into(),
                 ));
             }
@@ -104,7 +114,7 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
         };
         if api_version != API_VERSION || !SUPPORTED_KINDS.contains(&kind) {
             return Err(err(
-                Some(first_line),
+                Some(header_line),
                 format!(
                     "unsupported apiVersion {api_version:?} kind {kind:?}; supported: {}",
                     supported()
@@ -116,7 +126,7 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             .find(|k| !["apiVersion", "kind", "metadata", "spec", "status"].contains(&k.as_str()))
         {
             return Err(err(
-                Some(first_line),
+                Some(header_line),
                 format!("unknown field `{unknown}` at the top level of a {kind}"),
             ));
         }
@@ -124,7 +134,10 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             let line = e
                 .location()
                 .map(|l| first_line + l.line().saturating_sub(1));
-            err(line, format!("invalid {kind}: {e}"))
+            err(
+                line,
+                format!("invalid {kind}: {}", one_line(&e, first_line)),
+            )
         };
         let object = match kind {
             "Federation" => Object::Federation(typed_doc(&doc).map_err(typed)?),
@@ -135,6 +148,21 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
         objects.push(object);
     }
     Ok(objects)
+}
+
+/// A parser error as one line (no source snippet), its line numbers counted in the file rather
+/// than in the document that starts at `first_line`.
+fn one_line(e: &serde_saphyr::Error, first_line: u64) -> String {
+    let options = serde_saphyr::render_options! {
+        snippets: serde_saphyr::SnippetMode::Off,
+        line_offset: first_line.saturating_sub(1),
+    };
+    e.render_with_options(options)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn typed_doc<T: DeserializeOwned>(doc: &str) -> Result<T, serde_saphyr::Error> {

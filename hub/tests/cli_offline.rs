@@ -93,23 +93,30 @@ fn invalid_examples_fail_with_one_line_per_problem() {
 
 #[test]
 fn broken_files_name_the_file_and_line_and_never_panic() {
-    // Malformed YAML, unknown fields and unknown kinds are clear errors, not panics.
+    // Malformed YAML, unknown fields and unknown kinds are clear errors, not panics: each problem
+    // is one stderr line starting with the file (`FILE:LINE: message` where the line is known),
+    // from `validate` and from `render` alike.
     let dir = tempfile::tempdir().expect("tempdir");
     let cases = [
         (
             "malformed.yaml",
             format!("{VALID}  pools: [unclosed\n"),
-            "line",
+            ":11: malformed YAML: unclosed bracket",
         ),
         (
             "unknown-field.yaml",
             VALID.replace("mode: StatefulSet", "mode: StatefulSet\n  colour: blue"),
-            "colour",
+            ":6: invalid Federation: unknown field `colour`, expected one of",
+        ),
+        (
+            "unknown-top-level-field.yaml",
+            format!("{VALID}colour: blue\n"),
+            ":1: unknown field `colour` at the top level of a Federation",
         ),
         (
             "unknown-kind.yaml",
             VALID.replace("kind: Federation", "kind: Frobnicator"),
-            "unknown kind",
+            ":1: unsupported apiVersion \"flower-addon.io/v1alpha1\" kind \"Frobnicator\"; supported: flower-addon.io/v1alpha1 Federation,",
         ),
         (
             "second-doc.yaml",
@@ -117,12 +124,20 @@ fn broken_files_name_the_file_and_line_and_never_panic() {
                 "{VALID}---\n{}",
                 VALID.replace("kind: Federation", "kind: Nope")
             ),
-            "line 12",
+            ":12: unsupported apiVersion \"flower-addon.io/v1alpha1\" kind \"Nope\"",
+        ),
+        (
+            "second-doc-field.yaml",
+            format!(
+                "{VALID}---\n# comment\n{}",
+                VALID.replace("isolationMode: subprocess", "isolationMode: sub")
+            ),
+            ":18: invalid Federation: unknown variant `sub`, expected one of process, subprocess",
         ),
         (
             "latest.yaml",
             VALID.replace("superlink:1.25.0", "superlink:latest"),
-            "spec.version",
+            ": spec.version",
         ),
         (
             "transitional.yaml",
@@ -130,23 +145,36 @@ fn broken_files_name_the_file_and_line_and_never_panic() {
                 "mode: StatefulSet",
                 "mode: StatefulSet\n  version: \"1.37.0\"",
             ),
-            "transitional",
+            ": spec.version: Flower 1.37.0 is a transitional release",
         ),
     ];
     for (name, content, needle) in cases {
         let path = write(&dir, name, &content);
-        let out = hub(&["validate", &path]);
-        let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
-        assert!(stderr.contains(&path), "{name}: {stderr}");
-        assert!(stderr.contains(needle), "{name}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{name}: {stderr}");
-        let out = hub(&["render", &path]);
-        assert_eq!(out.status.code(), Some(1), "render {name}");
+        for command in ["validate", "render"] {
+            let out = hub(&[command, &path]);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command} {name}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{path}{needle}")),
+                "{command} {name}: {stderr}"
+            );
+            assert!(!stderr.contains("panicked"), "{command} {name}: {stderr}");
+            assert!(!stderr.is_empty(), "{command} {name}");
+            for line in stderr.lines() {
+                assert!(line.starts_with(&path), "{command} {name}: {line}");
+            }
+        }
     }
-    let missing = hub(&["validate", "/nonexistent/file.yaml"]);
-    assert_eq!(missing.status.code(), Some(1));
-    assert!(text(&missing.stderr).contains("/nonexistent/file.yaml"));
+    for command in ["validate", "render"] {
+        let missing = hub(&[command, "/nonexistent/file.yaml"]);
+        assert_eq!(missing.status.code(), Some(1));
+        let stderr = text(&missing.stderr);
+        assert!(
+            stderr.starts_with("/nonexistent/file.yaml: cannot read:"),
+            "{command}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{command}: {stderr}");
+    }
 }
 
 #[test]

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use flower_addon_hub::cli::offline::{Object, parse_objects, render_stream};
+use flower_addon_crds::{Object, parse_documents};
+use flower_addon_hub::cli::offline::render_stream;
 use flower_addon_hub::render::SpokeCluster;
 
 fn inputs() -> Vec<PathBuf> {
@@ -28,11 +29,11 @@ fn inputs() -> Vec<PathBuf> {
 /// The golden text of one input: the hub side, then what cluster `spoke-b` (index 1 of 3) applies.
 fn golden_text(path: &Path) -> String {
     let text = std::fs::read_to_string(path).expect("input readable");
-    let feds: Vec<_> = parse_objects(&text)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let feds: Vec<_> = parse_documents(&path.display().to_string(), &text)
+        .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
         .filter_map(|o| match o {
-            Object::Federation(f) => Some(*f),
+            Object::Federation(f) => Some(f),
             _ => None,
         })
         .collect();

@@ -3,8 +3,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use flower_addon_crds::{Federation, ManagedCluster, Placement, PlacementDecision};
-use serde::de::DeserializeOwned;
+use flower_addon_crds::{Federation, Object};
 
 use crate::render::{SpokeCluster, render_hub, render_problems, render_spoke};
 
@@ -49,106 +48,12 @@ pub fn crds() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One object read from a file.
-#[derive(Debug)]
-pub enum Object {
-    /// A Federation.
-    Federation(Box<Federation>),
-    /// A Placement.
-    Placement(Box<Placement>),
-    /// A PlacementDecision.
-    PlacementDecision(Box<PlacementDecision>),
-    /// A ManagedCluster.
-    ManagedCluster(Box<ManagedCluster>),
-}
-
-/// Reads every object of a YAML stream. Errors name the file and, where the YAML parser knows
-/// it, the line.
-pub fn read_objects(path: &Path) -> anyhow::Result<Vec<Object>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("{}: cannot read", path.display()))?;
-    parse_objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
-/// Parses every object of a YAML stream (`---`-separated documents; empty documents skipped).
-pub fn parse_objects(text: &str) -> Result<Vec<Object>, String> {
-    let mut objects = Vec::new();
-    for (start_line, doc) in documents(text) {
-        // Pad with newlines so the parser's line numbers are the file's.
-        let padded = format!("{}{doc}", "\n".repeat(start_line));
-        let value: serde_json::Value =
-            serde_saphyr::from_str(&padded).map_err(|e| one_line(&e.to_string()))?;
-        if value.is_null() {
-            continue;
-        }
-        let line = start_line
-            + 1
-            + doc
-                .lines()
-                .take_while(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
-                .count();
-        let api_version = value
-            .get("apiVersion")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default();
-        let kind = value
-            .get("kind")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default();
-        if api_version != flower_addon_crds::API_VERSION {
-            return Err(format!(
-                "line {line}: apiVersion {api_version:?} is not {:?}",
-                flower_addon_crds::API_VERSION
-            ));
-        }
-        objects.push(match kind {
-            "Federation" => Object::Federation(typed(&padded)?),
-            "Placement" => Object::Placement(typed(&padded)?),
-            "PlacementDecision" => Object::PlacementDecision(typed(&padded)?),
-            "ManagedCluster" => Object::ManagedCluster(typed(&padded)?),
-            other => {
-                return Err(format!(
-                    "line {line}: unknown kind {other:?} (expected Federation, Placement, PlacementDecision or ManagedCluster)"
-                ));
-            }
-        });
-    }
-    Ok(objects)
-}
-
-fn typed<T: DeserializeOwned>(padded: &str) -> Result<Box<T>, String> {
-    serde_saphyr::from_str(padded)
-        .map(Box::new)
-        .map_err(|e| one_line(&e.to_string()))
-}
-
-/// Parser errors can span lines (snippets); keep the stderr contract of one line per problem.
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Splits a YAML stream at `---` lines; yields (0-based start line, document text).
-fn documents(text: &str) -> Vec<(usize, String)> {
-    let mut docs = Vec::new();
-    let mut start = 0;
-    let mut current = String::new();
-    for (number, line) in text.lines().enumerate() {
-        let marker =
-            line == "---" || line.starts_with("--- ") || line.starts_with("---\t") || line == "...";
-        if marker {
-            docs.push((start, std::mem::take(&mut current)));
-            start = number + 1;
-        } else {
-            current.push_str(line);
-            current.push('\n');
-        }
-    }
-    docs.push((start, current));
-    docs
+/// Reads every object of a YAML stream with [`flower_addon_crds::parse_documents`]. The error is
+/// one stderr-ready line naming the file (and the line, where known).
+pub fn read_objects(path: &Path) -> Result<Vec<Object>, String> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    flower_addon_crds::parse_documents(&shown, &text).map_err(|e| e.to_string())
 }
 
 /// `flower-hub validate`.
@@ -159,7 +64,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         let objects = match read_objects(file) {
             Ok(objects) => objects,
             Err(err) => {
-                eprintln!("{err:#}");
+                eprintln!("{err}");
                 problems += 1;
                 continue;
             }
@@ -210,14 +115,22 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     let mut federations = Vec::new();
     let mut invalid = false;
     for file in &args.files {
-        for object in read_objects(file)? {
+        let objects = match read_objects(file) {
+            Ok(objects) => objects,
+            Err(err) => {
+                eprintln!("{err}");
+                invalid = true;
+                continue;
+            }
+        };
+        for object in objects {
             let problems = object_problems(&object);
             for (path, message) in &problems {
                 eprintln!("{}: {path}: {message}", file.display());
             }
             invalid |= !problems.is_empty();
             if let Object::Federation(fed) = object {
-                federations.push(*fed);
+                federations.push(fed);
             }
         }
     }
