@@ -4,7 +4,8 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
@@ -163,4 +164,45 @@ where
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Server-side applies every generated CRD and waits until each is Established.
+pub async fn install_crds(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let generated = flower_addon_crds::crds();
+    ensure!(!generated.is_empty(), "flower_addon_crds::crds() is empty");
+    for crd in &generated {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) => anyhow!("apiserver refused CRD {name}: {}", s.message),
+            e => anyhow::Error::from(e),
+        })?;
+    }
+    for crd in &generated {
+        let name = crd.name_any();
+        let crds = crds.clone();
+        wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let c = crds.get(&name).await?;
+                    let conds = c.status.and_then(|s| s.conditions).unwrap_or_default();
+                    Ok(conds
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True"))
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }

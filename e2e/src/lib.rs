@@ -23,7 +23,8 @@ pub mod process;
 
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
 pub use apply::{
-    ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, wait_until,
+    ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, install_crds,
+    wait_until,
 };
 pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};

@@ -3,12 +3,11 @@
 //! `kubectl get federation` shows our printer columns.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{Cluster, ControlPlane};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 
@@ -24,7 +23,7 @@ async fn crds_on_real_apiserver() {
     let mut failed = Vec::new();
 
     let t = Instant::now();
-    if let Err(e) = install_crds(hub).await {
+    if let Err(e) = e2e::install_crds(&hub.client).await {
         // Nothing else can run without the CRDs.
         panic!("installing the CRDs failed: {e:#}");
     }
@@ -109,47 +108,6 @@ async fn hub_sa_on_our_resources(hub: &Cluster) -> Result<()> {
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
         other => bail!("hub SA deleting a Federation: expected 403, got {other:?}"),
     }
-}
-
-/// Server-side applies every generated CRD and waits until each is Established.
-async fn install_crds(hub: &Cluster) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
-    let generated = flower_addon_crds::crds();
-    ensure!(!generated.is_empty(), "flower_addon_crds::crds() is empty");
-    for crd in &generated {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply(e2e::apply::FIELD_MANAGER).force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) => anyhow::anyhow!("apiserver refused CRD {name}: {}", s.message),
-            e => anyhow::Error::from(e),
-        })?;
-    }
-    for crd in &generated {
-        let name = crd.name_any();
-        let crds = crds.clone();
-        e2e::wait_until(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let c = crds.get(&name).await?;
-                    let conds = c.status.and_then(|s| s.conditions).unwrap_or_default();
-                    Ok(conds
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True"))
-                }
-            },
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {

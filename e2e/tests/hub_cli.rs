@@ -18,7 +18,6 @@ use flower_addon_hub::kube_store::{
 };
 use flower_addon_hub::store::ClusterStore;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
@@ -89,38 +88,6 @@ fn hub_bin() -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
-}
-
-async fn install_crds(hub: &Cluster) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
-    for crd in flower_addon_crds::crds() {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply(USER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("apply CRD {name}"))?;
-        e2e::wait_until(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let c = crds.get(&name).await?;
-                    Ok(c.status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True"))
-                }
-            },
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 /// `InternalIP:nodePort` the CLI must derive: the first node by name with an InternalIP.
@@ -233,7 +200,7 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
     let hub = cp.cluster("hub")?;
     let client = hub.client.clone();
-    install_crds(hub).await?;
+    e2e::install_crds(&hub.client).await?;
     let manifests = e2e::repo_root().join("manifests/hub");
     e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
     e2e::apply_file(&client, &manifests.join("service.yaml"), HUB_NS).await?;

@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use e2e::{Cluster, ControlPlane};
+use e2e::ControlPlane;
 use flower_addon_crds::Federation;
 use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::oneshot;
@@ -23,38 +22,6 @@ use tokio::task::JoinHandle;
 const NS: &str = "team";
 const FED: &str = "fed";
 const USER: &str = "e2e-user";
-
-async fn install_crds(hub: &Cluster) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
-    for crd in flower_addon_crds::crds() {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply(USER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("apply CRD {name}"))?;
-        e2e::wait_until(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let c = crds.get(&name).await?;
-                    Ok(c.status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True"))
-                }
-            },
-        )
-        .await?;
-    }
-    Ok(())
-}
 
 /// The Federation as a user applies it: StatefulSet mode, TLS on, pools `(name, replicas)`.
 fn federation(
@@ -239,7 +206,7 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
     let hub = cp.cluster("hub")?;
     let client = hub.client.clone();
-    install_crds(hub).await?;
+    e2e::install_crds(&hub.client).await?;
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),

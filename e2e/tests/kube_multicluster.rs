@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use e2e::{Cluster, ControlPlane};
+use e2e::ControlPlane;
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
 use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::channel::WorkSource;
@@ -19,7 +19,6 @@ use flower_addon_hub::placement::TAINT_UNREACHABLE;
 use flower_addon_hub::store::{ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
 use flower_addon_hub::tokens;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use tokio::sync::{broadcast, oneshot};
@@ -29,34 +28,6 @@ const USER: &str = "e2e-user";
 const HUB_NS: &str = "flower-addon-system";
 const AGENT_NS: &str = "flower-addon-agent";
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn install_crds(hub: &Cluster) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(hub.client.clone());
-    for crd in flower_addon_crds::crds() {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply(USER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("apply CRD {name}"))?;
-        e2e::wait_until(&format!("CRD {name} Established"), WAIT, || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await?;
-                Ok(c.status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True"))
-            }
-        })
-        .await?;
-    }
-    Ok(())
-}
 
 /// Applies (as the user) a ManagedCluster with `labels`, accepted or not, with `taints`.
 async fn apply_cluster(
@@ -179,7 +150,7 @@ async fn hub_with_rbac() -> Result<(ControlPlane, Client, e2e::SaAccess)> {
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
     let hub = cp.cluster("hub")?;
     let client = hub.client.clone();
-    install_crds(hub).await?;
+    e2e::install_crds(&hub.client).await?;
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -905,7 +876,7 @@ async fn two_spokes_running() -> Result<World> {
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
     let hub = cp.cluster("hub")?.clone();
     let client = hub.client.clone();
-    install_crds(&hub).await?;
+    e2e::install_crds(&hub.client).await?;
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),

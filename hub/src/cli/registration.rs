@@ -655,23 +655,7 @@ fn federation_table(rows: &[kube_api::FederationRow]) -> String {
             f.message.clone().unwrap_or_default(),
         ]);
     }
-    let mut widths = [0usize; 8];
-    for row in &cells {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &cells {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::standalone::status::table(&cells)
 }
 
 fn rfc3339(unix: u64) -> String {

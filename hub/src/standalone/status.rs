@@ -235,7 +235,8 @@ impl HubStatus {
     }
 }
 
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
+/// Left-aligned columns three spaces apart, like `kubectl get` (no trailing spaces).
+pub fn table<const N: usize>(rows: &[[String; N]]) -> String {
     let mut widths = [0usize; N];
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
