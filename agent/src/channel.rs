@@ -44,6 +44,10 @@ pub struct RunOptions {
     pub renew_at: f64,
     /// Receives what happens, for tests and benchmarks.
     pub events: Option<mpsc::UnboundedSender<AgentEvent>>,
+    /// Stop with [`AgentError::CertificateExpired`] once the client certificate has expired (the
+    /// hub cannot renew it), so a restart can re-join from a bootstrap Secret. Otherwise the
+    /// agent keeps retrying and logs how to re-join.
+    pub exit_when_expired: bool,
 }
 
 impl RunOptions {
@@ -63,6 +67,7 @@ impl RunOptions {
             status_interval: Duration::from_secs(15),
             renew_at: 0.8,
             events: None,
+            exit_when_expired: false,
         }
     }
 }
@@ -97,6 +102,18 @@ pub enum AgentError {
     /// Credentials could not be read or written.
     #[error("{0}")]
     Credentials(#[from] CredentialsError),
+    /// The client certificate expired while the hub was unreachable; only a new join helps.
+    #[error(
+        "the client certificate of cluster {cluster} expired at {not_after} and the hub cannot renew an expired certificate: {fix}"
+    )]
+    CertificateExpired {
+        /// Cluster name.
+        cluster: String,
+        /// When it expired (RFC 3339).
+        not_after: String,
+        /// How to re-join.
+        fix: String,
+    },
 }
 
 struct State {
@@ -146,6 +163,7 @@ pub async fn run(
             .build()
     };
     let mut backoff = new_backoff(&state.options);
+    let mut expiry_logged = false;
     loop {
         let started = Instant::now();
         let (code, message) = match session(&state, runtime.as_ref(), &mut shutdown).await {
@@ -162,6 +180,15 @@ pub async fn run(
             }
         }
         state.emit(AgentEvent::Disconnected { code, message });
+        if let Some(expired) = expired(&state.credentials()) {
+            if state.options.exit_when_expired {
+                return Err(expired);
+            }
+            if !expiry_logged {
+                tracing::error!(%cluster, "{expired}");
+                expiry_logged = true;
+            }
+        }
         if started.elapsed() > Duration::from_secs(60) {
             backoff = new_backoff(&state.options);
         }
@@ -171,6 +198,22 @@ pub async fn run(
             _ = tokio::time::sleep(delay) => {}
         }
     }
+}
+
+/// [`AgentError::CertificateExpired`] if the client certificate of `creds` has expired.
+pub fn expired(creds: &Credentials) -> Option<AgentError> {
+    let (_, not_after) = creds.cert_validity().ok()?;
+    if not_after > std::time::SystemTime::now() {
+        return None;
+    }
+    let cluster = creds.config.cluster_name.clone();
+    Some(AgentError::CertificateExpired {
+        not_after: humantime::format_rfc3339_seconds(not_after).to_string(),
+        fix: format!(
+            "re-join with a fresh token (the stored key is kept, the hub knows it): on the hub run `flower-hub token create --cluster-name {cluster}`; then `flower-agent join …` with the same state directory, or for an agent in Kubernetes apply the printed `-o secret` bootstrap Secret and restart it"
+        ),
+        cluster,
+    })
 }
 
 /// One connection; `None` on shutdown, otherwise why it ended.

@@ -67,9 +67,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     tokio.block_on(async move {
         let mut kube = KubeContext::default();
         let store = open_store(&args.store, &mut kube).await?;
-        let credentials = match store.load().await? {
+        let can_join = args.source.bootstrap_secret.is_some() || args.source.token.is_some();
+        let stored = store.load().await?;
+        // An expired certificate cannot be renewed: re-join (same key) when told how.
+        let stored = match stored {
+            Some(c) if can_join && crate::channel::expired(&c).is_some() => {
+                tracing::warn!(cluster = %c.config.cluster_name, "the client certificate has expired; re-joining with the stored key");
+                None
+            }
+            other => other,
+        };
+        let credentials = match stored {
             Some(c) => c,
-            None if args.source.bootstrap_secret.is_some() || args.source.token.is_some() => {
+            None if can_join => {
                 let options = join_options(
                     &args.source,
                     store.clone(),
@@ -127,7 +137,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("stopping");
             let _ = stop_tx.send(true);
         });
+        // A pod that can re-join from its bootstrap Secret stops on expiry, so its restart does.
+        let exit_when_expired =
+            matches!(store, crate::credentials::CredentialStore::Secret(_)) && can_join;
         let mut options = RunOptions::with_store(credentials, Some(store));
+        options.exit_when_expired = exit_when_expired;
         options.status_interval = args.status_interval;
         let result = run_channel(options, runtime, stop_rx).await;
         if let Some(rt) = process {
