@@ -18,10 +18,13 @@ pub const CONDITION_HUB_ACCEPTED: &str = "HubAcceptedManagedCluster";
 pub const CONDITION_JOINED: &str = "Joined";
 /// Condition type: the agent renews its lease.
 pub const CONDITION_AVAILABLE: &str = "Available";
-/// Taint added when the cluster's `Available` condition is `False`.
-pub const TAINT_UNAVAILABLE: &str = "cluster.open-cluster-management.io/unavailable";
-/// Taint added when the cluster's `Available` condition is `Unknown` (lease missed).
-pub const TAINT_UNREACHABLE: &str = "cluster.open-cluster-management.io/unreachable";
+/// Taint key the hub puts on a cluster that reports itself unavailable (OCM's
+/// `cluster.open-cluster-management.io/unavailable`, in this API's domain).
+pub const TAINT_UNAVAILABLE: &str = "cluster.flower-addon.io/unavailable";
+/// Taint key the hub puts on a cluster whose lease expired (OCM's
+/// `cluster.open-cluster-management.io/unreachable`, in this API's domain). Placements tolerate
+/// this key to keep a cluster through short outages.
+pub const TAINT_UNREACHABLE: &str = "cluster.flower-addon.io/unreachable";
 
 /// A registered cluster; the agent authenticates as this name.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]

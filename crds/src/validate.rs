@@ -423,6 +423,21 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
             )),
             _ => {}
         }
+        // OCM's own taint keys never appear on this hub's clusters: tolerating them would
+        // silently not keep a cluster through an outage.
+        if let Some(ours) = t.key.as_deref().and_then(|k| match k {
+            "cluster.open-cluster-management.io/unreachable" => Some(crate::TAINT_UNREACHABLE),
+            "cluster.open-cluster-management.io/unavailable" => Some(crate::TAINT_UNAVAILABLE),
+            _ => None,
+        }) {
+            errors.push(FieldError::new(
+                format!("{at}.key"),
+                format!(
+                    "{:?} is OCM's taint, which this hub never sets: tolerate {ours:?} instead",
+                    t.key.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
         if t.toleration_seconds.is_some_and(|s| s < 0) {
             errors.push(FieldError::new(
                 format!("{at}.tolerationSeconds"),

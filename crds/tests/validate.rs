@@ -204,3 +204,27 @@ fn placement_rules() {
         ]
     );
 }
+
+// Placement: a toleration of OCM's taint keys would never match this hub's taints.
+#[test]
+fn placement_tolerating_ocm_taint_keys_is_refused_with_ours_named() {
+    let text = "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata:\n  name: p\nspec:\n  tolerations:\n    - key: cluster.flower-addon.io/unreachable\n      operator: Exists\n    - key: cluster.open-cluster-management.io/unreachable\n      operator: Exists\n      tolerationSeconds: 300\n    - key: cluster.open-cluster-management.io/unavailable\n      operator: Exists\n";
+    let Object::Placement(p) = parse_documents("p.yaml", text).unwrap().remove(0) else {
+        panic!()
+    };
+    let errors = validate_placement(&p);
+    let got: Vec<(String, String)> = errors.into_iter().map(|e| (e.path, e.message)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "spec.tolerations[1].key".to_string(),
+                "\"cluster.open-cluster-management.io/unreachable\" is OCM's taint, which this hub never sets: tolerate \"cluster.flower-addon.io/unreachable\" instead".to_string()
+            ),
+            (
+                "spec.tolerations[2].key".to_string(),
+                "\"cluster.open-cluster-management.io/unavailable\" is OCM's taint, which this hub never sets: tolerate \"cluster.flower-addon.io/unavailable\" instead".to_string()
+            ),
+        ]
+    );
+}

@@ -12,10 +12,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Taint key the hub puts on a cluster whose lease expired.
-pub const TAINT_UNREACHABLE: &str = "cluster.flower-addon.io/unreachable";
-/// Taint key the hub puts on a cluster that reports itself unavailable.
-pub const TAINT_UNAVAILABLE: &str = "cluster.flower-addon.io/unavailable";
+pub use flower_addon_crds::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
 /// Decisions per `PlacementDecision` object (OCM paginates at 100).
 pub const DECISIONS_PER_PAGE: usize = 100;
 
