@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 
 pub mod access;
+pub mod addon;
 pub mod apply;
 pub mod bins;
 pub mod cluster;

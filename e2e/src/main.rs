@@ -25,6 +25,11 @@ enum Cmd {
         /// Keep the work dir (logs, kubeconfigs) after Ctrl-C.
         #[arg(long)]
         keep: bool,
+        /// Also install flower-addon as the README tells (hub in `hub`, an agent joined from a
+        /// bootstrap Secret in every spoke, labelled env=demo) and apply a demo Federation +
+        /// Placement; needs `cargo build --bins` first. Pods are kwok's: no Flower runs.
+        #[arg(long)]
+        with_addon: bool,
     },
 }
 
@@ -36,6 +41,7 @@ async fn main() -> Result<()> {
             clusters,
             nodes,
             keep,
+            with_addon,
         } => {
             let names: Vec<String> = std::iter::once("hub".to_string())
                 .chain((1..clusters).map(|i| format!("spoke-{i}")))
@@ -46,7 +52,16 @@ async fn main() -> Result<()> {
                 keep_work_dir: keep,
                 ..Default::default()
             };
-            let cp = e2e::ControlPlane::start_with(&names, opts).await?;
+            if with_addon {
+                // Fail before starting anything.
+                e2e::addon::binary("flower-hub")?;
+                e2e::addon::binary("flower-agent")?;
+                anyhow::ensure!(
+                    clusters >= 2,
+                    "--with-addon needs at least one spoke: --clusters 2 or more"
+                );
+            }
+            let mut cp = e2e::ControlPlane::start_with(&names, opts).await?;
             println!(
                 "control plane up in {:.1}s (work dir {}):",
                 cp.startup.as_secs_f64(),
@@ -61,12 +76,98 @@ async fn main() -> Result<()> {
                     c.kubeconfig.display()
                 );
             }
+            if with_addon {
+                install_addon(&mut cp, &names[1..]).await?;
+            }
             println!("memory (RSS):\n{}", cp.rss_report());
             println!("press Ctrl-C to stop");
-            tokio::signal::ctrl_c().await?;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = tokio::signal::ctrl_c() => r?,
+                _ = term.recv() => {}
+            }
             eprintln!("stopping…");
             drop(cp);
             Ok(())
         }
     }
+}
+
+/// `up --with-addon`: the addon installed and a demo Federation placed on every spoke.
+async fn install_addon(cp: &mut e2e::ControlPlane, spokes: &[&str]) -> Result<()> {
+    use e2e::addon::{Addon, AddonOptions, Bootstrap, Spoke};
+    println!("installing flower-addon (hub, then an agent per spoke)…");
+    let spokes: Vec<Spoke> = spokes
+        .iter()
+        .map(|s| Spoke::new(s, &[("env", "demo")], Bootstrap::Cli))
+        .collect();
+    let options = AddonOptions {
+        lease: "60s".into(),
+        status_interval: "3s".into(),
+        ..Default::default()
+    };
+    let addon = Addon::install(cp, &spokes, &options).await?;
+    let hub = cp.cluster("hub")?.client.clone();
+    let demo = r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: demo
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Placement
+metadata:
+  name: demo
+  namespace: demo
+spec:
+  predicates:
+    - requiredClusterSelector:
+        labelSelector:
+          matchLabels:
+            env: demo
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata:
+  name: demo
+  namespace: demo
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  placementRef:
+    name: demo
+  superlink:
+    image: flwr/superlink:1.42.0
+    externalAddress: 127.0.0.1:30092
+    service:
+      type: NodePort
+  supernodes:
+    image: flwr/supernode:1.42.0
+    pools:
+      - name: trainers
+        replicas: 2
+        images: {}
+        nodeConfig:
+          partition-id: "{partition}"
+          num-partitions: "{partitions}"
+"#;
+    e2e::apply_yaml(&hub, demo, "demo").await?;
+    let hub_bin = e2e::addon::binary("flower-hub")?;
+    let admin = addon.admin_kubeconfig.display();
+    println!(
+        "flower-addon: hub on {} (logs in {}); {} spoke(s) joined in {:.1}s",
+        addon.hub_address,
+        cp.work_dir().display(),
+        spokes.len(),
+        addon.joined_in.as_secs_f64()
+    );
+    println!("  Federation demo/demo (Placement env=demo) applied; look at it with:");
+    println!("    KUBECONFIG={admin} {} status", hub_bin.display());
+    println!(
+        "    KUBECONFIG={admin} kubectl get federation,placement,placementdecision,managedcluster -A"
+    );
+    println!("    KUBECONFIG=<a spoke's kubeconfig> kubectl get statefulset,pod -n demo");
+    Ok(())
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use e2e::ControlPlane;
+use e2e::addon::{AGENT_NS, Addon, AddonOptions, Bootstrap, Spoke, hub_cli};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
 use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::channel::WorkSource;
@@ -26,7 +27,6 @@ use tokio::sync::{broadcast, oneshot};
 const NS: &str = "team";
 const USER: &str = "e2e-user";
 const HUB_NS: &str = "flower-addon-system";
-const AGENT_NS: &str = "flower-addon-agent";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Applies (as the user) a ManagedCluster with `labels`, accepted or not, with `taints`.
@@ -820,56 +820,19 @@ async fn wait_pool(
     .await
 }
 
-/// Runs `flower-hub ARGS` against the hub cluster (`kubeconfig`), as an admin would; its stdout,
-/// or an error with its stderr when it fails.
-fn hub_cli(kubeconfig: &std::path::Path, args: &[&str]) -> Result<String> {
-    let bin = e2e::repo_root().join("target/debug/flower-hub");
-    let out = std::process::Command::new(&bin)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env_remove("FLOWER_HUB_STATE_DIR")
-        .output()
-        .with_context(|| format!("run {}", bin.display()))?;
-    ensure!(
-        out.status.success(),
-        "flower-hub {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
-}
-
 /// Hub (`flower-hub serve` in Kubernetes mode) and two agents (Kubernetes runtime) on real
 /// apiservers, with Federation `fed` (pool `a`, 2 replicas) Ready on both spokes.
 struct World {
     cp: ControlPlane,
     client: Client,
     spoke_clients: [Client; 2],
-    /// How each daemon is started: `/usr/bin/env` arguments and log file.
-    starts: BTreeMap<String, (Vec<String>, std::path::PathBuf)>,
-}
-
-/// (Re)starts daemon `name` as recorded in `starts`.
-fn start(
-    cp: &mut ControlPlane,
-    starts: &BTreeMap<String, (Vec<String>, std::path::PathBuf)>,
-    name: &str,
-) -> Result<()> {
-    let (args, log) = starts.get(name).context("unknown daemon")?;
-    cp.processes()
-        .start(name, std::path::Path::new("/usr/bin/env"), args, log)
+    /// How each daemon is started.
+    addon: Addon,
 }
 
 async fn two_spokes_running() -> Result<World> {
-    let root = e2e::repo_root();
-    let (hub_bin, agent_bin) = (
-        root.join("target/debug/flower-hub"),
-        root.join("target/debug/flower-agent"),
-    );
-    ensure!(
-        hub_bin.is_file() && agent_bin.is_file(),
-        "run `cargo build --bins` first (test.sh does)"
-    );
+    e2e::addon::binary("flower-hub")?;
+    e2e::addon::binary("flower-agent")?;
     e2e::install_crypto();
     let mut cp = ControlPlane::start(&["hub", "spoke-1", "spoke-2"])
         .await
@@ -883,152 +846,21 @@ async fn two_spokes_running() -> Result<World> {
             &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
         )
         .await?;
-    let manifests = root.join("manifests/hub");
-    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
-    let hub_sa = e2e::service_account_access(
-        &hub,
-        &manifests.join("rbac.yaml"),
-        HUB_NS,
-        "flower-hub",
-        3600,
+    // Installed as the README tells an admin: spoke-1's bootstrap Secret printed by
+    // `flower-hub token create -o secret`, spoke-2's filled into the template by hand.
+    let addon = Addon::install(
+        &mut cp,
+        &[
+            Spoke::new("spoke-1", &[("env", "prod")], Bootstrap::Cli),
+            Spoke::new("spoke-2", &[("env", "prod")], Bootstrap::Template),
+        ],
+        &AddonOptions::default(),
     )
     .await?;
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
-    let work_dir = cp.work_dir().to_path_buf();
-    let t0 = Instant::now();
-    let mut starts: BTreeMap<String, (Vec<String>, std::path::PathBuf)> = BTreeMap::new();
-    // The hub runs as manifests/hub/deployment.yaml says, on a free local port and with a 5 s
-    // lease so lease expiry is quick to observe.
-    let mut hub_command =
-        e2e::ContainerCommand::from_manifest(&manifests.join("deployment.yaml"), "hub", HUB_NS)?;
-    hub_command
-        .set_flag("--listen", &format!("127.0.0.1:{port}"))?
-        .push_args(&["--advertise-address", "127.0.0.1", "--lease-duration", "5s"]);
-    starts.insert(
-        "flower-hub".to_string(),
-        (
-            hub_command.env_argv(
-                &hub_bin,
-                &[("KUBECONFIG", hub_sa.kubeconfig.display().to_string())],
-            ),
-            work_dir.join("flower-hub.log"),
-        ),
+    eprintln!(
+        "both spokes joined in {:.1}s",
+        addon.joined_in.as_secs_f64()
     );
-    start(&mut cp, &starts, "flower-hub")?;
-
-    // Bootstrap, as the README tells an admin: `flower-hub token create` against the hub
-    // cluster prints the agent's bootstrap Secret (spoke-1), or the token and CA hash to fill the
-    // template manifests/agent/bootstrap-secret.yaml in by hand (spoke-2).
-    let hub_address = format!("127.0.0.1:{port}");
-    let admin = hub.kubeconfig.clone();
-    let bootstrap_yaml = hub_cli(
-        &admin,
-        &[
-            "token",
-            "create",
-            "--cluster-name",
-            "spoke-1",
-            "--label",
-            "env=prod",
-            "--hub",
-            &hub_address,
-            "-o",
-            "secret",
-        ],
-    )?;
-    let created: serde_json::Value = serde_json::from_str(&hub_cli(
-        &admin,
-        &["token", "create", "--hub", &hub_address, "-o", "json"],
-    )?)?;
-    let template = std::fs::read_to_string(root.join("manifests/agent/bootstrap-secret.yaml"))?;
-    let filled = template
-        .replace(
-            "REPLACE-WITH-BOOTSTRAP-TOKEN",
-            created["token"].as_str().context("token")?,
-        )
-        .replace("REPLACE-WITH-HUB-HOST:PORT", &hub_address)
-        .replace(
-            "sha256:REPLACE-WITH-HUB-CA-SHA256",
-            created["caHash"].as_str().context("caHash")?,
-        )
-        .replace("REPLACE-WITH-CLUSTER-NAME", "spoke-2")
-        .replace("labels: \"\"", "labels: \"env=prod\"");
-    let bootstraps = [("spoke-1", bootstrap_yaml), ("spoke-2", filled)];
-
-    // Agents run as manifests/agent/deployment.yaml says, under its ServiceAccount: they join from
-    // the bootstrap Secret and keep their credentials in a Secret (no state directory).
-    let agent_manifests = root.join("manifests/agent");
-    for (spoke, bootstrap) in &bootstraps {
-        let cluster = cp.cluster(spoke)?.clone();
-        e2e::apply_file(
-            &cluster.client,
-            &agent_manifests.join("namespace.yaml"),
-            "default",
-        )
-        .await?;
-        let sa = e2e::service_account_access(
-            &cluster,
-            &agent_manifests.join("rbac.yaml"),
-            AGENT_NS,
-            "flower-agent",
-            3600,
-        )
-        .await?;
-        e2e::apply_yaml(&cluster.client, bootstrap, AGENT_NS).await?;
-        let mut command = e2e::ContainerCommand::from_manifest(
-            &agent_manifests.join("deployment.yaml"),
-            "agent",
-            AGENT_NS,
-        )?;
-        command.push_args(&["--status-interval", "1s"]);
-        starts.insert(
-            format!("agent-{spoke}"),
-            (
-                command.env_argv(
-                    &agent_bin,
-                    &[("KUBECONFIG", sa.kubeconfig.display().to_string())],
-                ),
-                work_dir.join(format!("agent-{spoke}.log")),
-            ),
-        );
-        start(&mut cp, &starts, &format!("agent-{spoke}"))?;
-    }
-
-    // Each agent waits for acceptance; the admin accepts with the CLI.
-    let clusters = Api::<ManagedCluster>::all(client.clone());
-    for spoke in ["spoke-1", "spoke-2"] {
-        let alive = std::sync::Mutex::new(&mut cp);
-        e2e::wait_until(&format!("ManagedCluster {spoke} pending"), WAIT, || async {
-            if let Ok(mut cp) = alive.lock() {
-                cp.processes().check_alive()?;
-            }
-            Ok(clusters
-                .get_opt(spoke)
-                .await?
-                .is_some_and(|mc| !mc.spec.hub_accepts_client))
-        })
-        .await?;
-        hub_cli(&admin, &["accept", spoke])?;
-    }
-    for spoke in ["spoke-1", "spoke-2"] {
-        let secrets = Api::<Secret>::namespaced(cp.cluster(spoke)?.client.clone(), AGENT_NS);
-        e2e::wait_until(&format!("{spoke}'s credentials Secret"), WAIT, || async {
-            Ok(secrets
-                .get_opt("flower-agent-credentials")
-                .await?
-                .and_then(|s| s.data)
-                .is_some_and(|d| {
-                    ["agent.json", "client.key", "client.crt", "ca.crt"]
-                        .iter()
-                        .all(|k| d.contains_key(*k))
-                }))
-        })
-        .await?;
-    }
-    eprintln!("both spokes joined in {:.1}s", t0.elapsed().as_secs_f64());
 
     // Federation + Placement selecting both spokes.
     apply_placement(
@@ -1077,7 +909,7 @@ async fn two_spokes_running() -> Result<World> {
         cp,
         client,
         spoke_clients,
-        starts,
+        addon,
     })
 }
 
@@ -1290,7 +1122,7 @@ async fn bootstrap_refusals(cp: &ControlPlane) -> Result<()> {
         let yaml = yaml.replace("name: flower-agent-bootstrap", &format!("name: {name}"));
         e2e::apply_yaml(&spoke.client, &yaml, AGENT_NS).await?;
         let creds = format!("{name}-credentials");
-        let out = std::process::Command::new(root.join("target/debug/flower-agent"))
+        let out = std::process::Command::new(e2e::addon::binary("flower-agent")?)
             .args([
                 "join",
                 "--namespace",
@@ -1357,7 +1189,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         mut cp,
         client,
         spoke_clients,
-        starts,
+        addon,
     } = two_spokes_running().await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before: Vec<(String, BTreeMap<String, String>)> = {
@@ -1371,7 +1203,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     // f. Hub restarted: the agents reconnect, nothing on the spokes changes.
     cp.processes().stop("flower-hub")?;
     let t = Instant::now();
-    start(&mut cp, &starts, "flower-hub")?;
+    addon.start(&mut cp, "flower-hub")?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
     let clusters = Api::<ManagedCluster>::all(client.clone());
@@ -1432,7 +1264,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     }
     cp.processes().stop("agent-spoke-1")?;
     let restarted = k8s_openapi::jiff::Timestamp::now();
-    start(&mut cp, &starts, "agent-spoke-1")?;
+    addon.start(&mut cp, "agent-spoke-1")?;
     let clusters = Api::<ManagedCluster>::all(client.clone());
     e2e::wait_until(
         "the restarted agent heartbeats without a token",
@@ -1483,7 +1315,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         pod_uids(&spoke_clients[1]).await? == before[1].1,
         "the stopped agent's pods must keep running"
     );
-    start(&mut cp, &starts, "agent-spoke-2")?;
+    addon.start(&mut cp, "agent-spoke-2")?;
     e2e::wait_until("spoke-2 untainted", Duration::from_secs(60), || async {
         Ok(!clusters
             .get("spoke-2")
@@ -1525,6 +1357,11 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         "a revoked cluster is recorded unavailable and not accepted: {:?}",
         revoked.status
     );
+    let taints: Vec<&str> = revoked.spec.taints.iter().map(|t| t.key.as_str()).collect();
+    ensure!(
+        taints == [flower_addon_hub::placement::TAINT_UNAVAILABLE],
+        "a revoked cluster carries the unavailable taint (OCM: Available=False), got {taints:?}"
+    );
 
     // Revoked while the hub is down: the restarted hub records it, with no stream to close.
     cp.processes().stop("flower-hub")?;
@@ -1535,7 +1372,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
             &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": false}})),
         )
         .await?;
-    start(&mut cp, &starts, "flower-hub")?;
+    addon.start(&mut cp, "flower-hub")?;
     e2e::wait_until(
         "spoke-2, revoked while the hub was down, recorded unavailable",
         WAIT,

@@ -9,9 +9,10 @@
 //! - annotations [`ANN_KEY_FINGERPRINT`], [`ANN_TOKEN_ID`], [`ANN_CREATED`],
 //!   [`ANN_CLIENT_CERT_NOT_AFTER`] ← the rest of the registration;
 //! - `status.conditions`, `status.lastHeartbeat` ← the observed status (status subresource);
-//! - while `Available` is not `True` the cluster carries the NoSelect taint
-//!   [`crate::placement::TAINT_UNREACHABLE`] in `spec.taints` (timeAdded: when it became
-//!   unavailable), so Placements drop it unless they tolerate it.
+//! - while `Available` is `Unknown` (lease missed) the cluster carries the NoSelect taint
+//!   [`crate::placement::TAINT_UNREACHABLE`] in `spec.taints`, while it is `False` (revoked)
+//!   [`crate::placement::TAINT_UNAVAILABLE`] (timeAdded: when the condition changed), so
+//!   Placements drop it unless they tolerate it.
 //!
 //! Writes are read-modify-write with the object's resourceVersion (retried on conflict), so the
 //! admin's concurrent edits (labels, taints, acceptance) are never lost. [`ClusterStore::changes`]
@@ -35,7 +36,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::ca::CaMaterial;
-use crate::placement::TAINT_UNREACHABLE;
+use crate::placement::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
 use crate::store::{
     CONDITION_AVAILABLE, ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus,
     ClusterStore, StoreError,
@@ -324,28 +325,35 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
     }
 }
 
-/// Sets or clears the unreachable taint according to the `Available` condition; true if changed.
-fn sync_unreachable_taint(spec: &mut ManagedClusterSpec, status: &ClusterStatus) -> bool {
-    let unavailable = status
-        .condition(CONDITION_AVAILABLE)
-        .filter(|c| c.status != "True");
-    let has = spec.taints.iter().any(|t| t.key == TAINT_UNREACHABLE);
-    match unavailable {
-        Some(c) if !has => {
-            spec.taints.push(Taint {
-                key: TAINT_UNREACHABLE.to_owned(),
-                value: None,
-                effect: TaintEffect::NoSelect,
-                time_added: Some(time_of(c.last_transition_unix)),
-            });
-            true
-        }
-        None if has => {
-            spec.taints.retain(|t| t.key != TAINT_UNREACHABLE);
-            true
-        }
-        _ => false,
+/// Sets the availability taint the `Available` condition calls for, as OCM does: `Unknown`
+/// (lease missed) → [`TAINT_UNREACHABLE`], `False` (e.g. revoked) → [`TAINT_UNAVAILABLE`],
+/// `True` or not set → neither. `timeAdded` is the condition's transition time. Other taints are
+/// never touched. True if anything changed.
+fn sync_availability_taints(spec: &mut ManagedClusterSpec, status: &ClusterStatus) -> bool {
+    let condition = status.condition(CONDITION_AVAILABLE);
+    let wanted = condition.and_then(|c| match c.status.as_str() {
+        "Unknown" => Some(TAINT_UNREACHABLE),
+        "False" => Some(TAINT_UNAVAILABLE),
+        _ => None,
+    });
+    let before = spec.taints.len();
+    spec.taints.retain(|t| {
+        !(t.key == TAINT_UNREACHABLE || t.key == TAINT_UNAVAILABLE)
+            || Some(t.key.as_str()) == wanted
+    });
+    let mut changed = spec.taints.len() != before;
+    if let (Some(key), Some(c)) = (wanted, condition)
+        && !spec.taints.iter().any(|t| t.key == key)
+    {
+        spec.taints.push(Taint {
+            key: key.to_owned(),
+            value: None,
+            effect: TaintEffect::NoSelect,
+            time_added: Some(time_of(c.last_transition_unix)),
+        });
+        changed = true;
     }
+    changed
 }
 
 /// DNS names of the hub Service in `namespace`, shortest first (`flower-hub`, `flower-hub.<ns>`,
@@ -580,7 +588,7 @@ impl ClusterStore for KubeStore {
     async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
         let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
         self.modify(name, |mc| {
-            let mut changed = sync_unreachable_taint(&mut mc.spec, status);
+            let mut changed = sync_availability_taints(&mut mc.spec, status);
             let annotations = mc.annotations_mut();
             if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
                 match &not_after {
@@ -708,7 +716,7 @@ mod tests {
             ..Default::default()
         };
         let mut status = ClusterStatus::default();
-        assert!(!sync_unreachable_taint(&mut spec, &status));
+        assert!(!sync_availability_taints(&mut spec, &status));
         status.set_condition(
             CONDITION_AVAILABLE,
             "Unknown",
@@ -716,14 +724,30 @@ mod tests {
             "",
             500,
         );
-        assert!(sync_unreachable_taint(&mut spec, &status));
-        assert!(!sync_unreachable_taint(&mut spec, &status));
+        assert!(sync_availability_taints(&mut spec, &status));
+        assert!(!sync_availability_taints(&mut spec, &status));
         let taint = spec.taints.iter().find(|t| t.key == TAINT_UNREACHABLE);
         assert_eq!(taint.and_then(|t| t.time_added.clone()), Some(time_of(500)));
         status.set_condition(CONDITION_AVAILABLE, "True", "ClusterLeaseRenewed", "", 600);
-        assert!(sync_unreachable_taint(&mut spec, &status));
+        assert!(sync_availability_taints(&mut spec, &status));
         assert_eq!(spec.taints.len(), 1);
         assert_eq!(spec.taints[0].key, "admin");
+        // Revoked (False): unavailable, not unreachable; back to Unknown swaps them.
+        status.set_condition(CONDITION_AVAILABLE, "False", "ClusterRevoked", "", 700);
+        assert!(sync_availability_taints(&mut spec, &status));
+        let keys: Vec<&str> = spec.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["admin", TAINT_UNAVAILABLE]);
+        assert_eq!(spec.taints[1].time_added, Some(time_of(700)));
+        status.set_condition(
+            CONDITION_AVAILABLE,
+            "Unknown",
+            "ClusterLeaseExpired",
+            "",
+            800,
+        );
+        assert!(sync_availability_taints(&mut spec, &status));
+        let keys: Vec<&str> = spec.taints.iter().map(|t| t.key.as_str()).collect();
+        assert_eq!(keys, ["admin", TAINT_UNREACHABLE]);
     }
 
     #[test]
