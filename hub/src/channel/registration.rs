@@ -99,6 +99,16 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             .get_cluster(&name)
             .await
             .map_err(|e| internal("reading the cluster", e))?;
+        // The registration this join makes (a new cluster, or an admin's pre-created one).
+        let new_registration = |created_unix: u64| ClusterRegistration {
+            name: name.clone(),
+            labels: labels.clone(),
+            claims: claims.clone(),
+            key_fingerprint: fingerprint.clone(),
+            agent_version: req.agent_version.clone(),
+            token_id: token_id.to_string(),
+            created_unix,
+        };
         let accepted = match existing {
             None => {
                 let auto = !shared.config.auto_accept.is_empty()
@@ -107,15 +117,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                         .auto_accept
                         .iter()
                         .all(|(k, v)| labels.get(k) == Some(v));
-                let registration = ClusterRegistration {
-                    name: name.clone(),
-                    labels,
-                    claims,
-                    key_fingerprint: fingerprint.clone(),
-                    agent_version: req.agent_version,
-                    token_id: token_id.to_string(),
-                    created_unix: unix_now(),
-                };
+                let registration = new_registration(unix_now());
                 match shared.store.create_cluster(&registration, auto).await {
                     Ok(()) => {}
                     Err(StoreError::AlreadyExists(_)) => {
@@ -132,18 +134,10 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             // ManagedCluster, possibly pre-accepted as in OCM): the first valid join binds the
             // name to its key; the admin's hubAcceptsClient stands.
             Some(record) if record.registration.key_fingerprint.is_empty() => {
-                let registration = ClusterRegistration {
-                    name: name.clone(),
-                    labels,
-                    claims,
-                    key_fingerprint: fingerprint.clone(),
-                    agent_version: req.agent_version,
-                    token_id: token_id.to_string(),
-                    created_unix: match record.registration.created_unix {
-                        0 => unix_now(),
-                        t => t,
-                    },
-                };
+                let registration = new_registration(match record.registration.created_unix {
+                    0 => unix_now(),
+                    t => t,
+                });
                 shared
                     .store
                     .update_registration(&registration)
@@ -165,9 +159,9 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             }
             Some(record) => {
                 let mut updated = record.registration.clone();
-                updated.labels = labels;
-                updated.claims = claims;
-                updated.agent_version = req.agent_version;
+                updated.labels = labels.clone();
+                updated.claims = claims.clone();
+                updated.agent_version = req.agent_version.clone();
                 if updated != record.registration {
                     shared
                         .store
