@@ -957,16 +957,66 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         Duration::from_secs(60),
         || async {
             let status = feds.get("fed").await?.status.unwrap_or_default();
-            let ready = status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let is_true = |t: &str| {
+                status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == t && c.status == "True")
+            };
             Ok(status.supernodes.as_deref() == Some("4/4")
                 && status.selected_clusters == 2
-                && ready)
+                && is_true("Ready")
+                && is_true("PlacementSatisfied"))
         },
     )
     .await?;
+
+    // A Federation whose Placement does not exist says so (and is not Ready); once the Placement
+    // is created, the Federation's PlacementSatisfied follows it.
+    let mut orphan =
+        fed_with_pools(serde_json::json!([{"name": "a", "replicas": 1, "images": {}}]));
+    orphan["metadata"]["name"] = "orphan".into();
+    orphan["spec"]["placementRef"]["name"] = "later".into();
+    feds.patch(
+        "orphan",
+        &PatchParams::apply(USER).force(),
+        &Patch::Apply(&orphan),
+    )
+    .await?;
+    let placement_condition = |f: flower_addon_crds::Federation| {
+        f.status.and_then(|s| {
+            s.conditions
+                .into_iter()
+                .find(|c| c.type_ == "PlacementSatisfied")
+                .map(|c| (c.status, c.reason))
+        })
+    };
+    e2e::wait_until(
+        "orphan: PlacementSatisfied=False, PlacementNotFound",
+        WAIT,
+        || async {
+            Ok(placement_condition(feds.get("orphan").await?)
+                == Some(("False".into(), "PlacementNotFound".into())))
+        },
+    )
+    .await?;
+    apply_placement(
+        &client,
+        "later",
+        serde_json::json!({"predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+        ]}),
+    )
+    .await?;
+    e2e::wait_until(
+        "orphan: PlacementSatisfied follows the new Placement",
+        WAIT,
+        || async {
+            Ok(placement_condition(feds.get("orphan").await?).map(|c| c.0) == Some("True".into()))
+        },
+    )
+    .await?;
+    feds.delete("orphan", &DeleteParams::default()).await?;
     let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
         .get("fed-superlink")
         .await?;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use flower_addon_agent::render::Workload;
-use flower_addon_crds::{API_VERSION, Federation, validate_federation};
+use flower_addon_crds::{API_VERSION, Federation, Placement, validate_federation};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -35,6 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
@@ -42,7 +43,7 @@ use crate::ca::{CaError, HubCa};
 use crate::render::{HubRenderError, render_hub, render_problems, superlink_tls_secret_name};
 
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
-pub use status::{Outcome, WorkloadReadiness, federation_status};
+pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
 pub use tls::{hub_issues_tls, superlink_sans};
 
 /// `{cluster}` of pools that run in the hub cluster (OCM's name for the hub's own cluster).
@@ -157,23 +158,46 @@ pub async fn run_with(
     let client = context.client.clone();
     let owned =
         watcher::Config::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
-    Controller::new(
+    let controller = Controller::new(
         Api::<Federation>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
-    .owns(Api::<DaemonSet>::all(client.clone()), owned.clone())
-    .owns(Api::<Service>::all(client.clone()), owned.clone())
-    .owns(Api::<Secret>::all(client.clone()), owned)
-    .graceful_shutdown_on(shutdown)
-    .run(reconcile, error_policy, Arc::new(context))
-    .for_each(|result| async move {
-        match result {
-            Ok((object, _)) => tracing::debug!(federation = %object, "reconciled"),
-            Err(error) => tracing::warn!(%error, "reconcile failed"),
-        }
-    })
-    .await;
+    );
+    let federations = controller.store();
+    controller
+        // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
+        .watches(
+            Api::<Placement>::all(client.clone()),
+            watcher::Config::default(),
+            move |placement| {
+                let namespace = placement.namespace();
+                let name = placement.name_any();
+                federations
+                    .state()
+                    .iter()
+                    .filter(|f| {
+                        f.namespace() == namespace
+                            && f.spec
+                                .placement_ref
+                                .as_ref()
+                                .is_some_and(|r| r.name == name)
+                    })
+                    .map(|f| ObjectRef::from_obj(f.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
+        .owns(Api::<DaemonSet>::all(client.clone()), owned.clone())
+        .owns(Api::<Service>::all(client.clone()), owned.clone())
+        .owns(Api::<Secret>::all(client.clone()), owned)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, Arc::new(context))
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(federation = %object, "reconciled"),
+                Err(error) => tracing::warn!(%error, "reconcile failed"),
+            }
+        })
+        .await;
     tracing::info!("federation controller stopped");
 }
 
@@ -225,7 +249,20 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
             .await;
         Outcome::Invalid(problems)
     };
-    write_status(&fed, &ctx, &namespace, &outcome).await?;
+    let placement = match &fed.spec.placement_ref {
+        None => PlacementState::NotReferenced,
+        Some(r) => {
+            let found = Api::<Placement>::namespaced(ctx.client.clone(), &namespace)
+                .get_opt(&r.name)
+                .await
+                .map_err(|source| Error::Kube {
+                    action: format!("read Placement {}", r.name),
+                    source,
+                })?;
+            PlacementState::of(&r.name, found.as_ref())
+        }
+    };
+    write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
     Ok(Action::requeue(RESYNC))
 }
 
@@ -323,12 +360,13 @@ async fn write_status(
     ctx: &Context,
     namespace: &str,
     outcome: &Outcome,
+    placement: &PlacementState,
 ) -> Result<()> {
     let now = Time(
         k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())
             .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     );
-    let status = federation_status(fed, outcome, &now);
+    let status = federation_status(fed, outcome, placement, &now);
     if fed.status.as_ref() == Some(&status) {
         return Ok(());
     }

@@ -1,5 +1,6 @@
 //! The Federation status from what was applied (pure): `supernodes "r/d"`, per-pool readiness,
-//! endpoints and the conditions `Ready`, `Reconciling` and `Degraded`.
+//! endpoints and the conditions `Ready`, `Reconciling`, `Degraded` and, for a Federation with
+//! `placementRef`, `PlacementSatisfied` (mirrored from its Placement).
 //!
 //! Unchanged facts give an identical status (a condition keeps its `lastTransitionTime` while its
 //! status stays), so the controller only writes when something changed and never loops on its
@@ -68,6 +69,85 @@ impl WorkloadReadiness {
     }
 }
 
+/// What the Federation's `placementRef` points at, for its `PlacementSatisfied` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlacementState {
+    /// No `placementRef`: no such condition.
+    NotReferenced,
+    /// The referenced Placement does not exist.
+    NotFound {
+        /// Its name.
+        name: String,
+    },
+    /// The Placement exists; its `PlacementSatisfied` condition, if it has one yet.
+    Found {
+        /// Its name.
+        name: String,
+        /// `(status, reason, message)` of its `PlacementSatisfied` condition.
+        satisfied: Option<(String, String, String)>,
+    },
+}
+
+impl PlacementState {
+    /// The state of Placement `name` (`placement` as read, `None` if absent).
+    pub fn of(name: &str, placement: Option<&flower_addon_crds::Placement>) -> Self {
+        match placement {
+            None => Self::NotFound {
+                name: name.to_owned(),
+            },
+            Some(p) => Self::Found {
+                name: name.to_owned(),
+                satisfied: p.status.as_ref().and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .find(|c| c.type_ == "PlacementSatisfied")
+                        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+                }),
+            },
+        }
+    }
+
+    /// The condition, and a not-ready reason when the Placement cannot place anything yet.
+    fn condition(&self) -> Option<(Condition, Option<String>)> {
+        match self {
+            Self::NotReferenced => None,
+            Self::NotFound { name } => {
+                let message = format!(
+                    "Placement {name} not found in this namespace: create it, or fix spec.placementRef.name"
+                );
+                Some((
+                    cond("PlacementSatisfied", "False", "PlacementNotFound", &message),
+                    Some(message),
+                ))
+            }
+            Self::Found {
+                name,
+                satisfied: None,
+            } => Some((
+                cond(
+                    "PlacementSatisfied",
+                    "Unknown",
+                    "PlacementPending",
+                    &format!("Placement {name} has not been evaluated yet"),
+                ),
+                None,
+            )),
+            Self::Found {
+                name,
+                satisfied: Some((status, reason, message)),
+            } => Some((
+                cond(
+                    "PlacementSatisfied",
+                    status,
+                    reason,
+                    &format!("Placement {name}: {message}"),
+                ),
+                None,
+            )),
+        }
+    }
+}
+
 /// What the reconcile found: either the validation problems (nothing applied) or the applied
 /// SuperLink and pools.
 #[derive(Clone, Debug)]
@@ -84,7 +164,12 @@ pub enum Outcome {
 }
 
 /// The Federation status for `outcome`, keeping transition times of unchanged conditions.
-pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> FederationStatus {
+pub fn federation_status(
+    fed: &Federation,
+    outcome: &Outcome,
+    placement: &PlacementState,
+    now: &Time,
+) -> FederationStatus {
     let previous = fed.status.clone().unwrap_or_default();
     let generation = fed.metadata.generation;
     let mut status = FederationStatus {
@@ -93,6 +178,7 @@ pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> Fed
         ..FederationStatus::default()
     };
     let mut conditions = Vec::new();
+    let placement = placement.condition();
     match outcome {
         Outcome::Invalid(problems) => {
             // Keep the last known readiness: nothing was touched, workloads keep running.
@@ -183,6 +269,9 @@ pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> Fed
                     .filter(|p| !p.is_ready())
                     .map(|p| p.summary("pool")),
             );
+            if let Some((_, Some(reason))) = &placement {
+                not_ready.push(reason.clone());
+            }
             if fed.spec.placement_ref.is_some() {
                 if spokes.is_empty() {
                     not_ready.push("no cluster selected by the Placement (yet)".to_owned());
@@ -216,6 +305,7 @@ pub fn federation_status(fed: &Federation, outcome: &Outcome, now: &Time) -> Fed
             }
         }
     }
+    conditions.extend(placement.map(|(c, _)| c));
     status.conditions = conditions
         .into_iter()
         .map(|c| keep_time(&previous.conditions, c, now, generation))
@@ -312,7 +402,7 @@ spec:
             superlink: w("superlink", 1, 1),
             pools: vec![w("a", 2, 1)],
         };
-        let s = federation_status(&fed(), &outcome, &at(10));
+        let s = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
         assert_eq!(s.supernodes.as_deref(), Some("1/2"));
         assert_eq!(s.observed_generation, Some(3));
         assert_eq!(find(&s, "Ready").status, "False");
@@ -332,19 +422,97 @@ spec:
             pools: vec![w("a", 2, 2)],
         };
         let mut f = fed();
-        let first = federation_status(&f, &outcome, &at(10));
+        let first = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
         assert_eq!(find(&first, "Ready").status, "True");
         f.status = Some(first.clone());
-        assert_eq!(federation_status(&f, &outcome, &at(20)), first);
+        assert_eq!(
+            federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(20)),
+            first
+        );
     }
 
     #[test]
     fn invalid_spec_is_degraded_with_the_field_path() {
         // The message names the field to fix; readiness of what runs is kept.
         let outcome = Outcome::Invalid(vec![("spec.version".into(), "not set".into())]);
-        let s = federation_status(&fed(), &outcome, &at(10));
+        let s = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
         assert_eq!(find(&s, "Degraded").status, "True");
         assert_eq!(find(&s, "Degraded").message, "spec.version: not set");
         assert_eq!(find(&s, "Ready").status, "False");
+    }
+
+    #[test]
+    fn a_placement_ref_mirrors_the_placement_and_a_missing_one_holds_ready_back() {
+        // Invariant: no placementRef → no PlacementSatisfied; a missing Placement → False naming
+        // it and the fix, and Ready=False says so; an evaluated one is mirrored; an unevaluated
+        // one is Unknown.
+        let outcome = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![],
+        };
+        let plain = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
+        assert!(
+            plain
+                .conditions
+                .iter()
+                .all(|c| c.type_ != "PlacementSatisfied")
+        );
+
+        let missing = PlacementState::of("sites", None);
+        let s = federation_status(&fed(), &outcome, &missing, &at(10));
+        let c = find(&s, "PlacementSatisfied");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "PlacementNotFound")
+        );
+        assert!(
+            c.message.contains("Placement sites not found"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("spec.placementRef.name"),
+            "{}",
+            c.message
+        );
+        assert_eq!(find(&s, "Ready").status, "False");
+        assert!(
+            find(&s, "Ready")
+                .message
+                .contains("Placement sites not found")
+        );
+
+        let mut placement: flower_addon_crds::Placement = serde_saphyr::from_str(
+            "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata: {name: sites, namespace: team}\nspec: {}\n",
+        )
+        .unwrap();
+        let pending = PlacementState::of("sites", Some(&placement));
+        let s = federation_status(&fed(), &outcome, &pending, &at(10));
+        assert_eq!(find(&s, "PlacementSatisfied").status, "Unknown");
+
+        placement.status = Some(flower_addon_crds::PlacementStatus {
+            conditions: vec![cond(
+                "PlacementSatisfied",
+                "False",
+                "NotAllDecisionsScheduled",
+                "1 of 3 clusters selected",
+            )],
+            ..Default::default()
+        });
+        let s = federation_status(
+            &fed(),
+            &outcome,
+            &PlacementState::of("sites", Some(&placement)),
+            &at(10),
+        );
+        let c = find(&s, "PlacementSatisfied");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                "NotAllDecisionsScheduled",
+                "Placement sites: 1 of 3 clusters selected"
+            )
+        );
     }
 }
