@@ -45,7 +45,8 @@ impl HubCli {
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("FLOWER_HUB_STATE_DIR")
             .env_remove("POD_NAMESPACE")
-            .env("RUST_LOG", "warn")
+            // What a user gets: the CLI's own default log filter.
+            .env_remove("RUST_LOG")
             .output()
             .await
             .with_context(|| format!("run {} {args:?}", self.bin.display()))?;
@@ -475,6 +476,10 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
             && stderr.contains("context gone")
             && stderr.contains("--state-dir"),
         "{stderr}"
+    );
+    ensure!(
+        stderr.trim().lines().count() == 1 && !stderr.contains('\u{1b}'),
+        "one plain error line, no client log noise or colour codes: {stderr:?}"
     );
     let stderr = cli
         .fails(&["token", "list", "--context", "no-such-context"])

@@ -38,8 +38,13 @@ fn main() -> ExitCode {
     rustls::crypto::ring::default_provider()
         .install_default()
         .expect("install the rustls ring crypto provider");
-    flower_addon_hub::cli::init_tracing();
     let cli = Cli::parse();
+    // `serve` logs what it does; one-shot commands print their own one-line errors, so only
+    // warnings (and not kube-client's retry noise) are logged for them.
+    flower_addon_hub::cli::init_tracing_with(match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn,kube_client=off",
+    });
     let result = match cli.command {
         Command::Crds => offline::crds(),
         Command::Validate(args) => offline::validate(args),

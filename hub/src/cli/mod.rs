@@ -3,12 +3,4 @@ pub mod offline;
 pub mod registration;
 pub mod serve;
 
-/// Log to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
+pub use flower_addon_agent::cli::{init_tracing, init_tracing_with};
