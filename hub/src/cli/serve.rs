@@ -81,14 +81,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let dir =
             std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
-        let mut listeners = Vec::new();
-        for addr in &args.listen {
-            listeners.push(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("listen on {addr}"))?,
-            );
-        }
+        let listeners = bind(&args.listen).await?;
         let port = listeners
             .first()
             .and_then(|l| l.local_addr().ok())
@@ -128,13 +121,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 }
             });
         }
-        let config = ChannelConfig {
-            advertise: args.advertise_address.clone(),
-            cert_validity: args.cert_validity,
-            lease_duration: args.lease_duration,
-            auto_accept: args.auto_accept.into_iter().collect::<BTreeMap<_, _>>(),
-            ..ChannelConfig::default()
-        };
+        let config = channel_config(&args, args.advertise_address.clone());
         let work = Arc::new(InMemoryWorkSource::new());
         let manifests_dir = args
             .manifests
@@ -182,6 +169,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds every `--listen` address.
+async fn bind(addresses: &[SocketAddr]) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let mut listeners = Vec::with_capacity(addresses.len());
+    for addr in addresses {
+        listeners.push(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listen on {addr}"))?,
+        );
+    }
+    Ok(listeners)
+}
+
+/// The work channel's settings from the flags, with `advertise` as the server certificate's
+/// names.
+fn channel_config(args: &ServeArgs, advertise: Vec<String>) -> ChannelConfig {
+    ChannelConfig {
+        advertise,
+        cert_validity: args.cert_validity,
+        lease_duration: args.lease_duration,
+        auto_accept: args.auto_accept.iter().cloned().collect::<BTreeMap<_, _>>(),
+        ..ChannelConfig::default()
+    }
 }
 
 async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
@@ -233,25 +245,15 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             client.clone(),
             args.namespace.clone(),
         ));
-        let mut listeners = Vec::new();
-        for addr in &args.listen {
-            listeners.push(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("listen on {addr}"))?,
-            );
-        }
+        let listeners = bind(&args.listen).await?;
         let work = Arc::new(
             crate::kube_work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())
                 .await?,
         );
-        let config = ChannelConfig {
-            advertise: kubernetes_advertise(&args.advertise_address, &args.namespace),
-            cert_validity: args.cert_validity,
-            lease_duration: args.lease_duration,
-            auto_accept: args.auto_accept.into_iter().collect::<BTreeMap<_, _>>(),
-            ..ChannelConfig::default()
-        };
+        let config = channel_config(
+            &args,
+            kubernetes_advertise(&args.advertise_address, &args.namespace),
+        );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let federations = tokio::spawn(crate::controller::run(
             client.clone(),

@@ -108,3 +108,36 @@ where
     }
     Ok(pruned)
 }
+
+/// Server-side applies `status` to the status subresource of `K` `namespace/name` under
+/// [`HUB_FIELD_MANAGER`] (callers skip it when the status did not change).
+pub(super) async fn patch_status<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    status: &impl Serialize,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    Api::<K>::namespaced(client.clone(), namespace)
+        .patch_status(
+            name,
+            &PatchParams::apply(HUB_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("patch status of {} {name}", K::kind(&())),
+            source,
+        })?;
+    Ok(())
+}

@@ -27,12 +27,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use flower_addon_agent::render::Workload;
-use flower_addon_crds::{API_VERSION, Federation, Placement, validate_federation};
+use flower_addon_crds::{Federation, Placement, validate_federation};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -371,22 +371,7 @@ async fn write_status(
         return Ok(());
     }
     let name = fed.name_any();
-    let body = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "Federation",
-        "status": status,
-    });
-    Api::<Federation>::namespaced(ctx.client.clone(), namespace)
-        .patch_status(
-            &name,
-            &PatchParams::apply(HUB_FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| Error::Kube {
-            action: format!("patch status of Federation {name}"),
-            source,
-        })?;
+    apply::patch_status::<Federation>(&ctx.client, namespace, &name, &status).await?;
     tracing::info!(
         federation = %name,
         %namespace,

@@ -532,21 +532,8 @@ async fn write_status(
     if placement.status.as_ref() == Some(&status) {
         return Ok(());
     }
-    let name = placement.name_any();
-    let body = serde_json::json!({
-        "apiVersion": API_VERSION,
-        "kind": "Placement",
-        "status": status,
-    });
-    Api::<Placement>::namespaced(ctx.client.clone(), namespace)
-        .patch_status(
-            &name,
-            &PatchParams::apply(HUB_FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
+    super::apply::patch_status::<Placement>(&ctx.client, namespace, &placement.name_any(), &status)
         .await
-        .map_err(kube_err(format!("patch status of Placement {name}")))?;
-    Ok(())
 }
 
 /// Unselected clusters by name (for tests and status readers).
