@@ -81,12 +81,7 @@ async fn main() -> Result<()> {
             }
             println!("memory (RSS):\n{}", cp.rss_report());
             println!("press Ctrl-C to stop");
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                r = tokio::signal::ctrl_c() => r?,
-                _ = term.recv() => {}
-            }
+            flower_addon_agent::cli::shutdown_signal().await;
             eprintln!("stopping…");
             drop(cp);
             Ok(())

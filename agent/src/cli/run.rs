@@ -129,11 +129,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
+            super::shutdown_signal().await;
             tracing::info!("stopping");
             let _ = stop_tx.send(true);
         });

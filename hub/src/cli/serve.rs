@@ -204,19 +204,7 @@ async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match term.as_mut() {
-                Some(t) => { t.recv().await; }
-                None => std::future::pending::<()>().await,
-            }
-        } => {}
-    }
-}
+pub use flower_addon_agent::cli::shutdown_signal;
 
 /// Name of the Secret holding the hub CA in Kubernetes mode.
 pub use crate::kube_store::CA_SECRET;
