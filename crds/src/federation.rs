@@ -328,7 +328,9 @@ pub struct SuperNodePoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub replicas: Option<i32>,
-    /// Images of this pool.
+    /// Images of this pool; optional (flower-operator's README omits it): the SuperNode image
+    /// falls back to `spec.supernodes.image`.
+    #[serde(default, skip_serializing_if = "PoolImages::is_empty")]
     pub images: PoolImages,
     /// Narrows the pool to the selected clusters whose ManagedCluster labels match (flower-addon
     /// addition; absent: the pool runs on every cluster the Placement selects). Lets one
@@ -457,6 +459,13 @@ impl Default for GpuConfig {
             count: 1,
             mount_all: false,
         }
+    }
+}
+
+impl PoolImages {
+    /// True when neither image is set (`images: {}` or no `images` at all).
+    pub fn is_empty(&self) -> bool {
+        self.supernode.is_none() && self.superexec_client_app.is_none()
     }
 }
 

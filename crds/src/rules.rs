@@ -94,7 +94,7 @@ pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
         location: SPEC,
     },
     CelRule {
-        rule: "self.isolationMode != 'process' || self.supernodes.pools.all(p, has(p.images.superexecClientApp) && size(p.images.superexecClientApp) > 0)",
+        rule: "self.isolationMode != 'process' || self.supernodes.pools.all(p, has(p.images) && has(p.images.superexecClientApp) && size(p.images.superexecClientApp) > 0)",
         message: MSG_POOL_SUPEREXEC_REQUIRED,
         path: "spec.supernodes.pools[*].images.superexecClientApp",
         field_path: ".supernodes.pools",
@@ -108,7 +108,7 @@ pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
         location: SPEC,
     },
     CelRule {
-        rule: "self.isolationMode != 'subprocess' || self.supernodes.pools.all(p, !has(p.images.superexecClientApp) || size(p.images.superexecClientApp) == 0)",
+        rule: "self.isolationMode != 'subprocess' || self.supernodes.pools.all(p, !has(p.images) || !has(p.images.superexecClientApp) || size(p.images.superexecClientApp) == 0)",
         message: MSG_POOL_SUPEREXEC_FORBIDDEN,
         path: "spec.supernodes.pools[*].images.superexecClientApp",
         field_path: ".supernodes.pools",
