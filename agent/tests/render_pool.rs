@@ -681,3 +681,32 @@ fn workload_names_and_labels_follow_flower_operator() {
     assert_eq!(labels["app.kubernetes.io/component"], "pool-default");
     assert_eq!(labels["flower-addon.io/pool"], "default");
 }
+
+#[test]
+fn pods_carry_flower_operator_labels_but_selectors_stay_ours() {
+    // flower-operator users select SuperNode pods with flower.flwr.ai/* labels; the selector
+    // (immutable on StatefulSets and DaemonSets) must not change, so upgrades keep applying.
+    let workload = render(&spec(BASIC));
+    let Workload::StatefulSet(sts) = &workload else {
+        panic!("BASIC renders a StatefulSet")
+    };
+    for labels in [
+        sts.metadata.labels.as_ref().expect("object labels"),
+        sts.spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.as_ref())
+            .expect("pod labels"),
+    ] {
+        assert_eq!(labels["flower.flwr.ai/component"], "supernode");
+        assert_eq!(labels["flower.flwr.ai/federation"], "fed");
+        assert_eq!(labels["flower.flwr.ai/pool"], "default");
+        assert_eq!(labels["app.kubernetes.io/instance"], "fed");
+    }
+    let selector = sts.spec.selector.match_labels.as_ref().expect("selector");
+    assert!(
+        selector.keys().all(|k| !k.starts_with("flower.flwr.ai/")),
+        "selector changed: {selector:?}"
+    );
+}

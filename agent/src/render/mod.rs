@@ -85,6 +85,32 @@ pub fn component_labels(
     labels
 }
 
+/// Label with the Federation's name, as flower-operator sets it (its troubleshooting steps select
+/// pods with it).
+pub const OPERATOR_FEDERATION_LABEL: &str = "flower.flwr.ai/federation";
+/// Label with the component (`superlink` or `supernode`), as flower-operator sets it.
+pub const OPERATOR_COMPONENT_LABEL: &str = "flower.flwr.ai/component";
+/// Label with the pool name on pool workloads and pods, as flower-operator sets it.
+pub const OPERATOR_POOL_LABEL: &str = "flower.flwr.ai/pool";
+
+/// [`component_labels`] plus flower-operator's `flower.flwr.ai/*` labels, so its users'
+/// `kubectl -l flower.flwr.ai/component=supernode` habits work. For object and pod labels only:
+/// selectors stay [`component_labels`] (a selector is immutable, and ours are already unique).
+pub fn object_labels(
+    federation: &str,
+    name: &str,
+    component: &str,
+    pool: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut labels = component_labels(federation, name, component, pool);
+    labels.insert(OPERATOR_FEDERATION_LABEL.to_owned(), federation.to_owned());
+    labels.insert(OPERATOR_COMPONENT_LABEL.to_owned(), name.to_owned());
+    if let Some(pool) = pool {
+        labels.insert(OPERATOR_POOL_LABEL.to_owned(), pool.to_owned());
+    }
+    labels
+}
+
 /// Name of a pool's workload, `<fed>-supernode-<pool>`.
 pub fn pool_workload_name(federation: &str, pool: &str) -> String {
     format!("{federation}-supernode-{pool}")

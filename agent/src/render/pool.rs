@@ -24,7 +24,7 @@ use super::placeholders::{
 };
 use super::{
     CA_KEY, CA_MOUNT_DIR, ProcessReplica, RenderError, SuperNodePoolInput, Workload,
-    component_labels, is_process, isolation_arg, pool_workload_name,
+    component_labels, is_process, isolation_arg, object_labels, pool_workload_name,
 };
 
 const CA_VOLUME: &str = "superlink-ca";
@@ -345,12 +345,9 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
     }
 
     let name = pool_workload_name(input.federation, &pool.name);
-    let labels = component_labels(
-        input.federation,
-        "supernode",
-        &format!("pool-{}", pool.name),
-        Some(&pool.name),
-    );
+    let component = format!("pool-{}", pool.name);
+    let labels = component_labels(input.federation, "supernode", &component, Some(&pool.name));
+    let meta_labels = object_labels(input.federation, "supernode", &component, Some(&pool.name));
     let mut pod = PodSpec {
         containers,
         volumes: non_empty(volumes),
@@ -359,7 +356,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
         ..PodSpec::default()
     };
     let mut pod_meta = ObjectMeta {
-        labels: Some(labels.clone()),
+        labels: Some(meta_labels.clone()),
         ..ObjectMeta::default()
     };
     if let Some(template) = &pool.pod_template {
@@ -372,7 +369,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
     let metadata = ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(input.namespace.to_owned()),
-        labels: Some(labels.clone()),
+        labels: Some(meta_labels),
         ..ObjectMeta::default()
     };
     let selector = LabelSelector {

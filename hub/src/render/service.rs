@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use flower_addon_agent::render::dialect::{classic_ports, unified_ports};
 use flower_addon_agent::render::merge::merge_maps_under;
-use flower_addon_agent::render::{FlowerDialect, component_labels};
+use flower_addon_agent::render::{FlowerDialect, component_labels, object_labels};
 use flower_addon_crds::{Federation, IsolationMode, ServiceType};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -69,6 +69,7 @@ pub fn render_superlink_service(
         }
     }
     let labels = component_labels(name(fed), "superlink", "superlink", None);
+    let meta_labels = object_labels(name(fed), "superlink", "superlink", None);
     let type_ = match service.type_ {
         ServiceType::ClusterIP => "ClusterIP",
         ServiceType::NodePort => "NodePort",
@@ -78,7 +79,7 @@ pub fn render_superlink_service(
         metadata: ObjectMeta {
             name: Some(superlink_name(name(fed))),
             namespace: Some(namespace(fed).to_owned()),
-            labels: merge_maps_under(Some(&service.labels), Some(labels.clone())),
+            labels: merge_maps_under(Some(&service.labels), Some(meta_labels)),
             annotations: (!service.annotations.is_empty()).then(|| service.annotations.clone()),
             ..ObjectMeta::default()
         },

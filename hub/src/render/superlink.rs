@@ -6,7 +6,9 @@ use flower_addon_agent::render::dialect::{
 use flower_addon_agent::render::merge::{
     append_mounts, append_volumes, merge_pod_template, non_empty,
 };
-use flower_addon_agent::render::{FlowerDialect, FlowerVersion, component_labels, isolation_arg};
+use flower_addon_agent::render::{
+    FlowerDialect, FlowerVersion, component_labels, isolation_arg, object_labels,
+};
 use flower_addon_crds::{Federation, IsolationMode};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -103,6 +105,7 @@ pub fn render_superlink(
     let fed_name = name(fed);
     let object_name = superlink_name(fed_name);
     let labels = component_labels(fed_name, "superlink", "superlink", None);
+    let meta_labels = object_labels(fed_name, "superlink", "superlink", None);
 
     let ports = match dialect {
         FlowerDialect::Classic => {
@@ -202,7 +205,7 @@ pub fn render_superlink(
         ..PodSpec::default()
     };
     let mut pod_meta = ObjectMeta {
-        labels: Some(labels.clone()),
+        labels: Some(meta_labels.clone()),
         ..ObjectMeta::default()
     };
     if let Some(template) = &superlink.pod_template {
@@ -212,7 +215,7 @@ pub fn render_superlink(
         metadata: ObjectMeta {
             name: Some(object_name.clone()),
             namespace: Some(namespace(fed).to_owned()),
-            labels: Some(labels.clone()),
+            labels: Some(meta_labels),
             ..ObjectMeta::default()
         },
         spec: StatefulSetSpec {
