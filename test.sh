@@ -4,7 +4,10 @@
 # real Flower from PyPI for both Flower argument dialects (1.42.0 and 1.25.0).
 #
 # Installs what it needs and caches the expensive parts in ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon}:
-# the Kubernetes binaries (first build 20-35 min on 2 cores) and the Flower venvs (~30 s each).
+# the Kubernetes binaries (first build 20-35 min on 2 cores), the Flower venvs (~30 s each), the
+# real-node binaries (kubelet, kube-proxy; ~5 min after the control plane) and Debian packages
+# (containerd, runc, CNI plugins, buildah, mmdebstrap, iptables), and the container images the
+# real-node tests run (Debian base, pause, Flower 1.42.0/1.25.0, our Dockerfile; ~6 min cold).
 set -euo pipefail
 cd "$(dirname "$0")"
 export FLOWER_ADDON_CACHE="${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}"
@@ -23,6 +26,12 @@ K8S_BIN="$(e2e/k8s/build.sh)"
 export FLOWER_ADDON_K8S_BIN="$K8S_BIN"
 echo "    $K8S_BIN"
 
+step "real nodes: Debian packages (containerd, runc, CNI, iptables) + kubelet, kube-proxy: e2e/node/build.sh"
+t_node=$SECONDS
+NODE_BIN="$(e2e/node/build.sh)"
+export FLOWER_ADDON_NODE_BIN="$NODE_BIN"
+echo "    $NODE_BIN ($((SECONDS - t_node)) s)"
+
 step "Flower venvs from PyPI: flwr 1.42.0 and 1.25.0 (cached)"
 e2e/flower/venv.sh 1.42.0 | tail -n 1 | sed 's/^/    /'
 e2e/flower/venv.sh 1.25.0 | tail -n 1 | sed 's/^/    /'
@@ -35,6 +44,13 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "building flower-hub and flower-agent"
 cargo build --quiet --bins
+
+step "container images for the real nodes: e2e/images/build.sh (base, pause, Flower, ours from ./Dockerfile)"
+t_img=$SECONDS
+# The image is built from the repository Dockerfile with the debug binaries just built (BIN_DIR).
+IMAGES="$(FLOWER_ADDON_BIN_DIR=target/debug e2e/images/build.sh)"
+export FLOWER_ADDON_IMAGES="$IMAGES"
+echo "    $IMAGES ($((SECONDS - t_img)) s)"
 
 step "cargo test --workspace: unit, golden, CLI, loopback mTLS, real apiservers, real Flower"
 cargo test --workspace 2>&1 | tee "$LOG_DIR/cargo-test.log"

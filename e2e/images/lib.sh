@@ -31,7 +31,10 @@ ensure_debs() {
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
     mkdir -p "${CACHE_ROOT}" && touch "${CACHE_ROOT}/.apt-updated"
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  apt_log="$(mktemp)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > "${apt_log}" 2>&1 \
+    || { cat "${apt_log}" >&2; rm -f "${apt_log}"; die "apt-get install ${missing[*]} failed"; }
+  rm -f "${apt_log}"
   exec 8>&-
 }
 

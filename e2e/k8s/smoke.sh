@@ -68,7 +68,7 @@ wait_for "etcd /health" 30 bash -c "curl -sf http://127.0.0.1:${ETCD_PORT}/healt
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
   --secure-port="${API_PORT}" \
   --cert-dir="${WORK}/certs" \
-  --service-cluster-ip-range=10.96.0.0/16 \
+  --service-cluster-ip-range=198.19.240.0/20 \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="${WORK}/sa.key" --service-account-signing-key-file="${WORK}/sa.key" \
   --token-auth-file="${WORK}/tokens.csv" \

@@ -4,6 +4,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -14,10 +15,15 @@ use tempfile::TempDir;
 
 use crate::bins::Binaries;
 use crate::kubeconfig;
+use crate::node::{NodeBinaries, NodeNetwork, RealNode};
 use crate::process::{Processes, excerpt};
 
-/// Service CIDR of every cluster.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// Service CIDR of every cluster: inside 198.18.0.0/15 (the benchmarking range this harness
+/// keeps all its addresses in; real nodes' pod subnets are 198.19.0.0–198.19.239.255).
+pub const SERVICE_CIDR: &str = "198.19.240.0/20";
+/// Taint on the kwok nodes of clusters that also have a real node, so that real workloads land on
+/// the real node (`flower-addon.io/kwok=true:NoSchedule`; scale tests tolerate it).
+pub const KWOK_TAINT_KEY: &str = "flower-addon.io/kwok";
 /// Annotation kwok uses to pick the nodes it manages.
 pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
@@ -34,6 +40,11 @@ pub struct Options {
     pub keep_work_dir: bool,
     /// Time allowed for each readiness step.
     pub step_timeout: Duration,
+    /// One real node per cluster (kubelet, kube-proxy, containerd; see [`crate::node`]) beside the
+    /// kwok nodes, which are then tainted [`KWOK_TAINT_KEY`]. The apiservers then listen on the
+    /// node bridge's host address (198.18.k.1) instead of 127.0.0.1, so pods and kubelets reach
+    /// them. `FLOWER_ADDON_E2E_REAL_NODES=1` turns it on.
+    pub real_nodes: bool,
 }
 
 impl Default for Options {
@@ -43,6 +54,7 @@ impl Default for Options {
             watch_cache: std::env::var("FLOWER_ADDON_E2E_WATCH_CACHE").map_or(true, |v| v != "0"),
             keep_work_dir: std::env::var("FLOWER_ADDON_E2E_KEEP").is_ok_and(|v| v == "1"),
             step_timeout: Duration::from_secs(120),
+            real_nodes: std::env::var("FLOWER_ADDON_E2E_REAL_NODES").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -64,6 +76,8 @@ pub struct Cluster {
     pub client: Client,
     /// Names of the fake kwok nodes.
     pub nodes: Vec<String>,
+    /// Name and address of the real node, with [`Options::real_nodes`].
+    pub real_node: Option<(String, std::net::Ipv4Addr)>,
     dir: PathBuf,
 }
 
@@ -101,6 +115,8 @@ pub struct ControlPlane {
     work_dir: PathBuf,
     tmp: Option<TempDir>,
     bins: Binaries,
+    node_net: Option<Arc<NodeNetwork>>,
+    real_nodes: Vec<RealNode>,
 }
 
 struct Ports {
@@ -178,6 +194,8 @@ impl ControlPlane {
             work_dir,
             tmp: Some(tmp),
             bins,
+            node_net: None,
+            real_nodes: Vec::new(),
         };
         if opts.keep_work_dir {
             cp.keep_work_dir();
@@ -203,6 +221,19 @@ impl ControlPlane {
     }
 
     async fn boot(&mut self, names: &[&str], opts: &Options) -> Result<()> {
+        // Real nodes: locate their binaries before starting anything, then the bridge the
+        // apiservers listen on.
+        let node_bins = if opts.real_nodes {
+            let bins = NodeBinaries::locate()?;
+            self.node_net = Some(NodeNetwork::create()?);
+            Some(bins)
+        } else {
+            None
+        };
+        let listen_ip = self
+            .node_net
+            .as_ref()
+            .map_or_else(|| "127.0.0.1".to_string(), |n| n.host_ip().to_string());
         let ports = free_ports(2 + 4 * names.len())?;
         let (etcd_port, etcd_peer) = (ports[0], ports[1]);
         let cluster_ports: Vec<Ports> = ports[2..]
@@ -264,10 +295,8 @@ impl ControlPlane {
             let mut args = vec![
                 format!("--etcd-servers={}", self.etcd_url),
                 format!("--etcd-prefix=/{name}"),
-                s("--bind-address=127.0.0.1"),
-                s("--advertise-address=127.0.0.1"),
-                // A loopback advertise address is refused by the endpoint reconciler.
-                s("--endpoint-reconciler-type=none"),
+                format!("--bind-address={listen_ip}"),
+                format!("--advertise-address={listen_ip}"),
                 format!("--secure-port={}", p.api),
                 format!("--cert-dir={}", dir.join("certs").display()),
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
@@ -281,6 +310,14 @@ impl ControlPlane {
                 s("--authorization-mode=RBAC"),
                 s("--allow-privileged=true"),
             ];
+            if self.node_net.is_none() {
+                // A loopback advertise address is refused by the endpoint reconciler. With real
+                // nodes the `kubernetes` Service gets its endpoint (pods reach the apiserver).
+                args.push(s("--endpoint-reconciler-type=none"));
+            } else {
+                // Logs and exec go to the kubelet by its node IP (node names do not resolve).
+                args.push(s("--kubelet-preferred-address-types=InternalIP"));
+            }
             if !opts.watch_cache {
                 args.push(s("--watch-cache=false"));
             }
@@ -297,7 +334,7 @@ impl ControlPlane {
         let mut clusters = Vec::new();
         for (name, dir, token, port) in pending {
             let ca_file = dir.join("certs/apiserver.crt");
-            let server = format!("https://127.0.0.1:{port}");
+            let server = format!("https://{listen_ip}:{port}");
             let kc = dir.join("kubeconfig");
             let ca = ca_file.clone();
             self.wait(
@@ -330,6 +367,7 @@ impl ControlPlane {
                 admin_token: token,
                 client,
                 nodes: Vec::new(),
+                real_node: None,
                 dir,
             });
         }
@@ -427,7 +465,7 @@ impl ControlPlane {
             for i in 0..opts.nodes_per_cluster {
                 let name = format!("{}-node-{i}", c.name);
                 nodes
-                    .create(&PostParams::default(), &fake_node(&name)?)
+                    .create(&PostParams::default(), &fake_node(&name, opts.real_nodes)?)
                     .await
                     .with_context(|| format!("creating node {name}"))?;
                 c.nodes.push(name);
@@ -451,6 +489,20 @@ impl ControlPlane {
             clusters.iter().map(|c| c.nodes.len()).sum::<usize>(),
             t.elapsed().as_secs_f64()
         );
+        if let (Some(bins), Some(net)) = (node_bins, self.node_net.clone()) {
+            let t = Instant::now();
+            for c in &mut clusters {
+                let name = format!("{}-real-0", c.name);
+                let node = RealNode::start(&net, c, &name, &bins, opts.step_timeout).await?;
+                c.real_node = Some((name, node.ip));
+                self.real_nodes.push(node);
+            }
+            eprintln!(
+                "e2e: {} real node(s) Ready ({:.1}s)",
+                self.real_nodes.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
         self.clusters = clusters;
         Ok(())
     }
@@ -528,6 +580,24 @@ impl ControlPlane {
         }
     }
 
+    /// The real nodes ([`Options::real_nodes`]), one per cluster in cluster order.
+    pub fn real_nodes(&self) -> &[RealNode] {
+        &self.real_nodes
+    }
+
+    /// The real node of cluster `name`.
+    pub fn real_node(&self, cluster: &str) -> Result<&RealNode> {
+        let c = self.cluster(cluster)?;
+        let (node, _) = c
+            .real_node
+            .as_ref()
+            .with_context(|| format!("cluster {cluster} has no real node (Options::real_nodes)"))?;
+        self.real_nodes
+            .iter()
+            .find(|n| &n.name == node)
+            .with_context(|| format!("no real node {node}"))
+    }
+
     /// The harness's processes (to start more, e.g. hub and agents, or stop one).
     pub fn processes(&mut self) -> &mut Processes {
         &mut self.procs
@@ -565,7 +635,10 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let t = Instant::now();
+        // Nodes first (their cleanup needs no apiserver), then the control plane, then the bridge.
+        self.real_nodes.clear();
         self.procs.stop_all();
+        self.node_net = None;
         eprintln!(
             "e2e: control plane stopped ({:.1}s){}",
             t.elapsed().as_secs_f64(),
@@ -588,7 +661,12 @@ async fn etcd_healthy(port: u16) -> Result<bool> {
     Ok(body.contains("\"health\":\"true\""))
 }
 
-fn fake_node(name: &str) -> Result<Node> {
+fn fake_node(name: &str, tainted: bool) -> Result<Node> {
+    let taints = if tainted {
+        serde_json::json!([{"key": KWOK_TAINT_KEY, "value": "true", "effect": "NoSchedule"}])
+    } else {
+        serde_json::json!([])
+    };
     Ok(serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -602,6 +680,7 @@ fn fake_node(name: &str) -> Result<Node> {
                 "type": "kwok"
             }
         },
+        "spec": {"taints": taints},
         "status": {
             "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}

@@ -19,6 +19,7 @@ pub mod bins;
 pub mod cluster;
 pub mod deployment;
 pub mod kubeconfig;
+pub mod node;
 pub mod observe;
 pub mod process;
 
@@ -30,6 +31,7 @@ pub use apply::{
 pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};
 pub use deployment::ContainerCommand;
+pub use node::{NodeBinaries, NodeNetwork, RealNode};
 pub use observe::{applied_versions, pod_uids};
 
 /// Installs rustls' ring crypto provider for the process (idempotent).

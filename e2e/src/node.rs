@@ -1,0 +1,1168 @@
+//! Real nodes: kubelet + kube-proxy + containerd + runc + CNI (bridge, host-local, portmap,
+//! loopback), each node in its own network namespace joined to a host bridge, so that pods run real
+//! containers (images from `e2e/images/build.sh`, loaded with `ctr images import`).
+//!
+//! Addresses come from 198.18.0.0/15 only: per run a bridge subnet `198.18.<k>.0/24` (host
+//! `198.18.<k>.1`, node `j` at `198.18.<k>.<10 + j>`) and per node a pod subnet
+//! `198.19.<4k + j>.0/24`; Services use [`crate::cluster::SERVICE_CIDR`] (198.19.240.0/20).
+//!
+//! Everything a node makes is undone when it is dropped, also after a failed start: processes
+//! (kubelet, kube-proxy, containerd) by pid, container shims and container processes by the pids
+//! containerd recorded, `kube-proxy --cleanup`, the node's cgroups, every mount under its directory
+//! (overlay rootfs, shm, pod netns, kubelet volumes), its netns (and with it every iptables rule
+//! kubelet, kube-proxy and the CNI plugins wrote, which all live in that netns), and the kernel
+//! settings kubelet changes; [`NodeNetwork`] removes its bridge when the last node is gone.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+use crate::cluster::{Cluster, node_ready};
+use crate::process::{Processes, excerpt};
+
+/// Environment variable naming the directory holding `kubelet` and `kube-proxy`.
+pub const NODE_BIN_DIR_ENV: &str = "FLOWER_ADDON_NODE_BIN";
+/// Environment variable naming the directory of OCI archives (default: `e2e/images/build.sh`'s).
+pub const IMAGES_DIR_ENV: &str = "FLOWER_ADDON_IMAGES";
+/// The pod sandbox image (containerd's `sandbox_image`), built by `e2e/images/build.sh`.
+pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
+/// Label every real node carries (`flower-addon.io/e2e-node=real`); kwok nodes carry `type=kwok`.
+pub const REAL_NODE_LABEL: (&str, &str) = ("flower-addon.io/e2e-node", "real");
+/// Where the Debian package containernetworking-plugins installs the CNI plugins.
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+/// Kernel settings kubelet sets on start (`setupKernelTunables`); restored when the node stops.
+const KUBELET_SYSCTLS: &[&str] = &[
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+fn script(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Runs a command to completion; fails with its stderr when it fails.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program} {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs a cleanup command, reporting (not failing on) errors.
+fn run_quiet(program: &str, args: &[&str]) {
+    if let Err(e) = run(program, args) {
+        eprintln!("e2e: cleanup: {e:#}");
+    }
+}
+
+/// Paths of everything a real node runs.
+#[derive(Debug, Clone)]
+pub struct NodeBinaries {
+    /// `kubelet` (built by `e2e/node/build.sh`).
+    pub kubelet: PathBuf,
+    /// `kube-proxy` (built by `e2e/node/build.sh`).
+    pub kube_proxy: PathBuf,
+    /// `containerd` (Debian package).
+    pub containerd: PathBuf,
+    /// `ctr` (Debian package containerd).
+    pub ctr: PathBuf,
+    /// `nsenter` (util-linux): starts the node's processes in its network namespace only (the
+    /// mount namespace stays the host's, so kubelet's volume mounts are what containerd sees).
+    pub nsenter: PathBuf,
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+impl NodeBinaries {
+    /// Finds kubelet and kube-proxy via `$FLOWER_ADDON_NODE_BIN` or `e2e/node/build.sh
+    /// --print-bin-dir`, and containerd, runc, ctr, ip, nsenter, iptables and the CNI plugins on
+    /// the machine. Fails (never skips) naming what is missing and how to get it.
+    pub fn locate() -> Result<Self> {
+        let build = script("node/build.sh");
+        let how = format!(
+            "run `{}` (installs containerd, runc, containernetworking-plugins, iptables and builds \
+             kubelet and kube-proxy; cold ~5 min after e2e/k8s/build.sh) or set {NODE_BIN_DIR_ENV}",
+            build.display()
+        );
+        let dir = match std::env::var_os(NODE_BIN_DIR_ENV) {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let out = Command::new(&build)
+                    .arg("--print-bin-dir")
+                    .output()
+                    .with_context(|| format!("running {} --print-bin-dir", build.display()))?;
+                if !out.status.success() {
+                    bail!(
+                        "{} --print-bin-dir failed: {}",
+                        build.display(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            }
+        };
+        let in_dir = |name: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            if p.is_file() {
+                Ok(p)
+            } else {
+                bail!("missing {}; {how}", p.display())
+            }
+        };
+        let machine = |name: &str| -> Result<PathBuf> {
+            on_path(name).with_context(|| format!("{name} is not installed; {how}"))
+        };
+        for tool in ["runc", "ip", "iptables", "mount", "umount"] {
+            machine(tool)?;
+        }
+        for plugin in ["bridge", "host-local", "portmap", "loopback"] {
+            let p = Path::new(CNI_BIN_DIR).join(plugin);
+            if !p.is_file() {
+                bail!("missing CNI plugin {}; {how}", p.display());
+            }
+        }
+        Ok(Self {
+            kubelet: in_dir("kubelet")?,
+            kube_proxy: in_dir("kube-proxy")?,
+            containerd: machine("containerd")?,
+            ctr: machine("ctr")?,
+            nsenter: machine("nsenter")?,
+        })
+    }
+}
+
+/// One image archive of `e2e/images/build.sh`.
+#[derive(Debug, Clone)]
+pub struct ImageArchive {
+    /// Full reference, e.g. `docker.io/flwr/superlink:1.42.0`.
+    pub reference: String,
+    /// The OCI archive.
+    pub file: PathBuf,
+}
+
+/// The images `e2e/images/build.sh` built (its `images.tsv`), from `$FLOWER_ADDON_IMAGES` or the
+/// cache. Fails, naming the script, when the index or an archive is missing.
+pub fn image_archives() -> Result<Vec<ImageArchive>> {
+    let dir = match std::env::var_os(IMAGES_DIR_ENV) {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let cache = std::env::var_os("FLOWER_ADDON_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/flower-addon"))
+                })
+                .context("neither FLOWER_ADDON_CACHE nor HOME is set")?;
+            cache.join("images/oci")
+        }
+    };
+    let how = format!(
+        "build the images first: run `{}` (or set {IMAGES_DIR_ENV})",
+        script("images/build.sh").display()
+    );
+    let index = dir.join("images.tsv");
+    let text = std::fs::read_to_string(&index)
+        .with_context(|| format!("reading {}; {how}", index.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (reference, file) = l
+                .split_once('\t')
+                .with_context(|| format!("bad line in {}: {l:?}", index.display()))?;
+            Ok(ImageArchive {
+                reference: reference.to_string(),
+                file: dir.join(file),
+            })
+        })
+        .collect()
+}
+
+/// The archive of image `reference` (full or short, e.g. `flwr/superlink:1.42.0`).
+pub fn image_archive(reference: &str) -> Result<ImageArchive> {
+    let all = image_archives()?;
+    let full = normalize_reference(reference);
+    let found = all
+        .into_iter()
+        .find(|a| a.reference == full)
+        .with_context(|| format!("no image {full} in the images index"))?;
+    if !found.file.is_file() {
+        bail!(
+            "missing {}; run {}",
+            found.file.display(),
+            script("images/build.sh").display()
+        );
+    }
+    Ok(found)
+}
+
+/// Docker-style normalization: `flwr/superlink:1` → `docker.io/flwr/superlink:1`, `debian:x` →
+/// `docker.io/library/debian:x`.
+pub fn normalize_reference(reference: &str) -> String {
+    let first = reference.split('/').next().unwrap_or_default();
+    let has_domain = reference.contains('/')
+        && (first.contains('.') || first.contains(':') || first == "localhost");
+    if has_domain {
+        reference.to_string()
+    } else if reference.contains('/') {
+        format!("docker.io/{reference}")
+    } else {
+        format!("docker.io/library/{reference}")
+    }
+}
+
+fn random_u16() -> Result<u16> {
+    use std::io::Read;
+    let mut buf = [0u8; 2];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(u16::from_le_bytes(buf))
+}
+
+/// A host bridge in `198.18.<k>.0/24` that every node of one run joins; removed on drop.
+#[derive(Debug)]
+pub struct NodeNetwork {
+    k: u8,
+    bridge: String,
+    next_node: AtomicU8,
+    /// Host directories that kubelet, containerd, CNI and `ip netns` make at fixed paths and that
+    /// did not exist before: removed at the end when empty.
+    new_dirs: Vec<&'static str>,
+    /// Whether /run/netns was a mount point before (`ip netns add` makes it one).
+    netns_was_mounted: bool,
+}
+
+/// Fixed host paths the node components create whatever their configuration (deepest first).
+const HOST_DIRS: &[&str] = &[
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet",
+    "/var/log/containers",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/run/containerd/s",
+    "/run/containerd",
+    "/run/netns",
+];
+
+fn is_mount_point(path: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(path))
+}
+
+impl NodeNetwork {
+    /// Creates the bridge on a subnet no interface of this machine uses yet.
+    pub fn create() -> Result<Arc<Self>> {
+        let used = run("ip", &["-4", "-o", "addr", "show"])?;
+        let start = random_u16()?;
+        for i in 0..59u16 {
+            let k = u8::try_from(1 + (start.wrapping_add(i) % 59)).unwrap_or(1);
+            if used.contains(&format!(" 198.18.{k}.")) {
+                continue;
+            }
+            let bridge = format!("fae2e{k}br");
+            if Path::new("/sys/class/net").join(&bridge).exists() {
+                continue;
+            }
+            let net = Self {
+                k,
+                bridge,
+                next_node: AtomicU8::new(0),
+                new_dirs: HOST_DIRS
+                    .iter()
+                    .copied()
+                    .filter(|d| !Path::new(d).exists())
+                    .collect(),
+                netns_was_mounted: is_mount_point("/run/netns"),
+            };
+            run("ip", &["link", "add", &net.bridge, "type", "bridge"])?;
+            let up = (|| -> Result<()> {
+                run(
+                    "ip",
+                    &[
+                        "addr",
+                        "add",
+                        &format!("{}/24", net.host_ip()),
+                        "dev",
+                        &net.bridge,
+                    ],
+                )?;
+                run("ip", &["link", "set", &net.bridge, "up"])?;
+                Ok(())
+            })();
+            // On error `net` is dropped here, which deletes the bridge.
+            up?;
+            eprintln!(
+                "e2e: node network {} on {} (198.18.{k}.0/24)",
+                net.bridge,
+                net.host_ip()
+            );
+            return Ok(Arc::new(net));
+        }
+        bail!("no free 198.18.<k>.0/24 subnet for the node bridge (k = 1..59 all in use)")
+    }
+
+    /// The host's address on the bridge (where apiservers listen for the nodes).
+    pub fn host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.k, 1)
+    }
+
+    /// The bridge's name.
+    pub fn bridge(&self) -> &str {
+        &self.bridge
+    }
+
+    fn allocate(&self) -> Result<u8> {
+        let j = self.next_node.fetch_add(1, Ordering::SeqCst);
+        if j >= 4 {
+            bail!("at most 4 real nodes per node network");
+        }
+        Ok(j)
+    }
+}
+
+impl Drop for NodeNetwork {
+    fn drop(&mut self) {
+        run_quiet("ip", &["link", "del", &self.bridge]);
+        // kubelet's device-plugin socket is at a fixed path; ours if the directory is.
+        if self.new_dirs.contains(&"/var/lib/kubelet/device-plugins") {
+            let _ = std::fs::remove_file("/var/lib/kubelet/device-plugins/kubelet.sock");
+        }
+        let netns_empty = std::fs::read_dir("/run/netns").is_ok_and(|mut d| d.next().is_none());
+        if !self.netns_was_mounted && netns_empty && is_mount_point("/run/netns") {
+            run_quiet("umount", &["/run/netns"]);
+        }
+        for d in &self.new_dirs {
+            // Only when empty: another run may be using it.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A running real node; everything it made is removed when it is dropped.
+pub struct RealNode {
+    /// Node name (as registered with the apiserver).
+    pub name: String,
+    /// The node's address on the bridge (its InternalIP; NodePorts answer here).
+    pub ip: Ipv4Addr,
+    /// Pod subnet of this node.
+    pub pod_cidr: String,
+    /// Time from start to Ready.
+    pub startup: Duration,
+    dir: PathBuf,
+    netns: String,
+    host_veth: String,
+    cgroup_root: String,
+    procs: Processes,
+    bins: NodeBinaries,
+    sysctls: Vec<(String, String)>,
+    created_netns: bool,
+    _net: Arc<NodeNetwork>,
+}
+
+impl std::fmt::Debug for RealNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealNode")
+            .field("name", &self.name)
+            .field("ip", &self.ip)
+            .field("pod_cidr", &self.pod_cidr)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RealNode {
+    /// Starts a real node named `name` for `cluster` (whose apiserver must listen on
+    /// `net.host_ip()`), in `<cluster dir>/<name>`, and waits until it is Ready.
+    pub async fn start(
+        net: &Arc<NodeNetwork>,
+        cluster: &Cluster,
+        name: &str,
+        bins: &NodeBinaries,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let t0 = Instant::now();
+        let j = net.allocate()?;
+        let k = net.k;
+        let dir = cluster.dir().join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut node = Self {
+            name: name.to_string(),
+            ip: Ipv4Addr::new(198, 18, k, 10 + j),
+            pod_cidr: format!("198.19.{}.0/24", 4 * u16::from(k) + u16::from(j)),
+            startup: Duration::ZERO,
+            dir,
+            netns: format!("fae2e-{k}-{j}"),
+            host_veth: format!("fae2e{k}v{j}"),
+            cgroup_root: format!("/fae2e-{k}-{j}"),
+            procs: Processes::default(),
+            bins: bins.clone(),
+            sysctls: KUBELET_SYSCTLS
+                .iter()
+                .filter_map(|s| {
+                    std::fs::read_to_string(Path::new("/proc/sys").join(s))
+                        .ok()
+                        .map(|v| (s.to_string(), v.trim().to_string()))
+                })
+                .collect(),
+            created_netns: false,
+            _net: Arc::clone(net),
+        };
+        // On error `node` is dropped, which undoes what was done so far.
+        node.boot(net, cluster, timeout).await.with_context(|| {
+            format!(
+                "real node {name} failed to start (logs under {})",
+                node.dir.display()
+            )
+        })?;
+        node.startup = t0.elapsed();
+        eprintln!(
+            "e2e: real node {} Ready on {} (pods {}) in {:.1}s",
+            node.name,
+            node.ip,
+            node.pod_cidr,
+            node.startup.as_secs_f64()
+        );
+        Ok(node)
+    }
+
+    /// The node's directory (configs, logs, containerd and kubelet state).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The containerd socket of this node.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    /// `(process name, RSS KiB)` of the node's processes.
+    pub fn rss_kib(&self) -> Vec<(String, u64)> {
+        self.procs
+            .all()
+            .iter()
+            .map(|p| (p.name.clone(), p.rss_kib().unwrap_or(0)))
+            .collect()
+    }
+
+    fn nsenter_args(&self, program: &Path, args: &[String]) -> Vec<String> {
+        let mut v = vec![
+            format!("--net=/run/netns/{}", self.netns),
+            "--".to_string(),
+            program.display().to_string(),
+        ];
+        v.extend(args.iter().cloned());
+        v
+    }
+
+    /// Runs `program args…` inside the node's network namespace, to completion.
+    pub fn exec_in_netns(&self, program: &str, args: &[&str]) -> Result<String> {
+        let mut v = vec![
+            format!("--net=/run/netns/{}", self.netns),
+            "--".into(),
+            program.into(),
+        ];
+        v.extend(args.iter().map(|a| a.to_string()));
+        let refs: Vec<&str> = v.iter().map(String::as_str).collect();
+        run("nsenter", &refs)
+    }
+
+    /// `ctr -a <node socket> -n k8s.io ARGS…`.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        let sock = self.containerd_socket().display().to_string();
+        let mut v = vec!["-a", sock.as_str(), "-n", "k8s.io"];
+        v.extend_from_slice(args);
+        run(&self.bins.ctr.display().to_string(), &v)
+    }
+
+    /// Loads images into the node's containerd (`ctr images import`), so pods with
+    /// `imagePullPolicy: IfNotPresent` run them without a registry. Returns the time it took.
+    pub fn import_images(&self, images: &[ImageArchive]) -> Result<Duration> {
+        let t = Instant::now();
+        for img in images {
+            let t1 = Instant::now();
+            let file = img.file.display().to_string();
+            self.ctr(&["images", "import", "--index-name", &img.reference, &file])
+                .with_context(|| format!("importing {} into {}", img.reference, self.name))?;
+            eprintln!(
+                "e2e: {}: imported {} ({:.1}s)",
+                self.name,
+                img.reference,
+                t1.elapsed().as_secs_f64()
+            );
+        }
+        Ok(t.elapsed())
+    }
+
+    async fn boot(
+        &mut self,
+        net: &NodeNetwork,
+        cluster: &Cluster,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.make_netns(net)?;
+        self.make_cgroups()?;
+        self.write_configs(net, cluster)?;
+
+        // containerd (CNI plugins run from it, so it lives in the node's netns).
+        let containerd = self.bins.containerd.clone();
+        let args = self.nsenter_args(
+            &containerd,
+            &[format!(
+                "--config={}",
+                self.dir.join("containerd.toml").display()
+            )],
+        );
+        self.procs.start(
+            &format!("{}/containerd", self.name),
+            &self.bins.nsenter.clone(),
+            &args,
+            &self.dir.join("containerd.log"),
+        )?;
+        let sock = self.containerd_socket();
+        self.wait(timeout, "containerd socket", || {
+            let sock = sock.clone();
+            async move { Ok(sock.exists()) }
+        })
+        .await?;
+        let pause = image_archive(PAUSE_IMAGE)?;
+        self.import_images(&[pause])?;
+
+        // kubelet.
+        let kubelet = self.bins.kubelet.clone();
+        let args = self.nsenter_args(
+            &kubelet,
+            &[
+                format!("--config={}", self.dir.join("kubelet.yaml").display()),
+                format!("--root-dir={}", self.dir.join("kubelet").display()),
+                format!("--cert-dir={}", self.dir.join("kubelet/pki").display()),
+                format!("--kubeconfig={}", self.dir.join("kubeconfig").display()),
+                format!("--hostname-override={}", self.name),
+                format!("--node-ip={}", self.ip),
+                format!("--node-labels={}={}", REAL_NODE_LABEL.0, REAL_NODE_LABEL.1),
+                "--v=1".into(),
+            ],
+        );
+        self.procs.start(
+            &format!("{}/kubelet", self.name),
+            &self.bins.nsenter.clone(),
+            &args,
+            &self.dir.join("kubelet.log"),
+        )?;
+        let nodes: Api<Node> = Api::all(cluster.client.clone());
+        let name = self.name.clone();
+        self.wait(timeout, "node registered", || {
+            let nodes = nodes.clone();
+            let name = name.clone();
+            async move { Ok(nodes.get_opt(&name).await?.is_some()) }
+        })
+        .await?;
+
+        // kube-proxy (iptables mode, NodePorts on the node's address only).
+        let proxy = self.bins.kube_proxy.clone();
+        let args = self.nsenter_args(
+            &proxy,
+            &[
+                format!("--kubeconfig={}", self.dir.join("kubeconfig").display()),
+                format!("--hostname-override={}", self.name),
+                "--proxy-mode=iptables".into(),
+                format!("--nodeport-addresses={}/32", self.ip),
+                format!("--cluster-cidr={}", self.pod_cidr),
+                "--healthz-bind-address=127.0.0.1:10256".into(),
+                "--metrics-bind-address=127.0.0.1:10249".into(),
+                // 0: leave the host's conntrack sysctls alone.
+                "--conntrack-max-per-core=0".into(),
+                "--conntrack-tcp-timeout-established=0".into(),
+                "--conntrack-tcp-timeout-close-wait=0".into(),
+            ],
+        );
+        self.procs.start(
+            &format!("{}/kube-proxy", self.name),
+            &self.bins.nsenter.clone(),
+            &args,
+            &self.dir.join("kube-proxy.log"),
+        )?;
+        self.wait(timeout, "node Ready", || {
+            let nodes = nodes.clone();
+            let name = name.clone();
+            async move { Ok(nodes.get_opt(&name).await?.as_ref().is_some_and(node_ready)) }
+        })
+        .await?;
+        let ip = self.ip.to_string();
+        let netns = self.netns.clone();
+        self.wait(timeout, "kube-proxy healthz", || {
+            let netns = netns.clone();
+            let _ = &ip;
+            async move {
+                // kube-proxy's healthz answers 200 once it has synced its rules.
+                Ok(run(
+                    "nsenter",
+                    &[
+                        &format!("--net=/run/netns/{netns}"),
+                        "--",
+                        "bash",
+                        "-c",
+                        "exec 3<>/dev/tcp/127.0.0.1/10256 && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3",
+                    ],
+                )
+                .is_ok_and(|s| s.contains(" 200")))
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn wait<F, Fut>(&mut self, timeout: Duration, what: &str, mut probe: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let start = Instant::now();
+        let mut last_err = None;
+        loop {
+            self.procs.check_alive()?;
+            match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last_err = Some(e),
+            }
+            if start.elapsed() > timeout {
+                let mut msg = format!(
+                    "timed out after {timeout:?} waiting for {what} of {}",
+                    self.name
+                );
+                if let Some(e) = last_err {
+                    msg.push_str(&format!("; last error: {e:#}"));
+                }
+                for p in self.procs.all() {
+                    msg.push_str(&format!(
+                        "\n--- {} ({}):\n{}",
+                        p.name,
+                        p.log.display(),
+                        excerpt(&p.log)
+                    ));
+                }
+                bail!(msg);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn make_netns(&mut self, net: &NodeNetwork) -> Result<()> {
+        let ns = self.netns.clone();
+        if Path::new("/run/netns").join(&ns).exists() {
+            // A leftover of a killed run with the same subnet (the subnet check makes this rare).
+            run_quiet("ip", &["netns", "del", &ns]);
+        }
+        run("ip", &["netns", "add", &ns])?;
+        self.created_netns = true;
+        let peer = format!("{}p", self.host_veth);
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &self.host_veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer,
+            ],
+        )?;
+        run(
+            "ip",
+            &["link", "set", &self.host_veth, "master", net.bridge(), "up"],
+        )?;
+        run("ip", &["link", "set", &peer, "netns", &ns])?;
+        let inns = |args: &[&str]| -> Result<String> {
+            let mut v = vec!["netns", "exec", ns.as_str()];
+            v.extend_from_slice(args);
+            run("ip", &v)
+        };
+        inns(&["ip", "link", "set", &peer, "name", "eth0"])?;
+        inns(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.ip),
+            "dev",
+            "eth0",
+        ])?;
+        inns(&["ip", "link", "set", "eth0", "up"])?;
+        inns(&["ip", "link", "set", "lo", "up"])?;
+        inns(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &net.host_ip().to_string(),
+        ])?;
+        // Per-netns settings: routing for pods, and bridged pod traffic through iptables (Service
+        // hairpin); the latter exists only where br_netfilter is loaded.
+        let nsenter_sysctl = |key: &str, value: &str| -> Result<()> {
+            let path = format!("/proc/sys/{key}");
+            if Path::new(&path).exists() {
+                run(
+                    "nsenter",
+                    &[
+                        &format!("--net=/run/netns/{ns}"),
+                        "--",
+                        "sh",
+                        "-c",
+                        &format!("echo {value} > {path}"),
+                    ],
+                )?;
+            }
+            Ok(())
+        };
+        nsenter_sysctl("net/ipv4/ip_forward", "1")?;
+        nsenter_sysctl("net/bridge/bridge-nf-call-iptables", "1")?;
+        Ok(())
+    }
+
+    /// kubelet refuses a `cgroupRoot` that does not exist: make it in every v1 hierarchy.
+    fn make_cgroups(&self) -> Result<()> {
+        for hierarchy in cgroup_hierarchies() {
+            let dir = hierarchy.join(self.cgroup_root.trim_start_matches('/'));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if hierarchy.ends_with("cpuset") {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    let v = std::fs::read_to_string(hierarchy.join(f))?;
+                    std::fs::write(dir.join(f), v.trim())
+                        .with_context(|| format!("writing {}", dir.join(f).display()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_configs(&self, net: &NodeNetwork, cluster: &Cluster) -> Result<()> {
+        let d = &self.dir;
+        let p = |rel: &str| d.join(rel).display().to_string();
+        for sub in ["cni/net.d", "cni/ipam", "pod-logs", "kubelet", "containerd"] {
+            std::fs::create_dir_all(d.join(sub))?;
+        }
+        std::fs::write(
+            d.join("containerd.toml"),
+            format!(
+                r#"version = 2
+root = "{root}"
+state = "{state}"
+oom_score = 0
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = ""
+[debug]
+  address = ""
+  level = "info"
+[metrics]
+  address = ""
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # This sandbox refuses a negative oom_score_adj; without this every sandbox fails with runc's
+  # "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  # Pod netns mounts under the node's state dir, where cleanup finds them.
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        # runc's state per node (default /run/containerd/runc, shared by every containerd).
+        Root = "{runc_root}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{cni_conf}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+"#,
+                root = p("containerd/root"),
+                state = p("containerd/state"),
+                sock = self.containerd_socket().display(),
+                cni_conf = p("cni/net.d"),
+                opt = p("containerd/opt"),
+                runc_root = p("containerd/runc"),
+            ),
+        )?;
+        std::fs::write(
+            d.join("cni/net.d/10-fae2e.conflist"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "cniVersion": "1.0.0",
+                "name": self.netns,
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": "cbr0",
+                        "isGateway": true,
+                        "ipMasq": true,
+                        "hairpinMode": true,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": self.pod_cidr}]],
+                            "routes": [{"dst": "0.0.0.0/0"}],
+                            "dataDir": p("cni/ipam"),
+                        }
+                    },
+                    {"type": "portmap", "capabilities": {"portMappings": true}}
+                ]
+            }))?,
+        )?;
+        // No cluster DNS runs: pods get an empty resolver configuration.
+        std::fs::write(d.join("resolv.conf"), "options ndots:1\n")?;
+        std::fs::write(
+            d.join("kubelet.yaml"),
+            format!(
+                r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroups are v1 on these machines: kubelet >= 1.35 refuses them unless told.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: {cgroup_root}
+containerRuntimeEndpoint: unix://{sock}
+imageServiceEndpoint: unix://{sock}
+address: {ip}
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+clusterDomain: cluster.local
+resolvConf: {resolv}
+podLogsDir: {pod_logs}
+podCIDR: {pod_cidr}
+failSwapOn: false
+localStorageCapacityIsolation: false
+evictionHard: {{memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+# Preloaded images must never be garbage-collected: no registry brings them back.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+syncFrequency: 10s
+"#,
+                cgroup_root = self.cgroup_root,
+                sock = self.containerd_socket().display(),
+                ip = self.ip,
+                resolv = p("resolv.conf"),
+                pod_logs = p("pod-logs"),
+                pod_cidr = self.pod_cidr,
+            ),
+        )?;
+        let _ = net;
+        crate::kubeconfig::write(
+            &d.join("kubeconfig"),
+            &cluster.name,
+            &cluster.server,
+            &cluster.ca_file,
+            "admin",
+            &cluster.admin_token,
+        )?;
+        Ok(())
+    }
+
+    /// Files containerd, the CNI library and kubelet write at fixed host paths whatever their
+    /// configuration: shim sockets (/run/containerd/s), CNI result caches (/var/lib/cni/results,
+    /// named after this node's CNI network) and /var/log/containers links into this node's dir.
+    fn remove_host_leftovers(&self) {
+        let tasks = self
+            .dir
+            .join("containerd/state/io.containerd.runtime.v2.task");
+        for address in find_files(&tasks, &["address"]) {
+            if let Ok(a) = std::fs::read_to_string(&address) {
+                let path = a.trim().trim_start_matches("unix://");
+                if path.starts_with("/run/containerd/s/") {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        // Results are named <network>-<container id>-<ifname>: our network's, and the loopback
+        // ones of our sandboxes.
+        let prefix = format!("{}-", self.netns);
+        let ids: Vec<String> = [
+            tasks.join("k8s.io"),
+            self.dir
+                .join("containerd/state/io.containerd.grpc.v1.cri/sandboxes"),
+        ]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|entries| entries.flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+        if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let loopback_of_ours = name
+                    .strip_prefix("cni-loopback-")
+                    .is_some_and(|rest| ids.iter().any(|id| rest.starts_with(id.as_str())));
+                if name.starts_with(&prefix) || loopback_of_ours {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+            for e in entries.flatten() {
+                if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&self.dir)) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
+    /// Undoes everything (idempotent; errors are reported, not returned).
+    fn cleanup(&mut self) {
+        let t = Instant::now();
+        // kubelet and kube-proxy first (so nothing restarts containers), then containerd.
+        for name in ["kubelet", "kube-proxy", "containerd"] {
+            let _ = self.procs.stop(&format!("{}/{name}", self.name));
+        }
+        self.procs.stop_all();
+        // Container processes by the pids runc recorded, then their shims (which outlive
+        // containerd): the containerd-shim-runc-v2 processes whose -address is this node's socket.
+        let tasks = self
+            .dir
+            .join("containerd/state/io.containerd.runtime.v2.task");
+        let sock = self.containerd_socket().display().to_string();
+        for pidfile in find_files(&tasks, &["init.pid"]) {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+                .filter(|p| *p > 1)
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        for pid in shim_pids(&sock) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // Anything left in the node's pod cgroups.
+        for _ in 0..50 {
+            let mut alive = 0;
+            for h in cgroup_hierarchies() {
+                for procs in find_files(
+                    &h.join(self.cgroup_root.trim_start_matches('/')),
+                    &["cgroup.procs"],
+                ) {
+                    for pid in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
+                        if let Ok(pid) = pid.trim().parse::<i32>() {
+                            alive += 1;
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(pid),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                        }
+                    }
+                }
+            }
+            if alive == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // kube-proxy's and kubelet's iptables rules live in the node's netns and go with it;
+        // `kube-proxy --cleanup` first anyway, as a real node would.
+        if self.created_netns && Path::new("/run/netns").join(&self.netns).exists() {
+            let proxy = self.bins.kube_proxy.display().to_string();
+            let _ = self.exec_in_netns(&proxy, &["--cleanup"]);
+        }
+        // Mounts under the node dir (overlay rootfs, shm, pod netns, kubelet volumes), deepest
+        // first; lazily, as a shim may still be exiting.
+        let prefix = self.dir.display().to_string();
+        let mut mounts = mount_points_under(&prefix);
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in &mounts {
+            run_quiet("umount", &["--lazy", m]);
+        }
+        // cgroups, deepest first.
+        for h in cgroup_hierarchies() {
+            let root = h.join(self.cgroup_root.trim_start_matches('/'));
+            let mut dirs = find_dirs(&root);
+            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+            for d in dirs {
+                let _ = std::fs::remove_dir(&d);
+            }
+        }
+        if self.created_netns {
+            run_quiet("ip", &["netns", "del", &self.netns]);
+            self.created_netns = false;
+        }
+        self.remove_host_leftovers();
+        if Path::new("/sys/class/net").join(&self.host_veth).exists() {
+            run_quiet("ip", &["link", "del", &self.host_veth]);
+        }
+        for (key, value) in &self.sysctls {
+            let path = Path::new("/proc/sys").join(key);
+            if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() != value) {
+                let _ = std::fs::write(&path, value);
+            }
+        }
+        eprintln!(
+            "e2e: real node {} cleaned up ({:.1}s, {} mount(s))",
+            self.name,
+            t.elapsed().as_secs_f64(),
+            mounts.len()
+        );
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// Pids of the containerd-shim-runc-v2 processes serving the containerd at `socket`.
+fn shim_pids(socket: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"-address" && w[1] == socket.as_bytes())
+        })
+        .collect()
+}
+
+/// The cgroup v1 hierarchies (and the v2 one, where mounted) under /sys/fs/cgroup.
+fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 3
+                && (f[2] == "cgroup" || f[2] == "cgroup2")
+                && f[1].starts_with("/sys/fs/cgroup/"))
+            .then(|| PathBuf::from(f[1]))
+        })
+        .collect()
+}
+
+/// Mount points (from /proc/self/mountinfo) at or under `prefix`.
+fn mount_points_under(prefix: &str) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .map(unescape_mount)
+        .filter(|m| m == prefix || m.starts_with(&format!("{prefix}/")))
+        .collect()
+}
+
+fn unescape_mount(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+fn find_files(root: &Path, names: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(path);
+            } else if names.iter().any(|n| e.file_name() == *n) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn find_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if !dir.is_dir() {
+            continue;
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.push(dir);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalizes_references_like_docker() {
+        assert_eq!(
+            normalize_reference("flwr/superlink:1.42.0"),
+            "docker.io/flwr/superlink:1.42.0"
+        );
+        assert_eq!(
+            normalize_reference("debian:bookworm-slim"),
+            "docker.io/library/debian:bookworm-slim"
+        );
+        assert_eq!(
+            normalize_reference("ghcr.io/flower-addon/flower-addon:0.1.0"),
+            "ghcr.io/flower-addon/flower-addon:0.1.0"
+        );
+        assert_eq!(
+            normalize_reference("registry.k8s.io/pause:3.10.2"),
+            "registry.k8s.io/pause:3.10.2"
+        );
+    }
+}

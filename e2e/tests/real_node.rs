@@ -1,0 +1,260 @@
+//! A cluster with a real node (kubelet + kube-proxy + containerd + runc + CNI in its own network
+//! namespace): pods run real containers from the images `e2e/images/build.sh` builds.
+//!
+//! - the repository's own image (the root `Dockerfile`) runs `flower-hub --version` to Succeeded
+//!   and its log is read through the apiserver (kubelet's API);
+//! - `flwr/superlink:1.42.0` (the local stand-in for Flower's image) serves `/health` through a
+//!   NodePort Service reached from the host, with a real readiness probe.
+//!
+//! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
+//! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
+//! is missing.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use e2e::node::{ImageArchive, image_archive};
+use e2e::{ControlPlane, Options, apply_yaml};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::LogParams;
+
+const ADDON_IMAGE: &str = "ghcr.io/flower-addon/flower-addon:0.1.0";
+const SUPERLINK_IMAGE: &str = "flwr/superlink:1.42.0";
+
+fn pod_phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's status as one line (for failure messages).
+fn describe(p: &Pod) -> String {
+    serde_json::to_string(&p.status).unwrap_or_default()
+}
+
+/// Polls `probe` every 500 ms until it returns `Some`; an `Err` from it fails at once.
+async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn http_get(addr: &str, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn =
+        tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
+            .await
+            .context("connect timed out")??;
+    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), conn.read_to_string(&mut out))
+        .await
+        .context("read timed out")??;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_on_a_real_node() -> Result<()> {
+    e2e::install_crypto();
+    // Fail (not skip) before booting anything when an image is missing.
+    let images: Vec<ImageArchive> = [ADDON_IMAGE, SUPERLINK_IMAGE]
+        .iter()
+        .map(|r| image_archive(r))
+        .collect::<Result<_>>()?;
+
+    let t0 = Instant::now();
+    let cp = ControlPlane::start_with(
+        &["hub"],
+        Options {
+            nodes_per_cluster: 1,
+            real_nodes: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let hub = cp.cluster("hub")?;
+    let node = cp.real_node("hub")?;
+    eprintln!(
+        "real_node: cluster + real node up in {:.1}s (node {} on {}, apiserver {})",
+        t0.elapsed().as_secs_f64(),
+        node.name,
+        node.ip,
+        hub.server
+    );
+    let import = node.import_images(&images)?;
+    eprintln!("real_node: images imported in {:.1}s", import.as_secs_f64());
+
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let node_selector = format!(
+        "{{\"{}\": \"{}\"}}",
+        e2e::node::REAL_NODE_LABEL.0,
+        e2e::node::REAL_NODE_LABEL.1
+    );
+
+    // --- our image: flower-hub --version to Succeeded -----------------------------------------
+    let t = Instant::now();
+    apply_yaml(
+        &hub.client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: addon-version, namespace: default}}
+spec:
+  restartPolicy: Never
+  nodeSelector: {node_selector}
+  containers:
+    - name: hub
+      image: {ADDON_IMAGE}
+      imagePullPolicy: IfNotPresent
+      args: ["--version"]
+      securityContext:
+        runAsNonRoot: true
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities: {{drop: ["ALL"]}}
+"#
+        ),
+        "default",
+    )
+    .await?;
+    let done = poll("addon-version Succeeded", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let Ok(p) = pods.get("addon-version").await else {
+                return Ok(None);
+            };
+            match pod_phase(&p).as_str() {
+                "Succeeded" => Ok(Some(p)),
+                "Failed" => bail!("addon-version failed: {}", describe(&p)),
+                _ => Ok(None),
+            }
+        }
+    })
+    .await
+    .context("pod addon-version (flower-hub --version) did not succeed")?;
+    let pod_node = done
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    assert_eq!(pod_node, node.name, "the pod ran on the real node");
+    let log = pods.logs("addon-version", &LogParams::default()).await?;
+    eprintln!(
+        "real_node: {ADDON_IMAGE} `--version` Succeeded in {:.1}s: {}",
+        t.elapsed().as_secs_f64(),
+        log.trim()
+    );
+    assert!(
+        log.contains("flower-hub") && log.contains("0.1.0"),
+        "unexpected --version output: {log:?}"
+    );
+
+    // --- flwr/superlink:1.42.0 behind a NodePort, /health from the host ------------------------
+    let t = Instant::now();
+    apply_yaml(
+        &hub.client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: superlink, namespace: default, labels: {{app: superlink}}}}
+spec:
+  nodeSelector: {node_selector}
+  containers:
+    - name: superlink
+      image: {SUPERLINK_IMAGE}
+      imagePullPolicy: IfNotPresent
+      args: ["--insecure", "--host", "0.0.0.0", "--port", "8000",
+             "--disable-runtime-dependency-installation", "--isolation", "subprocess"]
+      env:
+        - {{name: FLWR_TELEMETRY_ENABLED, value: "0"}}
+        - {{name: FLWR_DISABLE_UPDATE_CHECK, value: "1"}}
+      ports: [{{name: http, containerPort: 8000}}]
+      readinessProbe:
+        httpGet: {{path: /health, port: http}}
+        periodSeconds: 2
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: superlink, namespace: default}}
+spec:
+  type: NodePort
+  selector: {{app: superlink}}
+  ports: [{{name: http, port: 8000, targetPort: http}}]
+"#
+        ),
+        "default",
+    )
+    .await?;
+    poll("superlink Ready", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let Ok(p) = pods.get("superlink").await else {
+                return Ok(None);
+            };
+            if pod_phase(&p) == "Failed" {
+                bail!("superlink failed: {}", describe(&p));
+            }
+            Ok(pod_ready(&p).then_some(()))
+        }
+    })
+    .await
+    .context("pod superlink did not become Ready (readiness probe GET /health)")?;
+    let ready_after = t.elapsed();
+    let svcs: Api<Service> = Api::namespaced(hub.client.clone(), "default");
+    let svc = svcs.get("superlink").await?;
+    let node_port = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .and_then(|p| p.node_port)
+        .context("the Service has no nodePort")?;
+    let addr = format!("{}:{node_port}", node.ip);
+    let answer = poll("NodePort /health", Duration::from_secs(60), || {
+        let addr = addr.clone();
+        async move {
+            Ok(http_get(&addr, "/health")
+                .await
+                .ok()
+                .filter(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200")))
+        }
+    })
+    .await
+    .with_context(|| format!("GET http://{addr}/health from the host (NodePort) never gave 200"))?;
+    eprintln!(
+        "real_node: {SUPERLINK_IMAGE} Ready in {:.1}s; http://{addr}/health from the host: {} ({:.1}s)",
+        ready_after.as_secs_f64(),
+        answer.lines().next().unwrap_or_default(),
+        t.elapsed().as_secs_f64()
+    );
+
+    eprintln!("real_node: RSS of the node's processes:");
+    for (name, kib) in node.rss_kib() {
+        eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
+    }
+    eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
