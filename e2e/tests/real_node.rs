@@ -251,6 +251,60 @@ spec:
         t.elapsed().as_secs_f64()
     );
 
+    // --- a pod reaches its apiserver the in-cluster way ---------------------------------------
+    // KUBERNETES_SERVICE_HOST (the `kubernetes` ClusterIP, through kube-proxy's rules) with the
+    // ServiceAccount token and CA of the projected volume: what the hub and agent pods do.
+    let t = Instant::now();
+    let script = "import json, os, ssl, urllib.request\n\
+        sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n\
+        ctx = ssl.create_default_context(cafile=sa + '/ca.crt')\n\
+        url = 'https://%s:%s/version' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])\n\
+        req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + open(sa + '/token').read()})\n\
+        print(url, json.load(urllib.request.urlopen(req, context=ctx, timeout=10))['gitVersion'])\n";
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "in-cluster", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
+            "containers": [{
+                "name": "client",
+                "image": SUPERLINK_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", script],
+            }],
+        },
+    }))?;
+    pods.create(&Default::default(), &pod).await?;
+    poll("in-cluster Succeeded", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        async move {
+            let Ok(p) = pods.get("in-cluster").await else {
+                return Ok(None);
+            };
+            match pod_phase(&p).as_str() {
+                "Succeeded" => Ok(Some(())),
+                "Failed" => {
+                    let log = pods
+                        .logs("in-cluster", &LogParams::default())
+                        .await
+                        .unwrap_or_default();
+                    bail!("in-cluster failed: {log}\n{}", describe(&p))
+                }
+                _ => Ok(None),
+            }
+        }
+    })
+    .await?;
+    let log = pods.logs("in-cluster", &LogParams::default()).await?;
+    eprintln!(
+        "real_node: a pod read its apiserver's /version through the kubernetes Service in {:.1}s: {}",
+        t.elapsed().as_secs_f64(),
+        log.trim()
+    );
+    assert!(log.contains("v1.37"), "unexpected /version output: {log:?}");
+
     eprintln!("real_node: RSS of the node's processes:");
     for (name, kib) in node.rss_kib() {
         eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
