@@ -164,10 +164,12 @@ pub struct SuperLinkSpec {
     /// Service exposing the SuperLink.
     #[serde(default)]
     pub service: SuperLinkServiceSpec,
-    /// Address (`host[:port]`) spokes dial to reach the Fleet API from outside the hub cluster,
-    /// e.g. a NodePort or LoadBalancer address. Its host is added to the SuperLink certificate.
-    /// Without a port, the Fleet port (`service.ports.grpc`) is used. Required for pools that run
-    /// in other clusters (a Federation with `placementRef`).
+    /// Address (`host[:port]`) spokes dial to reach the Fleet API from outside the hub cluster.
+    /// Its host is added to the SuperLink certificate. Without a port, the Fleet port
+    /// (`service.ports.grpc`) is used. Optional: when unset, a Federation with `placementRef` gets
+    /// it from its Service (`NodePort`: the hub's node address and the fleet node port;
+    /// `LoadBalancer`: the ingress IP or hostname once assigned), shown in
+    /// `status.endpoints.fleet`; a `ClusterIP` Service needs it (spokes cannot reach a cluster IP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 261))]
     pub external_address: Option<String>,
@@ -198,6 +200,12 @@ pub struct SuperLinkServiceSpec {
     /// Service ports.
     #[serde(default)]
     pub ports: SuperLinkPorts,
+    /// Node ports to pin, per port (`type: NodePort` or `LoadBalancer` only); unset ports get one
+    /// allocated by Kubernetes. A placed Federation without `externalAddress` is reached by its
+    /// spokes at `<hub node address>:<fleet node port>`, so pinning keeps that address stable
+    /// when the Service is re-created.
+    #[serde(default, skip_serializing_if = "SuperLinkNodePorts::is_empty")]
+    pub node_ports: SuperLinkNodePorts,
     /// Labels merged under ours (ours win on conflicts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -247,6 +255,31 @@ pub struct SuperLinkPorts {
     #[serde(default = "default_control_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub extra: i32,
+}
+
+/// Node ports of the SuperLink Service, named like [`SuperLinkPorts`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuperLinkNodePorts {
+    /// Node port of the Fleet API (service port `fleet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub grpc: Option<i32>,
+    /// Node port of the ServerAppIO API (service port `serverappio`, classic process mode).
+    #[serde(rename = "serverAppIO", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub server_app_io: Option<i32>,
+    /// Node port of the Control API (service port `control`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub extra: Option<i32>,
+}
+
+impl SuperLinkNodePorts {
+    /// True when no node port is pinned.
+    pub fn is_empty(&self) -> bool {
+        self.grpc.is_none() && self.server_app_io.is_none() && self.extra.is_none()
+    }
 }
 
 impl Default for SuperLinkPorts {

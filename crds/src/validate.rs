@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::federation::{
     DeploymentMode, Federation, IsolationMode, MAX_NODE_CONFIG_ENTRIES, MAX_NODE_CONFIG_LENGTH,
-    MAX_POOLS, NodeConfigValue, SuperNodePoolSpec,
+    MAX_POOLS, NodeConfigValue, ServiceType, SuperNodePoolSpec,
 };
 use crate::placement::{Placement, TolerationOperator};
 use crate::rules::*;
@@ -98,6 +98,30 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             errors.push(FieldError::new(
                 format!("spec.superlink.service.ports.{name}"),
                 "must be between 1 and 65535",
+            ));
+        }
+    }
+    let node_ports = &sl.service.node_ports;
+    let pinned = [
+        ("grpc", node_ports.grpc),
+        ("serverAppIO", node_ports.server_app_io),
+        ("extra", node_ports.extra),
+    ];
+    let mut seen_node_ports = std::collections::BTreeMap::new();
+    for (name, port) in pinned {
+        let Some(port) = port else { continue };
+        let path = format!("spec.superlink.service.nodePorts.{name}");
+        if sl.service.type_ == ServiceType::ClusterIP {
+            errors.push(FieldError::new(
+                path,
+                "node ports need spec.superlink.service.type NodePort or LoadBalancer; set the type or remove nodePorts",
+            ));
+        } else if !(1..=65535).contains(&port) {
+            errors.push(FieldError::new(path, "must be between 1 and 65535"));
+        } else if let Some(other) = seen_node_ports.insert(port, name) {
+            errors.push(FieldError::new(
+                path,
+                format!("node port {port} is also nodePorts.{other}; each port needs its own"),
             ));
         }
     }

@@ -228,3 +228,28 @@ fn placement_tolerating_ocm_taint_keys_is_refused_with_ours_named() {
         ]
     );
 }
+
+// Node ports can be pinned only where Kubernetes allows them, each once, and every field named.
+#[test]
+fn node_ports_need_an_exposed_service_and_distinct_values() {
+    let spec = |service: &str| {
+        format!(
+            "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n    service: {service}\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n"
+        )
+    };
+    let ok = fed(&spec("{type: NodePort, nodePorts: {grpc: 30092, extra: 30093}}"));
+    assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+    assert_eq!(ok.spec.superlink.service.node_ports.grpc, Some(30092));
+
+    let cluster_ip = fed(&spec("{nodePorts: {grpc: 30092}}"));
+    let errs = errors(&cluster_ip);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, "spec.superlink.service.nodePorts.grpc");
+    assert!(errs[0].1.contains("type NodePort or LoadBalancer"), "{errs:?}");
+
+    let twice = fed(&spec("{type: LoadBalancer, nodePorts: {grpc: 30092, extra: 30092}}"));
+    let errs = errors(&twice);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, "spec.superlink.service.nodePorts.extra");
+    assert!(errs[0].1.contains("also nodePorts.grpc"), "{errs:?}");
+}

@@ -1,6 +1,6 @@
 //! Running a Deployment's container as a local process, the way the kubelet would start it: its
-//! `command` + `args`, and its `env` (plain values and the pod's namespace through the downward
-//! API). Tests start the hub and agents this way, so the install manifests are what is tested.
+//! `command` + `args`, and its `env` (plain values, and the pod's namespace and host IP through the
+//! downward API). Tests start the hub and agents this way, so the install manifests are what is tested.
 
 use std::path::Path;
 
@@ -49,6 +49,8 @@ impl ContainerCommand {
                 (Some(v), None) => v,
                 (None, Some(from)) => match from.field_ref {
                     Some(f) if f.field_path == "metadata.namespace" => namespace.to_string(),
+                    // The process runs on this machine: its node is the loopback host.
+                    Some(f) if f.field_path == "status.hostIP" => "127.0.0.1".to_string(),
                     _ => bail!(
                         "{}: env {} comes from a source a local run cannot provide",
                         manifest.display(),

@@ -135,9 +135,11 @@ spec:
     name: demo
   superlink:
     image: flwr/superlink:1.42.0
-    externalAddress: 127.0.0.1:30092
     service:
       type: NodePort
+      nodePorts:
+        grpc: 30092          # pinned: spokes dial <hub node address>:30092, no address typed
+        extra: 30093
   supernodes:
     image: flwr/supernode:1.42.0
     pools:

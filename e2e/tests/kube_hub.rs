@@ -174,9 +174,14 @@ struct Running {
 
 fn start_controller(client: &Client, ca: &Arc<HubCa>) -> Running {
     let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(controller::run(client.clone(), ca.clone(), async move {
-        let _ = rx.await;
-    }));
+    let task = tokio::spawn(controller::run(
+        client.clone(),
+        ca.clone(),
+        None,
+        async move {
+            let _ = rx.await;
+        },
+    ));
     Running { stop, task }
 }
 

@@ -768,7 +768,8 @@ async fn sts_ready(client: &Client, name: &str) -> Result<Option<(i32, i32)>> {
     )
 }
 
-/// Federation `fed` (placementRef `both`, NodePort SuperLink, TLS) with `pools`.
+/// Federation `fed` (placementRef `both`, NodePort SuperLink, TLS) with `pools`, and no
+/// `externalAddress`: the hub derives it from the Service's node port and its node address.
 fn fed_with_pools(pools: serde_json::Value) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "flower-addon.io/v1alpha1",
@@ -780,7 +781,6 @@ fn fed_with_pools(pools: serde_json::Value) -> serde_json::Value {
             "insecure": false,
             "placementRef": {"name": "both"},
             "superlink": {"image": "flwr/superlink:1.42.0",
-                          "externalAddress": "127.0.0.1:30092",
                           "service": {"type": "NodePort"}},
             "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pools},
         }
@@ -970,6 +970,59 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         },
     )
     .await?;
+
+    // No address typed by hand: the Fleet endpoint is the hub's node address (the Deployment's
+    // status.hostIP, here this machine) and the node port Kubernetes allocated, and it is what
+    // the spokes' SuperNodes dial; status.pools sums the pool over both spokes.
+    let node_ports: BTreeMap<String, i32> =
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
+            .get("fed-superlink")
+            .await?
+            .spec
+            .and_then(|s| s.ports)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| Some((p.name?, p.node_port?)))
+            .collect();
+    let status = feds.get("fed").await?.status.unwrap_or_default();
+    let port = |name: &str| {
+        node_ports
+            .get(name)
+            .map(|p| format!("127.0.0.1:{p}"))
+            .with_context(|| format!("the SuperLink Service has no {name} node port"))
+    };
+    let (derived, control) = (port("fleet")?, port("control")?);
+    let endpoints = status.endpoints.clone().unwrap_or_default();
+    ensure!(
+        endpoints.fleet.as_deref() == Some(derived.as_str())
+            && endpoints.control.as_deref() == Some(control.as_str()),
+        "endpoints derived from the NodePort Service: {endpoints:?}, want {derived} and {control}"
+    );
+    let pools: Vec<(String, i32, i32)> = status
+        .pools
+        .iter()
+        .map(|p| (p.name.clone(), p.desired, p.ready))
+        .collect();
+    ensure!(
+        pools == [("a".to_string(), 4, 4)],
+        "status.pools: {pools:?}"
+    );
+    for c in &spoke_clients {
+        let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.clone(), NS)
+            .get("fed-supernode-a")
+            .await?;
+        let args = sts
+            .spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().find(|c| c.name == "supernode"))
+            .and_then(|c| c.args)
+            .unwrap_or_default();
+        ensure!(
+            args.contains(&format!("--superlink={derived}")),
+            "spoke SuperNodes dial the derived address: {args:?}"
+        );
+    }
 
     // A Federation whose Placement does not exist says so (and is not Ready); once the Placement
     // is created, the Federation's PlacementSatisfied follows it.

@@ -66,7 +66,7 @@ fn main() {
             index,
             clusters: CLUSTERS,
         };
-        let pools = render_spoke(&fed, cluster).expect("spoke renders");
+        let pools = render_spoke(&fed, cluster, None).expect("spoke renders");
         workloads += pools.len();
         bytes += black_box(&pools).len();
     }
@@ -81,7 +81,7 @@ fn main() {
             index,
             clusters: CLUSTERS,
         };
-        for pool in render_spoke(&fed, cluster).expect("spoke renders") {
+        for pool in render_spoke(&fed, cluster, None).expect("spoke renders") {
             json_bytes += serde_json::to_vec(&pool.to_value().expect("json"))
                 .expect("bytes")
                 .len();

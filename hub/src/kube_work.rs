@@ -444,6 +444,21 @@ fn cluster_status(
     }
 }
 
+/// The Fleet address spokes dial: `externalAddress` as written (Fleet port added), else what the
+/// Federation controller derived from the SuperLink Service into `status.endpoints.fleet`.
+fn fleet_address(fed: &Federation) -> Result<String, String> {
+    if fed.spec.superlink.external_address.is_some() {
+        return spoke_fleet_address(fed, None).map_err(|e| e.to_string());
+    }
+    fed.status
+        .as_ref()
+        .and_then(|s| s.endpoints.as_ref())
+        .and_then(|e| e.fleet.clone())
+        .ok_or_else(|| {
+            "waiting for the SuperLink's external address (status.endpoints.fleet, derived from its Service)".to_owned()
+        })
+}
+
 /// The work of `fed` for each cluster of `selected` (sorted names), as `(cluster, work)`.
 /// `labels` holds each cluster's labels (for pools with a `clusterSelector`).
 #[allow(clippy::needless_update)]
@@ -462,7 +477,7 @@ pub fn federation_work(
             .join("; "));
     }
     let (version, _dialect) = federation_dialect(fed).map_err(|e| e.to_string())?;
-    let fleet = spoke_fleet_address(fed).map_err(|e| e.to_string())?;
+    let fleet = fleet_address(fed)?;
     let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
     let shares = split_work(&fed.spec, selected, |pool, cluster| {
         match (&pool.cluster_selector, labels.get(cluster)) {

@@ -37,14 +37,17 @@ fn golden_text(path: &Path) -> String {
             _ => None,
         })
         .collect();
-    let hub = render_stream(&feds, None).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    let hub =
+        render_stream(&feds, None, None).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     let spoke = SpokeCluster {
         name: "spoke-b",
         index: 1,
         clusters: 3,
     };
-    let spoke =
-        render_stream(&feds, Some(spoke)).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+    // The hub's node address (`serve --node-address`) for NodePort Federations without
+    // externalAddress; examples that set externalAddress ignore it.
+    let spoke = render_stream(&feds, Some(spoke), Some("198.18.0.1"))
+        .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     format!("# ===== hub =====\n{hub}# ===== cluster spoke-b (index 1 of 3) =====\n{spoke}")
 }
 

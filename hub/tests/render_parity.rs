@@ -87,7 +87,7 @@ fn spokes_dial_the_external_address_with_a_real_port() {
         index: 0,
         clusters: 1,
     };
-    let workloads = render_spoke(&f, cluster).expect("renders");
+    let workloads = render_spoke(&f, cluster, None).expect("renders");
     let Workload::StatefulSet(sts) = &workloads[0] else {
         panic!("StatefulSet expected")
     };

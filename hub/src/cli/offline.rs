@@ -5,7 +5,10 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use flower_addon_crds::{Federation, Object};
 
-use crate::render::{SpokeCluster, render_hub, render_problems, render_spoke};
+use crate::render::{
+    ExternalAddressError, HubRenderError, SpokeCluster, render_hub, render_problems, render_spoke,
+    spoke_fleet_address,
+};
 
 /// Arguments of `flower-hub validate`.
 #[derive(clap::Args, Debug)]
@@ -37,6 +40,11 @@ pub struct RenderArgs {
     /// Number of selected clusters.
     #[arg(long, requires = "cluster", default_value_t = 1)]
     pub clusters: u32,
+    /// Address of the hub cluster's nodes (as given to `flower-hub serve --node-address`), for
+    /// the Fleet address of a NodePort Federation without `externalAddress` (its fleet node port
+    /// must then be pinned in `spec.superlink.service.nodePorts.grpc` to be known offline).
+    #[arg(long, requires = "cluster")]
+    pub node_address: Option<String>,
 }
 
 /// Name used for `{cluster}` when pools run in the hub's own cluster.
@@ -142,7 +150,10 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
         index: args.cluster_index,
         clusters: args.clusters,
     });
-    print!("{}", render_stream(&federations, spoke)?);
+    print!(
+        "{}",
+        render_stream(&federations, spoke, args.node_address.as_deref())?
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -150,6 +161,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
 pub fn render_stream(
     federations: &[Federation],
     spoke: Option<SpokeCluster<'_>>,
+    node_address: Option<&str>,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
     for fed in federations {
@@ -167,8 +179,23 @@ pub fn render_stream(
                 (objects.to_values()?, note)
             }
             Some(cluster) => {
-                let workloads =
-                    render_spoke(fed, cluster).with_context(|| format!("Federation {name}"))?;
+                let fleet = match spoke_fleet_address(fed, node_address) {
+                    _ if fed.spec.placement_ref.is_none() => None,
+                    Ok(fleet) => Some(fleet),
+                    Err(HubRenderError::ExternalAddress(ExternalAddressError::NoNodeAddress)) => {
+                        anyhow::bail!(
+                            "Federation {name}: spec.superlink.externalAddress is not set: pass --node-address HOST (what flower-hub serve is given) to render the NodePort address spokes dial"
+                        )
+                    }
+                    Err(HubRenderError::ExternalAddress(ExternalAddressError::Pending(_))) => {
+                        anyhow::bail!(
+                            "Federation {name}: the Fleet address is known only once Kubernetes assigns it (a node port or a load balancer); pin spec.superlink.service.nodePorts.grpc or set spec.superlink.externalAddress to render it offline"
+                        )
+                    }
+                    Err(e) => return Err(e).with_context(|| format!("Federation {name}")),
+                };
+                let workloads = render_spoke(fed, cluster, fleet.as_deref())
+                    .with_context(|| format!("Federation {name}"))?;
                 let note = (!fed.spec.insecure && !workloads.is_empty()).then(|| {
                     format!(
                         "# Secret {} (ca.crt) is created by the agent from the hub's CA bundle; not shown.\n",

@@ -53,6 +53,12 @@ pub struct ServeArgs {
     /// Host the SuperLinks listen on (standalone).
     #[arg(long, default_value = "0.0.0.0")]
     pub superlink_host: String,
+    /// Address of the hub cluster's nodes that spokes reach (Kubernetes mode): a placed
+    /// Federation with a NodePort SuperLink Service and no `externalAddress` is dialed at
+    /// `<node address>:<fleet node port>`. The manifests set it to the node the hub runs on
+    /// (`status.hostIP`); set a reachable one when nodes have private addresses.
+    #[arg(long, env = "FLOWER_HUB_NODE_ADDRESS")]
+    pub node_address: Option<String>,
     /// Namespace of the hub's own objects, e.g. the CA Secret (Kubernetes mode).
     #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
     pub namespace: String,
@@ -246,6 +252,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let federations = tokio::spawn(crate::controller::run(
             client.clone(),
             ca.clone(),
+            args.node_address.clone().filter(|a| !a.is_empty()),
             wait_stop(stop_rx.clone()),
         ));
         let placements = tokio::spawn(crate::controller::placement::run(

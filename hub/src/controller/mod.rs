@@ -40,7 +40,10 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::ca::{CaError, HubCa};
-use crate::render::{HubRenderError, render_hub, render_problems, superlink_tls_secret_name};
+use crate::render::{
+    HubRenderError, external_endpoints, federation_dialect, render_hub, render_problems,
+    superlink_tls_secret_name,
+};
 
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
@@ -107,6 +110,9 @@ pub struct Context {
     pub recorder: Recorder,
     /// `{cluster}` for pools that run in the hub cluster.
     pub local_cluster: String,
+    /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
+    /// Fleet address of NodePort Federations without `externalAddress`.
+    pub node_address: Option<String>,
 }
 
 impl Context {
@@ -124,6 +130,7 @@ impl Context {
             ca,
             recorder,
             local_cluster: LOCAL_CLUSTER.to_owned(),
+            node_address: None,
         }
     }
 
@@ -145,9 +152,12 @@ impl Context {
 pub async fn run(
     client: Client,
     ca: Arc<HubCa>,
+    node_address: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    run_with(Context::new(client, ca), shutdown).await;
+    let mut context = Context::new(client, ca);
+    context.node_address = node_address;
+    run_with(context, shutdown).await;
 }
 
 /// [`run`] with an explicit [`Context`].
@@ -266,18 +276,36 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::requeue(RESYNC))
 }
 
-/// Applies the SuperLink, its Service, the TLS Secret and the local pools, then prunes.
+/// Applies the SuperLink Service, the TLS Secret, the SuperLink and the local pools, then
+/// prunes. The Service goes first: a placed Federation's external address (and so the
+/// certificate's SANs) may come from the node port or load balancer it gets.
 async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
     let client = &ctx.client;
     let name = fed.name_any();
     let mut objects = render_hub(fed, &ctx.local_cluster)?;
+    let (_, dialect) = federation_dialect(fed)?;
+
+    apply::own(&mut objects.service.metadata, fed);
+    let service = apply::apply(
+        &Api::<Service>::namespaced(client.clone(), namespace),
+        &objects.service,
+    )
+    .await?;
+    let external = fed.spec.placement_ref.as_ref().map(|_| {
+        external_endpoints(fed, dialect, Some(&service), ctx.node_address.as_deref())
+    });
 
     let mut secrets = BTreeSet::new();
     if tls::hub_issues_tls(fed) {
         let secret_name = superlink_tls_secret_name(fed);
         secrets.insert(secret_name.clone());
         let secrets_api = Api::<Secret>::namespaced(client.clone(), namespace);
-        let sans = tls::superlink_sans(fed);
+        let mut sans = tls::superlink_sans(fed);
+        if let Some(Ok(endpoints)) = &external {
+            sans.push(endpoints.fleet_host().to_owned());
+            sans.sort();
+            sans.dedup();
+        }
         let existing = secrets_api
             .get_opt(&secret_name)
             .await
@@ -308,15 +336,9 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
     }
 
     apply::own(&mut objects.superlink.metadata, fed);
-    apply::own(&mut objects.service.metadata, fed);
     let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
     let ds_api = Api::<DaemonSet>::namespaced(client.clone(), namespace);
     let superlink = apply::apply(&sts_api, &objects.superlink).await?;
-    apply::apply(
-        &Api::<Service>::namespaced(client.clone(), namespace),
-        &objects.service,
-    )
-    .await?;
 
     let mut statefulsets = BTreeSet::from([superlink.name_any()]);
     let mut daemonsets = BTreeSet::new();
@@ -351,6 +373,7 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
     Ok(Outcome::Applied {
         superlink: WorkloadReadiness::of_statefulset("superlink", &superlink),
         pools,
+        external,
     })
 }
 

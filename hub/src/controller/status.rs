@@ -6,12 +6,14 @@
 //! status stays), so the controller only writes when something changed and never loops on its
 //! own status updates.
 
-use flower_addon_crds::{Federation, FederationEndpoints, FederationStatus, PoolStatus};
+use flower_addon_crds::{
+    ClusterStatus, DeploymentMode, Federation, FederationEndpoints, FederationStatus, PoolStatus,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::render::{spoke_fleet_address, superlink_name};
+use crate::render::{ExternalAddressError, ExternalEndpoints, superlink_name};
 
 /// Desired and ready replicas of one workload as its controller last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +162,9 @@ pub enum Outcome {
         superlink: WorkloadReadiness,
         /// Pools in the hub cluster (empty with `placementRef`).
         pools: Vec<WorkloadReadiness>,
+        /// With `placementRef`: the external endpoints spokes and `flwr` dial, or why they are
+        /// not known yet ([`external_endpoints`](crate::render::external_endpoints)).
+        external: Option<Result<ExternalEndpoints, ExternalAddressError>>,
     },
 }
 
@@ -172,9 +177,13 @@ pub fn federation_status(
 ) -> FederationStatus {
     let previous = fed.status.clone().unwrap_or_default();
     let generation = fed.metadata.generation;
+    let external = match outcome {
+        Outcome::Applied { external, .. } => external.as_ref(),
+        Outcome::Invalid(_) => None,
+    };
     let mut status = FederationStatus {
         observed_generation: generation,
-        endpoints: Some(endpoints(fed)),
+        endpoints: Some(endpoints(fed, external, previous.endpoints.as_ref())),
         ..FederationStatus::default()
     };
     let mut conditions = Vec::new();
@@ -212,7 +221,9 @@ pub fn federation_status(
                 "waiting for a valid spec",
             ));
         }
-        Outcome::Applied { superlink, pools } => {
+        Outcome::Applied {
+            superlink, pools, ..
+        } => {
             let mut desired: i32 = pools.iter().map(|p| p.desired).sum();
             let mut ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
             // Spoke clusters: `status.clusters` is written from the agents' reports by the work
@@ -236,7 +247,15 @@ pub fn federation_status(
             } else {
                 1
             };
-            status.pools = pools
+            // Placed pools: each pool summed over the clusters that reported it, in spec order.
+            let placed_pools: Vec<WorkloadReadiness>;
+            let pool_totals = if fed.spec.placement_ref.is_some() {
+                placed_pools = pool_totals_over_clusters(fed, &spokes);
+                &placed_pools
+            } else {
+                pools
+            };
+            status.pools = pool_totals
                 .iter()
                 .map(|p| PoolStatus {
                     name: p.name.clone(),
@@ -272,6 +291,9 @@ pub fn federation_status(
             if let Some((_, Some(reason))) = &placement {
                 not_ready.push(reason.clone());
             }
+            if let Some(Err(why)) = external {
+                not_ready.push(why.to_string());
+            }
             if fed.spec.placement_ref.is_some() {
                 if spokes.is_empty() {
                     not_ready.push("no cluster selected by the Placement (yet)".to_owned());
@@ -288,7 +310,16 @@ pub fn federation_status(
                     }
                 }
             }
-            conditions.push(cond("Degraded", "False", "Valid", "the spec is valid"));
+            match external {
+                // Valid in general, but in Kubernetes mode nothing outside reaches the SuperLink.
+                Some(Err(why @ ExternalAddressError::NotExposed)) => conditions.push(cond(
+                    "Degraded",
+                    "True",
+                    "SuperLinkNotExposed",
+                    &why.to_string(),
+                )),
+                _ => conditions.push(cond("Degraded", "False", "Valid", "the spec is valid")),
+            }
             if not_ready.is_empty() {
                 let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
                 conditions.push(cond("Ready", "True", "AllReady", &message));
@@ -313,19 +344,61 @@ pub fn federation_status(
     status
 }
 
-/// `superlinkService` (Control API in the cluster) and, when spokes dial an external address,
-/// the external Fleet endpoint.
-fn endpoints(fed: &Federation) -> FederationEndpoints {
+/// `superlinkService` (Control API in the cluster) and, for a placed Federation, the external
+/// Fleet and Control endpoints; while they are unknown (invalid spec, address pending) the
+/// previous ones are kept, since what runs still uses them.
+fn endpoints(
+    fed: &Federation,
+    external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
+    previous: Option<&FederationEndpoints>,
+) -> FederationEndpoints {
     let ns = fed.namespace().unwrap_or_else(|| "default".to_owned());
+    let (fleet, control) = match external {
+        Some(Ok(e)) => (Some(e.fleet.clone()), e.control.clone()),
+        _ if fed.spec.placement_ref.is_some() => previous
+            .map(|p| (p.fleet.clone(), p.control.clone()))
+            .unwrap_or_default(),
+        _ => (None, None),
+    };
     FederationEndpoints {
         superlink_service: Some(format!(
             "{}.{ns}.svc:{}",
             superlink_name(&fed.name_any()),
             fed.spec.superlink.service.ports.extra
         )),
-        fleet: spoke_fleet_address(fed).ok(),
-        control: None,
+        fleet,
+        control,
     }
+}
+
+/// Per-pool readiness of a placed Federation: each pool of the spec summed over the clusters'
+/// reports (a pool no cluster runs is 0/0).
+fn pool_totals_over_clusters(fed: &Federation, clusters: &[ClusterStatus]) -> Vec<WorkloadReadiness> {
+    let kind = match fed.spec.mode {
+        DeploymentMode::StatefulSet => "StatefulSet",
+        DeploymentMode::DaemonSet => "DaemonSet",
+    };
+    fed.spec
+        .supernodes
+        .pools
+        .iter()
+        .map(|pool| {
+            let reported = clusters
+                .iter()
+                .flat_map(|c| c.pools.iter())
+                .filter(|p| p.name == pool.name);
+            let (desired, ready) = reported.fold((0, 0), |(d, r), p| {
+                (d + p.desired, r + p.ready.min(p.desired))
+            });
+            WorkloadReadiness {
+                name: pool.name.clone(),
+                kind,
+                desired,
+                ready,
+                stale: false,
+            }
+        })
+        .collect()
 }
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
@@ -401,6 +474,7 @@ spec:
         let outcome = Outcome::Applied {
             superlink: w("superlink", 1, 1),
             pools: vec![w("a", 2, 1)],
+            external: None,
         };
         let s = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
         assert_eq!(s.supernodes.as_deref(), Some("1/2"));
@@ -420,6 +494,7 @@ spec:
         let outcome = Outcome::Applied {
             superlink: w("superlink", 1, 1),
             pools: vec![w("a", 2, 2)],
+            external: None,
         };
         let mut f = fed();
         let first = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
@@ -449,6 +524,7 @@ spec:
         let outcome = Outcome::Applied {
             superlink: w("superlink", 1, 1),
             pools: vec![],
+            external: None,
         };
         let plain = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
         assert!(
@@ -513,6 +589,97 @@ spec:
                 "NotAllDecisionsScheduled",
                 "Placement sites: 1 of 3 clusters selected"
             )
+        );
+    }
+
+    fn placed(clusters: Vec<ClusterStatus>) -> Federation {
+        let mut f = fed();
+        f.spec.placement_ref = Some(flower_addon_crds::PlacementRef { name: "p".into() });
+        f.status = Some(FederationStatus {
+            clusters,
+            ..FederationStatus::default()
+        });
+        f
+    }
+
+    fn reported(name: &str, pools: &[(&str, i32, i32)]) -> ClusterStatus {
+        ClusterStatus {
+            name: name.into(),
+            connected: true,
+            pools: pools
+                .iter()
+                .map(|(p, desired, ready)| PoolStatus {
+                    name: (*p).into(),
+                    desired: *desired,
+                    ready: *ready,
+                    ..PoolStatus::default()
+                })
+                .collect(),
+            ..ClusterStatus::default()
+        }
+    }
+
+    #[test]
+    fn placed_federations_show_derived_endpoints_and_pools_summed_over_clusters() {
+        // A placed Federation's status has the Fleet and Control addresses the hub derived and
+        // one entry per pool summed over the clusters, like a hub-local one.
+        let f = placed(vec![
+            reported("s1", &[("a", 2, 2)]),
+            reported("s2", &[("a", 2, 1)]),
+        ]);
+        let outcome = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![],
+            external: Some(Ok(ExternalEndpoints {
+                fleet: "198.18.0.1:30092".into(),
+                control: Some("198.18.0.1:30093".into()),
+            })),
+        };
+        let s = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
+        let endpoints = s.endpoints.clone().unwrap();
+        assert_eq!(endpoints.fleet.as_deref(), Some("198.18.0.1:30092"));
+        assert_eq!(endpoints.control.as_deref(), Some("198.18.0.1:30093"));
+        assert_eq!(s.pools.len(), 1);
+        assert_eq!(
+            (s.pools[0].name.as_str(), s.pools[0].desired, s.pools[0].ready),
+            ("a", 4, 3)
+        );
+        assert_eq!(s.pools[0].kind.as_deref(), Some("StatefulSet"));
+        assert_eq!(s.supernodes.as_deref(), Some("3/4"));
+    }
+
+    #[test]
+    fn an_unknown_external_address_holds_ready_back_and_keeps_the_old_one() {
+        // While the address is pending, Ready says what it waits for and the last known
+        // endpoints stay (SuperNodes still dial them); a ClusterIP Service is Degraded.
+        let mut f = placed(vec![reported("s1", &[("a", 2, 2)])]);
+        f.status.as_mut().unwrap().endpoints = Some(FederationEndpoints {
+            fleet: Some("198.18.0.1:30092".into()),
+            ..FederationEndpoints::default()
+        });
+        let pending = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![],
+            external: Some(Err(ExternalAddressError::Pending("a node port".into()))),
+        };
+        let s = federation_status(&f, &pending, &PlacementState::NotReferenced, &at(10));
+        assert_eq!(find(&s, "Ready").status, "False");
+        assert!(find(&s, "Ready").message.contains("waiting for a node port"));
+        assert_eq!(
+            s.endpoints.unwrap().fleet.as_deref(),
+            Some("198.18.0.1:30092")
+        );
+        let hidden = Outcome::Applied {
+            superlink: w("superlink", 1, 1),
+            pools: vec![],
+            external: Some(Err(ExternalAddressError::NotExposed)),
+        };
+        let s = federation_status(&f, &hidden, &PlacementState::NotReferenced, &at(10));
+        assert_eq!(find(&s, "Degraded").status, "True");
+        assert!(
+            find(&s, "Degraded")
+                .message
+                .starts_with("spec.superlink.externalAddress: required")
         );
     }
 }

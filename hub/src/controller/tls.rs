@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::ca::HubCa;
-use crate::render::{superlink_name, superlink_tls_secret_name};
+use crate::render::{host_of, superlink_name, superlink_tls_secret_name};
 
 use super::Error;
 use super::apply::own;
@@ -54,7 +54,7 @@ pub fn superlink_sans(fed: &Federation) -> Vec<String> {
         "localhost".to_owned(),
     ];
     if let Some(address) = fed.spec.superlink.external_address.as_deref() {
-        sans.push(address_host(address).to_owned());
+        sans.push(host_of(address).to_owned());
     }
     if let Some(tls) = &fed.spec.tls {
         sans.extend(tls.extra_sans.iter().cloned());
@@ -63,17 +63,6 @@ pub fn superlink_sans(fed: &Federation) -> Vec<String> {
     sans.sort();
     sans.dedup();
     sans
-}
-
-/// The host of `host[:port]`, `[v6][:port]` or a bare IPv6 address.
-fn address_host(address: &str) -> &str {
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split_once(']').map_or(rest, |(host, _)| host);
-    }
-    match address.matches(':').count() {
-        1 => address.split_once(':').map_or(address, |(host, _)| host),
-        _ => address,
-    }
 }
 
 fn epoch_secs(t: SystemTime) -> u64 {
@@ -199,9 +188,9 @@ spec:
     #[test]
     fn host_of_addresses() {
         // The certificate names hosts, never host:port.
-        assert_eq!(address_host("hub.example:30092"), "hub.example");
-        assert_eq!(address_host("hub.example"), "hub.example");
-        assert_eq!(address_host("[fd00::1]:30092"), "fd00::1");
-        assert_eq!(address_host("fd00::1"), "fd00::1");
+        assert_eq!(host_of("hub.example:30092"), "hub.example");
+        assert_eq!(host_of("hub.example"), "hub.example");
+        assert_eq!(host_of("[fd00::1]:30092"), "fd00::1");
+        assert_eq!(host_of("fd00::1"), "fd00::1");
     }
 }

@@ -6,6 +6,7 @@
 //! Everything here is pure and deterministic; owner references and server-side apply are the
 //! controller's business.
 
+mod address;
 mod service;
 mod superlink;
 
@@ -17,6 +18,7 @@ use flower_addon_crds::Federation;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 
+pub use address::{ExternalAddressError, ExternalEndpoints, external_endpoints, host_of};
 pub use service::render_superlink_service;
 pub use superlink::{STATE_MOUNT_DIR, STATE_VOLUME, TLS_MOUNT_DIR, render_superlink};
 
@@ -34,11 +36,9 @@ pub enum HubRenderError {
         /// What is wrong.
         source: RenderError,
     },
-    /// Pools run in spokes but nothing tells them where the SuperLink is.
-    #[error(
-        "spec.superlink.externalAddress: required when spec.placementRef is set (spokes dial it)"
-    )]
-    MissingExternalAddress,
+    /// Pools run in spokes but no address for them to dial is known.
+    #[error(transparent)]
+    ExternalAddress(#[from] ExternalAddressError),
     /// Two Service ports share a number.
     #[error("spec.superlink.service.ports: {0}")]
     PortClash(String),
@@ -124,25 +124,23 @@ pub fn in_cluster_fleet_address(fed: &Federation) -> String {
     )
 }
 
-/// Fleet address for SuperNodes in spoke clusters: `spec.superlink.externalAddress`, with the
-/// Fleet port (`ports.grpc`) added when it has none.
-pub fn spoke_fleet_address(fed: &Federation) -> Result<String, HubRenderError> {
-    let address = fed
-        .spec
-        .superlink
-        .external_address
-        .as_deref()
-        .filter(|a| !a.is_empty())
-        .ok_or(HubRenderError::MissingExternalAddress)?;
-    Ok(with_default_port(
-        address,
-        fed.spec.superlink.service.ports.grpc,
-    ))
+/// Fleet address for SuperNodes in spoke clusters when it needs no live Service:
+/// `spec.superlink.externalAddress` (with the Fleet port added when it has none), else the address
+/// [`external_endpoints`] derives from the rendered Service (pinned node ports) and `node_address`.
+pub fn spoke_fleet_address(
+    fed: &Federation,
+    node_address: Option<&str>,
+) -> Result<String, HubRenderError> {
+    let (_, dialect) = federation_dialect(fed)?;
+    let service = render_superlink_service(fed, dialect)?;
+    external_endpoints(fed, dialect, Some(&service), node_address)
+        .map(|e| e.fleet)
+        .map_err(HubRenderError::from)
 }
 
 /// `host` → `host:port`, `[v6]` → `[v6]:port`, bare `v6` → `[v6]:port`; addresses with a port
 /// are kept.
-fn with_default_port(address: &str, port: i32) -> String {
+pub(crate) fn with_default_port(address: &str, port: i32) -> String {
     if let Some(rest) = address.strip_prefix('[') {
         return match rest.split_once(']') {
             Some((_, after)) if after.starts_with(':') => address.to_owned(),
@@ -196,16 +194,23 @@ pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, H
 /// The pool workloads a spoke's agent applies for this Federation (the CA bundle Secret
 /// [`pools::spoke_ca_secret_name`] is created by the agent from its work and is not rendered).
 /// Empty for a Federation without `placementRef` (its pools run in the hub cluster).
+///
+/// `fleet` is the address the hub sends (`status.endpoints.fleet`); offline, `None` derives it as
+/// [`spoke_fleet_address`] does with no node address.
 pub fn render_spoke(
     fed: &Federation,
     cluster: SpokeCluster<'_>,
+    fleet: Option<&str>,
 ) -> Result<Vec<Workload>, HubRenderError> {
     check_metadata(fed)?;
     if fed.spec.placement_ref.is_none() {
         return Ok(Vec::new());
     }
     let (_, dialect) = federation_dialect(fed)?;
-    let fleet = spoke_fleet_address(fed)?;
+    let fleet = match fleet {
+        Some(fleet) => fleet.to_owned(),
+        None => spoke_fleet_address(fed, None)?,
+    };
     let ca = pools::spoke_ca_secret_name(name(fed));
     render_pools(
         fed,
@@ -257,8 +262,8 @@ fn render_pools(
 }
 
 /// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports
-/// it before anything is applied (Flower version, placeholders the runtime cannot expand, a
-/// missing external address, clashing ports).
+/// it before anything is applied (Flower version, placeholders the runtime cannot expand,
+/// clashing ports).
 pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
     let mut problems = Vec::new();
     let mut push = |err: HubRenderError| {
@@ -279,13 +284,11 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
         push(err);
     }
     let fleet = if fed.spec.placement_ref.is_some() {
-        match spoke_fleet_address(fed) {
-            Ok(address) => address,
-            Err(err) => {
-                push(err);
-                "superlink.invalid:9092".to_owned()
-            }
-        }
+        // Where spokes dial depends on the mode (Kubernetes: the Service the hub creates;
+        // standalone: the hub machine's address), so a missing externalAddress is not a spec
+        // problem: the hub reports it in the Federation's status when it cannot derive one.
+        external_endpoints(fed, dialect, None, Some("superlink.invalid"))
+            .map_or_else(|_| "superlink.invalid:9092".to_owned(), |e| e.fleet)
     } else {
         in_cluster_fleet_address(fed)
     };

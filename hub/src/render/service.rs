@@ -12,12 +12,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{HubRenderError, name, namespace, superlink_name};
 
-fn service_port(name: &str, port: i32, target: i32) -> ServicePort {
+fn service_port(name: &str, port: i32, target: i32, node_port: Option<i32>) -> ServicePort {
     ServicePort {
         name: Some(name.to_owned()),
         port,
         target_port: Some(IntOrString::Int(target)),
         protocol: Some("TCP".to_owned()),
+        node_port,
         ..ServicePort::default()
     }
 }
@@ -32,27 +33,48 @@ pub fn render_superlink_service(
 ) -> Result<Service, HubRenderError> {
     let service = &fed.spec.superlink.service;
     let ports = service.ports;
+    // Pinned node ports only where Kubernetes allows them (validation refuses them on ClusterIP).
+    let exposed = service.type_ != ServiceType::ClusterIP;
+    let node = |port: Option<i32>| port.filter(|_| exposed);
+    let node_ports = service.node_ports;
     let process = fed.spec.isolation_mode == IsolationMode::Process;
     let mut list = Vec::new();
     match dialect {
         FlowerDialect::Classic => {
-            list.push(service_port("fleet", ports.grpc, classic_ports::FLEET));
-            list.push(service_port("control", ports.extra, classic_ports::CONTROL));
+            list.push(service_port(
+                "fleet",
+                ports.grpc,
+                classic_ports::FLEET,
+                node(node_ports.grpc),
+            ));
+            list.push(service_port(
+                "control",
+                ports.extra,
+                classic_ports::CONTROL,
+                node(node_ports.extra),
+            ));
             if process {
                 list.push(service_port(
                     "serverappio",
                     ports.server_app_io,
                     classic_ports::SERVERAPPIO,
+                    node(node_ports.server_app_io),
                 ));
             }
         }
         FlowerDialect::Unified => {
-            list.push(service_port("fleet", ports.grpc, unified_ports::SUPERLINK));
+            list.push(service_port(
+                "fleet",
+                ports.grpc,
+                unified_ports::SUPERLINK,
+                node(node_ports.grpc),
+            ));
             if ports.extra != ports.grpc {
                 list.push(service_port(
                     "control",
                     ports.extra,
                     unified_ports::SUPERLINK,
+                    node(node_ports.extra),
                 ));
             }
         }

@@ -48,6 +48,12 @@ pub struct StandaloneConfig {
 
 type FedKey = (String, String);
 
+/// Fleet and Control addresses of a standalone SuperLink (`host:port`).
+struct StandaloneEndpoints {
+    fleet: String,
+    control: Option<String>,
+}
+
 /// Name of the virtual cluster that runs, on the hub machine itself, the pools of Federations
 /// without `placementRef`. Not a DNS label, so no joining cluster can take it.
 pub const LOCAL_CLUSTER: &str = "(hub)";
@@ -157,6 +163,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let key = fed_key(fed);
             live.insert(key.clone());
             let mut summary = FederationSummary::new(fed);
+            if let Ok((_, dialect)) = crate::render::federation_dialect(fed) {
+                let endpoints = self.endpoints(fed, dialect);
+                summary.fleet = Some(endpoints.fleet);
+                summary.control = endpoints.control;
+            }
             match self
                 .reconcile_federation(fed, &views, now, &mut per_cluster)
                 .await
@@ -257,22 +268,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             std::fs::read_to_string(&paths.ca)
                 .map_err(|e| format!("{}: {e}", paths.ca.display()))?
         };
-        let addr = superlink::addresses(fed, dialect);
-        let host = self
-            .config
-            .advertise
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".into());
-        let fleet = match &fed.spec.placement_ref {
-            None => format!("127.0.0.1:{}", addr.fleet_port),
-            Some(_) => fed
-                .spec
-                .superlink
-                .external_address
-                .clone()
-                .unwrap_or_else(|| format!("{host}:{}", addr.fleet_port)),
-        };
+        let fleet = self.endpoints(fed, dialect).fleet;
         let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
             views.iter().map(|v| (v.name.as_str(), &v.labels)).collect();
         let shares = split_work(&fed.spec, &selected, |pool, cluster| {
@@ -349,11 +345,51 @@ impl<S: ClusterStore> StandaloneHub<S> {
         Ok((selected, unplaced))
     }
 
+    /// Where the Federation's SuperLink process is reached: hub-local pools dial loopback;
+    /// spokes dial `externalAddress` (the same rule as Kubernetes mode,
+    /// [`crate::render::external_endpoints`]) or, without it, the first `--advertise-address`
+    /// at the Fleet port (the process listens on the hub machine's own ports, as a NodePort
+    /// would on a node). `flwr` reaches Control at the advertised host (or the SuperLink host
+    /// when it is bound to one address).
+    fn endpoints(&self, fed: &Federation, dialect: FlowerDialect) -> StandaloneEndpoints {
+        let addr = superlink::addresses(fed, dialect);
+        let advertised = self
+            .config
+            .advertise
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1".into());
+        let control_host = match self.config.superlink_host.as_str() {
+            "0.0.0.0" | "::" | "" => advertised.clone(),
+            bound => bound.to_owned(),
+        };
+        let control = Some(crate::render::with_default_port(
+            &control_host,
+            i32::from(addr.control_port),
+        ));
+        if fed.spec.placement_ref.is_none() {
+            return StandaloneEndpoints {
+                fleet: format!("127.0.0.1:{}", addr.fleet_port),
+                control,
+            };
+        }
+        match crate::render::external_endpoints(fed, dialect, None, None) {
+            Ok(external) if fed.spec.superlink.external_address.is_some() => StandaloneEndpoints {
+                fleet: external.fleet,
+                control: external.control.or(control),
+            },
+            _ => StandaloneEndpoints {
+                fleet: crate::render::with_default_port(&advertised, i32::from(addr.fleet_port)),
+                control,
+            },
+        }
+    }
+
     fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {
         let mut sans: Vec<String> = vec!["127.0.0.1".into(), "localhost".into()];
         sans.extend(self.config.advertise.iter().cloned());
         if let Some(ext) = &fed.spec.superlink.external_address {
-            sans.push(host_of(ext).to_owned());
+            sans.push(crate::render::host_of(ext).to_owned());
         }
         if let Some(tls) = &fed.spec.tls {
             sans.extend(tls.extra_sans.iter().cloned());
@@ -619,16 +655,6 @@ fn fed_key(fed: &Federation) -> FedKey {
 /// versions without a supported dialect are refused with the field to fix.
 pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDialect), String> {
     crate::render::federation_dialect(fed).map_err(|e| e.to_string())
-}
-
-fn host_of(address: &str) -> &str {
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match address.rsplit_once(':') {
-        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
-        _ => address,
-    }
 }
 
 /// The placement view of a registered cluster; a missed lease (5 × lease since the last

@@ -54,6 +54,12 @@ pub struct FederationSummary {
     /// Error that stopped reconciling this Federation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Fleet address the SuperNodes dial (`status.endpoints.fleet` in Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<String>,
+    /// Control address `flwr` dials (`status.endpoints.control` in Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
     /// Per cluster and pool: `cluster/pool` → `ready/desired`.
     pub pools: BTreeMap<String, String>,
     /// Pools that no selected cluster runs (no available cluster matches their selector).
