@@ -58,6 +58,8 @@ impl ReplicaKey {
 
 struct Replica {
     argv: Vec<String>,
+    /// The pool's environment for this replica (see [`render::process_env`]).
+    env: BTreeMap<String, String>,
     port: u16,
     log_file: PathBuf,
     public_key: Option<String>,
@@ -69,6 +71,7 @@ struct Replica {
 struct DesiredReplica {
     key: ReplicaKey,
     argv: Vec<String>,
+    env: BTreeMap<String, String>,
     superexec_argv: Option<Vec<String>>,
     public_key: Option<String>,
     /// False while the hub has not registered this replica's key with the SuperLink: starting
@@ -77,8 +80,9 @@ struct DesiredReplica {
     port: u16,
 }
 
-/// Desired replicas per pool, in work order, keyed by (namespace, federation).
-type PoolCounts = BTreeMap<(String, String), Vec<(String, u32)>>;
+/// Desired replicas per pool, in work order, keyed by (namespace, federation), with the pool's
+/// resource fields this runtime cannot enforce (reported in its Ready condition).
+type PoolCounts = BTreeMap<(String, String), Vec<(String, u32, Vec<&'static str>)>>;
 
 #[derive(Default)]
 struct State {
@@ -183,7 +187,11 @@ impl ProcessRuntime {
                     // A device is one node: a DaemonSet pool runs once here.
                     DeploymentMode::DaemonSet => 1,
                 };
-                fed_pools.push((pool.name.clone(), replicas));
+                let unenforced = render::unenforced_resources(&pool);
+                if !unenforced.is_empty() {
+                    tracing::warn!(federation = %fed.name, pool = %pool.name, fields = %unenforced.join(", "), "the process runtime does not enforce these resource limits");
+                }
+                fed_pools.push((pool.name.clone(), replicas, unenforced));
                 let cluster = crate::runtime::cluster_context(work, fed, pool_work);
                 let ca_secret = render::spoke_ca_secret_name(&fed.name);
                 let input = SuperNodePoolInput {
@@ -207,12 +215,19 @@ impl ProcessRuntime {
                     if let Some(p) = port {
                         used.insert(p);
                     }
+                    let env = render::process_env(&spec, &pool, index).map_err(|e| {
+                        RuntimeError::Apply(format!(
+                            "federation {}/{}: {e}",
+                            fed.namespace, fed.name
+                        ))
+                    })?;
                     fresh.push((
                         key,
                         port,
                         input_owned(&input, &cluster),
                         fed.insecure,
                         fed.registered_node_keys.clone(),
+                        env,
                     ));
                 }
             }
@@ -220,7 +235,7 @@ impl ProcessRuntime {
         }
         // Second pass: ports (existing replicas keep theirs) and argv.
         let mut next = self.config.port_base;
-        for (key, port, owned, insecure, registered_keys) in fresh {
+        for (key, port, owned, insecure, registered_keys, env) in fresh {
             let port = match port {
                 Some(p) => p,
                 None => {
@@ -268,6 +283,7 @@ impl ProcessRuntime {
                 registered,
                 key,
                 argv,
+                env,
                 superexec_argv,
                 public_key,
                 port,
@@ -345,6 +361,7 @@ impl Runtime for ProcessRuntime {
             for d in desired {
                 if let Some(existing) = state.replicas.get(&d.key)
                     && existing.argv == d.argv
+                    && existing.env == d.env
                 {
                     continue;
                 }
@@ -356,7 +373,7 @@ impl Runtime for ProcessRuntime {
                     continue;
                 }
                 if let Some(old) = state.replicas.remove(&d.key) {
-                    tracing::info!(replica = %d.key.slug(), "SuperNode arguments changed; restarting");
+                    tracing::info!(replica = %d.key.slug(), "SuperNode arguments or environment changed; restarting");
                     stop_replica(old).await;
                 }
                 let log_dir = self.config.state_dir.join("logs").join(&d.key.namespace);
@@ -364,7 +381,10 @@ impl Runtime for ProcessRuntime {
                 let log_file = log_dir.join(format!("{name}.supernode.log"));
                 append_marker(&log_file)?;
                 // Flower installs FABs under FLWR_HOME: one per SuperNode.
+                // The pool's env over the runtime's (Flower's PATH, telemetry off); FLWR_HOME is
+                // per replica.
                 let mut env = self.env();
+                env.extend(d.env.clone());
                 let home = self
                     .config
                     .state_dir
@@ -397,6 +417,7 @@ impl Runtime for ProcessRuntime {
                     d.key,
                     Replica {
                         argv: d.argv,
+                        env: d.env,
                         port: d.port,
                         log_file,
                         public_key: d.public_key,
@@ -421,7 +442,7 @@ impl Runtime for ProcessRuntime {
                     name: name.clone(),
                     pools: pools
                         .iter()
-                        .map(|(pool, desired)| {
+                        .map(|(pool, desired, unenforced)| {
                             let replicas: Vec<&Replica> = state
                                 .replicas
                                 .iter()
@@ -452,7 +473,9 @@ impl Runtime for ProcessRuntime {
                                 name: pool.clone(),
                                 desired: *desired,
                                 ready,
-                                conditions: vec![ready_condition(ready, *desired, &replicas)],
+                                conditions: vec![ready_condition(
+                                    ready, *desired, &replicas, unenforced,
+                                )],
                                 node_public_keys: keys,
                             }
                         })
@@ -474,13 +497,27 @@ impl ProcessRuntime {
     }
 }
 
-fn ready_condition(ready: u32, desired: u32, replicas: &[&Replica]) -> Condition {
+fn ready_condition(
+    ready: u32,
+    desired: u32,
+    replicas: &[&Replica],
+    unenforced: &[&str],
+) -> Condition {
+    // Resource limits the pool asks for are not dropped silently: every message says so.
+    let note = if unenforced.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} not enforced by the process runtime",
+            unenforced.join(" and ")
+        )
+    };
     if ready >= desired {
         return Condition {
             r#type: "Ready".into(),
             status: "True".into(),
             reason: "SuperNodesConnected".into(),
-            message: format!("{ready}/{desired} SuperNodes connected"),
+            message: format!("{ready}/{desired} SuperNodes connected{note}"),
         };
     }
     let detail = replicas
@@ -498,7 +535,7 @@ fn ready_condition(ready: u32, desired: u32, replicas: &[&Replica]) -> Condition
         r#type: "Ready".into(),
         status: "False".into(),
         reason: "SuperNodesNotConnected".into(),
-        message: format!("{ready}/{desired} SuperNodes connected; {detail}"),
+        message: format!("{ready}/{desired} SuperNodes connected; {detail}{note}"),
     }
 }
 

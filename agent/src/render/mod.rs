@@ -30,6 +30,7 @@ pub mod node_config;
 pub mod partition;
 pub mod placeholders;
 mod pool;
+pub mod process_env;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -43,6 +44,7 @@ pub use node_config::{NodeConfigError, encode_node_config};
 pub use partition::PartitionPlan;
 pub use placeholders::PlaceholderError;
 pub use pool::{claim, superexec_clientapp_argv, supernode_argv};
+pub use process_env::{ProcessEnvError, process_env, unenforced_resources};
 
 /// Value of `app.kubernetes.io/managed-by` on everything we render.
 pub const MANAGED_BY: &str = "flower-addon";
