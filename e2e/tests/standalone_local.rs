@@ -90,6 +90,16 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
             "",
         )
         .replace("replicas: 2", "replicas: 1")
+        // Pool settings reach the SuperNode processes: env (pool over supernodes.env) and a
+        // GPU per replica, as a pod would get them.
+        .replace(
+            "    image: flwr/supernode:1.42.0\n    pools:\n",
+            "    image: flwr/supernode:1.42.0\n    env: [{name: FLOWER_ADDON_E2E, value: base}, {name: FLOWER_ADDON_KEEP, value: base}]\n    pools:\n",
+        )
+        .replace(
+            "      - name: site-a\n",
+            "      - name: site-a\n        env: [{name: FLOWER_ADDON_E2E, value: site-a}]\n        gpu: {enabled: true, vendor: nvidia}\n",
+        )
         .replace("grpc: 19092", &format!("grpc: {grpc}"))
         .replace("extra: 19093", &format!("extra: {extra}"))
         .replace("serverAppIO: 19091", &format!("serverAppIO: {sapp}"));
@@ -138,6 +148,52 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         processes_mentioning(&needle).len() >= 3,
         "SuperLink and two SuperNodes should be running"
     );
+    // Each SuperNode process got its pool's environment.
+    let envs: Vec<(String, Vec<String>)> = processes_mentioning(&needle)
+        .into_iter()
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if !cmdline.contains("flower-supernode") || cmdline.contains("flower-superexec") {
+                return None;
+            }
+            let pool = ["site-a", "site-b"]
+                .into_iter()
+                .find(|p| cmdline.contains(&format!("/{p}-0")))?;
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let vars = String::from_utf8_lossy(&environ)
+                .split('\0')
+                .filter(|v| v.starts_with("FLOWER_ADDON_") || v.starts_with("CUDA_VISIBLE"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
+            Some((pool.to_owned(), vars))
+        })
+        .collect();
+    let of = |pool: &str| {
+        let mut vars: Vec<String> = envs
+            .iter()
+            .filter(|(p, _)| p == pool)
+            .flat_map(|(_, v)| v.clone())
+            .collect();
+        vars.sort();
+        vars
+    };
+    assert_eq!(
+        of("site-a"),
+        [
+            "CUDA_VISIBLE_DEVICES=0",
+            "FLOWER_ADDON_E2E=site-a",
+            "FLOWER_ADDON_KEEP=base"
+        ],
+        "SuperNode environments: {envs:?}"
+    );
+    assert_eq!(
+        of("site-b"),
+        ["FLOWER_ADDON_E2E=base", "FLOWER_ADDON_KEEP=base"],
+        "SuperNode environments: {envs:?}"
+    );
+    // Where flwr reaches this SuperLink, as Kubernetes mode puts it in status.endpoints.
+    assert_eq!(ready["control"], format!("127.0.0.1:{grpc}"), "{ready}");
 
     // A graceful stop of the hub stops the SuperLink and the hub's own SuperNodes.
     let pid = nix::unistd::Pid::from_raw(hub.0.id() as i32);
