@@ -62,9 +62,14 @@ bud() { bah bud --quiet --pull=never --network=none --layers=false "$@" >&2; }
 
 # ---- base: debian:bookworm-slim from mmdebstrap -------------------------------------------------
 MIRROR="$(debian_mirror)"
-base_hash="$(inputs_hash "${IMAGES_DIR}/lib.sh" "mmdebstrap-minbase-bookworm-v1" "${MIRROR}")"
+# The base's recipe is the mmdebstrap call below: bump BASE_RECIPE when changing it (hashing this
+# script would rebuild every image for any edit).
+BASE_RECIPE="mmdebstrap-minbase-bookworm-slim-v1"
+base_hash="$(inputs_hash "${BASE_RECIPE}" "${MIRROR}")"
 if wanted base || wanted flwr || wanted app || wanted addon; then
-  if up_to_date base "${base_hash}" debian-bookworm-slim && have_image "${BASE_REF}"; then
+  # --force rebuilds the base only when it was asked for (--only base, or everything).
+  base_force=${force}; wanted base || force=0
+  if up_to_date base "${base_hash}" debian-bookworm-slim; then
     log "==> base ${BASE_REF}: cached"
   else
     t0=${SECONDS}
@@ -92,6 +97,7 @@ if wanted base || wanted flwr || wanted app || wanted addon; then
     timed base "${t0}"
     log "    base done in $(( SECONDS - t0 ))s"
   fi
+  force=${base_force}
 fi
 
 # ---- pause ------------------------------------------------------------------------------------
@@ -134,6 +140,7 @@ for v in ${FLWR_VERSIONS}; do
         touch "${wheels}/.complete"
       fi
       log "==> flwr/base:${v}: apt-get python3 + pip install flwr==${v} from those wheels (cold ~1-2 min)"
+      need_image "${BASE_REF}" debian-bookworm-slim
       # The only networked build step (apt-get from the Debian mirror; pip is offline).
       # --network=host: no bridge and no NAT (NETAVARK) chains are made for the build.
       bah bud --quiet --pull=never --network=host --layers=false \
@@ -159,6 +166,7 @@ for v in ${FLWR_VERSIONS}; do
     else
       t0=${SECONDS}
       log "==> flower-addon/fedavg:${v} (examples/fedavg on flwr/superexec:${v})"
+      need_image "docker.io/flwr/superexec:${v}" "flwr-superexec-${v}"
       bud --build-arg "SUPEREXEC_IMAGE=docker.io/flwr/superexec:${v}" -t "docker.io/flower-addon/fedavg:${v}" \
         -f "${IMAGES_DIR}/app/Dockerfile" "${REPO_ROOT}/examples"
       export_image "docker.io/flower-addon/fedavg:${v}" "fedavg-${v}"
@@ -195,6 +203,7 @@ if wanted addon; then
   else
     t0=${SECONDS}
     log "==> ${ADDON_REF}: buildah bud the repository Dockerfile with ${bin_dir}'s binaries (BIN_DIR=target/image)"
+    need_image "${BASE_REF}" debian-bookworm-slim
     bud --build-arg "BIN_DIR=target/image" -t "${ADDON_REF}" -f "${REPO_ROOT}/Dockerfile" "${REPO_ROOT}"
     export_image "${ADDON_REF}" flower-addon
     stamp addon "${addon_hash}"
@@ -211,7 +220,9 @@ fi
   done
 } > "${OCI_DIR}/images.tsv.tmp"
 mv -f "${OCI_DIR}/images.tsv.tmp" "${OCI_DIR}/images.tsv"
-# Leftover working containers (a build killed half-way) waste vfs space.
+# Keep only the OCI archives: buildah's vfs storage holds a full copy of every layer (~5 GB for
+# these images); need_image restores a parent from its archive when a later build needs it.
 bah rm --all >/dev/null 2>&1 || true
+bah rmi --all --force >/dev/null 2>&1 || true
 log "==> images done in $(( SECONDS - T_ALL ))s${TIMINGS[*]:+: ${TIMINGS[*]}}"
 printf '%s\n' "${OCI_DIR}"

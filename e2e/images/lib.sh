@@ -87,3 +87,14 @@ export_image() {
   bah push --quiet "${ref}" "oci-archive:${file}.tmp:${ref}" >&2
   mv -f "${file}.tmp" "${file}"
 }
+
+# Makes image "$1" available in buildah's storage, restoring it from "${OCI_DIR}/$2.tar" when the
+# storage was pruned (build.sh keeps only the OCI archives between runs: vfs stores every layer
+# as a full copy, several GB for these images).
+need_image() {
+  local ref="$1" file="${OCI_DIR}/$2.tar" id
+  have_image "${ref}" && return 0
+  [[ -f "${file}" ]] || die "${ref} is neither in buildah's storage nor in ${file}"
+  id="$(bah pull --quiet "oci-archive:${file}")"
+  bah tag "${id}" "${ref}"
+}

@@ -35,9 +35,12 @@ pub const IMAGES_DIR_ENV: &str = "FLOWER_ADDON_IMAGES";
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// Label every real node carries (`flower-addon.io/e2e-node=real`); kwok nodes carry `type=kwok`.
 pub const REAL_NODE_LABEL: (&str, &str) = ("flower-addon.io/e2e-node", "real");
+/// A node's [`NodeResources`], in its directory.
+const NODE_STATE_FILE: &str = "node-state.json";
 /// Where the Debian package containernetworking-plugins installs the CNI plugins.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
-/// Kernel settings kubelet sets on start (`setupKernelTunables`); restored when the node stops.
+/// Kernel settings kubelet sets on start (`setupKernelTunables`); restored when the last node of
+/// a run is gone ([`NodeNetwork`]'s drop; not after a killed run).
 const KUBELET_SYSCTLS: &[&str] = &[
     "vm/overcommit_memory",
     "vm/panic_on_oom",
@@ -253,6 +256,8 @@ pub struct NodeNetwork {
     new_dirs: Vec<&'static str>,
     /// Whether /run/netns was a mount point before (`ip netns add` makes it one).
     netns_was_mounted: bool,
+    /// Kernel settings kubelet changes, as they were before any node started.
+    sysctls: Vec<(String, String)>,
 }
 
 /// Fixed host paths the node components create whatever their configuration (deepest first).
@@ -277,6 +282,7 @@ fn is_mount_point(path: &str) -> bool {
 impl NodeNetwork {
     /// Creates the bridge on a subnet no interface of this machine uses yet.
     pub fn create() -> Result<Arc<Self>> {
+        reap_orphans();
         let used = run("ip", &["-4", "-o", "addr", "show"])?;
         let start = random_u16()?;
         for i in 0..59u16 {
@@ -298,6 +304,14 @@ impl NodeNetwork {
                     .filter(|d| !Path::new(d).exists())
                     .collect(),
                 netns_was_mounted: is_mount_point("/run/netns"),
+                sysctls: KUBELET_SYSCTLS
+                    .iter()
+                    .filter_map(|s| {
+                        std::fs::read_to_string(Path::new("/proc/sys").join(s))
+                            .ok()
+                            .map(|v| (s.to_string(), v.trim().to_string()))
+                    })
+                    .collect(),
             };
             run("ip", &["link", "add", &net.bridge, "type", "bridge"])?;
             let up = (|| -> Result<()> {
@@ -360,6 +374,12 @@ impl Drop for NodeNetwork {
             // Only when empty: another run may be using it.
             let _ = std::fs::remove_dir(d);
         }
+        for (key, value) in &self.sysctls {
+            let path = Path::new("/proc/sys").join(key);
+            if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() != value) {
+                let _ = std::fs::write(&path, value);
+            }
+        }
     }
 }
 
@@ -379,8 +399,6 @@ pub struct RealNode {
     cgroup_root: String,
     procs: Processes,
     bins: NodeBinaries,
-    sysctls: Vec<(String, String)>,
-    created_netns: bool,
     _net: Arc<NodeNetwork>,
 }
 
@@ -421,15 +439,6 @@ impl RealNode {
             cgroup_root: format!("/fae2e-{k}-{j}"),
             procs: Processes::default(),
             bins: bins.clone(),
-            sysctls: KUBELET_SYSCTLS
-                .iter()
-                .filter_map(|s| {
-                    std::fs::read_to_string(Path::new("/proc/sys").join(s))
-                        .ok()
-                        .map(|v| (s.to_string(), v.trim().to_string()))
-                })
-                .collect(),
-            created_netns: false,
             _net: Arc::clone(net),
         };
         // On error `node` is dropped, which undoes what was done so far.
@@ -448,6 +457,16 @@ impl RealNode {
             node.startup.as_secs_f64()
         );
         Ok(node)
+    }
+
+    fn resources(&self) -> NodeResources {
+        NodeResources {
+            dir: self.dir.clone(),
+            netns: self.netns.clone(),
+            host_veth: self.host_veth.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            bridge: self._net.bridge.clone(),
+        }
     }
 
     /// The node's directory (configs, logs, containerd and kubelet state).
@@ -524,6 +543,10 @@ impl RealNode {
         cluster: &Cluster,
         timeout: Duration,
     ) -> Result<()> {
+        std::fs::write(
+            self.dir.join(NODE_STATE_FILE),
+            serde_json::to_vec_pretty(&self.resources())?,
+        )?;
         self.make_netns(net)?;
         self.make_cgroups()?;
         self.write_configs(net, cluster)?;
@@ -679,7 +702,6 @@ impl RealNode {
             run_quiet("ip", &["netns", "del", &ns]);
         }
         run("ip", &["netns", "add", &ns])?;
-        self.created_netns = true;
         let peer = format!("{}p", self.host_veth);
         run(
             "ip",
@@ -895,54 +917,6 @@ syncFrequency: 10s
         Ok(())
     }
 
-    /// Files containerd, the CNI library and kubelet write at fixed host paths whatever their
-    /// configuration: shim sockets (/run/containerd/s), CNI result caches (/var/lib/cni/results,
-    /// named after this node's CNI network) and /var/log/containers links into this node's dir.
-    fn remove_host_leftovers(&self) {
-        let tasks = self
-            .dir
-            .join("containerd/state/io.containerd.runtime.v2.task");
-        for address in find_files(&tasks, &["address"]) {
-            if let Ok(a) = std::fs::read_to_string(&address) {
-                let path = a.trim().trim_start_matches("unix://");
-                if path.starts_with("/run/containerd/s/") {
-                    let _ = std::fs::remove_file(path);
-                }
-            }
-        }
-        // Results are named <network>-<container id>-<ifname>: our network's, and the loopback
-        // ones of our sandboxes.
-        let prefix = format!("{}-", self.netns);
-        let ids: Vec<String> = [
-            tasks.join("k8s.io"),
-            self.dir
-                .join("containerd/state/io.containerd.grpc.v1.cri/sandboxes"),
-        ]
-        .iter()
-        .filter_map(|d| std::fs::read_dir(d).ok())
-        .flat_map(|entries| entries.flatten())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-        if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let loopback_of_ours = name
-                    .strip_prefix("cni-loopback-")
-                    .is_some_and(|rest| ids.iter().any(|id| rest.starts_with(id.as_str())));
-                if name.starts_with(&prefix) || loopback_of_ours {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-        if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
-            for e in entries.flatten() {
-                if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&self.dir)) {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-    }
-
     /// Undoes everything (idempotent; errors are reported, not returned).
     fn cleanup(&mut self) {
         let t = Instant::now();
@@ -951,96 +925,12 @@ syncFrequency: 10s
             let _ = self.procs.stop(&format!("{}/{name}", self.name));
         }
         self.procs.stop_all();
-        // Container processes by the pids runc recorded, then their shims (which outlive
-        // containerd): the containerd-shim-runc-v2 processes whose -address is this node's socket.
-        let tasks = self
-            .dir
-            .join("containerd/state/io.containerd.runtime.v2.task");
-        let sock = self.containerd_socket().display().to_string();
-        for pidfile in find_files(&tasks, &["init.pid"]) {
-            if let Some(pid) = std::fs::read_to_string(&pidfile)
-                .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok())
-                .filter(|p| *p > 1)
-            {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-        for pid in shim_pids(&sock) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        // Anything left in the node's pod cgroups.
-        for _ in 0..50 {
-            let mut alive = 0;
-            for h in cgroup_hierarchies() {
-                for procs in find_files(
-                    &h.join(self.cgroup_root.trim_start_matches('/')),
-                    &["cgroup.procs"],
-                ) {
-                    for pid in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
-                        if let Ok(pid) = pid.trim().parse::<i32>() {
-                            alive += 1;
-                            let _ = nix::sys::signal::kill(
-                                nix::unistd::Pid::from_raw(pid),
-                                nix::sys::signal::Signal::SIGKILL,
-                            );
-                        }
-                    }
-                }
-            }
-            if alive == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // kube-proxy's and kubelet's iptables rules live in the node's netns and go with it;
-        // `kube-proxy --cleanup` first anyway, as a real node would.
-        if self.created_netns && Path::new("/run/netns").join(&self.netns).exists() {
-            let proxy = self.bins.kube_proxy.display().to_string();
-            let _ = self.exec_in_netns(&proxy, &["--cleanup"]);
-        }
-        // Mounts under the node dir (overlay rootfs, shm, pod netns, kubelet volumes), deepest
-        // first; lazily, as a shim may still be exiting.
-        let prefix = self.dir.display().to_string();
-        let mut mounts = mount_points_under(&prefix);
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in &mounts {
-            run_quiet("umount", &["--lazy", m]);
-        }
-        // cgroups, deepest first.
-        for h in cgroup_hierarchies() {
-            let root = h.join(self.cgroup_root.trim_start_matches('/'));
-            let mut dirs = find_dirs(&root);
-            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-            for d in dirs {
-                let _ = std::fs::remove_dir(&d);
-            }
-        }
-        if self.created_netns {
-            run_quiet("ip", &["netns", "del", &self.netns]);
-            self.created_netns = false;
-        }
-        self.remove_host_leftovers();
-        if Path::new("/sys/class/net").join(&self.host_veth).exists() {
-            run_quiet("ip", &["link", "del", &self.host_veth]);
-        }
-        for (key, value) in &self.sysctls {
-            let path = Path::new("/proc/sys").join(key);
-            if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() != value) {
-                let _ = std::fs::write(&path, value);
-            }
-        }
+        let mounts = teardown(&self.resources(), Some(&self.bins.kube_proxy));
         eprintln!(
             "e2e: real node {} cleaned up ({:.1}s, {} mount(s))",
             self.name,
             t.elapsed().as_secs_f64(),
-            mounts.len()
+            mounts
         );
     }
 }
@@ -1049,6 +939,258 @@ impl Drop for RealNode {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// What a real node made on the host, saved as `node-state.json` in its directory so that a later
+/// run can remove the leftovers of one that was killed (see [`reap_orphans`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct NodeResources {
+    dir: PathBuf,
+    netns: String,
+    host_veth: String,
+    cgroup_root: String,
+    bridge: String,
+}
+
+/// Removes a node's containers, shims, mounts, cgroups, netns (with every iptables rule in it),
+/// veth and host files; returns how many mounts it unmounted. Its own processes must be gone.
+fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
+    // Container processes by the pids runc recorded, then their shims (which outlive
+    // containerd): the containerd-shim-runc-v2 processes whose -address is this node's socket.
+    let tasks = res
+        .dir
+        .join("containerd/state/io.containerd.runtime.v2.task");
+    let sock = res.dir.join("containerd.sock").display().to_string();
+    for pidfile in find_files(&tasks, &["init.pid"]) {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|p| *p > 1)
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    for pid in shim_pids(&sock) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    // Anything left in the node's pod cgroups.
+    for _ in 0..50 {
+        let mut alive = 0;
+        for h in cgroup_hierarchies() {
+            for procs in find_files(
+                &h.join(res.cgroup_root.trim_start_matches('/')),
+                &["cgroup.procs"],
+            ) {
+                for pid in std::fs::read_to_string(&procs).unwrap_or_default().lines() {
+                    if let Ok(pid) = pid.trim().parse::<i32>() {
+                        alive += 1;
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+        if alive == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // kube-proxy's and kubelet's iptables rules live in the node's netns and go with it;
+    // `kube-proxy --cleanup` first anyway, as a real node would.
+    if let Some(proxy) = kube_proxy
+        && Path::new("/run/netns").join(&res.netns).exists()
+    {
+        let _ = run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{}", res.netns),
+                "--",
+                &proxy.display().to_string(),
+                "--cleanup",
+            ],
+        );
+    }
+    // Mounts under the node dir (overlay rootfs, shm, pod netns, kubelet volumes), deepest
+    // first; lazily, as a shim may still be exiting.
+    let prefix = res.dir.display().to_string();
+    let mut mounts = mount_points_under(&prefix);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in &mounts {
+        run_quiet("umount", &["--lazy", m]);
+    }
+    // cgroups, deepest first.
+    for h in cgroup_hierarchies() {
+        let root = h.join(res.cgroup_root.trim_start_matches('/'));
+        let mut dirs = find_dirs(&root);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            let _ = std::fs::remove_dir(&d);
+        }
+    }
+    if Path::new("/run/netns").join(&res.netns).exists() {
+        run_quiet("ip", &["netns", "del", &res.netns]);
+    }
+    remove_host_leftovers(&res.dir, &res.netns);
+    if Path::new("/sys/class/net").join(&res.host_veth).exists() {
+        run_quiet("ip", &["link", "del", &res.host_veth]);
+    }
+    mounts.len()
+}
+
+/// Files containerd, the CNI library and kubelet write at fixed host paths whatever their
+/// configuration: shim sockets (/run/containerd/s), CNI result caches (/var/lib/cni/results,
+/// named after this node's CNI network) and /var/log/containers links into this node's dir.
+fn remove_host_leftovers(dir: &Path, netns: &str) {
+    let tasks = dir.join("containerd/state/io.containerd.runtime.v2.task");
+    for address in find_files(&tasks, &["address"]) {
+        if let Ok(a) = std::fs::read_to_string(&address) {
+            let path = a.trim().trim_start_matches("unix://");
+            if path.starts_with("/run/containerd/s/") {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+    // Results are named <network>-<container id>-<ifname>: our network's, and the loopback
+    // ones of our sandboxes.
+    let prefix = format!("{}-", netns);
+    let ids: Vec<String> = [
+        tasks.join("k8s.io"),
+        dir.join("containerd/state/io.containerd.grpc.v1.cri/sandboxes"),
+    ]
+    .iter()
+    .filter_map(|d| std::fs::read_dir(d).ok())
+    .flat_map(|entries| entries.flatten())
+    .map(|e| e.file_name().to_string_lossy().into_owned())
+    .collect();
+    if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let loopback_of_ours = name
+                .strip_prefix("cni-loopback-")
+                .is_some_and(|rest| ids.iter().any(|id| rest.starts_with(id.as_str())));
+            if name.starts_with(&prefix) || loopback_of_ours {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/var/log/containers") {
+        for e in entries.flatten() {
+            if std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Removes what real nodes of killed runs left behind (containers, shims, mounts, cgroups, netns,
+/// veths, their bridge): nodes under `$TMPDIR/flower-e2e-*/<cluster>/<node>/` with a
+/// `node-state.json` and no live process of theirs (kubelet, kube-proxy and containerd all name
+/// the node's directory on their command line). A node of a live run is never touched.
+pub fn reap_orphans() {
+    let Ok(runs) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    let mut reaped = Vec::new();
+    let mut run_dirs = Vec::new();
+    for run_dir in runs.flatten() {
+        if !run_dir
+            .file_name()
+            .to_string_lossy()
+            .starts_with("flower-e2e-")
+        {
+            continue;
+        }
+        let Ok(clusters) = std::fs::read_dir(run_dir.path()) else {
+            continue;
+        };
+        for cluster in clusters.flatten() {
+            let Ok(nodes) = std::fs::read_dir(cluster.path()) else {
+                continue;
+            };
+            for node in nodes.flatten() {
+                let state = node.path().join(NODE_STATE_FILE);
+                let Some(res) = std::fs::read(&state)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<NodeResources>(&b).ok())
+                else {
+                    continue;
+                };
+                if node_alive(&res.dir) {
+                    continue;
+                }
+                eprintln!(
+                    "e2e: removing the leftovers of a killed run's node in {}",
+                    res.dir.display()
+                );
+                teardown(&res, None);
+                let _ = std::fs::remove_file(&state);
+                reaped.push(res.bridge);
+                run_dirs.push(run_dir.path());
+            }
+        }
+    }
+    if reaped.is_empty() {
+        return;
+    }
+    for bridge in reaped {
+        let brif = Path::new("/sys/class/net").join(&bridge).join("brif");
+        if std::fs::read_dir(&brif).is_ok_and(|mut d| d.next().is_none()) {
+            run_quiet("ip", &["link", "del", &bridge]);
+        }
+    }
+    // The killed run's work dir (nothing of it runs any more: its control plane died with it).
+    run_dirs.dedup();
+    for dir in run_dirs {
+        if !node_alive(&dir) && mount_points_under(&dir.display().to_string()).is_empty() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    // Host directories the killed run's components made; empty ones are made again on demand.
+    // kubelet's device-plugin socket (a fixed path) is stale when no kubelet runs.
+    if !any_process_named("kubelet") {
+        let _ = std::fs::remove_file("/var/lib/kubelet/device-plugins/kubelet.sock");
+    }
+    let netns_empty = std::fs::read_dir("/run/netns").is_ok_and(|mut d| d.next().is_none());
+    if netns_empty && is_mount_point("/run/netns") {
+        run_quiet("umount", &["/run/netns"]);
+    }
+    for d in HOST_DIRS {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+/// Whether a process whose program file is named `name` runs.
+fn any_process_named(name: &str) -> bool {
+    std::fs::read_dir("/proc").is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            std::fs::read_link(e.path().join("exe"))
+                .is_ok_and(|exe| exe.file_name().is_some_and(|f| f == name))
+        })
+    })
+}
+
+/// Whether a process other than a container shim names `dir` on its command line.
+fn node_alive(dir: &Path) -> bool {
+    let needle = dir.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .any(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let text = String::from_utf8_lossy(&cmdline);
+            text.contains(needle.as_str()) && !text.starts_with("/usr/bin/containerd-shim")
+        })
 }
 
 /// Pids of the containerd-shim-runc-v2 processes serving the containerd at `socket`.
