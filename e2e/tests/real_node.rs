@@ -4,7 +4,9 @@
 //! - the repository's own image (the root `Dockerfile`) runs `flower-hub --version` to Succeeded
 //!   and its log is read through the apiserver (kubelet's API);
 //! - `flwr/superlink:1.42.0` (the local stand-in for Flower's image) serves `/health` through a
-//!   NodePort Service reached from the host, with a real readiness probe.
+//!   NodePort Service reached from the host, with a real readiness probe, and from a pod on the
+//!   real node of a second cluster (the path a spoke's SuperNodes take to the hub's SuperLink);
+//! - a pod reaches its apiserver through the `kubernetes` Service with its ServiceAccount.
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -59,6 +61,36 @@ where
     }
 }
 
+/// Waits for a `restartPolicy: Never` pod to succeed and returns its log; fails with the log and
+/// status when it fails.
+async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
+    poll(
+        &format!("{name} Succeeded"),
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let Ok(p) = pods.get(name).await else {
+                    return Ok(None);
+                };
+                match pod_phase(&p).as_str() {
+                    "Succeeded" => Ok(Some(())),
+                    "Failed" => {
+                        let log = pods
+                            .logs(name, &LogParams::default())
+                            .await
+                            .unwrap_or_default();
+                        bail!("{name} failed: {log}\n{}", describe(&p))
+                    }
+                    _ => Ok(None),
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(pods.logs(name, &LogParams::default()).await?)
+}
+
 async fn http_get(addr: &str, path: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn =
@@ -85,7 +117,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
 
     let t0 = Instant::now();
     let cp = ControlPlane::start_with(
-        &["hub"],
+        &["hub", "spoke-1"],
         Options {
             nodes_per_cluster: 1,
             real_nodes: true,
@@ -104,6 +136,9 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     );
     let import = node.import_images(&images)?;
     eprintln!("real_node: images imported in {:.1}s", import.as_secs_f64());
+    let spoke = cp.cluster("spoke-1")?;
+    let spoke_node = cp.real_node("spoke-1")?;
+    spoke_node.import_images(&images[1..])?;
 
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let node_selector = format!(
@@ -251,6 +286,38 @@ spec:
         t.elapsed().as_secs_f64()
     );
 
+    // --- the same NodePort from a pod on the other cluster's real node ------------------------
+    let t = Instant::now();
+    let url = format!("http://{addr}/health");
+    let spoke_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), "default");
+    let script = format!(
+        "import urllib.request\nr = urllib.request.urlopen('{url}', timeout=10)\nprint(r.status, '{url}')\n"
+    );
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cross-cluster", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
+            "containers": [{
+                "name": "client",
+                "image": SUPERLINK_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", script],
+            }],
+        },
+    }))?;
+    spoke_pods.create(&Default::default(), &pod).await?;
+    let log = run_to_completion(&spoke_pods, "cross-cluster").await?;
+    eprintln!(
+        "real_node: a pod on {} reached the hub's NodePort in {:.1}s: {}",
+        spoke_node.name,
+        t.elapsed().as_secs_f64(),
+        log.trim()
+    );
+    assert!(log.starts_with("200 "), "unexpected output: {log:?}");
+
     // --- a pod reaches its apiserver the in-cluster way ---------------------------------------
     // KUBERNETES_SERVICE_HOST (the `kubernetes` ClusterIP, through kube-proxy's rules) with the
     // ServiceAccount token and CA of the projected volume: what the hub and agent pods do.
@@ -277,27 +344,7 @@ spec:
         },
     }))?;
     pods.create(&Default::default(), &pod).await?;
-    poll("in-cluster Succeeded", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        async move {
-            let Ok(p) = pods.get("in-cluster").await else {
-                return Ok(None);
-            };
-            match pod_phase(&p).as_str() {
-                "Succeeded" => Ok(Some(())),
-                "Failed" => {
-                    let log = pods
-                        .logs("in-cluster", &LogParams::default())
-                        .await
-                        .unwrap_or_default();
-                    bail!("in-cluster failed: {log}\n{}", describe(&p))
-                }
-                _ => Ok(None),
-            }
-        }
-    })
-    .await?;
-    let log = pods.logs("in-cluster", &LogParams::default()).await?;
+    let log = run_to_completion(&pods, "in-cluster").await?;
     eprintln!(
         "real_node: a pod read its apiserver's /version through the kubernetes Service in {:.1}s: {}",
         t.elapsed().as_secs_f64(),
@@ -305,8 +352,8 @@ spec:
     );
     assert!(log.contains("v1.37"), "unexpected /version output: {log:?}");
 
-    eprintln!("real_node: RSS of the node's processes:");
-    for (name, kib) in node.rss_kib() {
+    eprintln!("real_node: RSS of the nodes' processes:");
+    for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
         eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
     }
     eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
