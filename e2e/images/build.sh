@@ -147,10 +147,17 @@ for v in ${FLWR_VERSIONS}; do
         -v "${wheels}:/wheels:ro" --build-arg "PIP_OPTS=--no-index --find-links /wheels" \
         --build-arg "FLWR_VERSION=${v}" -t "docker.io/flwr/base:${v}" \
         -f "${IMAGES_DIR}/flwr/base.Dockerfile" "${IMAGES_DIR}/flwr" >&2
+      # Smoke check: the three entrypoints run as user app from /app (argparse --help exits 0).
+      bah run --network=none "$(bah from --quiet --pull=never "docker.io/flwr/base:${v}")" -- sh -c \
+        'test "$(id -un)" = app && test "$PWD" = /app && flower-superlink --help >/dev/null && flower-supernode --help >/dev/null && flower-superexec --help >/dev/null' \
+        || die "flwr/base:${v}: flower-superlink/supernode/superexec --help failed"
+      bah rm --all >/dev/null
       for c in superlink supernode superexec; do
         log "    flwr/${c}:${v}"
         bud --build-arg "BASE_IMAGE=${v}" -t "docker.io/flwr/${c}:${v}" \
           -f "${IMAGES_DIR}/flwr/${c}.Dockerfile" "${IMAGES_DIR}/flwr"
+        ep="$(bah inspect --type image --format '{{.OCIv1.Config.Entrypoint}} {{.OCIv1.Config.User}} {{.OCIv1.Config.WorkingDir}}' "docker.io/flwr/${c}:${v}")"
+        [[ "${ep}" == "[flower-${c}] app /app" ]] || die "flwr/${c}:${v}: entrypoint, user, workdir are '${ep}'"
         export_image "docker.io/flwr/${c}:${v}" "flwr-${c}-${v}"
       done
       stamp "flwr-${v}" "${flwr_hash}"
@@ -211,12 +218,20 @@ if wanted addon; then
   fi
 fi
 
-# ---- index ------------------------------------------------------------------------------------------
+# ---- index: every archive present (also those of Flower versions not built by this call) ------
 {
-  printf '%s\t%s\n' "${BASE_REF}" debian-bookworm-slim.tar "${PAUSE_REF}" pause.tar "${ADDON_REF}" flower-addon.tar
-  for v in ${FLWR_VERSIONS}; do
-    for c in superlink supernode superexec; do printf '%s\t%s\n' "docker.io/flwr/${c}:${v}" "flwr-${c}-${v}.tar"; done
-    printf '%s\t%s\n' "docker.io/flower-addon/fedavg:${v}" "fedavg-${v}.tar"
+  for f in "${OCI_DIR}"/*.tar; do
+    [[ -f "${f}" ]] || continue
+    name="$(basename "${f}" .tar)"
+    case "${name}" in
+      debian-bookworm-slim) ref="${BASE_REF}" ;;
+      pause) ref="${PAUSE_REF}" ;;
+      flower-addon) ref="${ADDON_REF}" ;;
+      flwr-*-*) c="${name#flwr-}"; ref="docker.io/flwr/${c%%-*}:${c#*-}" ;;
+      fedavg-*) ref="docker.io/flower-addon/fedavg:${name#fedavg-}" ;;
+      *) continue ;;
+    esac
+    printf '%s\t%s\n' "${ref}" "${name}.tar"
   done
 } > "${OCI_DIR}/images.tsv.tmp"
 mv -f "${OCI_DIR}/images.tsv.tmp" "${OCI_DIR}/images.tsv"
