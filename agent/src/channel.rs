@@ -6,7 +6,7 @@
 //! The client certificate is renewed at 80 % of its life over the same HTTP/2 connection, so the
 //! open stream is not interrupted; the renewed certificate is used from the next connection on.
 use crate::credentials::{self, CredentialStore, Credentials, CredentialsError};
-use crate::runtime::Runtime;
+use crate::runtime::{Allocatable, Runtime};
 use crate::tls::{self, HubAddress};
 use backon::BackoffBuilder;
 use flower_addon_proto::agent_message::Kind as AgentKind;
@@ -256,7 +256,7 @@ async fn session(
     state.emit(AgentEvent::Connected);
     let renewer = AbortOnDrop(tokio::spawn(renew_loop(state.clone(), channel)));
     let mut status_tick = tokio::time::interval(state.options.status_interval);
-    let mut last_status: Option<Vec<FederationStatus>> = None;
+    let mut last_status: Option<(Vec<FederationStatus>, Allocatable)> = None;
     let mut observed = 0u64;
     let end = loop {
         tokio::select! {
@@ -275,11 +275,13 @@ async fn session(
                             Err(error) => tracing::error!(cluster = %name, version, %error, "cannot apply work"),
                         }
                         let federations = runtime.status().await;
-                        last_status = Some(federations.clone());
+                        let allocatable = runtime.allocatable().await;
+                        last_status = Some((federations.clone(), allocatable.clone()));
                         let _ = tx.send(message(AgentKind::Status(Status {
                             observed_version: observed,
                             federations,
                             cluster_name: name.clone(),
+                            allocatable,
                         }))).await;
                     }
                     Some(HubKind::Ping(_)) => {
@@ -292,12 +294,16 @@ async fn session(
             },
             _ = status_tick.tick() => {
                 let federations = runtime.status().await;
-                if last_status.as_ref() != Some(&federations) {
-                    last_status = Some(federations.clone());
+                let allocatable = runtime.allocatable().await;
+                let report = (federations, allocatable);
+                if last_status.as_ref() != Some(&report) {
+                    last_status = Some(report.clone());
+                    let (federations, allocatable) = report;
                     let _ = tx.send(message(AgentKind::Status(Status {
                         observed_version: observed,
                         federations,
                         cluster_name: name.clone(),
+                        allocatable,
                     }))).await;
                 }
             }

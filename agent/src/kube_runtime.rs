@@ -155,7 +155,12 @@ struct Rendered {
 pub struct KubeRuntime {
     client: Client,
     applied: Mutex<Vec<AppliedFederation>>,
+    /// Allocatable resources summed over the cluster's nodes, and when they were read.
+    allocatable: tokio::sync::Mutex<Option<(std::time::Instant, crate::runtime::Allocatable)>>,
 }
+
+/// How long a node sum is reused before the nodes are listed again.
+const ALLOCATABLE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl Debug for KubeRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,6 +174,7 @@ impl KubeRuntime {
         Self {
             client,
             applied: Mutex::new(Vec::new()),
+            allocatable: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -355,6 +361,43 @@ impl Runtime for KubeRuntime {
 
     fn status(&self) -> BoxFuture<'_, Vec<FederationStatus>> {
         Box::pin(self.observe())
+    }
+
+    /// `cpu` and `memory` allocatable summed over the cluster's nodes (read at most every
+    /// [`ALLOCATABLE_TTL`]); empty if the nodes cannot be listed.
+    fn allocatable(&self) -> BoxFuture<'_, crate::runtime::Allocatable> {
+        Box::pin(async move {
+            let mut cached = self.allocatable.lock().await;
+            if let Some((at, value)) = cached.as_ref()
+                && at.elapsed() < ALLOCATABLE_TTL
+            {
+                return value.clone();
+            }
+            let nodes = match Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                .list(&Default::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot list nodes for the allocatable report");
+                    return crate::runtime::Allocatable::new();
+                }
+            };
+            let sum = |key: &str| -> f64 {
+                nodes
+                    .iter()
+                    .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get(key))
+                    .filter_map(|q| flower_addon_crds::parse_quantity(&q.0))
+                    .sum()
+            };
+            let mut value = crate::runtime::Allocatable::new();
+            if !nodes.is_empty() {
+                value.insert("cpu".to_owned(), format!("{}m", (sum("cpu") * 1000.0).round()));
+                value.insert("memory".to_owned(), format!("{}", sum("memory").round()));
+            }
+            *cached = Some((std::time::Instant::now(), value.clone()));
+            value
+        })
     }
 }
 

@@ -431,6 +431,10 @@ impl Runtime for ProcessRuntime {
         })
     }
 
+    fn allocatable(&self) -> BoxFuture<'_, crate::runtime::Allocatable> {
+        Box::pin(async { crate::runtime::machine_allocatable() })
+    }
+
     fn status(&self) -> BoxFuture<'_, Vec<FederationStatus>> {
         Box::pin(async move {
             let state = self.state.lock().await;

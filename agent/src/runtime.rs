@@ -28,6 +28,33 @@ pub trait Runtime: Send + Sync {
     fn apply<'a>(&'a self, work: &'a ClusterWork) -> BoxFuture<'a, Result<(), RuntimeError>>;
     /// The observed state of every federation, for the status report.
     fn status(&self) -> BoxFuture<'_, Vec<FederationStatus>>;
+    /// Allocatable resources of the cluster or device (`cpu`, `memory` as Kubernetes
+    /// quantities) for the hub's `ResourceAllocatable*` prioritizers; empty when unknown.
+    fn allocatable(&self) -> BoxFuture<'_, Allocatable> {
+        Box::pin(async { Allocatable::new() })
+    }
+}
+
+/// Allocatable resources by name, as Kubernetes quantities (the wire type of
+/// `Status.allocatable`).
+pub type Allocatable = std::collections::HashMap<String, String>;
+
+/// This machine's allocatable resources: CPUs the process may use and total memory
+/// (`/proc/meminfo`), for runtimes that run SuperNodes on the machine itself.
+pub fn machine_allocatable() -> Allocatable {
+    let mut out = Allocatable::new();
+    if let Ok(cpus) = std::thread::available_parallelism() {
+        out.insert("cpu".to_owned(), cpus.get().to_string());
+    }
+    let mem_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    if let Some(kib) = mem_kib {
+        out.insert("memory".to_owned(), format!("{kib}Ki"));
+    }
+    out
 }
 
 /// A runtime that only remembers what it was asked to run and reports every pool as ready.

@@ -8,6 +8,7 @@ pub mod crdgen;
 pub mod federation;
 pub mod parse;
 pub mod placement;
+pub mod quantity;
 pub mod rules;
 mod schema_helpers;
 pub mod validate;
@@ -17,6 +18,7 @@ pub use crdgen::{crd_file_name, crd_yaml, crds, crds_yaml};
 pub use federation::*;
 pub use parse::{Object, ParseError, parse_documents};
 pub use placement::*;
+pub use quantity::parse_quantity;
 pub use validate::{FieldError, validate_federation, validate_placement};
 
 /// API group of every flower-addon resource.

@@ -123,7 +123,17 @@ pub enum TaintEffect {
     NoSelectIfNew,
 }
 
-/// Ranking of clusters.
+/// The built-in prioritizers (OCM's names) a `BuiltIn` score coordinate may name.
+pub const BUILT_IN_PRIORITIZERS: [&str; 4] = [
+    "Balance",
+    "Steady",
+    "ResourceAllocatableCPU",
+    "ResourceAllocatableMemory",
+];
+
+/// Ranking of clusters when `numberOfClusters` leaves some out (OCM semantics): each
+/// prioritizer scores a cluster from -100 to 100, scores are summed by weight, and the highest
+/// totals are selected (ties by name).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PrioritizerPolicy {

@@ -7,7 +7,7 @@ use crate::federation::{
     DeploymentMode, Federation, IsolationMode, MAX_NODE_CONFIG_ENTRIES, MAX_NODE_CONFIG_LENGTH,
     MAX_POOLS, NodeConfigValue, ServiceType, SuperNodePoolSpec,
 };
-use crate::placement::{Placement, TolerationOperator};
+use crate::placement::{BUILT_IN_PRIORITIZERS, Placement, ScoreCoordinateType, TolerationOperator};
 use crate::rules::*;
 
 /// One validation problem: the field it is about and what is wrong.
@@ -422,6 +422,41 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
                     &req.operator,
                     req.values.as_deref().unwrap_or(&[]),
                 );
+            }
+        }
+    }
+    if let Some(policy) = &spec.prioritizer_policy {
+        for (i, config) in policy.configurations.iter().enumerate() {
+            let at = format!("spec.prioritizerPolicy.configurations[{i}]");
+            let coordinate = &config.score_coordinate;
+            match coordinate.type_ {
+                ScoreCoordinateType::AddOn => errors.push(FieldError::new(
+                    format!("{at}.scoreCoordinate.type"),
+                    "AddOn scores (OCM's AddOnPlacementScore) are not served by flower-addon; use type BuiltIn with one of Balance, Steady, ResourceAllocatableCPU, ResourceAllocatableMemory",
+                )),
+                ScoreCoordinateType::BuiltIn => match coordinate.built_in.as_deref() {
+                    Some(name) if BUILT_IN_PRIORITIZERS.contains(&name) => {}
+                    Some(name) => errors.push(FieldError::new(
+                        format!("{at}.scoreCoordinate.builtIn"),
+                        format!(
+                            "unknown prioritizer {name:?}: use one of {}",
+                            BUILT_IN_PRIORITIZERS.join(", ")
+                        ),
+                    )),
+                    None => errors.push(FieldError::new(
+                        format!("{at}.scoreCoordinate.builtIn"),
+                        format!(
+                            "required with type BuiltIn: one of {}",
+                            BUILT_IN_PRIORITIZERS.join(", ")
+                        ),
+                    )),
+                },
+            }
+            if !(-10..=10).contains(&config.weight) {
+                errors.push(FieldError::new(
+                    format!("{at}.weight"),
+                    "must be between -10 and 10",
+                ));
             }
         }
     }

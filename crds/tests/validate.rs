@@ -237,7 +237,9 @@ fn node_ports_need_an_exposed_service_and_distinct_values() {
             "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n    service: {service}\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n"
         )
     };
-    let ok = fed(&spec("{type: NodePort, nodePorts: {grpc: 30092, extra: 30093}}"));
+    let ok = fed(&spec(
+        "{type: NodePort, nodePorts: {grpc: 30092, extra: 30093}}",
+    ));
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
     assert_eq!(ok.spec.superlink.service.node_ports.grpc, Some(30092));
 
@@ -245,11 +247,44 @@ fn node_ports_need_an_exposed_service_and_distinct_values() {
     let errs = errors(&cluster_ip);
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].0, "spec.superlink.service.nodePorts.grpc");
-    assert!(errs[0].1.contains("type NodePort or LoadBalancer"), "{errs:?}");
+    assert!(
+        errs[0].1.contains("type NodePort or LoadBalancer"),
+        "{errs:?}"
+    );
 
-    let twice = fed(&spec("{type: LoadBalancer, nodePorts: {grpc: 30092, extra: 30092}}"));
+    let twice = fed(&spec(
+        "{type: LoadBalancer, nodePorts: {grpc: 30092, extra: 30092}}",
+    ));
     let errs = errors(&twice);
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].0, "spec.superlink.service.nodePorts.extra");
     assert!(errs[0].1.contains("also nodePorts.grpc"), "{errs:?}");
+}
+
+// Placement: prioritizers are OCM's built-ins; add-on scores and unknown names are refused with
+// the field and the names that work, never ignored.
+#[test]
+fn placement_prioritizers_are_known_built_ins() {
+    let text = "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata:\n  name: p\nspec:\n  numberOfClusters: 1\n  prioritizerPolicy:\n    mode: Exact\n    configurations:\n      - scoreCoordinate: {type: BuiltIn, builtIn: ResourceAllocatableCPU}\n        weight: 2\n      - scoreCoordinate: {type: AddOn, addOn: {resourceName: r, scoreName: s}}\n      - scoreCoordinate: {type: BuiltIn, builtIn: Spread}\n      - scoreCoordinate: {type: BuiltIn}\n";
+    let Object::Placement(p) = parse_documents("p.yaml", text).unwrap().remove(0) else {
+        panic!()
+    };
+    let got: Vec<(String, String)> = validate_placement(&p)
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect();
+    let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.prioritizerPolicy.configurations[1].scoreCoordinate.type",
+            "spec.prioritizerPolicy.configurations[2].scoreCoordinate.builtIn",
+            "spec.prioritizerPolicy.configurations[3].scoreCoordinate.builtIn",
+        ]
+    );
+    assert!(
+        got[1].1.contains("unknown prioritizer \"Spread\""),
+        "{got:?}"
+    );
+    assert!(got[1].1.contains("ResourceAllocatableMemory"), "{got:?}");
 }

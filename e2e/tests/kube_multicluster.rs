@@ -55,6 +55,21 @@ async fn apply_cluster(
     Ok(())
 }
 
+/// Sets `status.allocatable` of ManagedCluster `name` (what its agent reports) to `cpu` cores.
+async fn set_allocatable(client: &Client, name: &str, cpu: &str) -> Result<()> {
+    Api::<ManagedCluster>::all(client.clone())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"status": {"allocatable": {"cpu": cpu, "memory": "1Gi"}}}),
+            ),
+        )
+        .await
+        .with_context(|| format!("set allocatable of ManagedCluster {name}"))?;
+    Ok(())
+}
+
 async fn apply_placement(client: &Client, name: &str, spec: serde_json::Value) -> Result<()> {
     let body = serde_json::json!({
         "apiVersion": "flower-addon.io/v1alpha1",
@@ -374,6 +389,28 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         condition(&status, "PlacementSatisfied").as_deref() == Some("False"),
         "PlacementSatisfied for an empty selection: {status:?}"
     );
+
+    // 8. Prioritizers pick by the capacity clusters report: Exact ResourceAllocatableCPU with
+    //    numberOfClusters 1 takes the cluster with more CPU, and follows when that changes.
+    for (name, cpu) in [("small", "4"), ("big", "64")] {
+        apply_cluster(&client, name, &[("tier", "cpu")], true, none.clone()).await?;
+        set_allocatable(&client, name, cpu).await?;
+    }
+    apply_placement(
+        &client,
+        "biggest",
+        serde_json::json!({
+            "numberOfClusters": 1,
+            "predicates": [{"requiredClusterSelector": {"labelSelector": {"matchLabels": {"tier": "cpu"}}}}],
+            "prioritizerPolicy": {"mode": "Exact", "configurations": [
+                {"scoreCoordinate": {"type": "BuiltIn", "builtIn": "ResourceAllocatableCPU"}, "weight": 1}
+            ]}
+        }),
+    )
+    .await?;
+    wait_decisions(&client, "biggest", &["big"]).await?;
+    set_allocatable(&client, "small", "128").await?;
+    wait_decisions(&client, "biggest", &["small"]).await?;
 
     eprintln!("placement scenario took {:.1}s", t0.elapsed().as_secs_f64());
     let _ = stop.send(());
@@ -969,6 +1006,28 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
                 && is_true("PlacementSatisfied"))
         },
     )
+    .await?;
+
+    // Each agent reports its cluster's allocatable CPU (summed over its nodes) into its
+    // ManagedCluster, for the ResourceAllocatable* prioritizers.
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(spoke_clients[0].clone())
+        .list(&Default::default())
+        .await?;
+    let want_millis: f64 = nodes
+        .items
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("cpu"))
+        .filter_map(|q| flower_addon_crds::parse_quantity(&q.0))
+        .sum::<f64>()
+        * 1000.0;
+    let want = format!("{}m", want_millis.round());
+    e2e::wait_until("spoke-1 reports its allocatable CPU", WAIT, || async {
+        let mc = clusters.get("spoke-1").await?;
+        Ok(mc
+            .status
+            .and_then(|s| s.allocatable.get("cpu").map(|q| q.0.clone()))
+            == Some(want.clone()))
+    })
     .await?;
 
     // No address typed by hand: the Fleet endpoint is the hub's node address (the Deployment's

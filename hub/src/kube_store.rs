@@ -321,6 +321,11 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
                     last_transition_unix: unix_of(&c.last_transition_time),
                 })
                 .collect(),
+            allocatable: status
+                .allocatable
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect(),
         },
     }
 }
@@ -602,6 +607,16 @@ impl ClusterStore for KubeStore {
         .await?;
         self.modify_status(name, |observed| {
             observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
+            observed.allocatable = status
+                .allocatable
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+                    )
+                })
+                .collect();
             observed.conditions = status
                 .conditions
                 .iter()

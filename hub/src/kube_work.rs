@@ -647,6 +647,7 @@ spec:
                         ..Default::default()
                     }],
                 }],
+                ..Default::default()
             },
             at: 1_700_000_000,
         };

@@ -7,8 +7,17 @@
 //!   `tolerationSeconds`, only until that many seconds after the taint was added);
 //!   `NoSelectIfNew` keeps an already-selected cluster but never adds it; `PreferNoSelect` clusters
 //!   are taken last;
-//! - `Steady`: clusters selected before stay selected while they still qualify (no churn);
-//! - `numberOfClusters` caps the selection; the rest are chosen by name, so the result is stable.
+//! - `numberOfClusters` caps the selection; which qualifying clusters fill it is decided by the
+//!   prioritizers (`prioritizerPolicy`): each scores a cluster from -100 to 100 and the weighted
+//!   sum ranks them (ties keep selected clusters, then go by name, so the result is stable). `Additive` mode (the default) uses
+//!   `Balance` (weight 1) and `Steady` (weight 2, see [`DEFAULT_PRIORITIZERS`]) plus the
+//!   configured ones (a configured default takes its new weight); `Exact` uses only the
+//!   configured ones:
+//!   - `Steady`: 100 for clusters selected before (no churn), 0 for new ones;
+//!   - `Balance`: 100 for the cluster with the fewest decisions of other Placements, down to
+//!     -100 for the one with the most;
+//!   - `ResourceAllocatableCPU` / `ResourceAllocatableMemory`: the allocatable capacity the
+//!     agent reports, 100 for the largest, -100 for the smallest or unknown.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,7 +38,48 @@ pub struct ClusterView {
     pub accepted: bool,
     /// Taints on the ManagedCluster.
     pub taints: Vec<TaintView>,
+    /// Allocatable CPU the agent reports, in millicores (None: not reported).
+    pub allocatable_cpu_millis: Option<i64>,
+    /// Allocatable memory the agent reports, in bytes (None: not reported).
+    pub allocatable_memory_bytes: Option<i64>,
+    /// Decisions other Placements hold for this cluster (`Balance`).
+    pub other_decisions: u32,
 }
+
+/// A built-in prioritizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Prioritizer {
+    /// Keeps clusters selected before.
+    Steady,
+    /// Spreads decisions over clusters.
+    Balance,
+    /// Prefers clusters with more allocatable CPU.
+    ResourceAllocatableCpu,
+    /// Prefers clusters with more allocatable memory.
+    ResourceAllocatableMemory,
+}
+
+impl Prioritizer {
+    /// Parses OCM's name (`Steady`, `Balance`, `ResourceAllocatableCPU`,
+    /// `ResourceAllocatableMemory`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "Steady" => Some(Self::Steady),
+            "Balance" => Some(Self::Balance),
+            "ResourceAllocatableCPU" => Some(Self::ResourceAllocatableCpu),
+            "ResourceAllocatableMemory" => Some(Self::ResourceAllocatableMemory),
+            _ => None,
+        }
+    }
+}
+
+/// The `Additive` defaults: OCM's `Balance` (weight 1) and `Steady`, with weight 2 instead of
+/// OCM's 1 so that Balance alone (at most 200 points between two clusters) never displaces a
+/// selected cluster (at most it ties, and ties keep the selected one): a Placement without a
+/// policy keeps its clusters (no churn), as the README promises; configured weights replace
+/// these.
+pub const DEFAULT_PRIORITIZERS: [(Prioritizer, i32); 2] =
+    [(Prioritizer::Balance, 1), (Prioritizer::Steady, 2)];
 
 /// Effect of a taint on placement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -109,6 +159,8 @@ pub struct PlacementPolicy {
     pub number_of_clusters: Option<u32>,
     /// Tolerations of taints.
     pub tolerations: Vec<TolerationView>,
+    /// Weighted prioritizers; None: [`DEFAULT_PRIORITIZERS`].
+    pub prioritizers: Option<Vec<(Prioritizer, i32)>>,
 }
 
 /// Why a cluster was left out.
@@ -231,8 +283,32 @@ pub fn evaluate(
         .number_of_clusters
         .map(|n| n as usize)
         .unwrap_or(usize::MAX);
+    // Highest weighted score first; ties keep selected clusters, then go by name;
+    // PreferNoSelect clusters only after every other qualifying one.
+    let prioritizers = policy
+        .prioritizers
+        .as_deref()
+        .unwrap_or(&DEFAULT_PRIORITIZERS);
+    let qualifying: Vec<&ClusterView> = kept
+        .iter()
+        .chain(&fresh)
+        .filter_map(|name| clusters.iter().find(|c| &c.name == name))
+        .collect();
+    let scores = weighted_scores(prioritizers, &qualifying, previous);
+    let rank = |names: Vec<String>| {
+        let mut names = names;
+        names.sort_by(|a, b| {
+            let (sa, sb) = (scores.get(a).unwrap_or(&0), scores.get(b).unwrap_or(&0));
+            sb.cmp(sa)
+                .then_with(|| previous.contains(b).cmp(&previous.contains(a)))
+                .then_with(|| a.cmp(b))
+        });
+        names
+    };
     let mut selected = Vec::new();
-    for name in kept.into_iter().chain(fresh).chain(preferred_not) {
+    let mut ordered = rank(kept.into_iter().chain(fresh).collect());
+    ordered.extend(preferred_not);
+    for name in ordered {
         if selected.len() < cap {
             selected.push(name);
         } else {
@@ -247,6 +323,70 @@ pub fn evaluate(
     };
     out.selected = selected;
     out
+}
+
+/// The weighted score of each of `candidates` (see the module doc for each prioritizer).
+fn weighted_scores(
+    prioritizers: &[(Prioritizer, i32)],
+    candidates: &[&ClusterView],
+    previous: &BTreeSet<String>,
+) -> BTreeMap<String, i64> {
+    let mut total: BTreeMap<String, i64> = candidates.iter().map(|c| (c.name.clone(), 0)).collect();
+    for &(prioritizer, weight) in prioritizers {
+        let score = |c: &ClusterView| -> i64 {
+            match prioritizer {
+                Prioritizer::Steady => {
+                    if previous.contains(&c.name) {
+                        100
+                    } else {
+                        0
+                    }
+                }
+                Prioritizer::Balance => {
+                    let max = candidates
+                        .iter()
+                        .map(|c| c.other_decisions)
+                        .max()
+                        .unwrap_or(0);
+                    if max == 0 {
+                        100
+                    } else {
+                        100 - 200 * i64::from(c.other_decisions) / i64::from(max)
+                    }
+                }
+                Prioritizer::ResourceAllocatableCpu => {
+                    normalized(candidates, c, |c| c.allocatable_cpu_millis)
+                }
+                Prioritizer::ResourceAllocatableMemory => {
+                    normalized(candidates, c, |c| c.allocatable_memory_bytes)
+                }
+            }
+        };
+        for c in candidates {
+            if let Some(t) = total.get_mut(&c.name) {
+                *t += i64::from(weight) * score(c);
+            }
+        }
+    }
+    total
+}
+
+/// `value` of `c` scaled to -100 (smallest among `candidates`, or unknown) … 100 (largest).
+fn normalized(
+    candidates: &[&ClusterView],
+    c: &ClusterView,
+    value: impl Fn(&ClusterView) -> Option<i64>,
+) -> i64 {
+    let known: Vec<i64> = candidates.iter().filter_map(|c| value(c)).collect();
+    let (Some(&min), Some(&max), Some(v)) = (known.iter().min(), known.iter().max(), value(c))
+    else {
+        return -100;
+    };
+    if max == min {
+        return 100;
+    }
+    let scaled = i128::from(v - min) * 200 / i128::from(max - min) - 100;
+    i64::try_from(scaled).unwrap_or(0)
 }
 
 enum Tolerated {
@@ -325,6 +465,17 @@ fn requirement_matches(req: &LabelSelectorRequirement, labels: &BTreeMap<String,
     }
 }
 
+/// Allocatable CPU (millicores) and memory (bytes) from reported quantities (`cpu`, `memory`).
+pub fn allocatable_view(allocatable: &BTreeMap<String, String>) -> (Option<i64>, Option<i64>) {
+    let parse = |key: &str, scale: f64| {
+        allocatable
+            .get(key)
+            .and_then(|q| flower_addon_crds::parse_quantity(q))
+            .map(|v| (v * scale).round() as i64)
+    };
+    (parse("cpu", 1000.0), parse("memory", 1.0))
+}
+
 /// The selection policy of a `Placement` spec (API types → the pure view used here).
 pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPolicy {
     use flower_addon_crds::{TaintEffect as ApiEffect, TolerationOperator};
@@ -349,6 +500,7 @@ pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPol
             })
             .collect(),
         number_of_clusters: spec.number_of_clusters.map(|n| n.max(0) as u32),
+        prioritizers: spec.prioritizer_policy.as_ref().map(prioritizers_from_spec),
         tolerations: spec
             .tolerations
             .iter()
@@ -364,6 +516,33 @@ pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPol
             })
             .collect(),
     }
+}
+
+/// The weighted prioritizers of a `prioritizerPolicy`: `Exact` → the configured ones;
+/// `Additive` → [`DEFAULT_PRIORITIZERS`] with configured weights replacing or adding to them.
+/// Unknown names and add-on scores are left out here (validation refuses them first).
+fn prioritizers_from_spec(
+    policy: &flower_addon_crds::PrioritizerPolicy,
+) -> Vec<(Prioritizer, i32)> {
+    let mut out: Vec<(Prioritizer, i32)> = match policy.mode {
+        flower_addon_crds::PrioritizerPolicyMode::Additive => DEFAULT_PRIORITIZERS.to_vec(),
+        flower_addon_crds::PrioritizerPolicyMode::Exact => Vec::new(),
+    };
+    for config in &policy.configurations {
+        let Some(p) = config
+            .score_coordinate
+            .built_in
+            .as_deref()
+            .and_then(Prioritizer::parse)
+        else {
+            continue;
+        };
+        match out.iter_mut().find(|(q, _)| *q == p) {
+            Some(slot) => slot.1 = config.weight,
+            None => out.push((p, config.weight)),
+        }
+    }
+    out
 }
 
 /// Splits a sorted selection into pages of at most [`DECISIONS_PER_PAGE`], named
@@ -446,6 +625,101 @@ mod tests {
         assert!(out.selected.is_empty());
         assert!(!out.satisfied);
         assert_eq!(out.excluded["a"], Exclusion::NotAccepted);
+    }
+
+    fn policy_yaml(yaml: &str) -> PlacementPolicy {
+        let spec: flower_addon_crds::PlacementSpec =
+            serde_saphyr::from_str(yaml).expect("test placement spec");
+        policy_from_spec(&spec)
+    }
+
+    fn sized(name: &str, cpu_millis: i64, memory: i64, others: u32) -> ClusterView {
+        ClusterView {
+            allocatable_cpu_millis: Some(cpu_millis),
+            allocatable_memory_bytes: Some(memory),
+            other_decisions: others,
+            ..cluster(name, &[])
+        }
+    }
+
+    #[test]
+    fn resource_prioritizers_pick_the_largest_clusters() {
+        // Exact ResourceAllocatableCPU: the two clusters with most CPU win, whatever their names;
+        // memory picks by memory; a cluster that reports nothing ranks last.
+        let clusters = [
+            sized("a", 2000, 64 << 30, 0),
+            sized("b", 16000, 8 << 30, 0),
+            sized("c", 8000, 32 << 30, 0),
+            cluster("d", &[]),
+        ];
+        let cpu = policy_yaml(
+            "numberOfClusters: 2\nprioritizerPolicy:\n  mode: Exact\n  configurations:\n    - scoreCoordinate: {type: BuiltIn, builtIn: ResourceAllocatableCPU}\n",
+        );
+        assert_eq!(
+            evaluate(&cpu, &clusters, &BTreeSet::new(), 0).selected,
+            ["b", "c"]
+        );
+        let memory = policy_yaml(
+            "numberOfClusters: 2\nprioritizerPolicy:\n  mode: Exact\n  configurations:\n    - scoreCoordinate: {type: BuiltIn, builtIn: ResourceAllocatableMemory}\n",
+        );
+        assert_eq!(
+            evaluate(&memory, &clusters, &BTreeSet::new(), 0).selected,
+            ["a", "c"]
+        );
+        // Without a prioritizer policy the defaults (Balance + Steady) rank equal clusters by
+        // name: the resource scores change the choice.
+        let plain = policy_yaml("numberOfClusters: 2\n");
+        assert_eq!(
+            evaluate(&plain, &clusters, &BTreeSet::new(), 0).selected,
+            ["a", "b"]
+        );
+    }
+
+    #[test]
+    fn additive_weights_trade_steadiness_against_resources() {
+        // Additive keeps Steady (weight 2, +200) and Balance; a CPU weight of 3 (+600 against
+        // -600) outweighs Steady and moves the selection to the bigger cluster, 0 does not.
+        let clusters = [sized("a", 1000, 1, 0), sized("b", 9000, 1, 0)];
+        let previous: BTreeSet<String> = ["a".to_string()].into();
+        let heavy = policy_yaml(
+            "numberOfClusters: 1\nprioritizerPolicy:\n  configurations:\n    - scoreCoordinate: {builtIn: ResourceAllocatableCPU}\n      weight: 3\n",
+        );
+        assert_eq!(evaluate(&heavy, &clusters, &previous, 0).selected, ["b"]);
+        let off = policy_yaml(
+            "numberOfClusters: 1\nprioritizerPolicy:\n  configurations:\n    - scoreCoordinate: {builtIn: ResourceAllocatableCPU}\n      weight: 0\n",
+        );
+        assert_eq!(evaluate(&off, &clusters, &previous, 0).selected, ["a"]);
+    }
+
+    #[test]
+    fn balance_alone_never_displaces_a_selected_cluster_by_default() {
+        // No policy: a new cluster that other Placements use less does not take the place of the
+        // selected one (Steady outweighs Balance), but an empty place goes to it.
+        let clusters = [sized("a", 1, 1, 4), sized("b", 1, 1, 0)];
+        let policy = policy_yaml("numberOfClusters: 1\n");
+        let kept: BTreeSet<String> = ["a".to_string()].into();
+        assert_eq!(evaluate(&policy, &clusters, &kept, 0).selected, ["a"]);
+        assert_eq!(
+            evaluate(&policy, &clusters, &BTreeSet::new(), 0).selected,
+            ["b"]
+        );
+    }
+
+    #[test]
+    fn balance_prefers_clusters_other_placements_use_less() {
+        // Exact Balance: the cluster with fewer decisions of other Placements is picked.
+        let clusters = [
+            sized("a", 1, 1, 5),
+            sized("b", 1, 1, 1),
+            sized("c", 1, 1, 3),
+        ];
+        let balance = policy_yaml(
+            "numberOfClusters: 1\nprioritizerPolicy:\n  mode: Exact\n  configurations:\n    - scoreCoordinate: {builtIn: Balance}\n",
+        );
+        assert_eq!(
+            evaluate(&balance, &clusters, &BTreeSet::new(), 0).selected,
+            ["b"]
+        );
     }
 
     #[test]

@@ -170,6 +170,7 @@ async fn a_cluster_certificate_cannot_ack_or_report_for_another_cluster() {
             observed_version: 42,
             federations: vec![],
             cluster_name: "cluster-b".into(),
+            allocatable: Default::default(),
         }),
     ] {
         let (tx, mut inbound) = raw_stream(&hub, &a.cert_pem, &a.key_pem)
@@ -394,6 +395,7 @@ async fn oversized_messages_are_refused_and_recorded_nowhere() {
         .await
         .expect("stream");
     let huge = Status {
+        allocatable: Default::default(),
         observed_version: 1,
         cluster_name: "edge-1".into(),
         federations: vec![FederationStatus {
@@ -494,5 +496,50 @@ async fn the_client_certificate_is_renewed_without_dropping_the_stream() {
     assert_eq!((hub.connected)(), 1);
     let _ = stop.send(true);
     task.await.expect("agent");
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn reported_allocatable_resources_are_stored_for_placement() {
+    // An agent's Status carries its allocatable CPU and memory; the hub stores those two (and
+    // nothing else it was sent) on the cluster, where the ResourceAllocatable* prioritizers
+    // read them.
+    let dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let a_dir = tempfile::tempdir().expect("tmp");
+    let a = hub.join_accepted("edge-1", a_dir.path()).await;
+    let (tx, mut inbound) = raw_stream(&hub, &a.cert_pem, &a.key_pem)
+        .await
+        .expect("stream");
+    inbound.message().await.expect("msg").expect("snapshot");
+    let allocatable = [("cpu", "4"), ("memory", "8Gi"), ("gpu", "1")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    tx.send(AgentMessage {
+        kind: Some(AgentKind::Status(Status {
+            observed_version: 0,
+            federations: vec![],
+            cluster_name: "edge-1".into(),
+            allocatable,
+        })),
+    })
+    .await
+    .expect("send");
+    let store = hub.store.clone();
+    let want: std::collections::BTreeMap<String, String> = [("cpu", "4"), ("memory", "8Gi")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    eventually("allocatable stored", Duration::from_secs(5), async || {
+        store
+            .get_cluster("edge-1")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.status.allocatable == want)
+    })
+    .await;
+    drop(tx);
     hub.stop().await;
 }

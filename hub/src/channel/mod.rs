@@ -111,6 +111,8 @@ pub(crate) struct Shared<S, W> {
     pub(crate) leases: DashMap<String, work::Lease>,
     /// Serializes status read-modify-write per cluster.
     status_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Allocatable resources last stored per cluster, so unchanged reports cost no write.
+    pub(crate) known_allocatable: DashMap<String, std::collections::BTreeMap<String, String>>,
     /// Serializes joins per cluster name, so two keys cannot both adopt a pre-created cluster.
     join_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
 }
@@ -209,6 +211,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
                 next_stream_id: AtomicU64::new(1),
                 leases: DashMap::new(),
                 status_locks: DashMap::new(),
+                known_allocatable: DashMap::new(),
                 join_locks: DashMap::new(),
             }),
         }

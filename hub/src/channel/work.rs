@@ -318,11 +318,50 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
             tracing::debug!(cluster = %name, version = ack.version, "work acked");
             shared.work.on_ack(name, ack.version);
         }
-        Some(AgentKind::Status(status)) => shared.work.on_status(name, &status),
+        Some(AgentKind::Status(status)) => {
+            shared.work.on_status(name, &status);
+            record_allocatable(shared, name, &status.allocatable).await;
+        }
         _ => {}
     }
     renew_lease(shared, name, stream).await;
     Ok(())
+}
+
+/// Stores the allocatable resources a cluster reports (for the `ResourceAllocatable*`
+/// prioritizers) when they changed; bounded to the two keys placement reads.
+async fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+    reported: &std::collections::HashMap<String, String>,
+) {
+    let wanted: std::collections::BTreeMap<String, String> = reported
+        .iter()
+        .filter(|(k, v)| matches!(k.as_str(), "cpu" | "memory") && v.len() <= 64)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if wanted.is_empty() {
+        return;
+    }
+    let known = shared
+        .known_allocatable
+        .get(name)
+        .is_some_and(|a| *a == wanted);
+    if known {
+        return;
+    }
+    let stored = wanted.clone();
+    match shared
+        .update_status(name, move |st| st.allocatable = stored)
+        .await
+    {
+        Ok(()) => {
+            shared.known_allocatable.insert(name.to_owned(), wanted);
+        }
+        Err(error) => {
+            tracing::warn!(cluster = %name, %error, "cannot store the reported allocatable resources")
+        }
+    }
 }
 
 /// Whether `stream` is still the registered stream of `name` (not revoked, replaced or closed).

@@ -205,6 +205,13 @@ pub fn error_policy(
 /// The placement view of a ManagedCluster.
 pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
     let status = cluster.status.clone().unwrap_or_default();
+    let allocatable: BTreeMap<String, String> = status
+        .allocatable
+        .iter()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    let (allocatable_cpu_millis, allocatable_memory_bytes) =
+        crate::placement::allocatable_view(&allocatable);
     let mut labels = status.labels;
     labels.extend(cluster.labels().clone());
     ClusterView {
@@ -231,6 +238,9 @@ pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
                 time_added: t.time_added.as_ref().map(|t| t.0.as_second()),
             })
             .collect(),
+        allocatable_cpu_millis,
+        allocatable_memory_bytes,
+        other_decisions: 0,
     }
 }
 
@@ -312,14 +322,31 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
     let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
     let uid = placement.uid().unwrap_or_default();
-    let existing: Vec<PlacementDecision> = decisions_api
-        .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}={name}")))
-        .await
-        .map_err(kube_err(format!("list PlacementDecisions of {name}")))?
-        .items
-        .into_iter()
-        .filter(|d| d.owner_references().iter().any(|r| r.uid == uid))
-        .collect();
+    // Every Placement's decisions in one list: ours (the previous selection) and the others'
+    // (how loaded each cluster is, for the Balance prioritizer).
+    let (existing, others): (Vec<PlacementDecision>, Vec<PlacementDecision>) =
+        Api::<PlacementDecision>::all(ctx.client.clone())
+            .list(&ListParams::default().labels(PLACEMENT_LABEL))
+            .await
+            .map_err(kube_err(format!("list PlacementDecisions (for {name})")))?
+            .items
+            .into_iter()
+            .partition(|d| {
+                d.namespace().as_deref() == Some(namespace.as_str())
+                    && d.labels().get(PLACEMENT_LABEL) == Some(&name)
+                    && d.owner_references().iter().any(|r| r.uid == uid)
+            });
+    let mut other_decisions: BTreeMap<String, u32> = BTreeMap::new();
+    for d in &others {
+        for decision in d.status.iter().flat_map(|s| s.decisions.iter()) {
+            *other_decisions
+                .entry(decision.cluster_name.clone())
+                .or_default() += 1;
+        }
+    }
+    for cluster in &mut clusters {
+        cluster.other_decisions = other_decisions.get(&cluster.name).copied().unwrap_or(0);
+    }
     let previous: BTreeSet<String> = existing
         .iter()
         .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))

@@ -256,7 +256,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     })?;
                 let policy = placement_policy(&placement);
                 let previous = self.selections.get(&key).cloned().unwrap_or_default();
-                let outcome = placement::evaluate(&policy, views, &previous, now);
+                // Balance: how many other Federations' selections each cluster is in.
+                let mut views = views.to_vec();
+                for view in &mut views {
+                    view.other_decisions = self
+                        .selections
+                        .iter()
+                        .filter(|(k, selected)| **k != key && selected.contains(&view.name))
+                        .count()
+                        .try_into()
+                        .unwrap_or(u32::MAX);
+                }
+                let outcome = placement::evaluate(&policy, &views, &previous, now);
                 self.selections
                     .insert(key.clone(), outcome.selected.iter().cloned().collect());
                 outcome.selected
@@ -552,6 +563,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             observed_version: 0,
             federations: runtime.status().await,
             cluster_name: LOCAL_CLUSTER.into(),
+            ..Default::default()
         };
         self.work.on_status(LOCAL_CLUSTER, &status);
     }
@@ -678,12 +690,17 @@ fn cluster_view(record: &ClusterRecord, now: i64, lease: Duration) -> ClusterVie
             time_added: Some(added),
         });
     }
+    let (allocatable_cpu_millis, allocatable_memory_bytes) =
+        placement::allocatable_view(&record.status.allocatable);
     ClusterView {
         name: record.registration.name.clone(),
         labels: record.registration.labels.clone(),
         claims: record.registration.claims.clone(),
         accepted: record.hub_accepts_client,
         taints,
+        allocatable_cpu_millis,
+        allocatable_memory_bytes,
+        other_decisions: 0,
     }
 }
 

@@ -106,6 +106,10 @@ pub struct ClusterStatus {
     /// Conditions, one per type.
     #[serde(default)]
     pub conditions: Vec<ClusterCondition>,
+    /// Allocatable resources the agent reports (`cpu`, `memory` as Kubernetes quantities), for
+    /// the `ResourceAllocatable*` Placement prioritizers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocatable: BTreeMap<String, String>,
 }
 
 impl ClusterStatus {
