@@ -1039,8 +1039,14 @@ fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
         run_quiet("ip", &["netns", "del", &res.netns]);
     }
     remove_host_leftovers(&res.dir, &res.netns);
-    if Path::new("/sys/class/net").join(&res.host_veth).exists() {
-        run_quiet("ip", &["link", "del", &res.host_veth]);
+    // Deleting the netns deletes the veth pair too, asynchronously: only a veth that stays is
+    // an error.
+    let veth = Path::new("/sys/class/net").join(&res.host_veth);
+    if veth.exists()
+        && let Err(e) = run("ip", &["link", "del", &res.host_veth])
+        && veth.exists()
+    {
+        eprintln!("e2e: cleanup: {e:#}");
     }
     mounts.len()
 }
