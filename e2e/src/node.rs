@@ -525,8 +525,37 @@ impl RealNode {
         for img in images {
             let t1 = Instant::now();
             let file = img.file.display().to_string();
-            self.ctr(&["images", "import", "--index-name", &img.reference, &file])
-                .with_context(|| format!("importing {} into {}", img.reference, self.name))?;
+            // The archives name their manifest with the full reference
+            // (org.opencontainers.image.ref.name, written by `buildah push`), which ctr uses as
+            // the image name. (`--index-name` failed once in ~10 imports with containerd 1.6.20:
+            // "content digest sha256:…: not found" for the index blob it had just written.)
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.ctr(&["images", "import", &file]) {
+                    Ok(_) => break,
+                    Err(e) if attempt < 3 => {
+                        eprintln!(
+                            "e2e: {}: retrying the import of {}: {e:#}",
+                            self.name, img.reference
+                        );
+                    }
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("importing {} into {}", img.reference, self.name)
+                        });
+                    }
+                }
+            }
+            let listed = self.ctr(&["images", "ls", "-q"])?;
+            if !listed.lines().any(|l| l.trim() == img.reference) {
+                bail!(
+                    "{} is not in {}'s containerd after importing {file} (images: {})",
+                    img.reference,
+                    self.name,
+                    listed.split_whitespace().collect::<Vec<_>>().join(", ")
+                );
+            }
             eprintln!(
                 "e2e: {}: imported {} ({:.1}s)",
                 self.name,

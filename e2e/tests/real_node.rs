@@ -6,7 +6,10 @@
 //! - `flwr/superlink:1.42.0` (the local stand-in for Flower's image) serves `/health` through a
 //!   NodePort Service reached from the host, with a real readiness probe, and from a pod on the
 //!   real node of a second cluster (the path a spoke's SuperNodes take to the hub's SuperLink);
-//! - a pod reaches its apiserver through the `kubernetes` Service with its ServiceAccount.
+//! - a pod reaches its apiserver through the `kubernetes` Service with its ServiceAccount;
+//! - CRDs + `manifests/hub/` applied as the README says: the hub Deployment's pod (our image,
+//!   `imagePullPolicy: IfNotPresent`) passes its readiness probe on the real node, and the
+//!   channel's NodePort (Service `flower-hub`) accepts connections from the host.
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -351,6 +354,91 @@ spec:
         log.trim()
     );
     assert!(log.contains("v1.37"), "unexpected /version output: {log:?}");
+
+    // --- the hub installed from manifests/hub runs as a pod of our image -----------------------
+    let t = Instant::now();
+    e2e::install_crds(&hub.client).await?;
+    let manifests = e2e::repo_root().join("manifests/hub");
+    for file in [
+        "namespace.yaml",
+        "rbac.yaml",
+        "deployment.yaml",
+        "service.yaml",
+    ] {
+        e2e::apply_file(&hub.client, &manifests.join(file), "flower-addon-system").await?;
+    }
+    let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
+    let hub_pod = poll(
+        "the flower-hub Deployment's pod Ready",
+        Duration::from_secs(120),
+        || {
+            let hub_pods = hub_pods.clone();
+            async move {
+                let list = hub_pods
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels("app.kubernetes.io/name=flower-hub"),
+                    )
+                    .await;
+                let Ok(list) = list else { return Ok(None) };
+                for p in list.items {
+                    let restarts = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .and_then(|c| c.first())
+                        .map_or(0, |c| c.restart_count);
+                    if restarts > 0 || pod_phase(&p) == "Failed" {
+                        let name = p.metadata.name.clone().unwrap_or_default();
+                        let log = hub_pods
+                            .logs(
+                                &name,
+                                &LogParams {
+                                    previous: restarts > 0,
+                                    ..Default::default()
+                                },
+                            )
+                            .await
+                            .unwrap_or_default();
+                        bail!("the hub pod {name} crashed: {log}\n{}", describe(&p));
+                    }
+                    if pod_ready(&p) {
+                        return Ok(Some(p));
+                    }
+                }
+                Ok(None)
+            }
+        },
+    )
+    .await?;
+    let svc = Api::<Service>::namespaced(hub.client.clone(), "flower-addon-system")
+        .get("flower-hub")
+        .await?;
+    let hub_port = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .and_then(|p| p.node_port)
+        .context("Service flower-hub has no nodePort")?;
+    let channel = format!("{}:{hub_port}", node.ip);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(&channel),
+    )
+    .await
+    .context("connecting to the hub's channel NodePort timed out")?
+    .with_context(|| format!("connecting to the hub's channel NodePort {channel}"))?;
+    eprintln!(
+        "real_node: manifests/hub: pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host",
+        hub_pod.metadata.name.clone().unwrap_or_default(),
+        hub_pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        t.elapsed().as_secs_f64()
+    );
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
