@@ -73,6 +73,47 @@ pub struct FederationSpec {
     /// TLS settings used when `insecure` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
+    /// Per-cluster changes to pools (needs `placementRef`): each entry whose `clusterSelector`
+    /// matches a selected cluster's labels is merged over the pools it names (all pools when it
+    /// names none), in order, for that cluster only. Unlike OCM's AddOnDeploymentConfig, it
+    /// merges: `env` by name, `nodeConfig` by key, resources by resource name; `image` and
+    /// `replicas` replace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 16))]
+    pub cluster_overrides: Vec<ClusterOverride>,
+}
+
+/// A partial pool spec merged over pools on the clusters a selector matches.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterOverride {
+    /// Selects clusters by their ManagedCluster labels.
+    pub cluster_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    /// Names of the pools it changes; empty: every pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 16))]
+    pub pools: Vec<String>,
+    /// SuperNode image (replaces the pool's `images.supernode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// Replicas on these clusters (StatefulSet mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub replicas: Option<i32>,
+    /// Merged over the pool's `supernodeResources` (per resource name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_resources: Option<ResourceRequirements>,
+    /// Merged over the pool's `superexecResources` (per resource name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superexec_resources: Option<ResourceRequirements>,
+    /// Merged over the pool's `env` (by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Merged over the pool's `nodeConfig` (by key).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub node_config: BTreeMap<String, NodeConfigValue>,
 }
 
 fn default_true() -> bool {
@@ -266,7 +307,11 @@ pub struct SuperLinkNodePorts {
     #[schemars(range(min = 1, max = 65535))]
     pub grpc: Option<i32>,
     /// Node port of the ServerAppIO API (service port `serverappio`, classic process mode).
-    #[serde(rename = "serverAppIO", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "serverAppIO",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 1, max = 65535))]
     pub server_app_io: Option<i32>,
     /// Node port of the Control API (service port `control`).

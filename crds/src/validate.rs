@@ -166,7 +166,65 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
         }
         validate_pool(&mut errors, &at, spec.mode, spec.isolation_mode, pool);
     }
+    validate_cluster_overrides(&mut errors, spec);
     errors
+}
+
+/// `spec.clusterOverrides`: they select spoke clusters, name existing pools, and hold what a
+/// pool may hold in this mode.
+fn validate_cluster_overrides(errors: &mut Vec<FieldError>, spec: &crate::FederationSpec) {
+    if spec.cluster_overrides.is_empty() {
+        return;
+    }
+    if spec.placement_ref.is_none() {
+        errors.push(FieldError::new(
+            "spec.clusterOverrides",
+            "needs spec.placementRef: overrides select the Placement's clusters by their labels (pools without placementRef run in the hub cluster only); set placementRef or move the values into the pools",
+        ));
+    }
+    if spec.cluster_overrides.len() > 16 {
+        errors.push(FieldError::new(
+            "spec.clusterOverrides",
+            "must have at most 16 items",
+        ));
+    }
+    for (i, o) in spec.cluster_overrides.iter().enumerate() {
+        let at = format!("spec.clusterOverrides[{i}]");
+        for (j, name) in o.pools.iter().enumerate() {
+            if !spec.supernodes.pools.iter().any(|p| &p.name == name) {
+                errors.push(FieldError::new(
+                    format!("{at}.pools[{j}]"),
+                    format!("no pool named {name:?} in spec.supernodes.pools"),
+                ));
+            }
+        }
+        if o.image.as_deref().is_some_and(str::is_empty) {
+            errors.push(FieldError::new(
+                format!("{at}.image"),
+                "must not be empty when set",
+            ));
+        }
+        match (spec.mode, o.replicas) {
+            (DeploymentMode::DaemonSet, Some(_)) => errors.push(FieldError::new(
+                format!("{at}.replicas"),
+                MSG_DAEMONSET_REPLICAS,
+            )),
+            (DeploymentMode::StatefulSet, Some(r)) if r < 1 => errors.push(FieldError::new(
+                format!("{at}.replicas"),
+                "must be greater than or equal to 1",
+            )),
+            _ => {}
+        }
+        for (j, var) in o.env.iter().enumerate() {
+            if var.name.is_empty() {
+                errors.push(FieldError::new(
+                    format!("{at}.env[{j}].name"),
+                    "must not be empty",
+                ));
+            }
+        }
+        check_node_config(errors, &at, spec.mode, &o.node_config);
+    }
 }
 
 fn validate_pool(
@@ -236,13 +294,23 @@ fn validate_pool(
     }
     check_claim_templates(errors, at, &pool.volume_claim_templates);
 
-    if pool.node_config.len() > MAX_NODE_CONFIG_ENTRIES {
+    check_node_config(errors, at, mode, &pool.node_config);
+}
+
+/// The nodeConfig rules, for a pool or a cluster override at `at`.
+fn check_node_config(
+    errors: &mut Vec<FieldError>,
+    at: &str,
+    mode: DeploymentMode,
+    node_config: &std::collections::BTreeMap<String, NodeConfigValue>,
+) {
+    if node_config.len() > MAX_NODE_CONFIG_ENTRIES {
         errors.push(FieldError::new(
             format!("{at}.nodeConfig"),
             format!("must have at most {MAX_NODE_CONFIG_ENTRIES} entries"),
         ));
     }
-    for (key, value) in &pool.node_config {
+    for (key, value) in node_config {
         let path = format!("{at}.nodeConfig.{key}");
         if let Err(why) = check_node_config_key(key) {
             errors.push(FieldError::new(path.clone(), why));
@@ -502,46 +570,6 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
                 format!("{at}.tolerationSeconds"),
                 "must be greater than or equal to 0",
             ));
-        }
-    }
-    if let Some(policy) = &spec.prioritizer_policy {
-        for (i, c) in policy.configurations.iter().enumerate() {
-            let at = format!("spec.prioritizerPolicy.configurations[{i}]");
-            if !(-10..=10).contains(&c.weight) {
-                errors.push(FieldError::new(
-                    format!("{at}.weight"),
-                    "must be between -10 and 10",
-                ));
-            }
-            let sc = &c.score_coordinate;
-            match sc.type_ {
-                crate::placement::ScoreCoordinateType::BuiltIn => {
-                    const BUILT_INS: [&str; 4] = [
-                        "Balance",
-                        "Steady",
-                        "ResourceAllocatableCPU",
-                        "ResourceAllocatableMemory",
-                    ];
-                    if !sc
-                        .built_in
-                        .as_deref()
-                        .is_some_and(|b| BUILT_INS.contains(&b))
-                    {
-                        errors.push(FieldError::new(
-                            format!("{at}.scoreCoordinate.builtIn"),
-                            "must be one of Balance, Steady, ResourceAllocatableCPU, ResourceAllocatableMemory when type is BuiltIn",
-                        ));
-                    }
-                }
-                crate::placement::ScoreCoordinateType::AddOn => {
-                    if sc.add_on.is_none() {
-                        errors.push(FieldError::new(
-                            format!("{at}.scoreCoordinate.addOn"),
-                            "is required when type is AddOn",
-                        ));
-                    }
-                }
-            }
         }
     }
     errors

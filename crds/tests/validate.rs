@@ -288,3 +288,32 @@ fn placement_prioritizers_are_known_built_ins() {
     );
     assert!(got[1].1.contains("ResourceAllocatableMemory"), "{got:?}");
 }
+
+// clusterOverrides select Placement clusters, name real pools and follow the pool rules of the
+// mode; each problem names its field.
+#[test]
+fn cluster_overrides_are_checked_field_by_field() {
+    let base = "  mode: DaemonSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n  supernodes:\n    image: n\n    pools:\n      - name: a\n";
+    let f = fed(&format!(
+        "{base}  clusterOverrides:\n    - clusterSelector: {{matchLabels: {{gpu: \"yes\"}}}}\n      pools: [a, ghost]\n      replicas: 2\n      nodeConfig: {{shard: \"{{index}}\"}}\n"
+    ));
+    let got = errors(&f);
+    let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.clusterOverrides",
+            "spec.clusterOverrides[0].pools[1]",
+            "spec.clusterOverrides[0].replicas",
+            "spec.clusterOverrides[0].nodeConfig.shard",
+        ],
+        "{got:?}"
+    );
+    assert!(got[0].1.contains("needs spec.placementRef"), "{got:?}");
+    assert!(got[1].1.contains("no pool named \"ghost\""), "{got:?}");
+
+    let ok = fed(&format!(
+        "{base}  placementRef: {{name: p}}\n  clusterOverrides:\n    - clusterSelector: {{matchLabels: {{gpu: \"yes\"}}}}\n      image: example/supernode-gpu:1\n      env: [{{name: MODE, value: gpu}}]\n"
+    ));
+    assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+}

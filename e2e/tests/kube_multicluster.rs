@@ -1145,6 +1145,49 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "no pool runs in the hub cluster for a placementRef Federation"
     );
 
+    // Per-cluster overrides merge on the clusters they select only: spoke-1 (labelled
+    // tier=big by the admin) runs pool a with 3 replicas and MODE=big, spoke-2 as written.
+    clusters
+        .patch(
+            "spoke-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"tier": "big"}}})),
+        )
+        .await?;
+    let mut overridden = fed_with_pools(serde_json::json!([{"name": "a", "replicas": 2}]));
+    overridden["spec"]["clusterOverrides"] = serde_json::json!([{
+        "clusterSelector": {"matchLabels": {"tier": "big"}},
+        "replicas": 3,
+        "env": [{"name": "MODE", "value": "big"}]
+    }]);
+    apply_fed(&client, &overridden).await?;
+    wait_pool(&spoke_clients[..1], "fed-supernode-a", Some((3, 3)), WAIT).await?;
+    wait_pool(&spoke_clients[1..], "fed-supernode-a", Some((2, 2)), WAIT).await?;
+    let mode_env = |c: &Client| {
+        let c = c.clone();
+        async move {
+            let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c, NS)
+                .get("fed-supernode-a")
+                .await?;
+            anyhow::Ok(
+                sts.spec
+                    .template
+                    .spec
+                    .and_then(|p| p.containers.into_iter().find(|c| c.name == "supernode"))
+                    .and_then(|c| c.env)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|e| e.name == "MODE")
+                    .and_then(|e| e.value),
+            )
+        }
+    };
+    ensure!(
+        mode_env(&spoke_clients[0]).await?.as_deref() == Some("big")
+            && mode_env(&spoke_clients[1]).await?.is_none(),
+        "the override's env only on spoke-1"
+    );
+
     // c. Replicas changed and a pool added → on both spokes; the pool removed → pruned on both.
     apply_fed(
         &client,

@@ -65,6 +65,7 @@ fn main() {
             name: &name,
             index,
             clusters: CLUSTERS,
+            labels: None,
         };
         let pools = render_spoke(&fed, cluster, None).expect("spoke renders");
         workloads += pools.len();
@@ -80,6 +81,7 @@ fn main() {
             name: &name,
             index,
             clusters: CLUSTERS,
+            labels: None,
         };
         for pool in render_spoke(&fed, cluster, None).expect("spoke renders") {
             json_bytes += serde_json::to_vec(&pool.to_value().expect("json"))

@@ -26,7 +26,6 @@ use tokio::task::JoinHandle;
 
 use crate::channel::{InMemoryWorkSource, WorkSource};
 use crate::controller::placement::cluster_view;
-use crate::placement::selector_matches;
 use crate::render::{federation_dialect, spoke_fleet_address};
 use crate::work::split_work;
 
@@ -480,23 +479,16 @@ pub fn federation_work(
     let fleet = fleet_address(fed)?;
     let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
     let shares = split_work(&fed.spec, selected, |pool, cluster| {
-        match (&pool.cluster_selector, labels.get(cluster)) {
-            (Some(sel), Some(labels)) => selector_matches(sel, labels),
-            (Some(_), None) => false,
-            (None, _) => true,
-        }
+        crate::work::pool_on_cluster(&fed.spec, pool, labels.get(cluster))
     });
     let mut out = Vec::with_capacity(shares.len());
     for share in shares {
         let mut pools = Vec::with_capacity(share.pools.len());
         for p in &share.pools {
-            let Some(pool) = fed.spec.supernodes.pools.iter().find(|x| x.name == p.pool) else {
-                continue;
-            };
             pools.push(PoolWork {
                 name: p.pool.clone(),
                 partition_offset: p.partition_offset,
-                spec_json: serde_json::to_string(pool).map_err(|e| e.to_string())?,
+                spec_json: serde_json::to_string(&p.spec).map_err(|e| e.to_string())?,
             });
         }
         out.push((

@@ -5,13 +5,23 @@
 //! cluster across that order, so `{partition}` = offset + replica index is unique and stable over
 //! all selected clusters and `{partitions}` is the total. DaemonSet pools have no replica count
 //! known to the hub: they get no partition range (validation forbids `{partition}` there).
-use flower_addon_crds::federation::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
+use std::collections::BTreeMap;
+
+use flower_addon_agent::render::merge::merge_env;
+use flower_addon_crds::federation::{
+    ClusterOverride, DeploymentMode, FederationSpec, SuperNodePoolSpec,
+};
+use k8s_openapi::api::core::v1::ResourceRequirements;
+
+use crate::placement::selector_matches;
 
 /// One pool on one cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PoolShare {
     /// Pool name.
     pub pool: String,
+    /// The pool as this cluster runs it (cluster overrides merged in).
+    pub spec: SuperNodePoolSpec,
     /// Replicas of the pool on this cluster (None for DaemonSet pools).
     pub replicas: Option<u32>,
     /// First global partition id of this pool on this cluster.
@@ -19,7 +29,7 @@ pub struct PoolShare {
 }
 
 /// What one selected cluster runs for a Federation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClusterShare {
     /// ManagedCluster name.
     pub cluster: String,
@@ -33,12 +43,75 @@ pub struct ClusterShare {
     pub partitions_total: u32,
 }
 
-/// Splits a Federation's pools over the selected clusters. `runs_on(pool, cluster)` says whether
-/// a pool runs on a cluster (every pool runs on every cluster unless the pool narrows it).
+/// The pool as cluster `labels` runs it, or `None` when its `clusterSelector` leaves the
+/// cluster out (no labels known: only pools without a selector run). Every
+/// `spec.clusterOverrides` entry whose selector matches and that names this pool (or none) is
+/// merged over it, in order.
+pub fn pool_on_cluster(
+    spec: &FederationSpec,
+    pool: &SuperNodePoolSpec,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Option<SuperNodePoolSpec> {
+    match (&pool.cluster_selector, labels) {
+        (Some(selector), Some(labels)) if !selector_matches(selector, labels) => return None,
+        (Some(_), None) => return None,
+        _ => {}
+    }
+    let mut effective = pool.clone();
+    let Some(labels) = labels else {
+        return Some(effective);
+    };
+    for o in &spec.cluster_overrides {
+        let names_pool = o.pools.is_empty() || o.pools.contains(&pool.name);
+        if names_pool && selector_matches(&o.cluster_selector, labels) {
+            apply_override(&mut effective, o);
+        }
+    }
+    Some(effective)
+}
+
+/// Merges one override over a pool: `image` and `replicas` replace, `env` merges by name,
+/// `nodeConfig` by key, resources by resource name.
+fn apply_override(pool: &mut SuperNodePoolSpec, o: &ClusterOverride) {
+    if let Some(image) = &o.image {
+        pool.images.supernode = Some(image.clone());
+    }
+    if let Some(replicas) = o.replicas {
+        pool.replicas = Some(replicas);
+    }
+    merge_resources(
+        &mut pool.supernode_resources,
+        o.supernode_resources.as_ref(),
+    );
+    merge_resources(
+        &mut pool.superexec_resources,
+        o.superexec_resources.as_ref(),
+    );
+    pool.env = merge_env(&pool.env, &o.env);
+    pool.node_config
+        .extend(o.node_config.iter().map(|(k, v)| (k.clone(), v.clone())));
+}
+
+fn merge_resources(into: &mut Option<ResourceRequirements>, over: Option<&ResourceRequirements>) {
+    let Some(over) = over else { return };
+    let target = into.get_or_insert_with(ResourceRequirements::default);
+    for (mine, theirs) in [
+        (&mut target.limits, &over.limits),
+        (&mut target.requests, &over.requests),
+    ] {
+        if let Some(theirs) = theirs {
+            mine.get_or_insert_with(BTreeMap::new)
+                .extend(theirs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+}
+
+/// Splits a Federation's pools over the selected clusters. `pool_for(pool, cluster)` gives the
+/// pool as that cluster runs it, `None` when it does not run there ([`pool_on_cluster`]).
 pub fn split_work(
     spec: &FederationSpec,
     selected: &[String],
-    runs_on: impl Fn(&SuperNodePoolSpec, &str) -> bool,
+    pool_for: impl Fn(&SuperNodePoolSpec, &str) -> Option<SuperNodePoolSpec>,
 ) -> Vec<ClusterShare> {
     let mut clusters: Vec<&String> = selected.iter().collect();
     clusters.sort();
@@ -53,7 +126,7 @@ pub fn split_work(
                 .supernodes
                 .pools
                 .iter()
-                .filter(|pool| runs_on(pool, cluster))
+                .filter_map(|pool| pool_for(pool, cluster))
                 .map(|pool| {
                     let replicas = match spec.mode {
                         DeploymentMode::StatefulSet => {
@@ -63,6 +136,7 @@ pub fn split_work(
                     };
                     let share = PoolShare {
                         pool: pool.name.clone(),
+                        spec: pool,
                         replicas,
                         partition_offset: next_partition,
                     };
@@ -108,8 +182,8 @@ supernodes:
     fn partitions_are_global_and_stable_across_clusters() {
         // {partition} never repeats across clusters and does not depend on input order.
         let spec = spec(TWO_POOLS);
-        let one = split_work(&spec, &["s2".into(), "s1".into()], |_, _| true);
-        let two = split_work(&spec, &["s1".into(), "s2".into()], |_, _| true);
+        let one = split_work(&spec, &["s2".into(), "s1".into()], |p, _| Some(p.clone()));
+        let two = split_work(&spec, &["s1".into(), "s2".into()], |p, _| Some(p.clone()));
         assert_eq!(one, two);
         assert_eq!(one[0].cluster, "s1");
         assert_eq!(one[0].cluster_index, 0);
@@ -130,7 +204,7 @@ supernodes:
         // A pool limited to one cluster adds partitions only there.
         let spec = spec(TWO_POOLS);
         let shares = split_work(&spec, &["s1".into(), "s2".into()], |pool, cluster| {
-            (pool.name == "a") == (cluster == "s1")
+            ((pool.name == "a") == (cluster == "s1")).then(|| pool.clone())
         });
         assert_eq!(shares[0].pools.len(), 1);
         assert_eq!(shares[0].pools[0].pool, "a");
@@ -142,6 +216,112 @@ supernodes:
     #[test]
     fn no_selected_cluster_means_no_work() {
         // An empty selection yields no shares rather than a share for a phantom cluster.
-        assert!(split_work(&spec(TWO_POOLS), &[], |_, _| true).is_empty());
+        assert!(split_work(&spec(TWO_POOLS), &[], |p, _| Some(p.clone())).is_empty());
+    }
+
+    const OVERRIDES: &str = r#"
+mode: StatefulSet
+isolationMode: subprocess
+placementRef: {name: p}
+superlink: {image: "flwr/superlink:1.42.0"}
+supernodes:
+  image: "flwr/supernode:1.42.0"
+  pools:
+    - name: a
+      replicas: 2
+      env: [{name: KEEP, value: pool}, {name: MODE, value: pool}]
+      nodeConfig: {lr: "0.1", batch: 32}
+      supernodeResources: {limits: {cpu: "1", memory: 1Gi}}
+    - {name: b, replicas: 1}
+clusterOverrides:
+  - clusterSelector: {matchLabels: {gpu: "yes"}}
+    pools: [a]
+    image: "example/supernode-gpu:1.42.0"
+    replicas: 4
+    env: [{name: MODE, value: gpu}]
+    nodeConfig: {batch: 128}
+    supernodeResources: {limits: {memory: 8Gi}}
+  - clusterSelector: {matchLabels: {site: edge}}
+    env: [{name: MODE, value: edge}]
+"#;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn overrides_merge_over_pools_on_matching_clusters_only() {
+        // env by name, nodeConfig by key, resources by name; image and replicas replace; a
+        // cluster the selector does not match, or a pool the override does not name, is as
+        // written.
+        let spec = spec(OVERRIDES);
+        let a = &spec.supernodes.pools[0];
+        let gpu = pool_on_cluster(&spec, a, Some(&labels(&[("gpu", "yes")]))).unwrap();
+        assert_eq!(gpu.replicas, Some(4));
+        assert_eq!(
+            gpu.images.supernode.as_deref(),
+            Some("example/supernode-gpu:1.42.0")
+        );
+        let env: Vec<(String, String)> = gpu
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("KEEP".into(), "pool".into()),
+                ("MODE".into(), "gpu".into())
+            ]
+        );
+        assert_eq!(gpu.node_config["batch"].to_string(), "128");
+        assert_eq!(gpu.node_config["lr"].to_string(), "0.1");
+        let limits = gpu.supernode_resources.unwrap().limits.unwrap();
+        assert_eq!(limits["cpu"].0, "1");
+        assert_eq!(limits["memory"].0, "8Gi");
+
+        let plain = pool_on_cluster(&spec, a, Some(&labels(&[("gpu", "no")]))).unwrap();
+        assert_eq!(&plain, a);
+        // Pool b is not named by the gpu override; the edge override names every pool.
+        let b = &spec.supernodes.pools[1];
+        assert_eq!(
+            &pool_on_cluster(&spec, b, Some(&labels(&[("gpu", "yes")]))).unwrap(),
+            b
+        );
+        // Both overrides match: applied in order, the later one wins on MODE.
+        let both =
+            pool_on_cluster(&spec, a, Some(&labels(&[("gpu", "yes"), ("site", "edge")]))).unwrap();
+        assert_eq!(both.replicas, Some(4));
+        assert!(
+            both.env
+                .iter()
+                .any(|e| e.name == "MODE" && e.value.as_deref() == Some("edge"))
+        );
+    }
+
+    #[test]
+    fn overridden_replicas_count_in_the_global_partitions() {
+        // s1 runs pool a with 4 replicas (override), s2 with 2: partitions stay dense and unique.
+        let spec = spec(OVERRIDES);
+        let all = BTreeMap::from([
+            ("s1".to_string(), labels(&[("gpu", "yes")])),
+            ("s2".to_string(), labels(&[])),
+        ]);
+        let shares = split_work(&spec, &["s1".into(), "s2".into()], |pool, cluster| {
+            pool_on_cluster(&spec, pool, all.get(cluster))
+        });
+        let offsets: Vec<(u32, Option<u32>)> = shares
+            .iter()
+            .flat_map(|c| c.pools.iter().map(|p| (p.partition_offset, p.replicas)))
+            .collect();
+        assert_eq!(
+            offsets,
+            [(0, Some(4)), (4, Some(1)), (5, Some(2)), (7, Some(1))]
+        );
+        assert!(shares.iter().all(|c| c.partitions_total == 8));
+        assert_eq!(shares[0].pools[0].spec.replicas, Some(4));
     }
 }

@@ -243,3 +243,51 @@ fn crds_prints_every_definition() {
     assert!(docs.len() >= 4);
     assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
 }
+
+#[test]
+fn render_for_a_labelled_cluster_merges_its_overrides() {
+    // `render --cluster X --label …` prints the pools as the hub sends them to X: the override
+    // selected by the label is merged (image, replicas, memory limit, batch size), other values
+    // of the pool stay; a cluster without the label gets the pool as written.
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/cluster-overrides.yaml")
+        .display()
+        .to_string();
+    let render = |labels: &[&str]| {
+        let mut args = vec![
+            "render",
+            file.as_str(),
+            "--cluster",
+            "site-1",
+            "--node-address",
+            "198.18.0.1",
+        ];
+        for l in labels {
+            args.extend(["--label", l]);
+        }
+        let out = hub(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let gpu = render(&["gpu=yes", "flower=enabled"]);
+    assert!(
+        gpu.contains("image: example.org/flwr/supernode-cuda:1.42.0"),
+        "{gpu}"
+    );
+    assert!(gpu.contains("replicas: 4"), "{gpu}");
+    assert!(gpu.contains("memory: 16Gi"), "{gpu}");
+    assert!(
+        gpu.contains("cpu: \"2\""),
+        "the pool's CPU limit stays: {gpu}"
+    );
+    assert!(gpu.contains("batch-size=128"), "{gpu}");
+    assert!(gpu.contains("--superlink=198.18.0.1:30092"), "{gpu}");
+    let plain = render(&["flower=enabled"]);
+    assert!(plain.contains("image: flwr/supernode:1.42.0"), "{plain}");
+    assert!(
+        plain.contains("replicas: 2") && plain.contains("batch-size=32"),
+        "{plain}"
+    );
+    let edge = render(&["site=edge"]);
+    assert!(edge.contains("value: edge"), "{edge}");
+}

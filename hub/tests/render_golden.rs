@@ -43,6 +43,7 @@ fn golden_text(path: &Path) -> String {
         name: "spoke-b",
         index: 1,
         clusters: 3,
+        labels: None,
     };
     // The hub's node address (`serve --node-address`) for NodePort Federations without
     // externalAddress; examples that set externalAddress ignore it.

@@ -86,6 +86,7 @@ fn spokes_dial_the_external_address_with_a_real_port() {
         name: "c",
         index: 0,
         clusters: 1,
+        labels: None,
     };
     let workloads = render_spoke(&f, cluster, None).expect("renders");
     let Workload::StatefulSet(sts) = &workloads[0] else {

@@ -1,4 +1,5 @@
 //! Offline commands: `crds`, `validate`, `render`. They read files and print; no cluster needed.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -45,6 +46,11 @@ pub struct RenderArgs {
     /// must then be pinned in `spec.superlink.service.nodePorts.grpc` to be known offline).
     #[arg(long, requires = "cluster")]
     pub node_address: Option<String>,
+    /// A label of the cluster (`key=value`, repeatable), as on its ManagedCluster: pools are
+    /// narrowed by their `clusterSelector` and `spec.clusterOverrides` are merged in, exactly as
+    /// the hub does for that cluster. Without labels every pool is shown without overrides.
+    #[arg(long = "label", requires = "cluster", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    pub labels: Vec<(String, String)>,
 }
 
 /// Name used for `{cluster}` when pools run in the hub's own cluster.
@@ -145,10 +151,12 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
     if invalid {
         return Ok(ExitCode::FAILURE);
     }
+    let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
     let spoke = args.cluster.as_deref().map(|name| SpokeCluster {
         name,
         index: args.cluster_index,
         clusters: args.clusters,
+        labels: (!args.labels.is_empty()).then_some(&labels),
     });
     print!(
         "{}",

@@ -59,7 +59,11 @@ pub fn external_endpoints(
     let ports = superlink.service.ports;
     // The unified dialect serves Control on the Fleet server: one address does both.
     let single_port = dialect == FlowerDialect::Unified && ports.extra == ports.grpc;
-    if let Some(address) = superlink.external_address.as_deref().filter(|a| !a.is_empty()) {
+    if let Some(address) = superlink
+        .external_address
+        .as_deref()
+        .filter(|a| !a.is_empty())
+    {
         let fleet = with_default_port(address, ports.grpc);
         let control = if single_port {
             Some(fleet.clone())
@@ -178,7 +182,9 @@ spec:
     #[test]
     fn an_explicit_external_address_wins() {
         // externalAddress is used as written even when the Service could give another address.
-        let f = fed(r#"{image: "flwr/superlink:1.25.0", externalAddress: "hub.example:31000", service: {type: NodePort}}"#);
+        let f = fed(
+            r#"{image: "flwr/superlink:1.25.0", externalAddress: "hub.example:31000", service: {type: NodePort}}"#,
+        );
         let svc = node_port_service(Some(30001), Some(30002));
         let got = external_endpoints(&f, FlowerDialect::Classic, Some(&svc), Some("198.18.0.1"));
         assert_eq!(
@@ -210,8 +216,8 @@ spec:
             r#"{image: "flwr/superlink:1.42.0", service: {type: NodePort, ports: {grpc: 9092, extra: 9092}}}"#,
         );
         let svc = node_port_service(Some(30092), None);
-        let got =
-            external_endpoints(&f, FlowerDialect::Unified, Some(&svc), Some("hub.example")).unwrap();
+        let got = external_endpoints(&f, FlowerDialect::Unified, Some(&svc), Some("hub.example"))
+            .unwrap();
         assert_eq!(got.control.as_deref(), Some("hub.example:30092"));
     }
 
@@ -230,7 +236,10 @@ spec:
         let cip = fed(r#"{image: "flwr/superlink:1.25.0"}"#);
         let err = external_endpoints(&cip, FlowerDialect::Classic, None, Some("h")).unwrap_err();
         assert_eq!(err, ExternalAddressError::NotExposed);
-        assert!(err.to_string().starts_with("spec.superlink.externalAddress: "));
+        assert!(
+            err.to_string()
+                .starts_with("spec.superlink.externalAddress: ")
+        );
         let lb = fed(r#"{image: "flwr/superlink:1.25.0", service: {type: LoadBalancer}}"#);
         assert!(matches!(
             external_endpoints(&lb, FlowerDialect::Classic, Some(&Service::default()), None),

@@ -86,6 +86,9 @@ pub struct SpokeCluster<'a> {
     pub index: u32,
     /// Number of selected clusters.
     pub clusters: u32,
+    /// The cluster's ManagedCluster labels, when known: pools are then narrowed by their
+    /// `clusterSelector` and `spec.clusterOverrides` are merged in, as the hub does for it.
+    pub labels: Option<&'a std::collections::BTreeMap<String, String>>,
 }
 
 /// The Federation's Flower version and dialect (`spec.version`, else the SuperLink image tag).
@@ -210,6 +213,22 @@ pub fn render_spoke(
     let fleet = match fleet {
         Some(fleet) => fleet.to_owned(),
         None => spoke_fleet_address(fed, None)?,
+    };
+    let effective;
+    let fed = match cluster.labels {
+        None => fed,
+        Some(labels) => {
+            let mut copy = fed.clone();
+            copy.spec.supernodes.pools = fed
+                .spec
+                .supernodes
+                .pools
+                .iter()
+                .filter_map(|p| crate::work::pool_on_cluster(&fed.spec, p, Some(labels)))
+                .collect();
+            effective = copy;
+            &effective
+        }
     };
     let ca = pools::spoke_ca_secret_name(name(fed));
     render_pools(

@@ -283,11 +283,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
             views.iter().map(|v| (v.name.as_str(), &v.labels)).collect();
         let shares = split_work(&fed.spec, &selected, |pool, cluster| {
-            match (&pool.cluster_selector, labels_of.get(cluster)) {
-                (Some(sel), Some(labels)) => placement::selector_matches(sel, labels),
-                (Some(_), None) => false,
-                (None, _) => true,
-            }
+            crate::work::pool_on_cluster(&fed.spec, pool, labels_of.get(cluster).copied())
         });
         // Pools no selected cluster runs (their clusterSelector matches none): not ready.
         let unplaced: Vec<String> = fed
@@ -314,16 +310,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .pools
                 .iter()
                 .filter_map(|p| {
-                    let pool = fed
-                        .spec
-                        .supernodes
-                        .pools
-                        .iter()
-                        .find(|x| x.name == p.pool)?;
                     Some(PoolWork {
                         name: p.pool.clone(),
                         partition_offset: p.partition_offset,
-                        spec_json: serde_json::to_string(pool).ok()?,
+                        spec_json: serde_json::to_string(&p.spec).ok()?,
                     })
                 })
                 .collect();
