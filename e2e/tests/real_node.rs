@@ -94,6 +94,39 @@ async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
     Ok(pods.logs(name, &LogParams::default()).await?)
 }
 
+/// Fails with the previous container's log when a pod matching `selector` restarted or failed.
+async fn check_not_crashing(pods: &Api<Pod>, selector: &str) -> Result<()> {
+    let Ok(list) = pods
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await
+    else {
+        return Ok(());
+    };
+    for p in list.items {
+        let restarts = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.restart_count);
+        if restarts > 0 || pod_phase(&p) == "Failed" {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let log = pods
+                .logs(
+                    &name,
+                    &LogParams {
+                        previous: restarts > 0,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_default();
+            bail!("pod {name} crashed: {log}\n{}", describe(&p));
+        }
+    }
+    Ok(())
+}
+
 async fn http_get(addr: &str, path: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn =
@@ -422,21 +455,118 @@ spec:
         .and_then(|p| p.node_port)
         .context("Service flower-hub has no nodePort")?;
     let channel = format!("{}:{hub_port}", node.ip);
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::net::TcpStream::connect(&channel),
+    let hub_ready = t.elapsed();
+    // kube-proxy programs the NodePort shortly after the endpoint appears: poll.
+    poll(
+        &format!("a TCP connection to the hub's channel NodePort {channel}"),
+        Duration::from_secs(60),
+        || {
+            let channel = channel.clone();
+            async move {
+                Ok(tokio::time::timeout(
+                    Duration::from_secs(3),
+                    tokio::net::TcpStream::connect(channel),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|_| ()))
+            }
+        },
     )
-    .await
-    .context("connecting to the hub's channel NodePort timed out")?
-    .with_context(|| format!("connecting to the hub's channel NodePort {channel}"))?;
+    .await?;
     eprintln!(
-        "real_node: manifests/hub: pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host",
+        "real_node: manifests/hub: pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host ({:.1}s)",
         hub_pod.metadata.name.clone().unwrap_or_default(),
         hub_pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default(),
+        hub_ready.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+
+    // --- an agent installed from manifests/agent on spoke-1 joins through that NodePort ---------
+    let t = Instant::now();
+    spoke_node.import_images(&images[..1])?;
+    let secret = e2e::addon::hub_cli(
+        &hub.kubeconfig,
+        &[
+            "token",
+            "create",
+            "--cluster-name",
+            "spoke-1",
+            "--hub",
+            &channel,
+            "-o",
+            "secret",
+        ],
+    )?;
+    let agent_manifests = e2e::repo_root().join("manifests/agent");
+    e2e::apply_file(
+        &spoke.client,
+        &agent_manifests.join("namespace.yaml"),
+        "default",
+    )
+    .await?;
+    e2e::apply_file(
+        &spoke.client,
+        &agent_manifests.join("rbac.yaml"),
+        e2e::addon::AGENT_NS,
+    )
+    .await?;
+    apply_yaml(&spoke.client, &secret, e2e::addon::AGENT_NS).await?;
+    e2e::apply_file(
+        &spoke.client,
+        &agent_manifests.join("deployment.yaml"),
+        e2e::addon::AGENT_NS,
+    )
+    .await?;
+    let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
+    let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
+    poll(
+        "ManagedCluster spoke-1 (the agent pod's join)",
+        Duration::from_secs(120),
+        || {
+            let (clusters, agent_pods) = (clusters.clone(), agent_pods.clone());
+            async move {
+                check_not_crashing(&agent_pods, "app.kubernetes.io/name=flower-agent").await?;
+                Ok(clusters.get_opt("spoke-1").await.ok().flatten().map(|_| ()))
+            }
+        },
+    )
+    .await?;
+    e2e::addon::hub_cli(&hub.kubeconfig, &["accept", "spoke-1"])?;
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        spoke.client.clone(),
+        e2e::addon::AGENT_NS,
+    );
+    poll(
+        "spoke-1's credentials Secret (accepted agent)",
+        Duration::from_secs(120),
+        || {
+            let (secrets, agent_pods) = (secrets.clone(), agent_pods.clone());
+            async move {
+                check_not_crashing(&agent_pods, "app.kubernetes.io/name=flower-agent").await?;
+                Ok(secrets
+                    .get_opt("flower-agent-credentials")
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.data)
+                    .filter(|d| {
+                        e2e::addon::CREDENTIAL_KEYS
+                            .iter()
+                            .all(|k| d.contains_key(*k))
+                    })
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_node: manifests/agent on spoke-1: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
         t.elapsed().as_secs_f64()
     );
 
