@@ -68,6 +68,9 @@ pub enum KubeRuntimeError {
         /// What is wrong.
         source: RenderError,
     },
+    /// A namespace, name or pool name of the work is not a DNS label.
+    #[error("{0}")]
+    Names(String),
     /// The apiserver refused a request.
     #[error("{action}: {source}")]
     Kube {
@@ -93,6 +96,7 @@ impl KubeRuntimeError {
             Self::Decode { .. } => "decode",
             Self::Version { .. } => "version",
             Self::Render { .. } => "render",
+            Self::Names(_) => "names",
             Self::Kube { .. } => "kube",
             Self::Serialize { .. } => "serialize",
         }
@@ -392,7 +396,10 @@ impl Runtime for KubeRuntime {
             };
             let mut value = crate::runtime::Allocatable::new();
             if !nodes.is_empty() {
-                value.insert("cpu".to_owned(), format!("{}m", (sum("cpu") * 1000.0).round()));
+                value.insert(
+                    "cpu".to_owned(),
+                    format!("{}m", (sum("cpu") * 1000.0).round()),
+                );
                 value.insert("memory".to_owned(), format!("{}", sum("memory").round()));
             }
             *cached = Some((std::time::Instant::now(), value.clone()));
@@ -408,6 +415,7 @@ fn render_federation(
     work: &ClusterWork,
     fed: &FederationWork,
 ) -> Result<Rendered, KubeRuntimeError> {
+    crate::runtime::check_work_names(fed).map_err(|e| KubeRuntimeError::Names(e.to_string()))?;
     let id = format!("{}/{}", fed.namespace, fed.name);
     let spec: FederationSpec =
         serde_json::from_str(&fed.federation_spec_json).map_err(|source| {

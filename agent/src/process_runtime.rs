@@ -143,6 +143,7 @@ impl ProcessRuntime {
         let mut used: BTreeSet<u16> = BTreeSet::new();
         let mut fresh = Vec::new();
         for fed in &work.federations {
+            crate::runtime::check_work_names(fed)?;
             let spec: FederationSpec =
                 serde_json::from_str(&fed.federation_spec_json).map_err(|e| {
                     RuntimeError::Apply(format!(
@@ -684,5 +685,54 @@ mod tests {
         .err()
         .unwrap();
         assert!(err.to_string().contains("--flower-bin"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn work_names_that_are_not_dns_labels_never_become_paths() {
+        // A Federation named like a path ("..", "a/b") is refused before anything is written,
+        // so work cannot reach outside the agent's state directory.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let fake = bin.join(render::SUPERNODE_PROGRAM);
+        std::fs::write(&fake, "#!/bin/sh\nsleep 60\n").unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let state = dir.path().join("state");
+        let runtime = ProcessRuntime::new(ProcessRuntimeConfig {
+            state_dir: state.clone(),
+            flower_bin: Some(bin),
+            port_base: 19000,
+            node_name: "n".into(),
+        })
+        .unwrap();
+        for (namespace, name, pool) in [
+            ("..", "escape", "a"),
+            ("default", "../../escape", "a"),
+            ("default", "fed", "../escape"),
+        ] {
+            let work = ClusterWork {
+                cluster_name: "c".into(),
+                federations: vec![flower_addon_proto::FederationWork {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    flower_version: "1.42.0".into(),
+                    insecure: true,
+                    federation_spec_json: "{}".into(),
+                    pools: vec![flower_addon_proto::PoolWork {
+                        name: pool.into(),
+                        spec_json: "{}".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let err = runtime.apply(&work).await.unwrap_err();
+            assert!(err.to_string().contains("must be DNS labels"), "{err}");
+        }
+        assert!(!dir.path().join("escape").exists());
+        assert!(!state.join("escape").exists());
+        assert!(!state.join("federations").exists(), "nothing written");
     }
 }

@@ -39,6 +39,28 @@ pub trait Runtime: Send + Sync {
 /// `Status.allocatable`).
 pub type Allocatable = std::collections::HashMap<String, String>;
 
+/// Refuses a Federation's work whose namespace, name or pool names are not DNS labels: they
+/// become directory names (process runtime) and object names (Kubernetes runtime), so a hub —
+/// or anyone who got its key — cannot make an agent write outside its state directory.
+pub fn check_work_names(fed: &flower_addon_proto::FederationWork) -> Result<(), RuntimeError> {
+    let pools = fed.pools.iter().map(|p| ("pool name", p.name.as_str()));
+    for (what, value) in [
+        ("namespace", fed.namespace.as_str()),
+        ("name", fed.name.as_str()),
+    ]
+    .into_iter()
+    .chain(pools)
+    {
+        flower_addon_crds::dns_label(value).map_err(|why| {
+            RuntimeError::Apply(format!(
+                "federation {:?}/{:?}: {what} {value:?} {why}: refused (work names must be DNS labels)",
+                fed.namespace, fed.name
+            ))
+        })?;
+    }
+    Ok(())
+}
+
 /// This machine's allocatable resources: CPUs the process may use and total memory
 /// (`/proc/meminfo`), for runtimes that run SuperNodes on the machine itself.
 pub fn machine_allocatable() -> Allocatable {
@@ -46,11 +68,13 @@ pub fn machine_allocatable() -> Allocatable {
     if let Ok(cpus) = std::thread::available_parallelism() {
         out.insert("cpu".to_owned(), cpus.get().to_string());
     }
-    let mem_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    });
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        });
     if let Some(kib) = mem_kib {
         out.insert("memory".to_owned(), format!("{kib}Ki"));
     }

@@ -19,7 +19,7 @@ pub use federation::*;
 pub use parse::{Object, ParseError, parse_documents};
 pub use placement::*;
 pub use quantity::parse_quantity;
-pub use validate::{FieldError, validate_federation, validate_placement};
+pub use validate::{FieldError, dns_label, validate_federation, validate_placement};
 
 /// API group of every flower-addon resource.
 pub const GROUP: &str = "flower-addon.io";

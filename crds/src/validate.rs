@@ -39,6 +39,7 @@ impl std::fmt::Display for FieldError {
 pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
     let spec = &fed.spec;
     let mut errors = Vec::new();
+    check_object_names(&mut errors, &fed.metadata);
 
     if let Some(version) = &spec.version
         && version.is_empty()
@@ -378,6 +379,35 @@ fn check_node_config_key(key: &str) -> Result<(), String> {
 }
 
 /// RFC 1123 label: what the CRD schema's pattern and `maxLength: 63` enforce.
+/// `metadata.name` and `metadata.namespace` are DNS labels: they become object names, label
+/// values and, in standalone mode and on agents, directory names, so `../..` or `a/b` must never
+/// get past validation (the apiserver checks them for stored objects; files are not stored).
+fn check_object_names(
+    errors: &mut Vec<FieldError>,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) {
+    match meta.name.as_deref() {
+        None => errors.push(FieldError::new("metadata.name", "must be set")),
+        Some(name) => {
+            if let Err(why) = check_dns_label(name) {
+                errors.push(FieldError::new("metadata.name", why));
+            }
+        }
+    }
+    if let Some(namespace) = meta.namespace.as_deref()
+        && let Err(why) = check_dns_label(namespace)
+    {
+        errors.push(FieldError::new("metadata.namespace", why));
+    }
+}
+
+/// Whether `name` is a DNS-1123 label (lowercase letters, digits and '-', at most 63, not
+/// starting or ending with '-'); the error says what is wrong. Shared with the agent, which
+/// checks the names in the work it receives before they become paths or object names.
+pub fn dns_label(name: &str) -> Result<(), String> {
+    check_dns_label(name)
+}
+
 fn check_dns_label(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
@@ -453,6 +483,7 @@ fn check_host_port(addr: &str) -> Result<(), String> {
 pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
     let spec = &placement.spec;
     let mut errors = Vec::new();
+    check_object_names(&mut errors, &placement.metadata);
     if spec.predicates.len() > 32 {
         errors.push(FieldError::new(
             "spec.predicates",

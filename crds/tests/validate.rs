@@ -317,3 +317,32 @@ fn cluster_overrides_are_checked_field_by_field() {
     ));
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
 }
+
+// Names become object names and (standalone, agents) directories: only DNS labels pass.
+#[test]
+fn metadata_names_must_be_dns_labels() {
+    for (name, namespace, field) in [
+        ("ok", "../../..", "metadata.namespace"),
+        ("a/b", "default", "metadata.name"),
+        ("..", "default", "metadata.name"),
+        ("UPPER", "default", "metadata.name"),
+    ] {
+        let text = format!(
+            "apiVersion: flower-addon.io/v1alpha1\nkind: Federation\nmetadata:\n  name: \"{name}\"\n  namespace: \"{namespace}\"\nspec:\n{STS}      - name: a\n        replicas: 1\n"
+        );
+        let f = match parse_documents("t.yaml", &text).unwrap().remove(0) {
+            Object::Federation(f) => f,
+            other => panic!("{other:?}"),
+        };
+        let paths: Vec<String> = errors(&f).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(paths, [field], "{name} in {namespace}");
+        let text = format!(
+            "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata:\n  name: \"{name}\"\n  namespace: \"{namespace}\"\nspec: {{}}\n"
+        );
+        let Object::Placement(p) = parse_documents("p.yaml", &text).unwrap().remove(0) else {
+            panic!()
+        };
+        let paths: Vec<String> = validate_placement(&p).into_iter().map(|e| e.path).collect();
+        assert_eq!(paths, [field], "placement {name} in {namespace}");
+    }
+}

@@ -101,9 +101,19 @@ fn spokes_dial_the_external_address_with_a_real_port() {
         hub(&f).pools.is_empty(),
         "pools of a placed Federation do not run in the hub cluster"
     );
+    // Without it the address is not a spec problem (the hub derives one from a NodePort or
+    // LoadBalancer Service, or the standalone hub's address); a ClusterIP Service cannot be
+    // reached from spokes, which the Kubernetes hub reports naming the field.
     f.spec.superlink.external_address = None;
-    let problems = render_problems(&f);
-    assert_eq!(problems[0].0, "spec.superlink.externalAddress");
+    assert!(render_problems(&f).is_empty(), "{:?}", render_problems(&f));
+    let (_, dialect) = flower_addon_hub::render::federation_dialect(&f).expect("dialect");
+    let err = flower_addon_hub::render::external_endpoints(&f, dialect, None, Some("198.18.0.1"))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("spec.superlink.externalAddress: required"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -218,4 +218,29 @@ spec:
             m.problems()
         );
     }
+
+    #[test]
+    fn path_like_names_are_problems_not_federations() {
+        // `namespace: "../../.."` would become a directory under the state dir: refused with
+        // the file and field, and never loaded.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("evil.yaml"),
+            GOOD.replace(
+                "metadata: {name: demo}",
+                "metadata: {name: demo, namespace: \"../../..\"}",
+            ),
+        )
+        .unwrap();
+        let mut m = Manifests::new(dir.path().into());
+        m.refresh();
+        assert_eq!(m.federations().count(), 0);
+        assert!(
+            m.problems()
+                .iter()
+                .any(|p| p.contains("evil.yaml") && p.contains("metadata.namespace")),
+            "{:?}",
+            m.problems()
+        );
+    }
 }
