@@ -291,9 +291,11 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         &objects.service,
     )
     .await?;
-    let external = fed.spec.placement_ref.as_ref().map(|_| {
-        external_endpoints(fed, dialect, Some(&service), ctx.node_address.as_deref())
-    });
+    let external = fed
+        .spec
+        .placement_ref
+        .as_ref()
+        .map(|_| external_endpoints(fed, dialect, Some(&service), ctx.node_address.as_deref()));
 
     let mut secrets = BTreeSet::new();
     if tls::hub_issues_tls(fed) {
