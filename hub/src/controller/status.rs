@@ -373,7 +373,10 @@ fn endpoints(
 
 /// Per-pool readiness of a placed Federation: each pool of the spec summed over the clusters'
 /// reports (a pool no cluster runs is 0/0).
-fn pool_totals_over_clusters(fed: &Federation, clusters: &[ClusterStatus]) -> Vec<WorkloadReadiness> {
+fn pool_totals_over_clusters(
+    fed: &Federation,
+    clusters: &[ClusterStatus],
+) -> Vec<WorkloadReadiness> {
     let kind = match fed.spec.mode {
         DeploymentMode::StatefulSet => "StatefulSet",
         DeploymentMode::DaemonSet => "DaemonSet",
@@ -641,7 +644,11 @@ spec:
         assert_eq!(endpoints.control.as_deref(), Some("198.18.0.1:30093"));
         assert_eq!(s.pools.len(), 1);
         assert_eq!(
-            (s.pools[0].name.as_str(), s.pools[0].desired, s.pools[0].ready),
+            (
+                s.pools[0].name.as_str(),
+                s.pools[0].desired,
+                s.pools[0].ready
+            ),
             ("a", 4, 3)
         );
         assert_eq!(s.pools[0].kind.as_deref(), Some("StatefulSet"));
@@ -664,7 +671,11 @@ spec:
         };
         let s = federation_status(&f, &pending, &PlacementState::NotReferenced, &at(10));
         assert_eq!(find(&s, "Ready").status, "False");
-        assert!(find(&s, "Ready").message.contains("waiting for a node port"));
+        assert!(
+            find(&s, "Ready")
+                .message
+                .contains("waiting for a node port")
+        );
         assert_eq!(
             s.endpoints.unwrap().fleet.as_deref(),
             Some("198.18.0.1:30092")
