@@ -94,11 +94,11 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         // GPU per replica, as a pod would get them.
         .replace(
             "    image: flwr/supernode:1.42.0\n    pools:\n",
-            "    image: flwr/supernode:1.42.0\n    env: [{name: FLOWER_ADDON_E2E, value: base}, {name: FLOWER_ADDON_KEEP, value: base}]\n    pools:\n",
+            "    image: flwr/supernode:1.42.0\n    env: [{name: FAE2E_MODE, value: base}, {name: FAE2E_KEEP, value: base}]\n    pools:\n",
         )
         .replace(
             "      - name: site-a\n",
-            "      - name: site-a\n        env: [{name: FLOWER_ADDON_E2E, value: site-a}]\n        gpu: {enabled: true, vendor: nvidia}\n",
+            "      - name: site-a\n        env: [{name: FAE2E_MODE, value: site-a}]\n        gpu: {enabled: true, vendor: nvidia}\n",
         )
         .replace("grpc: 19092", &format!("grpc: {grpc}"))
         .replace("extra: 19093", &format!("extra: {extra}"))
@@ -163,7 +163,7 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
             let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
             let vars = String::from_utf8_lossy(&environ)
                 .split('\0')
-                .filter(|v| v.starts_with("FLOWER_ADDON_") || v.starts_with("CUDA_VISIBLE"))
+                .filter(|v| v.starts_with("FAE2E_") || v.starts_with("CUDA_VISIBLE"))
                 .map(str::to_owned)
                 .collect::<Vec<_>>();
             Some((pool.to_owned(), vars))
@@ -182,14 +182,14 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         of("site-a"),
         [
             "CUDA_VISIBLE_DEVICES=0",
-            "FLOWER_ADDON_E2E=site-a",
-            "FLOWER_ADDON_KEEP=base"
+            "FAE2E_KEEP=base",
+            "FAE2E_MODE=site-a"
         ],
         "SuperNode environments: {envs:?}"
     );
     assert_eq!(
         of("site-b"),
-        ["FLOWER_ADDON_E2E=base", "FLOWER_ADDON_KEEP=base"],
+        ["FAE2E_KEEP=base", "FAE2E_MODE=base"],
         "SuperNode environments: {envs:?}"
     );
     // Where flwr reaches this SuperLink, as Kubernetes mode puts it in status.endpoints.
