@@ -88,20 +88,7 @@ trap 'rm -rf "${tmp_bin}"' EXIT
 select_toolchain "${WRAPPER_DIR}/go.mod"
 cd "${WRAPPER_DIR}"
 
-[[ "${K8S_VERSION}" =~ ^v([0-9]+)\.([0-9]+)\. ]]
-git_major="${BASH_REMATCH[1]}" git_minor="${BASH_REMATCH[2]}"
-# buildDate = the release's publication time from the module proxy, so rebuilds are reproducible.
-build_date="$(go list -m -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p')"
-[[ -n "${build_date}" ]] || build_date="1970-01-01T00:00:00Z"
-version_ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  version_ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
-  version_ldflags+=" -X ${pkg}.gitMajor=${git_major}"
-  version_ldflags+=" -X ${pkg}.gitMinor=${git_minor}"
-  version_ldflags+=" -X ${pkg}.gitTreeState=clean"
-  version_ldflags+=" -X ${pkg}.gitCommit="  # unknown from the module zip; else /version says $Format:%H$
-  version_ldflags+=" -X ${pkg}.buildDate=${build_date}"
-done
+version_ldflags="$(k8s_version_ldflags)"
 
 etcd_version="$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 

@@ -39,3 +39,23 @@ select_toolchain() {
     export GOTOOLCHAIN=local
   fi
 }
+
+# The -X ldflags that stamp K8S_VERSION into a Kubernetes binary (else /version and --version
+# say v0.0.0); run inside the wrapper module. buildDate = the release's publication time from the
+# module proxy, so rebuilds are reproducible. Prints the flags (without -s -w).
+k8s_version_ldflags() {
+  local git_major git_minor build_date flags="" pkg
+  [[ "${K8S_VERSION}" =~ ^v([0-9]+)\.([0-9]+)\. ]] || die "K8S_VERSION ${K8S_VERSION} is not vX.Y.Z"
+  git_major="${BASH_REMATCH[1]}" git_minor="${BASH_REMATCH[2]}"
+  build_date="$(go list -m -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p')"
+  [[ -n "${build_date}" ]] || build_date="1970-01-01T00:00:00Z"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
+    flags+=" -X ${pkg}.gitMajor=${git_major}"
+    flags+=" -X ${pkg}.gitMinor=${git_minor}"
+    flags+=" -X ${pkg}.gitTreeState=clean"
+    flags+=" -X ${pkg}.gitCommit="  # unknown from the module zip; else /version says $Format:%H$
+    flags+=" -X ${pkg}.buildDate=${build_date}"
+  done
+  printf '%s\n' "${flags}"
+}

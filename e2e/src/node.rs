@@ -110,7 +110,7 @@ impl NodeBinaries {
         let build = script("node/build.sh");
         let how = format!(
             "run `{}` (installs containerd, runc, containernetworking-plugins, iptables and builds \
-             kubelet and kube-proxy; cold ~5 min after e2e/k8s/build.sh) or set {NODE_BIN_DIR_ENV}",
+             kubelet and kube-proxy; cold ~1-2 min after e2e/k8s/build.sh) or set {NODE_BIN_DIR_ENV}",
             build.display()
         );
         let dir = match std::env::var_os(NODE_BIN_DIR_ENV) {
@@ -488,14 +488,19 @@ impl RealNode {
             .collect()
     }
 
-    fn nsenter_args(&self, program: &Path, args: &[String]) -> Vec<String> {
-        let mut v = vec![
+    /// Starts `program args…` in the node's network namespace as process `<node>/<what>`,
+    /// logging to `<node dir>/<what>.log`.
+    fn start_in_netns(&mut self, what: &str, program: &Path, args: &[String]) -> Result<()> {
+        let mut argv = vec![
             format!("--net=/run/netns/{}", self.netns),
             "--".to_string(),
             program.display().to_string(),
         ];
-        v.extend(args.iter().cloned());
-        v
+        argv.extend(args.iter().cloned());
+        let nsenter = self.bins.nsenter.clone();
+        let log = self.dir.join(format!("{what}.log"));
+        self.procs
+            .start(&format!("{}/{what}", self.name), &nsenter, &argv, &log)
     }
 
     /// Runs `program args…` inside the node's network namespace, to completion.
@@ -582,18 +587,13 @@ impl RealNode {
 
         // containerd (CNI plugins run from it, so it lives in the node's netns).
         let containerd = self.bins.containerd.clone();
-        let args = self.nsenter_args(
+        self.start_in_netns(
+            "containerd",
             &containerd,
             &[format!(
                 "--config={}",
                 self.dir.join("containerd.toml").display()
             )],
-        );
-        self.procs.start(
-            &format!("{}/containerd", self.name),
-            &self.bins.nsenter.clone(),
-            &args,
-            &self.dir.join("containerd.log"),
         )?;
         let sock = self.containerd_socket();
         self.wait(timeout, "containerd socket", || {
@@ -606,7 +606,8 @@ impl RealNode {
 
         // kubelet.
         let kubelet = self.bins.kubelet.clone();
-        let args = self.nsenter_args(
+        self.start_in_netns(
+            "kubelet",
             &kubelet,
             &[
                 format!("--config={}", self.dir.join("kubelet.yaml").display()),
@@ -618,12 +619,6 @@ impl RealNode {
                 format!("--node-labels={}={}", REAL_NODE_LABEL.0, REAL_NODE_LABEL.1),
                 "--v=1".into(),
             ],
-        );
-        self.procs.start(
-            &format!("{}/kubelet", self.name),
-            &self.bins.nsenter.clone(),
-            &args,
-            &self.dir.join("kubelet.log"),
         )?;
         let nodes: Api<Node> = Api::all(cluster.client.clone());
         let name = self.name.clone();
@@ -636,7 +631,8 @@ impl RealNode {
 
         // kube-proxy (iptables mode, NodePorts on the node's address only).
         let proxy = self.bins.kube_proxy.clone();
-        let args = self.nsenter_args(
+        self.start_in_netns(
+            "kube-proxy",
             &proxy,
             &[
                 format!("--kubeconfig={}", self.dir.join("kubeconfig").display()),
@@ -651,12 +647,6 @@ impl RealNode {
                 "--conntrack-tcp-timeout-established=0".into(),
                 "--conntrack-tcp-timeout-close-wait=0".into(),
             ],
-        );
-        self.procs.start(
-            &format!("{}/kube-proxy", self.name),
-            &self.bins.nsenter.clone(),
-            &args,
-            &self.dir.join("kube-proxy.log"),
         )?;
         self.wait(timeout, "node Ready", || {
             let nodes = nodes.clone();

@@ -64,6 +64,28 @@ where
     }
 }
 
+/// Runs `python3 -c script` in a pod `name` of the Flower image on the real node of `pods`'
+/// cluster and returns its output once it has succeeded.
+async fn run_python(pods: &Api<Pod>, name: &str, script: &str) -> Result<String> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
+            "containers": [{
+                "name": "client",
+                "image": SUPERLINK_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", script],
+            }],
+        },
+    }))?;
+    pods.create(&Default::default(), &pod).await?;
+    run_to_completion(pods, name).await
+}
+
 /// Waits for a `restartPolicy: Never` pod to succeed and returns its log; fails with the log and
 /// status when it fails.
 async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
@@ -329,23 +351,7 @@ spec:
     let script = format!(
         "import urllib.request\nr = urllib.request.urlopen('{url}', timeout=10)\nprint(r.status, '{url}')\n"
     );
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "cross-cluster", "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
-            "containers": [{
-                "name": "client",
-                "image": SUPERLINK_IMAGE,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", script],
-            }],
-        },
-    }))?;
-    spoke_pods.create(&Default::default(), &pod).await?;
-    let log = run_to_completion(&spoke_pods, "cross-cluster").await?;
+    let log = run_python(&spoke_pods, "cross-cluster", &script).await?;
     eprintln!(
         "real_node: a pod on {} reached the hub's NodePort in {:.1}s: {}",
         spoke_node.name,
@@ -364,23 +370,7 @@ spec:
         url = 'https://%s:%s/version' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])\n\
         req = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + open(sa + '/token').read()})\n\
         print(url, json.load(urllib.request.urlopen(req, context=ctx, timeout=10))['gitVersion'])\n";
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "in-cluster", "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
-            "containers": [{
-                "name": "client",
-                "image": SUPERLINK_IMAGE,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", script],
-            }],
-        },
-    }))?;
-    pods.create(&Default::default(), &pod).await?;
-    let log = run_to_completion(&pods, "in-cluster").await?;
+    let log = run_python(&pods, "in-cluster", script).await?;
     eprintln!(
         "real_node: a pod read its apiserver's /version through the kubernetes Service in {:.1}s: {}",
         t.elapsed().as_secs_f64(),
@@ -407,39 +397,15 @@ spec:
         || {
             let hub_pods = hub_pods.clone();
             async move {
-                let list = hub_pods
-                    .list(
-                        &kube::api::ListParams::default()
-                            .labels("app.kubernetes.io/name=flower-hub"),
-                    )
-                    .await;
-                let Ok(list) = list else { return Ok(None) };
-                for p in list.items {
-                    let restarts = p
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.container_statuses.as_ref())
-                        .and_then(|c| c.first())
-                        .map_or(0, |c| c.restart_count);
-                    if restarts > 0 || pod_phase(&p) == "Failed" {
-                        let name = p.metadata.name.clone().unwrap_or_default();
-                        let log = hub_pods
-                            .logs(
-                                &name,
-                                &LogParams {
-                                    previous: restarts > 0,
-                                    ..Default::default()
-                                },
-                            )
-                            .await
-                            .unwrap_or_default();
-                        bail!("the hub pod {name} crashed: {log}\n{}", describe(&p));
-                    }
-                    if pod_ready(&p) {
-                        return Ok(Some(p));
-                    }
-                }
-                Ok(None)
+                let selector = "app.kubernetes.io/name=flower-hub";
+                check_not_crashing(&hub_pods, selector).await?;
+                let Ok(list) = hub_pods
+                    .list(&kube::api::ListParams::default().labels(selector))
+                    .await
+                else {
+                    return Ok(None);
+                };
+                Ok(list.items.into_iter().find(pod_ready))
             }
         },
     )
