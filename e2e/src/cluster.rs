@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 use tempfile::TempDir;
 
 use crate::bins::Binaries;
+use crate::dns::ClusterDns;
 use crate::kubeconfig;
 use crate::node::{NodeBinaries, NodeNetwork, RealNode};
 use crate::process::{Processes, excerpt};
@@ -41,7 +42,8 @@ pub struct Options {
     /// Time allowed for each readiness step.
     pub step_timeout: Duration,
     /// One real node per cluster (kubelet, kube-proxy, containerd; see [`crate::node`]) beside the
-    /// kwok nodes, which are then tainted [`KWOK_TAINT_KEY`]. The apiservers then listen on the
+    /// kwok nodes, which are then tainted [`KWOK_TAINT_KEY`], and a cluster DNS per cluster
+    /// ([`crate::dns`]) for its pods. The apiservers then listen on the
     /// node bridge's host address (198.18.k.1) instead of 127.0.0.1, so pods and kubelets reach
     /// them. `FLOWER_ADDON_E2E_REAL_NODES=1` turns it on.
     pub real_nodes: bool,
@@ -117,6 +119,7 @@ pub struct ControlPlane {
     bins: Binaries,
     node_net: Option<Arc<NodeNetwork>>,
     real_nodes: Vec<RealNode>,
+    dns: Vec<ClusterDns>,
 }
 
 struct Ports {
@@ -196,6 +199,7 @@ impl ControlPlane {
             bins,
             node_net: None,
             real_nodes: Vec::new(),
+            dns: Vec::new(),
         };
         if opts.keep_work_dir {
             cp.keep_work_dir();
@@ -491,9 +495,13 @@ impl ControlPlane {
         );
         if let (Some(bins), Some(net)) = (node_bins, self.node_net.clone()) {
             let t = Instant::now();
-            for c in &mut clusters {
+            for (i, c) in clusters.iter_mut().enumerate() {
+                let dns_ip = net.add_dns_address(i)?;
+                self.dns
+                    .push(ClusterDns::start(dns_ip, c.client.clone()).await?);
                 let name = format!("{}-real-0", c.name);
-                let node = RealNode::start(&net, c, &name, &bins, opts.step_timeout).await?;
+                let node =
+                    RealNode::start(&net, c, &name, &bins, dns_ip, opts.step_timeout).await?;
                 c.real_node = Some((name, node.ip));
                 self.real_nodes.push(node);
             }
@@ -637,6 +645,7 @@ impl Drop for ControlPlane {
         let t = Instant::now();
         // Nodes first (their cleanup needs no apiserver), then the control plane, then the bridge.
         self.real_nodes.clear();
+        self.dns.clear();
         self.procs.stop_all();
         self.node_net = None;
         eprintln!(

@@ -18,6 +18,7 @@ pub mod apply;
 pub mod bins;
 pub mod cluster;
 pub mod deployment;
+pub mod dns;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;

@@ -350,6 +350,21 @@ impl NodeNetwork {
         &self.bridge
     }
 
+    /// The host address of cluster `i`'s DNS server ([`crate::dns::ClusterDns`]), added to the
+    /// bridge: `198.18.<k>.<2 + i>`.
+    pub fn add_dns_address(&self, i: usize) -> Result<Ipv4Addr> {
+        let last = u8::try_from(2 + i)
+            .ok()
+            .filter(|l| *l < 10)
+            .context("at most 8 cluster DNS servers per node network")?;
+        let ip = Ipv4Addr::new(198, 18, self.k, last);
+        run(
+            "ip",
+            &["addr", "add", &format!("{ip}/32"), "dev", &self.bridge],
+        )?;
+        Ok(ip)
+    }
+
     fn allocate(&self) -> Result<u8> {
         let j = self.next_node.fetch_add(1, Ordering::SeqCst);
         if j >= 4 {
@@ -393,6 +408,8 @@ pub struct RealNode {
     pub pod_cidr: String,
     /// Time from start to Ready.
     pub startup: Duration,
+    /// The cluster DNS server pods use (kubelet's `clusterDNS`).
+    pub cluster_dns: Ipv4Addr,
     dir: PathBuf,
     netns: String,
     host_veth: String,
@@ -421,6 +438,7 @@ impl RealNode {
         cluster: &Cluster,
         name: &str,
         bins: &NodeBinaries,
+        cluster_dns: Ipv4Addr,
         timeout: Duration,
     ) -> Result<Self> {
         let t0 = Instant::now();
@@ -432,6 +450,7 @@ impl RealNode {
             name: name.to_string(),
             ip: Ipv4Addr::new(198, 18, k, 10 + j),
             pod_cidr: format!("198.19.{}.0/24", 4 * u16::from(k) + u16::from(j)),
+            cluster_dns,
             startup: Duration::ZERO,
             dir,
             netns: format!("fae2e-{k}-{j}"),
@@ -881,7 +900,7 @@ oom_score = 0
                 ]
             }))?,
         )?;
-        // No cluster DNS runs: pods get an empty resolver configuration.
+        // The host's resolvers are not the pods' business: only the cluster DNS answers them.
         std::fs::write(d.join("resolv.conf"), "options ndots:1\n")?;
         std::fs::write(
             d.join("kubelet.yaml"),
@@ -903,7 +922,8 @@ authentication:
   anonymous: {{enabled: true}}
   webhook: {{enabled: false}}
 authorization: {{mode: AlwaysAllow}}
-clusterDomain: cluster.local
+clusterDomain: {domain}
+clusterDNS: ["{cluster_dns}"]
 resolvConf: {resolv}
 podLogsDir: {pod_logs}
 podCIDR: {pod_cidr}
@@ -920,6 +940,8 @@ syncFrequency: 10s
                 sock = self.containerd_socket().display(),
                 ip = self.ip,
                 resolv = p("resolv.conf"),
+                domain = crate::dns::CLUSTER_DOMAIN,
+                cluster_dns = self.cluster_dns,
                 pod_logs = p("pod-logs"),
                 pod_cidr = self.pod_cidr,
             ),

@@ -6,7 +6,8 @@
 //! - `flwr/superlink:1.42.0` (the local stand-in for Flower's image) serves `/health` through a
 //!   NodePort Service reached from the host, with a real readiness probe, and from a pod on the
 //!   real node of a second cluster (the path a spoke's SuperNodes take to the hub's SuperLink);
-//! - a pod reaches its apiserver through the `kubernetes` Service with its ServiceAccount;
+//! - a pod reaches its apiserver through the `kubernetes` Service with its ServiceAccount, and
+//!   Service names resolve (the harness's cluster DNS) to ClusterIPs that route;
 //! - CRDs + `manifests/hub/` applied as the README says: the hub Deployment's pod (our image,
 //!   `imagePullPolicy: IfNotPresent`) passes its readiness probe on the real node, and the
 //!   channel's NodePort (Service `flower-hub`) accepts connections from the host.
@@ -377,6 +378,30 @@ spec:
         log.trim()
     );
     assert!(log.contains("v1.37"), "unexpected /version output: {log:?}");
+
+    // --- Service names resolve (the harness's cluster DNS) and ClusterIPs route ----------------
+    let t = Instant::now();
+    let cluster_ip = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.clone())
+        .context("Service superlink has no clusterIP")?;
+    let script = "import socket, urllib.request\n\
+        ips = [socket.gethostbyname(n) for n in ('superlink', 'superlink.default.svc', 'superlink.default.svc.cluster.local')]\n\
+        r = urllib.request.urlopen('http://superlink.default.svc:8000/health', timeout=10)\n\
+        print(' '.join(ips), r.status)\n";
+    let log = run_python(&pods, "dns", script).await?;
+    eprintln!(
+        "real_node: Service names resolve in pods (cluster DNS {}) and the ClusterIP answers in {:.1}s: {}",
+        node.cluster_dns,
+        t.elapsed().as_secs_f64(),
+        log.trim()
+    );
+    assert_eq!(
+        log.trim(),
+        format!("{cluster_ip} {cluster_ip} {cluster_ip} 200"),
+        "superlink, superlink.default.svc and its FQDN must resolve to the ClusterIP {cluster_ip}"
+    );
 
     // --- the hub installed from manifests/hub runs as a pod of our image -----------------------
     let t = Instant::now();
