@@ -38,8 +38,7 @@ use tokio::task::JoinHandle;
 use crate::ca::CaMaterial;
 use crate::placement::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
 use crate::store::{
-    CONDITION_AVAILABLE, ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus,
-    ClusterStore, StoreError,
+    ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError,
 };
 use crate::tokens::TokenRecord;
 
@@ -335,26 +334,21 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
 /// `True` or not set → neither. `timeAdded` is the condition's transition time. Other taints are
 /// never touched. True if anything changed.
 fn sync_availability_taints(spec: &mut ManagedClusterSpec, status: &ClusterStatus) -> bool {
-    let condition = status.condition(CONDITION_AVAILABLE);
-    let wanted = condition.and_then(|c| match c.status.as_str() {
-        "Unknown" => Some(TAINT_UNREACHABLE),
-        "False" => Some(TAINT_UNAVAILABLE),
-        _ => None,
-    });
+    let wanted = status.availability_taint();
     let before = spec.taints.len();
     spec.taints.retain(|t| {
         !(t.key == TAINT_UNREACHABLE || t.key == TAINT_UNAVAILABLE)
-            || Some(t.key.as_str()) == wanted
+            || Some(t.key.as_str()) == wanted.map(|(key, _)| key)
     });
     let mut changed = spec.taints.len() != before;
-    if let (Some(key), Some(c)) = (wanted, condition)
+    if let Some((key, added)) = wanted
         && !spec.taints.iter().any(|t| t.key == key)
     {
         spec.taints.push(Taint {
             key: key.to_owned(),
             value: None,
             effect: TaintEffect::NoSelect,
-            time_added: Some(time_of(c.last_transition_unix)),
+            time_added: Some(time_of(added)),
         });
         changed = true;
     }
@@ -673,6 +667,7 @@ impl ClusterStore for KubeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::CONDITION_AVAILABLE;
 
     fn registration() -> ClusterRegistration {
         ClusterRegistration {

@@ -156,3 +156,72 @@ async fn a_restarted_agent_reuses_its_identity_without_joining_again() {
     task.await.expect("agent");
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn a_cluster_whose_agent_died_while_no_hub_ran_becomes_unknown_after_the_grace() {
+    // The store says Available=True from before the restart, but the agent is gone: the
+    // restarted hub gives it one grace period (5 leases) from its start, then records
+    // Available=Unknown (the unreachable taint follows from that in both modes).
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.lease_duration = Duration::from_millis(400);
+    let hub = Hub::start_in(dir.path(), any_port(), cfg.clone()).await;
+    let addr = hub.addr;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    let runtime = Arc::new(MemoryRuntime::new());
+    let (stop, _events, task) = agent(creds, agent_dir.path(), runtime);
+    let available = |hub: &Hub| {
+        let store = hub.store.clone();
+        async move {
+            store
+                .get_cluster("edge-1")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|c| {
+                    c.status
+                        .condition(flower_addon_hub::store::CONDITION_AVAILABLE)
+                        .map(|a| a.status.clone())
+                })
+        }
+    };
+    eventually("available", Duration::from_secs(5), async || {
+        available(&hub).await.as_deref() == Some("True")
+    })
+    .await;
+    // Agent and hub stop together: nothing recorded the agent's death.
+    let _ = stop.send(true);
+    task.await.expect("agent");
+    hub.stop().await;
+    let hub = Hub::start_in(dir.path(), addr, cfg).await;
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        available(&hub).await.as_deref(),
+        Some("True"),
+        "within the grace the cluster keeps its state"
+    );
+    eventually(
+        "unknown after the grace",
+        Duration::from_secs(10),
+        async || available(&hub).await.as_deref() == Some("Unknown"),
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(2000),
+        "not before 5 leases: {:?}",
+        started.elapsed()
+    );
+    let record = hub
+        .store
+        .get_cluster("edge-1")
+        .await
+        .expect("store")
+        .expect("cluster");
+    assert_eq!(
+        record.status.availability_taint().map(|(k, _)| k),
+        Some(flower_addon_hub::placement::TAINT_UNREACHABLE)
+    );
+    hub.stop().await;
+}

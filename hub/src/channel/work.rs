@@ -3,7 +3,9 @@
 //! heartbeats (which renew the cluster lease).
 use super::tls::PeerInfo;
 use super::{Shared, internal};
-use crate::store::{CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore};
+use crate::store::{
+    CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore, LEASE_GRACE_TIMES,
+};
 use crate::tokens::unix_now;
 use dashmap::DashMap;
 use flower_addon_proto::agent_message::Kind as AgentKind;
@@ -605,13 +607,18 @@ async fn mark_revoked<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, 
     }
 }
 
-/// Marks clusters unavailable when their lease runs out.
+/// Marks clusters unavailable when their lease runs out: no heartbeat for
+/// [`LEASE_GRACE_TIMES`] × the lease. Clusters the store says are available when the hub starts
+/// get a fresh grace period from the start, so one whose agent died while no hub ran does not
+/// stay `Available=True` for ever.
 pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
     shared: Arc<Shared<S, W>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let lease = shared.config.lease_duration;
+    let grace = lease * LEASE_GRACE_TIMES;
     tokio::spawn(async move {
+        seed_leases(&shared).await;
         let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
         loop {
             tokio::select! {
@@ -622,7 +629,7 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
                 .leases
                 .iter_mut()
                 .filter_map(|mut e| {
-                    if e.available && e.last_heartbeat.elapsed() > lease {
+                    if e.available && e.last_heartbeat.elapsed() > grace {
                         e.available = false;
                         Some(e.key().clone())
                     } else {
@@ -639,7 +646,7 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
                             CONDITION_AVAILABLE,
                             "Unknown",
                             "ClusterLeaseExpired",
-                            "no heartbeat from the agent within the lease duration",
+                            "no heartbeat from the agent within 5 lease durations",
                             at,
                         );
                     })
@@ -650,6 +657,45 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
             }
         }
     });
+}
+
+/// Starts a grace period now for every accepted cluster the store records as available (or
+/// never saw), unless its stream already renewed the lease.
+async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>) {
+    let clusters = match shared.store.list_clusters().await {
+        Ok(clusters) => clusters,
+        Err(error) => {
+            tracing::warn!(%error, "cannot list clusters to start their leases");
+            return;
+        }
+    };
+    let now = Instant::now();
+    let mut seeded = 0usize;
+    for record in clusters {
+        let shown_available = record
+            .status
+            .condition(CONDITION_AVAILABLE)
+            .is_none_or(|c| c.status == "True");
+        if record.hub_accepts_client && shown_available {
+            shared
+                .leases
+                .entry(record.registration.name.clone())
+                .or_insert_with(|| {
+                    seeded += 1;
+                    Lease {
+                        last_heartbeat: now,
+                        persisted: now,
+                        available: true,
+                    }
+                });
+        }
+    }
+    if seeded > 0 {
+        tracing::info!(
+            clusters = seeded,
+            "leases started for the known clusters; those not heard from within the grace become unavailable"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// Validity of agent client certificates (renewed by agents at 80 %).
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     pub cert_validity: Duration,
-    /// A cluster without heartbeat for this long becomes unavailable.
+    /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
+    /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     /// Directory of Federation and Placement YAML files, re-read when they change (standalone).
@@ -158,7 +159,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 flower_bin,
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
-                lease: args.lease_duration,
             },
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -15,7 +15,7 @@ pub mod superlink;
 use crate::ca::HubCa;
 use crate::channel::InMemoryWorkSource;
 use crate::placement::{self, ClusterView, TaintEffect, TaintView};
-use crate::store::{CONDITION_AVAILABLE, ClusterRecord, ClusterStore};
+use crate::store::{ClusterRecord, ClusterStore};
 use crate::work::split_work;
 use flower_addon_agent::render::{FlowerDialect, FlowerVersion};
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
@@ -42,8 +42,6 @@ pub struct StandaloneConfig {
     pub superlink_host: String,
     /// Addresses agents dial to reach this machine (first one is used in Fleet addresses).
     pub advertise: Vec<String>,
-    /// Lease of a cluster; missed for 5 leases → unreachable taint.
-    pub lease: Duration,
 }
 
 type FedKey = (String, String);
@@ -150,10 +148,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
         };
         let now = crate::tokens::unix_now() as i64;
-        let views: Vec<ClusterView> = clusters
-            .iter()
-            .map(|c| cluster_view(c, now, self.config.lease))
-            .collect();
+        let views: Vec<ClusterView> = clusters.iter().map(cluster_view).collect();
 
         let federations: Vec<Federation> = self.manifests.federations().cloned().collect();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
@@ -659,27 +654,23 @@ pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDial
     crate::render::federation_dialect(fed).map_err(|e| e.to_string())
 }
 
-/// The placement view of a registered cluster; a missed lease (5 × lease since the last
-/// heartbeat, or `Available=False`) becomes the unreachable taint, added when the lease ran out.
-fn cluster_view(record: &ClusterRecord, now: i64, lease: Duration) -> ClusterView {
-    let mut taints = Vec::new();
-    let grace = 5 * lease.as_secs() as i64;
-    let last = record.status.last_heartbeat_unix.map(|t| t as i64);
-    let available = record.status.condition(CONDITION_AVAILABLE);
-    let expired_at = match (last, available) {
-        (Some(t), _) if now - t > grace => Some(t + grace),
-        (_, Some(c)) if c.status == "False" => Some(c.last_transition_unix as i64),
-        (None, _) => Some(record.registration.created_unix as i64),
-        _ => None,
-    };
-    if let Some(added) = expired_at {
-        taints.push(TaintView {
-            key: placement::TAINT_UNREACHABLE.into(),
+/// The placement view of a registered cluster, with the availability taint its `Available`
+/// condition calls for — the same rule as Kubernetes mode
+/// ([`ClusterStatus::availability_taint`](crate::store::ClusterStatus::availability_taint)):
+/// the channel's lease checker sets `Unknown` after [`crate::store::LEASE_GRACE_TIMES`] missed
+/// leases (also for clusters known before a hub restart), revocation sets `False`.
+fn cluster_view(record: &ClusterRecord) -> ClusterView {
+    let taints = record
+        .status
+        .availability_taint()
+        .map(|(key, added)| TaintView {
+            key: key.into(),
             value: String::new(),
             effect: TaintEffect::NoSelect,
-            time_added: Some(added),
-        });
-    }
+            time_added: Some(i64::try_from(added).unwrap_or(i64::MAX)),
+        })
+        .into_iter()
+        .collect();
     let (allocatable_cpu_millis, allocatable_memory_bytes) =
         placement::allocatable_view(&record.status.allocatable);
     ClusterView {

@@ -16,6 +16,9 @@ pub const CONDITION_HUB_ACCEPTED: &str = "HubAcceptedManagedCluster";
 pub const CONDITION_JOINED: &str = "Joined";
 /// Condition type: the cluster's lease is current (heartbeats arrive).
 pub const CONDITION_AVAILABLE: &str = "Available";
+/// A cluster whose agent has not renewed its lease for this many lease durations becomes
+/// `Available=Unknown` and gets the unreachable taint (OCM's `LeaseDurationTimes`).
+pub const LEASE_GRACE_TIMES: u32 = 5;
 
 /// Errors of a [`ClusterStore`].
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +153,20 @@ impl ClusterStatus {
     /// Status of the condition of this type, if set.
     pub fn condition(&self, type_: &str) -> Option<&ClusterCondition> {
         self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// The availability taint the `Available` condition calls for, as OCM sets it, and when it
+    /// was added (the condition's transition): `Unknown` (lease missed for
+    /// [`LEASE_GRACE_TIMES`] leases) → `…/unreachable`, `False` (revoked) → `…/unavailable`,
+    /// `True` or unset → none. The one rule of both hub modes.
+    pub fn availability_taint(&self) -> Option<(&'static str, u64)> {
+        let c = self.condition(CONDITION_AVAILABLE)?;
+        let key = match c.status.as_str() {
+            "Unknown" => crate::placement::TAINT_UNREACHABLE,
+            "False" => crate::placement::TAINT_UNAVAILABLE,
+            _ => return None,
+        };
+        Some((key, c.last_transition_unix))
     }
 }
 
