@@ -193,10 +193,13 @@ async fn stop_controller(running: Running) -> Result<()> {
     Ok(())
 }
 
+/// Controlled by `uid`, with `blockOwnerDeletion` like controller-runtime's
+/// `SetControllerReference` (a foreground delete of the Federation waits for its objects).
 fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, uid: &str) -> bool {
     meta.owner_references.as_ref().is_some_and(|refs| {
-        refs.iter()
-            .any(|r| r.uid == uid && r.controller == Some(true))
+        refs.iter().any(|r| {
+            r.uid == uid && r.controller == Some(true) && r.block_owner_deletion == Some(true)
+        })
     })
 }
 

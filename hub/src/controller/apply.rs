@@ -27,7 +27,18 @@ pub(super) fn own(meta: &mut ObjectMeta, fed: &Federation) {
     meta.labels
         .get_or_insert_with(BTreeMap::new)
         .insert(APPLIED_BY_LABEL.to_owned(), HUB_FIELD_MANAGER.to_owned());
-    meta.owner_references = fed.controller_owner_ref(&()).map(|r| vec![r]);
+    meta.owner_references = controller_ref(fed).map(|r| vec![r]);
+}
+
+/// The controller owner reference of `owner`, blocking its foreground deletion until the owned
+/// object is gone, as controller-runtime's `SetControllerReference` does.
+pub(super) fn controller_ref<K: kube::Resource<DynamicType = ()>>(
+    owner: &K,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    owner.controller_owner_ref(&()).map(|mut r| {
+        r.block_owner_deletion = Some(true);
+        r
+    })
 }
 
 /// The label selector of everything the hub applied for the Federation `name`.

@@ -390,7 +390,7 @@ async fn write_decisions(
     if pages.is_empty() {
         pages.push((format!("{name}-decision-1"), Vec::new()));
     }
-    let owner = placement.controller_owner_ref(&());
+    let owner = super::apply::controller_ref(placement);
     let params = PatchParams::apply(HUB_FIELD_MANAGER).force();
     for (page, clusters) in &pages {
         debug_assert!(clusters.len() <= DECISIONS_PER_PAGE);
