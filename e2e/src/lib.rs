@@ -22,6 +22,7 @@ pub mod dns;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;
+pub mod pods;
 pub mod process;
 
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};

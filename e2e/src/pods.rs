@@ -1,0 +1,110 @@
+//! Waiting on real pods (real nodes): phases, readiness, completion with logs, crash detection.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::LogParams;
+
+/// A pod's `status.phase` ("" when unknown).
+pub fn pod_phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+/// Whether a pod has condition `Ready=True`.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's status as one line (for failure messages).
+pub fn describe(p: &Pod) -> String {
+    serde_json::to_string(&p.status).unwrap_or_default()
+}
+
+/// Polls `probe` every 500 ms until it returns `Some`; an `Err` from it fails at once.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await? {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits for a `restartPolicy: Never` pod to succeed and returns its log; fails with the log and
+/// status when it fails.
+pub async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
+    poll(
+        &format!("{name} Succeeded"),
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let Ok(p) = pods.get(name).await else {
+                    return Ok(None);
+                };
+                match pod_phase(&p).as_str() {
+                    "Succeeded" => Ok(Some(())),
+                    "Failed" => {
+                        let log = pods
+                            .logs(name, &LogParams::default())
+                            .await
+                            .unwrap_or_default();
+                        bail!("{name} failed: {log}\n{}", describe(&p))
+                    }
+                    _ => Ok(None),
+                }
+            }
+        },
+    )
+    .await?;
+    Ok(pods.logs(name, &LogParams::default()).await?)
+}
+
+/// Fails with the previous container's log when a pod matching `selector` restarted or failed.
+pub async fn check_not_crashing(pods: &Api<Pod>, selector: &str) -> Result<()> {
+    let Ok(list) = pods
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await
+    else {
+        return Ok(());
+    };
+    for p in list.items {
+        let restarts = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.restart_count);
+        if restarts > 0 || pod_phase(&p) == "Failed" {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let log = pods
+                .logs(
+                    &name,
+                    &LogParams {
+                        previous: restarts > 0,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_default();
+            bail!("pod {name} crashed: {log}\n{}", describe(&p));
+        }
+    }
+    Ok(())
+}
