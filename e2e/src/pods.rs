@@ -49,29 +49,34 @@ where
 /// Waits for a `restartPolicy: Never` pod to succeed and returns its log; fails with the log and
 /// status when it fails.
 pub async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
-    poll(
-        &format!("{name} Succeeded"),
-        Duration::from_secs(120),
-        || {
-            let pods = pods.clone();
-            async move {
-                let Ok(p) = pods.get(name).await else {
-                    return Ok(None);
-                };
-                match pod_phase(&p).as_str() {
-                    "Succeeded" => Ok(Some(())),
-                    "Failed" => {
-                        let log = pods
-                            .logs(name, &LogParams::default())
-                            .await
-                            .unwrap_or_default();
-                        bail!("{name} failed: {log}\n{}", describe(&p))
-                    }
-                    _ => Ok(None),
+    run_to_completion_within(pods, name, Duration::from_secs(120)).await
+}
+
+/// [`run_to_completion`] with a timeout of its own.
+pub async fn run_to_completion_within(
+    pods: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+) -> Result<String> {
+    poll(&format!("{name} Succeeded"), timeout, || {
+        let pods = pods.clone();
+        async move {
+            let Ok(p) = pods.get(name).await else {
+                return Ok(None);
+            };
+            match pod_phase(&p).as_str() {
+                "Succeeded" => Ok(Some(())),
+                "Failed" => {
+                    let log = pods
+                        .logs(name, &LogParams::default())
+                        .await
+                        .unwrap_or_default();
+                    bail!("{name} failed: {log}\n{}", describe(&p))
                 }
+                _ => Ok(None),
             }
-        },
-    )
+        }
+    })
     .await?;
     Ok(pods.logs(name, &LogParams::default()).await?)
 }
