@@ -30,7 +30,8 @@ use serde::de::DeserializeOwned;
 
 use crate::render::{
     CA_KEY, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput, Workload,
-    component_labels, pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
+    component_labels, pool_headless_service, pool_workload_name, render_supernode_pool,
+    spoke_ca_secret_name,
 };
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 
@@ -114,6 +115,7 @@ enum Kind {
     StatefulSet,
     DaemonSet,
     Secret,
+    Service,
 }
 
 impl Kind {
@@ -122,6 +124,7 @@ impl Kind {
             Self::StatefulSet => "StatefulSet",
             Self::DaemonSet => "DaemonSet",
             Self::Secret => "Secret",
+            Self::Service => "Service",
         }
     }
 }
@@ -151,6 +154,8 @@ struct AppliedFederation {
 struct Rendered {
     secret: Option<Secret>,
     workloads: Vec<(AppliedPool, Workload)>,
+    /// The headless Services StatefulSet pools name in `serviceName`.
+    services: Vec<k8s_openapi::api::core::v1::Service>,
 }
 
 // === impl KubeRuntime ===
@@ -257,6 +262,16 @@ impl KubeRuntime {
             )
             .await?;
         }
+        for service in &rendered.services {
+            let name = service.metadata.name.clone().unwrap_or_default();
+            desired.insert((Kind::Service, ns.to_owned(), name.clone()));
+            apply(
+                &Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns),
+                &name,
+                service,
+            )
+            .await?;
+        }
         for (pool, workload) in &rendered.workloads {
             desired.insert((pool.kind, ns.to_owned(), pool.workload.clone()));
             match workload {
@@ -288,7 +303,14 @@ impl KubeRuntime {
     ) -> Result<(), KubeRuntimeError> {
         prune_kind::<StatefulSet>(&self.client, Kind::StatefulSet, desired, keep).await?;
         prune_kind::<DaemonSet>(&self.client, Kind::DaemonSet, desired, keep).await?;
-        prune_kind::<Secret>(&self.client, Kind::Secret, desired, keep).await
+        prune_kind::<Secret>(&self.client, Kind::Secret, desired, keep).await?;
+        prune_kind::<k8s_openapi::api::core::v1::Service>(
+            &self.client,
+            Kind::Service,
+            desired,
+            keep,
+        )
+        .await
     }
 
     /// The observed state of every Federation of the last applied snapshot.
@@ -435,6 +457,7 @@ fn render_federation(
     let secret = (!spec.insecure).then(|| ca_secret(fed, &ca_secret_name));
 
     let mut workloads = Vec::with_capacity(fed.pools.len());
+    let mut services = Vec::new();
     for pool in &fed.pools {
         let pool_spec: SuperNodePoolSpec =
             serde_json::from_str(&pool.spec_json).map_err(|source| KubeRuntimeError::Decode {
@@ -460,6 +483,9 @@ fn render_federation(
         let kind = match &mut workload {
             Workload::StatefulSet(s) => {
                 mark(&mut s.metadata);
+                let mut service = pool_headless_service(&fed.name, &fed.namespace, &pool_spec.name);
+                mark(&mut service.metadata);
+                services.push(service);
                 Kind::StatefulSet
             }
             Workload::DaemonSet(d) => {
@@ -476,7 +502,11 @@ fn render_federation(
             workload,
         ));
     }
-    Ok(Rendered { secret, workloads })
+    Ok(Rendered {
+        secret,
+        workloads,
+        services,
+    })
 }
 
 /// The pools a Federation's work declares, for status when it could not be rendered.

@@ -294,7 +294,10 @@ async fn agent_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
             (false, a("delete", "", "nodes", None)),
             (false, a("delete", "", "namespaces", None)),
             (false, a("create", "apps", "deployments", Some("team-a"))),
-            (false, a("create", "", "services", Some("team-a"))),
+            // The headless Service each StatefulSet pool names in serviceName.
+            (true, a("create", "", "services", Some("team-a"))),
+            (true, a("delete", "", "services", Some("team-a"))),
+            (false, a("create", "", "configmaps", Some("team-a"))),
             (
                 false,
                 a(

@@ -262,6 +262,18 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
             "{name} not owned by the Federation"
         );
     }
+    // Each StatefulSet pool's serviceName exists: a headless Service, owned like the rest.
+    for name in ["fed-supernode-a", "fed-supernode-b"] {
+        let headless = Api::<Service>::namespaced(client.clone(), NS)
+            .get(name)
+            .await
+            .with_context(|| format!("headless Service {name}"))?;
+        ensure!(
+            owned_by(&headless.metadata, &uid)
+                && headless.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None"),
+            "{name}: a headless Service owned by the Federation"
+        );
+    }
     let svc = Api::<Service>::namespaced(client.clone(), NS)
         .get("fed-superlink")
         .await?;

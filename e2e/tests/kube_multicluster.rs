@@ -1209,6 +1209,22 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
     )
     .await?;
     wait_pool(&spoke_clients, "fed-supernode-b", None, WAIT).await?;
+    // The headless Service a StatefulSet pool names goes with its pool; pool a's stays.
+    e2e::wait_until(
+        "pool b's headless Service pruned on both spokes",
+        WAIT,
+        || async {
+            let mut gone = true;
+            for c in &spoke_clients {
+                let services =
+                    Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.clone(), NS);
+                gone &= services.get_opt("fed-supernode-b").await?.is_none()
+                    && services.get_opt("fed-supernode-a").await?.is_some();
+            }
+            Ok(gone)
+        },
+    )
+    .await?;
     wait_pool(&spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
 
     // spoke-2 relabelled out of the Placement → its pool is pruned; spoke-1 keeps running.

@@ -262,8 +262,10 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     let versions = applied_versions(&client).await?;
     let pods = pod_uids(&client).await?;
     ensure!(
-        versions.len() == 3,
-        "expected 2 StatefulSets + 1 Secret, got {versions:?}"
+        versions.len() == 5
+            && versions.contains_key("Service/fed-supernode-a")
+            && versions.contains_key("Service/fed-supernode-b"),
+        "expected 2 StatefulSets, their 2 headless Services + 1 Secret, got {versions:?}"
     );
     runtime
         .apply_work(&snapshot(2, two_pools.federations.clone()))
@@ -302,6 +304,7 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     let one_pool = snapshot(5, vec![federation(NS, FED, "StatefulSet", &[("a", 2)])]);
     runtime.apply_work(&one_pool).await?;
     wait_gone::<StatefulSet>(&client, "fed-supernode-b").await?;
+    wait_gone::<k8s_openapi::api::core::v1::Service>(&client, "fed-supernode-b").await?;
     let after = applied_versions(&client).await?;
     ensure!(
         after.get("StatefulSet/fed-supernode-a") == versions.get("StatefulSet/fed-supernode-a"),
@@ -319,6 +322,8 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     let daemon = snapshot(6, vec![federation(NS, FED, "DaemonSet", &[("a", 0)])]);
     runtime.apply_work(&daemon).await?;
     wait_gone::<StatefulSet>(&client, "fed-supernode-a").await?;
+    // A DaemonSet names no Service: the StatefulSet's headless one goes with it.
+    wait_gone::<k8s_openapi::api::core::v1::Service>(&client, "fed-supernode-a").await?;
     ensure!(
         exists::<DaemonSet>(&client, "fed-supernode-a").await?,
         "DaemonSet missing"

@@ -190,8 +190,12 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
         .iter()
         .map(|d| d["kind"].as_str().unwrap_or_default().to_owned())
         .collect();
-    assert_eq!(kinds, ["StatefulSet", "Service", "StatefulSet"]);
+    assert_eq!(kinds, ["StatefulSet", "Service", "StatefulSet", "Service"]);
     assert_eq!(docs[2]["metadata"]["name"], "fed-supernode-a");
+    // The pool's headless Service, the one its StatefulSet names in serviceName.
+    assert_eq!(docs[3]["metadata"]["name"], "fed-supernode-a");
+    assert_eq!(docs[2]["spec"]["serviceName"], "fed-supernode-a");
+    assert_eq!(docs[3]["spec"]["clusterIP"], "None");
 
     let placed = VALID.replace(
         "superlink: { image: flwr/superlink:1.25.0 }",
@@ -211,7 +215,8 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
-    assert_eq!(docs.len(), 1);
+    assert_eq!(docs.len(), 2, "the pool and its headless Service");
+    assert_eq!(docs[1]["kind"], "Service");
     assert_eq!(
         docs[0]["spec"]["template"]["spec"]["containers"][0]["args"][0],
         "--superlink=hub.example:30092"

@@ -118,6 +118,44 @@ pub fn pool_workload_name(federation: &str, pool: &str) -> String {
     format!("{federation}-supernode-{pool}")
 }
 
+/// The headless Service `<fed>-supernode-<pool>` a StatefulSet pool names in `serviceName`, so
+/// its SuperNode pods get stable DNS names (`<pod>.<fed>-supernode-<pool>.<ns>.svc`); not-ready
+/// pods are published too (a SuperNode is reachable before it connects). No ports: SuperNodes
+/// serve nothing to others.
+pub fn pool_headless_service(
+    federation: &str,
+    namespace: &str,
+    pool: &str,
+) -> k8s_openapi::api::core::v1::Service {
+    use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+    let component = format!("pool-{pool}");
+    Service {
+        metadata: ObjectMeta {
+            name: Some(pool_workload_name(federation, pool)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(object_labels(
+                federation,
+                "supernode",
+                &component,
+                Some(pool),
+            )),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(component_labels(
+                federation,
+                "supernode",
+                &component,
+                Some(pool),
+            )),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
 /// Name of the Secret holding the SuperLink CA bundle (`ca.crt`) in a spoke cluster; the agent
 /// creates it from the CA bundle it receives with its work.
 pub fn spoke_ca_secret_name(federation: &str) -> String {

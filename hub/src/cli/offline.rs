@@ -210,10 +210,13 @@ pub fn render_stream(
                         flower_addon_agent::render::spoke_ca_secret_name(name)
                     )
                 });
-                let values = workloads
+                let mut values = workloads
                     .iter()
                     .map(|w| w.to_value())
                     .collect::<Result<Vec<_>, _>>()?;
+                for service in crate::render::headless_services(fed, &workloads) {
+                    values.push(serde_json::to_value(service)?);
+                }
                 (values, note)
             }
         };

@@ -362,7 +362,12 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         }
     }
 
-    let services = BTreeSet::from([objects.service.name_any()]);
+    let mut services = BTreeSet::from([objects.service.name_any()]);
+    let services_api = Api::<Service>::namespaced(client.clone(), namespace);
+    for service in &mut objects.pool_services {
+        apply::own(&mut service.metadata, fed);
+        services.insert(apply::apply(&services_api, service).await?.name_any());
+    }
     let mut pruned = apply::prune::<StatefulSet>(client, fed, &statefulsets).await?;
     pruned.extend(apply::prune::<DaemonSet>(client, fed, &daemonsets).await?);
     pruned.extend(apply::prune::<Service>(client, fed, &services).await?);

@@ -61,6 +61,8 @@ pub struct HubObjects {
     pub service: Service,
     /// Pool workloads, only when the Federation has no `placementRef`.
     pub pools: Vec<Workload>,
+    /// The headless Services of the StatefulSet pools ([`pools::pool_headless_service`]).
+    pub pool_services: Vec<Service>,
 }
 
 impl HubObjects {
@@ -72,6 +74,9 @@ impl HubObjects {
         ];
         for pool in &self.pools {
             out.push(pool.to_value()?);
+        }
+        for service in &self.pool_services {
+            out.push(serde_json::to_value(service)?);
         }
         Ok(out)
     }
@@ -187,10 +192,12 @@ pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, H
         let ca = superlink_tls_secret_name(fed);
         render_pools(fed, dialect, &fleet, &ca, local_cluster, 0, 1)?
     };
+    let pool_services = headless_services(fed, &pools);
     Ok(HubObjects {
         superlink,
         service,
         pools,
+        pool_services,
     })
 }
 
@@ -240,6 +247,22 @@ pub fn render_spoke(
         cluster.index,
         cluster.clusters,
     )
+}
+
+/// The headless Service of each StatefulSet pool among `workloads` of `fed`.
+pub fn headless_services(fed: &Federation, workloads: &[Workload]) -> Vec<Service> {
+    workloads
+        .iter()
+        .filter_map(|w| match w {
+            Workload::StatefulSet(s) => s
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(pools::POOL_LABEL))
+                .map(|pool| pools::pool_headless_service(name(fed), namespace(fed), pool)),
+            Workload::DaemonSet(_) => None,
+        })
+        .collect()
 }
 
 fn render_pools(
