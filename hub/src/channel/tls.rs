@@ -179,18 +179,26 @@ pub fn spawn_acceptors(
                 let acceptor = acceptor.clone();
                 let out = out.clone();
                 tokio::spawn(async move {
-                    let tls =
-                        match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                            Ok(Ok(tls)) => tls,
-                            Ok(Err(error)) => {
-                                tracing::info!(%remote, %error, "TLS handshake refused");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::info!(%remote, "TLS handshake timed out");
-                                return;
-                            }
-                        };
+                    let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        // A connection closed before any TLS byte is a TCP probe (the
+                        // Deployment's readiness probe every 10 s, a load balancer's health
+                        // check): not worth an INFO line each time.
+                        Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                            tracing::debug!(%remote, %error, "connection closed before the TLS handshake");
+                            return;
+                        }
+                        Ok(Err(error)) => {
+                            tracing::info!(%remote, %error, "TLS handshake refused");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(%remote, "TLS handshake timed out");
+                            return;
+                        }
+                    };
                     let identity = tls
                         .get_ref()
                         .1
