@@ -8,6 +8,16 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "flower-agent", version, about, long_about = None)]
 struct Cli {
+    /// Log format: text, or json (one object per line, for log collectors). Filter with
+    /// RUST_LOG, e.g. RUST_LOG=info,flower_addon_agent::channel=debug.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "FLOWER_LOG_FORMAT"
+    )]
+    log_format: flower_addon_agent::cli::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,8 +35,8 @@ fn main() -> ExitCode {
     rustls::crypto::ring::default_provider()
         .install_default()
         .expect("install the rustls ring crypto provider");
-    flower_addon_agent::cli::init_tracing();
     let cli = Cli::parse();
+    flower_addon_agent::cli::init_tracing_with("info", cli.log_format);
     let result = match cli.command {
         Command::Join(args) => join::join(args),
         Command::Run(args) => run::run(args),

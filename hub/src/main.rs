@@ -8,6 +8,16 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "flower-hub", version, about, long_about = None)]
 struct Cli {
+    /// Log format: text, or json (one object per line, for log collectors). Filter with
+    /// RUST_LOG, e.g. RUST_LOG=info,flower_addon_hub::channel=debug.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "FLOWER_LOG_FORMAT"
+    )]
+    log_format: flower_addon_hub::cli::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,10 +51,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `serve` logs what it does; one-shot commands print their own one-line errors, so only
     // warnings (and not kube-client's retry noise) are logged for them.
-    flower_addon_hub::cli::init_tracing_with(match cli.command {
-        Command::Serve(_) => "info",
-        _ => "warn,kube_client=off",
-    });
+    flower_addon_hub::cli::init_tracing_with(
+        match cli.command {
+            Command::Serve(_) => "info",
+            _ => "warn,kube_client=off",
+        },
+        cli.log_format,
+    );
     let result = match cli.command {
         Command::Crds => offline::crds(),
         Command::Validate(args) => offline::validate(args),

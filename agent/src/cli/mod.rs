@@ -2,22 +2,43 @@
 pub mod join;
 pub mod run;
 
-/// Log to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
-    init_tracing_with("info");
+/// How log lines are written (`--log-format`, env `FLOWER_LOG_FORMAT`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (colours only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the event's
+    /// fields at the top level, the current span's fields under `span` (e.g. `cluster`).
+    Json,
 }
 
-/// Log to stderr, filtered by `RUST_LOG` (else `default`, an `EnvFilter` directive); colours
-/// only when stderr is a terminal, so log files and CI output stay plain text.
-pub fn init_tracing_with(default: &str) {
+/// Log to stderr, filtered by `RUST_LOG` (default `info`), as text.
+pub fn init_tracing() {
+    init_tracing_with("info", LogFormat::Text);
+}
+
+/// Log to stderr in `format`, filtered by `RUST_LOG` (else `default`, an `EnvFilter`
+/// directive such as `info,flower_addon_hub::channel=debug`); colours only when stderr is a
+/// terminal, so log files and CI output stay plain text.
+pub fn init_tracing_with(default: &str, format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -3,4 +3,4 @@ pub mod offline;
 pub mod registration;
 pub mod serve;
 
-pub use flower_addon_agent::cli::{init_tracing, init_tracing_with};
+pub use flower_addon_agent::cli::{LogFormat, init_tracing, init_tracing_with};
