@@ -1,5 +1,5 @@
 //! `flower-agent`: the flower-addon agent command line.
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use flower_addon_agent::cli::{join, run};
 use std::process::ExitCode;
 
@@ -25,9 +25,24 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Join a hub with a bootstrap token and wait until the hub accepts this cluster.
+    #[command(
+        after_help = "Example:\n  flower-agent join --hub hub.example.org:7443 --token abcdef.0123456789abcdef --ca-hash sha256:… --cluster-name edge-7 --label site=a --state-dir /var/lib/flower-agent"
+    )]
     Join(join::JoinArgs),
     /// Connect to the hub and run the work it sends (runtime kubernetes or process).
+    #[command(
+        after_help = "Examples:\n  flower-agent run --state-dir /var/lib/flower-agent --runtime process --flower-bin /opt/flwr/bin\n  flower-agent run --credentials-secret flower-agent-credentials --bootstrap-secret flower-agent-bootstrap"
+    )]
     Run(run::RunArgs),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example:\n  flower-agent completions bash > /etc/bash_completion.d/flower-agent"
+    )]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -40,6 +55,15 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Join(args) => join::join(args),
         Command::Run(args) => run::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "flower-agent",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

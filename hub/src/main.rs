@@ -1,5 +1,5 @@
 //! `flower-hub`: the flower-addon hub command line.
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use flower_addon_hub::cli::{offline, registration, serve};
 use std::process::ExitCode;
 
@@ -25,22 +25,47 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Print every CustomResourceDefinition as a multi-document YAML stream.
+    #[command(after_help = "Example:\n  flower-hub crds | kubectl apply -f -")]
     Crds,
     /// Validate Federation/Placement/ManagedCluster files offline (exit 0 when all are valid).
+    #[command(after_help = "Example:\n  flower-hub validate examples/*.yaml")]
     Validate(offline::ValidateArgs),
     /// Print every object that would be applied, for the hub or for one spoke cluster.
+    #[command(
+        after_help = "Examples:\n  flower-hub render examples/multicluster.yaml\n  flower-hub render examples/cluster-overrides.yaml --cluster gpu-1 --label gpu=yes --node-address hub.example.org"
+    )]
     Render(offline::RenderArgs),
     /// Run the hub (Kubernetes mode, or `--standalone` with a state directory).
+    #[command(
+        after_help = "Examples:\n  flower-hub serve --listen 0.0.0.0:7443\n  flower-hub serve --standalone --state-dir /var/lib/flower-hub --advertise-address hub.example.org --flower-bin /opt/flwr/bin"
+    )]
     Serve(serve::ServeArgs),
     /// Create, list or delete bootstrap tokens for `flower-agent join`.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  flower-hub token create --cluster-name spoke-1 --label env=prod -o secret > spoke-1-bootstrap.yaml\n  flower-hub token create --state-dir /var/lib/flower-hub --ttl 24h\n  flower-hub token list"
+    )]
     Token(registration::TokenCommand),
     /// Accept a cluster that asked to join (sets hubAcceptsClient=true).
+    #[command(after_help = "Example:\n  flower-hub accept spoke-1")]
     Accept(registration::AcceptArgs),
     /// Revoke a cluster (hubAcceptsClient=false, its stream closes), or `--delete` it.
+    #[command(
+        after_help = "Examples:\n  flower-hub revoke spoke-1\n  flower-hub revoke spoke-1 --delete"
+    )]
     Revoke(registration::RevokeArgs),
     /// Show Federations and clusters (like `kubectl get federation`).
+    #[command(after_help = "Example:\n  flower-hub status -o json")]
     Status(registration::StatusArgs),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
+    )]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
@@ -67,6 +92,15 @@ fn main() -> ExitCode {
         Command::Accept(args) => registration::accept(args),
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "flower-hub",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

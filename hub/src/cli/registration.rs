@@ -30,10 +30,15 @@ pub const DEFAULT_PORT: u16 = 9443;
 pub enum TokenCommand {
     /// Create a bootstrap token and print a ready-to-paste `flower-agent join` line (or, with
     /// `-o secret`, the agent's bootstrap Secret).
+    #[command(
+        after_help = "Examples:\n  flower-hub token create --cluster-name spoke-1 --label env=prod -o secret > spoke-1-bootstrap.yaml\n  flower-hub token create --state-dir /var/lib/flower-hub --ttl 24h"
+    )]
     Create(TokenCreateArgs),
     /// List bootstrap tokens (ids and expiry; secrets are not stored).
+    #[command(after_help = "Example:\n  flower-hub token list --state-dir /var/lib/flower-hub")]
     List(HubArgs),
     /// Delete (revoke) a bootstrap token by id.
+    #[command(after_help = "Example:\n  flower-hub token delete abcdef")]
     Delete(TokenDeleteArgs),
 }
 
