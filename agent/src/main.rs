@@ -1,5 +1,5 @@
 //! `flower-agent`: the flower-addon agent command line.
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use flower_addon_agent::cli::{join, run};
 use std::process::ExitCode;
 
@@ -8,16 +8,8 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "flower-agent", version, about, long_about = None)]
 struct Cli {
-    /// Log format: text, or json (one object per line, for log collectors). Filter with
-    /// RUST_LOG, e.g. RUST_LOG=info,flower_addon_agent::channel=debug.
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        default_value_t,
-        env = "FLOWER_LOG_FORMAT"
-    )]
-    log_format: flower_addon_agent::cli::LogFormat,
+    #[command(flatten)]
+    global: flower_addon_agent::cli::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -51,19 +43,14 @@ fn main() -> ExitCode {
         .install_default()
         .expect("install the rustls ring crypto provider");
     let cli = Cli::parse();
-    flower_addon_agent::cli::init_tracing_with("info", cli.log_format);
+    flower_addon_agent::cli::init_tracing_with("info", cli.global.log_format);
     let result = match cli.command {
         Command::Join(args) => join::join(args),
         Command::Run(args) => run::run(args),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "flower-agent",
-                &mut std::io::stdout(),
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
+            shell,
+            "flower-agent",
+        )),
     };
     match result {
         Ok(code) => code,

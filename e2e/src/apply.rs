@@ -206,3 +206,30 @@ pub async fn install_crds(client: &Client) -> Result<()> {
     }
     Ok(())
 }
+
+/// Installs the hub as the README says: the CRDs, then `manifests/hub/` (namespace, RBAC,
+/// Deployment, Service) into `flower-addon-system`.
+pub async fn install_hub_manifests(client: &Client) -> Result<()> {
+    install_crds(client).await?;
+    let manifests = crate::repo_root().join("manifests/hub");
+    for file in [
+        "namespace.yaml",
+        "rbac.yaml",
+        "deployment.yaml",
+        "service.yaml",
+    ] {
+        apply_file(client, &manifests.join(file), "flower-addon-system").await?;
+    }
+    Ok(())
+}
+
+/// The node port of the first port of `service` (a NodePort or LoadBalancer Service).
+pub fn first_node_port(service: &k8s_openapi::api::core::v1::Service) -> Result<i32> {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .and_then(|p| p.node_port)
+        .with_context(|| format!("Service {} has no nodePort", service.name_any()))
+}

@@ -27,8 +27,8 @@ pub mod process;
 
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
 pub use apply::{
-    ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, install_crds,
-    wait_until,
+    ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, first_node_port,
+    install_crds, install_hub_manifests, wait_until,
 };
 pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};

@@ -94,16 +94,7 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     let hub = cp.cluster("hub")?;
     cp.real_node("hub")?.import_images(&images)?;
 
-    e2e::install_crds(&hub.client).await?;
-    let manifests = e2e::repo_root().join("manifests/hub");
-    for file in [
-        "namespace.yaml",
-        "rbac.yaml",
-        "deployment.yaml",
-        "service.yaml",
-    ] {
-        e2e::apply_file(&hub.client, &manifests.join(file), "flower-addon-system").await?;
-    }
+    e2e::install_hub_manifests(&hub.client).await?;
     let t = Instant::now();
     e2e::apply_file(&hub.client, &e2e::repo_root().join(EXAMPLE), "default").await?;
 

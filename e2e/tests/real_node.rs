@@ -220,13 +220,7 @@ spec:
     let ready_after = t.elapsed();
     let svcs: Api<Service> = Api::namespaced(hub.client.clone(), "default");
     let svc = svcs.get("superlink").await?;
-    let node_port = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .and_then(|p| p.first())
-        .and_then(|p| p.node_port)
-        .context("the Service has no nodePort")?;
+    let node_port = e2e::first_node_port(&svc)?;
     let addr = format!("{}:{node_port}", node.ip);
     let answer = poll("NodePort /health", Duration::from_secs(60), || {
         let addr = addr.clone();
@@ -306,16 +300,7 @@ spec:
 
     // --- the hub installed from manifests/hub runs as a pod of our image -----------------------
     let t = Instant::now();
-    e2e::install_crds(&hub.client).await?;
-    let manifests = e2e::repo_root().join("manifests/hub");
-    for file in [
-        "namespace.yaml",
-        "rbac.yaml",
-        "deployment.yaml",
-        "service.yaml",
-    ] {
-        e2e::apply_file(&hub.client, &manifests.join(file), "flower-addon-system").await?;
-    }
+    e2e::install_hub_manifests(&hub.client).await?;
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
     let hub_pod = poll(
         "the flower-hub Deployment's pod Ready",
@@ -339,13 +324,7 @@ spec:
     let svc = Api::<Service>::namespaced(hub.client.clone(), "flower-addon-system")
         .get("flower-hub")
         .await?;
-    let hub_port = svc
-        .spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .and_then(|p| p.first())
-        .and_then(|p| p.node_port)
-        .context("Service flower-hub has no nodePort")?;
+    let hub_port = e2e::first_node_port(&svc)?;
     let channel = format!("{}:{hub_port}", node.ip);
     let hub_ready = t.elapsed();
     // kube-proxy programs the NodePort shortly after the endpoint appears: poll.

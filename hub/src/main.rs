@@ -1,5 +1,5 @@
 //! `flower-hub`: the flower-addon hub command line.
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use flower_addon_hub::cli::{offline, registration, serve};
 use std::process::ExitCode;
 
@@ -8,16 +8,8 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "flower-hub", version, about, long_about = None)]
 struct Cli {
-    /// Log format: text, or json (one object per line, for log collectors). Filter with
-    /// RUST_LOG, e.g. RUST_LOG=info,flower_addon_hub::channel=debug.
-    #[arg(
-        long,
-        global = true,
-        value_enum,
-        default_value_t,
-        env = "FLOWER_LOG_FORMAT"
-    )]
-    log_format: flower_addon_hub::cli::LogFormat,
+    #[command(flatten)]
+    global: flower_addon_agent::cli::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -81,7 +73,7 @@ fn main() -> ExitCode {
             Command::Serve(_) => "info",
             _ => "warn,kube_client=off",
         },
-        cli.log_format,
+        cli.global.log_format,
     );
     let result = match cli.command {
         Command::Crds => offline::crds(),
@@ -92,15 +84,10 @@ fn main() -> ExitCode {
         Command::Accept(args) => registration::accept(args),
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "flower-hub",
-                &mut std::io::stdout(),
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
+            shell,
+            "flower-hub",
+        )),
     };
     match result {
         Ok(code) => code,

@@ -13,6 +13,30 @@ pub enum LogFormat {
     Json,
 }
 
+/// The options both binaries take before their subcommand (flattened into their `Cli`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct GlobalArgs {
+    /// Log format: text, or json (one object per line, for log collectors). Filter with
+    /// RUST_LOG, e.g. RUST_LOG=info,flower_addon_hub::channel=debug.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "FLOWER_LOG_FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Prints `C`'s completion script for `shell` (the `completions` subcommand of both binaries).
+pub fn print_completions<C: clap::CommandFactory>(
+    shell: clap_complete::Shell,
+    bin: &str,
+) -> std::process::ExitCode {
+    clap_complete::generate(shell, &mut C::command(), bin, &mut std::io::stdout());
+    std::process::ExitCode::SUCCESS
+}
+
 /// Log to stderr, filtered by `RUST_LOG` (default `info`), as text.
 pub fn init_tracing() {
     init_tracing_with("info", LogFormat::Text);
