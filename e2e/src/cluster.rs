@@ -17,7 +17,7 @@ use crate::bins::Binaries;
 use crate::dns::ClusterDns;
 use crate::kubeconfig;
 use crate::node::{NodeBinaries, NodeNetwork, RealNode};
-use crate::process::{Processes, excerpt};
+use crate::process::Processes;
 
 /// Service CIDR of every cluster: inside 198.18.0.0/15 (the benchmarking range this harness
 /// keeps all its addresses in; real nodes' pod subnets are 198.19.0.0–198.19.239.255).
@@ -522,40 +522,13 @@ impl ControlPlane {
         what: &str,
         procs: &[&str],
         timeout: Duration,
-        mut probe: F,
+        probe: F,
     ) -> Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
-        let start = Instant::now();
-        let mut last_err: Option<anyhow::Error> = None;
-        loop {
-            self.procs.check_alive()?;
-            match probe().await {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last_err = Some(e),
-            }
-            if start.elapsed() > timeout {
-                let mut msg = format!("timed out after {timeout:?} waiting for {what}");
-                if let Some(e) = last_err {
-                    msg.push_str(&format!("; last error: {e:#}"));
-                }
-                for name in procs {
-                    if let Some(p) = self.procs.get(name) {
-                        msg.push_str(&format!(
-                            "\n--- tail of {} ({}):\n{}",
-                            p.log.display(),
-                            p.name,
-                            excerpt(&p.log)
-                        ));
-                    }
-                }
-                bail!(msg);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        self.procs.wait_for(what, Some(procs), timeout, probe).await
     }
 
     /// Every cluster, in start order.

@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use crate::cluster::{Cluster, node_ready};
-use crate::process::{Processes, excerpt};
+use crate::process::Processes;
 
 /// Environment variable naming the directory holding `kubelet` and `kube-proxy`.
 pub const NODE_BIN_DIR_ENV: &str = "FLOWER_ADDON_NODE_BIN";
@@ -697,40 +697,13 @@ impl RealNode {
         Ok(())
     }
 
-    async fn wait<F, Fut>(&mut self, timeout: Duration, what: &str, mut probe: F) -> Result<()>
+    async fn wait<F, Fut>(&mut self, timeout: Duration, what: &str, probe: F) -> Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
-        let start = Instant::now();
-        let mut last_err = None;
-        loop {
-            self.procs.check_alive()?;
-            match probe().await {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last_err = Some(e),
-            }
-            if start.elapsed() > timeout {
-                let mut msg = format!(
-                    "timed out after {timeout:?} waiting for {what} of {}",
-                    self.name
-                );
-                if let Some(e) = last_err {
-                    msg.push_str(&format!("; last error: {e:#}"));
-                }
-                for p in self.procs.all() {
-                    msg.push_str(&format!(
-                        "\n--- {} ({}):\n{}",
-                        p.name,
-                        p.log.display(),
-                        excerpt(&p.log)
-                    ));
-                }
-                bail!(msg);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let what = format!("{what} of {}", self.name);
+        self.procs.wait_for(&what, None, timeout, probe).await
     }
 
     fn make_netns(&mut self, net: &NodeNetwork) -> Result<()> {

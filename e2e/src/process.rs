@@ -184,6 +184,52 @@ impl Processes {
         Ok(())
     }
 
+    /// Waits until `probe` says true (every 250 ms), failing at once if one of the processes
+    /// has exited, and after `timeout` with the probe's last error and the log tails of the
+    /// processes named in `show` (every process when `None`).
+    pub async fn wait_for<F, Fut>(
+        &mut self,
+        what: &str,
+        show: Option<&[&str]>,
+        timeout: Duration,
+        mut probe: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        let start = Instant::now();
+        let mut last_err: Option<anyhow::Error> = None;
+        loop {
+            self.check_alive()?;
+            match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last_err = Some(e),
+            }
+            if start.elapsed() > timeout {
+                let mut msg = format!("timed out after {timeout:?} waiting for {what}");
+                if let Some(e) = last_err {
+                    msg.push_str(&format!("; last error: {e:#}"));
+                }
+                let shown = self
+                    .procs
+                    .iter()
+                    .filter(|p| show.is_none_or(|names| names.contains(&p.name.as_str())));
+                for p in shown {
+                    msg.push_str(&format!(
+                        "\n--- tail of {} ({}):\n{}",
+                        p.log.display(),
+                        p.name,
+                        excerpt(&p.log)
+                    ));
+                }
+                bail!(msg);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// The process named `name`.
     pub fn get(&self, name: &str) -> Option<&Proc> {
         self.procs.iter().find(|p| p.name == name)
