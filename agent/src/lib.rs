@@ -1,5 +1,6 @@
-//! flower-addon agent library: registration client, work channel client, runtimes and the
-//! SuperNode renderer (the only one; the hub uses it for its own cluster).
+//! flower-addon agent library: registration client, work channel client and runtimes. The
+//! SuperNode renderer they use is the pure one in `flower_addon_crds::render` (re-exported as
+//! [`render`]), shared with the hub.
 #![deny(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
@@ -10,7 +11,7 @@ pub mod credentials;
 pub mod join;
 pub mod kube_runtime;
 pub mod process_runtime;
-pub mod render;
+pub use flower_addon_crds::render;
 pub mod runtime;
 pub mod supervise;
 pub mod tls;

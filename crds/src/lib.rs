@@ -1,5 +1,6 @@
 //! flower-addon API types: `Federation`, `Placement`, `PlacementDecision` and `ManagedCluster`
-//! (group `flower-addon.io`, version `v1alpha1`), their validation and CRD generation.
+//! (group `flower-addon.io`, version `v1alpha1`), their validation and CRD generation, and the pure
+//! SuperNode renderer ([`render`]) that the agent's runtimes, the hub and `flower-hub render` share.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
@@ -9,6 +10,7 @@ pub mod federation;
 pub mod parse;
 pub mod placement;
 pub mod quantity;
+pub mod render;
 pub mod rules;
 mod schema_helpers;
 pub mod validate;

@@ -7,10 +7,10 @@
 //! known to the hub: they get no partition range (validation forbids `{partition}` there).
 use std::collections::BTreeMap;
 
-use flower_addon_agent::render::merge::merge_env;
 use flower_addon_crds::federation::{
     ClusterOverride, DeploymentMode, FederationSpec, SuperNodePoolSpec,
 };
+use flower_addon_crds::render::merge::merge_env;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
 use crate::placement::selector_matches;

@@ -1,8 +1,8 @@
 //! One test per flower-operator defect listed in PARITY.md (each would fail if we had it), and
 //! the hub side's rendering facts (SuperLink StatefulSet and Service).
 
-use flower_addon_agent::render::{FlowerDialect, FlowerVersion, Workload};
 use flower_addon_crds::Federation;
+use flower_addon_crds::render::{FlowerDialect, FlowerVersion, Workload};
 use flower_addon_hub::render::{
     HubObjects, SpokeCluster, render_hub, render_problems, render_spoke, render_superlink,
     render_superlink_service,

@@ -207,7 +207,7 @@ pub fn render_stream(
                 let note = (!fed.spec.insecure && !workloads.is_empty()).then(|| {
                     format!(
                         "# Secret {} (ca.crt) is created by the agent from the hub's CA bundle; not shown.\n",
-                        flower_addon_agent::render::spoke_ca_secret_name(name)
+                        flower_addon_crds::render::spoke_ca_secret_name(name)
                     )
                 });
                 let mut values = workloads

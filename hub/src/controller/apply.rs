@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
-use flower_addon_agent::render::MANAGED_BY;
 use flower_addon_crds::Federation;
+use flower_addon_crds::render::MANAGED_BY;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};

@@ -26,7 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use flower_addon_agent::render::Workload;
+use flower_addon_crds::render::Workload;
 use flower_addon_crds::{Federation, Placement, validate_federation};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};

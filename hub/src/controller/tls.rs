@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use flower_addon_agent::render::component_labels;
 use flower_addon_crds::Federation;
+use flower_addon_crds::render::component_labels;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

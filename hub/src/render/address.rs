@@ -7,7 +7,7 @@
 //! other clusters, so it needs `externalAddress` (a validation problem, see
 //! [`super::render_problems`]). Pure: the controller passes the Service as applied.
 
-use flower_addon_agent::render::FlowerDialect;
+use flower_addon_crds::render::FlowerDialect;
 use flower_addon_crds::{Federation, ServiceType};
 use k8s_openapi::api::core::v1::Service;
 

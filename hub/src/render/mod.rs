@@ -1,7 +1,7 @@
 //! What the hub renders for a Federation: the SuperLink (StatefulSet + Service) in the hub
 //! cluster, and the SuperNode pools — in the hub cluster when the Federation has no
-//! `placementRef`, otherwise per selected spoke cluster. Pools are rendered by the agent's
-//! renderer ([`flower_addon_agent::render`]), the only SuperNode renderer.
+//! `placementRef`, otherwise per selected spoke cluster. Pools are rendered by the shared
+//! pure renderer ([`flower_addon_crds::render`]), the only SuperNode renderer.
 //!
 //! Everything here is pure and deterministic; owner references and server-side apply are the
 //! controller's business.
@@ -10,11 +10,11 @@ mod address;
 mod service;
 mod superlink;
 
-use flower_addon_agent::render::{
+use flower_addon_crds::Federation;
+use flower_addon_crds::render::{
     self as pools, ClusterContext, DialectError, FlowerDialect, FlowerVersion, RenderError,
     SuperNodePoolInput, Workload, render_supernode_pool,
 };
-use flower_addon_crds::Federation;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use flower_addon_agent::render::dialect::{classic_ports, unified_ports};
-use flower_addon_agent::render::merge::merge_maps_under;
-use flower_addon_agent::render::{FlowerDialect, component_labels, object_labels};
+use flower_addon_crds::render::dialect::{classic_ports, unified_ports};
+use flower_addon_crds::render::merge::merge_maps_under;
+use flower_addon_crds::render::{FlowerDialect, component_labels, object_labels};
 use flower_addon_crds::{Federation, IsolationMode, ServiceType};
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -1,12 +1,12 @@
 //! The SuperLink StatefulSet `<fed>-superlink`.
 
-use flower_addon_agent::render::dialect::{
+use flower_addon_crds::render::dialect::{
     FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, unified_ports,
 };
-use flower_addon_agent::render::merge::{
+use flower_addon_crds::render::merge::{
     append_mounts, append_volumes, merge_pod_template, non_empty,
 };
-use flower_addon_agent::render::{
+use flower_addon_crds::render::{
     FlowerDialect, FlowerVersion, component_labels, isolation_arg, object_labels,
 };
 use flower_addon_crds::{Federation, IsolationMode};
@@ -233,7 +233,7 @@ pub fn render_superlink(
                 superlink
                     .volume_claim_templates
                     .iter()
-                    .map(flower_addon_agent::render::claim)
+                    .map(flower_addon_crds::render::claim)
                     .collect(),
             ),
             ..StatefulSetSpec::default()

@@ -2,7 +2,7 @@
 //! SuperNode its agents report with the Federation's SuperLink (`flwr supernode register`
 //! through the Control API), so only those SuperNodes are let in.
 use super::superlink::SuperLinkPaths;
-use flower_addon_agent::render::FlowerVersion;
+use flower_addon_crds::render::FlowerVersion;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! TLS material comes from the hub CA (SANs: 127.0.0.1, localhost, the advertised address and
 //! `spec.tls.extraSANs`); the database lives in the state directory so SuperNodes and node
 //! registrations survive a SuperLink restart.
-use flower_addon_agent::render::{FlowerDialect, FlowerVersion};
+use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
 use flower_addon_crds::{Federation, IsolationMode};
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@
 //! position, so it is the same whichever cluster computes it, and ids are unique and dense
 //! (`0 … partitions-1`). DaemonSet pools have no replica count and take no partitions.
 
-use flower_addon_crds::{DeploymentMode, FederationSpec};
+use crate::{DeploymentMode, FederationSpec};
 
 /// Partition layout of one Federation.
 #[derive(Clone, Debug, PartialEq, Eq)]

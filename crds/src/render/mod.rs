@@ -35,7 +35,7 @@ pub mod process_env;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use flower_addon_crds::{FederationSpec, IsolationMode, SuperNodePoolSpec};
+use crate::{FederationSpec, IsolationMode, SuperNodePoolSpec};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use flower_addon_crds::NodeConfigValue;
+use crate::NodeConfigValue;
 
 use super::placeholders::{INTEGER_PLACEHOLDERS, PlaceholderError, Placeholders};
 

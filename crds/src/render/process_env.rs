@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use flower_addon_crds::{FederationSpec, GpuVendor, SuperNodePoolSpec};
+use crate::{FederationSpec, GpuVendor, SuperNodePoolSpec};
 
 use super::merge::merge_env;
 

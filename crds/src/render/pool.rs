@@ -2,9 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use flower_addon_crds::{
-    DeploymentMode, GpuConfig, GpuVendor, NodeConfigValue, PersistentVolumeClaimTemplate,
-};
+use crate::{DeploymentMode, GpuConfig, GpuVendor, NodeConfigValue, PersistentVolumeClaimTemplate};
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, StatefulSet, StatefulSetOrdinals, StatefulSetSpec,
 };

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use flower_addon_agent::render::{
+use flower_addon_crds::FederationSpec;
+use flower_addon_crds::render::{
     ClusterContext, FlowerDialect, ProcessReplica, RenderError, SuperNodePoolInput, Workload,
     render_supernode_pool, supernode_argv,
 };
-use flower_addon_crds::FederationSpec;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 fn spec(yaml: &str) -> FederationSpec {
