@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Mutex;
 
-use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
+use flower_addon_crds::{DeploymentMode, FederationSpec};
 use flower_addon_proto::{ClusterWork, Condition, FederationStatus, FederationWork, PoolStatus};
 use k8s_openapi::ByteString;
 use k8s_openapi::NamespaceResourceScope;
@@ -29,11 +29,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::render::{
-    CA_KEY, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput, Workload,
-    component_labels, pool_headless_service, pool_workload_name, render_supernode_pool,
-    spoke_ca_secret_name,
+    CA_KEY, RenderError, SuperNodePoolInput, Workload, component_labels, pool_headless_service,
+    pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
 };
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
+use crate::work::{FederationPlan, WorkError};
 
 /// Field manager of every server-side apply the agent makes.
 pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
@@ -43,24 +43,9 @@ pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
 /// Why the Kubernetes runtime could not apply (part of) a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeRuntimeError {
-    /// A JSON document of the work does not decode into the crds types.
-    #[error("federation {federation}: {what} does not decode: {source}")]
-    Decode {
-        /// `<namespace>/<name>` of the Federation.
-        federation: String,
-        /// Which document.
-        what: String,
-        /// The decoding error.
-        source: serde_json::Error,
-    },
-    /// The hub sent a Flower version the agent cannot read.
-    #[error("federation {federation}: flower_version {version:?} is not a Flower version")]
-    Version {
-        /// `<namespace>/<name>` of the Federation.
-        federation: String,
-        /// The value received.
-        version: String,
-    },
+    /// The work of the Federation cannot be used ([`crate::work::decode_federation`]).
+    #[error(transparent)]
+    Work(#[from] WorkError),
     /// A pool cannot be rendered.
     #[error("federation {federation}: {source}")]
     Render {
@@ -69,9 +54,6 @@ pub enum KubeRuntimeError {
         /// What is wrong.
         source: RenderError,
     },
-    /// A namespace, name or pool name of the work is not a DNS label.
-    #[error("{0}")]
-    Names(String),
     /// The apiserver refused a request.
     #[error("{action}: {source}")]
     Kube {
@@ -94,10 +76,10 @@ impl KubeRuntimeError {
     /// A stable, low-cardinality name of the error kind (metrics, logs).
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Self::Decode { .. } => "decode",
-            Self::Version { .. } => "version",
+            Self::Work(WorkError::Name { .. }) => "names",
+            Self::Work(WorkError::Version { .. }) => "version",
+            Self::Work(_) => "decode",
             Self::Render { .. } => "render",
-            Self::Names(_) => "names",
             Self::Kube { .. } => "kube",
             Self::Serialize { .. } => "serialize",
         }
@@ -111,10 +93,14 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeRuntim
 
 /// Kind of an applied object, for the desired set and pruning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
+pub enum Kind {
+    /// A StatefulSet pool.
     StatefulSet,
+    /// A DaemonSet pool.
     DaemonSet,
+    /// The CA bundle Secret.
     Secret,
+    /// A pool's headless Service.
     Service,
 }
 
@@ -134,7 +120,7 @@ type ObjectKey = (Kind, String, String);
 
 /// One pool as applied, for [`Runtime::status`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct AppliedPool {
+pub struct AppliedPool {
     name: String,
     workload: String,
     kind: Kind,
@@ -150,12 +136,33 @@ struct AppliedFederation {
     error: Option<String>,
 }
 
-/// Objects rendered for one Federation, ready to apply.
-struct Rendered {
-    secret: Option<Secret>,
-    workloads: Vec<(AppliedPool, Workload)>,
+/// Objects rendered for one Federation, ready to apply (what `flower-hub render --cluster`
+/// prints, too).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    /// The Secret with the SuperLink CA bundle (TLS on).
+    pub secret: Option<Secret>,
+    /// One workload per pool.
+    pub workloads: Vec<(AppliedPool, Workload)>,
     /// The headless Services StatefulSet pools name in `serviceName`.
-    services: Vec<k8s_openapi::api::core::v1::Service>,
+    pub services: Vec<k8s_openapi::api::core::v1::Service>,
+}
+
+impl Rendered {
+    /// Every object as JSON, in apply order (Secret, Services, workloads).
+    pub fn to_values(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
+        let mut out = Vec::new();
+        if let Some(secret) = &self.secret {
+            out.push(serde_json::to_value(secret)?);
+        }
+        for service in &self.services {
+            out.push(serde_json::to_value(service)?);
+        }
+        for (_, workload) in &self.workloads {
+            out.push(workload.to_value()?);
+        }
+        Ok(out)
+    }
 }
 
 // === impl KubeRuntime ===
@@ -197,7 +204,10 @@ impl KubeRuntime {
         let mut first_error = None;
         for fed in &work.federations {
             let id = format!("{}/{}", fed.namespace, fed.name);
-            let result = match render_federation(work, fed) {
+            let result = match crate::work::decode_federation(work, fed)
+                .map_err(KubeRuntimeError::from)
+                .and_then(|plan| render_federation(&plan))
+            {
                 Ok(rendered) => self
                     .apply_federation(fed, &rendered, &mut desired)
                     .await
@@ -432,58 +442,36 @@ impl Runtime for KubeRuntime {
 
 // === rendering ===
 
-/// Renders one Federation's work: the CA Secret (TLS on) and one workload per pool.
-fn render_federation(
-    work: &ClusterWork,
-    fed: &FederationWork,
-) -> Result<Rendered, KubeRuntimeError> {
-    crate::runtime::check_work_names(fed).map_err(|e| KubeRuntimeError::Names(e.to_string()))?;
-    let id = format!("{}/{}", fed.namespace, fed.name);
-    let spec: FederationSpec =
-        serde_json::from_str(&fed.federation_spec_json).map_err(|source| {
-            KubeRuntimeError::Decode {
-                federation: id.clone(),
-                what: "federation_spec_json".to_owned(),
-                source,
-            }
-        })?;
-    let version =
-        FlowerVersion::parse(&fed.flower_version).ok_or_else(|| KubeRuntimeError::Version {
-            federation: id.clone(),
-            version: fed.flower_version.clone(),
-        })?;
-    let dialect = FlowerDialect::of(version);
-    let ca_secret_name = spoke_ca_secret_name(&fed.name);
-    let secret = (!spec.insecure).then(|| ca_secret(fed, &ca_secret_name));
-
-    let mut workloads = Vec::with_capacity(fed.pools.len());
+/// Renders one Federation's work: the CA Secret (TLS on), one workload per pool and the
+/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`].
+pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeError> {
+    let ca_secret_name = spoke_ca_secret_name(&plan.name);
+    let secret = plan
+        .ca_bundle_pem
+        .as_deref()
+        .map(|pem| ca_secret(plan, pem, &ca_secret_name));
+    let mut workloads = Vec::with_capacity(plan.pools.len());
     let mut services = Vec::new();
-    for pool in &fed.pools {
-        let pool_spec: SuperNodePoolSpec =
-            serde_json::from_str(&pool.spec_json).map_err(|source| KubeRuntimeError::Decode {
-                federation: id.clone(),
-                what: format!("pool {:?} spec_json", pool.name),
-                source,
-            })?;
-        let cluster = crate::runtime::cluster_context(work, fed, pool);
+    for pool in &plan.pools {
         let mut workload = render_supernode_pool(&SuperNodePoolInput {
-            federation: &fed.name,
-            namespace: &fed.namespace,
-            spec: &spec,
-            pool: &pool_spec,
-            dialect,
-            fleet_address: &fed.superlink_fleet_address,
+            federation: &plan.name,
+            namespace: &plan.namespace,
+            spec: &plan.spec,
+            pool: &pool.spec,
+            dialect: plan.dialect,
+            fleet_address: &plan.fleet_address,
             ca_secret_name: &ca_secret_name,
-            cluster: &cluster,
+            cluster: &pool.cluster,
         })
         .map_err(|source| KubeRuntimeError::Render {
-            federation: id.clone(),
+            federation: plan.id(),
             source,
         })?;
         let kind = match &mut workload {
             Workload::StatefulSet(s) => {
                 mark(&mut s.metadata);
-                let mut service = pool_headless_service(&fed.name, &fed.namespace, &pool_spec.name);
+                let mut service =
+                    pool_headless_service(&plan.name, &plan.namespace, &pool.spec.name);
                 mark(&mut service.metadata);
                 services.push(service);
                 Kind::StatefulSet
@@ -495,8 +483,8 @@ fn render_federation(
         };
         workloads.push((
             AppliedPool {
-                name: pool_spec.name.clone(),
-                workload: pool_workload_name(&fed.name, &pool_spec.name),
+                name: pool.spec.name.clone(),
+                workload: pool_workload_name(&plan.name, &pool.spec.name),
                 kind,
             },
             workload,
@@ -536,12 +524,12 @@ fn mark(meta: &mut ObjectMeta) {
 }
 
 /// The Secret with the SuperLink CA bundle (`ca.crt`) the pools mount.
-fn ca_secret(fed: &FederationWork, name: &str) -> Secret {
+fn ca_secret(plan: &FederationPlan, pem: &str, name: &str) -> Secret {
     let mut metadata = ObjectMeta {
         name: Some(name.to_owned()),
-        namespace: Some(fed.namespace.clone()),
+        namespace: Some(plan.namespace.clone()),
         labels: Some(component_labels(
-            &fed.name,
+            &plan.name,
             "superlink-ca",
             "superlink-ca",
             None,
@@ -553,7 +541,7 @@ fn ca_secret(fed: &FederationWork, name: &str) -> Secret {
         metadata,
         data: Some(BTreeMap::from([(
             CA_KEY.to_owned(),
-            ByteString(fed.ca_bundle_pem.as_bytes().to_vec()),
+            ByteString(pem.as_bytes().to_vec()),
         )])),
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
@@ -753,13 +741,10 @@ mod tests {
         ClusterWork {
             version: 1,
             cluster_name: "spoke-1".into(),
-            cluster_index: 0,
-            cluster_count: 1,
             federations: vec![FederationWork {
                 namespace: "team".into(),
                 name: "fed".into(),
                 flower_version: "1.42.0".into(),
-                insecure,
                 superlink_fleet_address: "hub.example:30092".into(),
                 ca_bundle_pem: "PEM".into(),
                 partitions_total: 2,
@@ -774,11 +759,15 @@ mod tests {
         }
     }
 
+    fn render(w: &ClusterWork) -> Result<Rendered, KubeRuntimeError> {
+        render_federation(&crate::work::decode_federation(w, &w.federations[0])?)
+    }
+
     #[test]
     fn rendered_objects_carry_the_prune_label_outside_the_selector() {
         // Pruning finds what the agent applied, and adding the label never touches an immutable selector.
         let w = work(false);
-        let rendered = render_federation(&w, &w.federations[0]).unwrap();
+        let rendered = render(&w).unwrap();
         let secret = rendered.secret.unwrap();
         assert_eq!(secret.metadata.name.as_deref(), Some("fed-superlink-ca"));
         assert_eq!(
@@ -800,20 +789,15 @@ mod tests {
     fn insecure_work_has_no_ca_secret() {
         // Without TLS nothing mounts a CA bundle, so none is applied (and an old one is pruned).
         let w = work(true);
-        assert!(
-            render_federation(&w, &w.federations[0])
-                .unwrap()
-                .secret
-                .is_none()
-        );
+        assert!(render(&w).unwrap().secret.is_none());
     }
 
     #[test]
     fn rendering_is_deterministic() {
         // The same snapshot gives byte-identical objects, so re-applying changes nothing.
         let w = work(false);
-        let a = render_federation(&w, &w.federations[0]).unwrap();
-        let b = render_federation(&w, &w.federations[0]).unwrap();
+        let a = render(&w).unwrap();
+        let b = render(&w).unwrap();
         assert_eq!(a.workloads[0].1, b.workloads[0].1);
         assert_eq!(a.secret, b.secret);
     }

@@ -15,3 +15,4 @@ pub use flower_addon_crds::render;
 pub mod runtime;
 pub mod supervise;
 pub mod tls;
+pub mod work;

@@ -9,9 +9,7 @@
 //!
 //! A replica is ready when its process runs and its log, since the last start, shows Flower's
 //! `SuperNode ID: <n>` line (the SuperNode is connected to the SuperLink).
-use crate::render::{
-    self, ClusterContext, FlowerDialect, FlowerVersion, ProcessReplica, SuperNodePoolInput,
-};
+use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNodePoolInput};
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
@@ -143,72 +141,47 @@ impl ProcessRuntime {
         let mut used: BTreeSet<u16> = BTreeSet::new();
         let mut fresh = Vec::new();
         for fed in &work.federations {
-            crate::runtime::check_work_names(fed)?;
-            let spec: FederationSpec =
-                serde_json::from_str(&fed.federation_spec_json).map_err(|e| {
-                    RuntimeError::Apply(format!(
-                        "federation {}/{}: cannot read its spec: {e}",
-                        fed.namespace, fed.name
-                    ))
-                })?;
-            let version = FlowerVersion::parse(&fed.flower_version).ok_or_else(|| {
-                RuntimeError::Apply(format!(
-                    "federation {}/{}: Flower version {:?} cannot be mapped to a dialect",
-                    fed.namespace, fed.name, fed.flower_version
-                ))
-            })?;
-            let dialect = FlowerDialect::supported(version).ok_or_else(|| {
-                RuntimeError::Apply(format!(
-                    "federation {}/{}: Flower {} has no supported argument dialect (use < 1.35 or >= 1.40)",
-                    fed.namespace, fed.name, fed.flower_version
-                ))
-            })?;
+            let plan = crate::work::decode_federation(work, fed)
+                .map_err(|e| RuntimeError::Apply(e.to_string()))?;
             let fed_dir = self
                 .config
                 .state_dir
                 .join("federations")
-                .join(&fed.namespace)
-                .join(&fed.name);
+                .join(&plan.namespace)
+                .join(&plan.name);
             std::fs::create_dir_all(&fed_dir).map_err(io_err(&fed_dir))?;
             let ca_file = fed_dir.join("ca.crt");
-            if !fed.insecure {
-                write_if_changed(&ca_file, fed.ca_bundle_pem.as_bytes())?;
+            if let Some(pem) = &plan.ca_bundle_pem {
+                write_if_changed(&ca_file, pem.as_bytes())?;
             }
             let mut fed_pools = Vec::new();
-            for pool_work in &fed.pools {
-                let pool: SuperNodePoolSpec =
-                    serde_json::from_str(&pool_work.spec_json).map_err(|e| {
-                        RuntimeError::Apply(format!(
-                            "federation {}/{} pool {}: cannot read its spec: {e}",
-                            fed.namespace, fed.name, pool_work.name
-                        ))
-                    })?;
-                let replicas = match spec.mode {
+            for pool_plan in &plan.pools {
+                let pool = &pool_plan.spec;
+                let replicas = match plan.spec.mode {
                     DeploymentMode::StatefulSet => pool.replicas.unwrap_or(1).max(0) as u32,
                     // A device is one node: a DaemonSet pool runs once here.
                     DeploymentMode::DaemonSet => 1,
                 };
-                let unenforced = render::unenforced_resources(&pool);
+                let unenforced = render::unenforced_resources(pool);
                 if !unenforced.is_empty() {
-                    tracing::warn!(federation = %fed.name, pool = %pool.name, fields = %unenforced.join(", "), "the process runtime does not enforce these resource limits");
+                    tracing::warn!(federation = %plan.name, pool = %pool.name, fields = %unenforced.join(", "), "the process runtime does not enforce these resource limits");
                 }
                 fed_pools.push((pool.name.clone(), replicas, unenforced));
-                let cluster = crate::runtime::cluster_context(work, fed, pool_work);
-                let ca_secret = render::spoke_ca_secret_name(&fed.name);
+                let ca_secret = render::spoke_ca_secret_name(&plan.name);
                 let input = SuperNodePoolInput {
-                    federation: &fed.name,
-                    namespace: &fed.namespace,
-                    spec: &spec,
-                    pool: &pool,
-                    dialect,
-                    fleet_address: &fed.superlink_fleet_address,
+                    federation: &plan.name,
+                    namespace: &plan.namespace,
+                    spec: &plan.spec,
+                    pool,
+                    dialect: plan.dialect,
+                    fleet_address: &plan.fleet_address,
                     ca_secret_name: &ca_secret,
-                    cluster: &cluster,
+                    cluster: &pool_plan.cluster,
                 };
                 for index in 0..replicas {
                     let key = ReplicaKey {
-                        namespace: fed.namespace.clone(),
-                        federation: fed.name.clone(),
+                        namespace: plan.namespace.clone(),
+                        federation: plan.name.clone(),
                         pool: pool.name.clone(),
                         index,
                     };
@@ -216,23 +189,20 @@ impl ProcessRuntime {
                     if let Some(p) = port {
                         used.insert(p);
                     }
-                    let env = render::process_env(&spec, &pool, index).map_err(|e| {
-                        RuntimeError::Apply(format!(
-                            "federation {}/{}: {e}",
-                            fed.namespace, fed.name
-                        ))
+                    let env = render::process_env(&plan.spec, pool, index).map_err(|e| {
+                        RuntimeError::Apply(format!("federation {}: {e}", plan.id()))
                     })?;
                     fresh.push((
                         key,
                         port,
-                        input_owned(&input, &cluster),
-                        fed.insecure,
-                        fed.registered_node_keys.clone(),
+                        input_owned(&input, &pool_plan.cluster),
+                        plan.spec.insecure,
+                        plan.registered_node_keys.clone(),
                         env,
                     ));
                 }
             }
-            pools.insert((fed.namespace.clone(), fed.name.clone()), fed_pools);
+            pools.insert((plan.namespace.clone(), plan.name.clone()), fed_pools);
         }
         // Second pass: ports (existing replicas keep theirs) and argv.
         let mut next = self.config.port_base;
@@ -717,7 +687,6 @@ mod tests {
                     namespace: namespace.into(),
                     name: name.into(),
                     flower_version: "1.42.0".into(),
-                    insecure: true,
                     federation_spec_json: "{}".into(),
                     pools: vec![flower_addon_proto::PoolWork {
                         name: pool.into(),

@@ -39,28 +39,6 @@ pub trait Runtime: Send + Sync {
 /// `Status.allocatable`).
 pub type Allocatable = std::collections::HashMap<String, String>;
 
-/// Refuses a Federation's work whose namespace, name or pool names are not DNS labels: they
-/// become directory names (process runtime) and object names (Kubernetes runtime), so a hub —
-/// or anyone who got its key — cannot make an agent write outside its state directory.
-pub fn check_work_names(fed: &flower_addon_proto::FederationWork) -> Result<(), RuntimeError> {
-    let pools = fed.pools.iter().map(|p| ("pool name", p.name.as_str()));
-    for (what, value) in [
-        ("namespace", fed.namespace.as_str()),
-        ("name", fed.name.as_str()),
-    ]
-    .into_iter()
-    .chain(pools)
-    {
-        flower_addon_crds::dns_label(value).map_err(|why| {
-            RuntimeError::Apply(format!(
-                "federation {:?}/{:?}: {what} {value:?} {why}: refused (work names must be DNS labels)",
-                fed.namespace, fed.name
-            ))
-        })?;
-    }
-    Ok(())
-}
-
 /// This machine's allocatable resources: CPUs the process may use and total memory
 /// (`/proc/meminfo`), for runtimes that run SuperNodes on the machine itself.
 pub fn machine_allocatable() -> Allocatable {
@@ -161,26 +139,5 @@ impl Runtime for MemoryRuntime {
                 })
                 .collect()
         })
-    }
-}
-
-/// The render context of one pool from a work snapshot: the Federation's own cluster index and
-/// count when the hub sent them, else the snapshot-wide ones (older hubs).
-pub fn cluster_context(
-    work: &ClusterWork,
-    fed: &flower_addon_proto::FederationWork,
-    pool: &flower_addon_proto::PoolWork,
-) -> crate::render::ClusterContext {
-    let (index, clusters) = if fed.cluster_count > 0 {
-        (fed.cluster_index, fed.cluster_count)
-    } else {
-        (work.cluster_index, work.cluster_count.max(1))
-    };
-    crate::render::ClusterContext {
-        name: work.cluster_name.clone(),
-        index,
-        clusters,
-        partition_offset: u64::from(pool.partition_offset),
-        partitions: u64::from(fed.partitions_total),
     }
 }

@@ -46,18 +46,10 @@ impl HubAddress {
     pub fn new(hub: &str) -> Self {
         Self {
             hub: hub.to_string(),
-            server_name: host_of(hub),
+            server_name: crate::render::address::host_of(hub).to_owned(),
             local_ip: None,
         }
     }
-}
-
-/// The host part of `HOST:PORT` (brackets of an IPv6 literal removed).
-pub fn host_of(hub: &str) -> String {
-    let host = hub.rsplit_once(':').map(|(h, _)| h).unwrap_or(hub);
-    host.trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string()
 }
 
 /// `sha256:<hex>` of a certificate's SubjectPublicKeyInfo DER (the `--ca-hash` format).

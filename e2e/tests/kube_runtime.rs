@@ -56,9 +56,6 @@ fn federation(namespace: &str, name: &str, mode: &str, pools: &[(&str, i32)]) ->
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         flower_version: "1.42.0".to_owned(),
-        mode: "subprocess".to_owned(),
-        isolation_mode: "subprocess".to_owned(),
-        insecure: false,
         superlink_fleet_address: "hub.example:30092".to_owned(),
         ca_bundle_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_owned(),
         partitions_total: offset,
@@ -74,8 +71,6 @@ fn snapshot(version: u64, federations: Vec<FederationWork>) -> ClusterWork {
     ClusterWork {
         version,
         cluster_name: "spoke-1".to_owned(),
-        cluster_index: 0,
-        cluster_count: 1,
         federations,
     }
 }

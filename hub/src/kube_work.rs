@@ -3,7 +3,7 @@
 //!
 //! Three reflectors (Federations, PlacementDecisions, ManagedClusters) feed one recompute loop;
 //! each pass splits every Federation's pools over the clusters its Placement decided
-//! ([`crate::work::split_work`], pool `clusterSelector` on the ManagedCluster's labels) and hands
+//! ([`crate::core::work::federation_work`], pool `clusterSelector` on the ManagedCluster's labels) and hands
 //! the clusters whose content changed to an [`InMemoryWorkSource`] (which versions the snapshots).
 //! Nothing is computed before every reflector has listed once ([`KubeWorkSource::start`] waits),
 //! so a restarted hub never sends a cluster an empty snapshot that would prune its workloads.
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use flower_addon_crds::{Federation, ManagedCluster, PLACEMENT_LABEL, PlacementDecision};
-use flower_addon_proto::{ClusterWork, FederationWork, PoolWork, Status as AgentStatus};
+use flower_addon_proto::{ClusterWork, FederationWork, Status as AgentStatus};
 use futures::StreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,8 +26,8 @@ use tokio::task::JoinHandle;
 
 use crate::channel::{InMemoryWorkSource, WorkSource};
 use crate::controller::placement::cluster_view;
+use crate::core::work::WorkInputs;
 use crate::render::{federation_dialect, spoke_fleet_address};
-use crate::work::split_work;
 
 /// How long the loop waits for more events before recomputing (coalesces bursts).
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -249,8 +249,6 @@ impl State {
             let content = ClusterWork {
                 version: 0,
                 cluster_name: name.clone(),
-                cluster_index: 0,
-                cluster_count: 0,
                 federations: per_cluster.remove(&name).unwrap_or_default(),
             };
             if self.sent.get(&name) != Some(&content) {
@@ -458,69 +456,32 @@ fn fleet_address(fed: &Federation) -> Result<String, String> {
         })
 }
 
-/// The work of `fed` for each cluster of `selected` (sorted names), as `(cluster, work)`.
-/// `labels` holds each cluster's labels (for pools with a `clusterSelector`).
-#[allow(clippy::needless_update)]
+/// The work of `fed` for each cluster of `selected`, as `(cluster, work)` sorted by cluster
+/// ([`crate::core::work::federation_work`] with the Kubernetes mode's inputs). `labels` holds
+/// each cluster's labels (for pools with a `clusterSelector`).
 pub fn federation_work(
     fed: &Federation,
     selected: &[String],
     labels: &BTreeMap<String, BTreeMap<String, String>>,
     ca_pem: &str,
 ) -> Result<Vec<(String, FederationWork)>, String> {
-    let problems = crate::controller::problems(fed);
+    let problems = crate::core::problems::problems(fed);
     if !problems.is_empty() {
-        return Err(problems
-            .iter()
-            .map(|(p, m)| format!("{p}: {m}"))
-            .collect::<Vec<_>>()
-            .join("; "));
+        return Err(crate::core::problems::joined(&problems));
     }
     let (version, _dialect) = federation_dialect(fed).map_err(|e| e.to_string())?;
     let fleet = fleet_address(fed)?;
-    let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
-    let shares = split_work(&fed.spec, selected, |pool, cluster| {
-        crate::work::pool_on_cluster(&fed.spec, pool, labels.get(cluster))
-    });
-    let mut out = Vec::with_capacity(shares.len());
-    for share in shares {
-        let mut pools = Vec::with_capacity(share.pools.len());
-        for p in &share.pools {
-            pools.push(PoolWork {
-                name: p.pool.clone(),
-                partition_offset: p.partition_offset,
-                spec_json: serde_json::to_string(&p.spec).map_err(|e| e.to_string())?,
-            });
-        }
-        out.push((
-            share.cluster.clone(),
-            FederationWork {
-                namespace: fed.namespace().unwrap_or_default(),
-                name: fed.name_any(),
-                flower_version: format!("{}.{}.{}", version.major, version.minor, version.patch),
-                mode: format!("{:?}", fed.spec.mode),
-                isolation_mode: match fed.spec.isolation_mode {
-                    flower_addon_crds::IsolationMode::Process => "process".into(),
-                    flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
-                },
-                insecure: fed.spec.insecure,
-                superlink_fleet_address: fleet.clone(),
-                ca_bundle_pem: if fed.spec.insecure {
-                    String::new()
-                } else {
-                    ca_pem.to_owned()
-                },
-                partitions_total: share.partitions_total,
-                pools,
-                federation_spec_json: spec_json.clone(),
-                cluster_index: share.cluster_index,
-                cluster_count: share.clusters,
-                registered_node_keys: Vec::new(),
-                // Fields added to the message later keep their defaults here.
-                ..Default::default()
-            },
-        ));
-    }
-    Ok(out)
+    let inputs = WorkInputs {
+        selected,
+        labels,
+        fleet_address: &fleet,
+        ca_pem,
+        // SuperNode authentication is not on in Kubernetes mode yet: no keys to send.
+        registered_node_keys: &[],
+    };
+    crate::core::work::federation_work(fed, version, &inputs)
+        .map(|w| w.per_cluster)
+        .map_err(|e| e.to_string())
 }
 
 impl WorkSource for KubeWorkSource {

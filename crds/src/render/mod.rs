@@ -24,6 +24,7 @@
 //! In process mode ([`supernode_argv`]) every placeholder is expanded natively with the same
 //! rules, and nothing is escaped because no one expands anything.
 
+pub mod address;
 pub mod dialect;
 pub mod merge;
 pub mod node_config;

@@ -133,7 +133,6 @@ impl WorkSource for BenchWork {
 
 fn bench_work(round: usize) -> ClusterWork {
     ClusterWork {
-        cluster_count: 1,
         federations: vec![FederationWork {
             namespace: "bench".into(),
             name: "fed".into(),

@@ -261,22 +261,20 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
 }
 
 /// A cluster name must be a DNS-1123 label: it becomes a file name, an object name and a CN.
+/// [`crate::core::HUB_CLUSTER`] is the hub's own cluster and cannot be joined.
 pub(crate) fn validate_cluster_name(name: &str) -> Result<(), Status> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(Status::invalid_argument(format!(
-            "cluster_name {name:?} must be a DNS-1123 label: 1-63 lowercase letters, digits or '-', \
-             starting and ending with a letter or digit"
-        )))
+    if let Err(why) = flower_addon_crds::dns_label(name) {
+        return Err(Status::invalid_argument(format!(
+            "cluster_name {name:?} {why}: it must be a DNS-1123 label (1-63 lowercase letters, \
+             digits or '-', starting and ending with a letter or digit)"
+        )));
     }
+    if name == crate::core::HUB_CLUSTER {
+        return Err(Status::invalid_argument(format!(
+            "cluster_name {name:?} is the hub's own cluster; choose another --cluster-name"
+        )));
+    }
+    Ok(())
 }
 
 fn validate_map(what: &str, map: &std::collections::HashMap<String, String>) -> Result<(), Status> {
@@ -307,5 +305,22 @@ fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp {
         seconds: i64::try_from(unix(t)).unwrap_or(i64::MAX),
         nanos: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_names_are_dns_labels_and_not_the_hubs_own() {
+        // A name becomes a path, an object name and a CN; the hub's own cluster is reserved so no
+        // agent can receive the work of Federations without placementRef.
+        assert!(validate_cluster_name("spoke-1").is_ok());
+        for bad in ["", "../x", "Spoke", "-a", crate::core::HUB_CLUSTER] {
+            let err = validate_cluster_name(bad).expect_err(bad);
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}");
+            assert!(err.message().contains("cluster_name"), "{}", err.message());
+        }
     }
 }

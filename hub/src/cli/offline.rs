@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use flower_addon_crds::{Federation, Object};
 
 use crate::render::{
-    ExternalAddressError, HubRenderError, SpokeCluster, render_hub, render_problems, render_spoke,
+    ExternalAddressError, HubRenderError, SpokeCluster, render_hub, render_spoke,
     spoke_fleet_address,
 };
 
@@ -25,7 +25,7 @@ pub struct ValidateArgs {
 #[command(after_help = "\
 Without --cluster: what the hub applies in its own cluster — the SuperLink StatefulSet and \
 Service, plus the SuperNode pools of Federations without placementRef (their {cluster} is \
-\"local\"). With --cluster: the pool workloads that spoke's agent applies for Federations with \
+\"local-cluster\"). With --cluster: the pool workloads that spoke's agent applies for Federations with \
 placementRef. Secrets holding certificates (the SuperLink TLS Secret, the spokes' CA Secret \
 <fed>-superlink-ca) are issued by a running hub and are not printed; a comment names them.")]
 pub struct RenderArgs {
@@ -52,9 +52,6 @@ pub struct RenderArgs {
     #[arg(long = "label", requires = "cluster", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub labels: Vec<(String, String)>,
 }
-
-/// Name used for `{cluster}` when pools run in the hub's own cluster.
-pub const LOCAL_CLUSTER: &str = "local";
 
 /// `flower-hub crds`.
 pub fn crds() -> anyhow::Result<ExitCode> {
@@ -101,14 +98,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
 /// pass, what the renderer would still refuse.
 pub fn object_problems(object: &Object) -> Vec<(String, String)> {
     match object {
-        Object::Federation(fed) => {
-            let errors = flower_addon_crds::validate_federation(fed);
-            if errors.is_empty() {
-                render_problems(fed)
-            } else {
-                errors.into_iter().map(|e| (e.path, e.message)).collect()
-            }
-        }
+        Object::Federation(fed) => crate::core::problems::problems(fed),
         Object::Placement(placement) => flower_addon_crds::validate_placement(placement)
             .into_iter()
             .map(|e| (e.path, e.message))
@@ -176,8 +166,8 @@ pub fn render_stream(
         let name = fed.metadata.name.as_deref().unwrap_or_default();
         let (values, secret_note) = match spoke {
             None => {
-                let objects =
-                    render_hub(fed, LOCAL_CLUSTER).with_context(|| format!("Federation {name}"))?;
+                let objects = render_hub(fed, crate::core::HUB_CLUSTER)
+                    .with_context(|| format!("Federation {name}"))?;
                 let note = (!fed.spec.insecure).then(|| {
                     format!(
                         "# Secret {} (tls.crt, tls.key, ca.crt) is issued by the hub CA at run time; not shown.\n",

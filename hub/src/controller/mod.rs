@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use flower_addon_crds::render::Workload;
-use flower_addon_crds::{Federation, Placement, validate_federation};
+use flower_addon_crds::{Federation, Placement};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -41,16 +41,13 @@ use kube::{Client, Resource, ResourceExt};
 
 use crate::ca::{CaError, HubCa};
 use crate::render::{
-    HubRenderError, external_endpoints, federation_dialect, render_hub, render_problems,
-    superlink_tls_secret_name,
+    HubRenderError, external_endpoints, federation_dialect, render_hub, superlink_tls_secret_name,
 };
 
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
-pub use tls::{hub_issues_tls, superlink_sans};
+pub use tls::hub_issues_tls;
 
-/// `{cluster}` of pools that run in the hub cluster (OCM's name for the hub's own cluster).
-pub const LOCAL_CLUSTER: &str = "local-cluster";
 /// How often a converged Federation is reconciled anyway (drift, certificate renewal).
 pub const RESYNC: Duration = Duration::from_secs(300);
 
@@ -116,7 +113,7 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context for `client` and `ca`, pools in the hub cluster named [`LOCAL_CLUSTER`].
+    /// A context for `client` and `ca`, pools in the hub cluster named [`crate::core::HUB_CLUSTER`].
     pub fn new(client: Client, ca: Arc<HubCa>) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -129,7 +126,7 @@ impl Context {
             client,
             ca,
             recorder,
-            local_cluster: LOCAL_CLUSTER.to_owned(),
+            local_cluster: crate::core::HUB_CLUSTER.to_owned(),
             node_address: None,
         }
     }
@@ -223,17 +220,7 @@ pub fn error_policy(fed: Arc<Federation>, error: &Error, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(15))
 }
 
-/// Problems that keep a Federation from being applied, as `(field path, message)`.
-pub fn problems(fed: &Federation) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = validate_federation(fed)
-        .into_iter()
-        .map(|e| (e.path, e.message))
-        .collect();
-    if out.is_empty() {
-        out = render_problems(fed);
-    }
-    out
-}
+pub use crate::core::problems::problems;
 
 /// Reconciles one Federation: validate → build → apply → prune → status.
 pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action> {
@@ -249,11 +236,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     let outcome = if problems.is_empty() {
         apply_federation(&fed, &ctx, &namespace).await?
     } else {
-        let message = problems
-            .iter()
-            .map(|(p, m)| format!("{p}: {m}"))
-            .collect::<Vec<_>>()
-            .join("; ");
+        let message = crate::core::problems::joined(&problems);
         tracing::info!(federation = %name, %namespace, %message, "invalid; nothing applied");
         ctx.publish(&fed, EventType::Warning, "InvalidSpec", message)
             .await;
@@ -302,12 +285,11 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         let secret_name = superlink_tls_secret_name(fed);
         secrets.insert(secret_name.clone());
         let secrets_api = Api::<Secret>::namespaced(client.clone(), namespace);
-        let mut sans = tls::superlink_sans(fed);
+        let mut reached_at = crate::core::superlink::in_cluster_names(fed);
         if let Some(Ok(endpoints)) = &external {
-            sans.push(endpoints.fleet_host().to_owned());
-            sans.sort();
-            sans.dedup();
+            reached_at.push(endpoints.fleet_host().to_owned());
         }
+        let sans = crate::core::superlink::superlink_sans(fed, reached_at);
         let existing = secrets_api
             .get_opt(&secret_name)
             .await

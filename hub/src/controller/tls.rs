@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::ca::HubCa;
-use crate::render::{host_of, superlink_name, superlink_tls_secret_name};
+use crate::render::superlink_tls_secret_name;
 
 use super::Error;
 use super::apply::own;
@@ -38,31 +38,6 @@ pub fn hub_issues_tls(fed: &Federation) -> bool {
             .as_ref()
             .and_then(|t| t.secret_name.as_ref())
             .is_none()
-}
-
-/// The SANs of the SuperLink certificate: the in-cluster Service names, 127.0.0.1 and
-/// localhost, the host of `superlink.externalAddress`, then `tls.extraSANs`; sorted, unique.
-pub fn superlink_sans(fed: &Federation) -> Vec<String> {
-    let name = superlink_name(&fed.name_any());
-    let ns = fed.namespace().unwrap_or_else(|| "default".to_owned());
-    let mut sans = vec![
-        name.clone(),
-        format!("{name}.{ns}"),
-        format!("{name}.{ns}.svc"),
-        format!("{name}.{ns}.svc.cluster.local"),
-        "127.0.0.1".to_owned(),
-        "localhost".to_owned(),
-    ];
-    if let Some(address) = fed.spec.superlink.external_address.as_deref() {
-        sans.push(host_of(address).to_owned());
-    }
-    if let Some(tls) = &fed.spec.tls {
-        sans.extend(tls.extra_sans.iter().cloned());
-    }
-    sans.retain(|s| !s.is_empty());
-    sans.sort();
-    sans.dedup();
-    sans
 }
 
 fn epoch_secs(t: SystemTime) -> u64 {
@@ -143,30 +118,14 @@ spec:
 "#;
 
     #[test]
-    fn sans_cover_every_address_a_supernode_or_flwr_dials() {
-        // In-cluster DNS, loopback, the external host (without port) and extra SANs are all served.
-        let sans = superlink_sans(&fed(TLS));
-        for want in [
-            "f-superlink.team.svc",
-            "f-superlink.team.svc.cluster.local",
-            "127.0.0.1",
-            "10.0.0.7",
-            "flower.example",
-        ] {
-            assert!(
-                sans.contains(&want.to_owned()),
-                "{want} missing in {sans:?}"
-            );
-        }
-        assert!(!sans.iter().any(|s| s.contains(':') && !s.contains('.')));
-    }
-
-    #[test]
     fn an_issued_secret_is_kept_until_sans_ca_or_validity_change() {
         // Re-issuing on every reconcile would churn the Secret; stale ones must be replaced.
         let ca = HubCa::generate().unwrap();
         let f = fed(TLS);
-        let sans = superlink_sans(&f);
+        let sans = crate::core::superlink::superlink_sans(
+            &f,
+            crate::core::superlink::in_cluster_names(&f),
+        );
         let secret = issue_secret(&f, &ca, &sans).unwrap();
         let now = SystemTime::now();
         assert!(still_valid(&secret, &sans, &ca, now));
@@ -183,14 +142,5 @@ spec:
             &ca,
             now + SUPERLINK_CERT_LIFETIME
         ));
-    }
-
-    #[test]
-    fn host_of_addresses() {
-        // The certificate names hosts, never host:port.
-        assert_eq!(host_of("hub.example:30092"), "hub.example");
-        assert_eq!(host_of("hub.example"), "hub.example");
-        assert_eq!(host_of("[fd00::1]:30092"), "fd00::1");
-        assert_eq!(host_of("fd00::1"), "fd00::1");
     }
 }

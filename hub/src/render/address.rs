@@ -11,7 +11,7 @@ use flower_addon_crds::render::FlowerDialect;
 use flower_addon_crds::{Federation, ServiceType};
 use k8s_openapi::api::core::v1::Service;
 
-use super::with_default_port;
+use flower_addon_crds::render::address::{host_of, with_default_port};
 
 /// External Fleet and Control addresses of a SuperLink (`host:port`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,17 +125,6 @@ pub fn external_endpoints(
             };
             Ok(ExternalEndpoints { fleet, control })
         }
-    }
-}
-
-/// The host of `host[:port]`, `[v6][:port]` or a bare IPv6 address.
-pub fn host_of(address: &str) -> &str {
-    if let Some(rest) = address.strip_prefix('[') {
-        return rest.split_once(']').map_or(rest, |(host, _)| host);
-    }
-    match address.matches(':').count() {
-        1 => address.split_once(':').map_or(address, |(host, _)| host),
-        _ => address,
     }
 }
 

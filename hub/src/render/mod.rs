@@ -18,7 +18,8 @@ use flower_addon_crds::render::{
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 
-pub use address::{ExternalAddressError, ExternalEndpoints, external_endpoints, host_of};
+pub use address::{ExternalAddressError, ExternalEndpoints, external_endpoints};
+pub use flower_addon_crds::render::address::{host_of, with_default_port};
 pub use service::render_superlink_service;
 pub use superlink::{STATE_MOUNT_DIR, STATE_VOLUME, TLS_MOUNT_DIR, render_superlink};
 
@@ -146,22 +147,6 @@ pub fn spoke_fleet_address(
         .map_err(HubRenderError::from)
 }
 
-/// `host` → `host:port`, `[v6]` → `[v6]:port`, bare `v6` → `[v6]:port`; addresses with a port
-/// are kept.
-pub(crate) fn with_default_port(address: &str, port: i32) -> String {
-    if let Some(rest) = address.strip_prefix('[') {
-        return match rest.split_once(']') {
-            Some((_, after)) if after.starts_with(':') => address.to_owned(),
-            _ => format!("{address}:{port}"),
-        };
-    }
-    match address.matches(':').count() {
-        0 => format!("{address}:{port}"),
-        1 => address.to_owned(),
-        _ => format!("[{address}]:{port}"),
-    }
-}
-
 fn name(fed: &Federation) -> &str {
     fed.metadata.name.as_deref().unwrap_or_default()
 }
@@ -231,7 +216,7 @@ pub fn render_spoke(
                 .supernodes
                 .pools
                 .iter()
-                .filter_map(|p| crate::work::pool_on_cluster(&fed.spec, p, Some(labels)))
+                .filter_map(|p| crate::core::work::pool_on_cluster(&fed.spec, p, Some(labels)))
                 .collect();
             effective = copy;
             &effective
@@ -351,19 +336,4 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
         }
     }
     problems
-}
-
-#[cfg(test)]
-mod tests {
-    use super::with_default_port;
-
-    #[test]
-    fn external_address_gets_the_fleet_port_only_when_it_has_none() {
-        // Spokes must dial a real port: the user's, else the Service's Fleet port.
-        assert_eq!(with_default_port("hub.example", 9092), "hub.example:9092");
-        assert_eq!(with_default_port("10.0.0.1:30092", 9092), "10.0.0.1:30092");
-        assert_eq!(with_default_port("[::1]:30092", 9092), "[::1]:30092");
-        assert_eq!(with_default_port("[::1]", 9092), "[::1]:9092");
-        assert_eq!(with_default_port("fd00::1", 9092), "[fd00::1]:9092");
-    }
 }

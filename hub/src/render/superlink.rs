@@ -1,14 +1,10 @@
 //! The SuperLink StatefulSet `<fed>-superlink`.
 
-use flower_addon_crds::render::dialect::{
-    FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, unified_ports,
-};
+use flower_addon_crds::render::dialect::{classic_ports, unified_ports};
 use flower_addon_crds::render::merge::{
     append_mounts, append_volumes, merge_pod_template, non_empty,
 };
-use flower_addon_crds::render::{
-    FlowerDialect, FlowerVersion, component_labels, isolation_arg, object_labels,
-};
+use flower_addon_crds::render::{FlowerDialect, FlowerVersion, component_labels, object_labels};
 use flower_addon_crds::{Federation, IsolationMode};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -16,6 +12,10 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use crate::core::superlink::{
+    SuperLinkLayout, SuperLinkPorts, serverapp_superexec_argv, superlink_argv,
+};
 
 use super::{HubRenderError, name, namespace, superlink_name, superlink_tls_secret_name};
 
@@ -37,57 +37,21 @@ fn port(name: &str, number: i32) -> ContainerPort {
     }
 }
 
-/// The `superlink` container's arguments: isolation, TLS, listen address (unified), database,
-/// (unified) no run-time dependency installation, then `extraArgs`.
-///
-/// `--database` keeps node registrations and runs across SuperLink restarts; without it
-/// SuperNodes get 401 after a restart and exit. `--disable-runtime-dependency-installation`
-/// (from 1.32; older releases never install by default) keeps the SuperLink from running
-/// `uv sync` per run: images carry the app's dependencies, as with flower-operator.
-fn superlink_args(fed: &Federation, version: FlowerVersion, dialect: FlowerDialect) -> Vec<String> {
-    let mut args = vec![isolation_arg(&fed.spec).to_owned()];
-    if fed.spec.insecure {
-        args.push("--insecure".to_owned());
-    } else {
-        args.push(format!("--ssl-ca-certfile={TLS_MOUNT_DIR}/ca.crt"));
-        args.push(format!("--ssl-certfile={TLS_MOUNT_DIR}/tls.crt"));
-        args.push(format!("--ssl-keyfile={TLS_MOUNT_DIR}/tls.key"));
-    }
-    if dialect == FlowerDialect::Unified {
-        args.push("--host=0.0.0.0".to_owned());
-        args.push(format!("--port={}", unified_ports::SUPERLINK));
-    }
-    args.push(format!("--database={STATE_MOUNT_DIR}/superlink.db"));
-    if version >= FIRST_DISABLE_RUNTIME_DEPS_VERSION {
-        args.push("--disable-runtime-dependency-installation".to_owned());
-    }
-    args.extend(fed.spec.superlink.extra_args.iter().cloned());
-    args
-}
-
-/// The ServerApp SuperExec's arguments. Classic: the ServerAppIO hop is plaintext by design, so
-/// `--insecure` always. Unified: it dials the SuperLink's own HTTPS port, so it trusts the CA.
-fn serverapp_superexec_args(fed: &Federation, dialect: FlowerDialect) -> Vec<String> {
-    match dialect {
-        FlowerDialect::Classic => vec![
-            "--plugin-type=serverapp".to_owned(),
-            format!(
-                "--appio-api-address=127.0.0.1:{}",
-                classic_ports::SERVERAPPIO
-            ),
-            "--insecure".to_owned(),
+/// Where the SuperLink container finds its files and listens: Flower's default ports on every
+/// address, the TLS Secret and the state volume mounts ([`crate::core::superlink`] builds the
+/// arguments for the container and the standalone process alike). SuperNode authentication
+/// stays off in Kubernetes mode until the hub registers the agents' keys with SuperLink pods.
+pub fn container_layout(dialect: FlowerDialect) -> SuperLinkLayout {
+    SuperLinkLayout {
+        bind_host: "0.0.0.0".to_owned(),
+        ports: SuperLinkPorts::container(dialect),
+        tls_files: [
+            format!("{TLS_MOUNT_DIR}/ca.crt"),
+            format!("{TLS_MOUNT_DIR}/tls.crt"),
+            format!("{TLS_MOUNT_DIR}/tls.key"),
         ],
-        FlowerDialect::Unified => vec![
-            format!(
-                "--runtime-api-address=127.0.0.1:{}",
-                unified_ports::SUPERLINK
-            ),
-            if fed.spec.insecure {
-                "--insecure".to_owned()
-            } else {
-                format!("--root-certificates={TLS_MOUNT_DIR}/ca.crt")
-            },
-        ],
+        database: format!("{STATE_MOUNT_DIR}/superlink.db"),
+        supernode_auth: false,
     }
 }
 
@@ -102,6 +66,7 @@ pub fn render_superlink(
     let spec = &fed.spec;
     let superlink = &spec.superlink;
     let process = spec.isolation_mode == IsolationMode::Process;
+    let layout = container_layout(dialect);
     let fed_name = name(fed);
     let object_name = superlink_name(fed_name);
     let labels = component_labels(fed_name, "superlink", "superlink", None);
@@ -165,7 +130,7 @@ pub fn render_superlink(
     let mut containers = vec![Container {
         name: "superlink".to_owned(),
         image: Some(superlink.image.clone()),
-        args: Some(superlink_args(fed, version, dialect)),
+        args: Some(superlink_argv(fed, version, dialect, &layout)),
         ports: Some(ports),
         env: non_empty(superlink.env.clone()),
         resources: superlink.resources.clone(),
@@ -191,7 +156,7 @@ pub fn render_superlink(
         containers.push(Container {
             name: "superexec-serverapp".to_owned(),
             image: Some(image),
-            args: Some(serverapp_superexec_args(fed, dialect)),
+            args: Some(serverapp_superexec_argv(fed, dialect, &layout)),
             env: non_empty(superlink.env.clone()),
             resources: superlink.superexec_resources.clone(),
             volume_mounts: non_empty(sidecar_mounts),

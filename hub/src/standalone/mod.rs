@@ -14,13 +14,17 @@ pub mod superlink;
 
 use crate::ca::HubCa;
 use crate::channel::InMemoryWorkSource;
+use crate::core::HUB_CLUSTER;
+use crate::core::superlink::{
+    SuperLinkPorts, serverapp_superexec_argv, superlink_argv, superlink_sans,
+};
+use crate::core::work::WorkInputs;
 use crate::placement::{self, ClusterView, TaintEffect, TaintView};
 use crate::store::{ClusterRecord, ClusterStore};
-use crate::work::split_work;
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
 use flower_addon_crds::{Federation, Placement};
-use flower_addon_proto::{ClusterWork, FederationWork, PoolWork};
+use flower_addon_proto::{ClusterWork, FederationWork};
 use manifests::Manifests;
 use status::{ClusterSummary, FederationSummary, HubStatus};
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,10 +55,6 @@ struct StandaloneEndpoints {
     fleet: String,
     control: Option<String>,
 }
-
-/// Name of the virtual cluster that runs, on the hub machine itself, the pools of Federations
-/// without `placementRef`. Not a DNS label, so no joining cluster can take it.
-pub const LOCAL_CLUSTER: &str = "(hub)";
 
 struct RunningSuperLink {
     argv: Vec<String>,
@@ -190,7 +190,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             self.selections.remove(&key);
         }
 
-        let local_work = per_cluster.remove(LOCAL_CLUSTER);
+        let local_work = per_cluster.remove(HUB_CLUSTER);
         self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
         self.register_node_keys(&federations).await;
@@ -235,9 +235,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
         self.ensure_superlink(fed, version, dialect, &paths).await?;
 
         // Without placementRef the pools run on this machine, next to the SuperLink (the
-        // standalone counterpart of "in the hub cluster"): the virtual cluster LOCAL_CLUSTER.
+        // standalone counterpart of "in the hub cluster"): the virtual cluster HUB_CLUSTER.
         let selected: Vec<String> = match &fed.spec.placement_ref {
-            None => vec![LOCAL_CLUSTER.to_owned()],
+            None => vec![HUB_CLUSTER.to_owned()],
             Some(placement_ref) => {
                 let placement = self
                     .manifests
@@ -275,69 +275,32 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .map_err(|e| format!("{}: {e}", paths.ca.display()))?
         };
         let fleet = self.endpoints(fed, dialect).fleet;
-        let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
-            views.iter().map(|v| (v.name.as_str(), &v.labels)).collect();
-        let shares = split_work(&fed.spec, &selected, |pool, cluster| {
-            crate::work::pool_on_cluster(&fed.spec, pool, labels_of.get(cluster).copied())
-        });
-        // Pools no selected cluster runs (their clusterSelector matches none): not ready.
-        let unplaced: Vec<String> = fed
-            .spec
-            .supernodes
-            .pools
+        let labels: BTreeMap<String, BTreeMap<String, String>> = views
             .iter()
-            .filter(|p| {
-                !shares
-                    .iter()
-                    .any(|s| s.pools.iter().any(|x| x.pool == p.name))
-            })
-            .map(|p| p.name.clone())
+            .map(|v| (v.name.clone(), v.labels.clone()))
             .collect();
-        let spec_json = serde_json::to_string(&fed.spec).map_err(|e| e.to_string())?;
         let registered: Vec<String> = self
             .registered
             .iter()
             .filter(|(k, _)| *k == key)
             .map(|(_, public_key)| public_key.clone())
             .collect();
-        for share in shares {
-            let pools = share
-                .pools
-                .iter()
-                .filter_map(|p| {
-                    Some(PoolWork {
-                        name: p.pool.clone(),
-                        partition_offset: p.partition_offset,
-                        spec_json: serde_json::to_string(&p.spec).ok()?,
-                    })
-                })
-                .collect();
-            per_cluster
-                .entry(share.cluster.clone())
-                .or_default()
-                .push(FederationWork {
-                    namespace: key.0.clone(),
-                    name: key.1.clone(),
-                    flower_version: format!(
-                        "{}.{}.{}",
-                        version.major, version.minor, version.patch
-                    ),
-                    mode: format!("{:?}", fed.spec.mode),
-                    isolation_mode: match fed.spec.isolation_mode {
-                        flower_addon_crds::IsolationMode::Process => "process".into(),
-                        flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
-                    },
-                    insecure: fed.spec.insecure,
-                    superlink_fleet_address: fleet.clone(),
-                    ca_bundle_pem: ca_pem.clone(),
-                    partitions_total: share.partitions_total,
-                    pools,
-                    federation_spec_json: spec_json.clone(),
-                    cluster_index: share.cluster_index,
-                    cluster_count: share.clusters,
-                    registered_node_keys: registered.clone(),
-                });
+        let works = crate::core::work::federation_work(
+            fed,
+            version,
+            &WorkInputs {
+                selected: &selected,
+                labels: &labels,
+                fleet_address: &fleet,
+                ca_pem: &ca_pem,
+                registered_node_keys: &registered,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        for (cluster, work) in works.per_cluster {
+            per_cluster.entry(cluster).or_default().push(work);
         }
+        let unplaced = works.unplaced_pools;
         Ok((selected, unplaced))
     }
 
@@ -348,7 +311,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// would on a node). `flwr` reaches Control at the advertised host (or the SuperLink host
     /// when it is bound to one address).
     fn endpoints(&self, fed: &Federation, dialect: FlowerDialect) -> StandaloneEndpoints {
-        let addr = superlink::addresses(fed, dialect);
+        let addr = SuperLinkPorts::from_spec(fed, dialect);
         let advertised = self
             .config
             .advertise
@@ -361,11 +324,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
         };
         let control = Some(crate::render::with_default_port(
             &control_host,
-            i32::from(addr.control_port),
+            i32::from(addr.control),
         ));
         if fed.spec.placement_ref.is_none() {
             return StandaloneEndpoints {
-                fleet: format!("127.0.0.1:{}", addr.fleet_port),
+                fleet: format!("127.0.0.1:{}", addr.fleet),
                 control,
             };
         }
@@ -375,23 +338,14 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 control: external.control.or(control),
             },
             _ => StandaloneEndpoints {
-                fleet: crate::render::with_default_port(&advertised, i32::from(addr.fleet_port)),
+                fleet: crate::render::with_default_port(&advertised, i32::from(addr.fleet)),
                 control,
             },
         }
     }
 
     fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {
-        let mut sans: Vec<String> = vec!["127.0.0.1".into(), "localhost".into()];
-        sans.extend(self.config.advertise.iter().cloned());
-        if let Some(ext) = &fed.spec.superlink.external_address {
-            sans.push(crate::render::host_of(ext).to_owned());
-        }
-        if let Some(tls) = &fed.spec.tls {
-            sans.extend(tls.extra_sans.iter().cloned());
-        }
-        sans.sort();
-        sans.dedup();
+        let sans = superlink_sans(fed, self.config.advertise.iter().cloned());
         let sans_file = paths.dir.join("tls/sans");
         let want = sans.join("\n");
         let current = std::fs::read_to_string(&sans_file).ok();
@@ -418,8 +372,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
         paths: &SuperLinkPaths,
     ) -> Result<(), String> {
         let key = fed_key(fed);
-        let argv =
-            superlink::superlink_argv(fed, version, dialect, &self.config.superlink_host, paths);
+        let layout = paths.layout(fed, dialect, &self.config.superlink_host);
+        let argv = superlink_argv(fed, version, dialect, &layout);
         if let Some(running) = self.superlinks.get(&key)
             && running.argv == argv
         {
@@ -451,7 +405,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 Supervised::start(ProcessSpec {
                     name: format!("superexec-serverapp/{}/{}", key.0, key.1),
                     program: self.flower_program("flower-superexec"),
-                    args: superlink::serverapp_superexec_argv(fed, dialect, paths),
+                    args: serverapp_superexec_argv(fed, dialect, &layout),
                     env: self.flower_env(),
                     cwd: Some(paths.dir.clone()),
                     log_file: paths.log.with_extension("superexec.log"),
@@ -481,8 +435,6 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let content = ClusterWork {
                 version: 0,
                 cluster_name: name.clone(),
-                cluster_index: 0,
-                cluster_count: 0,
                 federations,
             };
             if self.sent.get(name) != Some(&content) {
@@ -531,15 +483,13 @@ impl<S: ClusterStore> StandaloneHub<S> {
         };
         let work = ClusterWork {
             version: 0,
-            cluster_name: LOCAL_CLUSTER.into(),
-            cluster_index: 0,
-            cluster_count: 1,
+            cluster_name: HUB_CLUSTER.into(),
             federations,
         };
-        if self.sent.get(LOCAL_CLUSTER) != Some(&work) {
+        if self.sent.get(HUB_CLUSTER) != Some(&work) {
             match runtime.apply(&work).await {
                 Ok(()) => {
-                    self.sent.insert(LOCAL_CLUSTER.into(), work);
+                    self.sent.insert(HUB_CLUSTER.into(), work);
                 }
                 Err(error) => tracing::warn!(%error, "cannot run the hub's own pools"),
             }
@@ -547,10 +497,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let status = flower_addon_proto::Status {
             observed_version: 0,
             federations: runtime.status().await,
-            cluster_name: LOCAL_CLUSTER.into(),
+            cluster_name: HUB_CLUSTER.into(),
             ..Default::default()
         };
-        self.work.on_status(LOCAL_CLUSTER, &status);
+        self.work.on_status(HUB_CLUSTER, &status);
     }
 
     async fn register_node_keys(&mut self, federations: &[Federation]) {
@@ -563,7 +513,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 continue;
             };
             let mut keys: BTreeSet<String> = BTreeSet::new();
-            for cluster in self.sent.keys().map(String::as_str).chain([LOCAL_CLUSTER]) {
+            for cluster in self.sent.keys().map(String::as_str).chain([HUB_CLUSTER]) {
                 if let Some(status) = self.work.last_status(cluster) {
                     for f in status
                         .federations
@@ -584,9 +534,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 continue;
             }
             let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-            let addr = superlink::addresses(fed, dialect);
+            let addr = SuperLinkPorts::from_spec(fed, dialect);
             let connection =
-                match noderegister::write_connection(&paths, version, addr.control_port, false) {
+                match noderegister::write_connection(&paths, version, addr.control, false) {
                     Ok(c) => c,
                     Err(error) => {
                         tracing::warn!(%error, "cannot prepare flwr");

@@ -1,4 +1,5 @@
-//! Per-cluster work: which pools each selected cluster runs, and the global partition numbering.
+//! Per-cluster work: which pools each selected cluster runs, the global partition numbering, and
+//! the [`FederationWork`] message each cluster gets — one function for both hub modes.
 //!
 //! Clusters are ordered by name (that order gives `{clusterIndex}`); inside a cluster, pools keep
 //! the Federation's order. Partition offsets count every SuperNode before this pool on this
@@ -7,10 +8,13 @@
 //! known to the hub: they get no partition range (validation forbids `{partition}` there).
 use std::collections::BTreeMap;
 
+use flower_addon_crds::Federation;
 use flower_addon_crds::federation::{
     ClusterOverride, DeploymentMode, FederationSpec, SuperNodePoolSpec,
 };
+use flower_addon_crds::render::FlowerVersion;
 use flower_addon_crds::render::merge::merge_env;
+use flower_addon_proto::{FederationWork, PoolWork};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
 use crate::placement::selector_matches;
@@ -157,6 +161,103 @@ pub fn split_work(
         share.partitions_total = next_partition;
     }
     shares
+}
+
+/// What the per-cluster work of a Federation is computed from, besides the Federation.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkInputs<'a> {
+    /// Clusters selected for the Federation (any order; duplicates ignored).
+    pub selected: &'a [String],
+    /// Labels of every known cluster (pool `clusterSelector`, `spec.clusterOverrides`).
+    pub labels: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// Fleet address the selected clusters' SuperNodes dial.
+    pub fleet_address: &'a str,
+    /// CA bundle that signed the SuperLink certificate (ignored when `spec.insecure`).
+    pub ca_pem: &'a str,
+    /// SuperNode public keys registered with the Federation's SuperLink.
+    pub registered_node_keys: &'a [String],
+}
+
+/// A Federation's work, per selected cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FederationWorks {
+    /// `(cluster, work)` for each selected cluster, sorted by cluster name.
+    pub per_cluster: Vec<(String, FederationWork)>,
+    /// Pools that no selected cluster runs (their `clusterSelector` matches none).
+    pub unplaced_pools: Vec<String>,
+}
+
+/// The work of `fed` (Flower `version`) for each selected cluster: its pools as that cluster runs
+/// them (overrides merged, narrowed by `clusterSelector`), partitions numbered across clusters,
+/// the Fleet address, the CA bundle (TLS on) and the registered node keys.
+pub fn federation_work(
+    fed: &Federation,
+    version: FlowerVersion,
+    inputs: &WorkInputs<'_>,
+) -> Result<FederationWorks, serde_json::Error> {
+    let spec = &fed.spec;
+    let shares = split_work(spec, inputs.selected, |pool, cluster| {
+        pool_on_cluster(spec, pool, inputs.labels.get(cluster))
+    });
+    let unplaced_pools = spec
+        .supernodes
+        .pools
+        .iter()
+        .filter(|p| {
+            !shares
+                .iter()
+                .any(|s| s.pools.iter().any(|x| x.pool == p.name))
+        })
+        .map(|p| p.name.clone())
+        .collect();
+    let spec_json = serde_json::to_string(spec)?;
+    let mut keys = inputs.registered_node_keys.to_vec();
+    keys.sort();
+    keys.dedup();
+    let mut per_cluster = Vec::with_capacity(shares.len());
+    for share in shares {
+        let pools = share
+            .pools
+            .iter()
+            .map(|p| {
+                Ok(PoolWork {
+                    name: p.pool.clone(),
+                    partition_offset: p.partition_offset,
+                    spec_json: serde_json::to_string(&p.spec)?,
+                })
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        let work = FederationWork {
+            namespace: fed
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: fed.metadata.name.clone().unwrap_or_default(),
+            flower_version: format!("{}.{}.{}", version.major, version.minor, version.patch),
+            superlink_fleet_address: inputs.fleet_address.to_owned(),
+            ca_bundle_pem: if spec.insecure {
+                String::new()
+            } else {
+                inputs.ca_pem.to_owned()
+            },
+            partitions_total: share.partitions_total,
+            pools,
+            federation_spec_json: spec_json.clone(),
+            cluster_index: share.cluster_index,
+            cluster_count: share.clusters,
+            registered_node_keys: if spec.insecure {
+                Vec::new()
+            } else {
+                keys.clone()
+            },
+        };
+        per_cluster.push((share.cluster, work));
+    }
+    Ok(FederationWorks {
+        per_cluster,
+        unplaced_pools,
+    })
 }
 
 #[cfg(test)]

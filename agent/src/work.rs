@@ -1,0 +1,277 @@
+//! The work the hub sends, decoded once into domain types. The wire messages
+//! ([`flower_addon_proto::ClusterWork`]) carry specs as JSON; every runtime (Kubernetes,
+//! process, the hub's own pools) and `flower-hub render --cluster` read them through
+//! [`decode_federation`], so a malformed message is refused the same way everywhere and names
+//! are checked before they become object names or paths.
+use flower_addon_crds::render::{ClusterContext, FlowerDialect, FlowerVersion};
+use flower_addon_crds::{FederationSpec, SuperNodePoolSpec};
+use flower_addon_proto::{ClusterWork, FederationWork, PoolWork};
+
+/// Why a Federation's work cannot be used. The message names the Federation and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    /// A namespace, name or pool name is not a DNS label.
+    #[error(
+        "federation {namespace:?}/{name:?}: {what} {value:?} {why}: refused (work names must be DNS labels)"
+    )]
+    Name {
+        /// Namespace as sent.
+        namespace: String,
+        /// Federation name as sent.
+        name: String,
+        /// Which name is wrong.
+        what: &'static str,
+        /// The value.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A JSON spec in the message does not decode.
+    #[error("federation {federation}: cannot read {what}: {source}")]
+    Decode {
+        /// `namespace/name`.
+        federation: String,
+        /// Which field.
+        what: String,
+        /// The decoder's error.
+        source: serde_json::Error,
+    },
+    /// The Flower version has no argument dialect this agent speaks.
+    #[error(
+        "federation {federation}: Flower version {version:?} has no supported argument dialect (use < 1.35 or >= 1.40)"
+    )]
+    Version {
+        /// `namespace/name`.
+        federation: String,
+        /// Version as sent.
+        version: String,
+    },
+    /// A pool's name in the message and in its spec differ.
+    #[error("federation {federation}: pool {wire:?} carries the spec of pool {spec:?}")]
+    PoolMismatch {
+        /// `namespace/name`.
+        federation: String,
+        /// `PoolWork.name`.
+        wire: String,
+        /// `spec_json.name`.
+        spec: String,
+    },
+}
+
+/// One pool of a Federation as this cluster runs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolPlan {
+    /// The pool's spec (cluster overrides already merged by the hub).
+    pub spec: SuperNodePoolSpec,
+    /// This cluster and the pool's partitions on it.
+    pub cluster: ClusterContext,
+}
+
+/// One Federation's work on this cluster, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FederationPlan {
+    /// Namespace (a DNS label).
+    pub namespace: String,
+    /// Federation name (a DNS label).
+    pub name: String,
+    /// Flower release of the Federation.
+    pub version: FlowerVersion,
+    /// Argument dialect of that release.
+    pub dialect: FlowerDialect,
+    /// The Federation's spec.
+    pub spec: FederationSpec,
+    /// Fleet address the SuperNodes dial.
+    pub fleet_address: String,
+    /// CA bundle that signed the SuperLink certificate; `None` when `spec.insecure`.
+    pub ca_bundle_pem: Option<String>,
+    /// Public keys the SuperLink has registered (a SuperNode starts once its key is here).
+    pub registered_node_keys: Vec<String>,
+    /// The pools this cluster runs, in the Federation's order.
+    pub pools: Vec<PoolPlan>,
+}
+
+impl FederationPlan {
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Whether SuperNodes authenticate (TLS on).
+    pub fn secure(&self) -> bool {
+        !self.spec.insecure
+    }
+}
+
+/// Checks the names of `fed` (they become object names and directory names).
+pub fn check_names(fed: &FederationWork) -> Result<(), WorkError> {
+    let pools = fed.pools.iter().map(|p| ("pool name", p.name.as_str()));
+    for (what, value) in [
+        ("namespace", fed.namespace.as_str()),
+        ("name", fed.name.as_str()),
+    ]
+    .into_iter()
+    .chain(pools)
+    {
+        flower_addon_crds::dns_label(value).map_err(|why| WorkError::Name {
+            namespace: fed.namespace.clone(),
+            name: fed.name.clone(),
+            what,
+            value: value.to_owned(),
+            why: why.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Decodes one Federation of `work` (the snapshot gives the cluster's name).
+pub fn decode_federation(
+    work: &ClusterWork,
+    fed: &FederationWork,
+) -> Result<FederationPlan, WorkError> {
+    check_names(fed)?;
+    let federation = format!("{}/{}", fed.namespace, fed.name);
+    let spec: FederationSpec =
+        serde_json::from_str(&fed.federation_spec_json).map_err(|source| WorkError::Decode {
+            federation: federation.clone(),
+            what: "federation_spec_json".to_owned(),
+            source,
+        })?;
+    let version_error = || WorkError::Version {
+        federation: federation.clone(),
+        version: fed.flower_version.clone(),
+    };
+    let version = FlowerVersion::parse(&fed.flower_version).ok_or_else(version_error)?;
+    let dialect = FlowerDialect::supported(version).ok_or_else(version_error)?;
+    let pools = fed
+        .pools
+        .iter()
+        .map(|pool| decode_pool(work, fed, pool, &federation))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(FederationPlan {
+        namespace: fed.namespace.clone(),
+        name: fed.name.clone(),
+        version,
+        dialect,
+        ca_bundle_pem: (!spec.insecure).then(|| fed.ca_bundle_pem.clone()),
+        spec,
+        fleet_address: fed.superlink_fleet_address.clone(),
+        registered_node_keys: fed.registered_node_keys.clone(),
+        pools,
+    })
+}
+
+fn decode_pool(
+    work: &ClusterWork,
+    fed: &FederationWork,
+    pool: &PoolWork,
+    federation: &str,
+) -> Result<PoolPlan, WorkError> {
+    let spec: SuperNodePoolSpec =
+        serde_json::from_str(&pool.spec_json).map_err(|source| WorkError::Decode {
+            federation: federation.to_owned(),
+            what: format!("pool {:?} spec_json", pool.name),
+            source,
+        })?;
+    if spec.name != pool.name {
+        return Err(WorkError::PoolMismatch {
+            federation: federation.to_owned(),
+            wire: pool.name.clone(),
+            spec: spec.name,
+        });
+    }
+    Ok(PoolPlan {
+        spec,
+        cluster: ClusterContext {
+            name: work.cluster_name.clone(),
+            index: fed.cluster_index,
+            clusters: fed.cluster_count.max(1),
+            partition_offset: u64::from(pool.partition_offset),
+            partitions: u64::from(fed.partitions_total),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(spec: serde_json::Value, pool: serde_json::Value) -> ClusterWork {
+        ClusterWork {
+            version: 1,
+            cluster_name: "spoke-1".into(),
+            federations: vec![FederationWork {
+                namespace: "team".into(),
+                name: "fed".into(),
+                flower_version: "1.42.0".into(),
+                superlink_fleet_address: "hub:30092".into(),
+                ca_bundle_pem: "CA".into(),
+                partitions_total: 5,
+                federation_spec_json: spec.to_string(),
+                cluster_index: 1,
+                cluster_count: 2,
+                registered_node_keys: vec!["k".into()],
+                pools: vec![PoolWork {
+                    name: "a".into(),
+                    partition_offset: 3,
+                    spec_json: pool.to_string(),
+                }],
+            }],
+        }
+    }
+
+    fn spec(insecure: bool) -> serde_json::Value {
+        serde_json::json!({
+            "mode": "StatefulSet", "isolationMode": "subprocess", "insecure": insecure,
+            "superlink": {"image": "flwr/superlink:1.42.0"},
+            "supernodes": {"image": "flwr/supernode:1.42.0", "pools": [{"name": "a", "replicas": 2}]},
+        })
+    }
+
+    #[test]
+    fn a_federation_decodes_with_its_cluster_context() {
+        // The cluster position, partitions and CA come from the message; the CA only with TLS.
+        let w = work(spec(false), serde_json::json!({"name": "a", "replicas": 2}));
+        let plan = decode_federation(&w, &w.federations[0]).expect("decodes");
+        assert_eq!(plan.id(), "team/fed");
+        assert_eq!(plan.dialect, FlowerDialect::Unified);
+        assert_eq!(plan.ca_bundle_pem.as_deref(), Some("CA"));
+        assert_eq!(
+            plan.pools[0].cluster,
+            ClusterContext {
+                name: "spoke-1".into(),
+                index: 1,
+                clusters: 2,
+                partition_offset: 3,
+                partitions: 5
+            }
+        );
+        let w = work(spec(true), serde_json::json!({"name": "a", "replicas": 2}));
+        assert_eq!(
+            decode_federation(&w, &w.federations[0])
+                .unwrap()
+                .ca_bundle_pem,
+            None
+        );
+    }
+
+    #[test]
+    fn malformed_work_is_refused_with_the_field() {
+        // A bad spec, a transitional version, a path-like name and a pool whose spec names
+        // another pool are each refused, naming what is wrong.
+        let mut w = work(spec(false), serde_json::json!({"name": "b"}));
+        let err = decode_federation(&w, &w.federations[0]).unwrap_err();
+        assert!(
+            err.to_string().contains("carries the spec of pool"),
+            "{err}"
+        );
+        w.federations[0].pools[0].spec_json = "{".into();
+        let err = decode_federation(&w, &w.federations[0]).unwrap_err();
+        assert!(err.to_string().contains("pool \"a\" spec_json"), "{err}");
+        w.federations[0].flower_version = "1.37.0".into();
+        let err = decode_federation(&w, &w.federations[0]).unwrap_err();
+        assert!(err.to_string().contains("1.37.0"), "{err}");
+        w.federations[0].namespace = "../..".into();
+        let err = decode_federation(&w, &w.federations[0]).unwrap_err();
+        assert!(err.to_string().contains("DNS labels"), "{err}");
+    }
+}

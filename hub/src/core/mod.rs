@@ -1,0 +1,12 @@
+//! The hub's pure core, shared by both adapters (Kubernetes controllers; standalone files and
+//! processes): what each selected cluster runs ([`work`]), the SuperLink's arguments
+//! ([`superlink`]) and what keeps a Federation from being applied ([`problems`]). Nothing here
+//! does I/O; every function is unit-tested without a cluster or a process.
+pub mod problems;
+pub mod superlink;
+pub mod work;
+
+/// Name of the hub's own cluster: `{cluster}` of the pools of Federations without
+/// `placementRef` (they run in the hub cluster, or on the standalone hub machine), as OCM names
+/// a hub that manages itself. Reserved: no agent may join under it.
+pub const HUB_CLUSTER: &str = "local-cluster";
