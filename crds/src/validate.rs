@@ -166,6 +166,12 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             ));
         }
         validate_pool(&mut errors, &at, spec.mode, spec.isolation_mode, pool);
+        if pool.cluster_selector.is_some() && spec.placement_ref.is_none() {
+            errors.push(FieldError::new(
+                format!("{at}.clusterSelector"),
+                "needs spec.placementRef: the selector picks among the Placement's clusters (pools without placementRef run in the hub cluster only); set placementRef or remove clusterSelector",
+            ));
+        }
     }
     validate_cluster_overrides(&mut errors, spec);
     errors

@@ -14,8 +14,19 @@ fn spec(yaml: &str) -> FederationSpec {
     serde_saphyr::from_str(yaml).expect("test spec parses")
 }
 
+/// The context of pool `pool` on cluster `c<index>` of `clusters` that all run every pool: what
+/// the hub's work split gives in that case (cluster-major, then pool order).
 fn cluster(spec: &FederationSpec, pool: usize, index: u32, clusters: u32) -> ClusterContext {
-    ClusterContext::for_pool(spec, pool, &format!("c{index}"), index, clusters)
+    let replicas = |p: &flower_addon_crds::SuperNodePoolSpec| p.replicas.unwrap_or(0).max(0) as u64;
+    let per_cluster: u64 = spec.supernodes.pools.iter().map(replicas).sum();
+    let before: u64 = spec.supernodes.pools[..pool].iter().map(replicas).sum();
+    ClusterContext {
+        name: format!("c{index}"),
+        index,
+        clusters,
+        partition_offset: u64::from(index) * per_cluster + before,
+        partitions: per_cluster * u64::from(clusters),
+    }
 }
 
 fn render_with(

@@ -318,6 +318,24 @@ fn cluster_overrides_are_checked_field_by_field() {
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
 }
 
+// A pool's clusterSelector picks among Placement clusters: without placementRef the pools run in
+// the hub cluster only, so a selector there would mean something different in each hub mode.
+#[test]
+fn pool_cluster_selector_needs_a_placement() {
+    let pools = "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n        clusterSelector: {matchLabels: {gpu: \"yes\"}}\n";
+    let got = errors(&fed(pools));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "spec.supernodes.pools[0].clusterSelector");
+    assert!(
+        got[0]
+            .1
+            .contains("set placementRef or remove clusterSelector"),
+        "{got:?}"
+    );
+    let placed = fed(&format!("{pools}  placementRef: {{name: p}}\n"));
+    assert!(errors(&placed).is_empty(), "{:?}", errors(&placed));
+}
+
 // Names become object names and (standalone, agents) directories: only DNS labels pass.
 #[test]
 fn metadata_names_must_be_dns_labels() {

@@ -1,11 +1,18 @@
-//! Renders a 16-pool Federation for 1,000 clusters (hub side once, every spoke's pools) and
-//! prints the total and per-cluster time. Run: `cargo bench -p flower-addon-hub --bench render`.
+//! Splits a 16-pool Federation over 1,000 clusters (the hub: SuperLink objects and every
+//! cluster's work message) and renders every spoke's objects from its message (the agents), and
+//! prints the total and per-cluster times. Run: `cargo bench -p flower-addon-hub --bench render`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use flower_addon_crds::Federation;
-use flower_addon_hub::render::{SpokeCluster, render_hub, render_spoke};
+use std::collections::BTreeMap;
+
+use flower_addon_agent::kube_runtime::render_federation;
+use flower_addon_agent::work::decode_federation;
+use flower_addon_hub::core::work::{WorkInputs, federation_work};
+use flower_addon_hub::render::{federation_dialect, render_hub};
+use flower_addon_proto::ClusterWork;
 
 const CLUSTERS: u32 = 1_000;
 
@@ -54,52 +61,52 @@ spec:
 fn main() {
     let fed = federation();
     // Warm up once.
-    black_box(render_hub(&fed, "local").expect("hub renders"));
+    black_box(render_hub(&fed, "local-cluster").expect("hub renders"));
+    let (version, _) = federation_dialect(&fed).expect("dialect");
+    let selected: Vec<String> = (0..CLUSTERS).map(|i| format!("cluster-{i:04}")).collect();
+    let labels = BTreeMap::new();
+    let inputs = WorkInputs {
+        selected: &selected,
+        labels: &labels,
+        fleet_address: "hub.example:30092",
+        ca_pem: "CA",
+        registered_node_keys: &[],
+    };
+
+    // The hub: the SuperLink objects and every cluster's work message.
     let start = Instant::now();
-    let hub = render_hub(&fed, "local").expect("hub renders");
+    let hub = render_hub(&fed, "local-cluster").expect("hub renders");
+    let works = federation_work(&fed, version, &inputs).expect("work");
+    let split_time = start.elapsed();
+
+    // The agents: decode the message and render the pools (what each spoke does).
+    let start = Instant::now();
     let mut workloads = 0usize;
-    let mut bytes = 0usize;
-    for index in 0..CLUSTERS {
-        let name = format!("cluster-{index:04}");
-        let cluster = SpokeCluster {
-            name: &name,
-            index,
-            clusters: CLUSTERS,
-            labels: None,
-        };
-        let pools = render_spoke(&fed, cluster, None).expect("spoke renders");
-        workloads += pools.len();
-        bytes += black_box(&pools).len();
-    }
-    let render_time = start.elapsed();
-    // Serialising to JSON is what the work channel sends; time it separately.
-    let start = Instant::now();
     let mut json_bytes = 0usize;
-    for index in 0..CLUSTERS {
-        let name = format!("cluster-{index:04}");
-        let cluster = SpokeCluster {
-            name: &name,
-            index,
-            clusters: CLUSTERS,
-            labels: None,
+    for (cluster, work) in &works.per_cluster {
+        let snapshot = ClusterWork {
+            version: 1,
+            cluster_name: cluster.clone(),
+            federations: vec![work.clone()],
         };
-        for pool in render_spoke(&fed, cluster, None).expect("spoke renders") {
-            json_bytes += serde_json::to_vec(&pool.to_value().expect("json"))
-                .expect("bytes")
-                .len();
+        let plan = decode_federation(&snapshot, &snapshot.federations[0]).expect("decodes");
+        let rendered = render_federation(&plan).expect("renders");
+        workloads += rendered.workloads.len();
+        for value in rendered.to_values().expect("json") {
+            json_bytes += serde_json::to_vec(&value).expect("bytes").len();
         }
     }
-    let with_json = start.elapsed();
-    black_box((hub, bytes));
+    let render_time = start.elapsed();
+    black_box(hub);
     println!(
-        "render: 16 pools x {CLUSTERS} clusters = {workloads} workloads in {:.1} ms ({:.1} us per cluster)",
-        render_time.as_secs_f64() * 1e3,
-        render_time.as_secs_f64() * 1e6 / f64::from(CLUSTERS)
+        "hub: SuperLink + work for {CLUSTERS} clusters x 16 pools in {:.1} ms ({:.1} us per cluster)",
+        split_time.as_secs_f64() * 1e3,
+        split_time.as_secs_f64() * 1e6 / f64::from(CLUSTERS)
     );
     println!(
-        "render + JSON: {:.1} ms ({:.1} us per cluster, {:.1} MB of JSON)",
-        with_json.as_secs_f64() * 1e3,
-        with_json.as_secs_f64() * 1e6 / f64::from(CLUSTERS),
+        "agents: decode + render + JSON of {workloads} workloads in {:.1} ms ({:.1} us per cluster, {:.1} MB of JSON)",
+        render_time.as_secs_f64() * 1e3,
+        render_time.as_secs_f64() * 1e6 / f64::from(CLUSTERS),
         json_bytes as f64 / 1e6
     );
 }

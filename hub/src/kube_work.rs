@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use crate::channel::{InMemoryWorkSource, WorkSource};
 use crate::controller::placement::cluster_view;
-use crate::core::work::WorkInputs;
+use crate::core::work::{WorkInputs, decided};
 use crate::render::{federation_dialect, spoke_fleet_address};
 
 /// How long the loop waits for more events before recomputing (coalesces bursts).
@@ -220,9 +220,12 @@ impl State {
             let namespace = fed.namespace().unwrap_or_default();
             let key = (namespace.clone(), fed.name_any());
             live.insert(key.clone());
-            let selected = decided(&decisions, &namespace, &placement.name, |c| {
-                labels.contains_key(c)
-            });
+            let selected = decided(
+                decisions.iter().map(AsRef::as_ref),
+                &namespace,
+                &placement.name,
+                |c| labels.contains_key(c),
+            );
             let works = match federation_work(&fed, &selected, &labels, &self.ca_pem) {
                 Ok(works) => {
                     self.last_good.insert(key.clone(), works.clone());
@@ -263,28 +266,6 @@ impl State {
     }
 }
 
-/// Clusters decided for Placement `namespace/placement` (sorted, unique) that pass `known`.
-fn decided(
-    decisions: &[Arc<PlacementDecision>],
-    namespace: &str,
-    placement: &str,
-    known: impl Fn(&str) -> bool,
-) -> Vec<String> {
-    let mut selected: Vec<String> = decisions
-        .iter()
-        .filter(|d| {
-            d.namespace().as_deref() == Some(namespace)
-                && d.labels().get(PLACEMENT_LABEL).map(String::as_str) == Some(placement)
-        })
-        .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
-        .map(|d| d.cluster_name.clone())
-        .filter(|c| known(c))
-        .collect();
-    selected.sort();
-    selected.dedup();
-    selected
-}
-
 /// Field manager of the per-cluster part of the Federation status (`status.clusters`), which
 /// the work source owns; everything else in the status is the Federation controller's.
 pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
@@ -318,9 +299,12 @@ async fn write_cluster_statuses(
                 continue;
             };
             let namespace = fed.namespace().unwrap_or_default();
-            let selected = decided(&decisions, &namespace, &placement.name, |c| {
-                clusters.contains_key(c)
-            });
+            let selected = decided(
+                decisions.iter().map(AsRef::as_ref),
+                &namespace,
+                &placement.name,
+                |c| clusters.contains_key(c),
+            );
             let want: Vec<flower_addon_crds::ClusterStatus> = selected
                 .iter()
                 .map(|name| {

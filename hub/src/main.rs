@@ -24,7 +24,7 @@ enum Command {
     Validate(offline::ValidateArgs),
     /// Print every object that would be applied, for the hub or for one spoke cluster.
     #[command(
-        after_help = "Examples:\n  flower-hub render examples/multicluster.yaml\n  flower-hub render examples/cluster-overrides.yaml --cluster gpu-1 --label gpu=yes --node-address hub.example.org"
+        after_help = "Examples:\n  flower-hub render examples/multicluster.yaml\n  flower-hub render examples/cluster-overrides.yaml --cluster gpu-1 --label gpu=yes --node-address hub.example.org\n  flower-hub render federation.yaml placementdecisions.yaml managedclusters.yaml --cluster gpu-1"
     )]
     Render(offline::RenderArgs),
     /// Run the hub (Kubernetes mode, or `--standalone` with a state directory).

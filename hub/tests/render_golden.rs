@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use flower_addon_crds::{Object, parse_documents};
-use flower_addon_hub::cli::offline::render_stream;
-use flower_addon_hub::render::SpokeCluster;
+use flower_addon_hub::cli::offline::{SpokeArgs, render_stream};
 
 fn inputs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -29,25 +28,19 @@ fn inputs() -> Vec<PathBuf> {
 /// The golden text of one input: the hub side, then what cluster `spoke-b` (index 1 of 3) applies.
 fn golden_text(path: &Path) -> String {
     let text = std::fs::read_to_string(path).expect("input readable");
-    let feds: Vec<_> = parse_documents(&path.display().to_string(), &text)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_iter()
-        .filter_map(|o| match o {
-            Object::Federation(f) => Some(f),
-            _ => None,
-        })
-        .collect();
+    let feds: Vec<Object> =
+        parse_documents(&path.display().to_string(), &text).unwrap_or_else(|e| panic!("{e}"));
     let hub =
         render_stream(&feds, None, None).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-    let spoke = SpokeCluster {
-        name: "spoke-b",
+    let spoke = SpokeArgs {
+        cluster: "spoke-b",
         index: 1,
         clusters: 3,
-        labels: None,
+        labels: Default::default(),
     };
     // The hub's node address (`serve --node-address`) for NodePort Federations without
     // externalAddress; examples that set externalAddress ignore it.
-    let spoke = render_stream(&feds, Some(spoke), Some("198.18.0.1"))
+    let spoke = render_stream(&feds, Some(&spoke), Some("198.18.0.1"))
         .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     format!("# ===== hub =====\n{hub}# ===== cluster spoke-b (index 1 of 3) =====\n{spoke}")
 }

@@ -3,9 +3,9 @@
 
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, Workload};
+use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
 use flower_addon_hub::render::{
-    HubObjects, SpokeCluster, render_hub, render_problems, render_spoke, render_superlink,
-    render_superlink_service,
+    HubObjects, render_hub, render_problems, render_superlink, render_superlink_service,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -82,14 +82,12 @@ fn spokes_dial_the_external_address_with_a_real_port() {
     f.spec.placement_ref = Some(flower_addon_crds::PlacementRef { name: "p".into() });
     f.spec.superlink.external_address = Some("hub.example".into());
     f.spec.superlink.service.ports.grpc = 31000;
-    let cluster = SpokeCluster {
-        name: "c",
-        index: 0,
-        clusters: 1,
-        labels: None,
-    };
-    let workloads = render_spoke(&f, cluster, None).expect("renders");
-    let Workload::StatefulSet(sts) = &workloads[0] else {
+    let selection = SpokeSelection::positional("c", 0, 1, &Default::default());
+    let fleet = flower_addon_hub::render::spoke_fleet_address(&f, None).expect("fleet");
+    let rendered = spoke_objects(&f, &selection, &fleet)
+        .expect("renders")
+        .expect("c runs the pool");
+    let Workload::StatefulSet(sts) = &rendered.workloads[0].1 else {
         panic!("StatefulSet expected")
     };
     let pod = sts.spec.template.spec.as_ref().expect("pod");
@@ -245,6 +243,9 @@ fn superlink_renders_flower_operator_facts_plus_a_persistent_database() {
         [
             "--isolation=subprocess",
             "--insecure",
+            "--serverappio-api-address=127.0.0.1:9091",
+            "--fleet-api-address=0.0.0.0:9092",
+            "--control-api-address=0.0.0.0:9093",
             "--database=/var/lib/flwr/state/superlink.db"
         ]
     );
@@ -305,9 +306,9 @@ fn process_mode_and_tls_per_dialect() {
             .clone()
             .expect("args"),
         [
+            "--insecure",
             "--plugin-type=serverapp",
-            "--appio-api-address=127.0.0.1:9091",
-            "--insecure"
+            "--appio-api-address=127.0.0.1:9091"
         ]
     );
     let unified = render_superlink(&f, v("1.42.0"), FlowerDialect::Unified).expect("renders");

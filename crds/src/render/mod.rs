@@ -28,7 +28,6 @@ pub mod address;
 pub mod dialect;
 pub mod merge;
 pub mod node_config;
-pub mod partition;
 pub mod placeholders;
 mod pool;
 pub mod process_env;
@@ -42,7 +41,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
 pub use node_config::{NodeConfigError, encode_node_config};
-pub use partition::PartitionPlan;
 pub use placeholders::PlaceholderError;
 pub use pool::{claim, superexec_clientapp_argv, supernode_argv};
 pub use process_env::{ProcessEnvError, process_env, unenforced_resources};
@@ -172,31 +170,11 @@ pub struct ClusterContext {
     pub index: u32,
     /// Number of selected clusters (`{clusters}`).
     pub clusters: u32,
-    /// Global partition of this pool's replica 0 on this cluster ([`PartitionPlan::offset`]).
+    /// Global partition of this pool's replica 0 on this cluster (numbered by the hub's work
+    /// split over every selected cluster).
     pub partition_offset: u64,
-    /// SuperNodes over every selected cluster (`{partitions}`, [`PartitionPlan::total`]).
+    /// SuperNodes over every selected cluster (`{partitions}`).
     pub partitions: u64,
-}
-
-impl ClusterContext {
-    /// The context of pool number `pool_index` of `spec` on the cluster `name` at `index` of
-    /// `clusters`.
-    pub fn for_pool(
-        spec: &FederationSpec,
-        pool_index: usize,
-        name: &str,
-        index: u32,
-        clusters: u32,
-    ) -> Self {
-        let plan = PartitionPlan::new(spec);
-        Self {
-            name: name.to_owned(),
-            index,
-            clusters,
-            partition_offset: plan.offset(index, pool_index),
-            partitions: plan.total(clusters),
-        }
-    }
 }
 
 /// Everything needed to render one pool.

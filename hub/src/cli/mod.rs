@@ -2,5 +2,6 @@
 pub mod offline;
 pub mod registration;
 pub mod serve;
+pub mod spoke;
 
 pub use flower_addon_agent::cli::{LogFormat, init_tracing, init_tracing_with};

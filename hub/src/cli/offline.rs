@@ -4,12 +4,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use flower_addon_crds::{Federation, Object};
+use flower_addon_crds::Object;
 
-use crate::render::{
-    ExternalAddressError, HubRenderError, SpokeCluster, render_hub, render_spoke,
-    spoke_fleet_address,
-};
+use crate::cli::spoke::{SpokeSelection, spoke_objects};
+use crate::render::{ExternalAddressError, HubRenderError, render_hub, spoke_fleet_address};
 
 /// Arguments of `flower-hub validate`.
 #[derive(clap::Args, Debug)]
@@ -25,8 +23,11 @@ pub struct ValidateArgs {
 #[command(after_help = "\
 Without --cluster: what the hub applies in its own cluster — the SuperLink StatefulSet and \
 Service, plus the SuperNode pools of Federations without placementRef (their {cluster} is \
-\"local-cluster\"). With --cluster: the pool workloads that spoke's agent applies for Federations with \
-placementRef. Secrets holding certificates (the SuperLink TLS Secret, the spokes' CA Secret \
+\"local-cluster\"). With --cluster: the objects that spoke's agent applies for Federations with \
+placementRef, computed by the same code as the running hub and agent. Give the Placement's \
+PlacementDecisions (and ManagedClusters, for labels) among the files to get exactly the hub's \
+split; without them the cluster is taken at --cluster-index of --clusters, the others running \
+the same pools. Secrets holding certificates (the SuperLink TLS Secret, the spokes' CA Secret \
 <fed>-superlink-ca) are issued by a running hub and are not printed; a comment names them.")]
 pub struct RenderArgs {
     /// YAML files holding Federation (and Placement) objects.
@@ -46,9 +47,10 @@ pub struct RenderArgs {
     /// must then be pinned in `spec.superlink.service.nodePorts.grpc` to be known offline).
     #[arg(long, requires = "cluster")]
     pub node_address: Option<String>,
-    /// A label of the cluster (`key=value`, repeatable), as on its ManagedCluster: pools are
-    /// narrowed by their `clusterSelector` and `spec.clusterOverrides` are merged in, exactly as
-    /// the hub does for that cluster. Without labels every pool is shown without overrides.
+    /// A label of the cluster (`key=value`, repeatable), as on its ManagedCluster (used when
+    /// the files hold no ManagedCluster of that name): pools are narrowed by their
+    /// `clusterSelector` and `spec.clusterOverrides` are merged in, exactly as the hub does.
+    /// Without labels the cluster has none: pools with a `clusterSelector` are not shown.
     #[arg(long = "label", requires = "cluster", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub labels: Vec<(String, String)>,
 }
@@ -116,7 +118,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             args.clusters
         );
     }
-    let mut federations = Vec::new();
+    let mut all = Vec::new();
     let mut invalid = false;
     for file in &args.files {
         let objects = match read_objects(file) {
@@ -133,35 +135,50 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("{}: {path}: {message}", file.display());
             }
             invalid |= !problems.is_empty();
-            if let Object::Federation(fed) = object {
-                federations.push(fed);
-            }
+            all.push(object);
         }
     }
     if invalid {
         return Ok(ExitCode::FAILURE);
     }
-    let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
-    let spoke = args.cluster.as_deref().map(|name| SpokeCluster {
-        name,
+    let spoke = args.cluster.as_deref().map(|cluster| SpokeArgs {
+        cluster,
         index: args.cluster_index,
         clusters: args.clusters,
-        labels: (!args.labels.is_empty()).then_some(&labels),
+        labels: args.labels.iter().cloned().collect(),
     });
     print!(
         "{}",
-        render_stream(&federations, spoke, args.node_address.as_deref())?
+        render_stream(&all, spoke.as_ref(), args.node_address.as_deref())?
     );
     Ok(ExitCode::SUCCESS)
 }
 
-/// The YAML stream `render` prints for `federations`: the hub side, or one spoke's side.
+/// The spoke `render --cluster` prints.
+#[derive(Clone, Debug)]
+pub struct SpokeArgs<'a> {
+    /// Cluster name.
+    pub cluster: &'a str,
+    /// Its position among the selected clusters (when no PlacementDecision is given).
+    pub index: u32,
+    /// Number of selected clusters (when no PlacementDecision is given).
+    pub clusters: u32,
+    /// Its labels (when its ManagedCluster is not given).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The YAML stream `render` prints for the Federations among `objects`: the hub side, or one
+/// spoke's side (selected by the PlacementDecisions among `objects`, else by position).
 pub fn render_stream(
-    federations: &[Federation],
-    spoke: Option<SpokeCluster<'_>>,
+    objects: &[Object],
+    spoke: Option<&SpokeArgs<'_>>,
     node_address: Option<&str>,
 ) -> anyhow::Result<String> {
     let mut out = String::new();
+    let federations = objects.iter().filter_map(|o| match o {
+        Object::Federation(fed) => Some(fed),
+        _ => None,
+    });
     for fed in federations {
         let name = fed.metadata.name.as_deref().unwrap_or_default();
         let (values, secret_note) = match spoke {
@@ -192,20 +209,35 @@ pub fn render_stream(
                     }
                     Err(e) => return Err(e).with_context(|| format!("Federation {name}")),
                 };
-                let workloads = render_spoke(fed, cluster, fleet.as_deref())
-                    .with_context(|| format!("Federation {name}"))?;
-                let note = (!fed.spec.insecure && !workloads.is_empty()).then(|| {
+                let selection =
+                    SpokeSelection::from_decisions(fed, cluster.cluster, objects, &cluster.labels)
+                        .unwrap_or_else(|| {
+                            SpokeSelection::positional(
+                                cluster.cluster,
+                                cluster.index,
+                                cluster.clusters,
+                                &cluster.labels,
+                            )
+                        });
+                let rendered = match fleet {
+                    Some(fleet) => spoke_objects(fed, &selection, &fleet)
+                        .with_context(|| format!("Federation {name}"))?,
+                    None => None,
+                };
+                let note = rendered.as_ref().filter(|_| !fed.spec.insecure).map(|_| {
                     format!(
                         "# Secret {} (ca.crt) is created by the agent from the hub's CA bundle; not shown.\n",
                         flower_addon_crds::render::spoke_ca_secret_name(name)
                     )
                 });
-                let mut values = workloads
-                    .iter()
-                    .map(|w| w.to_value())
-                    .collect::<Result<Vec<_>, _>>()?;
-                for service in crate::render::headless_services(fed, &workloads) {
-                    values.push(serde_json::to_value(service)?);
+                let mut values = Vec::new();
+                if let Some(rendered) = &rendered {
+                    for (_, workload) in &rendered.workloads {
+                        values.push(workload.to_value()?);
+                    }
+                    for service in &rendered.services {
+                        values.push(serde_json::to_value(service)?);
+                    }
                 }
                 (values, note)
             }

@@ -8,12 +8,12 @@
 //! known to the hub: they get no partition range (validation forbids `{partition}` there).
 use std::collections::BTreeMap;
 
-use flower_addon_crds::Federation;
 use flower_addon_crds::federation::{
     ClusterOverride, DeploymentMode, FederationSpec, SuperNodePoolSpec,
 };
 use flower_addon_crds::render::FlowerVersion;
 use flower_addon_crds::render::merge::merge_env;
+use flower_addon_crds::{Federation, PLACEMENT_LABEL, PlacementDecision};
 use flower_addon_proto::{FederationWork, PoolWork};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
@@ -161,6 +161,34 @@ pub fn split_work(
         share.partitions_total = next_partition;
     }
     shares
+}
+
+/// Clusters decided for Placement `namespace/placement` (sorted, unique) that pass `known`,
+/// from the `PlacementDecision`s labelled with that Placement.
+pub fn decided<'a>(
+    decisions: impl IntoIterator<Item = &'a PlacementDecision>,
+    namespace: &str,
+    placement: &str,
+    known: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut selected: Vec<String> = decisions
+        .into_iter()
+        .filter(|d| {
+            d.metadata.namespace.as_deref() == Some(namespace)
+                && d.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(PLACEMENT_LABEL))
+                    .map(String::as_str)
+                    == Some(placement)
+        })
+        .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
+        .map(|d| d.cluster_name.clone())
+        .filter(|c| known(c))
+        .collect();
+    selected.sort();
+    selected.dedup();
+    selected
 }
 
 /// What the per-cluster work of a Federation is computed from, besides the Federation.

@@ -83,20 +83,6 @@ impl HubObjects {
     }
 }
 
-/// A selected spoke cluster: its name and position among `clusters` selected clusters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SpokeCluster<'a> {
-    /// ManagedCluster name.
-    pub name: &'a str,
-    /// Position among the selected clusters, 0-based (stable order chosen by the placement).
-    pub index: u32,
-    /// Number of selected clusters.
-    pub clusters: u32,
-    /// The cluster's ManagedCluster labels, when known: pools are then narrowed by their
-    /// `clusterSelector` and `spec.clusterOverrides` are merged in, as the hub does for it.
-    pub labels: Option<&'a std::collections::BTreeMap<String, String>>,
-}
-
 /// The Federation's Flower version and dialect (`spec.version`, else the SuperLink image tag).
 pub fn federation_dialect(
     fed: &Federation,
@@ -175,7 +161,7 @@ pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, H
     } else {
         let fleet = in_cluster_fleet_address(fed);
         let ca = superlink_tls_secret_name(fed);
-        render_pools(fed, dialect, &fleet, &ca, local_cluster, 0, 1)?
+        render_pools(fed, dialect, &fleet, &ca, local_cluster)?
     };
     let pool_services = headless_services(fed, &pools);
     Ok(HubObjects {
@@ -184,54 +170,6 @@ pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, H
         pools,
         pool_services,
     })
-}
-
-/// The pool workloads a spoke's agent applies for this Federation (the CA bundle Secret
-/// [`pools::spoke_ca_secret_name`] is created by the agent from its work and is not rendered).
-/// Empty for a Federation without `placementRef` (its pools run in the hub cluster).
-///
-/// `fleet` is the address the hub sends (`status.endpoints.fleet`); offline, `None` derives it as
-/// [`spoke_fleet_address`] does with no node address.
-pub fn render_spoke(
-    fed: &Federation,
-    cluster: SpokeCluster<'_>,
-    fleet: Option<&str>,
-) -> Result<Vec<Workload>, HubRenderError> {
-    check_metadata(fed)?;
-    if fed.spec.placement_ref.is_none() {
-        return Ok(Vec::new());
-    }
-    let (_, dialect) = federation_dialect(fed)?;
-    let fleet = match fleet {
-        Some(fleet) => fleet.to_owned(),
-        None => spoke_fleet_address(fed, None)?,
-    };
-    let effective;
-    let fed = match cluster.labels {
-        None => fed,
-        Some(labels) => {
-            let mut copy = fed.clone();
-            copy.spec.supernodes.pools = fed
-                .spec
-                .supernodes
-                .pools
-                .iter()
-                .filter_map(|p| crate::core::work::pool_on_cluster(&fed.spec, p, Some(labels)))
-                .collect();
-            effective = copy;
-            &effective
-        }
-    };
-    let ca = pools::spoke_ca_secret_name(name(fed));
-    render_pools(
-        fed,
-        dialect,
-        &fleet,
-        &ca,
-        cluster.name,
-        cluster.index,
-        cluster.clusters,
-    )
 }
 
 /// The headless Service of each StatefulSet pool among `workloads` of `fed`.
@@ -250,34 +188,38 @@ pub fn headless_services(fed: &Federation, workloads: &[Workload]) -> Vec<Servic
         .collect()
 }
 
+/// The pools of `fed` in the hub's own cluster `cluster` (its only cluster), numbered by the
+/// same work split as spokes ([`crate::core::work::split_work`]).
 fn render_pools(
     fed: &Federation,
     dialect: FlowerDialect,
     fleet: &str,
     ca_secret: &str,
     cluster: &str,
-    cluster_index: u32,
-    clusters: u32,
 ) -> Result<Vec<Workload>, HubRenderError> {
-    let plan = pools::PartitionPlan::new(&fed.spec);
-    fed.spec
-        .supernodes
+    let shares = crate::core::work::split_work(&fed.spec, &[cluster.to_owned()], |pool, _| {
+        Some(pool.clone())
+    });
+    let Some(share) = shares.first() else {
+        return Ok(Vec::new());
+    };
+    share
         .pools
         .iter()
         .enumerate()
         .map(|(index, pool)| {
             let context = ClusterContext {
-                name: cluster.to_owned(),
-                index: cluster_index,
-                clusters,
-                partition_offset: plan.offset(cluster_index, index),
-                partitions: plan.total(clusters),
+                name: share.cluster.clone(),
+                index: share.cluster_index,
+                clusters: share.clusters,
+                partition_offset: u64::from(pool.partition_offset),
+                partitions: u64::from(share.partitions_total),
             };
             render_supernode_pool(&SuperNodePoolInput {
                 federation: name(fed),
                 namespace: namespace(fed),
                 spec: &fed.spec,
-                pool,
+                pool: &pool.spec,
                 dialect,
                 fleet_address: fleet,
                 ca_secret_name: ca_secret,
@@ -319,13 +261,22 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
     } else {
         in_cluster_fleet_address(fed)
     };
-    for (index, pool) in fed.spec.supernodes.pools.iter().enumerate() {
-        let context = ClusterContext::for_pool(&fed.spec, index, "check", 0, 1);
+    let shares =
+        crate::core::work::split_work(&fed.spec, &["check".to_owned()], |p, _| Some(p.clone()));
+    let share = shares.first().map(|s| &s.pools[..]).unwrap_or_default();
+    for (index, pool) in share.iter().enumerate() {
+        let context = ClusterContext {
+            name: "check".to_owned(),
+            index: 0,
+            clusters: 1,
+            partition_offset: u64::from(pool.partition_offset),
+            partitions: shares.first().map_or(0, |s| u64::from(s.partitions_total)),
+        };
         let input = SuperNodePoolInput {
             federation: name(fed),
             namespace: namespace(fed),
             spec: &fed.spec,
-            pool,
+            pool: &pool.spec,
             dialect,
             fleet_address: &fleet,
             ca_secret_name: "check",
