@@ -18,8 +18,7 @@
 use rcgen::KeyPair;
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -213,25 +212,12 @@ fn ensure_dir(dir: &Path) -> Result<(), CredentialsError> {
 
 /// Writes `body` to `path` atomically with mode 0600.
 fn write_atomic(path: &Path, body: &[u8]) -> Result<(), CredentialsError> {
-    let io = |source| CredentialsError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io)?;
-    file.write_all(body).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    fs::rename(&tmp, path).map_err(io)
+    crate::files::write_atomic(path, body, crate::files::PRIVATE).map_err(|source| {
+        CredentialsError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// Field manager of the agent's writes to its credential Secret.

@@ -8,6 +8,7 @@ pub mod bootstrap;
 pub mod channel;
 pub mod cli;
 pub mod credentials;
+pub mod files;
 pub mod join;
 pub mod kube_runtime;
 pub mod process_runtime;

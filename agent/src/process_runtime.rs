@@ -578,34 +578,13 @@ pub fn ensure_node_key(path: &Path) -> Result<String, RuntimeError> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    crate::files::write_atomic(path, bytes, crate::files::PRIVATE).map_err(io_err(path))
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
-    if std::fs::read(path).ok().as_deref() == Some(bytes) {
-        return Ok(());
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    crate::files::write_if_changed(path, bytes, crate::files::PUBLIC)
+        .map(drop)
+        .map_err(io_err(path))
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RuntimeError + '_ {

@@ -52,13 +52,16 @@ impl HubAddress {
     }
 }
 
-/// `sha256:<hex>` of a certificate's SubjectPublicKeyInfo DER (the `--ca-hash` format).
+/// `sha256:<hex>` of a SubjectPublicKeyInfo DER: the one formula of the CA hash (`--ca-hash`,
+/// what `flower-hub token create` prints) and of the key fingerprints the hub pins clusters to.
+pub fn spki_fingerprint(spki_der: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(spki_der)))
+}
+
+/// [`spki_fingerprint`] of a certificate's public key (the `--ca-hash` of a CA certificate).
 pub fn spki_hash(cert: &CertificateDer<'_>) -> Option<String> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    Some(format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(parsed.tbs_certificate.subject_pki.raw))
-    ))
+    Some(spki_fingerprint(parsed.tbs_certificate.subject_pki.raw))
 }
 
 fn provider() -> Arc<CryptoProvider> {

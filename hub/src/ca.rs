@@ -13,7 +13,6 @@ use rcgen::{
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};
 
 /// Validity of the CA certificate itself.
@@ -299,10 +298,7 @@ pub fn ca_cert_hash(cert_der: &[u8]) -> Result<String, CaError> {
     Ok(spki_fingerprint(cert.tbs_certificate.subject_pki.raw))
 }
 
-/// `sha256:<hex>` of a SubjectPublicKeyInfo DER.
-pub fn spki_fingerprint(spki_der: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(spki_der)))
-}
+pub use flower_addon_agent::tls::spki_fingerprint;
 
 /// `sha256:<hex>` of the public key in a PEM CSR (the key the hub pins a cluster to). The CSR's
 /// self-signature is verified.

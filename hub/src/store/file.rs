@@ -19,8 +19,7 @@ use crate::ca::CaMaterial;
 use crate::tokens::TokenRecord;
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use tokio::sync::broadcast;
@@ -163,17 +162,8 @@ impl ClusterStore for FileStore {
     async fn create_ca(&self, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
         let path = self.dir.join("ca.json");
         let body = serde_json::to_vec_pretty(ca).map_err(|e| corrupt(&path, e))?;
-        // Write to a temporary file, then hard-link it into place: link fails if a CA exists, so
-        // a racing process never replaces a CA someone may already trust.
-        let tmp = temp_path(&path);
-        write_file(&tmp, &body, 0o600)?;
-        let linked = fs::hard_link(&tmp, &path);
-        let _ = fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err(&path, e)),
-        }
+        // Never replaces an existing CA: a racing process keeps the one someone may trust.
+        flower_addon_agent::files::create_new(&path, &body, 0o600).map_err(|e| io_err(&path, e))?;
         let stored: CaMaterial = read_json(&path)?.ok_or_else(|| StoreError::Corrupt {
             path: path.display().to_string(),
             detail: "vanished after creation".into(),
@@ -376,31 +366,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, S
 
 /// Writes `body` to `path` atomically: temp file with `mode`, fsync, rename over `path`.
 pub(crate) fn write_atomic(path: &Path, body: &[u8], mode: u32) -> Result<(), StoreError> {
-    let tmp = temp_path(path);
-    write_file(&tmp, body, mode)?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_err(path, e)
-    })
-}
-
-fn write_file(path: &Path, body: &[u8], mode: u32) -> Result<(), StoreError> {
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(|e| io_err(path, e))?;
-    file.write_all(body).map_err(|e| io_err(path, e))?;
-    file.sync_all().map_err(|e| io_err(path, e))
-}
-
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp-{}", rand::random::<u64>()))
+    flower_addon_agent::files::write_atomic(path, body, mode).map_err(|e| io_err(path, e))
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {
