@@ -72,6 +72,8 @@ pub struct KubeStore {
     namespace: String,
     changes: broadcast::Sender<String>,
     watch: Option<JoinHandle<()>>,
+    /// `spec.leaseDurationSeconds` of the ManagedClusters this store creates.
+    lease_seconds: i32,
 }
 
 impl Drop for KubeStore {
@@ -142,6 +144,7 @@ impl KubeStore {
             namespace: namespace.into(),
             changes,
             watch: Some(watch),
+            lease_seconds: flower_addon_crds::DEFAULT_LEASE_DURATION_SECONDS,
         }
     }
 
@@ -154,7 +157,15 @@ impl KubeStore {
             namespace: namespace.into(),
             changes,
             watch: None,
+            lease_seconds: flower_addon_crds::DEFAULT_LEASE_DURATION_SECONDS,
         }
+    }
+
+    /// ManagedClusters created on join get `spec.leaseDurationSeconds` = `lease` (the hub's
+    /// `--lease-duration`); an admin may change it per cluster afterwards.
+    pub fn with_lease_duration(mut self, lease: std::time::Duration) -> Self {
+        self.lease_seconds = i32::try_from(lease.as_secs().max(1)).unwrap_or(i32::MAX);
+        self
     }
 
     fn clusters(&self) -> Api<ManagedCluster> {
@@ -306,6 +317,10 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
             created_unix,
         },
         hub_accepts_client: mc.spec.hub_accepts_client,
+        lease_duration: u64::try_from(mc.spec.lease_duration_seconds)
+            .ok()
+            .filter(|s| *s > 0)
+            .map(std::time::Duration::from_secs),
         status: ClusterStatus {
             last_heartbeat_unix: status.last_heartbeat.as_ref().map(unix_of),
             client_cert_not_after_unix: ann(ANN_CLIENT_CERT_NOT_AFTER).parse().ok(),
@@ -539,6 +554,7 @@ impl ClusterStore for KubeStore {
             &name,
             ManagedClusterSpec {
                 hub_accepts_client,
+                lease_duration_seconds: self.lease_seconds,
                 ..Default::default()
             },
         );
@@ -702,6 +718,13 @@ mod tests {
         let record = record_of(&mc);
         assert_eq!(record.registration, reg);
         assert!(!record.hub_accepts_client);
+        // The cluster's own lease (OCM's default 60 s unless the admin or the hub set another).
+        assert_eq!(record.lease_duration, Some(std::time::Duration::from_secs(60)));
+        mc.spec.lease_duration_seconds = 7;
+        assert_eq!(
+            record_of(&mc).lease_duration,
+            Some(std::time::Duration::from_secs(7))
+        );
         assert_eq!(record.status.last_heartbeat_unix, Some(1_700_000_100));
         assert_eq!(
             record

@@ -169,6 +169,21 @@ pub(crate) struct Lease {
     last_heartbeat: Instant,
     persisted: Instant,
     available: bool,
+    /// The cluster's lease duration (its `leaseDurationSeconds`, else the hub's).
+    duration: Duration,
+}
+
+/// The lease duration of cluster `name`: its own (`spec.leaseDurationSeconds`) or the hub's.
+async fn lease_of<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+) -> Duration {
+    match shared.store.get_cluster(name).await {
+        Ok(Some(record)) => record
+            .lease_duration
+            .unwrap_or(shared.config.lease_duration),
+        _ => shared.config.lease_duration,
+    }
 }
 
 pub(crate) struct WorkService<S, W> {
@@ -228,7 +243,9 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
 ) {
     tracing::info!(cluster = %name, stream = id, "work stream opened");
     let mut changes = shared.work.changes();
-    let ping_every = (shared.config.lease_duration / 3).max(Duration::from_millis(100));
+    // Read once per stream: a changed leaseDurationSeconds applies from the next connection.
+    let lease = lease_of(&shared, &name).await;
+    let ping_every = (lease / 3).max(Duration::from_millis(100));
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     let send_timeout = Duration::from_secs(30);
     let snapshot = shared.work.snapshot(&name);
@@ -261,7 +278,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                         break 'stream Some(status);
                     }
                     Some(Ok(message)) => {
-                        if let Err(status) = handle_agent_message(&shared, &name, id, message).await {
+                        if let Err(status) = handle_agent_message(&shared, &name, id, lease, message).await {
                             tracing::warn!(cluster = %name, message = status.message(), "agent message refused");
                             break 'stream Some(status);
                         }
@@ -298,6 +315,7 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
     stream: u64,
+    lease: Duration,
     message: AgentMessage,
 ) -> Result<(), Status> {
     let claimed = match &message.kind {
@@ -326,7 +344,7 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
         }
         _ => {}
     }
-    renew_lease(shared, name, stream).await;
+    renew_lease(shared, name, stream, lease).await;
     Ok(())
 }
 
@@ -379,19 +397,22 @@ async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
     stream: u64,
+    lease_duration: Duration,
 ) {
     if !is_current(shared, name, stream) {
         return;
     }
     let now = Instant::now();
-    let persist_every = shared.config.lease_duration / 2;
+    let persist_every = lease_duration / 2;
     let must_persist = {
         let mut lease = shared.leases.entry(name.to_string()).or_insert(Lease {
             last_heartbeat: now,
             persisted: now,
             available: false,
+            duration: lease_duration,
         });
         lease.last_heartbeat = now;
+        lease.duration = lease_duration;
         let due = !lease.available || now.duration_since(lease.persisted) >= persist_every;
         if due {
             lease.available = true;
@@ -616,10 +637,10 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
     mut stop: watch::Receiver<bool>,
 ) {
     let lease = shared.config.lease_duration;
-    let grace = lease * LEASE_GRACE_TIMES;
     tokio::spawn(async move {
         seed_leases(&shared).await;
-        let mut tick = tokio::time::interval((lease / 4).max(Duration::from_millis(100)));
+        let every = (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let mut tick = tokio::time::interval(every);
         loop {
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
@@ -629,7 +650,7 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
                 .leases
                 .iter_mut()
                 .filter_map(|mut e| {
-                    if e.available && e.last_heartbeat.elapsed() > grace {
+                    if e.available && e.last_heartbeat.elapsed() > e.duration * LEASE_GRACE_TIMES {
                         e.available = false;
                         Some(e.key().clone())
                     } else {
@@ -686,6 +707,9 @@ async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W
                         last_heartbeat: now,
                         persisted: now,
                         available: true,
+                        duration: record
+                            .lease_duration
+                            .unwrap_or(shared.config.lease_duration),
                     }
                 });
         }

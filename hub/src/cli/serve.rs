@@ -40,7 +40,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     pub cert_validity: Duration,
     /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
-    /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule).
+    /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule). In
+    /// Kubernetes mode it is the `spec.leaseDurationSeconds` of ManagedClusters created on join;
+    /// each cluster's own value is what counts.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     /// Directory of Federation and Placement YAML files, re-read when they change (standalone).
@@ -235,10 +237,10 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.namespace,
             ca.hash()
         );
-        let store = Arc::new(crate::kube_store::KubeStore::new(
-            client.clone(),
-            args.namespace.clone(),
-        ));
+        let store = Arc::new(
+            crate::kube_store::KubeStore::new(client.clone(), args.namespace.clone())
+                .with_lease_duration(args.lease_duration),
+        );
         let listeners = bind(&args.listen).await?;
         let work = Arc::new(
             crate::kube_work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())

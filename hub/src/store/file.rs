@@ -306,6 +306,7 @@ impl ClusterStore for FileStore {
         Ok(Some(ClusterRecord {
             registration,
             hub_accepts_client: self.accepted_path(name).exists(),
+            lease_duration: None,
             status,
         }))
     }

@@ -177,6 +177,8 @@ pub struct ClusterRecord {
     pub registration: ClusterRegistration,
     /// `spec.hubAcceptsClient`.
     pub hub_accepts_client: bool,
+    /// `spec.leaseDurationSeconds` (Kubernetes mode); `None`: the hub's `--lease-duration`.
+    pub lease_duration: Option<std::time::Duration>,
     /// What the hub observed.
     pub status: ClusterStatus,
 }
