@@ -12,11 +12,11 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use e2e::{Cluster, ControlPlane};
 use flower_addon_crds::{Federation, ManagedCluster, ManagedClusterSpec};
-use flower_addon_hub::ca::HubCa;
-use flower_addon_hub::kube_store::{
+use flower_addon_hub::kube::store::{
     CA_SECRET, HUB_SERVICE, KubeStore, TOKEN_SECRET_PREFIX, TOKEN_SECRET_TYPE,
 };
-use flower_addon_hub::store::ClusterStore;
+use flower_addon_hub::registration::ca::HubCa;
+use flower_addon_hub::registration::store::ClusterStore;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};

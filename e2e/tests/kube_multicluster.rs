@@ -11,14 +11,16 @@ use anyhow::{Context as _, Result, ensure};
 use e2e::ControlPlane;
 use e2e::addon::{AGENT_NS, Addon, AddonOptions, Bootstrap, Spoke, hub_cli};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
-use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::channel::WorkSource;
-use flower_addon_hub::controller::placement;
-use flower_addon_hub::kube_store::{self, KubeStore};
-use flower_addon_hub::kube_work::KubeWorkSource;
-use flower_addon_hub::placement::TAINT_UNREACHABLE;
-use flower_addon_hub::store::{ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
-use flower_addon_hub::tokens;
+use flower_addon_hub::core::placement::TAINT_UNREACHABLE;
+use flower_addon_hub::kube::controller::placement;
+use flower_addon_hub::kube::store::{self as kube_store, KubeStore};
+use flower_addon_hub::kube::work::KubeWorkSource;
+use flower_addon_hub::registration::ca::HubCa;
+use flower_addon_hub::registration::store::{
+    ClusterRegistration, ClusterStatus, ClusterStore, StoreError,
+};
+use flower_addon_hub::registration::tokens;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -249,7 +251,7 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
             .iter()
             .any(|e| {
                 e.reporting_controller.as_deref()
-                    == Some(flower_addon_hub::controller::HUB_FIELD_MANAGER)
+                    == Some(flower_addon_hub::kube::controller::HUB_FIELD_MANAGER)
                     && e.reason.as_deref() == Some("DecisionUpdate")
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("prod")
                     && e.note.as_deref().is_some_and(|n| n.contains("c1, c2"))
@@ -1580,7 +1582,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     );
     let taints: Vec<&str> = revoked.spec.taints.iter().map(|t| t.key.as_str()).collect();
     ensure!(
-        taints == [flower_addon_hub::placement::TAINT_UNAVAILABLE],
+        taints == [flower_addon_hub::core::placement::TAINT_UNAVAILABLE],
         "a revoked cluster carries the unavailable taint (OCM: Available=False), got {taints:?}"
     );
 

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use flower_addon_agent::kube_runtime::render_federation;
 use flower_addon_agent::work::decode_federation;
+use flower_addon_hub::core::render::{federation_dialect, render_hub};
 use flower_addon_hub::core::work::{WorkInputs, federation_work};
-use flower_addon_hub::render::{federation_dialect, render_hub};
 use flower_addon_proto::ClusterWork;
 
 const CLUSTERS: u32 = 1_000;

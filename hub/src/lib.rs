@@ -1,16 +1,25 @@
-//! flower-addon hub library: pure core (placement, rendering, status) and adapters.
+//! flower-addon hub library: one pure core and the adapters around it.
+//!
+//! The pipeline, for each Federation: [`core::problems`] (is it valid?) →
+//! [`core::placement`] (which clusters, from the Placement and the clusters' labels, claims,
+//! taints and resources) → [`core::work`] (what each selected cluster runs, partitions numbered
+//! across them) and [`core::superlink`] + [`core::render`] (the SuperLink's arguments and
+//! objects) → an adapter applies it:
+//!
+//! - [`kube`]: Kubernetes mode — the Federation and Placement controllers, the work source fed by
+//!   reflectors, and the store of clusters as `ManagedCluster`s;
+//! - [`standalone`]: no Kubernetes — manifests from files, SuperLinks as supervised processes,
+//!   `status.json`.
+//!
+//! Both adapters share [`registration`] (CA, bootstrap tokens, the cluster store) and
+//! [`channel`] (the agents' gRPC join and work streams over mTLS). [`cli`] wires them into the
+//! `flower-hub` commands. No adapter imports another.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
-pub mod ca;
 pub mod channel;
 pub mod cli;
-pub mod controller;
 pub mod core;
-pub mod kube_store;
-pub mod kube_work;
-pub mod placement;
-pub mod render;
+pub mod kube;
+pub mod registration;
 pub mod standalone;
-pub mod store;
-pub mod tokens;

@@ -6,7 +6,7 @@ use channel_support::*;
 use flower_addon_agent::channel::{AgentEvent, RunOptions, run};
 use flower_addon_agent::credentials::Credentials;
 use flower_addon_agent::runtime::MemoryRuntime;
-use flower_addon_hub::store::ClusterStore;
+use flower_addon_hub::registration::store::ClusterStore;
 use flower_addon_proto::ClusterWork;
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,7 +181,7 @@ async fn a_cluster_whose_agent_died_while_no_hub_ran_becomes_unknown_after_the_g
                 .flatten()
                 .and_then(|c| {
                     c.status
-                        .condition(flower_addon_hub::store::CONDITION_AVAILABLE)
+                        .condition(flower_addon_hub::registration::store::CONDITION_AVAILABLE)
                         .map(|a| a.status.clone())
                 })
         }
@@ -221,7 +221,7 @@ async fn a_cluster_whose_agent_died_while_no_hub_ran_becomes_unknown_after_the_g
         .expect("cluster");
     assert_eq!(
         record.status.availability_taint().map(|(k, _)| k),
-        Some(flower_addon_hub::placement::TAINT_UNREACHABLE)
+        Some(flower_addon_hub::core::placement::TAINT_UNREACHABLE)
     );
     hub.stop().await;
 }

@@ -4,7 +4,7 @@
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, Workload};
 use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
-use flower_addon_hub::render::{
+use flower_addon_hub::core::render::{
     HubObjects, render_hub, render_problems, render_superlink, render_superlink_service,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -83,7 +83,7 @@ fn spokes_dial_the_external_address_with_a_real_port() {
     f.spec.superlink.external_address = Some("hub.example".into());
     f.spec.superlink.service.ports.grpc = 31000;
     let selection = SpokeSelection::positional("c", 0, 1, &Default::default());
-    let fleet = flower_addon_hub::render::spoke_fleet_address(&f, None).expect("fleet");
+    let fleet = flower_addon_hub::core::render::spoke_fleet_address(&f, None).expect("fleet");
     let rendered = spoke_objects(&f, &selection, &fleet)
         .expect("renders")
         .expect("c runs the pool");
@@ -104,9 +104,10 @@ fn spokes_dial_the_external_address_with_a_real_port() {
     // reached from spokes, which the Kubernetes hub reports naming the field.
     f.spec.superlink.external_address = None;
     assert!(render_problems(&f).is_empty(), "{:?}", render_problems(&f));
-    let (_, dialect) = flower_addon_hub::render::federation_dialect(&f).expect("dialect");
-    let err = flower_addon_hub::render::external_endpoints(&f, dialect, None, Some("198.18.0.1"))
-        .unwrap_err();
+    let (_, dialect) = flower_addon_hub::core::render::federation_dialect(&f).expect("dialect");
+    let err =
+        flower_addon_hub::core::render::external_endpoints(&f, dialect, None, Some("198.18.0.1"))
+            .unwrap_err();
     assert!(
         err.to_string()
             .starts_with("spec.superlink.externalAddress: required"),

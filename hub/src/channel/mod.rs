@@ -5,8 +5,8 @@
 //! the verified client certificate of the connection, and agents pin the CA by hash. We accept
 //! TLS ourselves ([`tls`]) and hand tonic connections whose connect-info carries the verified
 //! identity ([`tls::PeerInfo`]); handlers read it from the request extensions.
-use crate::ca::HubCa;
-use crate::store::{ClusterRecord, ClusterStatus, ClusterStore, StoreError};
+use crate::registration::ca::HubCa;
+use crate::registration::store::{ClusterRecord, ClusterStatus, ClusterStore, StoreError};
 use dashmap::DashMap;
 use flower_addon_proto::registration_server::RegistrationServer;
 use flower_addon_proto::work_server::WorkServer;
@@ -38,7 +38,7 @@ pub enum ChannelError {
     Config(String),
     /// The CA could not issue the server certificate.
     #[error("certificate authority: {0}")]
-    Ca(#[from] crate::ca::CaError),
+    Ca(#[from] crate::registration::ca::CaError),
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),

@@ -1,11 +1,11 @@
 //! `Registration`: Join (bootstrap token + CSR) and Renew (mTLS + CSR with the same key).
 use super::tls::PeerInfo;
 use super::{Shared, WorkSource, internal};
-use crate::ca::csr_key_fingerprint;
-use crate::store::{
+use crate::registration::ca::csr_key_fingerprint;
+use crate::registration::store::{
     CONDITION_HUB_ACCEPTED, CONDITION_JOINED, ClusterRegistration, ClusterStore, StoreError,
 };
-use crate::tokens::{self, unix_now};
+use crate::registration::tokens::{self, unix_now};
 use flower_addon_proto::prost_types::Timestamp;
 use flower_addon_proto::registration_server::Registration;
 use flower_addon_proto::{JoinRequest, JoinResponse, JoinStatus, RenewRequest, RenewResponse};

@@ -5,7 +5,7 @@
 //! when presented, must chain to the hub CA and be within their validity, or the handshake fails.
 //! Each RPC then decides: Join ignores the identity, Renew and Connect require it.
 use super::ChannelError;
-use crate::ca::{HubCa, IssuedKeyPair};
+use crate::registration::ca::{HubCa, IssuedKeyPair};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -141,7 +141,9 @@ pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerIdentity> {
         + Duration::from_secs(u64::try_from(parsed.validity().not_after.timestamp()).ok()?);
     Some(PeerIdentity {
         cluster_name,
-        key_fingerprint: crate::ca::spki_fingerprint(parsed.tbs_certificate.subject_pki.raw),
+        key_fingerprint: crate::registration::ca::spki_fingerprint(
+            parsed.tbs_certificate.subject_pki.raw,
+        ),
         not_after,
     })
 }

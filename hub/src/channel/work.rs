@@ -3,10 +3,10 @@
 //! heartbeats (which renew the cluster lease).
 use super::tls::PeerInfo;
 use super::{Shared, internal};
-use crate::store::{
+use crate::registration::store::{
     CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore, LEASE_GRACE_TIMES,
 };
-use crate::tokens::unix_now;
+use crate::registration::tokens::unix_now;
 use dashmap::DashMap;
 use flower_addon_proto::agent_message::Kind as AgentKind;
 use flower_addon_proto::hub_message::Kind as HubKind;
@@ -584,7 +584,7 @@ async fn sync_acceptance<S: ClusterStore, W: super::WorkSource>(shared: &Shared<
 /// [`sync_acceptance`] of a record already read (no read when nothing changes).
 async fn sync_acceptance_of<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
-    record: crate::store::ClusterRecord,
+    record: crate::registration::store::ClusterRecord,
 ) {
     let name = record.registration.name.as_str();
     let now = unix_now();

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use flower_addon_crds::Object;
 
 use crate::cli::spoke::{SpokeSelection, spoke_objects};
-use crate::render::{ExternalAddressError, HubRenderError, render_hub, spoke_fleet_address};
+use crate::core::render::{ExternalAddressError, HubRenderError, render_hub, spoke_fleet_address};
 
 /// Arguments of `flower-hub validate`.
 #[derive(clap::Args, Debug)]
@@ -188,7 +188,7 @@ pub fn render_stream(
                 let note = (!fed.spec.insecure).then(|| {
                     format!(
                         "# Secret {} (tls.crt, tls.key, ca.crt) is issued by the hub CA at run time; not shown.\n",
-                        crate::render::superlink_tls_secret_name(fed)
+                        crate::core::render::superlink_tls_secret_name(fed)
                     )
                 });
                 (objects.to_values()?, note)

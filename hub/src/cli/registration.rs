@@ -5,12 +5,12 @@
 //! second). Without it they work on the hub cluster's Kubernetes API (`--kubeconfig`,
 //! `--context`, else KUBECONFIG or in-cluster): ManagedClusters, token Secrets and the CA Secret
 //! in `--namespace`, the same objects `flower-hub serve` uses.
-use crate::kube_store::KubeStore;
-use crate::store::file::FileStore;
-use crate::store::{
+use crate::kube::store::KubeStore;
+use crate::registration::store::file::FileStore;
+use crate::registration::store::{
     CONDITION_AVAILABLE, ClusterRecord, ClusterStore, StoreError, load_or_create_ca,
 };
-use crate::tokens;
+use crate::registration::tokens;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -372,7 +372,7 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<ExitCode> {
             let server_name = args
                 .server_name
                 .clone()
-                .unwrap_or_else(|| crate::kube_store::hub_service_server_name(namespace));
+                .unwrap_or_else(|| crate::kube::store::hub_service_server_name(namespace));
             (ca, address, Some(server_name))
         }
     };

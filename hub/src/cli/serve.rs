@@ -1,10 +1,10 @@
 //! `flower-hub serve`: the long-running hub (Kubernetes mode or standalone).
-use crate::ca::{CaMaterial, HubCa};
 use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
 use crate::cli::registration::DEFAULT_PORT;
+use crate::registration::ca::{CaMaterial, HubCa};
+use crate::registration::store::file::FileStore;
+use crate::registration::store::load_or_create_ca;
 use crate::standalone::{StandaloneConfig, StandaloneHub};
-use crate::store::file::FileStore;
-use crate::store::load_or_create_ca;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -215,7 +215,7 @@ async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
 pub use flower_addon_agent::cli::shutdown_signal;
 
 /// Name of the Secret holding the hub CA in Kubernetes mode.
-pub use crate::kube_store::CA_SECRET;
+pub use crate::kube::store::CA_SECRET;
 
 /// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
 /// Federations without `placementRef`, the pools in this cluster), the Placement controller
@@ -238,12 +238,12 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ca.hash()
         );
         let store = Arc::new(
-            crate::kube_store::KubeStore::new(client.clone(), args.namespace.clone())
+            crate::kube::store::KubeStore::new(client.clone(), args.namespace.clone())
                 .with_lease_duration(args.lease_duration),
         );
         let listeners = bind(&args.listen).await?;
         let work = Arc::new(
-            crate::kube_work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())
+            crate::kube::work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())
                 .await?,
         );
         let config = channel_config(
@@ -251,13 +251,13 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             kubernetes_advertise(&args.advertise_address, &args.namespace),
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let federations = tokio::spawn(crate::controller::run(
+        let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
             ca.clone(),
             args.node_address.clone().filter(|a| !a.is_empty()),
             wait_stop(stop_rx.clone()),
         ));
-        let placements = tokio::spawn(crate::controller::placement::run(
+        let placements = tokio::spawn(crate::kube::controller::placement::run(
             client,
             wait_stop(stop_rx),
         ));
@@ -284,11 +284,11 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Names in the hub's server certificate in Kubernetes mode: `--advertise-address` values, then
-/// the DNS names of the Service [`crate::kube_store::HUB_SERVICE`] in `namespace` (agents that
+/// the DNS names of the Service [`crate::kube::store::HUB_SERVICE`] in `namespace` (agents that
 /// dial a node or load-balancer address verify the certificate by `flower-hub.<ns>.svc`).
 pub fn kubernetes_advertise(advertise: &[String], namespace: &str) -> Vec<String> {
     let mut names = advertise.to_vec();
-    for name in crate::kube_store::hub_service_dns_names(namespace) {
+    for name in crate::kube::store::hub_service_dns_names(namespace) {
         if !names.contains(&name) {
             names.push(name);
         }

@@ -8,8 +8,8 @@ use flower_addon_agent::kube_runtime::{Rendered, render_federation};
 use flower_addon_crds::{Federation, ManagedCluster, Object};
 use flower_addon_proto::ClusterWork;
 
+use crate::core::render::federation_dialect;
 use crate::core::work::{WorkInputs, decided, federation_work};
-use crate::render::federation_dialect;
 
 /// The clusters a Federation is split over, as `render --cluster` knows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl SpokeSelection {
 }
 
 fn cluster_labels(mc: &ManagedCluster) -> (String, BTreeMap<String, String>) {
-    let view = crate::controller::placement::cluster_view(mc);
+    let view = crate::kube::controller::placement::cluster_view(mc);
     (view.name, view.labels)
 }
 

@@ -1,8 +1,11 @@
 //! The hub's pure core, shared by both adapters (Kubernetes controllers; standalone files and
-//! processes): what each selected cluster runs ([`work`]), the SuperLink's arguments
-//! ([`superlink`]) and what keeps a Federation from being applied ([`problems`]). Nothing here
+//! processes): which clusters a Placement selects ([`placement`]), what each selected cluster
+//! runs ([`work`]), the SuperLink's arguments ([`superlink`]) and objects ([`render`]), and what
+//! keeps a Federation from being applied ([`problems`]). Nothing here
 //! does I/O; every function is unit-tested without a cluster or a process.
+pub mod placement;
 pub mod problems;
+pub mod render;
 pub mod superlink;
 pub mod work;
 

@@ -2,7 +2,7 @@
 //! `flower-hub validate`: the CRD's own rules first, then what the renderer would refuse.
 use flower_addon_crds::{Federation, validate_federation};
 
-use crate::render::render_problems;
+use crate::core::render::render_problems;
 
 /// Problems that keep a Federation from being applied, as `(field path, message)`.
 pub fn problems(fed: &Federation) -> Vec<(String, String)> {

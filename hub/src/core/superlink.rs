@@ -8,7 +8,7 @@ use flower_addon_crds::render::dialect::{
 };
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, isolation_arg};
 
-use crate::render::{host_of, superlink_name};
+use crate::core::render::{host_of, superlink_name};
 
 /// The ports a SuperLink listens on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,15 +12,15 @@ pub mod noderegister;
 pub mod status;
 pub mod superlink;
 
-use crate::ca::HubCa;
 use crate::channel::InMemoryWorkSource;
 use crate::core::HUB_CLUSTER;
+use crate::core::placement::{self, ClusterView, TaintEffect, TaintView};
 use crate::core::superlink::{
     SuperLinkPorts, serverapp_superexec_argv, superlink_argv, superlink_sans,
 };
 use crate::core::work::WorkInputs;
-use crate::placement::{self, ClusterView, TaintEffect, TaintView};
-use crate::store::{ClusterRecord, ClusterStore};
+use crate::registration::ca::HubCa;
+use crate::registration::store::{ClusterRecord, ClusterStore};
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
 use flower_addon_crds::{Federation, Placement};
@@ -147,7 +147,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 return;
             }
         };
-        let now = crate::tokens::unix_now() as i64;
+        let now = crate::registration::tokens::unix_now() as i64;
         let views: Vec<ClusterView> = clusters.iter().map(cluster_view).collect();
 
         let federations: Vec<Federation> = self.manifests.federations().cloned().collect();
@@ -158,7 +158,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let key = fed_key(fed);
             live.insert(key.clone());
             let mut summary = FederationSummary::new(fed);
-            if let Ok((_, dialect)) = crate::render::federation_dialect(fed) {
+            if let Ok((_, dialect)) = crate::core::render::federation_dialect(fed) {
                 let endpoints = self.endpoints(fed, dialect);
                 summary.fleet = Some(endpoints.fleet);
                 summary.control = endpoints.control;
@@ -306,7 +306,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
 
     /// Where the Federation's SuperLink process is reached: hub-local pools dial loopback;
     /// spokes dial `externalAddress` (the same rule as Kubernetes mode,
-    /// [`crate::render::external_endpoints`]) or, without it, the first `--advertise-address`
+    /// [`crate::core::render::external_endpoints`]) or, without it, the first `--advertise-address`
     /// at the Fleet port (the process listens on the hub machine's own ports, as a NodePort
     /// would on a node). `flwr` reaches Control at the advertised host (or the SuperLink host
     /// when it is bound to one address).
@@ -322,7 +322,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             "0.0.0.0" | "::" | "" => advertised.clone(),
             bound => bound.to_owned(),
         };
-        let control = Some(crate::render::with_default_port(
+        let control = Some(crate::core::render::with_default_port(
             &control_host,
             i32::from(addr.control),
         ));
@@ -332,13 +332,13 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 control,
             };
         }
-        match crate::render::external_endpoints(fed, dialect, None, None) {
+        match crate::core::render::external_endpoints(fed, dialect, None, None) {
             Ok(external) if fed.spec.superlink.external_address.is_some() => StandaloneEndpoints {
                 fleet: external.fleet,
                 control: external.control.or(control),
             },
             _ => StandaloneEndpoints {
-                fleet: crate::render::with_default_port(&advertised, i32::from(addr.fleet)),
+                fleet: crate::core::render::with_default_port(&advertised, i32::from(addr.fleet)),
                 control,
             },
         }
@@ -601,13 +601,13 @@ fn fed_key(fed: &Federation) -> FedKey {
 /// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);
 /// versions without a supported dialect are refused with the field to fix.
 pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDialect), String> {
-    crate::render::federation_dialect(fed).map_err(|e| e.to_string())
+    crate::core::render::federation_dialect(fed).map_err(|e| e.to_string())
 }
 
 /// The placement view of a registered cluster, with the availability taint its `Available`
 /// condition calls for — the same rule as Kubernetes mode
-/// ([`ClusterStatus::availability_taint`](crate::store::ClusterStatus::availability_taint)):
-/// the channel's lease checker sets `Unknown` after [`crate::store::LEASE_GRACE_TIMES`] missed
+/// ([`ClusterStatus::availability_taint`](crate::registration::store::ClusterStatus::availability_taint)):
+/// the channel's lease checker sets `Unknown` after [`crate::registration::store::LEASE_GRACE_TIMES`] missed
 /// leases (also for clusters known before a hub restart), revocation sets `False`.
 fn cluster_view(record: &ClusterRecord) -> ClusterView {
     let taints = record
@@ -637,7 +637,7 @@ fn cluster_view(record: &ClusterRecord) -> ClusterView {
 
 /// The parts of a Placement's spec that decide its selection.
 pub fn placement_policy(p: &Placement) -> placement::PlacementPolicy {
-    crate::placement::policy_from_spec(&p.spec)
+    crate::core::placement::policy_from_spec(&p.spec)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {

@@ -1,8 +1,8 @@
 //! Status of the standalone hub, written to `<state>/status.json` after every reconcile pass and
 //! printed by `flower-hub status` (a table like `kubectl get federation`, or JSON).
 use crate::channel::InMemoryWorkSource;
-use crate::placement::ClusterView;
-use crate::store::{CONDITION_AVAILABLE, ClusterRecord};
+use crate::core::placement::ClusterView;
+use crate::registration::store::{CONDITION_AVAILABLE, ClusterRecord};
 use flower_addon_crds::Federation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -3,11 +3,11 @@
 #![allow(dead_code)]
 use flower_addon_agent::credentials::Credentials;
 use flower_addon_agent::join::{JoinError, JoinOptions, join};
-use flower_addon_hub::ca::HubCa;
 use flower_addon_hub::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
-use flower_addon_hub::store::file::FileStore;
-use flower_addon_hub::store::{ClusterRecord, ClusterStore, load_or_create_ca};
-use flower_addon_hub::tokens::{self, TokenRecord};
+use flower_addon_hub::registration::ca::HubCa;
+use flower_addon_hub::registration::store::file::FileStore;
+use flower_addon_hub::registration::store::{ClusterRecord, ClusterStore, load_or_create_ca};
+use flower_addon_hub::registration::tokens::{self, TokenRecord};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The registration commands against the hub cluster's Kubernetes API: connecting (kubeconfig,
 //! context or in-cluster), the address agents dial (from the Service `flower-hub`), and
 //! Federations for `status`.
-use crate::kube_store::HUB_SERVICE;
+use crate::kube::store::HUB_SERVICE;
 use anyhow::Context;
 use flower_addon_crds::Federation;
 use k8s_openapi::api::core::v1::{Node, Service, ServicePort};

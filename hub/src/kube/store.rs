@@ -10,8 +10,8 @@
 //!   [`ANN_CLIENT_CERT_NOT_AFTER`] ← the rest of the registration;
 //! - `status.conditions`, `status.lastHeartbeat` ← the observed status (status subresource);
 //! - while `Available` is `Unknown` (lease missed) the cluster carries the NoSelect taint
-//!   [`crate::placement::TAINT_UNREACHABLE`] in `spec.taints`, while it is `False` (revoked)
-//!   [`crate::placement::TAINT_UNAVAILABLE`] (timeAdded: when the condition changed), so
+//!   [`crate::core::placement::TAINT_UNREACHABLE`] in `spec.taints`, while it is `False` (revoked)
+//!   [`crate::core::placement::TAINT_UNAVAILABLE`] (timeAdded: when the condition changed), so
 //!   Placements drop it unless they tolerate it.
 //!
 //! Writes are read-modify-write with the object's resourceVersion (retried on conflict), so the
@@ -35,12 +35,12 @@ use kube::{Client, ResourceExt};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::ca::CaMaterial;
-use crate::placement::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
-use crate::store::{
+use crate::core::placement::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
+use crate::registration::ca::CaMaterial;
+use crate::registration::store::{
     ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError,
 };
-use crate::tokens::TokenRecord;
+use crate::registration::tokens::TokenRecord;
 
 /// Name of the Secret holding the hub CA (`ca.crt`, `ca.key`) in the hub namespace.
 pub const CA_SECRET: &str = "flower-hub-ca";
@@ -683,7 +683,7 @@ impl ClusterStore for KubeStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::CONDITION_AVAILABLE;
+    use crate::registration::store::CONDITION_AVAILABLE;
 
     fn registration() -> ClusterRegistration {
         ClusterRegistration {
@@ -719,7 +719,10 @@ mod tests {
         assert_eq!(record.registration, reg);
         assert!(!record.hub_accepts_client);
         // The cluster's own lease (OCM's default 60 s unless the admin or the hub set another).
-        assert_eq!(record.lease_duration, Some(std::time::Duration::from_secs(60)));
+        assert_eq!(
+            record.lease_duration,
+            Some(std::time::Duration::from_secs(60))
+        );
         mc.spec.lease_duration_seconds = 7;
         assert_eq!(
             record_of(&mc).lease_duration,
@@ -787,7 +790,8 @@ mod tests {
     fn token_secrets_hold_only_the_hash_and_announce_expiry() {
         // Invariant: a token Secret carries the record (hash, not the secret) and an RFC 3339
         // expiry annotation, and reads back unchanged.
-        let token = crate::tokens::generate(std::time::Duration::from_secs(3600), "test");
+        let token =
+            crate::registration::tokens::generate(std::time::Duration::from_secs(3600), "test");
         let secret = token_secret("ns", &token.record).expect("secret");
         let raw = String::from_utf8_lossy(&secret.data.as_ref().expect("data")["token.json"].0)
             .into_owned();

@@ -1,9 +1,9 @@
 //! The hub's Kubernetes-mode Federation controller (kube-runtime).
 //!
 //! Reconcile is a pipeline `validate → build → apply → prune → status`:
-//! - validate: [`validate_federation`] plus everything the renderer would refuse
-//!   ([`render_problems`]); an invalid Federation gets `Degraded=True` naming the fields and
-//!   nothing is applied or deleted (running workloads keep running);
+//! - validate: [`crate::core::problems`], the CRD rules plus everything the renderer would
+//!   refuse; an invalid Federation gets `Degraded=True` naming the fields and nothing is applied
+//!   or deleted (running workloads keep running);
 //! - build: [`render_hub`] (SuperLink StatefulSet, Service, and the pools when there is no
 //!   `placementRef`) plus the SuperLink TLS Secret issued by the hub CA when TLS is on;
 //! - apply: server-side apply under one field manager ([`HUB_FIELD_MANAGER`]), every object
@@ -39,10 +39,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
-use crate::ca::{CaError, HubCa};
-use crate::render::{
+use crate::core::render::{
     HubRenderError, external_endpoints, federation_dialect, render_hub, superlink_tls_secret_name,
 };
+use crate::registration::ca::{CaError, HubCa};
 
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};

@@ -1,6 +1,6 @@
 //! The hub's Kubernetes-mode Placement controller (kube-runtime).
 //!
-//! A `Placement` is evaluated with the pure [`crate::placement::evaluate`] against every
+//! A `Placement` is evaluated with the pure [`crate::core::placement::evaluate`] against every
 //! `ManagedCluster` (labels: the agent-reported `status.labels` overlaid by `metadata.labels`, so
 //! `kubectl label managedcluster` wins; claims from `status.clusterClaims`; only
 //! `spec.hubAcceptsClient` clusters are eligible; taints from `spec.taints` with `timeAdded`).
@@ -33,7 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::{Error, HUB_FIELD_MANAGER, RESYNC, Result};
-use crate::placement::{
+use crate::core::placement::{
     ClusterView, DECISIONS_PER_PAGE, PlacementOutcome, TaintEffect, TaintView, evaluate, paginate,
     policy_from_spec,
 };
@@ -211,7 +211,7 @@ pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     let (allocatable_cpu_millis, allocatable_memory_bytes) =
-        crate::placement::allocatable_view(&allocatable);
+        crate::core::placement::allocatable_view(&allocatable);
     let mut labels = status.labels;
     labels.extend(cluster.labels().clone());
     ClusterView {

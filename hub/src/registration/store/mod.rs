@@ -1,8 +1,8 @@
 //! Where the hub keeps registration state: bootstrap tokens, clusters (the standalone form of
 //! `ManagedCluster`) and the CA. One trait, two adapters: [`file::FileStore`] for standalone mode
 //! and, later, a Kubernetes store (ManagedCluster objects and Secrets).
-use crate::ca::{CaError, CaMaterial, HubCa};
-use crate::tokens::TokenRecord;
+use crate::registration::ca::{CaError, CaMaterial, HubCa};
+use crate::registration::tokens::TokenRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -162,8 +162,8 @@ impl ClusterStatus {
     pub fn availability_taint(&self) -> Option<(&'static str, u64)> {
         let c = self.condition(CONDITION_AVAILABLE)?;
         let key = match c.status.as_str() {
-            "Unknown" => crate::placement::TAINT_UNREACHABLE,
-            "False" => crate::placement::TAINT_UNAVAILABLE,
+            "Unknown" => crate::core::placement::TAINT_UNREACHABLE,
+            "False" => crate::core::placement::TAINT_UNAVAILABLE,
             _ => return None,
         };
         Some((key, c.last_transition_unix))

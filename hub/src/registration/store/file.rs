@@ -15,8 +15,8 @@
 //! fields. The serving hub calls [`FileStore::poll_external_changes`] periodically to notice
 //! changes made by the CLI (it only reads `.generation` unless something changed).
 use super::{ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
-use crate::ca::CaMaterial;
-use crate::tokens::TokenRecord;
+use crate::registration::ca::CaMaterial;
+use crate::registration::tokens::TokenRecord;
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -102,7 +102,11 @@ impl FileStore {
 
     fn changed(&self, name: &str) -> Result<(), StoreError> {
         let path = self.dir.join("clusters").join(".generation");
-        let next = format!("{}-{}", crate::tokens::unix_now(), rand::random::<u64>());
+        let next = format!(
+            "{}-{}",
+            crate::registration::tokens::unix_now(),
+            rand::random::<u64>()
+        );
         write_atomic(&path, next.as_bytes(), 0o600)?;
         // Keep our own view in sync so the poller does not re-announce our own write.
         let reg = self.read_registration(name)?;
@@ -441,8 +445,12 @@ mod tests {
         // The CA key and token hashes are written with mode 0600 and the CA is created once.
         let dir = tempfile::tempdir().expect("tempdir");
         let store = FileStore::open(dir.path()).expect("open");
-        let ca = crate::store::load_or_create_ca(&store).await.expect("ca");
-        let again = crate::store::load_or_create_ca(&store).await.expect("ca");
+        let ca = crate::registration::store::load_or_create_ca(&store)
+            .await
+            .expect("ca");
+        let again = crate::registration::store::load_or_create_ca(&store)
+            .await
+            .expect("ca");
         assert_eq!(ca.hash(), again.hash());
         let mode = fs::metadata(dir.path().join("ca.json"))
             .expect("meta")

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
-use crate::ca::HubCa;
-use crate::render::superlink_tls_secret_name;
+use crate::core::render::superlink_tls_secret_name;
+use crate::registration::ca::HubCa;
 
 use super::Error;
 use super::apply::own;

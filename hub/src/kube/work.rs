@@ -25,9 +25,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::channel::{InMemoryWorkSource, WorkSource};
-use crate::controller::placement::cluster_view;
+use crate::core::render::{federation_dialect, spoke_fleet_address};
 use crate::core::work::{WorkInputs, decided};
-use crate::render::{federation_dialect, spoke_fleet_address};
+use crate::kube::controller::placement::cluster_view;
 
 /// How long the loop waits for more events before recomputing (coalesces bursts).
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -375,9 +375,9 @@ fn cluster_status(
     report: Option<&Report>,
 ) -> flower_addon_crds::ClusterStatus {
     let connected = cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
-        st.conditions
-            .iter()
-            .any(|c| c.type_ == crate::store::CONDITION_AVAILABLE && c.status == "True")
+        st.conditions.iter().any(|c| {
+            c.type_ == crate::registration::store::CONDITION_AVAILABLE && c.status == "True"
+        })
     });
     let namespace = fed.namespace().unwrap_or_default();
     let observed = report.and_then(|r| {

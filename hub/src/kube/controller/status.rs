@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use crate::render::{ExternalAddressError, ExternalEndpoints, superlink_name};
+use crate::core::render::{ExternalAddressError, ExternalEndpoints, superlink_name};
 
 /// Desired and ready replicas of one workload as its controller last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,7 +163,7 @@ pub enum Outcome {
         /// Pools in the hub cluster (empty with `placementRef`).
         pools: Vec<WorkloadReadiness>,
         /// With `placementRef`: the external endpoints spokes and `flwr` dial, or why they are
-        /// not known yet ([`external_endpoints`](crate::render::external_endpoints)).
+        /// not known yet ([`external_endpoints`](crate::core::render::external_endpoints)).
         external: Option<Result<ExternalEndpoints, ExternalAddressError>>,
     },
 }

@@ -1,0 +1,6 @@
+//! What both hub modes use to let clusters join: the hub CA ([`ca`]), bootstrap tokens
+//! ([`tokens`]) and the cluster store ([`store`]: the trait, and the file store of the
+//! standalone hub).
+pub mod ca;
+pub mod store;
+pub mod tokens;
