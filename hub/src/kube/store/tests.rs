@@ -1,0 +1,117 @@
+use super::*;
+use crate::registration::store::CONDITION_AVAILABLE;
+
+fn registration() -> ClusterRegistration {
+    ClusterRegistration {
+        name: "spoke-1".into(),
+        labels: BTreeMap::from([("env".into(), "prod".into())]),
+        claims: BTreeMap::from([("region".into(), "eu".into())]),
+        key_fingerprint: "sha256:ab".into(),
+        agent_version: "0.1.0".into(),
+        token_id: "abcdef".into(),
+        created_unix: 1_700_000_000,
+    }
+}
+
+#[test]
+fn registration_round_trips_through_a_managed_cluster() {
+    // Invariant: what create_cluster/put_status write reads back as the same record.
+    let reg = registration();
+    let mut mc = ManagedCluster::new("spoke-1", ManagedClusterSpec::default());
+    mc.metadata.annotations = Some(registration_annotations(&reg));
+    let mut status = ManagedClusterStatus::default();
+    set_declared(&mut status, &reg);
+    status.last_heartbeat = Some(time_of(1_700_000_100));
+    status.conditions.push(Condition {
+        type_: "Joined".into(),
+        status: "True".into(),
+        reason: "ClientCertificateIssued".into(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: time_of(1_700_000_050),
+    });
+    mc.status = Some(status);
+    let record = record_of(&mc);
+    assert_eq!(record.registration, reg);
+    assert!(!record.hub_accepts_client);
+    // The cluster's own lease (OCM's default 60 s unless the admin or the hub set another).
+    assert_eq!(
+        record.lease_duration,
+        Some(std::time::Duration::from_secs(60))
+    );
+    mc.spec.lease_duration_seconds = 7;
+    assert_eq!(
+        record_of(&mc).lease_duration,
+        Some(std::time::Duration::from_secs(7))
+    );
+    assert_eq!(record.status.last_heartbeat_unix, Some(1_700_000_100));
+    assert_eq!(
+        record
+            .status
+            .condition("Joined")
+            .map(|c| c.last_transition_unix),
+        Some(1_700_000_050)
+    );
+}
+
+#[test]
+fn unavailable_clusters_carry_the_unreachable_taint_until_available() {
+    // Invariant: Available!=True ⇒ exactly one NoSelect unreachable taint added when the
+    // condition changed; Available=True ⇒ none; other taints are never touched.
+    let mut spec = ManagedClusterSpec {
+        taints: vec![Taint {
+            key: "admin".into(),
+            value: None,
+            effect: TaintEffect::PreferNoSelect,
+            time_added: None,
+        }],
+        ..Default::default()
+    };
+    let mut status = ClusterStatus::default();
+    assert!(!sync_availability_taints(&mut spec, &status));
+    status.set_condition(
+        CONDITION_AVAILABLE,
+        "Unknown",
+        "ClusterLeaseExpired",
+        "",
+        500,
+    );
+    assert!(sync_availability_taints(&mut spec, &status));
+    assert!(!sync_availability_taints(&mut spec, &status));
+    let taint = spec.taints.iter().find(|t| t.key == TAINT_UNREACHABLE);
+    assert_eq!(taint.and_then(|t| t.time_added.clone()), Some(time_of(500)));
+    status.set_condition(CONDITION_AVAILABLE, "True", "ClusterLeaseRenewed", "", 600);
+    assert!(sync_availability_taints(&mut spec, &status));
+    assert_eq!(spec.taints.len(), 1);
+    assert_eq!(spec.taints[0].key, "admin");
+    // Revoked (False): unavailable, not unreachable; back to Unknown swaps them.
+    status.set_condition(CONDITION_AVAILABLE, "False", "ClusterRevoked", "", 700);
+    assert!(sync_availability_taints(&mut spec, &status));
+    let keys: Vec<&str> = spec.taints.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(keys, ["admin", TAINT_UNAVAILABLE]);
+    assert_eq!(spec.taints[1].time_added, Some(time_of(700)));
+    status.set_condition(
+        CONDITION_AVAILABLE,
+        "Unknown",
+        "ClusterLeaseExpired",
+        "",
+        800,
+    );
+    assert!(sync_availability_taints(&mut spec, &status));
+    let keys: Vec<&str> = spec.taints.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(keys, ["admin", TAINT_UNREACHABLE]);
+}
+
+#[test]
+fn token_secrets_hold_only_the_hash_and_announce_expiry() {
+    // Invariant: a token Secret carries the record (hash, not the secret) and an RFC 3339
+    // expiry annotation, and reads back unchanged.
+    let token = crate::registration::tokens::generate(std::time::Duration::from_secs(3600), "test");
+    let secret = token_secret("ns", &token.record).expect("secret");
+    let raw =
+        String::from_utf8_lossy(&secret.data.as_ref().expect("data")["token.json"].0).into_owned();
+    let (_, plain) = token.token.split_once('.').expect("id.secret");
+    assert!(!raw.contains(plain));
+    assert!(secret.annotations()[ANN_TOKEN_EXPIRES].ends_with('Z'));
+    assert_eq!(token_of(&secret).expect("record"), token.record);
+}
