@@ -19,13 +19,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+mod lease;
 pub mod limits;
 mod registration;
+pub mod source;
 pub mod tls;
 pub mod work;
 
 pub(crate) use registration::validate_cluster_name;
-pub use work::{InMemoryWorkSource, WorkSource};
+pub use source::{InMemoryWorkSource, WorkSource};
 
 /// Errors starting or running the channel server.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +110,7 @@ pub(crate) struct Shared<S, W> {
     pub(crate) streams: DashMap<String, work::StreamEntry>,
     pub(crate) next_stream_id: AtomicU64,
     /// Lease bookkeeping per cluster.
-    pub(crate) leases: DashMap<String, work::Lease>,
+    pub(crate) leases: DashMap<String, lease::Lease>,
     /// Serializes status read-modify-write per cluster.
     status_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// Allocatable resources last stored per cluster, so unchanged reports cost no write.
@@ -257,7 +259,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
             stop_rx.clone(),
         );
         work::spawn_revocation_watcher(shared.clone(), stop_rx.clone());
-        work::spawn_lease_checker(shared.clone(), stop_rx.clone());
+        lease::spawn_lease_checker(shared.clone(), stop_rx.clone());
         {
             let shared = shared.clone();
             let mut stop = stop_rx.clone();

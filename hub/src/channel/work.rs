@@ -1,154 +1,27 @@
 //! `Work.Connect`: one bidirectional stream per cluster. The hub sends the full snapshot of the
 //! cluster's work on connect and whenever it changes; the agent acks versions, reports status and
 //! heartbeats (which renew the cluster lease).
+use super::lease::{lease_of, renew_lease};
 use super::tls::PeerInfo;
 use super::{Shared, internal};
 use crate::registration::store::{
-    CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore, LEASE_GRACE_TIMES,
+    CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore,
 };
 use crate::registration::tokens::unix_now;
-use dashmap::DashMap;
 use flower_addon_proto::agent_message::Kind as AgentKind;
 use flower_addon_proto::hub_message::Kind as HubKind;
 use flower_addon_proto::work_server::Work;
-use flower_addon_proto::{AgentMessage, ClusterWork, HubMessage, Ping, Status as AgentStatus};
+use flower_addon_proto::{AgentMessage, HubMessage, Ping};
 use futures::StreamExt;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Reason of `Available=False` on a cluster the hub no longer accepts (`hubAcceptsClient=false`).
 pub const REASON_REVOKED: &str = "ClusterRevoked";
-
-/// Where the hub gets each cluster's desired work, and where acks and status reports go.
-///
-/// `snapshot` must be cheap (an in-memory index): it is called for every connected cluster on
-/// every change. The hub sends a snapshot when its version differs from the last one sent on that
-/// stream, so versions must change whenever the content does.
-pub trait WorkSource: Send + Sync + 'static {
-    /// The complete current work of `cluster` (an empty list of federations if none).
-    fn snapshot(&self, cluster: &str) -> ClusterWork;
-    /// A receiver whose value changes whenever any cluster's work may have changed.
-    fn changes(&self) -> watch::Receiver<u64>;
-    /// `cluster` applied the snapshot with `version`.
-    fn on_ack(&self, cluster: &str, version: u64) {
-        let _ = (cluster, version);
-    }
-    /// `cluster` reported the observed state of its work.
-    fn on_status(&self, cluster: &str, status: &AgentStatus) {
-        let _ = (cluster, status);
-    }
-}
-
-/// A [`WorkSource`] held in memory, driven by [`InMemoryWorkSource::set`]. Used by the standalone
-/// hub and by tests; records acks and the last status per cluster.
-#[derive(Debug)]
-pub struct InMemoryWorkSource {
-    works: RwLock<HashMap<String, ClusterWork>>,
-    base_version: u64,
-    next_version: AtomicU64,
-    changes: watch::Sender<u64>,
-    acks: DashMap<String, u64>,
-    statuses: DashMap<String, AgentStatus>,
-}
-
-impl Default for InMemoryWorkSource {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-// === impl InMemoryWorkSource ===
-
-impl InMemoryWorkSource {
-    /// An empty source. Versions start at the current Unix time in milliseconds, so a restarted
-    /// hub never reuses a version an agent saw from the previous run.
-    pub fn new() -> Self {
-        let base = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(1);
-        Self {
-            works: RwLock::new(HashMap::new()),
-            base_version: base,
-            next_version: AtomicU64::new(base + 1),
-            changes: watch::channel(base).0,
-            acks: DashMap::new(),
-            statuses: DashMap::new(),
-        }
-    }
-
-    /// Replaces `cluster`'s work (its `version` and `cluster_name` are overwritten) and notifies
-    /// the streams. Returns the new version.
-    pub fn set(&self, cluster: &str, mut work: ClusterWork) -> u64 {
-        let version = self.next_version.fetch_add(1, Ordering::SeqCst);
-        work.version = version;
-        work.cluster_name = cluster.to_string();
-        if let Ok(mut works) = self.works.write() {
-            works.insert(cluster.to_string(), work);
-        }
-        self.changes.send_replace(version);
-        version
-    }
-
-    /// Sets the work of many clusters at once with one notification; returns the versions.
-    pub fn set_many(&self, works: impl IntoIterator<Item = (String, ClusterWork)>) -> Vec<u64> {
-        let mut versions = Vec::new();
-        let mut last = 0;
-        if let Ok(mut map) = self.works.write() {
-            for (cluster, mut work) in works {
-                let version = self.next_version.fetch_add(1, Ordering::SeqCst);
-                work.version = version;
-                work.cluster_name = cluster.clone();
-                map.insert(cluster, work);
-                versions.push(version);
-                last = version;
-            }
-        }
-        self.changes.send_replace(last);
-        versions
-    }
-
-    /// The last version `cluster` acked.
-    pub fn acked(&self, cluster: &str) -> Option<u64> {
-        self.acks.get(cluster).map(|v| *v)
-    }
-
-    /// The last status `cluster` reported.
-    pub fn last_status(&self, cluster: &str) -> Option<AgentStatus> {
-        self.statuses.get(cluster).map(|s| s.clone())
-    }
-}
-
-impl WorkSource for InMemoryWorkSource {
-    fn snapshot(&self, cluster: &str) -> ClusterWork {
-        self.works
-            .read()
-            .ok()
-            .and_then(|w| w.get(cluster).cloned())
-            .unwrap_or_else(|| ClusterWork {
-                version: self.base_version,
-                cluster_name: cluster.to_string(),
-                ..Default::default()
-            })
-    }
-
-    fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
-    }
-
-    fn on_ack(&self, cluster: &str, version: u64) {
-        self.acks.insert(cluster.to_string(), version);
-    }
-
-    fn on_status(&self, cluster: &str, status: &AgentStatus) {
-        self.statuses.insert(cluster.to_string(), status.clone());
-    }
-}
 
 /// The open stream of one cluster, so a newer stream or a revocation can stop it.
 pub(crate) struct StreamEntry {
@@ -161,28 +34,6 @@ impl StreamEntry {
     /// Ends the stream with `status` sent to the agent.
     pub(crate) fn stop(self, status: Status) {
         let _ = self.stop.send(status);
-    }
-}
-
-/// Lease bookkeeping of one cluster.
-pub(crate) struct Lease {
-    last_heartbeat: Instant,
-    persisted: Instant,
-    available: bool,
-    /// The cluster's lease duration (its `leaseDurationSeconds`, else the hub's).
-    duration: Duration,
-}
-
-/// The lease duration of cluster `name`: its own (`spec.leaseDurationSeconds`) or the hub's.
-async fn lease_of<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
-    name: &str,
-) -> Duration {
-    match shared.store.get_cluster(name).await {
-        Ok(Some(record)) => record
-            .lease_duration
-            .unwrap_or(shared.config.lease_duration),
-        _ => shared.config.lease_duration,
     }
 }
 
@@ -385,60 +236,8 @@ async fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
 }
 
 /// Whether `stream` is still the registered stream of `name` (not revoked, replaced or closed).
-fn is_current<S, W>(shared: &Shared<S, W>, name: &str, stream: u64) -> bool {
+pub(super) fn is_current<S, W>(shared: &Shared<S, W>, name: &str, stream: u64) -> bool {
     shared.streams.get(name).is_some_and(|e| e.id == stream)
-}
-
-/// Renews the cluster lease; persists the heartbeat when the cluster becomes available and at
-/// most every half lease after that (so 10,000 agents do not turn into 10,000 writes a second).
-/// Only the cluster's current stream renews: a message that raced a revocation must not make
-/// the revoked cluster Available again.
-async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
-    name: &str,
-    stream: u64,
-    lease_duration: Duration,
-) {
-    if !is_current(shared, name, stream) {
-        return;
-    }
-    let now = Instant::now();
-    let persist_every = lease_duration / 2;
-    let must_persist = {
-        let mut lease = shared.leases.entry(name.to_string()).or_insert(Lease {
-            last_heartbeat: now,
-            persisted: now,
-            available: false,
-            duration: lease_duration,
-        });
-        lease.last_heartbeat = now;
-        lease.duration = lease_duration;
-        let due = !lease.available || now.duration_since(lease.persisted) >= persist_every;
-        if due {
-            lease.available = true;
-            lease.persisted = now;
-        }
-        due
-    };
-    if must_persist {
-        let at = unix_now();
-        let result = shared
-            .update_status(name, |st| {
-                // Checked again under the status lock: the revocation watcher removes the stream
-                // before it records Available=False under the same lock.
-                if !is_current(shared, name, stream) {
-                    return;
-                }
-                st.last_heartbeat_unix = Some(at);
-                if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
-                    tracing::info!(cluster = %name, "cluster available");
-                }
-            })
-            .await;
-        if let Err(error) = result {
-            let _ = internal("recording the heartbeat", error);
-        }
-    }
 }
 
 /// Closes the stream of any cluster that is deleted, no longer accepted or re-bound to another
@@ -625,100 +424,6 @@ async fn mark_revoked<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, 
         .await;
     if let Err(error) = result {
         let _ = internal("recording the revocation", error);
-    }
-}
-
-/// Marks clusters unavailable when their lease runs out: no heartbeat for
-/// [`LEASE_GRACE_TIMES`] × the lease. Clusters the store says are available when the hub starts
-/// get a fresh grace period from the start, so one whose agent died while no hub ran does not
-/// stay `Available=True` for ever.
-pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
-    shared: Arc<Shared<S, W>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let lease = shared.config.lease_duration;
-    tokio::spawn(async move {
-        seed_leases(&shared).await;
-        let every = (lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                _ = tick.tick() => {}
-            }
-            let expired: Vec<String> = shared
-                .leases
-                .iter_mut()
-                .filter_map(|mut e| {
-                    if e.available && e.last_heartbeat.elapsed() > e.duration * LEASE_GRACE_TIMES {
-                        e.available = false;
-                        Some(e.key().clone())
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            for name in expired {
-                let at = unix_now();
-                tracing::warn!(cluster = %name, "lease expired: cluster unavailable");
-                let result = shared
-                    .update_status(&name, |st| {
-                        st.set_condition(
-                            CONDITION_AVAILABLE,
-                            "Unknown",
-                            "ClusterLeaseExpired",
-                            "no heartbeat from the agent within 5 lease durations",
-                            at,
-                        );
-                    })
-                    .await;
-                if let Err(error) = result {
-                    let _ = internal("recording the lease expiry", error);
-                }
-            }
-        }
-    });
-}
-
-/// Starts a grace period now for every accepted cluster the store records as available (or
-/// never saw), unless its stream already renewed the lease.
-async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>) {
-    let clusters = match shared.store.list_clusters().await {
-        Ok(clusters) => clusters,
-        Err(error) => {
-            tracing::warn!(%error, "cannot list clusters to start their leases");
-            return;
-        }
-    };
-    let now = Instant::now();
-    let mut seeded = 0usize;
-    for record in clusters {
-        let shown_available = record
-            .status
-            .condition(CONDITION_AVAILABLE)
-            .is_none_or(|c| c.status == "True");
-        if record.hub_accepts_client && shown_available {
-            shared
-                .leases
-                .entry(record.registration.name.clone())
-                .or_insert_with(|| {
-                    seeded += 1;
-                    Lease {
-                        last_heartbeat: now,
-                        persisted: now,
-                        available: true,
-                        duration: record
-                            .lease_duration
-                            .unwrap_or(shared.config.lease_duration),
-                    }
-                });
-        }
-    }
-    if seeded > 0 {
-        tracing::info!(
-            clusters = seeded,
-            "leases started for the known clusters; those not heard from within the grace become unavailable"
-        );
     }
 }
 
