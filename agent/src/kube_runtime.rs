@@ -165,6 +165,10 @@ impl Rendered {
     }
 }
 
+mod render;
+use render::declared_pools;
+pub use render::render_federation;
+
 // === impl KubeRuntime ===
 
 /// Runs SuperNode pools as StatefulSets or DaemonSets in the agent's cluster.
@@ -437,114 +441,6 @@ impl Runtime for KubeRuntime {
             *cached = Some((std::time::Instant::now(), value.clone()));
             value
         })
-    }
-}
-
-// === rendering ===
-
-/// Renders one Federation's work: the CA Secret (TLS on), one workload per pool and the
-/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`].
-pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeError> {
-    let ca_secret_name = spoke_ca_secret_name(&plan.name);
-    let secret = plan
-        .ca_bundle_pem
-        .as_deref()
-        .map(|pem| ca_secret(plan, pem, &ca_secret_name));
-    let mut workloads = Vec::with_capacity(plan.pools.len());
-    let mut services = Vec::new();
-    for pool in &plan.pools {
-        let mut workload = render_supernode_pool(&SuperNodePoolInput {
-            federation: &plan.name,
-            namespace: &plan.namespace,
-            spec: &plan.spec,
-            pool: &pool.spec,
-            dialect: plan.dialect,
-            fleet_address: &plan.fleet_address,
-            ca_secret_name: &ca_secret_name,
-            cluster: &pool.cluster,
-        })
-        .map_err(|source| KubeRuntimeError::Render {
-            federation: plan.id(),
-            source,
-        })?;
-        let kind = match &mut workload {
-            Workload::StatefulSet(s) => {
-                mark(&mut s.metadata);
-                let mut service =
-                    pool_headless_service(&plan.name, &plan.namespace, &pool.spec.name);
-                mark(&mut service.metadata);
-                services.push(service);
-                Kind::StatefulSet
-            }
-            Workload::DaemonSet(d) => {
-                mark(&mut d.metadata);
-                Kind::DaemonSet
-            }
-        };
-        workloads.push((
-            AppliedPool {
-                name: pool.spec.name.clone(),
-                workload: pool_workload_name(&plan.name, &pool.spec.name),
-                kind,
-            },
-            workload,
-        ));
-    }
-    Ok(Rendered {
-        secret,
-        workloads,
-        services,
-    })
-}
-
-/// The pools a Federation's work declares, for status when it could not be rendered.
-fn declared_pools(fed: &FederationWork) -> Vec<AppliedPool> {
-    let mode = serde_json::from_str::<FederationSpec>(&fed.federation_spec_json)
-        .map(|s| s.mode)
-        .unwrap_or(DeploymentMode::StatefulSet);
-    fed.pools
-        .iter()
-        .map(|p| AppliedPool {
-            name: p.name.clone(),
-            workload: pool_workload_name(&fed.name, &p.name),
-            kind: match mode {
-                DeploymentMode::StatefulSet => Kind::StatefulSet,
-                DeploymentMode::DaemonSet => Kind::DaemonSet,
-            },
-        })
-        .collect()
-}
-
-/// Adds the agent's ownership label (metadata only: selectors are immutable and stay the
-/// renderer's).
-fn mark(meta: &mut ObjectMeta) {
-    meta.labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(APPLIED_BY_LABEL.to_owned(), AGENT_FIELD_MANAGER.to_owned());
-}
-
-/// The Secret with the SuperLink CA bundle (`ca.crt`) the pools mount.
-fn ca_secret(plan: &FederationPlan, pem: &str, name: &str) -> Secret {
-    let mut metadata = ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some(plan.namespace.clone()),
-        labels: Some(component_labels(
-            &plan.name,
-            "superlink-ca",
-            "superlink-ca",
-            None,
-        )),
-        ..ObjectMeta::default()
-    };
-    mark(&mut metadata);
-    Secret {
-        metadata,
-        data: Some(BTreeMap::from([(
-            CA_KEY.to_owned(),
-            ByteString(pem.as_bytes().to_vec()),
-        )])),
-        type_: Some("Opaque".to_owned()),
-        ..Secret::default()
     }
 }
 

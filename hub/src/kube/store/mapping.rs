@@ -1,0 +1,219 @@
+//! How registration records, tokens and the CA map onto ManagedClusters and Secrets (pure).
+use super::*;
+
+pub(super) fn not_found(kind: &'static str, name: &str) -> StoreError {
+    StoreError::NotFound {
+        kind,
+        name: name.to_owned(),
+    }
+}
+
+pub(super) fn conflict(name: &str) -> StoreError {
+    StoreError::Io {
+        path: format!("ManagedCluster {name}"),
+        source: std::io::Error::other("too many conflicting concurrent updates"),
+    }
+}
+
+/// Writes the agent-declared part of `registration` into `status`.
+pub(super) fn set_declared(status: &mut ManagedClusterStatus, registration: &ClusterRegistration) {
+    status.labels = registration.labels.clone();
+    status.cluster_claims = registration
+        .claims
+        .iter()
+        .map(|(name, value)| ClusterClaim {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    let version = status
+        .version
+        .get_or_insert_with(ManagedClusterVersion::default);
+    version.agent =
+        (!registration.agent_version.is_empty()).then(|| registration.agent_version.clone());
+}
+
+/// The registration annotations of `registration`.
+pub(super) fn registration_annotations(
+    registration: &ClusterRegistration,
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            ANN_KEY_FINGERPRINT.to_owned(),
+            registration.key_fingerprint.clone(),
+        ),
+        (ANN_TOKEN_ID.to_owned(), registration.token_id.clone()),
+        (
+            ANN_CREATED.to_owned(),
+            registration.created_unix.to_string(),
+        ),
+    ])
+}
+
+/// The stored record of a ManagedCluster.
+pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
+    let annotations = mc.annotations();
+    let ann = |k: &str| annotations.get(k).cloned().unwrap_or_default();
+    let status = mc.status.clone().unwrap_or_default();
+    let created_unix = ann(ANN_CREATED)
+        .parse()
+        .ok()
+        .or_else(|| mc.creation_timestamp().as_ref().map(unix_of))
+        .unwrap_or(0);
+    ClusterRecord {
+        registration: ClusterRegistration {
+            name: mc.name_any(),
+            labels: status.labels.clone(),
+            claims: status
+                .cluster_claims
+                .iter()
+                .map(|c| (c.name.clone(), c.value.clone()))
+                .collect(),
+            key_fingerprint: ann(ANN_KEY_FINGERPRINT),
+            agent_version: status
+                .version
+                .as_ref()
+                .and_then(|v| v.agent.clone())
+                .unwrap_or_default(),
+            token_id: ann(ANN_TOKEN_ID),
+            created_unix,
+        },
+        hub_accepts_client: mc.spec.hub_accepts_client,
+        lease_duration: u64::try_from(mc.spec.lease_duration_seconds)
+            .ok()
+            .filter(|s| *s > 0)
+            .map(std::time::Duration::from_secs),
+        status: ClusterStatus {
+            last_heartbeat_unix: status.last_heartbeat.as_ref().map(unix_of),
+            client_cert_not_after_unix: ann(ANN_CLIENT_CERT_NOT_AFTER).parse().ok(),
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| ClusterCondition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    last_transition_unix: unix_of(&c.last_transition_time),
+                })
+                .collect(),
+            allocatable: status
+                .allocatable
+                .iter()
+                .map(|(k, v)| (k.clone(), v.0.clone()))
+                .collect(),
+        },
+    }
+}
+
+/// Sets the availability taint the `Available` condition calls for, as OCM does: `Unknown`
+/// (lease missed) → [`TAINT_UNREACHABLE`], `False` (e.g. revoked) → [`TAINT_UNAVAILABLE`],
+/// `True` or not set → neither. `timeAdded` is the condition's transition time. Other taints are
+/// never touched. True if anything changed.
+pub(super) fn sync_availability_taints(
+    spec: &mut ManagedClusterSpec,
+    status: &ClusterStatus,
+) -> bool {
+    let wanted = status.availability_taint();
+    let before = spec.taints.len();
+    spec.taints.retain(|t| {
+        !(t.key == TAINT_UNREACHABLE || t.key == TAINT_UNAVAILABLE)
+            || Some(t.key.as_str()) == wanted.map(|(key, _)| key)
+    });
+    let mut changed = spec.taints.len() != before;
+    if let Some((key, added)) = wanted
+        && !spec.taints.iter().any(|t| t.key == key)
+    {
+        spec.taints.push(Taint {
+            key: key.to_owned(),
+            value: None,
+            effect: TaintEffect::NoSelect,
+            time_added: Some(time_of(added)),
+        });
+        changed = true;
+    }
+    changed
+}
+
+/// DNS names of the hub Service in `namespace`, shortest first (`flower-hub`, `flower-hub.<ns>`,
+/// `flower-hub.<ns>.svc`, `flower-hub.<ns>.svc.cluster.local`).
+pub fn hub_service_dns_names(namespace: &str) -> Vec<String> {
+    vec![
+        HUB_SERVICE.to_owned(),
+        format!("{HUB_SERVICE}.{namespace}"),
+        hub_service_server_name(namespace),
+        format!("{HUB_SERVICE}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// The name agents verify the hub certificate by when they dial a node or load-balancer address:
+/// `flower-hub.<namespace>.svc`.
+pub fn hub_service_server_name(namespace: &str) -> String {
+    format!("{HUB_SERVICE}.{namespace}.svc")
+}
+
+pub(super) fn token_secret_name(id: &str) -> String {
+    format!("{TOKEN_SECRET_PREFIX}{id}")
+}
+
+pub(super) fn token_secret(namespace: &str, token: &TokenRecord) -> Result<Secret, StoreError> {
+    let expires = k8s_openapi::jiff::Timestamp::from_second(
+        i64::try_from(token.expires_unix).unwrap_or(i64::MAX),
+    )
+    .map(|t| t.to_string())
+    .unwrap_or_default();
+    let body = serde_json::to_vec(token).map_err(|e| StoreError::Corrupt {
+        path: token_secret_name(&token.id),
+        detail: e.to_string(),
+    })?;
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(token_secret_name(&token.id)),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(BTreeMap::from([(
+                TOKEN_LABEL.to_owned(),
+                "true".to_owned(),
+            )])),
+            annotations: Some(BTreeMap::from([(ANN_TOKEN_EXPIRES.to_owned(), expires)])),
+            ..Default::default()
+        },
+        type_: Some(TOKEN_SECRET_TYPE.to_owned()),
+        data: Some(BTreeMap::from([(
+            "token.json".to_owned(),
+            ByteString(body),
+        )])),
+        ..Default::default()
+    })
+}
+
+pub(super) fn token_of(secret: &Secret) -> Result<TokenRecord, StoreError> {
+    let name = secret.name_any();
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("token.json"))
+        .ok_or_else(|| StoreError::Corrupt {
+            path: name.clone(),
+            detail: "no token.json".into(),
+        })?;
+    serde_json::from_slice(&data.0).map_err(|e| StoreError::Corrupt {
+        path: name,
+        detail: e.to_string(),
+    })
+}
+
+pub(super) fn ca_of(secret: &Secret) -> Result<CaMaterial, StoreError> {
+    let data = secret.data.clone().unwrap_or_default();
+    let get = |k: &str| {
+        data.get(k)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| StoreError::Corrupt {
+                path: CA_SECRET.into(),
+                detail: format!("no {k}"),
+            })
+    };
+    Ok(CaMaterial {
+        cert_pem: get("ca.crt")?,
+        key_pem: get("ca.key")?,
+    })
+}
