@@ -6,6 +6,7 @@
 pub mod placement;
 pub mod problems;
 pub mod render;
+pub mod status;
 pub mod superlink;
 pub mod work;
 

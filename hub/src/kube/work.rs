@@ -367,7 +367,8 @@ fn same_but_fresh(
         })
 }
 
-/// The status of Federation `fed` in cluster `name`.
+/// The status of Federation `fed` in cluster `name` ([`crate::core::status::cluster_status`];
+/// connected when the ManagedCluster is `Available=True`).
 fn cluster_status(
     fed: &Federation,
     name: &str,
@@ -379,50 +380,13 @@ fn cluster_status(
             c.type_ == crate::registration::store::CONDITION_AVAILABLE && c.status == "True"
         })
     });
-    let namespace = fed.namespace().unwrap_or_default();
-    let observed = report.and_then(|r| {
-        r.status
-            .federations
-            .iter()
-            .find(|f| f.namespace == namespace && f.name == fed.name_any())
-    });
-    let pools: Vec<flower_addon_crds::PoolStatus> = observed
-        .map(|f| {
-            f.pools
-                .iter()
-                .map(|p| flower_addon_crds::PoolStatus {
-                    name: p.name.clone(),
-                    kind: None,
-                    desired: i32::try_from(p.desired).unwrap_or(i32::MAX),
-                    ready: i32::try_from(p.ready).unwrap_or(i32::MAX),
-                    conditions: Vec::new(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let desired: i32 = pools.iter().map(|p| p.desired).sum();
-    let ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
-    let message = if observed.is_none() {
-        Some("no status report for this Federation from the agent yet".to_owned())
-    } else if !connected {
-        Some("the cluster's agent is not connected (lease expired)".to_owned())
-    } else if ready < desired {
-        Some(format!("{ready}/{desired} SuperNodes ready"))
-    } else {
-        None
-    };
-    flower_addon_crds::ClusterStatus {
-        name: name.to_owned(),
-        supernodes: observed.map(|_| format!("{ready}/{desired}")),
-        pools,
+    crate::core::status::cluster_status(
+        &fed.namespace().unwrap_or_default(),
+        &fed.name_any(),
+        name,
         connected,
-        last_report: report.and_then(|r| {
-            k8s_openapi::jiff::Timestamp::from_second(r.at)
-                .ok()
-                .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
-        }),
-        message,
-    }
+        report.map(|r| (&r.status, r.at)),
+    )
 }
 
 /// The Fleet address spokes dial: `externalAddress` as written (Fleet port added), else what the

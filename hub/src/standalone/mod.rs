@@ -196,10 +196,22 @@ impl<S: ClusterStore> StandaloneHub<S> {
         self.send_work(&clusters, per_cluster);
         self.register_node_keys(&federations).await;
 
+        // The hub machine's own pools are always reachable; agents by their Available condition.
+        let available: BTreeSet<&str> = clusters
+            .iter()
+            .filter(|c| {
+                c.status
+                    .condition(crate::registration::store::CONDITION_AVAILABLE)
+                    .is_some_and(|a| a.status == "True")
+            })
+            .map(|c| c.registration.name.as_str())
+            .chain([HUB_CLUSTER])
+            .collect();
+        let superlinks = self.superlinks_state();
         let status = HubStatus {
             federations: summaries
                 .into_iter()
-                .map(|s| s.finish(&self.work, &self.superlinks_state()))
+                .map(|s| s.finish(&self.work, &superlinks, |c| available.contains(c)))
                 .collect(),
             clusters: clusters
                 .iter()

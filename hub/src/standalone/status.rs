@@ -65,6 +65,9 @@ pub struct FederationSummary {
     /// Pools that no selected cluster runs (no available cluster matches their selector).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced_pools: Vec<String>,
+    /// Per selected cluster, the same entries as `status.clusters` in Kubernetes mode.
+    #[serde(default)]
+    pub clusters: Vec<flower_addon_crds::ClusterStatus>,
 }
 
 impl FederationSummary {
@@ -86,11 +89,14 @@ impl FederationSummary {
         }
     }
 
-    /// Fills in readiness from the agents' last reports.
+    /// Fills in readiness from the agents' last reports, per cluster exactly as Kubernetes mode
+    /// writes `status.clusters` ([`crate::core::status::cluster_status`]); `connected` says
+    /// which clusters are `Available=True`.
     pub fn finish(
         mut self,
         work: &InMemoryWorkSource,
         superlinks: &BTreeMap<(String, String), bool>,
+        connected: impl Fn(&str) -> bool,
     ) -> Self {
         self.superlink_running = superlinks
             .get(&(self.namespace.clone(), self.name.clone()))
@@ -101,36 +107,28 @@ impl FederationSummary {
             .iter()
             .map(|p| format!("pool {p}: no available cluster matches its clusterSelector"))
             .collect();
+        let now = crate::registration::tokens::unix_now() as i64;
         for cluster in &self.selected {
             let report = work.last_status(cluster);
-            let fed = report.as_ref().and_then(|s| {
-                s.federations
-                    .iter()
-                    .find(|f| f.namespace == self.namespace && f.name == self.name)
-                    .cloned()
-            });
-            match fed {
-                Some(f) => {
-                    for pool in &f.pools {
-                        self.ready_supernodes += pool.ready;
-                        self.desired_supernodes += pool.desired;
-                        self.pools.insert(
-                            format!("{cluster}/{}", pool.name),
-                            format!("{}/{}", pool.ready, pool.desired),
-                        );
-                        if pool.ready < pool.desired {
-                            let why = pool
-                                .conditions
-                                .iter()
-                                .find(|c| c.r#type == "Ready")
-                                .map(|c| c.message.clone())
-                                .unwrap_or_default();
-                            missing.push(format!("{cluster}/{}: {why}", pool.name));
-                        }
-                    }
-                }
-                None => missing.push(format!("{cluster}: no report yet")),
+            let entry = crate::core::status::cluster_status(
+                &self.namespace,
+                &self.name,
+                cluster,
+                connected(cluster),
+                report.as_ref().map(|r| (r, now)),
+            );
+            for pool in &entry.pools {
+                self.ready_supernodes += u32::try_from(pool.ready.min(pool.desired)).unwrap_or(0);
+                self.desired_supernodes += u32::try_from(pool.desired).unwrap_or(0);
+                self.pools.insert(
+                    format!("{cluster}/{}", pool.name),
+                    format!("{}/{}", pool.ready, pool.desired),
+                );
             }
+            if let Some(message) = &entry.message {
+                missing.push(format!("{cluster}: {message}"));
+            }
+            self.clusters.push(entry);
         }
         self.supernodes = format!("{}/{}", self.ready_supernodes, self.desired_supernodes);
         self.ready = self.error.is_none()

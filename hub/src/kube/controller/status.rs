@@ -372,7 +372,7 @@ fn endpoints(
 }
 
 /// Per-pool readiness of a placed Federation: each pool of the spec summed over the clusters'
-/// reports (a pool no cluster runs is 0/0).
+/// reports ([`crate::core::status::pool_totals`]).
 fn pool_totals_over_clusters(
     fed: &Federation,
     clusters: &[ClusterStatus],
@@ -381,25 +381,14 @@ fn pool_totals_over_clusters(
         DeploymentMode::StatefulSet => "StatefulSet",
         DeploymentMode::DaemonSet => "DaemonSet",
     };
-    fed.spec
-        .supernodes
-        .pools
-        .iter()
-        .map(|pool| {
-            let reported = clusters
-                .iter()
-                .flat_map(|c| c.pools.iter())
-                .filter(|p| p.name == pool.name);
-            let (desired, ready) = reported.fold((0, 0), |(d, r), p| {
-                (d + p.desired, r + p.ready.min(p.desired))
-            });
-            WorkloadReadiness {
-                name: pool.name.clone(),
-                kind,
-                desired,
-                ready,
-                stale: false,
-            }
+    crate::core::status::pool_totals(fed, clusters)
+        .into_iter()
+        .map(|t| WorkloadReadiness {
+            name: t.name,
+            kind,
+            desired: t.desired,
+            ready: t.ready,
+            stale: false,
         })
         .collect()
 }
