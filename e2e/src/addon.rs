@@ -13,6 +13,7 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
+use crate::harness::{binary, fatal, free_port};
 use crate::{ContainerCommand, ControlPlane};
 
 /// Namespace of the hub (`manifests/hub`).
@@ -91,17 +92,6 @@ pub struct Addon {
     pub joined_in: Duration,
 }
 
-/// `target/debug/NAME`, or an error telling to build it.
-pub fn binary(name: &str) -> Result<PathBuf> {
-    let path = crate::repo_root().join("target/debug").join(name);
-    ensure!(
-        path.is_file(),
-        "{} is missing: run `cargo build --bins` first (test.sh does)",
-        path.display()
-    );
-    Ok(path)
-}
-
 /// Runs `flower-hub ARGS` against the hub cluster (`kubeconfig`), as an admin would; its stdout,
 /// or an error with its stderr when it fails.
 pub fn hub_cli(kubeconfig: &Path, args: &[&str]) -> Result<String> {
@@ -144,10 +134,7 @@ impl Addon {
             3600,
         )
         .await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let hub_address = format!("127.0.0.1:{port}");
+        let hub_address = format!("127.0.0.1:{}", free_port()?);
         let work_dir = cp.work_dir().to_path_buf();
         let started = Instant::now();
         let mut addon = Self {
@@ -228,7 +215,7 @@ impl Addon {
                 options.wait,
                 || async {
                     if let Ok(mut cp) = alive.lock() {
-                        cp.processes().check_alive()?;
+                        cp.processes().check_alive().map_err(fatal)?;
                     }
                     Ok(clusters
                         .get_opt(&spoke.name)

@@ -1,10 +1,11 @@
-//! Applying YAML manifests to a cluster (server-side apply) and small polling helpers.
+//! Applying YAML manifests to a cluster (server-side apply), the CRDs and the hub manifests.
 
-use std::future::Future;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
+
+use crate::harness::wait_until;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::GroupVersionKind;
@@ -137,33 +138,6 @@ pub async fn apply_file(
     default_namespace: &str,
 ) -> Result<Vec<DynamicObject>> {
     apply_file_with(client, path, default_namespace, ApplyOptions::default()).await
-}
-
-/// Polls `probe` every 250 ms until it returns `Ok(true)`; fails after `timeout` with the last
-/// probe error. `what` appears in the progress line and the error.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    let start = Instant::now();
-    let mut last_err = None;
-    loop {
-        match probe().await {
-            Ok(true) => return Ok(start.elapsed()),
-            Ok(false) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if start.elapsed() > timeout {
-            match last_err {
-                Some(e) => {
-                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
-                }
-                None => bail!("timed out after {timeout:?} waiting for {what}"),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Server-side applies every generated CRD and waits until each is Established.

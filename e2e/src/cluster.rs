@@ -2,7 +2,6 @@
 //! cluster (`--etcd-prefix=/<cluster>`), each with kube-controller-manager, kube-scheduler and kwok
 //! managing fake nodes.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +14,7 @@ use tempfile::TempDir;
 
 use crate::bins::Binaries;
 use crate::dns::ClusterDns;
+use crate::harness::{BootLock, free_ports};
 use crate::kubeconfig;
 use crate::node::{NodeBinaries, NodeNetwork, RealNode};
 use crate::process::Processes;
@@ -122,6 +122,7 @@ pub struct ControlPlane {
     dns: Vec<ClusterDns>,
 }
 
+/// Ports of one cluster's components.
 struct Ports {
     api: u16,
     cm: u16,
@@ -129,16 +130,10 @@ struct Ports {
     kwok: u16,
 }
 
-/// Reserves `n` distinct free loopback ports (listeners are dropped just before use).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("reserving loopback ports")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+/// The service-account signing key files shared by every cluster.
+struct SaKey {
+    private: PathBuf,
+    public: PathBuf,
 }
 
 fn random_hex(bytes: usize) -> Result<String> {
@@ -177,8 +172,16 @@ impl ControlPlane {
     /// [`ControlPlane::start`] with explicit options.
     pub async fn start_with(names: &[&str], opts: Options) -> Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let t0 = Instant::now();
         let bins = Binaries::locate()?;
+        // One boot at a time on this machine; the running control planes stay in parallel.
+        let lock = BootLock::acquire_async().await?;
+        if lock.waited > Duration::from_millis(500) {
+            eprintln!(
+                "e2e: waited {:.1}s for another control plane to finish booting",
+                lock.waited.as_secs_f64()
+            );
+        }
+        let t0 = Instant::now();
         let tmp = tempfile::Builder::new()
             .prefix("flower-e2e-")
             .tempdir()
@@ -204,7 +207,9 @@ impl ControlPlane {
         if opts.keep_work_dir {
             cp.keep_work_dir();
         }
-        match cp.boot(names, &opts).await {
+        let booted = cp.boot(names, &opts).await;
+        drop(lock);
+        match booted {
             Ok(()) => {
                 cp.startup = t0.elapsed();
                 eprintln!(
@@ -239,7 +244,6 @@ impl ControlPlane {
             .as_ref()
             .map_or_else(|| "127.0.0.1".to_string(), |n| n.host_ip().to_string());
         let ports = free_ports(2 + 4 * names.len())?;
-        let (etcd_port, etcd_peer) = (ports[0], ports[1]);
         let cluster_ports: Vec<Ports> = ports[2..]
             .chunks(4)
             .map(|c| Ports {
@@ -249,12 +253,38 @@ impl ControlPlane {
                 kwok: c[3],
             })
             .collect();
+        self.start_etcd(ports[0], ports[1], opts).await?;
+        let sa_key = self.write_service_account_key()?;
+        let mut clusters = self
+            .start_apiservers(names, &cluster_ports, &listen_ip, &sa_key, opts)
+            .await?;
 
-        // --- etcd -------------------------------------------------------------------------
+        let t = Instant::now();
+        for (c, p) in clusters.iter().zip(&cluster_ports) {
+            self.start_cluster_daemons(c, p, &sa_key)?;
+        }
+        for (c, p) in clusters.iter_mut().zip(&cluster_ports) {
+            self.wait_cluster_daemons(c, p, opts).await?;
+            self.create_fake_nodes(c, opts).await?;
+        }
+        eprintln!(
+            "e2e: controller-managers, schedulers, kwok and {} node(s) ready ({:.1}s)",
+            clusters.iter().map(|c| c.nodes.len()).sum::<usize>(),
+            t.elapsed().as_secs_f64()
+        );
+        if let Some(bins) = node_bins {
+            self.start_real_nodes(&mut clusters, &bins, opts).await?;
+        }
+        self.clusters = clusters;
+        Ok(())
+    }
+
+    /// The shared etcd on `port` (peer port `peer`), waited for until healthy.
+    async fn start_etcd(&mut self, port: u16, peer: u16, opts: &Options) -> Result<()> {
         let etcd_dir = self.work_dir.join("etcd");
         std::fs::create_dir_all(&etcd_dir)?;
-        self.etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        self.etcd_url = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
         let etcd = self.bins.etcd.clone();
         self.procs.start(
             "etcd",
@@ -274,21 +304,38 @@ impl ControlPlane {
         )?;
         let t = Instant::now();
         self.wait("etcd /health", &["etcd"], opts.step_timeout, || {
-            etcd_healthy(etcd_port)
+            etcd_healthy(port)
         })
         .await?;
         eprintln!("e2e: etcd ready ({:.1}s)", t.elapsed().as_secs_f64());
+        Ok(())
+    }
 
-        // --- one kube-apiserver per cluster, started together --------------------------------
-        let sa_key = rcgen::KeyPair::generate().context("generating the service-account key")?;
-        let sa_key_file = self.work_dir.join("sa.key");
-        let sa_pub_file = self.work_dir.join("sa.pub");
-        std::fs::write(&sa_key_file, sa_key.serialize_pem())?;
-        std::fs::write(&sa_pub_file, sa_key.public_key_pem())?;
+    /// One service-account signing key for every cluster (PEM, private and public part).
+    fn write_service_account_key(&self) -> Result<SaKey> {
+        let key = rcgen::KeyPair::generate().context("generating the service-account key")?;
+        let sa = SaKey {
+            private: self.work_dir.join("sa.key"),
+            public: self.work_dir.join("sa.pub"),
+        };
+        std::fs::write(&sa.private, key.serialize_pem())?;
+        std::fs::write(&sa.public, key.public_key_pem())?;
+        Ok(sa)
+    }
 
+    /// One kube-apiserver per cluster, started together, then waited for one by one until
+    /// `/readyz`; returns the clusters with their admin clients.
+    async fn start_apiservers(
+        &mut self,
+        names: &[&str],
+        ports: &[Ports],
+        listen_ip: &str,
+        sa: &SaKey,
+        opts: &Options,
+    ) -> Result<Vec<Cluster>> {
         let t = Instant::now();
         let mut pending = Vec::new();
-        for (name, p) in names.iter().zip(&cluster_ports) {
+        for (name, p) in names.iter().zip(ports) {
             let dir = self.work_dir.join(name);
             std::fs::create_dir_all(dir.join("certs"))?;
             let token = random_hex(16)?;
@@ -296,35 +343,7 @@ impl ControlPlane {
                 dir.join("tokens.csv"),
                 format!("{token},admin,admin,system:masters\n"),
             )?;
-            let mut args = vec![
-                format!("--etcd-servers={}", self.etcd_url),
-                format!("--etcd-prefix=/{name}"),
-                format!("--bind-address={listen_ip}"),
-                format!("--advertise-address={listen_ip}"),
-                format!("--secure-port={}", p.api),
-                format!("--cert-dir={}", dir.join("certs").display()),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-                s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
-                format!("--service-account-key-file={}", sa_pub_file.display()),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    sa_key_file.display()
-                ),
-                format!("--token-auth-file={}", dir.join("tokens.csv").display()),
-                s("--authorization-mode=RBAC"),
-                s("--allow-privileged=true"),
-            ];
-            if self.node_net.is_none() {
-                // A loopback advertise address is refused by the endpoint reconciler. With real
-                // nodes the `kubernetes` Service gets its endpoint (pods reach the apiserver).
-                args.push(s("--endpoint-reconciler-type=none"));
-            } else {
-                // Logs and exec go to the kubelet by its node IP (node names do not resolve).
-                args.push(s("--kubelet-preferred-address-types=InternalIP"));
-            }
-            if !opts.watch_cache {
-                args.push(s("--watch-cache=false"));
-            }
+            let args = self.apiserver_args(name, &dir, p.api, listen_ip, sa, opts);
             let apiserver = self.bins.kube_apiserver.clone();
             self.procs.start(
                 &format!("{name}/kube-apiserver"),
@@ -334,184 +353,253 @@ impl ControlPlane {
             )?;
             pending.push((name.to_string(), dir, token, p.api));
         }
-
         let mut clusters = Vec::new();
         for (name, dir, token, port) in pending {
-            let ca_file = dir.join("certs/apiserver.crt");
-            let server = format!("https://{listen_ip}:{port}");
-            let kc = dir.join("kubeconfig");
-            let ca = ca_file.clone();
-            self.wait(
-                &format!("{name} serving certificate"),
-                &[&format!("{name}/kube-apiserver")],
-                opts.step_timeout,
-                || {
-                    let ca = ca.clone();
-                    async move { Ok(ca.is_file()) }
-                },
-            )
-            .await?;
-            kubeconfig::write(&kc, &name, &server, &ca_file, "admin", &token)?;
-            let client = kubeconfig::client(&kc).await?;
-            self.wait(
-                &format!("{name} kube-apiserver /readyz"),
-                &[&format!("{name}/kube-apiserver"), "etcd"],
-                opts.step_timeout,
-                || {
-                    let client = client.clone();
-                    async move { Ok(get_text(&client, "/readyz").await?.trim() == "ok") }
-                },
-            )
-            .await?;
-            clusters.push(Cluster {
-                name,
-                server,
-                ca_file,
-                kubeconfig: kc,
-                admin_token: token,
-                client,
-                nodes: Vec::new(),
-                real_node: None,
-                dir,
-            });
+            clusters.push(
+                self.wait_apiserver(name, dir, token, listen_ip, port, opts)
+                    .await?,
+            );
         }
         eprintln!(
             "e2e: {} kube-apiserver(s) ready ({:.1}s)",
             clusters.len(),
             t.elapsed().as_secs_f64()
         );
+        Ok(clusters)
+    }
 
-        // --- controller-manager, scheduler, kwok --------------------------------------------
-        let t = Instant::now();
-        for (c, p) in clusters.iter().zip(&cluster_ports) {
-            let kc = c.kubeconfig.display().to_string();
-            let common = |port: u16, cert_dir: &str| {
-                vec![
-                    format!("--kubeconfig={kc}"),
-                    format!("--authentication-kubeconfig={kc}"),
-                    format!("--authorization-kubeconfig={kc}"),
-                    s("--leader-elect=false"),
-                    s("--bind-address=127.0.0.1"),
-                    format!("--secure-port={port}"),
-                    format!("--cert-dir={}", c.dir.join(cert_dir).display()),
-                ]
-            };
-            let mut cm = common(p.cm, "cm-certs");
-            cm.extend([
-                format!(
-                    "--service-account-private-key-file={}",
-                    sa_key_file.display()
-                ),
-                format!("--root-ca-file={}", c.ca_file.display()),
-                s("--use-service-account-credentials=false"),
-            ]);
-            let bin = self.bins.kube_controller_manager.clone();
-            self.procs.start(
-                &format!("{}/kube-controller-manager", c.name),
-                &bin,
-                &cm,
-                &c.dir.join("kube-controller-manager.log"),
-            )?;
-            let bin = self.bins.kube_scheduler.clone();
-            self.procs.start(
-                &format!("{}/kube-scheduler", c.name),
-                &bin,
-                &common(p.sched, "sched-certs"),
-                &c.dir.join("kube-scheduler.log"),
-            )?;
-            let bin = self.bins.kwok.clone();
-            self.procs.start(
-                &format!("{}/kwok", c.name),
-                &bin,
-                &[
-                    format!("--kubeconfig={kc}"),
-                    s("--manage-all-nodes=false"),
-                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
-                    format!("--config={}", self.bins.kwok_stages.display()),
-                    s("--node-lease-duration-seconds=40"),
-                    format!("--server-address=127.0.0.1:{}", p.kwok),
-                ],
-                &c.dir.join("kwok.log"),
-            )?;
+    fn apiserver_args(
+        &self,
+        name: &str,
+        dir: &Path,
+        port: u16,
+        listen_ip: &str,
+        sa: &SaKey,
+        opts: &Options,
+    ) -> Vec<String> {
+        let mut args = vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--etcd-prefix=/{name}"),
+            format!("--bind-address={listen_ip}"),
+            format!("--advertise-address={listen_ip}"),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", dir.join("certs").display()),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            s("--service-account-issuer=https://kubernetes.default.svc.cluster.local"),
+            format!("--service-account-key-file={}", sa.public.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                sa.private.display()
+            ),
+            format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            s("--authorization-mode=RBAC"),
+            s("--allow-privileged=true"),
+        ];
+        if self.node_net.is_none() {
+            // A loopback advertise address is refused by the endpoint reconciler. With real
+            // nodes the `kubernetes` Service gets its endpoint (pods reach the apiserver).
+            args.push(s("--endpoint-reconciler-type=none"));
+        } else {
+            // Logs and exec go to the kubelet by its node IP (node names do not resolve).
+            args.push(s("--kubelet-preferred-address-types=InternalIP"));
         }
-        for (c, p) in clusters.iter_mut().zip(&cluster_ports) {
-            for (what, port) in [
-                ("kube-controller-manager", p.cm),
-                ("kube-scheduler", p.sched),
-            ] {
-                let hc = health_client(port)?;
-                self.wait(
-                    &format!("{}/{what} /healthz", c.name),
-                    &[&format!("{}/{what}", c.name)],
-                    opts.step_timeout,
-                    || {
-                        let hc = hc.clone();
-                        async move { Ok(get_text(&hc, "/healthz").await?.trim() == "ok") }
-                    },
-                )
-                .await?;
-            }
-            let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "default");
+        if !opts.watch_cache {
+            args.push(s("--watch-cache=false"));
+        }
+        args
+    }
+
+    /// Waits for cluster `name`'s serving certificate and `/readyz`, with an admin kubeconfig.
+    async fn wait_apiserver(
+        &mut self,
+        name: String,
+        dir: PathBuf,
+        token: String,
+        listen_ip: &str,
+        port: u16,
+        opts: &Options,
+    ) -> Result<Cluster> {
+        let ca_file = dir.join("certs/apiserver.crt");
+        let server = format!("https://{listen_ip}:{port}");
+        let kc = dir.join("kubeconfig");
+        let ca = ca_file.clone();
+        self.wait(
+            &format!("{name} serving certificate"),
+            &[&format!("{name}/kube-apiserver")],
+            opts.step_timeout,
+            || {
+                let ca = ca.clone();
+                async move { Ok(ca.is_file()) }
+            },
+        )
+        .await?;
+        kubeconfig::write(&kc, &name, &server, &ca_file, "admin", &token)?;
+        let client = kubeconfig::client(&kc).await?;
+        self.wait(
+            &format!("{name} kube-apiserver /readyz"),
+            &[&format!("{name}/kube-apiserver"), "etcd"],
+            opts.step_timeout,
+            || {
+                let client = client.clone();
+                async move { Ok(get_text(&client, "/readyz").await?.trim() == "ok") }
+            },
+        )
+        .await?;
+        Ok(Cluster {
+            name,
+            server,
+            ca_file,
+            kubeconfig: kc,
+            admin_token: token,
+            client,
+            nodes: Vec::new(),
+            real_node: None,
+            dir,
+        })
+    }
+
+    /// kube-controller-manager, kube-scheduler and kwok of cluster `c`.
+    fn start_cluster_daemons(&mut self, c: &Cluster, p: &Ports, sa: &SaKey) -> Result<()> {
+        let kc = c.kubeconfig.display().to_string();
+        let common = |port: u16, cert_dir: &str| {
+            vec![
+                format!("--kubeconfig={kc}"),
+                format!("--authentication-kubeconfig={kc}"),
+                format!("--authorization-kubeconfig={kc}"),
+                s("--leader-elect=false"),
+                s("--bind-address=127.0.0.1"),
+                format!("--secure-port={port}"),
+                format!("--cert-dir={}", c.dir.join(cert_dir).display()),
+            ]
+        };
+        let mut cm = common(p.cm, "cm-certs");
+        cm.extend([
+            format!(
+                "--service-account-private-key-file={}",
+                sa.private.display()
+            ),
+            format!("--root-ca-file={}", c.ca_file.display()),
+            s("--use-service-account-credentials=false"),
+        ]);
+        let bin = self.bins.kube_controller_manager.clone();
+        self.procs.start(
+            &format!("{}/kube-controller-manager", c.name),
+            &bin,
+            &cm,
+            &c.dir.join("kube-controller-manager.log"),
+        )?;
+        let bin = self.bins.kube_scheduler.clone();
+        self.procs.start(
+            &format!("{}/kube-scheduler", c.name),
+            &bin,
+            &common(p.sched, "sched-certs"),
+            &c.dir.join("kube-scheduler.log"),
+        )?;
+        let bin = self.bins.kwok.clone();
+        self.procs.start(
+            &format!("{}/kwok", c.name),
+            &bin,
+            &[
+                format!("--kubeconfig={kc}"),
+                s("--manage-all-nodes=false"),
+                format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                format!("--config={}", self.bins.kwok_stages.display()),
+                s("--node-lease-duration-seconds=40"),
+                format!("--server-address=127.0.0.1:{}", p.kwok),
+            ],
+            &c.dir.join("kwok.log"),
+        )?;
+        Ok(())
+    }
+
+    /// Waits until cluster `c`'s controller-manager and scheduler are healthy and the
+    /// controller-manager has made the `default` ServiceAccount.
+    async fn wait_cluster_daemons(&mut self, c: &Cluster, p: &Ports, opts: &Options) -> Result<()> {
+        for (what, port) in [
+            ("kube-controller-manager", p.cm),
+            ("kube-scheduler", p.sched),
+        ] {
+            let hc = health_client(port)?;
             self.wait(
-                &format!(
-                    "{}: default ServiceAccount (controller-manager works)",
-                    c.name
-                ),
-                &[&format!("{}/kube-controller-manager", c.name)],
+                &format!("{}/{what} /healthz", c.name),
+                &[&format!("{}/{what}", c.name)],
                 opts.step_timeout,
                 || {
-                    let sas = sas.clone();
-                    async move { Ok(sas.get_opt("default").await?.is_some()) }
+                    let hc = hc.clone();
+                    async move { Ok(get_text(&hc, "/healthz").await?.trim() == "ok") }
                 },
             )
             .await?;
-            let nodes: Api<Node> = Api::all(c.client.clone());
-            for i in 0..opts.nodes_per_cluster {
-                let name = format!("{}-node-{i}", c.name);
-                nodes
-                    .create(&PostParams::default(), &fake_node(&name, opts.real_nodes)?)
-                    .await
-                    .with_context(|| format!("creating node {name}"))?;
-                c.nodes.push(name);
-            }
-            for name in c.nodes.clone() {
-                self.wait(
-                    &format!("node {name} Ready (kwok)"),
-                    &[&format!("{}/kwok", c.name)],
-                    opts.step_timeout,
-                    || {
-                        let nodes = nodes.clone();
-                        let name = name.clone();
-                        async move { Ok(node_ready(&nodes.get(&name).await?)) }
-                    },
-                )
-                .await?;
-            }
+        }
+        let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "default");
+        self.wait(
+            &format!(
+                "{}: default ServiceAccount (controller-manager works)",
+                c.name
+            ),
+            &[&format!("{}/kube-controller-manager", c.name)],
+            opts.step_timeout,
+            || {
+                let sas = sas.clone();
+                async move { Ok(sas.get_opt("default").await?.is_some()) }
+            },
+        )
+        .await
+    }
+
+    /// Creates cluster `c`'s kwok nodes and waits until kwok has made each Ready.
+    async fn create_fake_nodes(&mut self, c: &mut Cluster, opts: &Options) -> Result<()> {
+        let nodes: Api<Node> = Api::all(c.client.clone());
+        for i in 0..opts.nodes_per_cluster {
+            let name = format!("{}-node-{i}", c.name);
+            nodes
+                .create(&PostParams::default(), &fake_node(&name, opts.real_nodes)?)
+                .await
+                .with_context(|| format!("creating node {name}"))?;
+            c.nodes.push(name);
+        }
+        for name in c.nodes.clone() {
+            self.wait(
+                &format!("node {name} Ready (kwok)"),
+                &[&format!("{}/kwok", c.name)],
+                opts.step_timeout,
+                || {
+                    let nodes = nodes.clone();
+                    let name = name.clone();
+                    async move { Ok(node_ready(&nodes.get(&name).await?)) }
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// A cluster DNS and a real node per cluster ([`Options::real_nodes`]).
+    async fn start_real_nodes(
+        &mut self,
+        clusters: &mut [Cluster],
+        bins: &NodeBinaries,
+        opts: &Options,
+    ) -> Result<()> {
+        let net = self
+            .node_net
+            .clone()
+            .context("real nodes need the node network")?;
+        let t = Instant::now();
+        for (i, c) in clusters.iter_mut().enumerate() {
+            let dns_ip = net.add_dns_address(i)?;
+            self.dns
+                .push(ClusterDns::start(dns_ip, c.client.clone()).await?);
+            let name = format!("{}-real-0", c.name);
+            let node = RealNode::start(&net, c, &name, bins, dns_ip, opts.step_timeout).await?;
+            c.real_node = Some((name, node.ip));
+            self.real_nodes.push(node);
         }
         eprintln!(
-            "e2e: controller-managers, schedulers, kwok and {} node(s) ready ({:.1}s)",
-            clusters.iter().map(|c| c.nodes.len()).sum::<usize>(),
+            "e2e: {} real node(s) Ready ({:.1}s)",
+            self.real_nodes.len(),
             t.elapsed().as_secs_f64()
         );
-        if let (Some(bins), Some(net)) = (node_bins, self.node_net.clone()) {
-            let t = Instant::now();
-            for (i, c) in clusters.iter_mut().enumerate() {
-                let dns_ip = net.add_dns_address(i)?;
-                self.dns
-                    .push(ClusterDns::start(dns_ip, c.client.clone()).await?);
-                let name = format!("{}-real-0", c.name);
-                let node =
-                    RealNode::start(&net, c, &name, &bins, dns_ip, opts.step_timeout).await?;
-                c.real_node = Some((name, node.ip));
-                self.real_nodes.push(node);
-            }
-            eprintln!(
-                "e2e: {} real node(s) Ready ({:.1}s)",
-                self.real_nodes.len(),
-                t.elapsed().as_secs_f64()
-            );
-        }
-        self.clusters = clusters;
         Ok(())
     }
 

@@ -19,6 +19,7 @@ pub mod bins;
 pub mod cluster;
 pub mod deployment;
 pub mod dns;
+pub mod harness;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;
@@ -28,11 +29,12 @@ pub mod process;
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
 pub use apply::{
     ApplyOptions, apply_file, apply_file_with, apply_yaml, apply_yaml_with, first_node_port,
-    install_crds, install_hub_manifests, wait_until,
+    install_crds, install_hub_manifests,
 };
 pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};
 pub use deployment::ContainerCommand;
+pub use harness::{Wait, binary, free_port, free_ports, wait_for, wait_until};
 pub use node::{NodeBinaries, NodeNetwork, RealNode};
 pub use observe::{applied_versions, pod_uids};
 

@@ -54,8 +54,8 @@ async fn main() -> Result<()> {
             };
             if with_addon {
                 // Fail before starting anything.
-                e2e::addon::binary("flower-hub")?;
-                e2e::addon::binary("flower-agent")?;
+                e2e::binary("flower-hub")?;
+                e2e::binary("flower-agent")?;
                 anyhow::ensure!(
                     clusters >= 2,
                     "--with-addon needs at least one spoke: --clusters 2 or more"
@@ -151,7 +151,7 @@ spec:
           num-partitions: "{partitions}"
 "#;
     e2e::apply_yaml(&hub, demo, "demo").await?;
-    let hub_bin = e2e::addon::binary("flower-hub")?;
+    let hub_bin = e2e::binary("flower-hub")?;
     let admin = addon.admin_kubeconfig.display();
     println!(
         "flower-addon: hub on {} (logs in {}); {} spoke(s) joined in {:.1}s",

@@ -1,11 +1,13 @@
 //! Waiting on real pods (real nodes): phases, readiness, completion with logs, crash detection.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
+
+use crate::harness::{fatal, wait_for};
 
 /// A pod's `status.phase` ("" when unknown).
 pub fn pod_phase(p: &Pod) -> String {
@@ -28,24 +30,6 @@ pub fn describe(p: &Pod) -> String {
     serde_json::to_string(&p.status).unwrap_or_default()
 }
 
-/// Polls `probe` every 500 ms until it returns `Some`; an `Err` from it fails at once.
-pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = probe().await? {
-            return Ok(v);
-        }
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// Waits for a `restartPolicy: Never` pod to succeed and returns its log; fails with the log and
 /// status when it fails.
 pub async fn run_to_completion(pods: &Api<Pod>, name: &str) -> Result<String> {
@@ -58,7 +42,7 @@ pub async fn run_to_completion_within(
     name: &str,
     timeout: Duration,
 ) -> Result<String> {
-    poll(&format!("{name} Succeeded"), timeout, || {
+    wait_for(&format!("{name} Succeeded"), timeout, || {
         let pods = pods.clone();
         async move {
             let Ok(p) = pods.get(name).await else {
@@ -71,7 +55,7 @@ pub async fn run_to_completion_within(
                         .logs(name, &LogParams::default())
                         .await
                         .unwrap_or_default();
-                    bail!("{name} failed: {log}\n{}", describe(&p))
+                    Err(fatal(anyhow!("{name} failed: {log}\n{}", describe(&p))))
                 }
                 _ => Ok(None),
             }
@@ -81,7 +65,8 @@ pub async fn run_to_completion_within(
     Ok(pods.logs(name, &LogParams::default()).await?)
 }
 
-/// Fails with the previous container's log when a pod matching `selector` restarted or failed.
+/// Fails with the previous container's log when a pod matching `selector` restarted or failed;
+/// the error is [`fatal`], so a wait whose probe calls this ends at once.
 pub async fn check_not_crashing(pods: &Api<Pod>, selector: &str) -> Result<()> {
     let Ok(list) = pods
         .list(&kube::api::ListParams::default().labels(selector))
@@ -108,7 +93,10 @@ pub async fn check_not_crashing(pods: &Api<Pod>, selector: &str) -> Result<()> {
                 )
                 .await
                 .unwrap_or_default();
-            bail!("pod {name} crashed: {log}\n{}", describe(&p));
+            return Err(fatal(anyhow!(
+                "pod {name} crashed: {log}\n{}",
+                describe(&p)
+            )));
         }
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Child processes of the harness: spawned so that they die with the test process, logged to a
-//! file each, and ended by their pid when the owning [`Processes`] is dropped.
+//! file each, and ended by their pid (or their process group) when the owning [`Processes`] is
+//! dropped, also when the test fails.
 
 use std::fs::File;
 use std::io;
@@ -10,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 /// How long a process gets between SIGTERM and SIGKILL when the harness ends it.
@@ -84,12 +85,20 @@ pub struct Proc {
     /// File receiving the process's stdout and stderr.
     pub log: PathBuf,
     child: Child,
+    /// Leads a process group of its own: ended with everything it started.
+    group: bool,
 }
 
 impl Proc {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` to the process alone (not its group), e.g. to test a graceful stop.
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        kill(Pid::from_raw(self.pid() as i32), signal)
+            .with_context(|| format!("sending {signal} to {} ({})", self.name, self.pid()))
     }
 
     /// `Some(status)` once the process has exited.
@@ -154,16 +163,37 @@ pub struct Processes {
 impl Processes {
     /// Starts `program args…` with stdout and stderr appended to `log`; it dies with the harness.
     pub fn start(&mut self, name: &str, program: &Path, args: &[String], log: &Path) -> Result<()> {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        self.spawn(name, cmd, log, false)
+    }
+
+    /// Starts `cmd` (program, arguments, environment, working dir as the caller set them) with
+    /// stdout and stderr to `log`; it dies with the harness.
+    pub fn start_command(&mut self, name: &str, cmd: Command, log: &Path) -> Result<()> {
+        self.spawn(name, cmd, log, false)
+    }
+
+    /// [`Processes::start_command`] in a process group of its own, for a daemon that starts
+    /// children (the hub's SuperLink, an agent's SuperNodes): the whole group is ended with it.
+    pub fn start_group(&mut self, name: &str, mut cmd: Command, log: &Path) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        self.spawn(name, cmd, log, true)
+    }
+
+    fn spawn(&mut self, name: &str, mut cmd: Command, log: &Path, group: bool) -> Result<()> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = spawn_die_with_parent(cmd)
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let child =
+            spawn_die_with_parent(cmd).with_context(|| format!("starting {name} ({program})"))?;
         self.procs.push(Proc {
             name: name.to_string(),
             log: log.to_path_buf(),
             child,
+            group,
         });
         Ok(())
     }
@@ -198,41 +228,51 @@ impl Processes {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
-        let start = Instant::now();
-        let mut last_err: Option<anyhow::Error> = None;
-        loop {
-            self.check_alive()?;
-            match probe().await {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => last_err = Some(e),
+        let waited = crate::harness::wait_until(what, timeout, || {
+            let alive = self.check_alive().map_err(crate::harness::fatal);
+            let fut = probe();
+            async move {
+                alive?;
+                fut.await
             }
-            if start.elapsed() > timeout {
-                let mut msg = format!("timed out after {timeout:?} waiting for {what}");
-                if let Some(e) = last_err {
-                    msg.push_str(&format!("; last error: {e:#}"));
-                }
-                let shown = self
-                    .procs
-                    .iter()
-                    .filter(|p| show.is_none_or(|names| names.contains(&p.name.as_str())));
-                for p in shown {
-                    msg.push_str(&format!(
-                        "\n--- tail of {} ({}):\n{}",
-                        p.log.display(),
-                        p.name,
-                        excerpt(&p.log)
-                    ));
-                }
-                bail!(msg);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        })
+        .await;
+        match waited {
+            Ok(_) => Ok(()),
+            Err(e) if crate::harness::is_fatal(&e) => Err(e),
+            Err(e) => bail!("{e:#}{}", self.log_tails(show)),
         }
+    }
+
+    /// The log tails of the processes named in `show` (every process when `None`).
+    pub fn log_tails(&self, show: Option<&[&str]>) -> String {
+        let mut msg = String::new();
+        let shown = self
+            .procs
+            .iter()
+            .filter(|p| show.is_none_or(|names| names.contains(&p.name.as_str())));
+        for p in shown {
+            msg.push_str(&format!(
+                "\n--- tail of {} ({}):\n{}",
+                p.log.display(),
+                p.name,
+                excerpt(&p.log)
+            ));
+        }
+        msg
     }
 
     /// The process named `name`.
     pub fn get(&self, name: &str) -> Option<&Proc> {
         self.procs.iter().find(|p| p.name == name)
+    }
+
+    /// The process named `name`, or an error naming it.
+    pub fn get_mut(&mut self, name: &str) -> Result<&mut Proc> {
+        self.procs
+            .iter_mut()
+            .find(|p| p.name == name)
+            .with_context(|| format!("no process named {name}"))
     }
 
     /// All processes, in start order.
@@ -260,13 +300,19 @@ impl Processes {
     }
 }
 
-/// Ends processes one by one, in the given order: SIGTERM, up to [`TERM_GRACE`], then SIGKILL.
-/// One at a time because an apiserver whose etcd vanished at the same moment hangs in shutdown.
+/// Ends processes one by one, in the given order: SIGTERM, up to [`TERM_GRACE`], then SIGKILL;
+/// a group leader's signals go to its whole group, and what is left of the group after the
+/// leader exited is killed. One at a time because an apiserver whose etcd vanished at the same
+/// moment hangs in shutdown.
 fn end_all(procs: Vec<Proc>) {
     for mut p in procs {
         let t = Instant::now();
+        let (pid, group) = (Pid::from_raw(p.pid() as i32), p.group);
+        let signal = |s: Signal| {
+            let _ = if group { killpg(pid, s) } else { kill(pid, s) };
+        };
         if p.exited().is_none() {
-            let _ = kill(Pid::from_raw(p.pid() as i32), Signal::SIGTERM);
+            signal(Signal::SIGTERM);
             let deadline = Instant::now() + TERM_GRACE;
             while p.exited().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -277,6 +323,7 @@ fn end_all(procs: Vec<Proc>) {
                 "e2e: {} ignored SIGTERM for {TERM_GRACE:?}: SIGKILL",
                 p.name
             );
+            signal(Signal::SIGKILL);
             let _ = p.child.kill();
             let _ = p.child.wait();
         } else if t.elapsed() > Duration::from_secs(1) {
@@ -285,6 +332,10 @@ fn end_all(procs: Vec<Proc>) {
                 p.name,
                 t.elapsed().as_secs_f64()
             );
+        }
+        if group {
+            // Children that outlived their leader (the pgid stays theirs while any is alive).
+            let _ = killpg(pid, Signal::SIGKILL);
         }
     }
 }

@@ -870,8 +870,8 @@ struct World {
 }
 
 async fn two_spokes_running() -> Result<World> {
-    e2e::addon::binary("flower-hub")?;
-    e2e::addon::binary("flower-agent")?;
+    e2e::binary("flower-hub")?;
+    e2e::binary("flower-agent")?;
     e2e::install_crypto();
     let mut cp = ControlPlane::start(&["hub", "spoke-1", "spoke-2"])
         .await
@@ -1345,7 +1345,7 @@ async fn bootstrap_refusals(cp: &ControlPlane) -> Result<()> {
         let yaml = yaml.replace("name: flower-agent-bootstrap", &format!("name: {name}"));
         e2e::apply_yaml(&spoke.client, &yaml, AGENT_NS).await?;
         let creds = format!("{name}-credentials");
-        let out = std::process::Command::new(e2e::addon::binary("flower-agent")?)
+        let out = std::process::Command::new(e2e::binary("flower-agent")?)
             .args([
                 "join",
                 "--namespace",

@@ -14,8 +14,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use e2e::harness::wait_for;
 use e2e::node::image_archive;
-use e2e::pods::{check_not_crashing, poll};
+use e2e::pods::check_not_crashing;
 use e2e::{ControlPlane, Options};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -100,7 +101,7 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
 
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
-    let ids = poll(
+    let ids = wait_for(
         "every SuperNode pod connected (SuperNode ID logged)",
         Duration::from_secs(180),
         || {
@@ -130,7 +131,7 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     let connected = t.elapsed();
     let superlink = format!("{FEDERATION}-superlink-0");
     let want: BTreeSet<String> = ids.iter().map(|(_, id)| id.clone()).collect();
-    poll(
+    wait_for(
         "the SuperLink serving every SuperNode (Fleet requests with their node ids)",
         Duration::from_secs(60),
         || {

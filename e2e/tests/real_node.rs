@@ -18,9 +18,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow};
+use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
-use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, poll, run_to_completion};
+use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
 use e2e::{ControlPlane, Options, apply_yaml};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
@@ -134,7 +135,7 @@ spec:
         "default",
     )
     .await?;
-    let done = poll("addon-version Succeeded", Duration::from_secs(120), || {
+    let done = wait_for("addon-version Succeeded", Duration::from_secs(120), || {
         let pods = pods.clone();
         async move {
             let Ok(p) = pods.get("addon-version").await else {
@@ -142,7 +143,7 @@ spec:
             };
             match pod_phase(&p).as_str() {
                 "Succeeded" => Ok(Some(p)),
-                "Failed" => bail!("addon-version failed: {}", describe(&p)),
+                "Failed" => Err(fatal(anyhow!("addon-version failed: {}", describe(&p)))),
                 _ => Ok(None),
             }
         }
@@ -203,14 +204,14 @@ spec:
         "default",
     )
     .await?;
-    poll("superlink Ready", Duration::from_secs(120), || {
+    wait_for("superlink Ready", Duration::from_secs(120), || {
         let pods = pods.clone();
         async move {
             let Ok(p) = pods.get("superlink").await else {
                 return Ok(None);
             };
             if pod_phase(&p) == "Failed" {
-                bail!("superlink failed: {}", describe(&p));
+                return Err(fatal(anyhow!("superlink failed: {}", describe(&p))));
             }
             Ok(pod_ready(&p).then_some(()))
         }
@@ -222,7 +223,7 @@ spec:
     let svc = svcs.get("superlink").await?;
     let node_port = e2e::first_node_port(&svc)?;
     let addr = format!("{}:{node_port}", node.ip);
-    let answer = poll("NodePort /health", Duration::from_secs(60), || {
+    let answer = wait_for("NodePort /health", Duration::from_secs(60), || {
         let addr = addr.clone();
         async move {
             Ok(http_get(&addr, "/health")
@@ -302,7 +303,7 @@ spec:
     let t = Instant::now();
     e2e::install_hub_manifests(&hub.client).await?;
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
-    let hub_pod = poll(
+    let hub_pod = wait_for(
         "the flower-hub Deployment's pod Ready",
         Duration::from_secs(120),
         || {
@@ -328,7 +329,7 @@ spec:
     let channel = format!("{}:{hub_port}", node.ip);
     let hub_ready = t.elapsed();
     // kube-proxy programs the NodePort shortly after the endpoint appears: poll.
-    poll(
+    wait_for(
         &format!("a TCP connection to the hub's channel NodePort {channel}"),
         Duration::from_secs(60),
         || {
@@ -396,7 +397,7 @@ spec:
     .await?;
     let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
-    poll(
+    wait_for(
         "ManagedCluster spoke-1 (the agent pod's join)",
         Duration::from_secs(120),
         || {
@@ -413,7 +414,7 @@ spec:
         spoke.client.clone(),
         e2e::addon::AGENT_NS,
     );
-    poll(
+    wait_for(
         "spoke-1's credentials Secret (accepted agent)",
         Duration::from_secs(120),
         || {

@@ -1,0 +1,413 @@
+//! What every e2e test needs around the product, in one place: free loopback ports, waits (async
+//! and blocking, with the last probe error and extra detail on timeout), the built product
+//! binaries and Flower venvs, the child processes ([`Processes`]: logged, ended by pid or process
+//! group on drop, dying with the test process), and the lock that serialises control-plane boots
+//! across test threads and test processes (the suite runs on 2 cores).
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+pub use crate::process::{Proc, Processes, excerpt, tail};
+
+/// How often a wait probes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+// === ports ===
+
+/// A free loopback port (the listener that found it is dropped before it returns).
+pub fn free_port() -> Result<u16> {
+    Ok(free_ports(1)?[0])
+}
+
+/// `n` distinct free loopback ports, all held at once while they are picked.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("reserving loopback ports")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+/// Free loopback ports at least `spacing` apart from each other and below 60000, for programs
+/// that use a range of ports from a base (the process runtime's `--port-base`).
+#[derive(Debug, Clone)]
+pub struct SpacedPorts {
+    spacing: u16,
+    given: Vec<u16>,
+}
+
+impl SpacedPorts {
+    /// Hands out ports at least `spacing` apart.
+    pub fn new(spacing: u16) -> Self {
+        Self {
+            spacing,
+            given: Vec::new(),
+        }
+    }
+
+    /// Another free port, away from every port handed out before.
+    pub fn next(&mut self) -> Result<u16> {
+        for _ in 0..200 {
+            let port = free_port()?;
+            if port < 60000 && self.given.iter().all(|g| g.abs_diff(port) > self.spacing) {
+                self.given.push(port);
+                return Ok(port);
+            }
+        }
+        bail!("no free port {} away from {:?}", self.spacing, self.given)
+    }
+}
+
+// === waits ===
+
+/// An error that ends a wait at once instead of being retried until the timeout (a process that
+/// died, a pod that failed). Make one with [`fatal`]; it stays recognisable under `context`.
+#[derive(Debug)]
+pub struct Fatal(anyhow::Error);
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for Fatal {}
+
+/// Marks `err` as [`Fatal`]: a wait whose probe returns it fails at once.
+pub fn fatal(err: impl Into<anyhow::Error>) -> anyhow::Error {
+    anyhow::Error::new(Fatal(err.into()))
+}
+
+/// Whether `err` (or an error it wraps) is [`Fatal`].
+pub fn is_fatal(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<Fatal>().is_some()
+}
+
+/// One wait: what for (in messages), how long, how often, and what to add to a timeout error.
+/// A probe says `Ok(Some(v))` (done), `Ok(None)` (not yet) or `Err` (retried, and reported on
+/// timeout, unless [`Fatal`]).
+pub struct Wait<'d> {
+    what: String,
+    timeout: Duration,
+    interval: Duration,
+    detail: Option<Box<dyn Fn() -> String + 'd>>,
+}
+
+impl std::fmt::Debug for Wait<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wait")
+            .field("what", &self.what)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state of a running wait, shared by the async and the blocking loop.
+struct Attempts<'w, 'd> {
+    wait: &'w Wait<'d>,
+    start: Instant,
+    last_err: Option<anyhow::Error>,
+}
+
+impl Attempts<'_, '_> {
+    /// `Some` once the wait is over: the value, a fatal error, or the timeout.
+    fn judge<T>(&mut self, outcome: Result<Option<T>>) -> Option<Result<T>> {
+        match outcome {
+            Ok(Some(v)) => return Some(Ok(v)),
+            Ok(None) => {}
+            Err(e) if is_fatal(&e) => {
+                return Some(Err(
+                    e.context(format!("while waiting for {}", self.wait.what))
+                ));
+            }
+            Err(e) => self.last_err = Some(e),
+        }
+        (self.start.elapsed() > self.wait.timeout).then(|| Err(self.timed_out()))
+    }
+
+    fn timed_out(&mut self) -> anyhow::Error {
+        let w = self.wait;
+        let mut msg = format!("timed out after {:?} waiting for {}", w.timeout, w.what);
+        if let Some(e) = self.last_err.take() {
+            msg.push_str(&format!("; last error: {e:#}"));
+        }
+        if let Some(detail) = &w.detail {
+            msg.push('\n');
+            msg.push_str(&detail());
+        }
+        anyhow::anyhow!(msg)
+    }
+}
+
+impl<'d> Wait<'d> {
+    /// Waits up to `timeout` for `what`, probing every [`POLL_INTERVAL`].
+    pub fn new(what: impl Into<String>, timeout: Duration) -> Self {
+        Self {
+            what: what.into(),
+            timeout,
+            interval: POLL_INTERVAL,
+            detail: None,
+        }
+    }
+
+    /// Probes every `interval` instead.
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Appends `detail()` (log tails, a status file) to the timeout error.
+    pub fn detail(mut self, detail: impl Fn() -> String + 'd) -> Self {
+        self.detail = Some(Box::new(detail));
+        self
+    }
+
+    fn attempts(&self) -> Attempts<'_, 'd> {
+        Attempts {
+            wait: self,
+            start: Instant::now(),
+            last_err: None,
+        }
+    }
+
+    /// Until `probe` returns a value; returns it.
+    pub async fn for_value<T, F, Fut>(self, mut probe: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<T>>>,
+    {
+        let mut attempts = self.attempts();
+        loop {
+            if let Some(done) = attempts.judge(probe().await) {
+                return done;
+            }
+            tokio::time::sleep(self.interval).await;
+        }
+    }
+
+    /// Until `probe` says true; returns how long that took.
+    pub async fn until<F, Fut>(self, mut probe: F) -> Result<Duration>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool>>,
+    {
+        let start = Instant::now();
+        self.for_value(|| {
+            let fut = probe();
+            async move { Ok(fut.await?.then_some(())) }
+        })
+        .await?;
+        Ok(start.elapsed())
+    }
+
+    /// [`Wait::for_value`] for tests without a runtime: sleeps the thread between probes.
+    pub fn for_value_blocking<T>(self, mut probe: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        let mut attempts = self.attempts();
+        loop {
+            if let Some(done) = attempts.judge(probe()) {
+                return done;
+            }
+            std::thread::sleep(self.interval);
+        }
+    }
+
+    /// [`Wait::until`] for tests without a runtime.
+    pub fn until_blocking(self, mut probe: impl FnMut() -> Result<bool>) -> Result<Duration> {
+        let start = Instant::now();
+        self.for_value_blocking(|| Ok(probe()?.then_some(())))?;
+        Ok(start.elapsed())
+    }
+}
+
+/// Polls `probe` until it returns `Ok(true)`; fails after `timeout` with the last probe error.
+/// Returns how long it took.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    Wait::new(what, timeout).until(probe).await
+}
+
+/// Polls `probe` until it returns `Ok(Some(v))`; returns `v`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>>>,
+{
+    Wait::new(what, timeout).for_value(probe).await
+}
+
+/// [`wait_until`] for tests without a runtime.
+pub fn wait_until_blocking(
+    what: &str,
+    timeout: Duration,
+    probe: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    Wait::new(what, timeout).until_blocking(probe)
+}
+
+/// [`wait_for`] for tests without a runtime.
+pub fn wait_for_blocking<T>(
+    what: &str,
+    timeout: Duration,
+    probe: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    Wait::new(what, timeout).for_value_blocking(probe)
+}
+
+// === binaries ===
+
+/// The directory cargo put this crate's binaries in (`target/debug` when run by `cargo test` or
+/// `cargo run`), where `cargo build --bins` put flower-hub and flower-agent too.
+fn cargo_bin_dir() -> PathBuf {
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        let dir = exe.parent()?;
+        // Test binaries live in target/debug/deps, `cargo run` ones in target/debug.
+        Some(if dir.ends_with("deps") {
+            dir.parent()?.to_path_buf()
+        } else {
+            dir.to_path_buf()
+        })
+    });
+    from_exe.unwrap_or_else(|| crate::repo_root().join("target/debug"))
+}
+
+/// The built product binary `name` (`flower-hub`, `flower-agent`), or an error telling to build
+/// it.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let path = cargo_bin_dir().join(name);
+    ensure!(
+        path.is_file(),
+        "{} is missing: run `cargo build --bins` first (test.sh does)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The Flower venv for `version` from `e2e/flower/venv.sh` (built from PyPI on the first call,
+/// cached after); fails unless it holds `flower-superlink`.
+pub fn flower_venv(version: &str) -> Result<PathBuf> {
+    let script = crate::repo_root().join("e2e/flower/venv.sh");
+    let out = std::process::Command::new(&script)
+        .arg(version)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    ensure!(out.status.success(), "e2e/flower/venv.sh {version} failed");
+    let venv = PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim(),
+    );
+    ensure!(
+        venv.join("bin/flower-superlink").is_file(),
+        "no flower-superlink in {} (e2e/flower/venv.sh {version})",
+        venv.display()
+    );
+    Ok(venv)
+}
+
+// === the boot lock ===
+
+/// File whose lock serialises control-plane boots on this machine.
+fn boot_lock_path() -> PathBuf {
+    std::env::temp_dir().join("flower-addon-e2e-boot.lock")
+}
+
+/// Held while a control plane boots: cargo runs the test functions of one binary in parallel,
+/// and several apiservers, controller-managers and kubelets starting at once on 2 cores miss
+/// their readiness timeouts. A `flock(2)` on a file in the temp dir, so it also orders boots of
+/// other test processes and checkouts; released on drop, and by the kernel if the test dies.
+#[derive(Debug)]
+pub struct BootLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    /// How long the boot waited for others.
+    pub waited: Duration,
+}
+
+impl BootLock {
+    /// Blocks until no other control plane is booting.
+    pub fn acquire() -> Result<Self> {
+        let path = boot_lock_path();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let t = Instant::now();
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(Self {
+            _lock: lock,
+            waited: t.elapsed(),
+        })
+    }
+
+    /// [`BootLock::acquire`] without blocking a runtime worker.
+    pub async fn acquire_async() -> Result<Self> {
+        tokio::task::spawn_blocking(Self::acquire)
+            .await
+            .context("the boot-lock task panicked")?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fatal_error_ends_the_wait_at_once() {
+        // Invariant: a probe's Fatal error is not retried until the timeout.
+        let t = Instant::now();
+        let err = wait_until_blocking("never", Duration::from_secs(30), || {
+            Err(fatal(anyhow::anyhow!("process died")))
+        })
+        .unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(5));
+        assert!(is_fatal(&err), "{err:#}");
+        assert!(format!("{err:#}").contains("process died"), "{err:#}");
+    }
+
+    #[test]
+    fn a_timeout_names_the_last_error_and_the_detail() {
+        // Invariant: a timed-out wait says what it waited for, the probe's last error and the
+        // detail (log tails) it was given.
+        let err = Wait::new("the answer", Duration::from_millis(50))
+            .every(Duration::from_millis(10))
+            .detail(|| "--- log tail".to_string())
+            .until_blocking(|| Err(anyhow::anyhow!("connection refused")))
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(!is_fatal(&err));
+        assert!(
+            msg.contains("waiting for the answer")
+                && msg.contains("connection refused")
+                && msg.contains("--- log tail"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn spaced_ports_keep_their_distance() {
+        // Invariant: ports handed out for base-port ranges never overlap.
+        let mut ports = SpacedPorts::new(12);
+        let got: Vec<u16> = (0..4).map(|_| ports.next().unwrap()).collect();
+        for (i, a) in got.iter().enumerate() {
+            for b in &got[i + 1..] {
+                assert!(a.abs_diff(*b) > 12, "{got:?}");
+            }
+        }
+    }
+}
