@@ -5,34 +5,13 @@
 //!
 //! Needs `target/debug/flower-hub` and `target/debug/flower-agent` (test.sh builds them first).
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use e2e::harness::{Processes, binary, free_port, wait_until_blocking};
 
 fn bin(name: &str) -> PathBuf {
-    let path = e2e::repo_root().join("target/debug").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --bins` first (test.sh does)",
-        path.display()
-    );
-    path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    binary(name).expect("the product binaries")
 }
 
 fn run_ok(cmd: &mut Command) -> String {
@@ -43,14 +22,6 @@ fn run_ok(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 /// The cluster's record in `flower-hub status -o json`.
@@ -101,23 +72,21 @@ fn an_expired_agent_re_joins_with_its_key_given_a_fresh_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("hub");
     let agent_dir = dir.path().join("agent");
-    let port = free_port();
-    let hub = format!("127.0.0.1:{port}");
-    let hub_log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
-    let _hub = Proc(
-        Command::new(bin("flower-hub"))
-            .args(["serve", "--standalone", "--listen", &hub])
-            .args(["--cert-validity", "6s", "--auto-accept", "site=edge"])
-            .arg("--state-dir")
-            .arg(&state)
-            .stdout(Stdio::null())
-            .stderr(hub_log)
-            .spawn()
-            .expect("start flower-hub"),
-    );
-    wait_for("the hub to listen", Duration::from_secs(30), || {
-        std::net::TcpStream::connect(&hub).is_ok()
-    });
+    let hub = format!("127.0.0.1:{}", free_port().expect("a free port"));
+    let mut procs = Processes::default();
+    let mut serve = Command::new(bin("flower-hub"));
+    serve
+        .args(["serve", "--standalone", "--listen", &hub])
+        .args(["--cert-validity", "6s", "--auto-accept", "site=edge"])
+        .arg("--state-dir")
+        .arg(&state);
+    procs
+        .start_command("hub", serve, &dir.path().join("hub.log"))
+        .expect("start flower-hub");
+    wait_until_blocking("the hub to listen", Duration::from_secs(30), || {
+        Ok(std::net::TcpStream::connect(&hub).is_ok())
+    })
+    .expect("the hub listens");
 
     // Join (auto-accepted), then stay away longer than the certificate lives.
     let (first, ca_hash) = token(&state, &hub);
@@ -152,44 +121,43 @@ fn an_expired_agent_re_joins_with_its_key_given_a_fresh_token() {
 
     // Without a way to re-join, the agent keeps retrying and says what to do.
     let log_path = dir.path().join("agent-1.log");
-    let mut stuck = Proc(
-        Command::new(bin("flower-agent"))
-            .args(["run", "--runtime", "noop", "--state-dir"])
-            .arg(&agent_dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log_path).unwrap())
-            .spawn()
-            .expect("start flower-agent"),
-    );
-    wait_for("the expiry message", Duration::from_secs(30), || {
+    let mut stuck = Command::new(bin("flower-agent"));
+    stuck
+        .args(["run", "--runtime", "noop", "--state-dir"])
+        .arg(&agent_dir);
+    procs
+        .start_command("agent-1", stuck, &log_path)
+        .expect("start flower-agent");
+    wait_until_blocking("the expiry message", Duration::from_secs(30), || {
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        log.contains("expired at") && log.contains("flower-hub token create --cluster-name edge-1")
-    });
+        Ok(log.contains("expired at")
+            && log.contains("flower-hub token create --cluster-name edge-1"))
+    })
+    .expect("the agent says how to re-join");
     assert!(
-        stuck.0.try_wait().unwrap().is_none(),
+        procs.get_mut("agent-1").unwrap().exited().is_none(),
         "an edge agent keeps retrying (its SuperNodes keep running) instead of exiting"
     );
-    drop(stuck);
+    procs.stop("agent-1").unwrap();
 
     // A fresh token: `run` re-joins with the stored key and connects.
     let (second, _) = token(&state, &hub);
     let restarted = unix_now();
-    let _agent = Proc(
-        Command::new(bin("flower-agent"))
-            .args(["run", "--runtime", "noop", "--status-interval", "1s"])
-            .args(join_args(&second))
-            .arg("--state-dir")
-            .arg(&agent_dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("agent-2.log")).unwrap())
-            .spawn()
-            .expect("start flower-agent"),
-    );
-    wait_for(
+    let mut rejoin = Command::new(bin("flower-agent"));
+    rejoin
+        .args(["run", "--runtime", "noop", "--status-interval", "1s"])
+        .args(join_args(&second))
+        .arg("--state-dir")
+        .arg(&agent_dir);
+    procs
+        .start_command("agent-2", rejoin, &dir.path().join("agent-2.log"))
+        .expect("start flower-agent");
+    wait_until_blocking(
         "a heartbeat from the re-joined agent",
         Duration::from_secs(30),
-        || heartbeat(&state) >= restarted,
-    );
+        || Ok(heartbeat(&state) >= restarted),
+    )
+    .expect("the re-joined agent heartbeats");
     let after = cluster(&state, "edge-1");
     assert_eq!(
         after["keyFingerprint"], key,
@@ -205,7 +173,7 @@ fn an_expired_agent_re_joins_with_its_key_given_a_fresh_token() {
             .args(["token", "delete", &id, "--state-dir"])
             .arg(&state),
     );
-    drop(_agent);
+    procs.stop("agent-2").unwrap();
     std::thread::sleep(Duration::from_secs(7));
     let out = Command::new(bin("flower-agent"))
         .args(["run", "--runtime", "noop"])

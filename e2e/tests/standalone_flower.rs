@@ -5,30 +5,20 @@
 //!
 //! Needs `target/debug/flower-hub` and `target/debug/flower-agent` (`cargo build --bins`; test.sh
 //! builds first) and `e2e/flower/venv.sh` (python3 + network on the first run, cached after).
-#![allow(unsafe_code)]
-
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use nix::sys::signal::{Signal, kill, killpg};
+use e2e::harness::{Processes, SpacedPorts, Wait, binary, flower_venv, tail};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 const FLOWER_VERSION: &str = "1.42.0";
 const NS: &str = "default";
 const FED: &str = "quickstart";
 const KEY_FLAG: &str = "--auth-supernode-private-key";
-
-/// One process the test started: its own process group, ended by pid in [`World`]'s Drop.
-struct Daemon {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
 
 /// Everything one run of the scenarios shares.
 struct World {
@@ -45,8 +35,9 @@ struct World {
     extra_port: u16,
     serverappio_port: u16,
     port_bases: [u16; 2],
-    used_ports: Vec<u16>,
-    daemons: Vec<Daemon>,
+    ports: SpacedPorts,
+    /// Hub, agents, joins and hand-started SuperNodes, each in its own process group.
+    procs: Processes,
 }
 
 fn main_env(cmd: &mut Command) {
@@ -55,29 +46,12 @@ fn main_env(cmd: &mut Command) {
         .env("RUST_LOG", "info");
 }
 
-/// Starts `program` in its own process group, killed by the kernel if the test thread dies.
-fn spawn(program: &Path, args: &[String], log: &Path, env: &[(&str, String)]) -> Result<Child> {
-    let out = File::create(log).with_context(|| format!("{}", log.display()))?;
-    let err = out.try_clone()?;
+/// `program args…` with the environment every Flower-side process of this test gets.
+fn command(program: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(program);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
+    cmd.args(args);
     main_env(&mut cmd);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    // SAFETY: between fork and exec, only prctl(2) (async-signal-safe), no allocation or lock.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-        });
-    }
-    cmd.spawn()
-        .with_context(|| format!("starting {}", program.display()))
+    cmd
 }
 
 /// argv of every live process (zombies have an empty cmdline and are skipped).
@@ -138,48 +112,6 @@ fn one_pid(pids: Vec<u32>, what: &str) -> Result<u32> {
     }
 }
 
-fn free_port(avoid: &[u16]) -> Result<u16> {
-    for _ in 0..200 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let p = l.local_addr()?.port();
-        if p < 60000 && avoid.iter().all(|a| a.abs_diff(p) > 12) {
-            return Ok(p);
-        }
-    }
-    bail!("no free port")
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Polls `check` every 250 ms until it returns `Some`, or fails with `what` and `context()`.
-fn wait_for<T>(
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<Option<T>>,
-    context: impl Fn() -> String,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    let mut last_err = None;
-    loop {
-        match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {timeout:?} waiting for {what} (last error: {last_err:?})\n{}",
-                context()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// The JSON object in a `flwr … --format json` output (which may be preceded by other text).
 fn json_of(stdout: &[u8]) -> Result<Value> {
     let text = String::from_utf8_lossy(stdout);
@@ -211,47 +143,18 @@ fn cluster_of<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
 
 impl World {
     fn start() -> Result<Self> {
-        let root = e2e::repo_root();
-        let hub_bin = root.join("target/debug/flower-hub");
-        let agent_bin = root.join("target/debug/flower-agent");
-        for b in [&hub_bin, &agent_bin] {
-            ensure!(
-                b.is_file(),
-                "{} is missing: run `cargo build --bins` first (test.sh does)",
-                b.display()
-            );
-        }
-        let out = Command::new(root.join("e2e/flower/venv.sh"))
-            .arg(FLOWER_VERSION)
-            .stderr(Stdio::inherit())
-            .output()
-            .context("e2e/flower/venv.sh")?;
-        ensure!(out.status.success(), "venv.sh {FLOWER_VERSION} failed");
-        let venv = PathBuf::from(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim(),
-        );
-        ensure!(
-            venv.join("bin/flower-superlink").is_file(),
-            "no flower-superlink in {}",
-            venv.display()
-        );
+        let hub_bin = binary("flower-hub")?;
+        let agent_bin = binary("flower-agent")?;
+        let venv = flower_venv(FLOWER_VERSION)?;
         let work = tempfile::Builder::new()
             .prefix("flower-addon-standalone.")
             .tempdir()?;
         let dir = work.path().to_path_buf();
-        let mut used = Vec::new();
-        let mut port = || -> Result<u16> {
-            let p = free_port(&used)?;
-            used.push(p);
-            Ok(p)
-        };
+        // Agents use a range of ports from their base: keep every port 12 away from the others.
+        let mut ports = SpacedPorts::new(12);
         let (hub_port, grpc_port, extra_port, serverappio_port) =
-            (port()?, port()?, port()?, port()?);
-        let port_bases = [port()?, port()?];
+            (ports.next()?, ports.next()?, ports.next()?, ports.next()?);
+        let port_bases = [ports.next()?, ports.next()?];
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         std::fs::create_dir_all(dir.join("flwr-home"))?;
@@ -269,37 +172,39 @@ impl World {
             extra_port,
             serverappio_port,
             port_bases,
-            used_ports: used,
-            daemons: Vec::new(),
+            ports,
+            procs: Processes::default(),
         })
     }
 
-    fn start_daemon(&mut self, name: &str, program: &Path, args: &[String]) -> Result<()> {
+    /// Starts `program args…` as `name` in its own process group, logging to `<name>.log`.
+    fn start_daemon(&mut self, name: &str, program: &Path, args: &[String]) -> Result<PathBuf> {
         let log = self.dir.join(format!("{name}.log"));
-        let child = spawn(program, args, &log, &[])?;
-        self.daemons.push(Daemon {
-            name: name.into(),
-            child,
-            log,
-        });
-        Ok(())
+        self.procs.start_group(name, command(program, args), &log)?;
+        Ok(log)
     }
 
-    fn daemon(&mut self, name: &str) -> Result<&mut Daemon> {
-        self.daemons
-            .iter_mut()
-            .find(|d| d.name == name)
-            .ok_or_else(|| anyhow!("no daemon {name}"))
+    /// Waits up to `timeout` for process `name` to exit; ends its group if it does not.
+    fn wait_exit(&mut self, name: &str, timeout: Duration) -> Result<ExitStatus> {
+        let proc = self.procs.get_mut(name)?;
+        let log = proc.log.clone();
+        let status = Wait::new(format!("{name} to exit"), timeout)
+            .detail(|| tail(&log, 20))
+            .for_value_blocking(|| Ok(proc.exited()));
+        if status.is_err() {
+            self.procs.stop(name)?;
+        }
+        status
     }
 
     fn logs(&self) -> String {
         let mut s = String::new();
-        for d in &self.daemons {
+        for p in self.procs.all() {
             s += &format!(
                 "--- {} ({}):\n{}\n",
-                d.name,
-                d.log.display(),
-                tail(&d.log, 20)
+                p.name,
+                p.log.display(),
+                tail(&p.log, 20)
             );
         }
         s += &format!(
@@ -390,19 +295,16 @@ impl World {
 
     /// Waits until status.json shows the Federation ready with `n`/`n` SuperNodes.
     fn wait_ready(&self, n: u64, timeout: Duration) -> Result<Value> {
-        wait_for(
-            timeout,
-            &format!("{FED} ready with {n}/{n} SuperNodes"),
-            || {
+        Wait::new(format!("{FED} ready with {n}/{n} SuperNodes"), timeout)
+            .detail(|| self.logs())
+            .for_value_blocking(|| {
                 let s = self.status()?;
                 let f = status_of(&s, FED).ok_or_else(|| anyhow!("no {FED} in status"))?;
                 Ok((f["ready"] == true
                     && f["readySupernodes"].as_u64() == Some(n)
                     && f["desiredSupernodes"].as_u64() == Some(n))
                 .then(|| f.clone()))
-            },
-            || self.logs(),
-        )
+            })
     }
 
     fn flwr(&self, args: &[&str]) -> Result<std::process::Output> {
@@ -437,10 +339,9 @@ impl World {
             "--format",
             "json",
         ];
-        let v = wait_for(
-            Duration::from_secs(60),
-            "flwr run to reach the SuperLink",
-            || {
+        let v = Wait::new("flwr run to reach the SuperLink", Duration::from_secs(60))
+            .detail(|| self.logs())
+            .for_value_blocking(|| {
                 let out = self.flwr(&args)?;
                 let v = json_of(&out.stdout).with_context(|| {
                     format!("flwr run: {}", String::from_utf8_lossy(&out.stderr))
@@ -453,19 +354,16 @@ impl World {
                     return Ok(None);
                 }
                 Ok(Some(v))
-            },
-            || self.logs(),
-        )?;
+            })?;
         ensure!(v["success"] == true, "flwr run failed: {v}");
         let run_id = match &v["run-id"] {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
             other => bail!("no run-id in {other}"),
         };
-        let status = wait_for(
-            Duration::from_secs(180),
-            &format!("run {run_id} to finish"),
-            || {
+        let status = Wait::new(format!("run {run_id} to finish"), Duration::from_secs(180))
+            .detail(|| self.logs())
+            .for_value_blocking(|| {
                 let out = self.flwr(&["ls", FED, "--run-id", &run_id, "--format", "json"])?;
                 let v = json_of(&out.stdout)?;
                 let run = &v["runs"][0];
@@ -474,9 +372,7 @@ impl World {
                 Ok(st
                     .starts_with("finished:")
                     .then(|| (st, run["status-details"].clone())))
-            },
-            || self.logs(),
-        )?;
+            })?;
         if status.0 != "finished:completed" {
             let log = self.flwr(&["log", &run_id, FED, "--show"])?;
             bail!(
@@ -490,13 +386,13 @@ impl World {
     }
 
     /// Starts a `flower-supernode` by hand against the hub SuperLink and waits for it to exit.
-    fn rogue_supernode(&self, name: &str, ca: &Path) -> Result<(ExitStatus, String, Duration)> {
+    fn rogue_supernode(&mut self, name: &str, ca: &Path) -> Result<(ExitStatus, String, Duration)> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(dir.join("flwr-home"))?;
         let key = dir.join("node.key");
         flower_addon_agent::process_runtime::ensure_node_key(&key)
             .map_err(|e| anyhow!("ensure_node_key: {e}"))?;
-        let port = free_port(&self.used_ports)?;
+        let port = self.ports.next()?;
         let args: Vec<String> = vec![
             "--superlink".into(),
             format!("127.0.0.1:{}", self.grpc_port),
@@ -520,27 +416,11 @@ impl World {
             std::env::var("PATH").unwrap_or_default()
         );
         let t0 = Instant::now();
-        let mut child = spawn(
-            &self.venv.join("bin/flower-supernode"),
-            &args,
-            &log,
-            &[
-                ("FLWR_HOME", dir.join("flwr-home").display().to_string()),
-                ("PATH", path),
-            ],
-        )?;
-        let pid = child.id();
-        let status = wait_for(
-            Duration::from_secs(60),
-            &format!("the {name} SuperNode to exit"),
-            || Ok(child.try_wait()?),
-            || tail(&log, 20),
-        );
-        if status.is_err() {
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            let _ = child.wait();
-        }
-        let status = status?;
+        let mut cmd = command(&self.venv.join("bin/flower-supernode"), &args);
+        cmd.env("FLWR_HOME", dir.join("flwr-home"))
+            .env("PATH", path);
+        self.procs.start_group(name, cmd, &log)?;
+        let status = self.wait_exit(name, Duration::from_secs(60))?;
         // Its superexec helper leaves by --parent-pid; do not wait for it.
         Ok((status, std::fs::read_to_string(&log)?, t0.elapsed()))
     }
@@ -548,17 +428,8 @@ impl World {
 
 impl Drop for World {
     fn drop(&mut self) {
-        for d in &self.daemons {
-            let _ = killpg(Pid::from_raw(d.child.id() as i32), Signal::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        for d in &mut self.daemons {
-            while Instant::now() < deadline && matches!(d.child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = killpg(Pid::from_raw(d.child.id() as i32), Signal::SIGKILL);
-            let _ = d.child.wait();
-        }
+        // Each process group: SIGTERM, then SIGKILL after a grace period.
+        self.procs.stop_all();
         // Anything left that was started on our files (SuperLink, SuperNodes, helpers): by pid.
         let marker = self.dir.display().to_string();
         for (pid, args) in processes() {
@@ -580,10 +451,15 @@ impl Drop for World {
 
 // === scenarios ===
 
-/// Hub + 2 agents + quickstart → 4/4 ready, and a real `flwr run` completes.
-fn s1_quickstart(w: &mut World) -> Result<()> {
+fn to_strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// `flower-hub serve --standalone` on the world's hub port, waited for until it wrote its
+/// address.
+fn start_hub(w: &mut World) -> Result<()> {
     let hub_bin = w.hub_bin.clone();
-    let args: Vec<String> = [
+    let args = to_strings(&[
         "serve",
         "--standalone",
         "--state-dir",
@@ -600,18 +476,18 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
         &w.venv.join("bin").display().to_string(),
         "--lease-duration",
         "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     w.start_daemon("hub", &hub_bin, &args)?;
     let hub_addr = w.hub_dir.join("hub-address");
-    wait_for(
-        Duration::from_secs(20),
-        "the hub to write hub-address",
-        || Ok(hub_addr.is_file().then_some(())),
-        || w.logs(),
-    )?;
+    Wait::new("the hub to write hub-address", Duration::from_secs(20))
+        .detail(|| w.logs())
+        .until_blocking(|| Ok(hub_addr.is_file()))?;
+    Ok(())
+}
+
+/// Both agents `flower-agent join` with one token (labels site=a and site=b), each accepted by
+/// the admin once it waits for acceptance; every join must succeed.
+fn join_agents(w: &mut World) -> Result<()> {
     let token = json_of(
         &w.hub(&["token", "create", "--ttl", "1h", "--output", "json"])?
             .stdout,
@@ -622,7 +498,7 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
     );
     let mut joins = Vec::new();
     for (i, site) in [(1, "a"), (2, "b")] {
-        let args: Vec<String> = [
+        let args = to_strings(&[
             "join",
             "--hub",
             &format!("127.0.0.1:{}", w.hub_port),
@@ -638,32 +514,23 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
             "demo=quickstart",
             "--state-dir",
             &w.agents[i - 1].display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let log = w.dir.join(format!("join-{i}.log"));
-        joins.push((spawn(&w.agent_bin, &args, &log, &[])?, log));
+        ]);
+        let agent_bin = w.agent_bin.clone();
+        let name = format!("join-{i}");
+        joins.push((name.clone(), w.start_daemon(&name, &agent_bin, &args)?));
     }
-    for (i, (child, log)) in joins.iter_mut().enumerate() {
-        wait_for(
-            Duration::from_secs(20),
-            "the join to wait for acceptance",
-            || {
-                Ok(std::fs::read_to_string(&*log)
+    for (i, (name, log)) in joins.iter().enumerate() {
+        Wait::new("the join to wait for acceptance", Duration::from_secs(20))
+            .detail(|| tail(log, 20))
+            .until_blocking(|| {
+                Ok(std::fs::read_to_string(log)
                     .unwrap_or_default()
-                    .contains("waiting for the hub to accept")
-                    .then_some(()))
-            },
-            || tail(log, 20),
-        )?;
+                    .contains("waiting for the hub to accept"))
+            })?;
         w.hub(&["accept", &format!("edge-{}", i + 1)])?;
-        let st = wait_for(
-            Duration::from_secs(30),
-            "the join to finish",
-            || Ok(child.try_wait()?),
-            || tail(log, 20),
-        )?;
+        let st = w
+            .wait_exit(name, Duration::from_secs(30))
+            .context("the join to finish")?;
         ensure!(
             st.success(),
             "join edge-{} failed: {}",
@@ -671,9 +538,14 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
             tail(log, 10)
         );
     }
+    Ok(())
+}
+
+/// Both agents `flower-agent run` with the process runtime, each on its own port range.
+fn start_agents(w: &mut World) -> Result<()> {
     for i in 0..2 {
         let agent_bin = w.agent_bin.clone();
-        let args: Vec<String> = [
+        let args = to_strings(&[
             "run",
             "--state-dir",
             &w.agents[i].display().to_string(),
@@ -685,12 +557,17 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
             &w.port_bases[i].to_string(),
             "--status-interval",
             "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ]);
         w.start_daemon(&format!("agent-{}", i + 1), &agent_bin, &args)?;
     }
+    Ok(())
+}
+
+/// Hub + 2 agents + quickstart → 4/4 ready, and a real `flwr run` completes.
+fn s1_quickstart(w: &mut World) -> Result<()> {
+    start_hub(w)?;
+    join_agents(w)?;
+    start_agents(w)?;
     std::fs::write(w.manifests.join("federation.yaml"), w.federation_yaml(2)?)?;
     std::fs::copy(
         e2e::repo_root().join("examples/quickstart/placement.yaml"),
@@ -840,18 +717,15 @@ fn s5_superlink_killed(w: &mut World) -> Result<()> {
     let old = one_pid(find(), "the SuperLink")?;
     kill(Pid::from_raw(old as i32), Signal::SIGKILL)?;
     let t = Instant::now();
-    let new = wait_for(
-        Duration::from_secs(60),
-        "the hub to restart the SuperLink",
-        || {
+    let new = Wait::new("the hub to restart the SuperLink", Duration::from_secs(60))
+        .detail(|| w.logs())
+        .for_value_blocking(|| {
             let p = find();
             Ok(match p.as_slice() {
                 [p] if *p != old => Some(*p),
                 _ => None,
             })
-        },
-        || w.logs(),
-    )?;
+        })?;
     eprintln!(
         "  SuperLink {old} killed; restarted as {new} after {:.1}s",
         t.elapsed().as_secs_f64()
@@ -887,45 +761,42 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
         c["available"] == "True" && !tainted(c),
         "edge-2 not healthy before the kill: {c}"
     );
-    let agent = w.daemon("agent-2")?;
-    kill(Pid::from_raw(agent.child.id() as i32), Signal::SIGKILL)?;
-    agent.child.wait()?;
+    // SIGKILL to the agent alone (not its group): its SuperNodes must notice by themselves.
+    w.procs.get_mut("agent-2")?.signal(Signal::SIGKILL)?;
+    w.wait_exit("agent-2", Duration::from_secs(10))?;
     let t = Instant::now();
-    wait_for(
-        Duration::from_secs(10),
-        "edge-2's SuperNodes to exit",
-        || Ok(pids.iter().all(|p| !alive(*p)).then_some(())),
-        || {
+    Wait::new("edge-2's SuperNodes to exit", Duration::from_secs(10))
+        .detail(|| {
             format!(
                 "still alive: {:?}",
                 pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
             )
-        },
-    )?;
+        })
+        .until_blocking(|| Ok(pids.iter().all(|p| !alive(*p))))?;
     eprintln!(
         "  SuperNodes {pids:?} gone {:.1}s after the agent",
         t.elapsed().as_secs_f64()
     );
-    let t_lease = wait_for(
-        Duration::from_secs(20),
+    let t_lease = Wait::new(
         "the hub to mark edge-2 not Available",
-        || {
-            let s = w.status()?;
-            let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
-            Ok((c["available"] != "True").then(|| t.elapsed()))
-        },
-        || w.logs(),
-    )?;
-    let c = wait_for(
-        Duration::from_secs(40),
+        Duration::from_secs(20),
+    )
+    .detail(|| w.logs())
+    .for_value_blocking(|| {
+        let s = w.status()?;
+        let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
+        Ok((c["available"] != "True").then(|| t.elapsed()))
+    })?;
+    let c = Wait::new(
         "the hub to taint edge-2 unreachable",
-        || {
-            let s = w.status()?;
-            let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
-            Ok(tainted(c).then(|| c.clone()))
-        },
-        || w.logs(),
-    )?;
+        Duration::from_secs(40),
+    )
+    .detail(|| w.logs())
+    .for_value_blocking(|| {
+        let s = w.status()?;
+        let c = cluster_of(&s, "edge-2").context("edge-2 in status")?;
+        Ok(tainted(c).then(|| c.clone()))
+    })?;
     eprintln!(
         "  edge-2 not Available after {:.1}s, tainted unreachable after {:.1}s: {c}",
         t_lease.as_secs_f64(),
@@ -933,25 +804,25 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
     );
     // Let edge-1 settle (all its SuperNodes connected again), then the Federation, whose pool
     // site-b has no live cluster left, must still not be ready.
-    let f = wait_for(
-        Duration::from_secs(60),
+    let f = Wait::new(
         "edge-1's pools to be fully connected",
-        || {
-            let s = w.status()?;
-            let f = status_of(&s, FED).context("federation")?;
-            let pools = f["pools"].as_object().context("pools")?;
-            let edge1_ok = pools
-                .iter()
-                .filter(|(k, _)| k.starts_with("edge-1/"))
-                .all(|(_, v)| {
-                    v.as_str()
-                        .and_then(|v| v.split_once('/'))
-                        .is_some_and(|(a, b)| a == b)
-                });
-            Ok(edge1_ok.then(|| f.clone()))
-        },
-        || w.logs(),
-    )?;
+        Duration::from_secs(60),
+    )
+    .detail(|| w.logs())
+    .for_value_blocking(|| {
+        let s = w.status()?;
+        let f = status_of(&s, FED).context("federation")?;
+        let pools = f["pools"].as_object().context("pools")?;
+        let edge1_ok = pools
+            .iter()
+            .filter(|(k, _)| k.starts_with("edge-1/"))
+            .all(|(_, v)| {
+                v.as_str()
+                    .and_then(|v| v.split_once('/'))
+                    .is_some_and(|(a, b)| a == b)
+            });
+        Ok(edge1_ok.then(|| f.clone()))
+    })?;
     ensure!(
         f["ready"] == false,
         "{FED} reports ready without edge-2 (pool site-b has no live cluster): {f}"

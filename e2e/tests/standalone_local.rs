@@ -3,27 +3,12 @@
 //! 1.42.0, TLS and SuperNode authentication; stopping the hub leaves no Flower process behind.
 //!
 //! Needs `target/debug/flower-hub` (test.sh builds it first) and `e2e/flower/venv.sh`.
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-struct Hub(Child);
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use anyhow::{Result, ensure};
+use e2e::harness::{Processes, Wait, binary, flower_venv, free_ports, wait_until_blocking};
 
 fn status(hub: &Path, state: &Path) -> serde_json::Value {
     let out = Command::new(hub)
@@ -49,36 +34,11 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
     pids
 }
 
-#[test]
-fn federation_without_placement_runs_on_the_standalone_hub() {
-    // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
-    // registered keys (2/2 ready), and a stopped hub stops them all.
-    let root = e2e::repo_root();
-    let hub_bin = root.join("target/debug/flower-hub");
-    assert!(
-        hub_bin.exists(),
-        "{} is missing: run `cargo build --bins` first (test.sh does)",
-        hub_bin.display()
-    );
-    let venv = Command::new(root.join("e2e/flower/venv.sh"))
-        .arg("1.42.0")
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run e2e/flower/venv.sh");
-    assert!(venv.status.success(), "e2e/flower/venv.sh 1.42.0 failed");
-    let venv = PathBuf::from(
-        String::from_utf8_lossy(&venv.stdout)
-            .lines()
-            .last()
-            .expect("venv path")
-            .trim(),
-    );
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
-    let state = dir.path().join("state");
-    let (grpc, extra, sapp) = (free_port(), free_port(), free_port());
-    let fed = std::fs::read_to_string(root.join("examples/quickstart/federation.yaml")).unwrap();
+/// examples/quickstart/federation.yaml without placement (one replica per pool, on free ports
+/// `[grpc, extra, serverAppIO]`), with pool settings that must reach the SuperNode processes.
+fn federation_without_placement(ports: &[u16]) -> Result<String> {
+    let fed =
+        std::fs::read_to_string(e2e::repo_root().join("examples/quickstart/federation.yaml"))?;
     let fed = fed
         .replace("  placementRef:\n    name: edge\n", "")
         .replace(
@@ -100,56 +60,17 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
             "      - name: site-a\n",
             "      - name: site-a\n        env: [{name: FAE2E_MODE, value: site-a}]\n        gpu: {enabled: true, vendor: nvidia}\n",
         )
-        .replace("grpc: 19092", &format!("grpc: {grpc}"))
-        .replace("extra: 19093", &format!("extra: {extra}"))
-        .replace("serverAppIO: 19091", &format!("serverAppIO: {sapp}"));
-    assert!(!fed.contains("placementRef") && !fed.contains("clusterSelector"));
-    std::fs::write(manifests.join("federation.yaml"), fed).unwrap();
+        .replace("grpc: 19092", &format!("grpc: {}", ports[0]))
+        .replace("extra: 19093", &format!("extra: {}", ports[1]))
+        .replace("serverAppIO: 19091", &format!("serverAppIO: {}", ports[2]));
+    ensure!(!fed.contains("placementRef") && !fed.contains("clusterSelector"));
+    Ok(fed)
+}
 
-    let log = std::fs::File::create(dir.path().join("hub.log")).unwrap();
-    let hub = Hub(Command::new(&hub_bin)
-        .args([
-            "serve",
-            "--standalone",
-            "--listen",
-            "127.0.0.1:0",
-            "--state-dir",
-        ])
-        .arg(&state)
-        .arg("--manifests")
-        .arg(&manifests)
-        .arg("--flower-bin")
-        .arg(venv.join("bin"))
-        .env("FLWR_TELEMETRY_ENABLED", "0")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .expect("start flower-hub"));
-    let t0 = Instant::now();
-    let ready = loop {
-        let s = status(&hub_bin, &state);
-        let fed = &s["federations"][0];
-        if fed["ready"] == true {
-            break fed.clone();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "not ready after 180 s: {s}\nhub log: {}",
-            std::fs::read_to_string(dir.path().join("hub.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    eprintln!("ready in {:.1}s: {ready}", t0.elapsed().as_secs_f64());
-    assert_eq!(ready["supernodes"], "2/2");
-    assert_eq!(ready["selected"], serde_json::json!(["(hub)"]));
-    let needle = state.display().to_string();
-    assert!(
-        processes_mentioning(&needle).len() >= 3,
-        "SuperLink and two SuperNodes should be running"
-    );
-    // Each SuperNode process got its pool's environment.
-    let envs: Vec<(String, Vec<String>)> = processes_mentioning(&needle)
+/// The sorted `FAE2E_*` and `CUDA_VISIBLE*` variables of each SuperNode process (by pool) among
+/// the processes mentioning `needle`.
+fn supernode_envs(needle: &str) -> Vec<(String, Vec<String>)> {
+    processes_mentioning(needle)
         .into_iter()
         .filter_map(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -168,7 +89,68 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
                 .collect::<Vec<_>>();
             Some((pool.to_owned(), vars))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn federation_without_placement_runs_on_the_standalone_hub() {
+    // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
+    // registered keys (2/2 ready), and a stopped hub stops them all.
+    let hub_bin = binary("flower-hub").expect("flower-hub");
+    let venv = flower_venv("1.42.0").expect("the Flower 1.42.0 venv");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let state = dir.path().join("state");
+    let ports = free_ports(3).expect("free ports");
+    let fed = federation_without_placement(&ports).expect("the quickstart Federation");
+    std::fs::write(manifests.join("federation.yaml"), fed).unwrap();
+
+    let mut procs = Processes::default();
+    let mut serve = Command::new(&hub_bin);
+    serve
+        .args([
+            "serve",
+            "--standalone",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .arg("--manifests")
+        .arg(&manifests)
+        .arg("--flower-bin")
+        .arg(venv.join("bin"))
+        .env("FLWR_TELEMETRY_ENABLED", "0");
+    let hub_log = dir.path().join("hub.log");
+    procs
+        .start_group("hub", serve, &hub_log)
+        .expect("start flower-hub");
+    let t0 = Instant::now();
+    let ready = Wait::new("the Federation ready", Duration::from_secs(180))
+        .every(Duration::from_millis(500))
+        .detail(|| {
+            format!(
+                "status: {}\nhub log: {}",
+                status(&hub_bin, &state),
+                std::fs::read_to_string(&hub_log).unwrap_or_default()
+            )
+        })
+        .for_value_blocking(|| {
+            let fed = status(&hub_bin, &state)["federations"][0].clone();
+            Ok((fed["ready"] == true).then_some(fed))
+        })
+        .expect("ready");
+    eprintln!("ready in {:.1}s: {ready}", t0.elapsed().as_secs_f64());
+    assert_eq!(ready["supernodes"], "2/2");
+    assert_eq!(ready["selected"], serde_json::json!(["(hub)"]));
+    let needle = state.display().to_string();
+    assert!(
+        processes_mentioning(&needle).len() >= 3,
+        "SuperLink and two SuperNodes should be running"
+    );
+    // Each SuperNode process got its pool's environment.
+    let envs = supernode_envs(&needle);
     let of = |pool: &str| {
         let mut vars: Vec<String> = envs
             .iter()
@@ -193,23 +175,27 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         "SuperNode environments: {envs:?}"
     );
     // Where flwr reaches this SuperLink, as Kubernetes mode puts it in status.endpoints.
-    assert_eq!(ready["control"], format!("127.0.0.1:{grpc}"), "{ready}");
+    assert_eq!(
+        ready["control"],
+        format!("127.0.0.1:{}", ports[0]),
+        "{ready}"
+    );
 
-    // A graceful stop of the hub stops the SuperLink and the hub's own SuperNodes.
-    let pid = nix::unistd::Pid::from_raw(hub.0.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    // A graceful stop of the hub (SIGTERM to it alone) stops the SuperLink and the hub's own
+    // SuperNodes.
+    let hub = procs.get("hub").expect("the hub process");
+    hub.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
     let t1 = Instant::now();
-    loop {
-        let left = processes_mentioning(&needle);
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            t1.elapsed() < Duration::from_secs(30),
-            "still running 30 s after the hub was stopped: {left:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until_blocking(
+        "every Flower process gone after the hub was stopped",
+        Duration::from_secs(30),
+        || {
+            let left = processes_mentioning(&needle);
+            ensure!(left.is_empty(), "still running: {left:?}");
+            Ok(true)
+        },
+    )
+    .expect("nothing left 30 s after the hub was stopped");
     eprintln!(
         "everything stopped {:.1}s after SIGTERM",
         t1.elapsed().as_secs_f64()
