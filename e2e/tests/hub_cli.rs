@@ -81,14 +81,36 @@ impl HubCli {
     }
 }
 
-fn hub_bin() -> Result<PathBuf> {
-    let bin = e2e::repo_root().join("target/debug/flower-hub");
-    ensure!(
-        bin.is_file(),
-        "{} is missing: run `cargo build --bins` first (test.sh does)",
-        bin.display()
-    );
-    Ok(bin)
+/// The hub cluster as the CLI sees it: CRDs, namespace and NodePort Service from
+/// `manifests/hub`, kwok nodes with InternalIPs, and the address the CLI must derive.
+struct HubUnderTest {
+    client: Client,
+    cli: HubCli,
+    server_name: String,
+    expected_hub: String,
+}
+
+impl HubUnderTest {
+    async fn new(hub: &Cluster) -> Result<Self> {
+        let client = hub.client.clone();
+        e2e::install_crds(&hub.client).await?;
+        let manifests = e2e::repo_root().join("manifests/hub");
+        e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
+        e2e::apply_file(&client, &manifests.join("service.yaml"), HUB_NS).await?;
+        let cli = HubCli {
+            bin: e2e::binary("flower-hub")?,
+            kubeconfig: hub.kubeconfig.clone(),
+        };
+        give_nodes_internal_ips(&client).await?;
+        let expected_hub = expected_hub_address(&client).await?;
+        ensure!(expected_hub.starts_with("10.99.0.1:"), "{expected_hub}");
+        Ok(Self {
+            client,
+            cli,
+            server_name: format!("{HUB_SERVICE}.{HUB_NS}.svc"),
+            expected_hub,
+        })
+    }
 }
 
 /// `InternalIP:nodePort` the CLI must derive: the first node by name with an InternalIP.
@@ -176,15 +198,11 @@ async fn accepted(client: &Client, name: &str) -> Result<bool> {
 }
 
 fn kubeconfig_with_dead_server(hub: &Cluster, dir: &Path) -> Result<PathBuf> {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        l.local_addr()?.port()
-    };
     let path = dir.join("dead.kubeconfig");
     e2e::kubeconfig::write(
         &path,
         "gone",
-        &format!("https://127.0.0.1:{port}"),
+        &format!("https://127.0.0.1:{}", e2e::free_port()?),
         &hub.ca_file,
         "admin",
         &hub.admin_token,
@@ -194,28 +212,38 @@ fn kubeconfig_with_dead_server(hub: &Cluster, dir: &Path) -> Result<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<()> {
-    let bin = hub_bin()?;
+    e2e::binary("flower-hub")?;
     e2e::install_crypto();
     let cp = ControlPlane::start(&["hub"])
         .await
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
     let hub = cp.cluster("hub")?;
-    let client = hub.client.clone();
-    e2e::install_crds(&hub.client).await?;
-    let manifests = e2e::repo_root().join("manifests/hub");
-    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
-    e2e::apply_file(&client, &manifests.join("service.yaml"), HUB_NS).await?;
-    let cli = HubCli {
-        bin,
-        kubeconfig: hub.kubeconfig.clone(),
-    };
-    let server_name = format!("{HUB_SERVICE}.{HUB_NS}.svc");
+    let h = HubUnderTest::new(hub).await?;
+    let (token_id, ca) = token_create_json_makes_the_ca_and_a_token(&h).await?;
+    let secret_token_id = token_create_secret_prints_a_bootstrap_secret(&h, &ca).await?;
+    token_list_and_delete(&h, &token_id, &secret_token_id).await?;
+    accept_and_revoke(&h).await?;
+    status_shows_federations(&h).await?;
 
-    // 1. token create -o json before any hub ran: creates the CA Secret and the token Secret,
-    //    derives the address from the NodePort Service and a node's InternalIP.
-    give_nodes_internal_ips(&client).await?;
-    let expected_hub = expected_hub_address(&client).await?;
-    ensure!(expected_hub.starts_with("10.99.0.1:"), "{expected_hub}");
+    // 6. revoke --delete removes the ManagedCluster.
+    let out = h.cli.ok(&["revoke", "spoke-1", "--delete"]).await?;
+    ensure!(out.contains("cluster spoke-1 deleted"), "{out}");
+    let clusters: Api<ManagedCluster> = Api::all(h.client.clone());
+    ensure!(clusters.get_opt("spoke-1").await?.is_none());
+
+    unreachable_api_and_mixed_modes_are_refused(&h, hub, cp.work_dir()).await
+}
+
+/// 1. token create -o json before any hub ran: creates the CA Secret and the token Secret,
+///    derives the address from the NodePort Service and a node's InternalIP. Returns the token
+///    id and the CA.
+async fn token_create_json_makes_the_ca_and_a_token(h: &HubUnderTest) -> Result<(String, HubCa)> {
+    let HubUnderTest {
+        client,
+        cli,
+        server_name,
+        expected_hub,
+    } = h;
     let out = cli
         .ok(&["token", "create", "--ttl", "1h", "-o", "json"])
         .await?;
@@ -256,8 +284,21 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
             .await?
             .is_some()
     );
+    Ok((token_id.to_owned(), ca))
+}
 
-    // 2. -o secret: a bootstrap Secret the apiserver accepts, with exactly the agent's keys.
+/// 2. -o secret: a bootstrap Secret the apiserver accepts, with exactly the agent's keys.
+///    Returns its token id.
+async fn token_create_secret_prints_a_bootstrap_secret(
+    h: &HubUnderTest,
+    ca: &HubCa,
+) -> Result<String> {
+    let HubUnderTest {
+        client,
+        cli,
+        server_name,
+        expected_hub,
+    } = h;
     let stderr = cli.fails(&["token", "create", "-o", "secret"]).await?;
     ensure!(stderr.contains("--cluster-name"), "{stderr}");
     ensure!(
@@ -307,9 +348,9 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
             ],
         "{yaml}"
     );
-    ensure!(data["hub"] == expected_hub, "{yaml}");
+    ensure!(data["hub"] == *expected_hub, "{yaml}");
     ensure!(data["caHash"] == ca.hash(), "{yaml}");
-    ensure!(data["serverName"] == server_name, "{yaml}");
+    ensure!(data["serverName"] == *server_name, "{yaml}");
     ensure!(data["clusterName"] == "spoke-1", "{yaml}");
     ensure!(data["labels"] == "env=prod,zone=a", "{yaml}");
     ensure!(data["claims"] == "region=eu", "{yaml}");
@@ -330,7 +371,16 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
         "the applied Secret holds the token"
     );
 
-    // 3. token list shows both; delete removes the Secret; a second delete fails.
+    Ok(secret_token_id.to_owned())
+}
+
+/// 3. token list shows both; delete removes the Secret; a second delete fails.
+async fn token_list_and_delete(
+    h: &HubUnderTest,
+    token_id: &str,
+    secret_token_id: &str,
+) -> Result<()> {
+    let HubUnderTest { client, cli, .. } = h;
     let list = cli.ok(&["token", "list"]).await?;
     ensure!(
         list.contains(token_id) && list.contains(secret_token_id) && list.contains("valid"),
@@ -346,8 +396,13 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
     ensure!(stderr.contains("no token"), "{stderr}");
     ensure!(!cli.ok(&["token", "list"]).await?.contains(token_id));
 
-    // 4. accept/revoke: an unknown cluster is a clear failure; a ManagedCluster the admin
-    //    created is accepted, listed, revoked and deleted.
+    Ok(())
+}
+
+/// 4. accept/revoke: an unknown cluster is a clear failure; a ManagedCluster the admin created
+///    is accepted, listed and revoked.
+async fn accept_and_revoke(h: &HubUnderTest) -> Result<()> {
+    let HubUnderTest { client, cli, .. } = h;
     let stderr = cli.fails(&["accept", "spoke-9"]).await?;
     ensure!(
         stderr.contains("\"spoke-9\"") && stderr.contains("flower-hub status"),
@@ -379,7 +434,12 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
     cli.ok(&["revoke", "spoke-1"]).await?;
     ensure!(!accepted(&client, "spoke-1").await?);
 
-    // 5. status shows Federations as read from the API, and JSON the same facts.
+    Ok(())
+}
+
+/// 5. status shows Federations as read from the API, and JSON the same facts.
+async fn status_shows_federations(h: &HubUnderTest) -> Result<()> {
+    let HubUnderTest { client, cli, .. } = h;
     e2e::apply_yaml(
         &client,
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n",
@@ -460,14 +520,18 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
         "{json:#}"
     );
 
-    // 6. revoke --delete removes the ManagedCluster.
-    let out = cli.ok(&["revoke", "spoke-1", "--delete"]).await?;
-    ensure!(out.contains("cluster spoke-1 deleted"), "{out}");
-    ensure!(clusters.get_opt("spoke-1").await?.is_none());
+    Ok(())
+}
 
-    // 7. An unreachable API names the kubeconfig and suggests --state-dir; a standalone state
-    //    dir and a kubeconfig together are refused.
-    let dead = kubeconfig_with_dead_server(hub, cp.work_dir())?;
+/// 7. An unreachable API names the kubeconfig and suggests --state-dir; a standalone state dir
+///    and a kubeconfig together are refused.
+async fn unreachable_api_and_mixed_modes_are_refused(
+    h: &HubUnderTest,
+    hub: &Cluster,
+    dir: &Path,
+) -> Result<()> {
+    let cli = &h.cli;
+    let dead = kubeconfig_with_dead_server(hub, dir)?;
     let dead_path = dead.display().to_string();
     let stderr = cli.fails(&["status", "--kubeconfig", &dead_path]).await?;
     ensure!(
