@@ -53,7 +53,7 @@ impl SpacedPorts {
     }
 
     /// Another free port, away from every port handed out before.
-    pub fn next(&mut self) -> Result<u16> {
+    pub fn take(&mut self) -> Result<u16> {
         for _ in 0..200 {
             let port = free_port()?;
             if port < 60000 && self.given.iter().all(|g| g.abs_diff(port) > self.spacing) {
@@ -403,7 +403,7 @@ mod tests {
     fn spaced_ports_keep_their_distance() {
         // Invariant: ports handed out for base-port ranges never overlap.
         let mut ports = SpacedPorts::new(12);
-        let got: Vec<u16> = (0..4).map(|_| ports.next().unwrap()).collect();
+        let got: Vec<u16> = (0..4).map(|_| ports.take().unwrap()).collect();
         for (i, a) in got.iter().enumerate() {
             for b in &got[i + 1..] {
                 assert!(a.abs_diff(*b) > 12, "{got:?}");

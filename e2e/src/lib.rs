@@ -36,7 +36,7 @@ pub use cluster::{Cluster, ControlPlane, Options};
 pub use deployment::ContainerCommand;
 pub use harness::{Wait, binary, free_port, free_ports, wait_for, wait_until};
 pub use node::{NodeBinaries, NodeNetwork, RealNode};
-pub use observe::{applied_versions, pod_uids};
+pub use observe::{applied_versions, pod_uids, wait_statefulsets_settled};
 
 /// Installs rustls' ring crypto provider for the process (idempotent).
 pub fn install_crypto() {

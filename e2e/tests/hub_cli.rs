@@ -273,7 +273,7 @@ async fn token_create_json_makes_the_ca_and_a_token(h: &HubUnderTest) -> Result<
             && join.contains(&format!("--server-name {server_name}")),
         "{join}"
     );
-    let secrets = token_secret_names(&client).await?;
+    let secrets = token_secret_names(client).await?;
     ensure!(
         secrets == BTreeSet::from([format!("{TOKEN_SECRET_PREFIX}{token_id}")]),
         "{secrets:?}"
@@ -302,7 +302,7 @@ async fn token_create_secret_prints_a_bootstrap_secret(
     let stderr = cli.fails(&["token", "create", "-o", "secret"]).await?;
     ensure!(stderr.contains("--cluster-name"), "{stderr}");
     ensure!(
-        token_secret_names(&client).await?.len() == 1,
+        token_secret_names(client).await?.len() == 1,
         "a refused -o secret must not create a token"
     );
     let yaml = cli
@@ -356,12 +356,12 @@ async fn token_create_secret_prints_a_bootstrap_secret(
     ensure!(data["claims"] == "region=eu", "{yaml}");
     let (secret_token_id, _) = data["token"].split_once('.').context("id.secret")?;
     e2e::apply_yaml(
-        &client,
+        client,
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: flower-addon-agent\n",
         "default",
     )
     .await?;
-    e2e::apply_yaml(&client, &yaml, "flower-addon-agent").await?;
+    e2e::apply_yaml(client, &yaml, "flower-addon-agent").await?;
     let applied = Api::<Secret>::namespaced(client.clone(), "flower-addon-agent")
         .get("flower-agent-bootstrap")
         .await?;
@@ -389,7 +389,7 @@ async fn token_list_and_delete(
     let out = cli.ok(&["token", "delete", token_id]).await?;
     ensure!(out.contains(&format!("token {token_id} deleted")), "{out}");
     ensure!(
-        token_secret_names(&client).await?
+        token_secret_names(client).await?
             == BTreeSet::from([format!("{TOKEN_SECRET_PREFIX}{secret_token_id}")])
     );
     let stderr = cli.fails(&["token", "delete", token_id]).await?;
@@ -417,10 +417,10 @@ async fn accept_and_revoke(h: &HubUnderTest) -> Result<()> {
             &ManagedCluster::new("spoke-1", ManagedClusterSpec::default()),
         )
         .await?;
-    ensure!(!accepted(&client, "spoke-1").await?);
+    ensure!(!accepted(client, "spoke-1").await?);
     let out = cli.ok(&["accept", "spoke-1"]).await?;
     ensure!(out.contains("cluster spoke-1 accepted"), "{out}");
-    ensure!(accepted(&client, "spoke-1").await?);
+    ensure!(accepted(client, "spoke-1").await?);
     let status = cli.ok(&["status"]).await?;
     let row = status
         .lines()
@@ -432,7 +432,7 @@ async fn accept_and_revoke(h: &HubUnderTest) -> Result<()> {
     );
     ensure!(status.contains("(no Federations)"), "{status}");
     cli.ok(&["revoke", "spoke-1"]).await?;
-    ensure!(!accepted(&client, "spoke-1").await?);
+    ensure!(!accepted(client, "spoke-1").await?);
 
     Ok(())
 }
@@ -441,7 +441,7 @@ async fn accept_and_revoke(h: &HubUnderTest) -> Result<()> {
 async fn status_shows_federations(h: &HubUnderTest) -> Result<()> {
     let HubUnderTest { client, cli, .. } = h;
     e2e::apply_yaml(
-        &client,
+        client,
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n",
         "default",
     )

@@ -133,40 +133,6 @@ async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
     e2e::pod_uids(client, NS).await
 }
 
-/// Waits until every StatefulSet's status is final, so later resourceVersion changes can only
-/// come from the controller under test.
-async fn wait_settled(client: &Client) -> Result<()> {
-    let api = Api::<StatefulSet>::namespaced(client.clone(), NS);
-    e2e::wait_until(
-        "StatefulSet status settled",
-        Duration::from_secs(60),
-        || {
-            let api = api.clone();
-            async move {
-                Ok(api
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-                    .iter()
-                    .all(|s| {
-                        let want = s.spec.replicas.unwrap_or(1);
-                        s.status.as_ref().is_some_and(|st| {
-                            st.observed_generation == s.metadata.generation
-                                && st.ready_replicas == Some(want)
-                                && st.available_replicas == Some(want)
-                                && st.current_replicas == Some(want)
-                                && st.updated_replicas == Some(want)
-                                && st.current_revision == st.update_revision
-                        })
-                    }))
-            }
-        },
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(())
-}
-
 struct Running {
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
@@ -203,12 +169,9 @@ fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, u
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
-    // Invariant: a Federation without placementRef converges to SuperLink + Service + TLS Secret +
-    // pools owned by it, follows spec changes (prune included), is Degraded without side effects
-    // when invalid, and a controller restart recreates and rewrites nothing.
-    e2e::install_crypto();
+/// A hub cluster with the CRDs, namespace [`NS`], and the client of the hub's least-privilege
+/// ServiceAccount from `manifests/hub` (what the controller acts with).
+async fn hub_with_rbac() -> Result<(ControlPlane, Client, Client)> {
     let cp = ControlPlane::start(&["hub"])
         .await
         .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
@@ -232,13 +195,40 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         3600,
     )
     .await?;
-    let ca = Arc::new(HubCa::generate()?);
-    let mut running = start_controller(&hub_sa.client, &ca);
-    let t0 = Instant::now();
+    Ok((cp, client, hub_sa.client))
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
+    // Invariant: a Federation without placementRef converges to SuperLink + Service + TLS Secret +
+    // pools owned by it, follows spec changes (prune included), is Degraded without side effects
+    // when invalid, and a controller restart recreates and rewrites nothing.
+    let (cp, client, hub_sa) = hub_with_rbac().await?;
+    let ca = Arc::new(HubCa::generate()?);
+    let running = start_controller(&hub_sa, &ca);
+    let t0 = Instant::now();
+    let uid = two_pools_converge_owned_by_the_federation(&client, &ca).await?;
+    spec_changes_propagate(&client).await?;
+    a_removed_pool_is_pruned(&client).await?;
+    let (running, versions, pods) =
+        a_restarted_controller_changes_nothing(&client, &hub_sa, &ca, running).await?;
+    an_invalid_spec_is_degraded_without_side_effects(&client, &versions, &pods).await?;
+    a_mode_switch_prunes_the_statefulset(&client, &uid, cp.cluster("hub")?.nodes.len()).await?;
+    stop_controller(running).await?;
+    eprintln!("hub controller scenario {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// 1. Two pools: everything applied, owned by the Federation, pods Ready, status 3/3. Returns
+///    the Federation's uid.
+async fn two_pools_converge_owned_by_the_federation(
+    client: &Client,
+    ca: &Arc<HubCa>,
+) -> Result<String> {
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
     // 1. Two pools: everything applied, owned by the Federation, pods Ready, status 3/3.
     apply_federation(
-        &client,
+        client,
         &federation(
             "StatefulSet",
             "flwr/superlink:1.42.0",
@@ -247,11 +237,10 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         ),
     )
     .await?;
-    let took = wait_ready(&client, "3/3").await?;
+    let took = wait_ready(client, "3/3").await?;
     eprintln!("Federation 3/3 Ready in {:.1}s", took.as_secs_f64());
-    let fed = get_fed(&client).await?;
+    let fed = get_fed(client).await?;
     let uid = fed.uid().unwrap_or_default();
-    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
     for name in ["fed-superlink", "fed-supernode-a", "fed-supernode-b"] {
         let s = sts
             .get(name)
@@ -337,16 +326,21 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
     );
 
     ensure!(
-        event_reasons(&client)
+        event_reasons(client)
             .await?
             .iter()
             .any(|r| r == "CertificateIssued"),
         "no CertificateIssued event"
     );
+    Ok(uid)
+}
 
+/// 2. Replicas changed and a Service label removed → propagated.
+async fn spec_changes_propagate(client: &Client) -> Result<()> {
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
     // 2. Replicas changed and a Service label removed → propagated.
     apply_federation(
-        &client,
+        client,
         &federation(
             "StatefulSet",
             "flwr/superlink:1.42.0",
@@ -355,7 +349,7 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         ),
     )
     .await?;
-    wait_ready(&client, "4/4").await?;
+    wait_ready(client, "4/4").await?;
     ensure!(
         sts.get("fed-supernode-a").await?.spec.replicas == Some(3),
         "replicas not propagated"
@@ -367,17 +361,22 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         !svc.labels().contains_key("team"),
         "removed Service label still set"
     );
+    Ok(())
+}
 
+/// 3. Pool b removed → pruned.
+async fn a_removed_pool_is_pruned(client: &Client) -> Result<()> {
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
     // 3. Pool b removed → pruned.
     let one_pool = federation("StatefulSet", "flwr/superlink:1.42.0", &[("a", 3)], &[]);
-    apply_federation(&client, &one_pool).await?;
-    wait_ready(&client, "3/3").await?;
+    apply_federation(client, &one_pool).await?;
+    wait_ready(client, "3/3").await?;
     e2e::wait_until("pool b pruned", Duration::from_secs(30), || {
         let sts = sts.clone();
         async move { Ok(sts.get_opt("fed-supernode-b").await?.is_none()) }
     })
     .await?;
-    let fed = get_fed(&client).await?;
+    let fed = get_fed(client).await?;
     let pools: Vec<String> = fed
         .status
         .clone()
@@ -387,31 +386,49 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         .map(|p| p.name.clone())
         .collect();
     ensure!(pools == ["a"], "status pools {pools:?}");
+    Ok(())
+}
 
+/// 4. Controller restarted → no pod recreated, no object rewritten, status unchanged. Returns
+///    the restarted controller and what the next step compares against.
+async fn a_restarted_controller_changes_nothing(
+    client: &Client,
+    hub_sa: &Client,
+    ca: &Arc<HubCa>,
+    running: Running,
+) -> Result<(Running, BTreeMap<String, String>, BTreeMap<String, String>)> {
     // 4. Controller restarted → no pod recreated, no object rewritten, status unchanged.
-    wait_settled(&client).await?;
-    let versions = applied_versions(&client).await?;
-    let pods = pod_uids(&client).await?;
-    let fed_version = get_fed(&client).await?.resource_version();
+    e2e::wait_statefulsets_settled(client, NS).await?;
+    let versions = applied_versions(client).await?;
+    let pods = pod_uids(client).await?;
+    let fed_version = get_fed(client).await?.resource_version();
     stop_controller(running).await?;
-    running = start_controller(&hub_sa.client, &ca);
+    let running = start_controller(hub_sa, ca);
     // Prove a reconcile ran against the running state, on top of the restarted controller's own.
-    let ctx = Arc::new(Context::new(hub_sa.client.clone(), ca.clone()));
-    controller::reconcile(Arc::new(get_fed(&client).await?), ctx.clone()).await?;
+    let ctx = Arc::new(Context::new(hub_sa.clone(), ca.clone()));
+    controller::reconcile(Arc::new(get_fed(client).await?), ctx.clone()).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
-        applied_versions(&client).await? == versions,
+        applied_versions(client).await? == versions,
         "restart rewrote objects: before {versions:?}"
     );
-    ensure!(pod_uids(&client).await? == pods, "restart recreated pods");
+    ensure!(pod_uids(client).await? == pods, "restart recreated pods");
     ensure!(
-        get_fed(&client).await?.resource_version() == fed_version,
+        get_fed(client).await?.resource_version() == fed_version,
         "restart rewrote the status"
     );
+    Ok((running, versions, pods))
+}
 
+/// 5. Unmappable Flower version → Degraded naming spec.version; nothing touched.
+async fn an_invalid_spec_is_degraded_without_side_effects(
+    client: &Client,
+    versions: &BTreeMap<String, String>,
+    pods: &BTreeMap<String, String>,
+) -> Result<()> {
     // 5. Unmappable Flower version → Degraded naming spec.version; nothing touched.
     apply_federation(
-        &client,
+        client,
         &federation("StatefulSet", "flwr/superlink:latest", &[("a", 3)], &[]),
     )
     .await?;
@@ -430,36 +447,45 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         },
     )
     .await?;
-    let fed = get_fed(&client).await?;
+    let fed = get_fed(client).await?;
     ensure!(
         condition(&fed, "Ready").is_some_and(|(s, _)| s == "False"),
         "invalid spec but Ready"
     );
     ensure!(
-        applied_versions(&client).await? == versions,
+        applied_versions(client).await? == *versions,
         "an invalid spec touched running objects"
     );
     ensure!(
-        pod_uids(&client).await? == pods,
+        pod_uids(client).await? == *pods,
         "an invalid spec restarted pods"
     );
     ensure!(
-        event_reasons(&client)
+        event_reasons(client)
             .await?
             .iter()
             .any(|r| r == "InvalidSpec"),
         "no InvalidSpec event"
     );
+    Ok(())
+}
 
+/// 6. Mode switch StatefulSet → DaemonSet: the pool's StatefulSet is pruned, the DaemonSet runs
+///    on every kwok node (`nodes`).
+async fn a_mode_switch_prunes_the_statefulset(
+    client: &Client,
+    uid: &str,
+    nodes: usize,
+) -> Result<()> {
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
     // 6. Mode switch StatefulSet → DaemonSet: the pool's StatefulSet is pruned, the DaemonSet runs
     //    on every kwok node.
     apply_federation(
-        &client,
+        client,
         &federation("DaemonSet", "flwr/superlink:1.42.0", &[("a", 0)], &[]),
     )
     .await?;
-    let nodes = hub.nodes.len();
-    wait_ready(&client, &format!("{nodes}/{nodes}")).await?;
+    wait_ready(client, &format!("{nodes}/{nodes}")).await?;
     ensure!(
         sts.get_opt("fed-supernode-a").await?.is_none(),
         "old StatefulSet not pruned"
@@ -468,14 +494,14 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         .get("fed-supernode-a")
         .await?;
     ensure!(
-        owned_by(&ds.metadata, &uid),
+        owned_by(&ds.metadata, uid),
         "DaemonSet not owned by the Federation"
     );
     ensure!(
         sts.get_opt("fed-superlink").await?.is_some(),
         "SuperLink pruned by mistake"
     );
-    let fed = get_fed(&client).await?;
+    let fed = get_fed(client).await?;
     let kind = fed
         .status
         .clone()
@@ -488,8 +514,5 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         fed.meta().deletion_timestamp.is_none(),
         "Federation being deleted"
     );
-
-    stop_controller(running).await?;
-    eprintln!("hub controller scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

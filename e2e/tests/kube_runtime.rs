@@ -12,7 +12,7 @@ use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolWork
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 
 const NS: &str = "team-a";
 const FED: &str = "fed";
@@ -127,37 +127,6 @@ async fn pod_uids(client: &Client) -> Result<BTreeMap<String, String>> {
     e2e::pod_uids(client, NS).await
 }
 
-/// Waits until the StatefulSets' status is settled (controllers done writing), so a later
-/// resourceVersion change can only come from the agent.
-async fn wait_settled(client: &Client) -> Result<()> {
-    let api = Api::<StatefulSet>::namespaced(client.clone(), NS);
-    e2e::wait_until(
-        "StatefulSet status settled",
-        Duration::from_secs(60),
-        || {
-            let api = api.clone();
-            async move {
-                let list = api.list(&ListParams::default()).await?;
-                Ok(list.items.iter().all(|s| {
-                    let want = s.spec.replicas.unwrap_or(1);
-                    s.status.as_ref().is_some_and(|st| {
-                        st.observed_generation == s.metadata.generation
-                            && st.ready_replicas == Some(want)
-                            && st.available_replicas == Some(want)
-                            && st.current_replicas == Some(want)
-                            && st.updated_replicas == Some(want)
-                            && st.current_revision == st.update_revision
-                    })
-                }))
-            }
-        },
-    )
-    .await?;
-    // Let any trailing status write land before taking versions.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(())
-}
-
 async fn exists<K>(client: &Client, name: &str) -> Result<bool>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -212,8 +181,23 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     .await?;
     let runtime = KubeRuntime::new(agent.client.clone());
     let t0 = Instant::now();
+    let two_pools = two_pools_are_applied_and_ready(&client, &runtime).await?;
+    let versions =
+        reapplying_an_unchanged_snapshot_changes_nothing(&client, &runtime, &two_pools).await?;
+    an_unrenderable_federation_keeps_its_objects(&client, &runtime, &two_pools, &versions).await?;
+    a_removed_pool_is_pruned(&client, &runtime, &versions).await?;
+    let nodes = u32::try_from(spoke.nodes.len())?;
+    a_mode_switch_prunes_the_old_kind(&client, &runtime, nodes).await?;
+    a_removed_federation_is_pruned(&client, &runtime).await?;
+    eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
 
-    // 1. Two pools: namespace created, CA Secret and StatefulSets applied, pods Ready via kwok.
+/// 1. Two pools: namespace created, CA Secret and StatefulSets applied, pods Ready via kwok.
+async fn two_pools_are_applied_and_ready(
+    client: &Client,
+    runtime: &KubeRuntime,
+) -> Result<ClusterWork> {
     let two_pools = snapshot(
         1,
         vec![federation(NS, FED, "StatefulSet", &[("a", 2), ("b", 1)])],
@@ -237,25 +221,32 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
         "CA Secret without ca.crt"
     );
     ensure!(
-        exists::<StatefulSet>(&client, "fed-supernode-a").await?,
+        exists::<StatefulSet>(client, "fed-supernode-a").await?,
         "pool a missing"
     );
     ensure!(
-        exists::<StatefulSet>(&client, "fed-supernode-b").await?,
+        exists::<StatefulSet>(client, "fed-supernode-b").await?,
         "pool b missing"
     );
     let took = wait_pools(
-        &runtime,
+        runtime,
         "pools a 2/2 and b 1/1 Ready",
         counts(&[("a", 2, 2, "True"), ("b", 1, 1, "True")]),
     )
     .await?;
     eprintln!("pools ready {:.1}s after apply", took.as_secs_f64());
+    Ok(two_pools)
+}
 
-    // 2. Re-applying the unchanged snapshot changes no resourceVersion and recreates no pod.
-    wait_settled(&client).await?;
-    let versions = applied_versions(&client).await?;
-    let pods = pod_uids(&client).await?;
+/// 2. Re-applying the unchanged snapshot changes no resourceVersion and recreates no pod.
+async fn reapplying_an_unchanged_snapshot_changes_nothing(
+    client: &Client,
+    runtime: &KubeRuntime,
+    two_pools: &ClusterWork,
+) -> Result<BTreeMap<String, String>> {
+    e2e::wait_statefulsets_settled(client, NS).await?;
+    let versions = applied_versions(client).await?;
+    let pods = pod_uids(client).await?;
     ensure!(
         versions.len() == 5
             && versions.contains_key("Service/fed-supernode-a")
@@ -270,12 +261,20 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
         .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(
-        applied_versions(&client).await? == versions,
+        applied_versions(client).await? == versions,
         "re-apply changed objects: before {versions:?}"
     );
-    ensure!(pod_uids(&client).await? == pods, "re-apply recreated pods");
+    ensure!(pod_uids(client).await? == pods, "re-apply recreated pods");
+    Ok(versions)
+}
 
-    // 3. A Federation whose work cannot be rendered keeps its running objects (never pruned).
+/// 3. A Federation whose work cannot be rendered keeps its running objects (never pruned).
+async fn an_unrenderable_federation_keeps_its_objects(
+    client: &Client,
+    runtime: &KubeRuntime,
+    two_pools: &ClusterWork,
+    versions: &BTreeMap<String, String>,
+) -> Result<()> {
     let mut broken = two_pools.federations[0].clone();
     broken.flower_version = "latest".to_owned();
     let err = runtime.apply_work(&snapshot(4, vec![broken])).await;
@@ -284,7 +283,7 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
         "unreadable flower_version must fail the apply"
     );
     ensure!(
-        applied_versions(&client).await? == versions,
+        applied_versions(client).await? == *versions,
         "a failed apply touched the running objects"
     );
     let status = runtime.observe().await;
@@ -294,51 +293,67 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
         ),
         "failed apply not reported: {status:?}"
     );
+    Ok(())
+}
 
-    // 4. Pool b removed → its StatefulSet is pruned; pool a untouched.
+/// 4. Pool b removed → its StatefulSet is pruned; pool a untouched.
+async fn a_removed_pool_is_pruned(
+    client: &Client,
+    runtime: &KubeRuntime,
+    versions: &BTreeMap<String, String>,
+) -> Result<()> {
     let one_pool = snapshot(5, vec![federation(NS, FED, "StatefulSet", &[("a", 2)])]);
     runtime.apply_work(&one_pool).await?;
-    wait_gone::<StatefulSet>(&client, "fed-supernode-b").await?;
-    wait_gone::<k8s_openapi::api::core::v1::Service>(&client, "fed-supernode-b").await?;
-    let after = applied_versions(&client).await?;
+    wait_gone::<StatefulSet>(client, "fed-supernode-b").await?;
+    wait_gone::<k8s_openapi::api::core::v1::Service>(client, "fed-supernode-b").await?;
+    let after = applied_versions(client).await?;
     ensure!(
         after.get("StatefulSet/fed-supernode-a") == versions.get("StatefulSet/fed-supernode-a"),
         "removing pool b changed pool a"
     );
     wait_pools(
-        &runtime,
+        runtime,
         "only pool a reported",
         counts(&[("a", 2, 2, "True")]),
     )
     .await?;
+    Ok(())
+}
 
-    // 5. Mode switch StatefulSet → DaemonSet: the old kind is pruned, the DaemonSet runs on
-    //    every kwok node.
+/// 5. Mode switch StatefulSet → DaemonSet: the old kind is pruned, the DaemonSet runs on
+///    every kwok node.
+async fn a_mode_switch_prunes_the_old_kind(
+    client: &Client,
+    runtime: &KubeRuntime,
+    nodes: u32,
+) -> Result<()> {
     let daemon = snapshot(6, vec![federation(NS, FED, "DaemonSet", &[("a", 0)])]);
     runtime.apply_work(&daemon).await?;
-    wait_gone::<StatefulSet>(&client, "fed-supernode-a").await?;
+    wait_gone::<StatefulSet>(client, "fed-supernode-a").await?;
     // A DaemonSet names no Service: the StatefulSet's headless one goes with it.
-    wait_gone::<k8s_openapi::api::core::v1::Service>(&client, "fed-supernode-a").await?;
+    wait_gone::<k8s_openapi::api::core::v1::Service>(client, "fed-supernode-a").await?;
     ensure!(
-        exists::<DaemonSet>(&client, "fed-supernode-a").await?,
+        exists::<DaemonSet>(client, "fed-supernode-a").await?,
         "DaemonSet missing"
     );
-    let nodes = u32::try_from(cp.cluster("spoke-1")?.nodes.len())?;
     wait_pools(
-        &runtime,
+        runtime,
         "DaemonSet pool ready on every node",
         counts(&[("a", nodes, nodes, "True")]),
     )
     .await?;
+    Ok(())
+}
 
-    // 6. Federation removed from the snapshot → its workload and Secret are pruned; another
-    //    Federation applied in the same snapshot is kept.
+/// 6. Federation removed from the snapshot → its workload and Secret are pruned; another
+///    Federation applied in the same snapshot is kept.
+async fn a_removed_federation_is_pruned(client: &Client, runtime: &KubeRuntime) -> Result<()> {
     let other = federation("team-b", "other", "StatefulSet", &[("x", 1)]);
     runtime
         .apply_work(&snapshot(7, vec![other.clone()]))
         .await?;
-    wait_gone::<DaemonSet>(&client, "fed-supernode-a").await?;
-    wait_gone::<Secret>(&client, "fed-superlink-ca").await?;
+    wait_gone::<DaemonSet>(client, "fed-supernode-a").await?;
+    wait_gone::<Secret>(client, "fed-superlink-ca").await?;
     ensure!(
         Api::<StatefulSet>::namespaced(client.clone(), "team-b")
             .get_opt("other-supernode-x")
@@ -353,7 +368,5 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
             .is_some(),
         "the agent must never delete namespaces"
     );
-
-    eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

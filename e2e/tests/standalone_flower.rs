@@ -153,8 +153,8 @@ impl World {
         // Agents use a range of ports from their base: keep every port 12 away from the others.
         let mut ports = SpacedPorts::new(12);
         let (hub_port, grpc_port, extra_port, serverappio_port) =
-            (ports.next()?, ports.next()?, ports.next()?, ports.next()?);
-        let port_bases = [ports.next()?, ports.next()?];
+            (ports.take()?, ports.take()?, ports.take()?, ports.take()?);
+        let port_bases = [ports.take()?, ports.take()?];
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         std::fs::create_dir_all(dir.join("flwr-home"))?;
@@ -392,7 +392,7 @@ impl World {
         let key = dir.join("node.key");
         flower_addon_agent::process_runtime::ensure_node_key(&key)
             .map_err(|e| anyhow!("ensure_node_key: {e}"))?;
-        let port = self.ports.next()?;
+        let port = self.ports.take()?;
         let args: Vec<String> = vec![
             "--superlink".into(),
             format!("127.0.0.1:{}", self.grpc_port),
