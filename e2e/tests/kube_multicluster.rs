@@ -187,29 +187,62 @@ async fn hub_with_rbac() -> Result<(ControlPlane, Client, e2e::SaAccess)> {
     Ok((cp, client, hub_sa))
 }
 
+/// The Placement controller, under the hub's ServiceAccount, until [`PlacementController::stop`].
+struct PlacementController {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PlacementController {
+    fn start(hub_sa: &Client) -> Self {
+        let (stop, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(placement::run(hub_sa.clone(), async move {
+            let _ = rx.await;
+        }));
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .context("placement controller did not stop")??;
+        Ok(())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
     // Invariant: PlacementDecisions always list exactly the accepted, matching, untolerated-taint-
     // free clusters (Steady under numberOfClusters, expiring tolerations honoured, 100 per page,
     // owned by the Placement), and the Placement status says how many and why others are out.
     let (_cp, client, hub_sa) = hub_with_rbac().await?;
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
-        let _ = rx.await;
-    }));
+    let controller = PlacementController::start(&hub_sa.client);
     let t0 = Instant::now();
-    let none = serde_json::json!([]);
+    let prod = accepted_matching_clusters_are_decided(&client).await?;
+    relabelling_moves_the_decision(&client).await?;
+    number_of_clusters_is_steady(&client, &prod).await?;
+    an_untolerated_taint_drops_a_cluster(&client).await?;
+    a_toleration_keeps_a_cluster_until_it_expires(&client, &prod).await?;
+    decisions_are_paginated_at_100(&client).await?;
+    no_match_keeps_one_empty_page(&client).await?;
+    prioritizers_pick_by_reported_capacity(&client).await?;
+    eprintln!("placement scenario took {:.1}s", t0.elapsed().as_secs_f64());
+    controller.stop().await
+}
 
-    // 1. Three accepted clusters (two prod) and one prod cluster not accepted.
-    apply_cluster(&client, "c1", &[("env", "prod")], true, none.clone()).await?;
-    apply_cluster(&client, "c2", &[("env", "prod")], true, none.clone()).await?;
-    apply_cluster(&client, "c3", &[("env", "dev")], true, none.clone()).await?;
-    apply_cluster(&client, "c9", &[("env", "prod")], false, none.clone()).await?;
+/// 1. Three accepted clusters (two prod) and one prod cluster not accepted.
+async fn accepted_matching_clusters_are_decided(client: &Client) -> Result<serde_json::Value> {
+    let none = serde_json::json!([]);
+    apply_cluster(client, "c1", &[("env", "prod")], true, none.clone()).await?;
+    apply_cluster(client, "c2", &[("env", "prod")], true, none.clone()).await?;
+    apply_cluster(client, "c3", &[("env", "dev")], true, none.clone()).await?;
+    apply_cluster(client, "c9", &[("env", "prod")], false, none.clone()).await?;
     let prod = serde_json::json!({"predicates": [
         {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
     ]});
-    apply_placement(&client, "prod", prod.clone()).await?;
-    wait_decisions(&client, "prod", &["c1", "c2"]).await?;
+    apply_placement(client, "prod", prod.clone()).await?;
+    wait_decisions(client, "prod", &["c1", "c2"]).await?;
     let placement_uid = Api::<Placement>::namespaced(client.clone(), NS)
         .get("prod")
         .await?
@@ -225,7 +258,7 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         "decision page not owned by the Placement: {:?}",
         page.owner_references()
     );
-    let status = status_of(&client, "prod").await?;
+    let status = status_of(client, "prod").await?;
     ensure!(
         condition(&status, "PlacementSatisfied").as_deref() == Some("True"),
         "PlacementSatisfied: {status:?}"
@@ -258,61 +291,78 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
             }))
     })
     .await?;
+    Ok(prod)
+}
 
-    // 2. Relabelling moves the decision: c2 leaves prod, c3 joins it.
-    apply_cluster(&client, "c2", &[("env", "dev")], true, none.clone()).await?;
-    apply_cluster(&client, "c3", &[("env", "prod")], true, none.clone()).await?;
-    wait_decisions(&client, "prod", &["c1", "c3"]).await?;
+/// 2. Relabelling moves the decision: c2 leaves prod, c3 joins it.
+async fn relabelling_moves_the_decision(client: &Client) -> Result<()> {
+    let none = serde_json::json!([]);
+    apply_cluster(client, "c2", &[("env", "dev")], true, none.clone()).await?;
+    apply_cluster(client, "c3", &[("env", "prod")], true, none.clone()).await?;
+    wait_decisions(client, "prod", &["c1", "c3"]).await?;
+    Ok(())
+}
 
-    // 3. numberOfClusters=1 is Steady: a new matching cluster that sorts first does not take
-    //    the place of the selected one (while the unbounded Placement gets it).
+/// 3. numberOfClusters=1 is Steady: a new matching cluster that sorts first does not take
+///    the place of the selected one (while the unbounded Placement gets it).
+async fn number_of_clusters_is_steady(client: &Client, prod: &serde_json::Value) -> Result<()> {
+    let none = serde_json::json!([]);
     let mut one = prod.clone();
     one["numberOfClusters"] = serde_json::json!(1);
-    apply_placement(&client, "one", one).await?;
-    wait_decisions(&client, "one", &["c1"]).await?;
-    apply_cluster(&client, "c0", &[("env", "prod")], true, none.clone()).await?;
-    wait_decisions(&client, "prod", &["c0", "c1", "c3"]).await?;
+    apply_placement(client, "one", one).await?;
+    wait_decisions(client, "one", &["c1"]).await?;
+    apply_cluster(client, "c0", &[("env", "prod")], true, none.clone()).await?;
+    wait_decisions(client, "prod", &["c0", "c1", "c3"]).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    wait_decisions(&client, "one", &["c1"]).await?;
-    let reasons = placement::unselected(&status_of(&client, "one").await?);
+    wait_decisions(client, "one", &["c1"]).await?;
+    let reasons = placement::unselected(&status_of(client, "one").await?);
     ensure!(
         reasons
             .get("c0")
             .is_some_and(|r| r.contains("numberOfClusters")),
         "c0 left out of `one` for numberOfClusters: {reasons:?}"
     );
+    Ok(())
+}
 
-    // 4. An untolerated NoSelect taint drops c1 everywhere; `one` takes another cluster.
+/// 4. An untolerated NoSelect taint drops c1 everywhere; `one` takes another cluster.
+async fn an_untolerated_taint_drops_a_cluster(client: &Client) -> Result<()> {
     apply_cluster(
-        &client,
+        client,
         "c1",
         &[("env", "prod")],
         true,
         serde_json::json!([{"key": "maintenance", "effect": "NoSelect"}]),
     )
     .await?;
-    wait_decisions(&client, "prod", &["c0", "c3"]).await?;
-    wait_decisions(&client, "one", &["c0"]).await?;
-    let reasons = placement::unselected(&status_of(&client, "prod").await?);
+    wait_decisions(client, "prod", &["c0", "c3"]).await?;
+    wait_decisions(client, "one", &["c0"]).await?;
+    let reasons = placement::unselected(&status_of(client, "prod").await?);
     ensure!(
         reasons
             .get("c1")
             .is_some_and(|r| r.contains("maintenance:NoSelect")),
         "c1 left out for its taint: {reasons:?}"
     );
+    Ok(())
+}
 
-    // 5. A toleration with tolerationSeconds keeps a tainted cluster only until it expires: the
-    //    controller requeues itself at the expiry (no other change happens meanwhile).
+/// 5. A toleration with tolerationSeconds keeps a tainted cluster only until it expires: the
+///    controller requeues itself at the expiry (no other change happens meanwhile).
+async fn a_toleration_keeps_a_cluster_until_it_expires(
+    client: &Client,
+    prod: &serde_json::Value,
+) -> Result<()> {
     let mut tolerant = prod.clone();
     tolerant["tolerations"] = serde_json::json!([
         {"key": "unreachable", "operator": "Exists", "tolerationSeconds": 6}
     ]);
-    apply_placement(&client, "tolerant", tolerant).await?;
-    wait_decisions(&client, "tolerant", &["c0", "c3"]).await?;
+    apply_placement(client, "tolerant", tolerant).await?;
+    wait_decisions(client, "tolerant", &["c0", "c3"]).await?;
     let added =
         k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second())?;
     apply_cluster(
-        &client,
+        client,
         "c3",
         &[("env", "prod")],
         true,
@@ -320,10 +370,10 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
                             "timeAdded": added.to_string()}]),
     )
     .await?;
-    wait_decisions(&client, "prod", &["c0"]).await?;
-    wait_decisions(&client, "tolerant", &["c0", "c3"]).await?;
+    wait_decisions(client, "prod", &["c0"]).await?;
+    wait_decisions(client, "tolerant", &["c0", "c3"]).await?;
     let dropped = e2e::wait_until("toleration expiry drops c3", WAIT, || async {
-        let mut got: Vec<String> = pages(&client, "tolerant")
+        let mut got: Vec<String> = pages(client, "tolerant")
             .await?
             .into_values()
             .flatten()
@@ -341,17 +391,21 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         held.as_secs_f64() >= 5.0 && held.as_secs_f64() < 20.0,
         "c3 dropped {held:?} after the taint, tolerationSeconds was 6 (waited {dropped:?})"
     );
+    Ok(())
+}
 
-    // 6. Pagination: 101 more clusters → two pages of at most 100; removing them deletes the
-    //    surplus page.
+/// 6. Pagination: 101 more clusters → two pages of at most 100; removing them deletes the
+///    surplus page.
+async fn decisions_are_paginated_at_100(client: &Client) -> Result<()> {
+    let none = serde_json::json!([]);
     let every = serde_json::json!({"tolerations": [{"operator": "Exists"}]});
     for i in 0..101 {
-        apply_cluster(&client, &format!("bulk-{i:03}"), &[], true, none.clone()).await?;
+        apply_cluster(client, &format!("bulk-{i:03}"), &[], true, none.clone()).await?;
     }
-    apply_placement(&client, "every", every).await?;
+    apply_placement(client, "every", every).await?;
     // bulk-000..100 and c0..c3 (tainted ones tolerated); c9 is not accepted.
     e2e::wait_until("two decision pages", WAIT, || async {
-        let p = pages(&client, "every").await?;
+        let p = pages(client, "every").await?;
         let sizes: Vec<usize> = p.values().map(Vec::len).collect();
         Ok(p.len() == 2
             && p.contains_key("every-decision-1")
@@ -366,40 +420,47 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
             .delete(&format!("bulk-{i:03}"), &DeleteParams::default())
             .await?;
     }
-    wait_decisions(&client, "every", &["c0", "c1", "c2", "c3"]).await?;
+    wait_decisions(client, "every", &["c0", "c1", "c2", "c3"]).await?;
     e2e::wait_until("surplus page deleted", WAIT, || async {
-        Ok(pages(&client, "every").await?.len() == 1)
+        Ok(pages(client, "every").await?.len() == 1)
     })
     .await?;
+    Ok(())
+}
 
-    // 7. Nothing matches → one empty page and PlacementSatisfied=False.
+/// 7. Nothing matches → one empty page and PlacementSatisfied=False.
+async fn no_match_keeps_one_empty_page(client: &Client) -> Result<()> {
     apply_placement(
-        &client,
+        client,
         "nobody",
         serde_json::json!({"predicates": [
             {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "none"}}}}
         ]}),
     )
     .await?;
-    wait_decisions(&client, "nobody", &[]).await?;
+    wait_decisions(client, "nobody", &[]).await?;
     ensure!(
-        pages(&client, "nobody").await?.len() == 1,
+        pages(client, "nobody").await?.len() == 1,
         "an empty selection keeps one page"
     );
-    let status = status_of(&client, "nobody").await?;
+    let status = status_of(client, "nobody").await?;
     ensure!(
         condition(&status, "PlacementSatisfied").as_deref() == Some("False"),
         "PlacementSatisfied for an empty selection: {status:?}"
     );
+    Ok(())
+}
 
-    // 8. Prioritizers pick by the capacity clusters report: Exact ResourceAllocatableCPU with
-    //    numberOfClusters 1 takes the cluster with more CPU, and follows when that changes.
+/// 8. Prioritizers pick by the capacity clusters report: Exact ResourceAllocatableCPU with
+///    numberOfClusters 1 takes the cluster with more CPU, and follows when that changes.
+async fn prioritizers_pick_by_reported_capacity(client: &Client) -> Result<()> {
+    let none = serde_json::json!([]);
     for (name, cpu) in [("small", "4"), ("big", "64")] {
-        apply_cluster(&client, name, &[("tier", "cpu")], true, none.clone()).await?;
-        set_allocatable(&client, name, cpu).await?;
+        apply_cluster(client, name, &[("tier", "cpu")], true, none.clone()).await?;
+        set_allocatable(client, name, cpu).await?;
     }
     apply_placement(
-        &client,
+        client,
         "biggest",
         serde_json::json!({
             "numberOfClusters": 1,
@@ -410,15 +471,9 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
         }),
     )
     .await?;
-    wait_decisions(&client, "biggest", &["big"]).await?;
-    set_allocatable(&client, "small", "128").await?;
-    wait_decisions(&client, "biggest", &["small"]).await?;
-
-    eprintln!("placement scenario took {:.1}s", t0.elapsed().as_secs_f64());
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .context("placement controller did not stop")??;
+    wait_decisions(client, "biggest", &["big"]).await?;
+    set_allocatable(client, "small", "128").await?;
+    wait_decisions(client, "biggest", &["small"]).await?;
     Ok(())
 }
 
@@ -432,8 +487,19 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
     let store = KubeStore::new(hub_sa.client.clone(), HUB_NS);
     let mut changes = store.changes();
     let t0 = Instant::now();
+    the_ca_is_created_once(&store, &client).await?;
+    let id = tokens_are_hashed_secrets_with_an_expiry(&store, &client).await?;
+    clusters_are_created_pending_and_exclusive(&store, &client, &id).await?;
+    the_admin_accepts_with_kubectl(&store, &client, &mut changes).await?;
+    let controller = PlacementController::start(&hub_sa.client);
+    an_unavailable_cluster_is_tainted_and_dropped(&store, &client).await?;
+    revocation_and_deletion(&store, &client).await?;
+    eprintln!("store scenario took {:.1}s", t0.elapsed().as_secs_f64());
+    controller.stop().await
+}
 
-    // CA: created once; a second create returns the first.
+/// CA: created once; a second create returns the first.
+async fn the_ca_is_created_once(store: &KubeStore, client: &Client) -> Result<()> {
     ensure!(
         store.load_ca().await?.is_none(),
         "no CA before the first start"
@@ -451,8 +517,14 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
         ca.cert_pem() == first.material().cert_pem,
         "serve's CA loader reads the store's CA"
     );
+    Ok(())
+}
 
-    // Tokens: hashed Secrets with an expiry annotation; verify works; delete revokes.
+/// Tokens: hashed Secrets with an expiry annotation; verify works; delete revokes.
+async fn tokens_are_hashed_secrets_with_an_expiry(
+    store: &KubeStore,
+    client: &Client,
+) -> Result<String> {
     let token = tokens::generate(Duration::from_secs(600), "e2e");
     store.put_token(&token.record).await?;
     let (id, secret) = tokens::parse(&token.token)?;
@@ -490,8 +562,15 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
         !store.delete_token(id).await?,
         "second delete reports absence"
     );
+    Ok(id.to_owned())
+}
 
-    // Clusters: created pending, exclusive, registration round-trips.
+/// Clusters: created pending, exclusive, registration round-trips.
+async fn clusters_are_created_pending_and_exclusive(
+    store: &KubeStore,
+    client: &Client,
+    id: &str,
+) -> Result<()> {
     let registration = ClusterRegistration {
         name: "spoke-1".into(),
         labels: BTreeMap::from([("env".into(), "prod".into())]),
@@ -528,9 +607,16 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
                 .is_some_and(|s| s.labels.get("env").is_some_and(|v| v == "prod")),
         "ManagedCluster pending with reported labels: {mc:?}"
     );
+    Ok(())
+}
 
-    // The admin accepts with kubectl: changes() announces it and the record follows.
-    wait_change(&mut changes, "spoke-1").await?;
+/// The admin accepts with kubectl: changes() announces it and the record follows.
+async fn the_admin_accepts_with_kubectl(
+    store: &KubeStore,
+    client: &Client,
+    changes: &mut broadcast::Receiver<String>,
+) -> Result<()> {
+    wait_change(changes, "spoke-1").await?;
     Api::<ManagedCluster>::all(client.clone())
         .patch(
             "spoke-1",
@@ -538,7 +624,7 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
             &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
         )
         .await?;
-    wait_change(&mut changes, "spoke-1").await?;
+    wait_change(changes, "spoke-1").await?;
     ensure!(
         store
             .get_cluster("spoke-1")
@@ -546,15 +632,17 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
             .is_some_and(|r| r.hub_accepts_client),
         "accepted by the admin"
     );
+    Ok(())
+}
 
-    // Status: heartbeat and conditions; Available=Unknown adds the unreachable taint and keeps
-    // the admin's own taint; the Placement controller then drops the cluster.
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
-        let _ = rx.await;
-    }));
-    apply_placement(&client, "all", serde_json::json!({})).await?;
-    wait_decisions(&client, "all", &["spoke-1"]).await?;
+/// Status: heartbeat and conditions; Available=Unknown adds the unreachable taint and keeps
+/// the admin's own taint; the Placement controller then drops the cluster.
+async fn an_unavailable_cluster_is_tainted_and_dropped(
+    store: &KubeStore,
+    client: &Client,
+) -> Result<()> {
+    apply_placement(client, "all", serde_json::json!({})).await?;
+    wait_decisions(client, "all", &["spoke-1"]).await?;
     Api::<ManagedCluster>::all(client.clone())
         .patch(
             "spoke-1",
@@ -595,7 +683,7 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
         taints == ["admin", TAINT_UNREACHABLE],
         "taints after the lease expired: {taints:?}"
     );
-    wait_decisions(&client, "all", &[]).await?;
+    wait_decisions(client, "all", &[]).await?;
     status.set_condition(
         "Available",
         "True",
@@ -604,9 +692,12 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
         1_700_000_300,
     );
     store.put_status("spoke-1", &status).await?;
-    wait_decisions(&client, "all", &["spoke-1"]).await?;
+    wait_decisions(client, "all", &["spoke-1"]).await?;
+    Ok(())
+}
 
-    // Revocation by the store and deletion.
+/// Revocation by the store and deletion.
+async fn revocation_and_deletion(store: &KubeStore, client: &Client) -> Result<()> {
     store.set_accepted("spoke-1", false).await?;
     ensure!(
         !Api::<ManagedCluster>::all(client.clone())
@@ -623,11 +714,6 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
     ensure!(store.delete_cluster("spoke-1").await?, "deleted");
     ensure!(store.get_cluster("spoke-1").await?.is_none(), "gone");
     ensure!(!store.delete_cluster("spoke-1").await?, "second delete");
-    eprintln!("store scenario took {:.1}s", t0.elapsed().as_secs_f64());
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .context("placement controller did not stop")??;
     Ok(())
 }
 
@@ -669,10 +755,7 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
     let none = serde_json::json!([]);
     apply_cluster(&client, "s1", &[("env", "prod")], true, none.clone()).await?;
     apply_cluster(&client, "s2", &[("env", "prod")], true, none.clone()).await?;
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(placement::run(hub_sa.client.clone(), async move {
-        let _ = rx.await;
-    }));
+    let controller = PlacementController::start(&hub_sa.client);
     apply_placement(
         &client,
         "prod",
@@ -785,11 +868,7 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
         Ok(work_of(&work, "s1").is_empty() && work_of(&work, "s2").is_empty())
     })
     .await?;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .context("placement controller did not stop")??;
-    Ok(())
+    controller.stop().await
 }
 
 /// Ready replicas of StatefulSet `name` in `NS` of a cluster, if it exists.
@@ -930,7 +1009,7 @@ async fn two_spokes_running() -> Result<World> {
         Duration::from_secs(90),
         || async {
             if let Ok(mut cp) = processes_ok.lock() {
-                cp.processes().check_alive()?;
+                cp.processes().check_alive().map_err(e2e::harness::fatal)?;
             }
             let mut all = true;
             for c in &spoke_clients {
@@ -966,7 +1045,21 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         ..
     } = two_spokes_running().await?;
     let t0 = Instant::now();
-    let clusters = Api::<ManagedCluster>::all(client.clone());
+    federation_status_reports_both_spokes(&client).await?;
+    agents_report_their_allocatable_cpu(&client, &spoke_clients).await?;
+    the_fleet_endpoint_comes_from_the_node_port(&client, &spoke_clients).await?;
+    a_missing_placement_is_reported(&client).await?;
+    cluster_overrides_apply_where_they_select(&client, &spoke_clients).await?;
+    spec_changes_reach_both_spokes(&client, &spoke_clients).await?;
+    a_relabelled_spoke_loses_its_pools(&client, &spoke_clients).await?;
+    bootstrap_refusals(&_cp).await?;
+    eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The agents' reports reach the Federation status: per cluster 2/2 and connected, then the
+/// totals (4/4, 2 clusters) and Ready.
+async fn federation_status_reports_both_spokes(client: &Client) -> Result<()> {
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let took = e2e::wait_until(
         "Federation status.clusters 2/2 and connected on both spokes",
@@ -1009,9 +1102,16 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         },
     )
     .await?;
+    Ok(())
+}
 
-    // Each agent reports its cluster's allocatable CPU (summed over its nodes) into its
-    // ManagedCluster, for the ResourceAllocatable* prioritizers.
+/// Each agent reports its cluster's allocatable CPU (summed over its nodes) into its
+/// ManagedCluster, for the ResourceAllocatable* prioritizers.
+async fn agents_report_their_allocatable_cpu(
+    client: &Client,
+    spoke_clients: &[Client; 2],
+) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(spoke_clients[0].clone())
         .list(&Default::default())
         .await?;
@@ -1031,10 +1131,17 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             == Some(want.clone()))
     })
     .await?;
+    Ok(())
+}
 
-    // No address typed by hand: the Fleet endpoint is the hub's node address (the Deployment's
-    // status.hostIP, here this machine) and the node port Kubernetes allocated, and it is what
-    // the spokes' SuperNodes dial; status.pools sums the pool over both spokes.
+/// No address typed by hand: the Fleet endpoint is the hub's node address (the Deployment's
+/// status.hostIP, here this machine) and the node port Kubernetes allocated, and it is what
+/// the spokes' SuperNodes dial; status.pools sums the pool over both spokes.
+async fn the_fleet_endpoint_comes_from_the_node_port(
+    client: &Client,
+    spoke_clients: &[Client; 2],
+) -> Result<()> {
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let node_ports: BTreeMap<String, i32> =
         Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
             .get("fed-superlink")
@@ -1068,7 +1175,7 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         pools == [("a".to_string(), 4, 4)],
         "status.pools: {pools:?}"
     );
-    for c in &spoke_clients {
+    for c in spoke_clients {
         let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.clone(), NS)
             .get("fed-supernode-a")
             .await?;
@@ -1084,9 +1191,13 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             "spoke SuperNodes dial the derived address: {args:?}"
         );
     }
+    Ok(())
+}
 
-    // A Federation whose Placement does not exist says so (and is not Ready); once the Placement
-    // is created, the Federation's PlacementSatisfied follows it.
+/// A Federation whose Placement does not exist says so (and is not Ready); once the Placement
+/// is created, the Federation's PlacementSatisfied follows it.
+async fn a_missing_placement_is_reported(client: &Client) -> Result<()> {
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let mut orphan =
         fed_with_pools(serde_json::json!([{"name": "a", "replicas": 1, "images": {}}]));
     orphan["metadata"]["name"] = "orphan".into();
@@ -1115,7 +1226,7 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
     )
     .await?;
     apply_placement(
-        &client,
+        client,
         "later",
         serde_json::json!({"predicates": [
             {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
@@ -1139,16 +1250,23 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "NodePort SuperLink Service on the hub"
     );
     ensure!(
-        sts_ready(&client, "fed-superlink").await?.is_some(),
+        sts_ready(client, "fed-superlink").await?.is_some(),
         "SuperLink StatefulSet on the hub"
     );
     ensure!(
-        sts_ready(&client, "fed-supernode-a").await?.is_none(),
+        sts_ready(client, "fed-supernode-a").await?.is_none(),
         "no pool runs in the hub cluster for a placementRef Federation"
     );
+    Ok(())
+}
 
-    // Per-cluster overrides merge on the clusters they select only: spoke-1 (labelled
-    // tier=big by the admin) runs pool a with 3 replicas and MODE=big, spoke-2 as written.
+/// Per-cluster overrides merge on the clusters they select only: spoke-1 (labelled
+/// tier=big by the admin) runs pool a with 3 replicas and MODE=big, spoke-2 as written.
+async fn cluster_overrides_apply_where_they_select(
+    client: &Client,
+    spoke_clients: &[Client; 2],
+) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
     clusters
         .patch(
             "spoke-1",
@@ -1162,7 +1280,7 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         "replicas": 3,
         "env": [{"name": "MODE", "value": "big"}]
     }]);
-    apply_fed(&client, &overridden).await?;
+    apply_fed(client, &overridden).await?;
     wait_pool(&spoke_clients[..1], "fed-supernode-a", Some((3, 3)), WAIT).await?;
     wait_pool(&spoke_clients[1..], "fed-supernode-a", Some((2, 2)), WAIT).await?;
     let mode_env = |c: &Client| {
@@ -1189,35 +1307,41 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             && mode_env(&spoke_clients[1]).await?.is_none(),
         "the override's env only on spoke-1"
     );
+    Ok(())
+}
 
-    // c. Replicas changed and a pool added → on both spokes; the pool removed → pruned on both.
+/// c. Replicas changed and a pool added → on both spokes; the pool removed → pruned on both.
+async fn spec_changes_reach_both_spokes(
+    client: &Client,
+    spoke_clients: &[Client; 2],
+) -> Result<()> {
     apply_fed(
-        &client,
+        client,
         &fed_with_pools(serde_json::json!([
             {"name": "a", "replicas": 3, "images": {}},
             {"name": "b", "replicas": 1, "images": {}}
         ])),
     )
     .await?;
-    let took = wait_pool(&spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
-    wait_pool(&spoke_clients, "fed-supernode-b", Some((1, 1)), WAIT).await?;
+    let took = wait_pool(spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
+    wait_pool(spoke_clients, "fed-supernode-b", Some((1, 1)), WAIT).await?;
     eprintln!(
         "replicas 2→3 and pool b on both spokes in {:.1}s",
         took.as_secs_f64()
     );
     apply_fed(
-        &client,
+        client,
         &fed_with_pools(serde_json::json!([{"name": "a", "replicas": 3, "images": {}}])),
     )
     .await?;
-    wait_pool(&spoke_clients, "fed-supernode-b", None, WAIT).await?;
+    wait_pool(spoke_clients, "fed-supernode-b", None, WAIT).await?;
     // The headless Service a StatefulSet pool names goes with its pool; pool a's stays.
     e2e::wait_until(
         "pool b's headless Service pruned on both spokes",
         WAIT,
         || async {
             let mut gone = true;
-            for c in &spoke_clients {
+            for c in spoke_clients {
                 let services =
                     Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.clone(), NS);
                 gone &= services.get_opt("fed-supernode-b").await?.is_none()
@@ -1227,9 +1351,17 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         },
     )
     .await?;
-    wait_pool(&spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
+    wait_pool(spoke_clients, "fed-supernode-a", Some((3, 3)), WAIT).await?;
+    Ok(())
+}
 
-    // spoke-2 relabelled out of the Placement → its pool is pruned; spoke-1 keeps running.
+/// spoke-2 relabelled out of the Placement → its pool is pruned; spoke-1 keeps running.
+async fn a_relabelled_spoke_loses_its_pools(
+    client: &Client,
+    spoke_clients: &[Client; 2],
+) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let sts1 =
         Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(spoke_clients[0].clone(), NS)
             .get("fed-supernode-a")
@@ -1242,7 +1374,7 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
             &Patch::Merge(serde_json::json!({"metadata": {"labels": {"env": "dev"}}})),
         )
         .await?;
-    wait_decisions(&client, "both", &["spoke-1"]).await?;
+    wait_decisions(client, "both", &["spoke-1"]).await?;
     e2e::wait_until(
         "pool a pruned on spoke-2",
         Duration::from_secs(60),
@@ -1279,8 +1411,6 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         .status
         .and_then(|s| s.last_heartbeat);
     ensure!(heartbeat.is_some(), "spoke-1 reports heartbeats");
-    bootstrap_refusals(&_cp).await?;
-    eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -1385,6 +1515,14 @@ async fn bootstrap_refusals(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
+/// `(status, reason)` of condition `type_` of a ManagedCluster.
+fn cluster_condition(c: &ManagedCluster, type_: &str) -> Option<(String, String)> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
 /// `uid@resourceVersion` of StatefulSet `fed-supernode-a` in `NS`.
 async fn pool_identity(client: &Client) -> Result<String> {
     let s = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), NS)
@@ -1423,10 +1561,32 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         v
     };
 
-    // f. Hub restarted: the agents reconnect, nothing on the spokes changes.
+    a_hub_restart_changes_nothing(&mut cp, &addon, &client, &spoke_clients, &before).await?;
+    an_agent_restart_without_tokens_changes_nothing(
+        &mut cp,
+        &addon,
+        &client,
+        &spoke_clients,
+        &before,
+    )
+    .await?;
+    a_stopped_agent_is_dropped_until_it_is_back(&mut cp, &addon, &client, &spoke_clients, &before)
+        .await?;
+    revoking_a_cluster_cuts_its_stream(&cp, &client).await?;
+    a_revocation_while_the_hub_is_down_is_recorded(&mut cp, &addon, &client).await
+}
+
+/// f. Hub restarted: the agents reconnect, nothing on the spokes changes.
+async fn a_hub_restart_changes_nothing(
+    cp: &mut ControlPlane,
+    addon: &Addon,
+    client: &Client,
+    spoke_clients: &[Client; 2],
+    before: &[(String, BTreeMap<String, String>)],
+) -> Result<()> {
     cp.processes().stop("flower-hub")?;
     let t = Instant::now();
-    addon.start(&mut cp, "flower-hub")?;
+    addon.start(cp, "flower-hub")?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
     let clusters = Api::<ManagedCluster>::all(client.clone());
@@ -1457,7 +1617,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for (c, (identity, pods)) in spoke_clients.iter().zip(&before) {
+    for (c, (identity, pods)) in spoke_clients.iter().zip(before) {
         ensure!(
             &pool_identity(c).await? == identity,
             "a workload changed after the hub restart"
@@ -1471,9 +1631,18 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         "hub restart: nothing changed on the spokes ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
+    Ok(())
+}
 
-    // g. Agent restarted: no workload changes. Every bootstrap token is deleted first, so the
-    // agent can only come back with the credentials it keeps in its Secret.
+/// g. Agent restarted: no workload changes. Every bootstrap token is deleted first, so the
+/// agent can only come back with the credentials it keeps in its Secret.
+async fn an_agent_restart_without_tokens_changes_nothing(
+    cp: &mut ControlPlane,
+    addon: &Addon,
+    client: &Client,
+    spoke_clients: &[Client; 2],
+    before: &[(String, BTreeMap<String, String>)],
+) -> Result<()> {
     let admin = cp.cluster("hub")?.kubeconfig.clone();
     let listed = hub_cli(&admin, &["token", "list"])?;
     let ids: Vec<String> = listed
@@ -1487,7 +1656,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     }
     cp.processes().stop("agent-spoke-1")?;
     let restarted = k8s_openapi::jiff::Timestamp::now();
-    addon.start(&mut cp, "agent-spoke-1")?;
+    addon.start(cp, "agent-spoke-1")?;
     let clusters = Api::<ManagedCluster>::all(client.clone());
     e2e::wait_until(
         "the restarted agent heartbeats without a token",
@@ -1511,8 +1680,18 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         pod_uids(&spoke_clients[0]).await? == before[0].1,
         "a pod was recreated after the agent restart"
     );
+    Ok(())
+}
 
-    // e. Agent stopped: lease (5s) expires → unreachable taint → dropped; its pods keep running.
+/// e. Agent stopped: lease (5s) expires → unreachable taint → dropped; its pods keep running.
+async fn a_stopped_agent_is_dropped_until_it_is_back(
+    cp: &mut ControlPlane,
+    addon: &Addon,
+    client: &Client,
+    spoke_clients: &[Client; 2],
+    before: &[(String, BTreeMap<String, String>)],
+) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
     cp.processes().stop("agent-spoke-2")?;
     let t = Instant::now();
     e2e::wait_until(
@@ -1529,7 +1708,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         },
     )
     .await?;
-    wait_decisions(&client, "both", &["spoke-1"]).await?;
+    wait_decisions(client, "both", &["spoke-1"]).await?;
     eprintln!(
         "agent stopped → tainted and dropped in {:.1}s",
         t.elapsed().as_secs_f64()
@@ -1538,7 +1717,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         pod_uids(&spoke_clients[1]).await? == before[1].1,
         "the stopped agent's pods must keep running"
     );
-    addon.start(&mut cp, "agent-spoke-2")?;
+    addon.start(cp, "agent-spoke-2")?;
     e2e::wait_until("spoke-2 untainted", Duration::from_secs(60), || async {
         Ok(!clusters
             .get("spoke-2")
@@ -1549,10 +1728,15 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
             .any(|t| t.key == TAINT_UNREACHABLE))
     })
     .await?;
-    wait_decisions(&client, "both", &["spoke-1", "spoke-2"]).await?;
+    wait_decisions(client, "both", &["spoke-1", "spoke-2"]).await?;
+    Ok(())
+}
 
-    // Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
-    // (persisted every half lease, 2.5 s) stop reaching the hub.
+/// Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
+/// (persisted every half lease, 2.5 s) stop reaching the hub.
+async fn revoking_a_cluster_cuts_its_stream(cp: &ControlPlane, client: &Client) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
+    let admin = cp.cluster("hub")?.kubeconfig.clone();
     hub_cli(&admin, &["revoke", "spoke-1"])?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heartbeat = |c: ManagedCluster| c.status.and_then(|s| s.last_heartbeat);
@@ -1566,16 +1750,10 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         heartbeat(clusters.get("spoke-2").await?) > frozen,
         "spoke-2 keeps heartbeating"
     );
-    let condition = |c: &ManagedCluster, t: &str| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t))
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    };
     let revoked = clusters.get("spoke-1").await?;
     ensure!(
-        condition(&revoked, "Available") == Some(("False".into(), "ClusterRevoked".into()))
-            && condition(&revoked, "HubAcceptedManagedCluster")
+        cluster_condition(&revoked, "Available") == Some(("False".into(), "ClusterRevoked".into()))
+            && cluster_condition(&revoked, "HubAcceptedManagedCluster")
                 == Some(("False".into(), "HubClusterAdminRevoked".into())),
         "a revoked cluster is recorded unavailable and not accepted: {:?}",
         revoked.status
@@ -1585,8 +1763,16 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         taints == [flower_addon_hub::core::placement::TAINT_UNAVAILABLE],
         "a revoked cluster carries the unavailable taint (OCM: Available=False), got {taints:?}"
     );
+    Ok(())
+}
 
-    // Revoked while the hub is down: the restarted hub records it, with no stream to close.
+/// Revoked while the hub is down: the restarted hub records it, with no stream to close.
+async fn a_revocation_while_the_hub_is_down_is_recorded(
+    cp: &mut ControlPlane,
+    addon: &Addon,
+    client: &Client,
+) -> Result<()> {
+    let clusters = Api::<ManagedCluster>::all(client.clone());
     cp.processes().stop("flower-hub")?;
     clusters
         .patch(
@@ -1595,13 +1781,14 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
             &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": false}})),
         )
         .await?;
-    addon.start(&mut cp, "flower-hub")?;
+    addon.start(cp, "flower-hub")?;
     e2e::wait_until(
         "spoke-2, revoked while the hub was down, recorded unavailable",
         WAIT,
         || async {
             let c = clusters.get("spoke-2").await?;
-            Ok(condition(&c, "Available") == Some(("False".into(), "ClusterRevoked".into())))
+            Ok(cluster_condition(&c, "Available")
+                == Some(("False".into(), "ClusterRevoked".into())))
         },
     )
     .await?;
@@ -1618,11 +1805,10 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         Duration::from_secs(60),
         || async {
             let c = clusters.get("spoke-2").await?;
-            Ok(
-                condition(&c, "Available") == Some(("True".into(), "ClusterAvailable".into()))
-                    && condition(&c, "HubAcceptedManagedCluster").map(|c| c.0)
-                        == Some("True".into()),
-            )
+            Ok(cluster_condition(&c, "Available")
+                == Some(("True".into(), "ClusterAvailable".into()))
+                && cluster_condition(&c, "HubAcceptedManagedCluster").map(|c| c.0)
+                    == Some("True".into()))
         },
     )
     .await?;
