@@ -22,7 +22,7 @@ use anyhow::{Context, Result, anyhow};
 use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
 use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
-use e2e::{ControlPlane, Options, apply_yaml};
+use e2e::{Cluster, ControlPlane, Options, RealNode, apply_yaml};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::LogParams;
@@ -67,6 +67,15 @@ async fn http_get(addr: &str, path: &str) -> Result<String> {
     Ok(out)
 }
 
+/// `nodeSelector` (flow YAML) for the real node.
+fn real_node_selector() -> String {
+    format!(
+        "{{\"{}\": \"{}\"}}",
+        e2e::node::REAL_NODE_LABEL.0,
+        e2e::node::REAL_NODE_LABEL.1
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_run_on_a_real_node() -> Result<()> {
     e2e::install_crypto();
@@ -101,14 +110,30 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     let spoke_node = cp.real_node("spoke-1")?;
     spoke_node.import_images(&images[1..])?;
 
-    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
-    let node_selector = format!(
-        "{{\"{}\": \"{}\"}}",
-        e2e::node::REAL_NODE_LABEL.0,
-        e2e::node::REAL_NODE_LABEL.1
-    );
+    our_image_runs_to_succeeded(hub, node).await?;
+    let (superlink, addr) = the_superlink_answers_through_a_node_port(hub, node).await?;
+    a_pod_of_the_other_cluster_reaches_the_node_port(spoke, spoke_node, &addr).await?;
+    a_pod_reaches_its_apiserver_in_cluster(hub).await?;
+    service_names_resolve_to_routed_cluster_ips(hub, node, &superlink).await?;
+    let channel = the_hub_runs_from_its_manifests(hub, node).await?;
+    an_agent_from_its_manifests_joins_through_the_node_port(
+        hub, spoke, spoke_node, &images, &channel,
+    )
+    .await?;
 
-    // --- our image: flower-hub --version to Succeeded -----------------------------------------
+    eprintln!("real_node: RSS of the nodes' processes:");
+    for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
+        eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
+    }
+    eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Our image runs `flower-hub --version` to Succeeded on the real node, and its log is read
+/// through the apiserver.
+async fn our_image_runs_to_succeeded(hub: &Cluster, node: &RealNode) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let node_selector = real_node_selector();
     let t = Instant::now();
     apply_yaml(
         &hub.client,
@@ -166,8 +191,17 @@ spec:
         log.contains("flower-hub") && log.contains("0.1.0"),
         "unexpected --version output: {log:?}"
     );
+    Ok(())
+}
 
-    // --- flwr/superlink:1.42.0 behind a NodePort, /health from the host ------------------------
+/// `flwr/superlink:1.42.0` passes its readiness probe behind a NodePort, and `/health` answers
+/// from the host; returns the Service and the `node:port` address.
+async fn the_superlink_answers_through_a_node_port(
+    hub: &Cluster,
+    node: &RealNode,
+) -> Result<(Service, String)> {
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let node_selector = real_node_selector();
     let t = Instant::now();
     apply_yaml(
         &hub.client,
@@ -240,8 +274,15 @@ spec:
         answer.lines().next().unwrap_or_default(),
         t.elapsed().as_secs_f64()
     );
+    Ok((svc, addr))
+}
 
-    // --- the same NodePort from a pod on the other cluster's real node ------------------------
+/// The same NodePort answers a pod on the other cluster's real node.
+async fn a_pod_of_the_other_cluster_reaches_the_node_port(
+    spoke: &Cluster,
+    spoke_node: &RealNode,
+    addr: &str,
+) -> Result<()> {
     let t = Instant::now();
     let url = format!("http://{addr}/health");
     let spoke_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), "default");
@@ -256,10 +297,13 @@ spec:
         log.trim()
     );
     assert!(log.starts_with("200 "), "unexpected output: {log:?}");
+    Ok(())
+}
 
-    // --- a pod reaches its apiserver the in-cluster way ---------------------------------------
-    // KUBERNETES_SERVICE_HOST (the `kubernetes` ClusterIP, through kube-proxy's rules) with the
-    // ServiceAccount token and CA of the projected volume: what the hub and agent pods do.
+/// A pod reaches its apiserver the in-cluster way: KUBERNETES_SERVICE_HOST (the `kubernetes` ClusterIP, through kube-proxy's rules) with the
+/// ServiceAccount token and CA of the projected volume: what the hub and agent pods do.
+async fn a_pod_reaches_its_apiserver_in_cluster(hub: &Cluster) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let t = Instant::now();
     let script = "import json, os, ssl, urllib.request\n\
         sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n\
@@ -274,8 +318,16 @@ spec:
         log.trim()
     );
     assert!(log.contains("v1.37"), "unexpected /version output: {log:?}");
+    Ok(())
+}
 
-    // --- Service names resolve (the harness's cluster DNS) and ClusterIPs route ----------------
+/// Service names resolve (the harness's cluster DNS) to the ClusterIP of `svc`, which routes.
+async fn service_names_resolve_to_routed_cluster_ips(
+    hub: &Cluster,
+    node: &RealNode,
+    svc: &Service,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let t = Instant::now();
     let cluster_ip = svc
         .spec
@@ -298,8 +350,12 @@ spec:
         format!("{cluster_ip} {cluster_ip} {cluster_ip} 200"),
         "superlink, superlink.default.svc and its FQDN must resolve to the ClusterIP {cluster_ip}"
     );
+    Ok(())
+}
 
-    // --- the hub installed from manifests/hub runs as a pod of our image -----------------------
+/// The hub installed from manifests/hub runs as a pod of our image and its channel NodePort
+/// accepts connections; returns that `node:port`.
+async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Result<String> {
     let t = Instant::now();
     e2e::install_hub_manifests(&hub.client).await?;
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
@@ -358,8 +414,18 @@ spec:
         hub_ready.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    Ok(channel)
+}
 
-    // --- an agent installed from manifests/agent on spoke-1 joins through that NodePort ---------
+/// An agent installed from manifests/agent on spoke-1 joins the hub pod through `channel` and
+/// is accepted.
+async fn an_agent_from_its_manifests_joins_through_the_node_port(
+    hub: &Cluster,
+    spoke: &Cluster,
+    spoke_node: &RealNode,
+    images: &[ImageArchive],
+    channel: &str,
+) -> Result<()> {
     let t = Instant::now();
     spoke_node.import_images(&images[..1])?;
     let secret = e2e::addon::hub_cli(
@@ -370,7 +436,7 @@ spec:
             "--cluster-name",
             "spoke-1",
             "--hub",
-            &channel,
+            channel,
             "-o",
             "secret",
         ],
@@ -441,11 +507,5 @@ spec:
         "real_node: manifests/agent on spoke-1: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-
-    eprintln!("real_node: RSS of the nodes' processes:");
-    for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
-        eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
-    }
-    eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
