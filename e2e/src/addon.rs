@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, PostParams};
 
 use crate::harness::{binary, fatal, free_port};
-use crate::{ContainerCommand, ControlPlane};
+use crate::{ContainerCommand, ControlPlane, SaAccess};
 
 /// Namespace of the hub (`manifests/hub`).
 pub const HUB_NS: &str = "flower-addon-system";
@@ -90,6 +90,36 @@ pub struct Addon {
     pub starts: BTreeMap<String, (Vec<String>, PathBuf)>,
     /// Time from the hub's start to every spoke's credentials stored.
     pub joined_in: Duration,
+}
+
+/// A control plane with one cluster, `hub`, holding the CRDs, namespace `user_namespace` for the
+/// user's objects and the hub's least-privilege ServiceAccount from `manifests/hub`: what the
+/// hub's controllers act with when a test runs them in-process.
+pub async fn start_hub_with_rbac(user_namespace: &str) -> Result<(ControlPlane, SaAccess)> {
+    crate::install_crypto();
+    let cp = ControlPlane::start(&["hub"])
+        .await
+        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
+    let hub = cp.cluster("hub")?;
+    crate::install_crds(&hub.client).await?;
+    Api::<Namespace>::all(hub.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": user_namespace}}))?,
+        )
+        .await
+        .with_context(|| format!("creating namespace {user_namespace}"))?;
+    let manifests = crate::repo_root().join("manifests/hub");
+    crate::apply_file(&hub.client, &manifests.join("namespace.yaml"), "default").await?;
+    let hub_sa = crate::service_account_access(
+        hub,
+        &manifests.join("rbac.yaml"),
+        HUB_NS,
+        "flower-hub",
+        3600,
+    )
+    .await?;
+    Ok((cp, hub_sa))
 }
 
 /// Runs `flower-hub ARGS` against the hub cluster (`kubeconfig`), as an admin would; its stdout,

@@ -1,7 +1,8 @@
 //! What every e2e test needs around the product, in one place: free loopback ports, waits (async
 //! and blocking, with the last probe error and extra detail on timeout), the built product
 //! binaries and Flower venvs, the child processes ([`Processes`]: logged, ended by pid or process
-//! group on drop, dying with the test process), and the lock that serialises control-plane boots
+//! group on drop, dying with the test process) and the processes they started (found by command
+//! line), and the lock that serialises control-plane boots
 //! across test threads and test processes (the suite runs on 2 cores).
 
 use std::future::Future;
@@ -315,6 +316,48 @@ pub fn flower_venv(version: &str) -> Result<PathBuf> {
         venv.display()
     );
     Ok(venv)
+}
+
+// === processes by command line ===
+
+/// `(pid, argv)` of every live process but this one (zombies, whose cmdline is empty, are
+/// skipped): to find what a daemon under test started, by a path in its arguments.
+pub fn live_processes() -> Vec<(u32, Vec<String>)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if raw.is_empty() {
+            continue;
+        }
+        let args = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push((pid, args));
+    }
+    out
+}
+
+/// Pids of the live processes with an argument containing `needle` (e.g. a test's work dir).
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    live_processes()
+        .into_iter()
+        .filter(|(_, args)| args.iter().any(|a| a.contains(needle)))
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 // === the boot lock ===

@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
-use e2e::ControlPlane;
 use flower_addon_crds::Federation;
 use flower_addon_hub::kube::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
 use flower_addon_hub::registration::ca::HubCa;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -169,41 +168,15 @@ fn owned_by(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, u
     })
 }
 
-/// A hub cluster with the CRDs, namespace [`NS`], and the client of the hub's least-privilege
-/// ServiceAccount from `manifests/hub` (what the controller acts with).
-async fn hub_with_rbac() -> Result<(ControlPlane, Client, Client)> {
-    let cp = ControlPlane::start(&["hub"])
-        .await
-        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
-    let hub = cp.cluster("hub")?;
-    let client = hub.client.clone();
-    e2e::install_crds(&hub.client).await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
-        )
-        .await?;
-    // The controller acts with the hub's least-privilege ServiceAccount from manifests/hub.
-    let manifests = e2e::repo_root().join("manifests/hub");
-    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
-    let hub_sa = e2e::service_account_access(
-        hub,
-        &manifests.join("rbac.yaml"),
-        "flower-addon-system",
-        "flower-hub",
-        3600,
-    )
-    .await?;
-    Ok((cp, client, hub_sa.client))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
     // Invariant: a Federation without placementRef converges to SuperLink + Service + TLS Secret +
     // pools owned by it, follows spec changes (prune included), is Degraded without side effects
     // when invalid, and a controller restart recreates and rewrites nothing.
-    let (cp, client, hub_sa) = hub_with_rbac().await?;
+    // The controller acts with the hub's least-privilege ServiceAccount from manifests/hub.
+    let (cp, hub_sa) = e2e::addon::start_hub_with_rbac(NS).await?;
+    let client = cp.cluster("hub")?.client.clone();
+    let hub_sa = hub_sa.client;
     let ca = Arc::new(HubCa::generate()?);
     let running = start_controller(&hub_sa, &ca);
     let t0 = Instant::now();

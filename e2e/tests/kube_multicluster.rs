@@ -161,29 +161,8 @@ fn condition(status: &flower_addon_crds::PlacementStatus, type_: &str) -> Option
 /// A hub control plane with the CRDs, namespace [`NS`], and the hub's ServiceAccount client
 /// (RBAC from `manifests/hub`).
 async fn hub_with_rbac() -> Result<(ControlPlane, Client, e2e::SaAccess)> {
-    e2e::install_crypto();
-    let cp = ControlPlane::start(&["hub"])
-        .await
-        .context("control plane (run e2e/k8s/build.sh if binaries are missing)")?;
-    let hub = cp.cluster("hub")?;
-    let client = hub.client.clone();
-    e2e::install_crds(&hub.client).await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
-        )
-        .await?;
-    let manifests = e2e::repo_root().join("manifests/hub");
-    e2e::apply_file(&client, &manifests.join("namespace.yaml"), "default").await?;
-    let hub_sa = e2e::service_account_access(
-        hub,
-        &manifests.join("rbac.yaml"),
-        HUB_NS,
-        "flower-hub",
-        3600,
-    )
-    .await?;
+    let (cp, hub_sa) = e2e::addon::start_hub_with_rbac(NS).await?;
+    let client = cp.cluster("hub")?.client.clone();
     Ok((cp, client, hub_sa))
 }
 

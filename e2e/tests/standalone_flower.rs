@@ -6,7 +6,7 @@
 //! Needs `target/debug/flower-hub` and `target/debug/flower-agent` (`cargo build --bins`; test.sh
 //! builds first) and `e2e/flower/venv.sh` (python3 + network on the first run, cached after).
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use e2e::harness::{Processes, SpacedPorts, Wait, binary, flower_venv, tail};
+use e2e::harness::{Processes, SpacedPorts, Wait, binary, flower_venv, live_processes, tail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -54,36 +54,6 @@ fn command(program: &Path, args: &[String]) -> Command {
     cmd
 }
 
-/// argv of every live process (zombies have an empty cmdline and are skipped).
-fn processes() -> Vec<(u32, Vec<String>)> {
-    let me = std::process::id();
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        if raw.is_empty() {
-            continue;
-        }
-        let args = raw
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        out.push((pid, args));
-    }
-    out
-}
-
 /// Whether `pid` is a live (non-zombie) process.
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -98,7 +68,7 @@ fn alive(pid: u32) -> bool {
 /// Pids of the SuperNodes started with `--auth-supernode-private-key key`.
 fn supernode_pids(key: &Path) -> Vec<u32> {
     let key = key.display().to_string();
-    processes()
+    live_processes()
         .into_iter()
         .filter(|(_, a)| a.windows(2).any(|w| w[0] == KEY_FLAG && w[1] == key))
         .map(|(p, _)| p)
@@ -432,7 +402,7 @@ impl Drop for World {
         self.procs.stop_all();
         // Anything left that was started on our files (SuperLink, SuperNodes, helpers): by pid.
         let marker = self.dir.display().to_string();
-        for (pid, args) in processes() {
+        for (pid, args) in live_processes() {
             if args.iter().any(|a| a.contains(&marker)) {
                 eprintln!(
                     "standalone_flower: killing leftover {pid}: {}",
@@ -708,7 +678,7 @@ fn s5_superlink_killed(w: &mut World) -> Result<()> {
             .display()
     );
     let find = || -> Vec<u32> {
-        processes()
+        live_processes()
             .into_iter()
             .filter(|(_, a)| a.contains(&db))
             .map(|(p, _)| p)

@@ -8,7 +8,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use e2e::harness::{Processes, Wait, binary, flower_venv, free_ports, wait_until_blocking};
+use e2e::harness::{
+    Processes, Wait, binary, flower_venv, free_ports, processes_mentioning, wait_until_blocking,
+};
 
 fn status(hub: &Path, state: &Path) -> serde_json::Value {
     let out = Command::new(hub)
@@ -17,21 +19,6 @@ fn status(hub: &Path, state: &Path) -> serde_json::Value {
         .output()
         .expect("run flower-hub status");
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-}
-
-/// Pids of processes whose command line mentions `needle`.
-fn processes_mentioning(needle: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// examples/quickstart/federation.yaml without placement (one replica per pool, on free ports
