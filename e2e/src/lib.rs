@@ -1,7 +1,9 @@
 //! flower-addon end-to-end harness: a real control plane (one etcd shared by one kube-apiserver
 //! per cluster, each with kube-controller-manager, kube-scheduler and kwok fake nodes) started from
 //! the binaries `e2e/k8s/build.sh` builds, plus helpers to apply manifests and act as
-//! least-privilege ServiceAccounts.
+//! least-privilege ServiceAccounts. [`harness`] is what every test uses around the product: free
+//! ports, waits, the built binaries, child processes and the lock that serialises control-plane
+//! boots.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
