@@ -130,7 +130,11 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         .expect("ready");
     eprintln!("ready in {:.1}s: {ready}", t0.elapsed().as_secs_f64());
     assert_eq!(ready["supernodes"], "2/2");
-    assert_eq!(ready["selected"], serde_json::json!(["(hub)"]));
+    // The hub machine is the hub's own cluster, named like every other selection.
+    assert_eq!(
+        ready["selected"],
+        serde_json::json!([flower_addon_hub::core::HUB_CLUSTER])
+    );
     let needle = state.display().to_string();
     assert!(
         processes_mentioning(&needle).len() >= 3,
