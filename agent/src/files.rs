@@ -19,16 +19,7 @@ pub fn write_atomic(path: &Path, body: &[u8], mode: u32) -> std::io::Result<()> 
         fs::create_dir_all(dir)?;
     }
     let tmp = temp_path(path);
-    let written = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.write_all(body)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
+    let written = write_new(&tmp, body, mode).and_then(|()| fs::rename(&tmp, path));
     if written.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -52,22 +43,24 @@ pub fn create_new(path: &Path, body: &[u8], mode: u32) -> std::io::Result<bool> 
         fs::create_dir_all(dir)?;
     }
     let tmp = temp_path(path);
-    let linked = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.write_all(body)?;
-        file.sync_all()?;
-        fs::hard_link(&tmp, path)
-    })();
+    let linked = write_new(&tmp, body, mode).and_then(|()| fs::hard_link(&tmp, path));
     let _ = fs::remove_file(&tmp);
     match linked {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Creates `path` (which must not exist) with `mode`, writes `body` and syncs it to disk.
+fn write_new(path: &Path, body: &[u8], mode: u32) -> std::io::Result<()> {
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    file.write_all(body)?;
+    file.sync_all()
 }
 
 fn temp_path(path: &Path) -> PathBuf {

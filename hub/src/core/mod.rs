@@ -14,3 +14,15 @@ pub mod work;
 /// `placementRef` (they run in the hub cluster, or on the standalone hub machine), as OCM names
 /// a hub that manages itself. Reserved: no agent may join under it.
 pub const HUB_CLUSTER: &str = "local-cluster";
+
+/// `(namespace, name)` of a Federation (namespace `default` when unset), the key both hub modes
+/// index Federations by.
+pub fn federation_key(fed: &flower_addon_crds::Federation) -> (String, String) {
+    (
+        fed.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        fed.metadata.name.clone().unwrap_or_default(),
+    )
+}

@@ -255,13 +255,10 @@ pub fn federation_work(
                 })
             })
             .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        let (namespace, name) = super::federation_key(fed);
         let work = FederationWork {
-            namespace: fed
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            name: fed.metadata.name.clone().unwrap_or_default(),
+            namespace,
+            name,
             flower_version: format!("{}.{}.{}", version.major, version.minor, version.patch),
             superlink_fleet_address: inputs.fleet_address.to_owned(),
             ca_bundle_pem: if spec.insecure {

@@ -472,13 +472,7 @@ async fn stop_superlink(sl: RunningSuperLink) {
 }
 
 fn fed_key(fed: &Federation) -> FedKey {
-    (
-        fed.metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        fed.metadata.name.clone().unwrap_or_default(),
-    )
+    crate::core::federation_key(fed)
 }
 
 /// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);

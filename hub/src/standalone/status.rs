@@ -73,13 +73,10 @@ pub struct FederationSummary {
 impl FederationSummary {
     /// A summary with the spec's facts filled in.
     pub fn new(fed: &Federation) -> Self {
+        let (namespace, name) = crate::core::federation_key(fed);
         Self {
-            namespace: fed
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            name: fed.metadata.name.clone().unwrap_or_default(),
+            namespace,
+            name,
             mode: format!("{:?}", fed.spec.mode),
             isolation: match fed.spec.isolation_mode {
                 flower_addon_crds::IsolationMode::Process => "process".into(),

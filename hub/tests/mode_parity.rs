@@ -1,0 +1,180 @@
+//! The two hub modes give the same result for the same input: a Federation (pools narrowed by
+//! `clusterSelector`, `clusterOverrides`) over the same clusters gets byte-identical per-cluster
+//! work from the standalone hub (manifests directory, file store, SuperLink process) and from the
+//! Kubernetes-mode work source's function, and `flower-hub render --cluster` prints exactly what
+//! the agent applies from what the hub sent.
+//!
+//! The standalone hub runs its SuperLink as a process; here `flower-superlink` is a script that
+//! only stays alive (this test is about the hub's decisions, not Flower; the e2e tests run real
+//! Flower in both modes).
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_addon_agent::kube_runtime::render_federation;
+use flower_addon_agent::work::decode_federation;
+use flower_addon_crds::{Federation, Object};
+use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
+use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
+use flower_addon_hub::registration::store::file::FileStore;
+use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore, load_or_create_ca};
+use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
+use flower_addon_proto::ClusterWork;
+
+const MANIFESTS: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: fed, namespace: team}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  placementRef: {name: all}
+  superlink:
+    image: "flwr/superlink:1.42.0"
+    externalAddress: "hub.example:30092"
+  supernodes:
+    image: "flwr/supernode:1.42.0"
+    pools:
+      - name: a
+        replicas: 2
+        nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}
+      - name: gpu
+        replicas: 1
+        clusterSelector: {matchLabels: {gpu: "yes"}}
+  clusterOverrides:
+    - clusterSelector: {matchLabels: {gpu: "yes"}}
+      pools: [a]
+      replicas: 3
+      env: [{name: MODE, value: gpu}]
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Placement
+metadata: {name: all, namespace: team}
+spec: {}
+"#;
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (state, manifests, bin) = (
+        dir.path().join("state"),
+        dir.path().join("manifests"),
+        dir.path().join("bin"),
+    );
+    for d in [&state, &manifests, &bin] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    std::fs::write(manifests.join("fed.yaml"), MANIFESTS).expect("manifests");
+    let superlink = bin.join("flower-superlink");
+    std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
+    std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let store = Arc::new(FileStore::open(&state).expect("store"));
+    let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
+    let clusters = BTreeMap::from([
+        ("s1".to_string(), labels(&[("gpu", "yes")])),
+        ("s2".to_string(), labels(&[])),
+    ]);
+    for (name, l) in &clusters {
+        let registration = ClusterRegistration {
+            name: name.clone(),
+            labels: l.clone(),
+            claims: BTreeMap::new(),
+            key_fingerprint: format!("sha256:{name}"),
+            agent_version: "test".into(),
+            token_id: "t".into(),
+            created_unix: 1,
+        };
+        store
+            .create_cluster(&registration, true)
+            .await
+            .expect("cluster");
+    }
+
+    // Standalone: one reconcile pass of the real controller.
+    let work = Arc::new(InMemoryWorkSource::new());
+    let hub = StandaloneHub::new(
+        store.clone(),
+        work.clone(),
+        ca.clone(),
+        StandaloneConfig {
+            state_dir: state.clone(),
+            manifests_dir: manifests.clone(),
+            flower_bin: Some(bin.clone()),
+            superlink_host: "127.0.0.1".into(),
+            advertise: vec!["127.0.0.1".into()],
+        },
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(hub.run(async {
+        let _ = stop_rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while work.snapshot("s1").federations.is_empty() || work.snapshot("s2").federations.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standalone hub sent no work in 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let standalone: BTreeMap<String, ClusterWork> = ["s1", "s2"]
+        .iter()
+        .map(|c| (c.to_string(), work.snapshot(c)))
+        .collect();
+    let _ = stop_tx.send(());
+    running.await.expect("controller stops");
+
+    // Kubernetes mode: the work source's function on the same Federation, clusters and CA.
+    let objects = flower_addon_crds::parse_documents("fed.yaml", MANIFESTS).expect("parse");
+    let fed: &Federation = objects
+        .iter()
+        .find_map(|o| match o {
+            Object::Federation(f) => Some(f),
+            _ => None,
+        })
+        .expect("federation");
+    let selected: Vec<String> = clusters.keys().cloned().collect();
+    let kube =
+        flower_addon_hub::kube::work::federation_work(fed, &selected, &clusters, ca.cert_pem())
+            .expect("kube work");
+    assert_eq!(kube.len(), 2);
+    for (cluster, fw) in &kube {
+        let sent = &standalone[cluster].federations;
+        assert_eq!(sent.len(), 1, "{cluster}");
+        assert_eq!(&sent[0], fw, "work for {cluster} differs between the modes");
+    }
+    // The overrides and selectors took effect (s1: a×3 + gpu×1; s2: a×2), numbered across both.
+    let s1 = &standalone["s1"].federations[0];
+    assert_eq!(
+        s1.pools
+            .iter()
+            .map(|p| (p.name.as_str(), p.partition_offset))
+            .collect::<Vec<_>>(),
+        [("a", 0), ("gpu", 3)]
+    );
+    assert_eq!(s1.partitions_total, 6);
+
+    // render --cluster s1 prints what s1's agent applies from what it was sent.
+    let selection = SpokeSelection {
+        cluster: "s1".into(),
+        selected: selected.clone(),
+        labels: clusters.clone(),
+    };
+    let printed = spoke_objects(fed, &selection, &s1.superlink_fleet_address)
+        .expect("render")
+        .expect("s1 runs pools");
+    let snapshot = &standalone["s1"];
+    let applied =
+        render_federation(&decode_federation(snapshot, &snapshot.federations[0]).expect("decode"))
+            .expect("agent renders");
+    assert_eq!(printed.workloads, applied.workloads);
+    assert_eq!(printed.services, applied.services);
+}
