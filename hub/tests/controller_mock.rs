@@ -119,8 +119,7 @@ async fn run(fed: Arc<Federation>) -> Vec<Call> {
     let ca = Arc::new(HubCa::generate().expect("ca"));
     let ctx = Arc::new(Context::new(client, ca));
     reconcile(fed, ctx).await.expect("reconcile");
-    let calls = calls.lock().expect("log").clone();
-    calls
+    calls.lock().expect("log").clone()
 }
 
 #[tokio::test]
