@@ -2,97 +2,16 @@
 //! controller-rs): every request it makes is recorded and the test asserts the exact sequence —
 //! what is applied, in which order, with which field manager, and that an invalid spec applies
 //! nothing. Fast (no cluster), beside the real-apiserver e2e tests.
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+mod mock_api;
+
+use std::sync::Arc;
 
 use flower_addon_crds::Federation;
 use flower_addon_hub::kube::controller::{Context, HUB_FIELD_MANAGER, reconcile};
 use flower_addon_hub::registration::ca::HubCa;
-use http::{Method, Request, Response};
-use kube::client::Body;
-use serde_json::{Value, json};
-
-/// One request the reconciler made.
-#[derive(Clone, Debug)]
-struct Call {
-    method: Method,
-    path: String,
-    query: String,
-    body: Value,
-}
-
-impl Call {
-    fn line(&self) -> String {
-        format!("{} {}", self.method, self.path)
-    }
-}
-
-/// Plural resource names whose bare collection path is a LIST.
-const COLLECTIONS: &[&str] = &[
-    "statefulsets",
-    "daemonsets",
-    "services",
-    "secrets",
-    "events",
-    "placements",
-];
-
-/// A client whose API answers like an empty cluster that accepts every write: applies and
-/// creates echo the object back (a status patch returns `stored` with that status), LISTs are
-/// empty, GETs are 404.
-fn mock_client(stored: Value) -> (kube::Client, Arc<Mutex<Vec<Call>>>) {
-    let calls = Arc::new(Mutex::new(Vec::new()));
-    let log = calls.clone();
-    let service = tower::service_fn(move |req: Request<Body>| {
-        let log = log.clone();
-        let stored = stored.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap_or_default();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let path = parts.uri.path().to_owned();
-            let query = parts.uri.query().unwrap_or_default().to_owned();
-            let last = path.rsplit('/').next().unwrap_or_default().to_owned();
-            log.lock().expect("log").push(Call {
-                method: parts.method.clone(),
-                path: path.clone(),
-                query,
-                body: body.clone(),
-            });
-            let (status, reply) = match parts.method {
-                Method::GET if COLLECTIONS.contains(&last.as_str()) => (
-                    200,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}),
-                ),
-                Method::GET => (
-                    404,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
-                ),
-                Method::PATCH if path.ends_with("/status") => {
-                    let mut object = stored;
-                    object["status"] = body["status"].clone();
-                    (200, object)
-                }
-                _ => {
-                    let mut echoed = body;
-                    if let Some(meta) = echoed.get_mut("metadata").and_then(Value::as_object_mut) {
-                        meta.insert("uid".into(), json!("uid-1"));
-                        meta.insert("resourceVersion".into(), json!("2"));
-                    }
-                    (200, echoed)
-                }
-            };
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&reply).expect("json")))
-                    .expect("response"),
-            )
-        }
-    });
-    (kube::Client::new(service, "default"), calls)
-}
+use http::Method;
+use mock_api::{Call, mock_client};
+use serde_json::Value;
 
 fn federation(yaml: &str) -> Arc<Federation> {
     let mut fed: Federation = serde_saphyr::from_str(yaml).expect("federation");
@@ -115,7 +34,7 @@ spec:
 "#;
 
 async fn run(fed: Arc<Federation>) -> Vec<Call> {
-    let (client, calls) = mock_client(serde_json::to_value(fed.as_ref()).expect("json"));
+    let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).expect("json")]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
     let ctx = Arc::new(Context::new(client, ca));
     reconcile(fed, ctx).await.expect("reconcile");

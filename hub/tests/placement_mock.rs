@@ -1,0 +1,133 @@
+//! The Placement reconciler against a mocked API server: the exact requests for a Placement
+//! over known clusters (one LIST of decisions, the decision page applied and its status, the
+//! Placement status, an event), and for a misconfigured one (nothing but status and an event).
+mod mock_api;
+
+use std::sync::Arc;
+
+use flower_addon_crds::{ManagedCluster, ManagedClusterSpec, Placement};
+use flower_addon_hub::kube::controller::HUB_FIELD_MANAGER;
+use flower_addon_hub::kube::controller::placement::{PlacementContext, reconcile};
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+use mock_api::{Call, mock_client};
+
+fn cluster(name: &str, accepted: bool, labels: &[(&str, &str)]) -> ManagedCluster {
+    let mut mc = ManagedCluster::new(
+        name,
+        ManagedClusterSpec {
+            hub_accepts_client: accepted,
+            ..Default::default()
+        },
+    );
+    mc.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    mc
+}
+
+fn placement(yaml: &str) -> Arc<Placement> {
+    let mut p: Placement = serde_saphyr::from_str(yaml).expect("placement");
+    p.metadata.uid = Some("placement-uid".into());
+    Arc::new(p)
+}
+
+async fn run(p: Arc<Placement>, clusters: Vec<ManagedCluster>) -> Vec<Call> {
+    let (client, calls) = mock_client(vec![serde_json::to_value(p.as_ref()).expect("json")]);
+    let (store, mut writer) = reflector::store::<ManagedCluster>();
+    writer.apply_watcher_event(&Event::Init);
+    for mc in clusters {
+        writer.apply_watcher_event(&Event::InitApply(mc));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    let ctx = Arc::new(PlacementContext::new(client, store));
+    reconcile(p, ctx).await.expect("reconcile");
+    calls.lock().expect("log").clone()
+}
+
+const GPU: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Placement
+metadata: {name: gpu, namespace: team}
+spec:
+  predicates:
+    - requiredClusterSelector:
+        labelSelector: {matchLabels: {gpu: "yes"}}
+"#;
+
+#[tokio::test]
+async fn a_placement_writes_one_decision_page_with_the_matching_accepted_clusters() {
+    // s1 matches, s2 lacks the label, s3 matches but is not accepted: the decision lists s1 only.
+    let calls = run(
+        placement(GPU),
+        vec![
+            cluster("s1", true, &[("gpu", "yes")]),
+            cluster("s2", true, &[]),
+            cluster("s3", false, &[("gpu", "yes")]),
+        ],
+    )
+    .await;
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /apis/flower-addon.io/v1alpha1/placementdecisions",
+            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/placementdecisions/gpu-decision-1",
+            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/placementdecisions/gpu-decision-1/status",
+            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/placements/gpu/status",
+            "POST /apis/events.k8s.io/v1/namespaces/team/events",
+        ],
+        "{calls:#?}"
+    );
+    assert!(calls[0].query.contains("labelSelector="), "{:?}", calls[0]);
+    for call in calls.iter().filter(|c| c.method == http::Method::PATCH) {
+        assert!(
+            call.query
+                .contains(&format!("fieldManager={HUB_FIELD_MANAGER}")),
+            "{call:?}"
+        );
+    }
+    assert_eq!(
+        calls[1].body["metadata"]["ownerReferences"][0]["uid"],
+        "placement-uid"
+    );
+    assert_eq!(
+        calls[2].body["status"]["decisions"],
+        serde_json::json!([{"clusterName": "s1", "reason": ""}])
+    );
+    assert_eq!(calls[3].body["status"]["numberOfSelectedClusters"], 1);
+    assert_eq!(calls[4].body["reason"], "DecisionUpdate");
+}
+
+#[tokio::test]
+async fn a_misconfigured_placement_keeps_its_decisions_and_says_why() {
+    // OCM's taint key in a toleration is refused naming ours: no decision is written or deleted.
+    let bad = format!(
+        "{GPU}  tolerations:\n    - key: cluster.open-cluster-management.io/unreachable\n      operator: Exists\n"
+    );
+    let calls = run(
+        placement(&bad),
+        vec![cluster("s1", true, &[("gpu", "yes")])],
+    )
+    .await;
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /apis/events.k8s.io/v1/namespaces/team/events",
+            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/placements/gpu/status",
+        ],
+        "{calls:#?}"
+    );
+    let condition = &calls[1].body["status"]["conditions"][0];
+    assert_eq!(condition["type"], "PlacementMisconfigured");
+    assert!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cluster.flower-addon.io/unreachable")),
+        "{condition}"
+    );
+}
