@@ -11,7 +11,6 @@ use flower_addon_hub::kube::controller::{Context, HUB_FIELD_MANAGER, reconcile};
 use flower_addon_hub::registration::ca::HubCa;
 use http::Method;
 use mock_api::{Call, mock_client};
-use serde_json::Value;
 
 fn federation(yaml: &str) -> Arc<Federation> {
     let mut fed: Federation = serde_saphyr::from_str(yaml).expect("federation");
