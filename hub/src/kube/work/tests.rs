@@ -118,3 +118,124 @@ fn an_invalid_federation_yields_no_new_work() {
     fed.spec.superlink.external_address = None;
     assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA").is_err());
 }
+
+/// Stores filled as the reflectors would after their first list.
+fn stores(
+    feds: Vec<Federation>,
+    decisions: Vec<PlacementDecision>,
+    clusters: Vec<ManagedCluster>,
+) -> Stores {
+    use kube::runtime::watcher::Event;
+    fn fill<K>(items: Vec<K>) -> Store<K>
+    where
+        K: kube::Resource + Clone + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&Event::Init);
+        for item in items {
+            writer.apply_watcher_event(&Event::InitApply(item));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        store
+    }
+    Stores {
+        federations: fill(feds),
+        decisions: fill(decisions),
+        clusters: fill(clusters),
+    }
+}
+
+fn decision(placement: &str, clusters: &[&str]) -> PlacementDecision {
+    let mut d = PlacementDecision::new(&format!("{placement}-decision-1"), Default::default());
+    d.metadata.namespace = Some("team".into());
+    d.metadata.labels = Some(BTreeMap::from([(
+        PLACEMENT_LABEL.to_string(),
+        placement.to_string(),
+    )]));
+    d.status = Some(flower_addon_crds::PlacementDecisionStatus {
+        decisions: clusters
+            .iter()
+            .map(|c| flower_addon_crds::ClusterDecision {
+                cluster_name: c.to_string(),
+                reason: String::new(),
+            })
+            .collect(),
+    });
+    d
+}
+
+fn managed(name: &str, labels: &[(&str, &str)]) -> ManagedCluster {
+    let mut mc = ManagedCluster::new(name, Default::default());
+    mc.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    mc
+}
+
+#[test]
+fn the_work_source_sends_only_the_clusters_whose_work_changed() {
+    // The reconciler of the work channel: decided clusters get the Federation's work, clusters
+    // not decided get an empty snapshot, a change bumps the versions of exactly the clusters
+    // whose work it alters, and a pass that alters nothing sends nothing.
+    let fed = federation(
+        r#"[{name: a, replicas: 1, images: {}},
+            {name: gpu, replicas: 1, images: {}, clusterSelector: {matchLabels: {gpu: "yes"}}}]"#,
+    );
+    let work = InMemoryWorkSource::new();
+    let mut state = State {
+        ca_pem: "CA".into(),
+        sent: BTreeMap::new(),
+        last_good: BTreeMap::new(),
+    };
+    let both = decision("both", &["s1", "s2"]);
+    let first = stores(
+        vec![fed.clone()],
+        vec![both.clone()],
+        vec![managed("s1", &[]), managed("s2", &[]), managed("s3", &[])],
+    );
+    state.recompute(&first, &work);
+    let v = |c: &str| work.snapshot(c).version;
+    let (s1, s2, s3) = (v("s1"), v("s2"), v("s3"));
+    assert_eq!(work.snapshot("s1").federations[0].pools.len(), 1);
+    assert_eq!(work.snapshot("s2").federations.len(), 1);
+    assert!(work.snapshot("s3").federations.is_empty());
+
+    // Same input: nothing is sent again.
+    state.recompute(&first, &work);
+    assert_eq!((v("s1"), v("s2"), v("s3")), (s1, s2, s3));
+
+    // A label on s3, which no Placement decided, changes nobody's work: nothing is sent.
+    let s3_labelled = stores(
+        vec![fed.clone()],
+        vec![both.clone()],
+        vec![
+            managed("s1", &[]),
+            managed("s2", &[]),
+            managed("s3", &[("gpu", "yes")]),
+        ],
+    );
+    state.recompute(&s3_labelled, &work);
+    assert_eq!((v("s1"), v("s2"), v("s3")), (s1, s2, s3));
+
+    // s2 gains gpu=yes: s2 runs the gpu pool, and {partitions} grows for every decided cluster,
+    // so s1 and s2 get new work; s3 (not decided) keeps its version.
+    let relabelled = stores(
+        vec![fed],
+        vec![both],
+        vec![
+            managed("s1", &[]),
+            managed("s2", &[("gpu", "yes")]),
+            managed("s3", &[("gpu", "yes")]),
+        ],
+    );
+    state.recompute(&relabelled, &work);
+    assert_ne!(v("s1"), s1);
+    assert_ne!(v("s2"), s2);
+    assert_eq!(v("s3"), s3);
+    assert_eq!(work.snapshot("s2").federations[0].pools.len(), 2);
+    assert_eq!(work.snapshot("s1").federations[0].partitions_total, 3);
+}
