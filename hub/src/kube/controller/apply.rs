@@ -152,3 +152,37 @@ where
         })?;
     Ok(())
 }
+
+/// The event recorder of the hub's controllers (reporting controller [`HUB_FIELD_MANAGER`],
+/// instance the pod name when known).
+pub fn recorder(client: Client) -> kube::runtime::events::Recorder {
+    kube::runtime::events::Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: HUB_FIELD_MANAGER.to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    )
+}
+
+/// Publishes an event about `object` (note cut to 1,000 characters); a failure is logged at
+/// debug and otherwise ignored (events are best effort).
+pub async fn publish<K: Resource<DynamicType = ()>>(
+    recorder: &kube::runtime::events::Recorder,
+    object: &K,
+    type_: kube::runtime::events::EventType,
+    action: &str,
+    reason: &str,
+    note: String,
+) {
+    let event = kube::runtime::events::Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &object.object_ref(&())).await {
+        tracing::debug!(%error, "event not published");
+    }
+}

@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -115,13 +115,7 @@ pub struct Context {
 impl Context {
     /// A context for `client` and `ca`, pools in the hub cluster named [`crate::core::HUB_CLUSTER`].
     pub fn new(client: Client, ca: Arc<HubCa>) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: HUB_FIELD_MANAGER.to_owned(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = apply::recorder(client.clone());
         Self {
             client,
             ca,
@@ -132,16 +126,7 @@ impl Context {
     }
 
     async fn publish(&self, fed: &Federation, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, &fed.object_ref(&())).await {
-            tracing::debug!(%error, "event not published");
-        }
+        apply::publish(&self.recorder, fed, type_, "Reconcile", reason, note).await;
     }
 }
 

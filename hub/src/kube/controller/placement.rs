@@ -27,7 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -106,13 +106,7 @@ impl ClusterViews {
 impl PlacementContext {
     /// A context for `client`, reading clusters from `clusters`.
     pub fn new(client: Client, clusters: Store<ManagedCluster>) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: HUB_FIELD_MANAGER.to_owned(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = super::apply::recorder(client.clone());
         Self {
             client,
             recorder,
@@ -121,20 +115,7 @@ impl PlacementContext {
     }
 
     async fn publish(&self, placement: &Placement, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Schedule".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = self
-            .recorder
-            .publish(&event, &placement.object_ref(&()))
-            .await
-        {
-            tracing::debug!(%error, "event not published");
-        }
+        super::apply::publish(&self.recorder, placement, type_, "Schedule", reason, note).await;
     }
 }
 
