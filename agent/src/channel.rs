@@ -1,7 +1,9 @@
 //! The agent side of the work stream: connect over mTLS, apply each snapshot through the
 //! [`Runtime`], ack it, report status and answer pings; reconnect with backoff (exponential,
 //! jitter, capped) and resync from the hub's next snapshot. When the hub is unreachable nothing is
-//! undone: the runtime keeps running the last applied work.
+//! undone: the runtime keeps running the last applied work. When the hub says it no longer trusts
+//! the cluster (deleted, revoked, re-keyed: [`flower_addon_proto::CLUSTER_STATE_KEY`]), the agent
+//! stops its SuperNodes and keeps retrying; accepted again, it gets its work back.
 //!
 //! The client certificate is renewed at 80 % of its life over the same HTTP/2 connection, so the
 //! open stream is not interrupted; the renewed certificate is used from the next connection on.
@@ -164,18 +166,49 @@ pub async fn run(
     };
     let mut backoff = new_backoff(&state.options);
     let mut expiry_logged = false;
+    let mut stopped_for_refusal = false;
     loop {
         let started = Instant::now();
-        let (code, message) = match session(&state, runtime.as_ref(), &mut shutdown).await {
+        let End {
+            code,
+            message,
+            cluster_state,
+            opened,
+        } = match session(&state, runtime.as_ref(), &mut shutdown).await {
             None => return Ok(()),
             Some(end) => end,
         };
         let cluster = state.credentials().config.cluster_name;
-        match code {
-            Some(tonic::Code::PermissionDenied) | Some(tonic::Code::Unauthenticated) => {
-                tracing::error!(%cluster, %message, "the hub refuses this cluster; applied work keeps running, retrying")
+        if opened {
+            // Trusted again since the last stop: a new refusal stops the SuperNodes again.
+            stopped_for_refusal = false;
+        }
+        match (&cluster_state, code) {
+            (Some(cluster_state), _) => {
+                // Deleted, revoked or re-keyed: the hub no longer trusts this cluster to run the
+                // Federations' code, so its SuperNodes stop (once per refusal); the agent keeps
+                // retrying, and an admin who accepts it again gets its work running again.
+                if !stopped_for_refusal {
+                    let empty = flower_addon_proto::ClusterWork {
+                        version: 0,
+                        cluster_name: cluster.clone(),
+                        federations: Vec::new(),
+                    };
+                    match runtime.apply(&empty).await {
+                        Ok(()) => {
+                            stopped_for_refusal = true;
+                            tracing::error!(%cluster, %cluster_state, %message, "the hub no longer trusts this cluster: its SuperNodes are stopped; retrying")
+                        }
+                        Err(error) => {
+                            tracing::error!(%cluster, %cluster_state, %error, "the hub no longer trusts this cluster, and its SuperNodes could not be stopped")
+                        }
+                    }
+                }
             }
-            _ => {
+            (None, Some(tonic::Code::PermissionDenied) | Some(tonic::Code::Unauthenticated)) => {
+                tracing::error!(%cluster, %message, "the hub refuses this connection; applied work keeps running, retrying")
+            }
+            (None, _) => {
                 tracing::warn!(%cluster, ?code, %message, "work stream ended; applied work keeps running, reconnecting")
             }
         }
@@ -216,24 +249,66 @@ pub fn expired(creds: &Credentials) -> Option<AgentError> {
     })
 }
 
+/// Why a connection ended.
+struct End {
+    code: Option<tonic::Code>,
+    message: String,
+    /// [`flower_addon_proto::CLUSTER_STATE_KEY`] of a refusal: the hub no longer trusts this
+    /// cluster (deleted, not accepted, re-keyed).
+    cluster_state: Option<String>,
+    /// Whether the stream had opened (the hub trusted the cluster at that time).
+    opened: bool,
+}
+
+impl End {
+    fn other(message: String) -> Self {
+        Self {
+            code: None,
+            message,
+            cluster_state: None,
+            opened: false,
+        }
+    }
+
+    fn status(status: &tonic::Status) -> Self {
+        Self {
+            code: Some(status.code()),
+            message: status.message().to_string(),
+            cluster_state: (status.code() == tonic::Code::PermissionDenied)
+                .then(|| status.metadata().get(flower_addon_proto::CLUSTER_STATE_KEY))
+                .flatten()
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            opened: false,
+        }
+    }
+
+    fn after_open(self) -> Self {
+        Self {
+            opened: true,
+            ..self
+        }
+    }
+}
+
 /// One connection; `None` on shutdown, otherwise why it ended.
 async fn session(
     state: &Arc<State>,
     runtime: &dyn Runtime,
     shutdown: &mut watch::Receiver<bool>,
-) -> Option<(Option<tonic::Code>, String)> {
+) -> Option<End> {
     let creds = state.credentials();
     let name = creds.config.cluster_name.clone();
     let config = match tls::mtls_config(&creds.ca_pem, &creds.cert_pem, &creds.key_pem) {
         Ok(config) => config,
-        Err(e) => return Some((None, e.to_string())),
+        Err(e) => return Some(End::other(e.to_string())),
     };
     let address = state.address(&creds);
     let channel = tokio::select! {
         _ = stopped(shutdown) => return None,
         channel = tls::connect(&address, config) => match channel {
             Ok(channel) => channel,
-            Err(e) => return Some((None, e.to_string())),
+            Err(e) => return Some(End::other(e.to_string())),
         },
     };
     let (tx, rx) = mpsc::channel::<AgentMessage>(32);
@@ -249,7 +324,7 @@ async fn session(
         _ = stopped(shutdown) => return None,
         response = client.connect(ReceiverStream::new(rx)) => match response {
             Ok(response) => response.into_inner(),
-            Err(status) => return Some((Some(status.code()), status.message().to_string())),
+            Err(status) => return Some(End::status(&status)),
         },
     };
     tracing::info!(cluster = %name, hub = %creds.config.hub, "work stream open");
@@ -289,8 +364,8 @@ async fn session(
                     }
                     None => {}
                 },
-                Ok(None) => break Some((None, "the hub closed the stream".to_string())),
-                Err(status) => break Some((Some(status.code()), status.message().to_string())),
+                Ok(None) => break Some(End::other("the hub closed the stream".to_string()).after_open()),
+                Err(status) => break Some(End::status(&status).after_open()),
             },
             _ = status_tick.tick() => {
                 let federations = runtime.status().await;

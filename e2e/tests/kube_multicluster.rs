@@ -1551,7 +1551,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     .await?;
     a_stopped_agent_is_dropped_until_it_is_back(&mut cp, &addon, &client, &spoke_clients, &before)
         .await?;
-    revoking_a_cluster_cuts_its_stream(&cp, &client).await?;
+    revoking_a_cluster_cuts_its_stream(&cp, &client, &spoke_clients[0]).await?;
     a_revocation_while_the_hub_is_down_is_recorded(&mut cp, &addon, &client).await
 }
 
@@ -1712,9 +1712,24 @@ async fn a_stopped_agent_is_dropped_until_it_is_back(
 }
 
 /// Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
-/// (persisted every half lease, 2.5 s) stop reaching the hub.
-async fn revoking_a_cluster_cuts_its_stream(cp: &ControlPlane, client: &Client) -> Result<()> {
+/// (persisted every half lease, 2.5 s) stop reaching the hub, and its agent stops the
+/// SuperNodes it ran (the hub no longer trusts the cluster to run the Federations' code).
+async fn revoking_a_cluster_cuts_its_stream(
+    cp: &ControlPlane,
+    client: &Client,
+    spoke_1: &Client,
+) -> Result<()> {
     let clusters = Api::<ManagedCluster>::all(client.clone());
+    let applied = || async {
+        let list = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(spoke_1.clone(), NS)
+            .list(&kube::api::ListParams::default().labels("flower-addon.io/applied-by"))
+            .await?;
+        Ok::<usize, anyhow::Error>(list.items.len())
+    };
+    ensure!(
+        applied().await? > 0,
+        "spoke-1 runs SuperNodes before the revocation"
+    );
     let admin = cp.cluster("hub")?.kubeconfig.clone();
     hub_cli(&admin, &["revoke", "spoke-1"])?;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1742,6 +1757,12 @@ async fn revoking_a_cluster_cuts_its_stream(cp: &ControlPlane, client: &Client) 
         taints == [flower_addon_hub::core::placement::TAINT_UNAVAILABLE],
         "a revoked cluster carries the unavailable taint (OCM: Available=False), got {taints:?}"
     );
+    e2e::wait_until(
+        "spoke-1's agent stops its SuperNodes after the revocation",
+        Duration::from_secs(30),
+        || async { Ok(applied().await? == 0) },
+    )
+    .await?;
     Ok(())
 }
 

@@ -230,9 +230,10 @@ async fn client_certificates_from_a_foreign_ca_or_expired_are_refused_at_the_han
 }
 
 #[tokio::test]
-async fn revocation_and_deletion_close_the_stream_at_once_and_applied_work_stays() {
+async fn revocation_and_deletion_close_the_stream_at_once_and_stop_the_supernodes() {
     // hubAcceptsClient=false closes the stream with PERMISSION_DENIED and refuses reconnects;
-    // deleting does the same; the agent's applied work is never dropped.
+    // deleting does the same; each time the agent stops its SuperNodes (applies an empty work),
+    // and an accepted-again cluster gets its work back.
     let dir = tempfile::tempdir().expect("tmp");
     let agent_dir = tempfile::tempdir().expect("tmp");
     let hub = Hub::start_in(dir.path(), any_port(), config()).await;
@@ -273,7 +274,11 @@ async fn revocation_and_deletion_close_the_stream_at_once_and_applied_work_stays
         Some(v1),
         "a revoked cluster must not get new work"
     );
-    assert_eq!(runtime.current().expect("still applied").version, v1);
+    let stopped = runtime.current().expect("applied");
+    assert!(
+        stopped.federations.is_empty(),
+        "a revoked cluster's agent stops its SuperNodes: {stopped:?}"
+    );
     let c = hub.connected.as_ref();
     assert_eq!(c(), 0);
 
@@ -308,7 +313,13 @@ async fn revocation_and_deletion_close_the_stream_at_once_and_applied_work_stays
             .is_none(),
         "nothing re-created"
     );
-    assert_eq!(runtime.current().expect("still applied").version, v2);
+    let rt = runtime.clone();
+    eventually(
+        "SuperNodes stopped after deletion",
+        Duration::from_secs(5),
+        async || rt.current().is_some_and(|w| w.federations.is_empty()),
+    )
+    .await;
     let _ = stop.send(true);
     task.await.expect("agent");
     hub.stop().await;

@@ -14,3 +14,15 @@ pub use v1::*;
 
 /// Well-known protobuf types (`google.protobuf.Timestamp`) used by the messages.
 pub use prost_types;
+
+/// gRPC metadata key on a `PERMISSION_DENIED` that ends (or refuses) a cluster's work stream,
+/// saying what the hub holds about the cluster: [`CLUSTER_DELETED`], [`CLUSTER_NOT_ACCEPTED`] or
+/// [`CLUSTER_REKEYED`]. An agent stops its SuperNodes on any of them: the hub no longer trusts it
+/// to run the Federations' code.
+pub const CLUSTER_STATE_KEY: &str = "flower-addon-cluster-state";
+/// The cluster is not registered with the hub (deleted).
+pub const CLUSTER_DELETED: &str = "deleted";
+/// The hub does not accept the cluster (`hubAcceptsClient: false`: pending or revoked).
+pub const CLUSTER_NOT_ACCEPTED: &str = "not-accepted";
+/// The cluster name is registered with another key (this agent's identity is stale).
+pub const CLUSTER_REKEYED: &str = "rekeyed";

@@ -119,6 +119,17 @@ pub(crate) struct Shared<S, W> {
     join_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
 }
 
+/// `PERMISSION_DENIED` for a cluster the hub no longer trusts, with
+/// [`flower_addon_proto::CLUSTER_STATE_KEY`] = `state` so the agent stops its SuperNodes.
+pub(crate) fn refused(state: &'static str, message: String) -> Status {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert(
+        flower_addon_proto::CLUSTER_STATE_KEY,
+        tonic::metadata::MetadataValue::from_static(state),
+    );
+    Status::with_metadata(tonic::Code::PermissionDenied, message, metadata)
+}
+
 // === impl Shared ===
 
 impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
@@ -139,19 +150,28 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
             .await
             .map_err(|e| internal("reading the cluster", e))?
             .ok_or_else(|| {
-                Status::permission_denied(format!(
-                    "cluster {name:?} is not registered with this hub (deleted?): join again with a new token"
-                ))
+                refused(
+                    flower_addon_proto::CLUSTER_DELETED,
+                    format!(
+                        "cluster {name:?} is not registered with this hub (deleted?): join again with a new token"
+                    ),
+                )
             })?;
         if record.registration.key_fingerprint != identity.key_fingerprint {
-            return Err(Status::permission_denied(format!(
-                "this certificate's key is not the one cluster {name:?} is registered with: join again"
-            )));
+            return Err(refused(
+                flower_addon_proto::CLUSTER_REKEYED,
+                format!(
+                    "this certificate's key is not the one cluster {name:?} is registered with: join again"
+                ),
+            ));
         }
         if !record.hub_accepts_client {
-            return Err(Status::permission_denied(format!(
-                "cluster {name:?} is not accepted by the hub: run `flower-hub accept {name}` on the hub"
-            )));
+            return Err(refused(
+                flower_addon_proto::CLUSTER_NOT_ACCEPTED,
+                format!(
+                    "cluster {name:?} is not accepted by the hub: run `flower-hub accept {name}` on the hub"
+                ),
+            ));
         }
         Ok(record)
     }

@@ -280,12 +280,18 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                 }
                 let (reason, revoked) = match shared.store.get_cluster(&name).await {
                     Ok(None) => (
-                        Some(format!("cluster {name:?} was deleted on the hub")),
+                        Some((
+                            flower_addon_proto::CLUSTER_DELETED,
+                            format!("cluster {name:?} was deleted on the hub"),
+                        )),
                         false,
                     ),
                     Ok(Some(r)) if !r.hub_accepts_client => (
-                        Some(format!(
-                            "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
+                        Some((
+                            flower_addon_proto::CLUSTER_NOT_ACCEPTED,
+                            format!(
+                                "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
+                            ),
                         )),
                         true,
                     ),
@@ -295,8 +301,9 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                             .is_some_and(|f| *f != r.registration.key_fingerprint) =>
                     {
                         (
-                            Some(format!(
-                                "cluster {name:?} was re-registered with another key"
+                            Some((
+                                flower_addon_proto::CLUSTER_REKEYED,
+                                format!("cluster {name:?} was re-registered with another key"),
                             )),
                             false,
                         )
@@ -307,10 +314,12 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                         (None, false)
                     }
                 };
-                let Some(reason) = reason else { continue };
+                let Some((state, reason)) = reason else {
+                    continue;
+                };
                 if let Some((_, entry)) = shared.streams.remove(&name) {
                     tracing::warn!(cluster = %name, %reason, "closing revoked stream");
-                    entry.stop(Status::permission_denied(reason));
+                    entry.stop(super::refused(state, reason));
                 }
                 // Out of lease tracking, so the lease checker leaves the cluster alone; a revoked
                 // cluster is recorded unavailable (it keeps no stream and gets no work).

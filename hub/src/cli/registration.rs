@@ -142,7 +142,7 @@ pub struct AcceptArgs {
 /// Arguments of `flower-hub revoke`.
 #[derive(clap::Args, Debug)]
 pub struct RevokeArgs {
-    /// Name of the ManagedCluster to revoke (sets hubAcceptsClient=false; its stream closes).
+    /// Name of the ManagedCluster to revoke (sets hubAcceptsClient=false; its stream closes and its agent stops its SuperNodes).
     pub cluster: String,
     /// Delete the cluster record too, so the name can join again with a new key.
     #[arg(long)]
