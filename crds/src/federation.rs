@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     EnvVar, PersistentVolumeClaimSpec, PodTemplateSpec, ResourceRequirements, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -565,95 +564,5 @@ pub enum GpuVendor {
 
 // === Status ===
 
-/// Observed state of a Federation.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FederationStatus {
-    /// Generation last processed by the hub.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// Aggregate SuperNode readiness, `"<ready>/<desired>"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub supernodes: Option<String>,
-    /// Ready SuperNodes across every pool and cluster.
-    #[serde(default)]
-    pub ready_supernodes: i32,
-    /// Desired SuperNodes across every pool and cluster.
-    #[serde(default)]
-    pub desired_supernodes: i32,
-    /// Number of clusters running pools (selected by the Placement; 1 without `placementRef`).
-    #[serde(default)]
-    pub selected_clusters: i32,
-    /// Where to reach the SuperLink.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoints: Option<FederationEndpoints>,
-    /// Per-pool readiness summed over clusters.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<PoolStatus>,
-    /// Per-cluster readiness (multi-cluster Federations).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub clusters: Vec<ClusterStatus>,
-    /// `Ready`, `Reconciling`, `PlacementSatisfied`, `Degraded`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-}
-
-/// Addresses of the SuperLink.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FederationEndpoints {
-    /// In-cluster Control API address, `<svc>.<ns>.svc:<control port>` (flower-operator's field).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub superlink_service: Option<String>,
-    /// External Fleet API address spokes dial (`host:port`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fleet: Option<String>,
-    /// External Control API address for `flwr run` (`host:port`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control: Option<String>,
-}
-
-/// Readiness of one pool.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolStatus {
-    /// Pool name.
-    pub name: String,
-    /// Workload kind: `DaemonSet` or `StatefulSet`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    /// Desired replicas (StatefulSet) or desired scheduled pods (DaemonSet).
-    #[serde(default)]
-    pub desired: i32,
-    /// Ready replicas or pods.
-    #[serde(default)]
-    pub ready: i32,
-    /// Pool conditions.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-}
-
-/// Readiness of the pools in one cluster.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterStatus {
-    /// ManagedCluster name.
-    pub name: String,
-    /// SuperNode readiness in this cluster, `"<ready>/<desired>"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub supernodes: Option<String>,
-    /// Per-pool readiness in this cluster.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<PoolStatus>,
-    /// Whether the cluster's agent is connected to the hub.
-    #[serde(default)]
-    pub connected: bool,
-    /// Time of the last status report from the cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_report: Option<Time>,
-    /// What is wrong, when something is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
+mod status;
+pub use status::*;
