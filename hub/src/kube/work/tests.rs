@@ -239,3 +239,84 @@ fn the_work_source_sends_only_the_clusters_whose_work_changed() {
     assert_eq!(work.snapshot("s2").federations[0].pools.len(), 2);
     assert_eq!(work.snapshot("s1").federations[0].partitions_total, 3);
 }
+
+#[path = "../../../tests/mock_api/mod.rs"]
+mod mock_api;
+
+#[tokio::test]
+async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
+    // A report from a decided cluster becomes that Federation's status.clusters entry, written
+    // by server-side apply under CLUSTER_STATUS_FIELD_MANAGER (the controller owns the rest of
+    // the status); clusters the Placement did not decide are not listed.
+    let fed = federation("[{name: a, replicas: 2, images: {}}]");
+    let (client, calls) = mock_api::mock_client(vec![serde_json::to_value(&fed).expect("json")]);
+    let mut available = managed("s1", &[]);
+    available.status = Some(flower_addon_crds::ManagedClusterStatus {
+        conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Available".into(),
+            status: "True".into(),
+            reason: "ClusterLeaseRenewed".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }],
+        ..Default::default()
+    });
+    let stores = stores(
+        vec![fed],
+        vec![decision("both", &["s1"])],
+        vec![available, managed("s2", &[])],
+    );
+    let reports: Arc<DashMap<String, Report>> = Arc::new(DashMap::new());
+    for cluster in ["s1", "s2"] {
+        reports.insert(
+            cluster.into(),
+            Report {
+                status: AgentStatus {
+                    cluster_name: cluster.into(),
+                    federations: vec![flower_addon_proto::FederationStatus {
+                        namespace: "team".into(),
+                        name: "fed".into(),
+                        pools: vec![flower_addon_proto::PoolStatus {
+                            name: "a".into(),
+                            desired: 2,
+                            ready: 1,
+                            ..Default::default()
+                        }],
+                    }],
+                    ..Default::default()
+                },
+                at: 1_700_000_000,
+            },
+        );
+    }
+    let (tx, rx) = watch::channel(0u64);
+    let writer = tokio::spawn(write_cluster_statuses(client, stores, reports, rx));
+    tx.send_modify(|n| *n += 1);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    writer.abort();
+    let calls = calls.lock().expect("log").clone();
+    let lines: Vec<String> = calls.iter().map(mock_api::Call::line).collect();
+    assert_eq!(
+        lines,
+        ["PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status"],
+        "{calls:#?}"
+    );
+    assert!(
+        calls[0]
+            .query
+            .contains(&format!("fieldManager={CLUSTER_STATUS_FIELD_MANAGER}")),
+        "{:?}",
+        calls[0].query
+    );
+    let clusters = calls[0].body["status"]["clusters"]
+        .as_array()
+        .expect("clusters")
+        .clone();
+    assert_eq!(clusters.len(), 1, "{clusters:?}");
+    assert_eq!(clusters[0]["name"], "s1");
+    assert_eq!(clusters[0]["supernodes"], "1/2");
+    assert_eq!(clusters[0]["connected"], true);
+}
