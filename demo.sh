@@ -151,7 +151,7 @@ fi
 export FLWR_HOME="$WORK/flwr-home" PATH="$VENV/bin:$PATH"
 
 step "flwr run $APP quickstart ($ROUNDS rounds of FedAvg)"
-flwr run "$APP" quickstart --run-config "num-server-rounds=$ROUNDS min-nodes=4" --stream \
+flwr run "$APP" quickstart --run-config "num-server-rounds=$ROUNDS min-nodes=4 round-timeout=${ROUND_TIMEOUT:-120.0}" --stream \
   >"$WORK/run.log" 2>&1 &
 RUN_PID=$!
 T_FIRST=""

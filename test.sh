@@ -58,10 +58,26 @@ cargo_passed="$(grep -E '^test result: ok\.' "$LOG_DIR/cargo-test.log" | awk '{s
 (( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
 PASSED=$((PASSED + cargo_passed))
 
+# Flower 1.25.0's SuperLink sometimes fails a SuperNode's message pull with "Both bytes_sent and
+# bytes_recv cannot be zero" (a bug inside Flower; that SuperNode then never replies and the round
+# times out). Only for that exact signature the demo is run once more from scratch, saying so;
+# any other failure fails at once.
+FLOWER_125_BUG='Both bytes_sent and bytes_recv cannot be zero'
 for version in 1.42.0 1.25.0; do
-  step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run)"
-  FLOWER_VERSION="$version" DEMO_WORK="$LOG_DIR/demo-$version" ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log"
-  grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"
+  for attempt in 1 2; do
+    step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run)"
+    work="$LOG_DIR/demo-$version-$attempt"
+    if FLOWER_VERSION="$version" DEMO_WORK="$work" ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log" \
+      && grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"; then
+      break
+    fi
+    if (( attempt == 1 )) && grep -rqs "$FLOWER_125_BUG" "$work"; then
+      echo "test.sh: Flower $version's SuperLink hit its known bug ($FLOWER_125_BUG); running the demo once more" >&2
+      continue
+    fi
+    echo "test.sh: the demo with Flower $version failed (logs in $work)" >&2
+    exit 1
+  done
   PASSED=$((PASSED + 1))
 done
 
