@@ -153,6 +153,27 @@ impl FileStore {
         Ok(names)
     }
 
+    /// Moves the directory of cluster `name` to `clusters/.corrupt-<name>-<unix>` (hidden from
+    /// listings) and logs where it went and why.
+    fn quarantine(&self, name: &str, error: &StoreError) {
+        let from = self.cluster_dir(name);
+        let to = self.dir.join("clusters").join(format!(
+            ".corrupt-{name}-{}",
+            crate::registration::tokens::unix_now()
+        ));
+        match fs::rename(&from, &to) {
+            Ok(()) => tracing::error!(
+                cluster = %name,
+                %error,
+                moved_to = %to.display(),
+                "corrupt cluster record quarantined; the other clusters keep running, and this cluster's agent must join again (inspect or delete the moved directory)"
+            ),
+            Err(e) => {
+                tracing::error!(cluster = %name, %error, "corrupt cluster record could not be moved aside: {e}")
+            }
+        }
+    }
+
     fn read_registration(&self, name: &str) -> Result<Option<ClusterRegistration>, StoreError> {
         read_json(&self.cluster_dir(name).join("registration.json"))
     }
@@ -318,8 +339,13 @@ impl ClusterStore for FileStore {
     async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
         let mut out = Vec::new();
         for name in self.cluster_names()? {
-            if let Some(rec) = self.get_cluster(&name).await? {
-                out.push(rec);
+            match self.get_cluster(&name).await {
+                Ok(Some(rec)) => out.push(rec),
+                Ok(None) => {}
+                // One unreadable cluster must not stop the hub from serving the others: it is
+                // moved aside (kept for inspection) and reported; its agent joins again.
+                Err(error @ StoreError::Corrupt { .. }) => self.quarantine(&name, &error),
+                Err(error) => return Err(error),
             }
         }
         Ok(out)
@@ -438,6 +464,41 @@ mod tests {
         );
         assert!(b.delete_cluster("c1").await.expect("delete"));
         assert!(a.get_cluster("c1").await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_cluster_record_is_quarantined_and_the_others_are_listed() {
+        // A damaged file under clusters/ used to make every listing fail (and so stop the
+        // standalone controller); now that cluster is moved aside with its bytes kept.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        for name in ["c1", "c2"] {
+            store
+                .create_cluster(&registration(name, "fp"), true)
+                .await
+                .expect("create");
+        }
+        let broken = dir.path().join("clusters/c1/registration.json");
+        fs::write(&broken, b"{ not json").expect("corrupt");
+        let listed = store.list_clusters().await.expect("list");
+        let names: Vec<&str> = listed
+            .iter()
+            .map(|r| r.registration.name.as_str())
+            .collect();
+        assert_eq!(names, ["c2"]);
+        let moved: Vec<_> = fs::read_dir(dir.path().join("clusters"))
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".corrupt-c1-"))
+            .collect();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        let kept = dir
+            .path()
+            .join("clusters")
+            .join(&moved[0])
+            .join("registration.json");
+        assert_eq!(fs::read(kept).expect("kept"), b"{ not json");
+        assert!(store.get_cluster("c1").await.expect("get").is_none());
     }
 
     #[tokio::test]
