@@ -3,6 +3,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/flower/addon/v1/registration.proto",
         "proto/flower/addon/v1/work.proto",
+        // Flower's own Control API (the messages the hub uses), client only.
+        "proto/flwr/proto/control.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

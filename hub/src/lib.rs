@@ -20,6 +20,7 @@
 pub mod channel;
 pub mod cli;
 pub mod core;
+pub mod flower;
 pub mod kube;
 pub mod registration;
 pub mod standalone;

@@ -12,6 +12,13 @@ pub mod v1 {
 
 pub use v1::*;
 
+/// Flower's SuperLink Control API (package `flwr.proto`): the few messages the hub uses to
+/// register SuperNode keys and read node and run state, written from Flower's own descriptors.
+pub mod flwr {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    tonic::include_proto!("flwr.proto");
+}
+
 /// Well-known protobuf types (`google.protobuf.Timestamp`) used by the messages.
 pub use prost_types;
 

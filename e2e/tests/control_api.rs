@@ -1,0 +1,206 @@
+//! The hub's Rust client for Flower's Control API against real SuperLinks of both dialects
+//! (1.25.0 gRPC, 1.42.0 protobuf over HTTPS): register (idempotent), list, sync, unregister,
+//! list runs; a registered SuperNode shows `online`; an unregistered key is refused by the
+//! SuperLink; a wrong CA is refused by the client.
+use anyhow::{Context, Result, bail, ensure};
+use e2e::harness::{Processes, free_port};
+use e2e::superlink::TestSuperLink;
+use flower_addon_crds::render::FlowerDialect;
+use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint, Registration};
+use flower_addon_hub::flower::{keys, sync_keys};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_api_classic_1_25() -> Result<()> {
+    exercise("1.25.0").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_api_unified_1_42() -> Result<()> {
+    exercise("1.42.0").await
+}
+
+async fn exercise(version: &str) -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir()?;
+    let sl = TestSuperLink::start(version, dir.path()).await?;
+    let client = sl.client()?;
+    let key = |n: &str| -> Result<String> {
+        flower_addon_agent::process_runtime::ensure_node_key(&dir.path().join(format!("{n}.key")))
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let (k1, k2) = (key("k1")?, key("k2")?);
+    key("k3")?; // never registered
+
+    // Register: a new key gets a node id; the same key again is success, not an error.
+    let Registration::Registered(id1) = client.register_node(&k1).await? else {
+        bail!("a new key was not newly registered");
+    };
+    ensure!(
+        client.register_node(&k1).await? == Registration::AlreadyRegistered,
+        "registering a key twice must be idempotent"
+    );
+    let listed = client.list_nodes().await?;
+    ensure!(listed.len() == 1, "{listed:?}");
+    ensure!(
+        listed[0].node_id == id1 && listed[0].status == "registered",
+        "{listed:?}"
+    );
+    ensure!(
+        listed[0].public_key_der == Some(keys::openssh_to_spki_der(&k1)?),
+        "the listed key is not the PEM Flower's CLI would have sent"
+    );
+
+    // Sync to {k1, k2}: k2 registered, nothing removed.
+    let want: BTreeSet<String> = [k1.clone(), k2.clone()].into();
+    let s = sync_keys(&client, &want).await?;
+    ensure!(
+        s.newly_registered == 1 && s.unregistered == 0 && s.failed.is_empty(),
+        "{s:?}"
+    );
+    ensure!(s.registered == want, "{s:?}");
+
+    // A SuperNode with k2 connects and the SuperLink lists it online (the readiness signal
+    // Federation status uses); one with the unregistered k3 is refused and exits.
+    let mut nodes = Processes::default();
+    start_supernode(&sl, &mut nodes, "k2", dir.path())?;
+    start_supernode(&sl, &mut nodes, "k3", dir.path())?;
+    let t = Instant::now();
+    let online = wait_online(&client, &want, &k2).await?;
+    println!(
+        "{version}: SuperNode k2 online after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    ensure!(online.online == BTreeSet::from([k2.clone()]), "{online:?}");
+    let t = Instant::now();
+    loop {
+        if let Some(status) = nodes.get_mut("supernode-k3")?.exited() {
+            ensure!(
+                !status.success(),
+                "the unregistered SuperNode exited with {status}"
+            );
+            println!(
+                "{version}: unregistered SuperNode refused, exited {status} after {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "a SuperNode with an unregistered key still runs after 60 s\n{}",
+                nodes.log_tails(None)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // Sync to {k1}: k2's node is unregistered and no longer listed.
+    let want: BTreeSet<String> = [k1.clone()].into();
+    let s = sync_keys(&client, &want).await?;
+    ensure!(
+        s.unregistered == 1 && s.newly_registered == 0 && s.failed.is_empty(),
+        "{s:?}"
+    );
+    let k2_der = keys::openssh_to_spki_der(&k2)?;
+    let listed = client.list_nodes().await?;
+    ensure!(
+        !listed
+            .iter()
+            .any(|n| n.public_key_der.as_ref() == Some(&k2_der) && n.status != "unregistered"),
+        "k2 is still registered: {listed:?}"
+    );
+    // The SuperLink refuses the running SuperNode whose key was removed: it exits.
+    let t = Instant::now();
+    loop {
+        if let Some(status) = nodes.get_mut("supernode-k2")?.exited() {
+            println!(
+                "{version}: SuperNode k2 exited {status} {:.1} s after its key was unregistered",
+                t.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "the SuperNode whose key was unregistered still runs after 60 s\n{}",
+                nodes.log_tails(None)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Idempotent removal; runs listed (none yet).
+    client.unregister_node(id1.wrapping_add(12345)).await?;
+    ensure!(client.list_runs().await?.is_empty());
+
+    // A client trusting another CA is refused at the TLS handshake.
+    let other = flower_addon_hub::registration::ca::HubCa::generate()?;
+    let wrong = ControlClient::new(ControlEndpoint {
+        ca_pem: Some(other.cert_pem().to_owned()),
+        ..sl.control.clone()
+    })?;
+    let err = wrong
+        .list_nodes()
+        .await
+        .expect_err("a foreign CA must be refused");
+    let text = err.to_string();
+    ensure!(
+        text.contains("cannot reach") && text.to_lowercase().contains("certificate"),
+        "{text}"
+    );
+    Ok(())
+}
+
+async fn wait_online(
+    client: &ControlClient,
+    want: &BTreeSet<String>,
+    key: &str,
+) -> Result<flower_addon_hub::flower::KeySync> {
+    let t = Instant::now();
+    loop {
+        let s = sync_keys(client, want).await?;
+        if s.online.contains(key) {
+            return Ok(s);
+        }
+        if t.elapsed() > Duration::from_secs(90) {
+            bail!("SuperNode not online after 90 s: {s:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn start_supernode(
+    sl: &TestSuperLink,
+    procs: &mut Processes,
+    name: &str,
+    dir: &Path,
+) -> Result<()> {
+    let port = free_port()?;
+    let mut cmd = std::process::Command::new(sl.venv.join("bin/flower-supernode"));
+    cmd.arg("--superlink")
+        .arg(&sl.fleet)
+        .arg("--root-certificates")
+        .arg(&sl.ca_file)
+        .arg("--auth-supernode-private-key")
+        .arg(dir.join(format!("{name}.key")))
+        .arg("--isolation")
+        .arg("subprocess");
+    match sl.control.dialect {
+        FlowerDialect::Classic => cmd.arg(format!("--clientappio-api-address=127.0.0.1:{port}")),
+        FlowerDialect::Unified => cmd.arg("--host=127.0.0.1").arg(format!("--port={port}")),
+    };
+    let home = dir.join(format!("home-{name}"));
+    std::fs::create_dir_all(&home)?;
+    cmd.envs(flower_addon_agent::supervise::flower_env(Some(
+        &sl.venv.join("bin"),
+    )))
+    .env("FLWR_HOME", &home)
+    .current_dir(dir);
+    procs
+        .start_group(
+            &format!("supernode-{name}"),
+            cmd,
+            &dir.join(format!("{name}.log")),
+        )
+        .context("starting a SuperNode")
+}

@@ -1,0 +1,171 @@
+//! Which SuperNode keys a Federation's SuperLink holds: exactly the keys that the clusters the
+//! Federation is placed on report for it (#13: a cluster not selected for a Federation cannot
+//! get a SuperNode into it; a dropped or revoked cluster's keys are unregistered). Both hub
+//! modes compute the wanted set here and hand the difference to the Control API client.
+use flower_addon_proto::Status;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node as the SuperLink lists it (adapter-independent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedNode {
+    /// The SuperLink's node id.
+    pub node_id: u64,
+    /// `registered`, `online`, `offline` or `unregistered`.
+    pub status: String,
+    /// DER `SubjectPublicKeyInfo` of its key (`None` when the SuperLink listed no PEM).
+    pub public_key_der: Option<Vec<u8>>,
+}
+
+impl ListedNode {
+    /// Whether the SuperLink sees this SuperNode connected.
+    pub fn online(&self) -> bool {
+        self.status == "online"
+    }
+}
+
+/// The public keys (OpenSSH lines) the Federation `(namespace, name)` wants registered: those
+/// reported for it by the clusters in `placed_on` (its selected clusters, or the hub's own for
+/// a Federation without placement), from each cluster's last status. Keys other clusters report
+/// for it are ignored.
+pub fn wanted_keys<'a>(
+    federation: &(String, String),
+    placed_on: &BTreeSet<String>,
+    statuses: impl IntoIterator<Item = (&'a str, &'a Status)>,
+) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for (cluster, status) in statuses {
+        if !placed_on.contains(cluster) {
+            continue;
+        }
+        for fed in status
+            .federations
+            .iter()
+            .filter(|f| f.namespace == federation.0 && f.name == federation.1)
+        {
+            for pool in &fed.pools {
+                keys.extend(
+                    pool.node_public_keys
+                        .iter()
+                        .map(|k| k.trim().to_owned())
+                        .filter(|k| !k.is_empty()),
+                );
+            }
+        }
+    }
+    keys
+}
+
+/// What to change on a SuperLink so it holds exactly the wanted keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyPlan {
+    /// Wanted keys (OpenSSH lines) the SuperLink does not hold: register them.
+    pub register: Vec<String>,
+    /// Nodes whose key is not wanted: unregister them (every node of the SuperLink is the
+    /// hub's to manage; a key added by hand is removed too).
+    pub unregister: Vec<u64>,
+    /// Wanted keys the SuperLink already holds.
+    pub registered: BTreeSet<String>,
+    /// Wanted keys whose SuperNode the SuperLink lists `online`.
+    pub online: BTreeSet<String>,
+}
+
+/// The plan from the wanted keys (DER → OpenSSH line) and the SuperLink's node list.
+pub fn plan(wanted: &BTreeMap<Vec<u8>, String>, listed: &[ListedNode]) -> KeyPlan {
+    let mut out = KeyPlan::default();
+    let mut held: BTreeSet<&[u8]> = BTreeSet::new();
+    for node in listed.iter().filter(|n| n.status != "unregistered") {
+        match node
+            .public_key_der
+            .as_deref()
+            .and_then(|der| wanted.get(der).map(|line| (der, line)))
+        {
+            Some((der, line)) => {
+                held.insert(der);
+                out.registered.insert(line.clone());
+                if node.online() {
+                    out.online.insert(line.clone());
+                }
+            }
+            None => out.unregister.push(node.node_id),
+        }
+    }
+    out.register = wanted
+        .iter()
+        .filter(|(der, _)| !held.contains(der.as_slice()))
+        .map(|(_, line)| line.clone())
+        .collect();
+    out.unregister.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_addon_proto::{FederationStatus, PoolStatus};
+
+    fn status(fed: &str, keys: &[&str]) -> Status {
+        Status {
+            federations: vec![FederationStatus {
+                namespace: "ns".into(),
+                name: fed.into(),
+                pools: vec![PoolStatus {
+                    name: "p".into(),
+                    node_public_keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+                    ..Default::default()
+                }],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_placed_clusters_keys_for_that_federation_count() {
+        let a = status("fed", &["ka1", "ka2 "]);
+        let b = status("fed", &["kb"]);
+        let other = status("other", &["ko"]);
+        let placed: BTreeSet<String> = ["a".to_owned(), "c".to_owned()].into();
+        let wanted = wanted_keys(
+            &("ns".into(), "fed".into()),
+            &placed,
+            [("a", &a), ("b", &b), ("c", &other)],
+        );
+        assert_eq!(wanted, BTreeSet::from(["ka1".to_owned(), "ka2".to_owned()]));
+    }
+
+    #[test]
+    fn plan_registers_missing_and_unregisters_unwanted() {
+        let wanted: BTreeMap<Vec<u8>, String> =
+            [(vec![1], "one".into()), (vec![2], "two".into())].into();
+        let listed = vec![
+            ListedNode {
+                node_id: 7,
+                status: "online".into(),
+                public_key_der: Some(vec![1]),
+            },
+            ListedNode {
+                node_id: 9,
+                status: "registered".into(),
+                public_key_der: Some(vec![3]),
+            },
+            ListedNode {
+                node_id: 5,
+                status: "offline".into(),
+                public_key_der: None,
+            },
+            ListedNode {
+                node_id: 11,
+                status: "unregistered".into(),
+                public_key_der: Some(vec![2]),
+            },
+        ];
+        let p = plan(&wanted, &listed);
+        assert_eq!(p.register, vec!["two".to_owned()]);
+        assert_eq!(p.unregister, vec![5, 9]);
+        assert_eq!(p.registered, BTreeSet::from(["one".to_owned()]));
+        assert_eq!(p.online, BTreeSet::from(["one".to_owned()]));
+        // Nothing wanted: everything the SuperLink holds goes.
+        let p = plan(&BTreeMap::new(), &listed[..2]);
+        assert_eq!(p.unregister, vec![7, 9]);
+        assert!(p.register.is_empty());
+    }
+}

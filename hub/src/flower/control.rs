@@ -1,0 +1,608 @@
+//! A client for the SuperLink's Control API, in both of Flower's dialects, so the hub registers
+//! and unregisters SuperNode keys and reads node and run state without spawning `flwr`.
+//!
+//! - classic (Flower < 1.35): gRPC service `flwr.proto.Control` on `--control-api-address`;
+//! - unified (Control on HTTP from 1.37; everything on one port from 1.40): the same protobuf
+//!   messages as the body of `POST /v1/control/<method>` (`content-type: application/protobuf`),
+//!   errors as JSON `{"code": N, "detail": "…"}` with an HTTP status (Flower's
+//!   `supercore/protobuf/translation.py` and `supercore/error/http.py`).
+//!
+//! TLS is verified against the CA that signed the SuperLink certificate (the hub's), with the
+//! name the hub dials; an insecure Federation's SuperLink is spoken to in plaintext.
+use super::keys::{self, KeyError};
+pub use crate::core::nodekeys::ListedNode;
+use flower_addon_crds::render::FlowerDialect;
+use flower_addon_proto::flwr;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use prost::Message;
+use prost::bytes::Bytes;
+use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long one Control call (connect included) may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest Control response read (a node list of ~100k entries).
+const MAX_RESPONSE: usize = 64 << 20;
+/// Concurrent calls when registering or unregistering many keys.
+pub const BATCH_CONCURRENCY: usize = 16;
+
+/// Where and how to reach one SuperLink's Control API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlEndpoint {
+    /// Which API shape the SuperLink speaks.
+    pub dialect: FlowerDialect,
+    /// `host:port` of the Control API.
+    pub address: String,
+    /// The name verified in the SuperLink certificate (a DNS name or an IP address).
+    pub server_name: String,
+    /// PEM of the CA that signed the SuperLink certificate; `None` for an insecure SuperLink.
+    pub ca_pem: Option<String>,
+}
+
+/// A refused or failed Control call.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The SuperLink could not be reached (not running yet, wrong address, TLS failure).
+    #[error("cannot reach the SuperLink Control API at {address}: {detail}")]
+    Connect {
+        /// `host:port` dialled.
+        address: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The SuperLink answered with an error.
+    #[error("SuperLink Control API {method} at {address}: {detail}")]
+    Refused {
+        /// The method.
+        method: &'static str,
+        /// `host:port`.
+        address: String,
+        /// What kind of refusal.
+        kind: Refusal,
+        /// The SuperLink's message.
+        detail: String,
+    },
+    /// The answer could not be decoded.
+    #[error("SuperLink Control API {method} at {address}: unreadable answer: {detail}")]
+    Protocol {
+        /// The method.
+        method: &'static str,
+        /// `host:port`.
+        address: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The endpoint's TLS settings are unusable.
+    #[error("SuperLink Control API TLS settings: {0}")]
+    Tls(String),
+    /// A reported key cannot be registered.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
+
+/// What kind of refusal the SuperLink gave (both dialects map onto these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The key is registered already (`Public key already in use`).
+    AlreadyExists,
+    /// No such node (or run).
+    NotFound,
+    /// Anything else.
+    Other,
+}
+
+/// The outcome of registering one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// Newly registered with this node id.
+    Registered(u64),
+    /// The SuperLink knew the key already (idempotent success).
+    AlreadyRegistered,
+}
+
+/// One run the SuperLink lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    /// The run id.
+    pub run_id: u64,
+    /// `pending`, `starting`, `running` or `finished:<sub-status>`.
+    pub status: String,
+    /// The app (`publisher/name`).
+    pub fab_id: String,
+}
+
+/// A Control API client for one SuperLink. Cheap to keep; connections are reused.
+pub struct ControlClient {
+    endpoint: ControlEndpoint,
+    transport: Transport,
+}
+
+enum Transport {
+    Grpc(flwr::control_client::ControlClient<tonic::transport::Channel>),
+    Http(HttpTransport),
+}
+
+impl ControlClient {
+    /// A client for `endpoint`; nothing is dialled until the first call.
+    pub fn new(endpoint: ControlEndpoint) -> Result<Self, ControlError> {
+        let tls = match &endpoint.ca_pem {
+            Some(ca) => Some((
+                tls_config(ca, endpoint.dialect)?,
+                ServerName::try_from(endpoint.server_name.clone()).map_err(|e| {
+                    ControlError::Tls(format!(
+                        "invalid server name {:?}: {e}",
+                        endpoint.server_name
+                    ))
+                })?,
+            )),
+            None => None,
+        };
+        let transport = match endpoint.dialect {
+            FlowerDialect::Classic => Transport::Grpc(grpc_client(&endpoint.address, tls)?),
+            FlowerDialect::Unified => Transport::Http(HttpTransport {
+                address: endpoint.address.clone(),
+                tls,
+                idle: Mutex::new(Vec::new()),
+            }),
+        };
+        Ok(Self {
+            endpoint,
+            transport,
+        })
+    }
+
+    /// The endpoint this client talks to.
+    pub fn endpoint(&self) -> &ControlEndpoint {
+        &self.endpoint
+    }
+
+    /// Registers one SuperNode public key (an OpenSSH line). A key the SuperLink already knows
+    /// is success ([`Registration::AlreadyRegistered`]).
+    pub async fn register_node(&self, openssh_line: &str) -> Result<Registration, ControlError> {
+        let pem = keys::openssh_to_spki_pem(openssh_line)?;
+        let request = flwr::RegisterNodeRequest {
+            public_key: pem.into_bytes(),
+        };
+        let answer: Result<flwr::RegisterNodeResponse, _> = match &self.transport {
+            Transport::Grpc(c) => {
+                let mut c = c.clone();
+                self.grpc("RegisterNode", c.register_node(request)).await
+            }
+            Transport::Http(h) => h.call("register-node", &request).await,
+        };
+        match answer {
+            Ok(r) => Ok(Registration::Registered(r.node_id)),
+            Err(ControlError::Refused {
+                kind: Refusal::AlreadyExists,
+                ..
+            }) => Ok(Registration::AlreadyRegistered),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Unregisters a node; one the SuperLink does not know is success.
+    pub async fn unregister_node(&self, node_id: u64) -> Result<(), ControlError> {
+        let request = flwr::UnregisterNodeRequest { node_id };
+        let answer: Result<flwr::UnregisterNodeResponse, _> = match &self.transport {
+            Transport::Grpc(c) => {
+                let mut c = c.clone();
+                self.grpc("UnregisterNode", c.unregister_node(request))
+                    .await
+            }
+            Transport::Http(h) => h.call("unregister-node", &request).await,
+        };
+        match answer {
+            Ok(_)
+            | Err(ControlError::Refused {
+                kind: Refusal::NotFound,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every node the SuperLink knows, with its state.
+    pub async fn list_nodes(&self) -> Result<Vec<ListedNode>, ControlError> {
+        let request = flwr::ListNodesRequest {};
+        let answer: flwr::ListNodesResponse = match &self.transport {
+            Transport::Grpc(c) => {
+                let mut c = c.clone();
+                self.grpc("ListNodes", c.list_nodes(request)).await?
+            }
+            Transport::Http(h) => h.call("list-nodes", &request).await?,
+        };
+        Ok(answer
+            .nodes_info
+            .into_iter()
+            .map(|n| ListedNode {
+                node_id: n.node_id,
+                status: n.status,
+                public_key_der: keys::pem_to_der(&n.public_key),
+            })
+            .collect())
+    }
+
+    /// Every run the SuperLink knows, oldest id first.
+    pub async fn list_runs(&self) -> Result<Vec<RunSummary>, ControlError> {
+        let request = flwr::ListRunsRequest { run_id: None };
+        let answer: flwr::ListRunsResponse = match &self.transport {
+            Transport::Grpc(c) => {
+                let mut c = c.clone();
+                self.grpc("ListRuns", c.list_runs(request)).await?
+            }
+            Transport::Http(h) => h.call("list-runs", &request).await?,
+        };
+        let mut runs: Vec<RunSummary> = answer
+            .run_dict
+            .into_iter()
+            .map(|(id, run)| {
+                let status = run.status.unwrap_or_default();
+                RunSummary {
+                    run_id: id,
+                    status: match status.sub_status.as_str() {
+                        "" => status.status,
+                        sub => format!("{}:{sub}", status.status),
+                    },
+                    fab_id: run.fab_id,
+                }
+            })
+            .collect();
+        runs.sort_by_key(|r| r.run_id);
+        Ok(runs)
+    }
+
+    async fn grpc<T>(
+        &self,
+        method: &'static str,
+        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, ControlError> {
+        let address = self.endpoint.address.clone();
+        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Err(_) => Err(ControlError::Connect {
+                address,
+                detail: format!("{method} timed out after {} s", CALL_TIMEOUT.as_secs()),
+            }),
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => Err(grpc_error(method, address, &status)),
+        }
+    }
+}
+
+fn grpc_error(method: &'static str, address: String, status: &tonic::Status) -> ControlError {
+    use tonic::Code;
+    let detail = status.message().to_owned();
+    let kind = match status.code() {
+        Code::Unavailable => {
+            return ControlError::Connect {
+                address,
+                detail: flower_addon_agent::tls::error_chain(status),
+            };
+        }
+        // Flower < 1.35 says "Public key already in use" with FAILED_PRECONDITION.
+        Code::AlreadyExists => Refusal::AlreadyExists,
+        Code::FailedPrecondition if detail.contains("already in use") => Refusal::AlreadyExists,
+        Code::NotFound => Refusal::NotFound,
+        _ => Refusal::Other,
+    };
+    ControlError::Refused {
+        method,
+        address,
+        kind,
+        detail,
+    }
+}
+
+fn tls_config(
+    ca_pem: &str,
+    dialect: FlowerDialect,
+) -> Result<Arc<rustls::ClientConfig>, ControlError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let cert = cert.map_err(|e| ControlError::Tls(format!("CA bundle: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| ControlError::Tls(format!("CA bundle: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(ControlError::Tls(
+            "the CA bundle holds no certificate".into(),
+        ));
+    }
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ControlError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = match dialect {
+        FlowerDialect::Classic => vec![b"h2".to_vec()],
+        FlowerDialect::Unified => vec![b"http/1.1".to_vec()],
+    };
+    Ok(Arc::new(config))
+}
+
+async fn dial(
+    address: &str,
+    tls: &Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+) -> std::io::Result<Box<dyn IoStream>> {
+    let tcp = tokio::net::TcpStream::connect(address).await?;
+    tcp.set_nodelay(true)?;
+    Ok(match tls {
+        Some((config, name)) => Box::new(
+            tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name.clone(), tcp)
+                .await?,
+        ),
+        None => Box::new(tcp),
+    })
+}
+
+trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> IoStream for T {}
+
+fn grpc_client(
+    address: &str,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+) -> Result<flwr::control_client::ControlClient<tonic::transport::Channel>, ControlError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{address}"))
+        .map_err(|e| ControlError::Tls(format!("address {address:?}: {e}")))?
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT);
+    let address = address.to_owned();
+    let tls = Arc::new(tls);
+    let connector = tower::service_fn(move |_uri: http::Uri| {
+        let (address, tls) = (address.clone(), tls.clone());
+        async move {
+            let io = dial(&address, &tls).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+        }
+    });
+    let channel = endpoint.connect_with_connector_lazy(connector);
+    Ok(flwr::control_client::ControlClient::new(channel))
+}
+
+struct HttpTransport {
+    address: String,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+}
+
+impl HttpTransport {
+    async fn call<Req: Message, Resp: Message + Default>(
+        &self,
+        method: &'static str,
+        request: &Req,
+    ) -> Result<Resp, ControlError> {
+        let body = Bytes::from(request.encode_to_vec());
+        match tokio::time::timeout(CALL_TIMEOUT, self.call_inner(method, body)).await {
+            Ok(r) => r,
+            Err(_) => Err(ControlError::Connect {
+                address: self.address.clone(),
+                detail: format!("{method} timed out after {} s", CALL_TIMEOUT.as_secs()),
+            }),
+        }
+    }
+
+    async fn call_inner<Resp: Message + Default>(
+        &self,
+        method: &'static str,
+        body: Bytes,
+    ) -> Result<Resp, ControlError> {
+        // A pooled keep-alive connection the server closed meanwhile fails at once: retry the
+        // call on a fresh connection then.
+        let pooled = self.take_idle();
+        let fresh = pooled.is_none();
+        let mut sender = match pooled {
+            Some(s) => s,
+            None => self.open().await?,
+        };
+        let response = match sender
+            .send_request(self.request(method, body.clone())?)
+            .await
+        {
+            Ok(r) => r,
+            Err(_) if !fresh => {
+                sender = self.open().await?;
+                sender
+                    .send_request(self.request(method, body)?)
+                    .await
+                    .map_err(|e| self.connect_error(&e))?
+            }
+            Err(e) => return Err(self.connect_error(&e)),
+        };
+        let status = response.status();
+        let bytes = Limited::new(response.into_body(), MAX_RESPONSE)
+            .collect()
+            .await
+            .map_err(|e| ControlError::Protocol {
+                method,
+                address: self.address.clone(),
+                detail: e.to_string(),
+            })?
+            .to_bytes();
+        if !sender.is_closed() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(sender);
+        }
+        if status.is_success() {
+            return Resp::decode(bytes).map_err(|e| ControlError::Protocol {
+                method,
+                address: self.address.clone(),
+                detail: e.to_string(),
+            });
+        }
+        Err(http_error(method, self.address.clone(), status, &bytes))
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        body: Bytes,
+    ) -> Result<http::Request<Full<Bytes>>, ControlError> {
+        http::Request::post(format!("/v1/control/{method}"))
+            .header(http::header::HOST, &self.address)
+            .header(http::header::CONTENT_TYPE, "application/protobuf")
+            .header(http::header::ACCEPT, "application/protobuf")
+            .body(Full::new(body))
+            .map_err(|e| ControlError::Tls(format!("request: {e}")))
+    }
+
+    fn take_idle(&self) -> Option<SendRequest<Full<Bytes>>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(s) = idle.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    async fn open(&self) -> Result<SendRequest<Full<Bytes>>, ControlError> {
+        let io = dial(&self.address, &self.tls)
+            .await
+            .map_err(|e| self.connect_error(&e))?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+                .await
+                .map_err(|e| self.connect_error(&e))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    fn connect_error(&self, e: &(dyn std::error::Error + 'static)) -> ControlError {
+        ControlError::Connect {
+            address: self.address.clone(),
+            detail: flower_addon_agent::tls::error_chain(e),
+        }
+    }
+}
+
+/// Flower's JSON error body: `{"code": 23, "detail": "Public key already in use."}`.
+fn http_error(
+    method: &'static str,
+    address: String,
+    status: http::StatusCode,
+    body: &[u8],
+) -> ControlError {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let code = json
+        .as_ref()
+        .and_then(|j| j.get("code"))
+        .and_then(serde_json::Value::as_u64);
+    let detail = json
+        .as_ref()
+        .and_then(|j| j.get("detail"))
+        .map(|d| d.as_str().map_or_else(|| d.to_string(), str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned());
+    // ApiErrorCode.PUBLIC_KEY_ALREADY_IN_USE = 23, NODE_NOT_FOUND = 24 (flwr/supercore/error).
+    let kind = match (code, status.as_u16()) {
+        (Some(23), _) => Refusal::AlreadyExists,
+        (Some(24), _) | (None, 404) => Refusal::NotFound,
+        _ => Refusal::Other,
+    };
+    ControlError::Refused {
+        method,
+        address,
+        kind,
+        detail: format!("HTTP {}: {detail}", status.as_u16()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_errors_map_to_refusals() {
+        let e = http_error(
+            "register-node",
+            "a:1".into(),
+            http::StatusCode::PRECONDITION_FAILED,
+            br#"{"code": 23, "detail": "Public key already in use."}"#,
+        );
+        assert!(matches!(
+            e,
+            ControlError::Refused {
+                kind: Refusal::AlreadyExists,
+                ..
+            }
+        ));
+        assert!(
+            e.to_string()
+                .contains("HTTP 412: Public key already in use."),
+            "{e}"
+        );
+        let e = http_error(
+            "unregister-node",
+            "a:1".into(),
+            http::StatusCode::NOT_FOUND,
+            b"x",
+        );
+        assert!(matches!(
+            e,
+            ControlError::Refused {
+                kind: Refusal::NotFound,
+                ..
+            }
+        ));
+        let e = http_error(
+            "list-nodes",
+            "a:1".into(),
+            http::StatusCode::UNAUTHORIZED,
+            b"{}",
+        );
+        assert!(matches!(
+            e,
+            ControlError::Refused {
+                kind: Refusal::Other,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn grpc_errors_map_to_refusals() {
+        let s = tonic::Status::failed_precondition("Public key already in use");
+        assert!(matches!(
+            grpc_error("RegisterNode", "a:1".into(), &s),
+            ControlError::Refused {
+                kind: Refusal::AlreadyExists,
+                ..
+            }
+        ));
+        let s = tonic::Status::not_found("Node ID not found for account");
+        assert!(matches!(
+            grpc_error("UnregisterNode", "a:1".into(), &s),
+            ControlError::Refused {
+                kind: Refusal::NotFound,
+                ..
+            }
+        ));
+        let s = tonic::Status::unavailable("tcp connect error");
+        assert!(matches!(
+            grpc_error("ListNodes", "a:1".into(), &s),
+            ControlError::Connect { .. }
+        ));
+    }
+
+    #[test]
+    fn a_bad_ca_is_named() {
+        let endpoint = ControlEndpoint {
+            dialect: FlowerDialect::Unified,
+            address: "127.0.0.1:1".into(),
+            server_name: "127.0.0.1".into(),
+            ca_pem: Some("not a pem".into()),
+        };
+        let err = ControlClient::new(endpoint).err().unwrap();
+        assert!(err.to_string().contains("CA bundle"), "{err}");
+    }
+}

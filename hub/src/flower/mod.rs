@@ -1,0 +1,98 @@
+//! The hub's side of Flower itself, used by both adapters: the SuperLink's Control API
+//! ([`control`]), SuperNode key formats ([`keys`]) and keeping a SuperLink's registered keys equal
+//! to what the core wants ([`sync_keys`]).
+pub mod control;
+pub mod keys;
+
+use crate::core::nodekeys::{self, KeyPlan};
+use control::{BATCH_CONCURRENCY, ControlClient, ControlError, Registration};
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What one key sync did and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeySync {
+    /// Wanted keys (OpenSSH lines) the SuperLink now holds.
+    pub registered: BTreeSet<String>,
+    /// Wanted keys whose SuperNode the SuperLink lists `online` (as of the listing).
+    pub online: BTreeSet<String>,
+    /// How many keys this sync registered.
+    pub newly_registered: usize,
+    /// How many nodes this sync unregistered.
+    pub unregistered: usize,
+    /// Keys that could not be registered or unregistered, with why (retried next sync).
+    pub failed: Vec<String>,
+}
+
+/// Makes the SuperLink behind `client` hold exactly `wanted` (OpenSSH public key lines): lists
+/// its nodes, registers the missing keys and unregisters the rest, [`BATCH_CONCURRENCY`] calls at
+/// a time. Only the listing failing is an error; single refusals are reported in
+/// [`KeySync::failed`].
+pub async fn sync_keys(
+    client: &ControlClient,
+    wanted: &BTreeSet<String>,
+) -> Result<KeySync, ControlError> {
+    let mut failed = Vec::new();
+    let mut by_der: BTreeMap<Vec<u8>, String> = BTreeMap::new();
+    for line in wanted {
+        match keys::openssh_to_spki_der(line) {
+            Ok(der) => {
+                by_der.insert(der, line.clone());
+            }
+            Err(e) => failed.push(format!("{}: {e}", short(line))),
+        }
+    }
+    let listed = client.list_nodes().await?;
+    let KeyPlan {
+        register,
+        unregister,
+        mut registered,
+        online,
+    } = nodekeys::plan(&by_der, &listed);
+    let registrations: Vec<(String, Result<Registration, ControlError>)> =
+        futures::stream::iter(register)
+            .map(|line| async move {
+                let r = client.register_node(&line).await;
+                (line, r)
+            })
+            .buffer_unordered(BATCH_CONCURRENCY)
+            .collect()
+            .await;
+    let mut newly_registered = 0;
+    for (line, result) in registrations {
+        match result {
+            Ok(r) => {
+                newly_registered += usize::from(matches!(r, Registration::Registered(_)));
+                registered.insert(line);
+            }
+            Err(e) => failed.push(format!("{}: {e}", short(&line))),
+        }
+    }
+    let removals: Vec<(u64, Result<(), ControlError>)> = futures::stream::iter(unregister)
+        .map(|id| async move { (id, client.unregister_node(id).await) })
+        .buffer_unordered(BATCH_CONCURRENCY)
+        .collect()
+        .await;
+    let mut unregistered = 0;
+    for (id, result) in removals {
+        match result {
+            Ok(()) => unregistered += 1,
+            Err(e) => failed.push(format!("node {id}: {e}")),
+        }
+    }
+    Ok(KeySync {
+        registered,
+        online,
+        newly_registered,
+        unregistered,
+        failed,
+    })
+}
+
+/// A key shortened for messages: its type and the last 12 characters of its data.
+fn short(line: &str) -> String {
+    let mut parts = line.split_whitespace();
+    let kind = parts.next().unwrap_or_default();
+    let data = parts.next().unwrap_or_default();
+    format!("{kind} …{}", &data[data.len().saturating_sub(12)..])
+}
