@@ -196,7 +196,7 @@ impl ProcessRuntime {
                         key,
                         port,
                         input_owned(&input, &pool_plan.cluster),
-                        plan.spec.insecure,
+                        (plan.spec.insecure, plan.spec.supernode_auth()),
                         plan.registered_node_keys.clone(),
                         env,
                     ));
@@ -206,7 +206,7 @@ impl ProcessRuntime {
         }
         // Second pass: ports (existing replicas keep theirs) and argv.
         let mut next = self.config.port_base;
-        for (key, port, owned, insecure, registered_keys, env) in fresh {
+        for (key, port, owned, (insecure, auth), registered_keys, env) in fresh {
             let port = match port {
                 Some(p) => p,
                 None => {
@@ -236,7 +236,7 @@ impl ProcessRuntime {
             let mut argv = render::supernode_argv(&input, &replica)
                 .map_err(|e| RuntimeError::Apply(e.to_string()))?;
             let mut public_key = None;
-            if !insecure {
+            if auth {
                 let key_file = fed_dir
                     .join("keys")
                     .join(format!("{}-{}.key", key.pool, key.index));

@@ -96,9 +96,10 @@ impl FederationPlan {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// Whether SuperNodes authenticate (TLS on).
+    /// Whether SuperNodes authenticate with hub-registered keys
+    /// ([`flower_addon_crds::FederationSpec::supernode_auth`]).
     pub fn secure(&self) -> bool {
-        !self.spec.insecure
+        self.spec.supernode_auth()
     }
 }
 

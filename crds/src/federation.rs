@@ -61,6 +61,13 @@ pub struct FederationSpec {
     /// Run every component with `--insecure` (no TLS). Defaults to true like flower-operator.
     #[serde(default = "default_true")]
     pub insecure: bool,
+    /// With TLS (`insecure: false`), SuperNodes must authenticate with a key the hub registered
+    /// with the SuperLink (Flower's `--enable-supernode-auth`): every SuperNode gets its own key
+    /// pair, made where it runs, and the hub registers exactly the keys of the clusters the
+    /// Federation is placed on (and unregisters the rest). `false` lets any SuperNode that
+    /// trusts the CA join: only for SuperNodes the hub does not manage. Default true.
+    #[serde(default = "default_true")]
+    pub supernode_authentication: bool,
     /// The SuperLink (always runs in the hub cluster).
     pub superlink: SuperLinkSpec,
     /// SuperNode pools.
@@ -117,6 +124,15 @@ pub struct ClusterOverride {
 
 fn default_true() -> bool {
     true
+}
+
+impl FederationSpec {
+    /// Whether SuperNodes authenticate with hub-registered keys: TLS on and
+    /// `supernodeAuthentication` not turned off. The one rule the SuperLink's arguments, the
+    /// hub's key registration and the agents' key pairs all follow.
+    pub fn supernode_auth(&self) -> bool {
+        !self.insecure && self.supernode_authentication
+    }
 }
 
 /// How SuperNode pools are deployed.

@@ -88,6 +88,11 @@ pub struct ClusterStatus {
     /// Whether the cluster's agent is connected to the hub.
     #[serde(default)]
     pub connected: bool,
+    /// SuperNodes of this cluster that the SuperLink lists online (its own node list, read
+    /// through the Control API), when SuperNode authentication maps nodes to clusters. Pools
+    /// count as ready only for those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<i32>,
     /// Time of the last status report from the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_report: Option<Time>,

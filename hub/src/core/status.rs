@@ -7,13 +7,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 /// The status of Federation `namespace/federation` in cluster `cluster`: its pools'
 /// `ready/desired` from `report` (the agent's last report and when it arrived, Unix seconds),
 /// whether the cluster is connected (`Available=True`), and what is missing, naming the pools
-/// that are not ready and why their runtime says so.
+/// that are not ready and why their runtime says so. With `online` (the keys whose SuperNode the
+/// Federation's SuperLink lists online), a SuperNode is ready only when it is connected to the
+/// SuperLink: each pool's `ready` is at most the number of its keys online.
 pub fn cluster_status(
     namespace: &str,
     federation: &str,
     cluster: &str,
     connected: bool,
     report: Option<(&AgentStatus, i64)>,
+    online: Option<&std::collections::BTreeSet<String>>,
 ) -> ClusterStatus {
     let observed = report.and_then(|(status, _)| {
         status
@@ -25,12 +28,18 @@ pub fn cluster_status(
         .map(|f| {
             f.pools
                 .iter()
-                .map(|p| PoolStatus {
-                    name: p.name.clone(),
-                    kind: None,
-                    desired: i32::try_from(p.desired).unwrap_or(i32::MAX),
-                    ready: i32::try_from(p.ready).unwrap_or(i32::MAX),
-                    conditions: Vec::new(),
+                .map(|p| {
+                    let mut ready = i32::try_from(p.ready).unwrap_or(i32::MAX);
+                    if let Some(online) = online {
+                        ready = ready.min(pool_online(p, online));
+                    }
+                    PoolStatus {
+                        name: p.name.clone(),
+                        kind: None,
+                        desired: i32::try_from(p.desired).unwrap_or(i32::MAX),
+                        ready,
+                        conditions: Vec::new(),
+                    }
                 })
                 .collect()
         })
@@ -60,16 +69,39 @@ pub fn cluster_status(
         }
         Some(_) => None,
     };
+    let online_count = online
+        .zip(observed)
+        .map(|(online, f)| f.pools.iter().map(|p| pool_online(p, online)).sum::<i32>());
+    let message = match (message, online_count) {
+        (Some(m), Some(n)) if ready < desired && n < desired => Some(format!(
+            "{m}; {n}/{desired} SuperNodes connected to the SuperLink"
+        )),
+        (m, _) => m,
+    };
     ClusterStatus {
         name: cluster.to_owned(),
         supernodes: observed.map(|_| format!("{ready}/{desired}")),
         pools,
         connected,
+        online: online_count,
         last_report: report
             .and_then(|(_, at)| k8s_openapi::jiff::Timestamp::from_second(at).ok())
             .map(Time),
         message,
     }
+}
+
+/// How many of a pool's reported keys the SuperLink lists online.
+fn pool_online(
+    pool: &flower_addon_proto::PoolStatus,
+    online: &std::collections::BTreeSet<String>,
+) -> i32 {
+    let n = pool
+        .node_public_keys
+        .iter()
+        .filter(|k| online.contains(k.trim()))
+        .count();
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// Readiness of one pool summed over clusters.
@@ -138,28 +170,53 @@ mod tests {
     fn a_cluster_entry_sums_its_pools_and_names_what_is_missing() {
         // No report, a disconnected agent and a pool short of replicas each say why, the last
         // with the runtime's own reason.
-        let none = cluster_status("team", "fed", "s1", true, None);
+        let none = cluster_status("team", "fed", "s1", true, None, None);
         assert_eq!(none.supernodes, None);
         assert!(none.message.unwrap().contains("no status report"));
         let r = report(1, "pod fed-a-1 is Pending");
-        let short = cluster_status("team", "fed", "s1", true, Some((&r, 1_700_000_000)));
+        let short = cluster_status("team", "fed", "s1", true, Some((&r, 1_700_000_000)), None);
         assert_eq!(short.supernodes.as_deref(), Some("1/2"));
         assert_eq!(
             short.message.as_deref(),
             Some("1/2 SuperNodes ready (pool a: pod fed-a-1 is Pending)")
         );
         assert!(short.last_report.is_some());
-        let gone = cluster_status("team", "fed", "s1", false, Some((&r, 1_700_000_000)));
+        let gone = cluster_status("team", "fed", "s1", false, Some((&r, 1_700_000_000)), None);
         assert!(gone.message.unwrap().contains("not connected"));
         let full = report(2, "");
         assert_eq!(
-            cluster_status("team", "fed", "s1", true, Some((&full, 0))).message,
+            cluster_status("team", "fed", "s1", true, Some((&full, 0)), None).message,
             None
         );
         // Another Federation's report is not this one's.
         assert_eq!(
-            cluster_status("team", "other", "s1", true, Some((&full, 0))).supernodes,
+            cluster_status("team", "other", "s1", true, Some((&full, 0)), None).supernodes,
             None
         );
+    }
+
+    #[test]
+    fn with_the_superlinks_node_list_ready_means_connected() {
+        // Invariant: with SuperNode authentication, a pool is ready only for the SuperNodes the
+        // SuperLink lists online, whatever the agent says about its containers.
+        let mut r = report(2, "");
+        r.federations[0].pools[0].node_public_keys = vec!["k1".into(), "k2 ".into()];
+        let one: std::collections::BTreeSet<String> = ["k2".to_owned()].into();
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&one));
+        assert_eq!(s.supernodes.as_deref(), Some("1/2"));
+        assert_eq!(s.online, Some(1));
+        assert_eq!(
+            s.message.as_deref(),
+            Some("1/2 SuperNodes ready; 1/2 SuperNodes connected to the SuperLink")
+        );
+        let both: std::collections::BTreeSet<String> = ["k1".to_owned(), "k2".to_owned()].into();
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&both));
+        assert_eq!(
+            (s.supernodes.as_deref(), s.online, s.message),
+            (Some("2/2"), Some(2), None)
+        );
+        // Without the list (insecure Federation), the agent's readiness stands.
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), None);
+        assert_eq!((s.supernodes.as_deref(), s.online), (Some("2/2"), None));
     }
 }

@@ -168,6 +168,15 @@ pub fn in_cluster_names(fed: &Federation) -> Vec<String> {
     ]
 }
 
+/// Where the hub reaches a Kubernetes-mode SuperLink's Control API: `(server name, address)` —
+/// its Service's `<name>.<namespace>.svc` (one of [`in_cluster_names`], so in the certificate) and
+/// the Service's Control port (the Fleet port in the unified dialect).
+pub fn in_cluster_control(fed: &Federation, dialect: FlowerDialect) -> (String, String) {
+    let host = in_cluster_names(fed).swap_remove(2);
+    let port = SuperLinkPorts::from_spec(fed, dialect).control;
+    (host.clone(), format!("{host}:{port}"))
+}
+
 /// The SANs of the SuperLink certificate: 127.0.0.1 and localhost, the names the adapter knows
 /// the SuperLink is reached at (`reached_at`: in-cluster Service names and the derived
 /// external host; or the standalone hub's advertised addresses), the host of
@@ -193,6 +202,19 @@ pub fn superlink_sans(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hub_dials_control_at_the_service_name_in_the_certificate() {
+        let f = fed(
+            "metadata: {name: demo, namespace: team}\nspec: {mode: StatefulSet, isolationMode: subprocess, superlink: {image: \"flwr/superlink:1.42.0\", service: {ports: {grpc: 9092, extra: 9093}}}, supernodes: {image: \"flwr/supernode:1.42.0\", pools: []}}",
+        );
+        let (name, address) = in_cluster_control(&f, FlowerDialect::Classic);
+        assert_eq!(name, "demo-superlink.team.svc");
+        assert_eq!(address, "demo-superlink.team.svc:9093");
+        assert!(in_cluster_names(&f).contains(&name));
+        let (_, address) = in_cluster_control(&f, FlowerDialect::Unified);
+        assert_eq!(address, "demo-superlink.team.svc:9092");
+    }
 
     fn fed(yaml: &str) -> Federation {
         let value: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();

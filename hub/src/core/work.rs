@@ -271,10 +271,10 @@ pub fn federation_work(
             federation_spec_json: spec_json.clone(),
             cluster_index: share.cluster_index,
             cluster_count: share.clusters,
-            registered_node_keys: if spec.insecure {
-                Vec::new()
-            } else {
+            registered_node_keys: if spec.supernode_auth() {
                 keys.clone()
+            } else {
+                Vec::new()
             },
         };
         per_cluster.push((share.cluster, work));

@@ -3,6 +3,7 @@
 //! to what the core wants ([`sync_keys`]).
 pub mod control;
 pub mod keys;
+pub mod registry;
 
 use crate::core::nodekeys::{self, KeyPlan};
 use control::{BATCH_CONCURRENCY, ControlClient, ControlError, Registration};

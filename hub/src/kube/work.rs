@@ -386,6 +386,7 @@ fn cluster_status(
         name,
         connected,
         report.map(|r| (&r.status, r.at)),
+        None,
     )
 }
 

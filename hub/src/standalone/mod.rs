@@ -8,7 +8,6 @@
 //! SuperLinks (started, restarted on argument change, stopped when their Federation goes) →
 //! node keys registered → status.
 pub mod manifests;
-pub mod noderegister;
 mod nodes;
 pub mod status;
 pub mod superlink;
@@ -73,7 +72,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     superlinks: BTreeMap<FedKey, RunningSuperLink>,
     selections: BTreeMap<FedKey, BTreeSet<String>>,
     sent: BTreeMap<String, ClusterWork>,
-    registered: BTreeSet<(FedKey, String)>,
+    /// The SuperNode keys each SuperLink holds and lists online.
+    keys: crate::flower::registry::NodeKeyRegistry,
     /// Process runtime for the pools of Federations without `placementRef` (started on need).
     local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
 }
@@ -96,7 +96,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             superlinks: BTreeMap::new(),
             selections: BTreeMap::new(),
             sent: BTreeMap::new(),
-            registered: BTreeSet::new(),
+            keys: crate::flower::registry::NodeKeyRegistry::new(),
             local: None,
         }
     }
@@ -194,7 +194,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let local_work = per_cluster.remove(HUB_CLUSTER);
         self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
-        self.register_node_keys(&federations).await;
+        self.sync_node_keys(&federations).await;
 
         // The hub machine's own pools are always reachable; agents by their Available condition.
         let available: BTreeSet<&str> = clusters
@@ -211,7 +211,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let status = HubStatus {
             federations: summaries
                 .into_iter()
-                .map(|s| s.finish(&self.work, &superlinks, |c| available.contains(c)))
+                .map(|s| {
+                    let keys = self
+                        .keys
+                        .get(&(s.namespace.clone(), s.name.clone()))
+                        .filter(|k| k.listed);
+                    s.finish(
+                        &self.work,
+                        &superlinks,
+                        keys.as_ref().map(|k| &k.online),
+                        |c| available.contains(c),
+                    )
+                })
                 .collect(),
             clusters: clusters
                 .iter()
@@ -292,12 +303,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .iter()
             .map(|v| (v.name.clone(), v.labels.clone()))
             .collect();
-        let registered: Vec<String> = self
-            .registered
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .map(|(_, public_key)| public_key.clone())
-            .collect();
+        let registered = self.keys.registered(&key);
         let works = crate::core::work::federation_work(
             fed,
             version,

@@ -57,80 +57,61 @@ impl<S: ClusterStore> StandaloneHub<S> {
         self.work.on_status(HUB_CLUSTER, &status);
     }
 
-    pub(super) async fn register_node_keys(&mut self, federations: &[Federation]) {
+    /// Keeps each Federation's SuperLink holding exactly the keys its placed clusters report
+    /// (the hub machine's own for a Federation without placement), through the Control API
+    /// ([`crate::flower::registry`]); the registered keys go back to the agents with the next
+    /// work, so their SuperNodes start.
+    pub(super) async fn sync_node_keys(&mut self, federations: &[Federation]) {
+        let mut targets = Vec::new();
         for fed in federations {
-            if fed.spec.insecure {
+            let key = fed_key(fed);
+            if !fed.spec.supernode_auth() || !self.superlinks.contains_key(&key) {
                 continue;
             }
-            let key = fed_key(fed);
-            let Ok((version, dialect)) = federation_dialect(fed) else {
+            let Ok((_, dialect)) = federation_dialect(fed) else {
                 continue;
             };
-            let mut keys: BTreeSet<String> = BTreeSet::new();
-            for cluster in self.sent.keys().map(String::as_str).chain([HUB_CLUSTER]) {
-                if let Some(status) = self.work.last_status(cluster) {
-                    for f in status
-                        .federations
-                        .iter()
-                        .filter(|f| f.namespace == key.0 && f.name == key.1)
-                    {
-                        for pool in &f.pools {
-                            keys.extend(pool.node_public_keys.iter().cloned());
-                        }
-                    }
-                }
-            }
-            let todo: Vec<String> = keys
-                .into_iter()
-                .filter(|k| !self.registered.contains(&(key.clone(), k.clone())))
+            let placed_on: BTreeSet<String> = match fed.spec.placement_ref {
+                Some(_) => self.selections.get(&key).cloned().unwrap_or_default(),
+                None => [HUB_CLUSTER.to_owned()].into(),
+            };
+            let statuses: Vec<(String, flower_addon_proto::Status)> = placed_on
+                .iter()
+                .filter_map(|c| self.work.last_status(c).map(|s| (c.clone(), s)))
                 .collect();
-            if todo.is_empty() {
-                continue;
-            }
+            let wanted = crate::core::nodekeys::wanted_keys(
+                &key,
+                &placed_on,
+                statuses.iter().map(|(c, s)| (c.as_str(), s)),
+            );
             let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-            let addr = SuperLinkPorts::from_spec(fed, dialect);
-            let connection =
-                match noderegister::write_connection(&paths, version, addr.control, false) {
-                    Ok(c) => c,
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot prepare flwr");
-                        continue;
-                    }
-                };
-            let path_env = self.flower_env().get("PATH").cloned();
-            let flwr = self.flower_program("flwr");
-            // `flwr` takes seconds to start: register every new key of this Federation at once.
-            let attempts = todo.into_iter().map(|public_key| {
-                let (paths, connection, path_env, flwr) = (
-                    paths.clone(),
-                    connection.clone(),
-                    path_env.clone(),
-                    flwr.clone(),
-                );
-                async move {
-                    let file = noderegister::key_file(&paths, &public_key)?;
-                    noderegister::register_key(
-                        &flwr,
-                        &paths,
-                        &connection,
-                        &file,
-                        path_env.as_deref(),
-                    )
-                    .await
-                    .map(|()| (public_key, file))
-                }
+            let Ok(ca_pem) = std::fs::read_to_string(&paths.ca) else {
+                continue;
+            };
+            let host = self.control_dial_host();
+            targets.push(crate::flower::registry::KeyTarget {
+                federation: key,
+                endpoint: crate::flower::control::ControlEndpoint {
+                    dialect,
+                    address: crate::core::render::with_default_port(
+                        &host,
+                        i32::from(SuperLinkPorts::from_spec(fed, dialect).control),
+                    ),
+                    server_name: host,
+                    ca_pem: Some(ca_pem),
+                },
+                wanted,
             });
-            for result in futures::future::join_all(attempts).await {
-                match result {
-                    Ok((public_key, file)) => {
-                        tracing::info!(federation = %key.1, key = %file.display(), "registered a SuperNode key with the SuperLink");
-                        self.registered.insert((key.clone(), public_key));
-                    }
-                    Err(error) => {
-                        tracing::warn!(federation = %key.1, %error, "cannot register a SuperNode key yet; will retry");
-                    }
-                }
-            }
+        }
+        self.keys.sync(targets).await;
+    }
+
+    /// Where the hub itself dials its SuperLinks' Control API: loopback when they listen on
+    /// every address, else the one address they are bound to (in their certificate's SANs).
+    fn control_dial_host(&self) -> String {
+        match self.config.superlink_host.as_str() {
+            "0.0.0.0" | "::" | "" => "127.0.0.1".to_owned(),
+            bound => bound.to_owned(),
         }
     }
 }

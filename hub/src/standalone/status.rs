@@ -88,11 +88,13 @@ impl FederationSummary {
 
     /// Fills in readiness from the agents' last reports, per cluster exactly as Kubernetes mode
     /// writes `status.clusters` ([`crate::core::status::cluster_status`]); `connected` says
-    /// which clusters are `Available=True`.
+    /// which clusters are `Available=True`; `online`, the keys the SuperLink lists online (SuperNode
+    /// authentication on), makes readiness mean "connected to the SuperLink".
     pub fn finish(
         mut self,
         work: &InMemoryWorkSource,
         superlinks: &BTreeMap<(String, String), bool>,
+        online: Option<&std::collections::BTreeSet<String>>,
         connected: impl Fn(&str) -> bool,
     ) -> Self {
         self.superlink_running = superlinks
@@ -113,6 +115,7 @@ impl FederationSummary {
                 cluster,
                 connected(cluster),
                 report.as_ref().map(|r| (r, now)),
+                online,
             );
             for pool in &entry.pools {
                 self.ready_supernodes += u32::try_from(pool.ready.min(pool.desired)).unwrap_or(0);

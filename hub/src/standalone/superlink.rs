@@ -24,8 +24,6 @@ pub struct SuperLinkPaths {
     pub database: PathBuf,
     /// Log file.
     pub log: PathBuf,
-    /// `FLWR_HOME` used for `flwr supernode register`.
-    pub flwr_home: PathBuf,
 }
 
 impl SuperLinkPaths {
@@ -40,7 +38,6 @@ impl SuperLinkPaths {
             log: state_dir
                 .join("logs")
                 .join(format!("{namespace}-{name}-superlink.log")),
-            flwr_home: dir.join("flwr-home"),
             dir,
         }
     }
@@ -62,7 +59,7 @@ impl SuperLinkPaths {
             ports: SuperLinkPorts::from_spec(fed, dialect),
             tls_files: [shown(&self.ca), shown(&self.cert), shown(&self.key)],
             database: shown(&self.database),
-            supernode_auth: !fed.spec.insecure,
+            supernode_auth: fed.spec.supernode_auth(),
         }
     }
 }

@@ -1,0 +1,175 @@
+//! The SuperNode keys each Federation's SuperLink holds, kept equal to what the core wants
+//! ([`crate::core::nodekeys::wanted_keys`]) through the Control API, and what the SuperLinks
+//! list online. Both hub modes own one [`NodeKeyRegistry`]: the standalone hub syncs it in its
+//! reconcile pass, the Kubernetes work source in a task of its own; both read back the
+//! registered keys (sent to agents as `registered_node_keys`, so a SuperNode starts only with a
+//! registered key) and the online ones (Federation status: SuperNodes connected to the SuperLink).
+use super::control::{ControlClient, ControlEndpoint};
+use super::{KeySync, sync_keys};
+use dashmap::DashMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `(namespace, name)` of a Federation.
+pub type FedKey = (String, String);
+
+/// How often a SuperLink is listed again when nothing changed (online state, keys removed by
+/// hand).
+pub const RELIST: Duration = Duration::from_secs(10);
+/// How soon a failed sync is tried again.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// What one Federation's SuperLink should hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyTarget {
+    /// The Federation.
+    pub federation: FedKey,
+    /// Where its Control API is.
+    pub endpoint: ControlEndpoint,
+    /// The keys (OpenSSH lines) it should hold.
+    pub wanted: BTreeSet<String>,
+}
+
+/// What the registry knows of one Federation's SuperLink.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FederationKeys {
+    /// Wanted keys the SuperLink holds (as of the last successful sync).
+    pub registered: BTreeSet<String>,
+    /// Wanted keys whose SuperNode the SuperLink lists online.
+    pub online: BTreeSet<String>,
+    /// Whether the SuperLink has been listed at least once.
+    pub listed: bool,
+    /// The last sync's error, if it failed.
+    pub error: Option<String>,
+}
+
+struct Entry {
+    client: Arc<ControlClient>,
+    wanted: BTreeSet<String>,
+    tried_at: Instant,
+    keys: FederationKeys,
+}
+
+/// Per-Federation key state, shared between the task that syncs and the code that reads it.
+#[derive(Default)]
+pub struct NodeKeyRegistry {
+    entries: DashMap<FedKey, Entry>,
+}
+
+impl std::fmt::Debug for NodeKeyRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeKeyRegistry")
+            .field("federations", &self.entries.len())
+            .finish()
+    }
+}
+
+impl NodeKeyRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Syncs every target that is due (its wanted keys or endpoint changed, [`RELIST`] passed,
+    /// or a failed sync is [`RETRY`] old) and forgets Federations not among `targets`. Returns
+    /// the Federations whose registered or online keys changed.
+    pub async fn sync(&self, targets: Vec<KeyTarget>) -> Vec<FedKey> {
+        let live: BTreeSet<FedKey> = targets.iter().map(|t| t.federation.clone()).collect();
+        self.entries.retain(|k, _| live.contains(k));
+        let mut changed = Vec::new();
+        for target in targets {
+            let due = self.due(&target);
+            let Some(client) = due else { continue };
+            let result = sync_keys(&client, &target.wanted).await;
+            if self.record(&target, client, result) {
+                changed.push(target.federation);
+            }
+        }
+        changed
+    }
+
+    /// The keys the Federation's SuperLink holds of those wanted (empty when unknown).
+    pub fn registered(&self, federation: &FedKey) -> Vec<String> {
+        self.entries
+            .get(federation)
+            .map(|e| e.keys.registered.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Everything known of the Federation's SuperLink (`None` before its first sync attempt).
+    pub fn get(&self, federation: &FedKey) -> Option<FederationKeys> {
+        self.entries.get(federation).map(|e| e.keys.clone())
+    }
+
+    fn due(&self, target: &KeyTarget) -> Option<Arc<ControlClient>> {
+        let now = Instant::now();
+        let fresh_client = || match ControlClient::new(target.endpoint.clone()) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(error) => {
+                tracing::warn!(federation = %target.federation.1, %error, "cannot make a Control API client");
+                None
+            }
+        };
+        match self.entries.get(&target.federation) {
+            None => fresh_client(),
+            Some(e) if e.client.endpoint() != &target.endpoint => fresh_client(),
+            Some(e) => {
+                let since = now.duration_since(e.tried_at);
+                let due = match e.keys.error {
+                    Some(_) => since >= RETRY,
+                    None => e.wanted != target.wanted || since >= RELIST,
+                };
+                due.then(|| e.client.clone())
+            }
+        }
+    }
+
+    fn record(
+        &self,
+        target: &KeyTarget,
+        client: Arc<ControlClient>,
+        result: Result<KeySync, super::control::ControlError>,
+    ) -> bool {
+        let now = Instant::now();
+        let mut entry = self
+            .entries
+            .entry(target.federation.clone())
+            .or_insert_with(|| Entry {
+                client: client.clone(),
+                wanted: BTreeSet::new(),
+                tried_at: now,
+                keys: FederationKeys::default(),
+            });
+        entry.client = client;
+        entry.tried_at = now;
+        let before = entry.keys.clone();
+        let fed = &target.federation;
+        match result {
+            Ok(sync) => {
+                if sync.newly_registered > 0 || sync.unregistered > 0 {
+                    tracing::info!(namespace = %fed.0, federation = %fed.1, registered = sync.newly_registered, unregistered = sync.unregistered, held = sync.registered.len(), "SuperNode keys synced with the SuperLink");
+                }
+                for failure in &sync.failed {
+                    tracing::warn!(namespace = %fed.0, federation = %fed.1, %failure, "a SuperNode key could not be synced; will retry");
+                }
+                entry.wanted = target.wanted.clone();
+                entry.keys = FederationKeys {
+                    registered: sync.registered,
+                    online: sync.online,
+                    listed: true,
+                    // Failed keys are retried after RETRY.
+                    error: (!sync.failed.is_empty()).then(|| sync.failed.join("; ")),
+                };
+            }
+            Err(error) => {
+                if before.error.as_deref() != Some(&error.to_string()) {
+                    tracing::warn!(namespace = %fed.0, federation = %fed.1, %error, "cannot sync SuperNode keys with the SuperLink yet; will retry");
+                }
+                // Keep what was known: a SuperLink restarting does not unregister anything.
+                entry.keys.error = Some(error.to_string());
+            }
+        }
+        entry.keys.registered != before.registered || entry.keys.online != before.online
+    }
+}
