@@ -327,7 +327,8 @@ pub fn key_secret(
     if annotations.is_empty() {
         secret.metadata.annotations = None;
     }
-    secret.data = Some(merged.data.clone());
+    // The apiserver drops an empty map; so do we, or every reconcile would see a change.
+    secret.data = (!merged.data.is_empty()).then(|| merged.data.clone());
     secret.metadata.managed_fields = None;
     secret
 }
