@@ -9,7 +9,8 @@
 //! a Federation whose work could not be rendered are kept (a bad spec never deletes running
 //! SuperNodes), and the channel never calls [`Runtime::apply`] while the hub is unreachable.
 //!
-//! With TLS on, each pool also has a Secret with one SuperNode authentication key per pod or
+//! With SuperNode authentication ([`FederationPlan::secure`]: TLS on and
+//! `supernodeAuthentication` not off), each pool also has a Secret with one key per pod or
 //! node, made here and never sent anywhere; only their public keys are reported, and a SuperNode
 //! starts once the hub has registered its key ([`keys`]).
 //!
@@ -143,7 +144,8 @@ pub struct AppliedPool {
     name: String,
     workload: String,
     kind: Kind,
-    /// Public keys of every desired SuperNode of the pool (TLS on), for the hub to register.
+    /// Public keys of every desired SuperNode of the pool (SuperNode authentication on), for
+    /// the hub to register.
     node_public_keys: Vec<String>,
     /// Desired SuperNodes not started because their key is not registered yet.
     waiting: u32,
@@ -297,7 +299,7 @@ impl KubeRuntime {
         }
     }
 
-    /// Applies one Federation: its pools' key Secrets first (TLS on), then the objects
+    /// Applies one Federation: its pools' key Secrets first (authentication on), then the objects
     /// [`render_federation_with_keys`] makes from `base` and the keys; returns what was applied.
     async fn apply_federation(
         &self,

@@ -1,4 +1,5 @@
-//! SuperNode authentication keys of the Kubernetes runtime (TLS-on Federations only).
+//! SuperNode authentication keys of the Kubernetes runtime (Federations whose
+//! [`FederationPlan::secure`] is true: TLS on and `supernodeAuthentication` not off).
 //!
 //! Each pool has a Secret `<workload>-node-keys` in the Federation's namespace with one OpenSSH
 //! private key per SuperNode, made here and never sent anywhere: data key = pod name

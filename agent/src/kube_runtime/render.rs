@@ -3,8 +3,8 @@
 use super::*;
 
 /// Renders one Federation's work: the CA Secret (TLS on), one workload per pool and the
-/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`]. With TLS on,
-/// each SuperNode reads its own key from the pool's key Secret ([`mount_node_keys`]); every
+/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`]. With SuperNode
+/// authentication ([`FederationPlan::secure`]), each SuperNode reads its own key from the pool's key Secret ([`mount_node_keys`]); every
 /// desired SuperNode is started (what `flower-hub render --cluster` prints). The agent applies
 /// [`render_federation_with_keys`] instead, which starts only registered SuperNodes.
 pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeError> {
@@ -70,8 +70,8 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
 
 /// [`render_federation`] with the pools' SuperNode keys as they are on the cluster: each
 /// pool starts only the SuperNodes whose key is registered ([`keys::gate_workload`]; a pool
-/// missing from `keys` starts none) and reports every desired SuperNode's public key. Insecure
-/// Federations are rendered as by [`render_federation`].
+/// missing from `keys` starts none) and reports every desired SuperNode's public key.
+/// Federations without SuperNode authentication are rendered as by [`render_federation`].
 pub fn render_federation_with_keys(
     plan: &FederationPlan,
     keys: &FederationKeys,

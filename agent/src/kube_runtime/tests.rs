@@ -603,3 +603,28 @@ fn readiness_says_when_supernodes_wait_for_their_key() {
         cond.message
     );
 }
+
+#[test]
+fn without_supernode_authentication_pools_get_no_keys_and_no_gate() {
+    // supernodeAuthentication: false (TLS still on) is the switch the SuperLink and the hub
+    // follow too: no key mount, every replica starts, nothing waits for a registration.
+    let mut w = work(false);
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&w.federations[0].federation_spec_json).unwrap();
+    spec["supernodeAuthentication"] = false.into();
+    w.federations[0].federation_spec_json = spec.to_string();
+    let rendered = render_federation_with_keys(&plan(&w), &FederationKeys::new()).unwrap();
+    let s = statefulset(&rendered);
+    assert_eq!(s.spec.replicas, Some(2));
+    assert!(
+        !supernode_args(s)
+            .iter()
+            .any(|a| a.contains("auth-supernode"))
+    );
+    assert!(
+        supernode_args(s)
+            .iter()
+            .any(|a| a.starts_with("--root-certificates="))
+    );
+    assert_eq!(rendered.workloads[0].0.waiting, 0);
+}
