@@ -9,28 +9,32 @@
 //! a Federation whose work could not be rendered are kept (a bad spec never deletes running
 //! SuperNodes), and the channel never calls [`Runtime::apply`] while the hub is unreachable.
 //!
-//! Applying is deterministic: the renderer's output is byte-identical for an unchanged snapshot,
-//! and a server-side apply of an unchanged object changes no `resourceVersion`.
+//! With SuperNode authentication ([`FederationPlan::secure`]: TLS on and
+//! `supernodeAuthentication` not off), each pool also has a Secret with one key per pod or
+//! node, made here and never sent anywhere; only their public keys are reported, and a SuperNode
+//! starts once the hub has registered its key ([`keys`]).
+//!
+//! Applying is deterministic: the renderer's output is byte-identical for an unchanged snapshot
+//! and unchanged keys, and a server-side apply of an unchanged object changes no
+//! `resourceVersion`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Mutex;
 
 use flower_addon_crds::{DeploymentMode, FederationSpec};
-use flower_addon_proto::{ClusterWork, Condition, FederationStatus, FederationWork, PoolStatus};
+use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolStatus};
 use k8s_openapi::ByteString;
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, Resource};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::Client;
+use kube::api::{Api, ListParams};
 
 use crate::render::{
-    CA_KEY, RenderError, SuperNodePoolInput, Workload, component_labels, pool_headless_service,
-    pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
+    CA_KEY, RenderError, SuperNodePoolInput, Workload, component_labels, mount_node_keys,
+    node_key_secret_name, pool_headless_service, pool_workload_name, render_supernode_pool,
+    spoke_ca_secret_name,
 };
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::work::{FederationPlan, WorkError};
@@ -62,6 +66,20 @@ pub enum KubeRuntimeError {
         /// The client error.
         source: kube::Error,
     },
+    /// A SuperNode key stored in a pool's key Secret cannot be read, or none can be made.
+    #[error("{what}: {source}")]
+    NodeKey {
+        /// The Secret and data key, e.g. `Secret ns/fed-supernode-a-node-keys data key "fed-supernode-a-0"`.
+        what: String,
+        /// What is wrong.
+        source: crate::node_key::NodeKeyError,
+    },
+    /// A pool's key Secret kept changing under concurrent writers.
+    #[error("{what}: written concurrently by someone else on every attempt; will retry")]
+    Conflict {
+        /// The Secret.
+        what: String,
+    },
     /// An object could not be serialized for the apply body.
     #[error("serialize {what}: {source}")]
     Serialize {
@@ -81,6 +99,8 @@ impl KubeRuntimeError {
             Self::Work(_) => "decode",
             Self::Render { .. } => "render",
             Self::Kube { .. } => "kube",
+            Self::NodeKey { .. } => "node_key",
+            Self::Conflict { .. } => "conflict",
             Self::Serialize { .. } => "serialize",
         }
     }
@@ -124,6 +144,11 @@ pub struct AppliedPool {
     name: String,
     workload: String,
     kind: Kind,
+    /// Public keys of every desired SuperNode of the pool (SuperNode authentication on), for
+    /// the hub to register.
+    node_public_keys: Vec<String>,
+    /// Desired SuperNodes not started because their key is not registered yet.
+    waiting: u32,
 }
 
 /// One Federation as applied.
@@ -165,9 +190,15 @@ impl Rendered {
     }
 }
 
+pub mod keys;
 mod render;
+mod status;
+mod writes;
+pub use keys::{FederationKeys, PoolKeys};
 use render::declared_pools;
-pub use render::render_federation;
+pub use render::{render_federation, render_federation_with_keys};
+use status::{condition, daemonset_counts, ready_condition, statefulset_counts};
+use writes::{apply, ensure_namespace, prune_kind};
 
 // === impl KubeRuntime ===
 
@@ -206,16 +237,14 @@ impl KubeRuntime {
         let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
         let mut applied = Vec::new();
         let mut first_error = None;
+        let previous = self.applied.lock().map(|a| a.clone()).unwrap_or_default();
         for fed in &work.federations {
             let id = format!("{}/{}", fed.namespace, fed.name);
             let result = match crate::work::decode_federation(work, fed)
                 .map_err(KubeRuntimeError::from)
-                .and_then(|plan| render_federation(&plan))
+                .and_then(|plan| render_federation(&plan).map(|base| (plan, base)))
             {
-                Ok(rendered) => self
-                    .apply_federation(fed, &rendered, &mut desired)
-                    .await
-                    .map(|()| rendered),
+                Ok((plan, base)) => self.apply_federation(&plan, &base, &mut desired).await,
                 Err(e) => Err(e),
             };
             match result {
@@ -231,10 +260,22 @@ impl KubeRuntime {
                 Err(e) => {
                     tracing::warn!(federation = %id, kind = e.metric_label(), error = %e, "federation not applied");
                     keep.insert((fed.namespace.clone(), fed.name.clone()));
+                    let mut pools = declared_pools(fed);
+                    // The keys stay on the cluster: keep reporting them so the hub keeps them.
+                    let before = previous
+                        .iter()
+                        .find(|p| p.namespace == fed.namespace && p.name == fed.name);
+                    for pool in &mut pools {
+                        if let Some(old) =
+                            before.and_then(|b| b.pools.iter().find(|p| p.name == pool.name))
+                        {
+                            pool.node_public_keys = old.node_public_keys.clone();
+                        }
+                    }
                     applied.push(AppliedFederation {
                         namespace: fed.namespace.clone(),
                         name: fed.name.clone(),
-                        pools: declared_pools(fed),
+                        pools,
                         error: Some(e.to_string()),
                     });
                     first_error.get_or_insert(e);
@@ -258,14 +299,39 @@ impl KubeRuntime {
         }
     }
 
+    /// Applies one Federation: its pools' key Secrets first (authentication on), then the objects
+    /// [`render_federation_with_keys`] makes from `base` and the keys; returns what was applied.
     async fn apply_federation(
         &self,
-        fed: &FederationWork,
-        rendered: &Rendered,
+        plan: &FederationPlan,
+        base: &Rendered,
         desired: &mut BTreeSet<ObjectKey>,
-    ) -> Result<(), KubeRuntimeError> {
-        ensure_namespace(&self.client, &fed.namespace).await?;
-        let ns = fed.namespace.as_str();
+    ) -> Result<Rendered, KubeRuntimeError> {
+        ensure_namespace(&self.client, &plan.namespace).await?;
+        let ns = plan.namespace.as_str();
+        let mut pool_keys = FederationKeys::new();
+        if plan.secure() {
+            let mut nodes = None;
+            for (pool, workload) in &base.workloads {
+                let names = match workload {
+                    Workload::StatefulSet(s) => keys::statefulset_key_names(s),
+                    Workload::DaemonSet(d) => {
+                        if nodes.is_none() {
+                            nodes = Some(self.list_nodes().await?);
+                        }
+                        keys::daemonset_key_names(d, nodes.as_deref().unwrap_or_default())
+                    }
+                };
+                let found = keys::ensure_pool_keys(&self.client, plan, &pool.name, &names).await?;
+                desired.insert((
+                    Kind::Secret,
+                    ns.to_owned(),
+                    node_key_secret_name(&plan.name, &pool.name),
+                ));
+                pool_keys.insert(pool.name.clone(), found);
+            }
+        }
+        let rendered = render_federation_with_keys(plan, &pool_keys)?;
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
             desired.insert((Kind::Secret, ns.to_owned(), name.clone()));
@@ -307,7 +373,16 @@ impl KubeRuntime {
                 }
             }
         }
-        Ok(())
+        Ok(rendered)
+    }
+
+    /// Every node of the cluster (DaemonSet pools have a key per node they may run on).
+    async fn list_nodes(&self) -> Result<Vec<k8s_openapi::api::core::v1::Node>, KubeRuntimeError> {
+        Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map(|list| list.items)
+            .map_err(kube_err("list Nodes"))
     }
 
     async fn prune(
@@ -338,6 +413,7 @@ impl KubeRuntime {
                     Some(error) => PoolStatus {
                         name: pool.name.clone(),
                         conditions: vec![condition("False", "ApplyFailed", error.clone())],
+                        node_public_keys: pool.node_public_keys.clone(),
                         ..PoolStatus::default()
                     },
                     None => self.pool_status(&fed.namespace, pool).await,
@@ -365,7 +441,9 @@ impl KubeRuntime {
         };
         let what = format!("{} {namespace}/{}", pool.kind.name(), pool.workload);
         let (desired, ready, cond) = match observed {
-            Ok(Some(counts)) => {
+            Ok(Some(mut counts)) => {
+                counts.desired += pool.waiting;
+                counts.waiting = pool.waiting;
                 let cond = ready_condition(&what, counts);
                 (counts.desired, counts.ready, cond)
             }
@@ -385,7 +463,7 @@ impl KubeRuntime {
             desired,
             ready,
             conditions: vec![cond],
-            node_public_keys: Vec::new(),
+            node_public_keys: pool.node_public_keys.clone(),
         }
     }
 }
@@ -441,181 +519,6 @@ impl Runtime for KubeRuntime {
             *cached = Some((std::time::Instant::now(), value.clone()));
             value
         })
-    }
-}
-
-// === Kubernetes I/O ===
-
-/// Creates `namespace` unless it exists (never deleted by the agent: it may hold user data).
-async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), KubeRuntimeError> {
-    let api = Api::<Namespace>::all(client.clone());
-    let action = format!("get Namespace {namespace}");
-    if api
-        .get_opt(namespace)
-        .await
-        .map_err(kube_err(action))?
-        .is_some()
-    {
-        return Ok(());
-    }
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(namespace.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {
-            tracing::info!(%namespace, "namespace created");
-            Ok(())
-        }
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-        Err(source) => Err(KubeRuntimeError::Kube {
-            action: format!("create Namespace {namespace}"),
-            source,
-        }),
-    }
-}
-
-/// Server-side applies `object` as the agent's field manager (forced: the agent owns these).
-async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), KubeRuntimeError>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
-    K::DynamicType: Default,
-{
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
-    let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
-        what: format!("{kind} {name}"),
-        source,
-    })?;
-    api.patch(name, &params, &Patch::Apply(&body))
-        .await
-        .map_err(kube_err(format!("apply {kind} {name}")))?;
-    Ok(())
-}
-
-/// Deletes objects of one kind that carry the agent's label and are not desired.
-async fn prune_kind<K>(
-    client: &Client,
-    kind: Kind,
-    desired: &BTreeSet<ObjectKey>,
-    keep: &BTreeSet<(String, String)>,
-) -> Result<(), KubeRuntimeError>
-where
-    K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
-    K::DynamicType: Default,
-{
-    let selector = format!(
-        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}",
-        crate::render::MANAGED_BY
-    );
-    let all = Api::<K>::all(client.clone());
-    let list = all
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kube_err(format!("list {}", kind.name())))?;
-    for object in list.items {
-        let namespace = object.metadata.namespace.clone().unwrap_or_default();
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let instance = object
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("app.kubernetes.io/instance"))
-            .cloned()
-            .unwrap_or_default();
-        if desired.contains(&(kind, namespace.clone(), name.clone()))
-            || keep.contains(&(namespace.clone(), instance))
-        {
-            continue;
-        }
-        let api = Api::<K>::namespaced(client.clone(), &namespace);
-        match api.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => tracing::info!(kind = kind.name(), %namespace, %name, "pruned"),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(source) => {
-                return Err(KubeRuntimeError::Kube {
-                    action: format!("delete {} {namespace}/{name}", kind.name()),
-                    source,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-// === status ===
-
-/// Desired and ready SuperNodes of a workload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Counts {
-    desired: u32,
-    ready: u32,
-    /// The controller has not yet observed the latest spec.
-    stale: bool,
-}
-
-fn non_negative(n: Option<i32>) -> u32 {
-    n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
-}
-
-fn statefulset_counts(s: &StatefulSet) -> Counts {
-    let status = s.status.as_ref();
-    let desired = non_negative(s.spec.replicas.or(Some(1)));
-    Counts {
-        desired,
-        ready: non_negative(status.and_then(|st| st.ready_replicas)),
-        stale: status.and_then(|st| st.observed_generation) < s.metadata.generation,
-    }
-}
-
-fn daemonset_counts(d: &DaemonSet) -> Counts {
-    let status = d.status.as_ref();
-    Counts {
-        desired: non_negative(status.map(|st| st.desired_number_scheduled)),
-        ready: non_negative(status.map(|st| st.number_ready)),
-        stale: status.and_then(|st| st.observed_generation) < d.metadata.generation,
-    }
-}
-
-fn condition(status: &str, reason: &str, message: String) -> Condition {
-    Condition {
-        r#type: "Ready".to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        message,
-    }
-}
-
-/// `Ready` of one pool; the message names the workload and what it lacks.
-fn ready_condition(what: &str, counts: Counts) -> Condition {
-    if counts.stale {
-        return condition(
-            "False",
-            "Progressing",
-            format!("{what}: the latest spec is not yet observed by its controller"),
-        );
-    }
-    if counts.ready >= counts.desired && counts.desired > 0 {
-        condition(
-            "True",
-            "SuperNodesReady",
-            format!(
-                "{what}: {}/{} SuperNodes ready",
-                counts.ready, counts.desired
-            ),
-        )
-    } else {
-        condition(
-            "False",
-            "SuperNodesNotReady",
-            format!(
-                "{what}: {}/{} SuperNodes ready",
-                counts.ready, counts.desired
-            ),
-        )
     }
 }
 

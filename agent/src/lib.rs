@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod files;
 pub mod join;
 pub mod kube_runtime;
+pub mod node_key;
 pub mod process_runtime;
 pub use flower_addon_crds::render;
 pub mod runtime;

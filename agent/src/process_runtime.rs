@@ -9,6 +9,8 @@
 //!
 //! A replica is ready when its process runs and its log, since the last start, shows Flower's
 //! `SuperNode ID: <n>` line (the SuperNode is connected to the SuperLink).
+/// Kept here for callers of the process runtime's key files; made in [`crate::node_key`].
+pub use crate::node_key::ensure_node_key;
 use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNodePoolInput};
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
@@ -240,7 +242,9 @@ impl ProcessRuntime {
                 let key_file = fed_dir
                     .join("keys")
                     .join(format!("{}-{}.key", key.pool, key.index));
-                public_key = Some(ensure_node_key(&key_file)?);
+                public_key = Some(
+                    ensure_node_key(&key_file).map_err(|e| RuntimeError::Apply(e.to_string()))?,
+                );
                 argv.push("--auth-supernode-private-key".into());
                 argv.push(key_file.display().to_string());
             }
@@ -544,41 +548,6 @@ fn append_marker(log_file: &Path) -> Result<(), RuntimeError> {
         .open(log_file)
         .map_err(io_err(log_file))?;
     writeln!(f, "{START_MARKER}").map_err(io_err(log_file))
-}
-
-/// Creates the replica's OpenSSH EC P-384 key (0600) if missing; returns the public key line.
-pub fn ensure_node_key(path: &Path) -> Result<String, RuntimeError> {
-    use ssh_key::{Algorithm, EcdsaCurve, LineEnding, PrivateKey, rand_core::OsRng};
-    let key = if path.exists() {
-        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-        PrivateKey::from_openssh(&text).map_err(|e| {
-            RuntimeError::Apply(format!("{}: not an OpenSSH key: {e}", path.display()))
-        })?
-    } else {
-        let key = PrivateKey::random(
-            &mut OsRng,
-            Algorithm::Ecdsa {
-                curve: EcdsaCurve::NistP384,
-            },
-        )
-        .map_err(|e| RuntimeError::Apply(format!("cannot create a node key: {e}")))?;
-        let pem = key
-            .to_openssh(LineEnding::LF)
-            .map_err(|e| RuntimeError::Apply(format!("cannot encode a node key: {e}")))?;
-        write_private(path, pem.as_bytes())?;
-        key
-    };
-    let public = key
-        .public_key()
-        .to_openssh()
-        .map_err(|e| RuntimeError::Apply(format!("cannot encode a public key: {e}")))?;
-    let pub_path = path.with_extension("key.pub");
-    write_if_changed(&pub_path, format!("{public}\n").as_bytes())?;
-    Ok(public)
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {
-    crate::files::write_atomic(path, bytes, crate::files::PRIVATE).map_err(io_err(path))
 }
 
 fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<(), RuntimeError> {

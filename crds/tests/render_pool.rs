@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use flower_addon_crds::FederationSpec;
 use flower_addon_crds::render::{
     ClusterContext, FlowerDialect, ProcessReplica, RenderError, SuperNodePoolInput, Workload,
-    render_supernode_pool, supernode_argv,
+    mount_node_keys, node_key_secret_name, render_supernode_pool, supernode_argv,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
@@ -719,5 +719,117 @@ fn pods_carry_flower_operator_labels_but_selectors_stay_ours() {
     assert!(
         selector.keys().all(|k| !k.starts_with("flower.flwr.ai/")),
         "selector changed: {selector:?}"
+    );
+}
+
+// === SuperNode authentication keys ===
+
+/// `--auth-supernode-private-key` as the container receives it, for `env` (downward API values).
+fn key_arg(workload: &Workload, env: &BTreeMap<&str, &str>) -> String {
+    let last = args(workload, "supernode").pop().expect("arguments");
+    kubernetes_expand(&last, env)
+}
+
+#[test]
+fn each_statefulset_pod_reads_its_own_key_from_the_pool_secret() {
+    // Pod fed-supernode-default-3 gets exactly the file named after it, from a read-only mount
+    // of the pool's key Secret, readable by Flower's uid through the pod's fsGroup only.
+    let mut spec = spec(BASIC);
+    spec.insecure = false;
+    let mut workload = render(&spec);
+    mount_node_keys(&mut workload, &node_key_secret_name("fed", "default"));
+    let env = BTreeMap::from([("FLWR_POD_NAME", "fed-supernode-default-3")]);
+    assert_eq!(
+        key_arg(&workload, &env),
+        "--auth-supernode-private-key=/var/run/flower-addon/node-key/fed-supernode-default-3"
+    );
+    let supernode = container(&workload, "supernode");
+    let pod_name = supernode
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "FLWR_POD_NAME")
+        .expect("pod name variable");
+    let field = pod_name
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref());
+    assert_eq!(field.map(|f| f.field_path.as_str()), Some("metadata.name"));
+    let mount = supernode
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/var/run/flower-addon/node-key")
+        .expect("key mount");
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod(&workload)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .and_then(|v| v.secret.as_ref())
+        .expect("secret volume");
+    assert_eq!(
+        volume.secret_name.as_deref(),
+        Some("fed-supernode-default-node-keys")
+    );
+    assert_eq!(volume.default_mode, Some(0o440));
+    let security = pod(&workload)
+        .security_context
+        .as_ref()
+        .expect("pod security");
+    assert_eq!(security.fs_group, Some(49999));
+}
+
+#[test]
+fn daemonset_pods_read_the_key_of_their_node() {
+    // DaemonSet pools keep one key per node: the file is named by spec.nodeName.
+    let mut spec = spec(BASIC);
+    spec.insecure = false;
+    spec.mode = flower_addon_crds::DeploymentMode::DaemonSet;
+    spec.supernodes.pools[0].replicas = None;
+    let mut workload = render(&spec);
+    mount_node_keys(&mut workload, "keys");
+    let env = BTreeMap::from([("FLWR_NODE_NAME", "worker-7")]);
+    assert_eq!(
+        key_arg(&workload, &env),
+        "--auth-supernode-private-key=/var/run/flower-addon/node-key/worker-7"
+    );
+    let node_name = container(&workload, "supernode")
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "FLWR_NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+}
+
+#[test]
+fn a_user_fs_group_is_kept_and_other_pod_security_settings_too() {
+    // The user's podTemplate fsGroup wins (every container still gets it as a supplementary
+    // group, so the key stays readable); without one, ours joins the user's other settings.
+    let with_group = BASIC.replace(
+        "      images: {}",
+        "      images: {}\n      podTemplate: { spec: { securityContext: { fsGroup: 1000, runAsNonRoot: true }, containers: [] } }",
+    );
+    let mut workload = render(&spec(&with_group));
+    mount_node_keys(&mut workload, "keys");
+    let security = pod(&workload).security_context.clone().expect("security");
+    assert_eq!(
+        (security.fs_group, security.run_as_non_root),
+        (Some(1000), Some(true))
+    );
+    let without_group = BASIC.replace(
+        "      images: {}",
+        "      images: {}\n      podTemplate: { spec: { securityContext: { runAsNonRoot: true }, containers: [] } }",
+    );
+    let mut workload = render(&spec(&without_group));
+    mount_node_keys(&mut workload, "keys");
+    let security = pod(&workload).security_context.clone().expect("security");
+    assert_eq!(
+        (security.fs_group, security.run_as_non_root),
+        (Some(49999), Some(true))
     );
 }

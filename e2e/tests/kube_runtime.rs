@@ -1,6 +1,8 @@
 //! The agent's Kubernetes runtime against a real spoke apiserver (kwok nodes): pools applied with
 //! server-side apply, readiness from the workloads' status, idempotent re-apply, pruning of
-//! removed pools, switched modes and removed Federations.
+//! removed pools, switched modes and removed Federations; SuperNode keys made per pod (per node
+//! for DaemonSets) in a Secret, and SuperNodes started only once the "hub" (the test, here)
+//! registers their public keys, with registration kept across a hub that forgets it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -112,6 +114,59 @@ fn counts(entries: &[(&str, u32, u32, &str)]) -> BTreeMap<String, (u32, u32, Str
         .collect()
 }
 
+/// The public keys the runtime reports for each pool of `fed`, by pool name.
+fn reported_keys(statuses: &[FederationStatus], fed: &str) -> BTreeMap<String, Vec<String>> {
+    statuses
+        .iter()
+        .filter(|f| f.name == fed)
+        .flat_map(|f| f.pools.iter())
+        .map(|p| (p.name.clone(), p.node_public_keys.clone()))
+        .collect()
+}
+
+/// `work` as a hub sends it after registering `keys` (its Federations' registered keys).
+fn registered(mut work: ClusterWork, version: u64, keys: &[String]) -> ClusterWork {
+    work.version = version;
+    for fed in &mut work.federations {
+        fed.registered_node_keys = keys.to_vec();
+    }
+    work
+}
+
+/// Registers every key the runtime reports for `FED` (what the hub does), applies `work` with
+/// them and returns that snapshot.
+async fn register_all(
+    runtime: &KubeRuntime,
+    work: &ClusterWork,
+    version: u64,
+) -> Result<ClusterWork> {
+    let keys: Vec<String> = reported_keys(&runtime.observe().await, FED)
+        .into_values()
+        .flatten()
+        .collect();
+    ensure!(!keys.is_empty(), "no node keys reported");
+    let next = registered(work.clone(), version, &keys);
+    runtime.apply_work(&next).await?;
+    Ok(next)
+}
+
+/// Data keys of Secret `name` in `NS`.
+async fn secret_keys(client: &Client, name: &str) -> Result<Vec<String>> {
+    let secret = Api::<Secret>::namespaced(client.clone(), NS)
+        .get(name)
+        .await?;
+    Ok(secret.data.unwrap_or_default().into_keys().collect())
+}
+
+/// `spec.replicas` of StatefulSet `name` in `NS`.
+async fn replicas(client: &Client, name: &str) -> Result<Option<i32>> {
+    Ok(Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .get(name)
+        .await?
+        .spec
+        .replicas)
+}
+
 /// resourceVersions of everything the agent applied in `NS`, by `kind/name`.
 async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
     e2e::applied_versions(
@@ -181,20 +236,23 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     .await?;
     let runtime = KubeRuntime::new(agent.client.clone());
     let t0 = Instant::now();
-    let two_pools = two_pools_are_applied_and_ready(&client, &runtime).await?;
+    let two_pools = two_pools_start_once_their_keys_are_registered(&client, &runtime).await?;
     let versions =
         reapplying_an_unchanged_snapshot_changes_nothing(&client, &runtime, &two_pools).await?;
     an_unrenderable_federation_keeps_its_objects(&client, &runtime, &two_pools, &versions).await?;
-    a_removed_pool_is_pruned(&client, &runtime, &versions).await?;
-    let nodes = u32::try_from(spoke.nodes.len())?;
-    a_mode_switch_prunes_the_old_kind(&client, &runtime, nodes).await?;
+    a_removed_pool_is_pruned(&client, &runtime, &two_pools, &versions).await?;
+    scaling_down_removes_the_extra_keys(&client, &runtime, &two_pools).await?;
+    let nodes = spoke.nodes.clone();
+    a_mode_switch_prunes_the_old_kind(&client, &runtime, &nodes).await?;
     a_removed_federation_is_pruned(&client, &runtime).await?;
     eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// 1. Two pools: namespace created, CA Secret and StatefulSets applied, pods Ready via kwok.
-async fn two_pools_are_applied_and_ready(
+/// 1. Two pools: namespace created, CA Secret, key Secrets and StatefulSets applied; no
+///    SuperNode starts before its key is registered, a key that is not its own never starts it,
+///    and once the reported keys are registered the pods get Ready via kwok.
+async fn two_pools_start_once_their_keys_are_registered(
     client: &Client,
     runtime: &KubeRuntime,
 ) -> Result<ClusterWork> {
@@ -228,17 +286,98 @@ async fn two_pools_are_applied_and_ready(
         exists::<StatefulSet>(client, "fed-supernode-b").await?,
         "pool b missing"
     );
+    // One private key per pod, kept on the spoke; only public keys are reported.
+    ensure!(
+        secret_keys(client, "fed-supernode-a-node-keys").await?
+            == ["fed-supernode-a-0", "fed-supernode-a-1"],
+        "pool a's key Secret"
+    );
+    ensure!(
+        secret_keys(client, "fed-supernode-b-node-keys").await? == ["fed-supernode-b-0"],
+        "pool b's key Secret"
+    );
+    let reported = reported_keys(&runtime.observe().await, FED);
+    ensure!(
+        reported["a"].len() == 2
+            && reported["b"].len() == 1
+            && reported
+                .values()
+                .flatten()
+                .all(|k| k.starts_with("ecdsa-sha2-nistp384 ")),
+        "public keys not reported: {reported:?}"
+    );
+    ensure!(
+        (
+            replicas(client, "fed-supernode-a").await?,
+            replicas(client, "fed-supernode-b").await?
+        ) == (Some(0), Some(0)),
+        "SuperNodes scheduled before their key was registered"
+    );
+    wait_pools(
+        runtime,
+        "pools wait for their keys (desired kept)",
+        counts(&[("a", 2, 0, "False"), ("b", 1, 0, "False")]),
+    )
+    .await?;
+    // Negative: pod a-1's key and a key of no pod here are registered, a-0's is not; a StatefulSet
+    // starts pods in order, so nothing may start.
+    let stranger = flower_addon_agent::node_key::generate_node_key()?.public_openssh;
+    let partial = registered(two_pools.clone(), 2, &[reported["a"][1].clone(), stranger]);
+    runtime.apply_work(&partial).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        (
+            replicas(client, "fed-supernode-a").await?,
+            replicas(client, "fed-supernode-b").await?
+        ) == (Some(0), Some(0)),
+        "a SuperNode started with an unregistered key"
+    );
+    ensure!(
+        pod_uids(client).await?.is_empty(),
+        "pods exist before any key of theirs is registered"
+    );
+    let registered_work = register_all(runtime, &two_pools, 3).await?;
     let took = wait_pools(
         runtime,
         "pools a 2/2 and b 1/1 Ready",
         counts(&[("a", 2, 2, "True"), ("b", 1, 1, "True")]),
     )
     .await?;
-    eprintln!("pools ready {:.1}s after apply", took.as_secs_f64());
-    Ok(two_pools)
+    eprintln!(
+        "pools ready {:.1}s after their keys were registered",
+        took.as_secs_f64()
+    );
+    // Each pod reads its own key file, readable through the pod's fsGroup only.
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .get("fed-supernode-a")
+        .await?;
+    let pod = sts.spec.template.spec.context("pod spec")?;
+    let args = pod.containers[0].args.clone().unwrap_or_default();
+    ensure!(
+        args.last().map(String::as_str)
+            == Some("--auth-supernode-private-key=/var/run/flower-addon/node-key/$(FLWR_POD_NAME)"),
+        "key argument: {args:?}"
+    );
+    let key_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| {
+            v.secret
+                .clone()
+                .filter(|s| s.secret_name.as_deref() == Some("fed-supernode-a-node-keys"))
+        })
+        .context("key volume")?;
+    ensure!(key_volume.default_mode == Some(0o440), "{key_volume:?}");
+    ensure!(
+        pod.security_context.and_then(|s| s.fs_group) == Some(49999),
+        "fsGroup for Flower's uid"
+    );
+    Ok(registered_work)
 }
 
-/// 2. Re-applying the unchanged snapshot changes no resourceVersion and recreates no pod.
+/// 2. Re-applying the unchanged snapshot changes no resourceVersion and recreates no pod — nor
+///    does a hub that restarted and sends no registered keys (registration is sticky).
 async fn reapplying_an_unchanged_snapshot_changes_nothing(
     client: &Client,
     runtime: &KubeRuntime,
@@ -248,16 +387,22 @@ async fn reapplying_an_unchanged_snapshot_changes_nothing(
     let versions = applied_versions(client).await?;
     let pods = pod_uids(client).await?;
     ensure!(
-        versions.len() == 5
+        versions.len() == 7
             && versions.contains_key("Service/fed-supernode-a")
-            && versions.contains_key("Service/fed-supernode-b"),
-        "expected 2 StatefulSets, their 2 headless Services + 1 Secret, got {versions:?}"
+            && versions.contains_key("Service/fed-supernode-b")
+            && versions.contains_key("Secret/fed-supernode-a-node-keys")
+            && versions.contains_key("Secret/fed-supernode-b-node-keys"),
+        "expected 2 StatefulSets, their 2 headless Services, 2 key Secrets + 1 CA Secret, got {versions:?}"
     );
     runtime
-        .apply_work(&snapshot(2, two_pools.federations.clone()))
+        .apply_work(&snapshot(4, two_pools.federations.clone()))
         .await?;
     runtime
-        .apply_work(&snapshot(3, two_pools.federations.clone()))
+        .apply_work(&snapshot(5, two_pools.federations.clone()))
+        .await?;
+    // A restarted hub may briefly send fewer (here: no) registered keys.
+    runtime
+        .apply_work(&registered(two_pools.clone(), 6, &[]))
         .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(
@@ -265,6 +410,12 @@ async fn reapplying_an_unchanged_snapshot_changes_nothing(
         "re-apply changed objects: before {versions:?}"
     );
     ensure!(pod_uids(client).await? == pods, "re-apply recreated pods");
+    wait_pools(
+        runtime,
+        "pools still Ready after a hub forgot its registrations",
+        counts(&[("a", 2, 2, "True"), ("b", 1, 1, "True")]),
+    )
+    .await?;
     Ok(versions)
 }
 
@@ -277,7 +428,7 @@ async fn an_unrenderable_federation_keeps_its_objects(
 ) -> Result<()> {
     let mut broken = two_pools.federations[0].clone();
     broken.flower_version = "latest".to_owned();
-    let err = runtime.apply_work(&snapshot(4, vec![broken])).await;
+    let err = runtime.apply_work(&snapshot(7, vec![broken])).await;
     ensure!(
         err.is_err(),
         "unreadable flower_version must fail the apply"
@@ -293,24 +444,43 @@ async fn an_unrenderable_federation_keeps_its_objects(
         ),
         "failed apply not reported: {status:?}"
     );
+    ensure!(
+        status[0]
+            .pools
+            .iter()
+            .all(|p| !p.node_public_keys.is_empty()),
+        "keys still on the cluster must stay reported: {status:?}"
+    );
     Ok(())
 }
 
-/// 4. Pool b removed → its StatefulSet is pruned; pool a untouched.
+/// 4. Pool b removed → its StatefulSet, Service and key Secret are pruned; pool a untouched.
 async fn a_removed_pool_is_pruned(
     client: &Client,
     runtime: &KubeRuntime,
+    two_pools: &ClusterWork,
     versions: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let one_pool = snapshot(5, vec![federation(NS, FED, "StatefulSet", &[("a", 2)])]);
+    let keys = &two_pools.federations[0].registered_node_keys;
+    let one_pool = registered(
+        snapshot(0, vec![federation(NS, FED, "StatefulSet", &[("a", 2)])]),
+        8,
+        keys,
+    );
     runtime.apply_work(&one_pool).await?;
     wait_gone::<StatefulSet>(client, "fed-supernode-b").await?;
     wait_gone::<k8s_openapi::api::core::v1::Service>(client, "fed-supernode-b").await?;
+    wait_gone::<Secret>(client, "fed-supernode-b-node-keys").await?;
     let after = applied_versions(client).await?;
-    ensure!(
-        after.get("StatefulSet/fed-supernode-a") == versions.get("StatefulSet/fed-supernode-a"),
-        "removing pool b changed pool a"
-    );
+    for kept in [
+        "StatefulSet/fed-supernode-a",
+        "Secret/fed-supernode-a-node-keys",
+    ] {
+        ensure!(
+            after.get(kept) == versions.get(kept),
+            "removing pool b changed {kept}"
+        );
+    }
     wait_pools(
         runtime,
         "only pool a reported",
@@ -320,14 +490,52 @@ async fn a_removed_pool_is_pruned(
     Ok(())
 }
 
-/// 5. Mode switch StatefulSet → DaemonSet: the old kind is pruned, the DaemonSet runs on
-///    every kwok node.
+/// 4b. Pool a scaled down to 1 → the key (and registration) of pod a-1 is removed, a-0's kept.
+async fn scaling_down_removes_the_extra_keys(
+    client: &Client,
+    runtime: &KubeRuntime,
+    two_pools: &ClusterWork,
+) -> Result<()> {
+    let before = Api::<Secret>::namespaced(client.clone(), NS)
+        .get("fed-supernode-a-node-keys")
+        .await?
+        .data
+        .unwrap_or_default();
+    let keys = &two_pools.federations[0].registered_node_keys;
+    let one = registered(
+        snapshot(0, vec![federation(NS, FED, "StatefulSet", &[("a", 1)])]),
+        9,
+        keys,
+    );
+    runtime.apply_work(&one).await?;
+    let after = Api::<Secret>::namespaced(client.clone(), NS)
+        .get("fed-supernode-a-node-keys")
+        .await?
+        .data
+        .unwrap_or_default();
+    ensure!(
+        after.keys().collect::<Vec<_>>() == ["fed-supernode-a-0"]
+            && after.get("fed-supernode-a-0") == before.get("fed-supernode-a-0"),
+        "scale-down must drop a-1's key and keep a-0's"
+    );
+    ensure!(
+        replicas(client, "fed-supernode-a").await? == Some(1),
+        "replicas after scale-down"
+    );
+    wait_pools(runtime, "pool a 1/1", counts(&[("a", 1, 1, "True")])).await?;
+    Ok(())
+}
+
+/// 5. Mode switch StatefulSet → DaemonSet: the old kind is pruned, the pool's keys become one
+///    per node, the DaemonSet runs on no node before its key is registered, then on every kwok
+///    node.
 async fn a_mode_switch_prunes_the_old_kind(
     client: &Client,
     runtime: &KubeRuntime,
-    nodes: u32,
+    nodes: &[String],
 ) -> Result<()> {
-    let daemon = snapshot(6, vec![federation(NS, FED, "DaemonSet", &[("a", 0)])]);
+    let count = u32::try_from(nodes.len())?;
+    let daemon = snapshot(10, vec![federation(NS, FED, "DaemonSet", &[("a", 0)])]);
     runtime.apply_work(&daemon).await?;
     wait_gone::<StatefulSet>(client, "fed-supernode-a").await?;
     // A DaemonSet names no Service: the StatefulSet's headless one goes with it.
@@ -336,24 +544,50 @@ async fn a_mode_switch_prunes_the_old_kind(
         exists::<DaemonSet>(client, "fed-supernode-a").await?,
         "DaemonSet missing"
     );
+    let mut want_keys = nodes.to_vec();
+    want_keys.sort();
+    ensure!(
+        secret_keys(client, "fed-supernode-a-node-keys").await? == want_keys,
+        "DaemonSet keys must be one per node"
+    );
+    let daemonsets = Api::<DaemonSet>::namespaced(client.clone(), NS);
+    e2e::wait_until(
+        "DaemonSet observed with no registered node",
+        Duration::from_secs(60),
+        || async {
+            let d = daemonsets.get("fed-supernode-a").await?;
+            Ok(d.status.is_some_and(|st| {
+                st.observed_generation == d.metadata.generation && st.desired_number_scheduled == 0
+            }))
+        },
+    )
+    .await?;
+    wait_pools(
+        runtime,
+        "DaemonSet pool waits for its node keys",
+        counts(&[("a", count, 0, "False")]),
+    )
+    .await?;
+    register_all(runtime, &daemon, 11).await?;
     wait_pools(
         runtime,
         "DaemonSet pool ready on every node",
-        counts(&[("a", nodes, nodes, "True")]),
+        counts(&[("a", count, count, "True")]),
     )
     .await?;
     Ok(())
 }
 
-/// 6. Federation removed from the snapshot → its workload and Secret are pruned; another
+/// 6. Federation removed from the snapshot → its workload and Secrets are pruned; another
 ///    Federation applied in the same snapshot is kept.
 async fn a_removed_federation_is_pruned(client: &Client, runtime: &KubeRuntime) -> Result<()> {
     let other = federation("team-b", "other", "StatefulSet", &[("x", 1)]);
     runtime
-        .apply_work(&snapshot(7, vec![other.clone()]))
+        .apply_work(&snapshot(12, vec![other.clone()]))
         .await?;
     wait_gone::<DaemonSet>(client, "fed-supernode-a").await?;
     wait_gone::<Secret>(client, "fed-superlink-ca").await?;
+    wait_gone::<Secret>(client, "fed-supernode-a-node-keys").await?;
     ensure!(
         Api::<StatefulSet>::namespaced(client.clone(), "team-b")
             .get_opt("other-supernode-x")

@@ -3,7 +3,10 @@
 use super::*;
 
 /// Renders one Federation's work: the CA Secret (TLS on), one workload per pool and the
-/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`].
+/// headless Service of each StatefulSet pool, each marked with [`APPLIED_BY_LABEL`]. With SuperNode
+/// authentication ([`FederationPlan::secure`]), each SuperNode reads its own key from the pool's key Secret ([`mount_node_keys`]); every
+/// desired SuperNode is started (what `flower-hub render --cluster` prints). The agent applies
+/// [`render_federation_with_keys`] instead, which starts only registered SuperNodes.
 pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeError> {
     let ca_secret_name = spoke_ca_secret_name(&plan.name);
     let secret = plan
@@ -27,6 +30,12 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
             federation: plan.id(),
             source,
         })?;
+        if plan.secure() {
+            mount_node_keys(
+                &mut workload,
+                &node_key_secret_name(&plan.name, &pool.spec.name),
+            );
+        }
         let kind = match &mut workload {
             Workload::StatefulSet(s) => {
                 mark(&mut s.metadata);
@@ -46,6 +55,8 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
                 name: pool.spec.name.clone(),
                 workload: pool_workload_name(&plan.name, &pool.spec.name),
                 kind,
+                node_public_keys: Vec::new(),
+                waiting: 0,
             },
             workload,
         ));
@@ -55,6 +66,26 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
         workloads,
         services,
     })
+}
+
+/// [`render_federation`] with the pools' SuperNode keys as they are on the cluster: each
+/// pool starts only the SuperNodes whose key is registered ([`keys::gate_workload`]; a pool
+/// missing from `keys` starts none) and reports every desired SuperNode's public key.
+/// Federations without SuperNode authentication are rendered as by [`render_federation`].
+pub fn render_federation_with_keys(
+    plan: &FederationPlan,
+    keys: &FederationKeys,
+) -> Result<Rendered, KubeRuntimeError> {
+    let mut rendered = render_federation(plan)?;
+    if plan.secure() {
+        let none = PoolKeys::default();
+        for (pool, workload) in &mut rendered.workloads {
+            let pool_keys = keys.get(&pool.name).unwrap_or(&none);
+            pool.waiting = keys::gate_workload(workload, pool_keys);
+            pool.node_public_keys = pool_keys.public.values().cloned().collect();
+        }
+    }
+    Ok(rendered)
 }
 
 /// The pools a Federation's work declares, for status when it could not be rendered.
@@ -71,13 +102,15 @@ pub(super) fn declared_pools(fed: &FederationWork) -> Vec<AppliedPool> {
                 DeploymentMode::StatefulSet => Kind::StatefulSet,
                 DeploymentMode::DaemonSet => Kind::DaemonSet,
             },
+            node_public_keys: Vec::new(),
+            waiting: 0,
         })
         .collect()
 }
 
 /// Adds the agent's ownership label (metadata only: selectors are immutable and stay the
 /// renderer's).
-fn mark(meta: &mut ObjectMeta) {
+pub(super) fn mark(meta: &mut ObjectMeta) {
     meta.labels
         .get_or_insert_with(BTreeMap::new)
         .insert(APPLIED_BY_LABEL.to_owned(), AGENT_FIELD_MANAGER.to_owned());

@@ -28,6 +28,7 @@ pub mod address;
 pub mod dialect;
 pub mod merge;
 pub mod node_config;
+pub mod node_keys;
 pub mod placeholders;
 mod pool;
 pub mod process_env;
@@ -41,6 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
 pub use node_config::{NodeConfigError, encode_node_config};
+pub use node_keys::{mount_node_keys, node_key_secret_name};
 pub use placeholders::PlaceholderError;
 pub use pool::{claim, superexec_clientapp_argv, supernode_argv};
 pub use process_env::{ProcessEnvError, process_env, unenforced_resources};

@@ -1,0 +1,117 @@
+//! The runtime's writes: namespaces, server-side apply as the agent's field manager, and pruning
+//! of labelled objects the snapshot no longer has.
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, Kind, KubeRuntimeError, ObjectKey, kube_err};
+
+/// Creates `namespace` unless it exists (never deleted by the agent: it may hold user data).
+pub(super) async fn ensure_namespace(
+    client: &Client,
+    namespace: &str,
+) -> Result<(), KubeRuntimeError> {
+    let api = Api::<Namespace>::all(client.clone());
+    let action = format!("get Namespace {namespace}");
+    if api
+        .get_opt(namespace)
+        .await
+        .map_err(kube_err(action))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {
+            tracing::info!(%namespace, "namespace created");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(source) => Err(KubeRuntimeError::Kube {
+            action: format!("create Namespace {namespace}"),
+            source,
+        }),
+    }
+}
+
+/// Server-side applies `object` as the agent's field manager (forced: the agent owns these).
+pub(super) async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), KubeRuntimeError>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
+        what: format!("{kind} {name}"),
+        source,
+    })?;
+    api.patch(name, &params, &Patch::Apply(&body))
+        .await
+        .map_err(kube_err(format!("apply {kind} {name}")))?;
+    Ok(())
+}
+
+/// Deletes objects of one kind that carry the agent's label and are not desired.
+pub(super) async fn prune_kind<K>(
+    client: &Client,
+    kind: Kind,
+    desired: &BTreeSet<ObjectKey>,
+    keep: &BTreeSet<(String, String)>,
+) -> Result<(), KubeRuntimeError>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+    K::DynamicType: Default,
+{
+    let selector = format!(
+        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}",
+        crate::render::MANAGED_BY
+    );
+    let all = Api::<K>::all(client.clone());
+    let list = all
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!("list {}", kind.name())))?;
+    for object in list.items {
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let instance = object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/instance"))
+            .cloned()
+            .unwrap_or_default();
+        if desired.contains(&(kind, namespace.clone(), name.clone()))
+            || keep.contains(&(namespace.clone(), instance))
+        {
+            continue;
+        }
+        let api = Api::<K>::namespaced(client.clone(), &namespace);
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => tracing::info!(kind = kind.name(), %namespace, %name, "pruned"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => {
+                return Err(KubeRuntimeError::Kube {
+                    action: format!("delete {} {namespace}/{name}", kind.name()),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! SuperNode authentication keys, made where the SuperNode runs and never sent anywhere: one
+//! OpenSSH EC P-384 private key per SuperNode (Flower refuses RSA and PKCS#8; see FLOWER.md), of
+//! which only the public line (`ecdsa-sha2-nistp384 …`) goes to the hub, which registers it with
+//! the SuperLink. The process runtime keeps each key in a file, the Kubernetes runtime in a
+//! Secret per pool; both make and read keys here.
+use std::path::Path;
+
+use ssh_key::{Algorithm, EcdsaCurve, LineEnding, PrivateKey, rand_core::OsRng};
+
+/// Why a node key cannot be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeKeyError {
+    /// The key generator failed.
+    #[error("cannot create a node key: {0}")]
+    Generate(ssh_key::Error),
+    /// A key could not be encoded in OpenSSH format.
+    #[error("cannot encode a node key: {0}")]
+    Encode(ssh_key::Error),
+    /// Stored text is not an OpenSSH private key.
+    #[error("{what}: not an OpenSSH private key: {source}")]
+    Parse {
+        /// Where the text came from (a file, a Secret's data key).
+        what: String,
+        /// The parser's error.
+        source: ssh_key::Error,
+    },
+    /// A key file cannot be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A node key: the OpenSSH private key text and its one-line public key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeKey {
+    /// `-----BEGIN OPENSSH PRIVATE KEY-----…` (LF line endings).
+    pub private_openssh: String,
+    /// `ecdsa-sha2-nistp384 AAAA…` (no comment, no newline).
+    pub public_openssh: String,
+}
+
+impl std::fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeKey")
+            .field("public_openssh", &self.public_openssh)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes a new OpenSSH EC P-384 key pair.
+pub fn generate_node_key() -> Result<NodeKey, NodeKeyError> {
+    let key = PrivateKey::random(
+        &mut OsRng,
+        Algorithm::Ecdsa {
+            curve: EcdsaCurve::NistP384,
+        },
+    )
+    .map_err(NodeKeyError::Generate)?;
+    let private_openssh = key
+        .to_openssh(LineEnding::LF)
+        .map_err(NodeKeyError::Encode)?
+        .to_string();
+    Ok(NodeKey {
+        public_openssh: public_line(&key)?,
+        private_openssh,
+    })
+}
+
+/// The public key line of the OpenSSH private key `text`; `what` names where it came from in
+/// the error.
+pub fn public_key_of(text: &str, what: &str) -> Result<String, NodeKeyError> {
+    let key = PrivateKey::from_openssh(text).map_err(|source| NodeKeyError::Parse {
+        what: what.to_owned(),
+        source,
+    })?;
+    public_line(&key)
+}
+
+fn public_line(key: &PrivateKey) -> Result<String, NodeKeyError> {
+    key.public_key().to_openssh().map_err(NodeKeyError::Encode)
+}
+
+/// Creates the key file `path` (0600, atomically) unless it exists, writes its public key to
+/// `<path>.pub` and returns the public key line. An existing key is read, never replaced.
+pub fn ensure_node_key(path: &Path) -> Result<String, NodeKeyError> {
+    let io = |source| NodeKeyError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let public = if path.exists() {
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        public_key_of(&text, &path.display().to_string())?
+    } else {
+        let key = generate_node_key()?;
+        crate::files::write_atomic(path, key.private_openssh.as_bytes(), crate::files::PRIVATE)
+            .map_err(io)?;
+        key.public_openssh
+    };
+    let pub_path = path.with_extension("key.pub");
+    crate::files::write_if_changed(
+        &pub_path,
+        format!("{public}\n").as_bytes(),
+        crate::files::PUBLIC,
+    )
+    .map_err(|source| NodeKeyError::Io {
+        path: pub_path.display().to_string(),
+        source,
+    })?;
+    Ok(public)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_key_reads_back_to_the_same_public_key() {
+        // The Kubernetes runtime reports the public key of what it stored, so both must agree.
+        let key = generate_node_key().unwrap();
+        assert!(
+            key.public_openssh.starts_with("ecdsa-sha2-nistp384 "),
+            "{key:?}"
+        );
+        assert!(
+            key.private_openssh
+                .starts_with("-----BEGIN OPENSSH PRIVATE KEY-----")
+        );
+        assert_eq!(
+            public_key_of(&key.private_openssh, "x").unwrap(),
+            key.public_openssh
+        );
+        assert_ne!(generate_node_key().unwrap(), key);
+    }
+
+    #[test]
+    fn a_corrupt_key_is_named_in_the_error() {
+        // A damaged stored key is refused (never silently replaced), saying where it is.
+        let err = public_key_of("garbage", "Secret ns/s data key p-0").unwrap_err();
+        assert!(
+            err.to_string().contains("Secret ns/s data key p-0"),
+            "{err}"
+        );
+        assert!(!format!("{:?}", generate_node_key().unwrap()).contains("PRIVATE"));
+    }
+}
