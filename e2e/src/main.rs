@@ -131,6 +131,9 @@ spec:
   mode: StatefulSet
   isolationMode: subprocess
   insecure: false
+  # The hub of `e2e up` runs on the host, where the SuperLink Service's name does not resolve,
+  # so it cannot register SuperNode keys; a hub installed as its Deployment can.
+  supernodeAuthentication: false
   placementRef:
     name: demo
   superlink:

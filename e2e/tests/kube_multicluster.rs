@@ -757,6 +757,11 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
                 "mode": "StatefulSet",
                 "isolationMode": "subprocess",
                 "insecure": false,
+                // kwok pods run no Flower and this hub runs on the host, where the SuperLink
+                // Service's name does not resolve: no key can be registered, so SuperNode
+                // authentication (tested in kube_runtime, control_api and the real-pod tests)
+                // would hold every pool at 0 replicas here.
+                "supernodeAuthentication": false,
                 "placementRef": {"name": "prod"},
                 "superlink": superlink,
                 "supernodes": {"image": "flwr/supernode:1.42.0", "pools": pools},
@@ -876,6 +881,8 @@ fn fed_with_pools(pools: serde_json::Value) -> serde_json::Value {
             "mode": "StatefulSet",
             "isolationMode": "subprocess",
             "insecure": false,
+            // No key can be registered with a kwok SuperLink from a host-run hub (see above).
+            "supernodeAuthentication": false,
             "placementRef": {"name": "both"},
             "superlink": {"image": "flwr/superlink:1.42.0",
                           "service": {"type": "NodePort"}},

@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, ensure};
 use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
 use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
@@ -29,6 +29,7 @@ use kube::api::LogParams;
 
 const ADDON_IMAGE: &str = "ghcr.io/flower-addon/flower-addon:0.1.0";
 const SUPERLINK_IMAGE: &str = "flwr/superlink:1.42.0";
+const SUPERNODE_IMAGE: &str = "flwr/supernode:1.42.0";
 
 /// Runs `python3 -c script` in a pod `name` of the Flower image on the real node of `pods`'
 /// cluster and returns its output once it has succeeded.
@@ -80,7 +81,7 @@ fn real_node_selector() -> String {
 async fn pods_run_on_a_real_node() -> Result<()> {
     e2e::install_crypto();
     // Fail (not skip) before booting anything when an image is missing.
-    let images: Vec<ImageArchive> = [ADDON_IMAGE, SUPERLINK_IMAGE]
+    let images: Vec<ImageArchive> = [ADDON_IMAGE, SUPERLINK_IMAGE, SUPERNODE_IMAGE]
         .iter()
         .map(|r| image_archive(r))
         .collect::<Result<_>>()?;
@@ -120,12 +121,108 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         hub, spoke, spoke_node, &images, &channel,
     )
     .await?;
+    placed_supernodes_authenticate_with_their_own_keys(hub, spoke).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
         eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
     }
     eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Kubernetes-mode SuperNode authentication end to end (#9 item 5): a TLS Federation placed on
+/// spoke-1 gets `--enable-supernode-auth` on its SuperLink (hub pod), the agent pod makes one key
+/// pair per SuperNode pod in a Secret on the spoke and reports the public keys, the hub pod
+/// registers them through the SuperLink's Control API (its Service name), and the SuperNode pods
+/// start and connect: the Federation's status counts them `online` from the SuperLink's own node
+/// list, not from container readiness.
+async fn placed_supernodes_authenticate_with_their_own_keys(
+    hub: &Cluster,
+    spoke: &Cluster,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_yaml(
+        &hub.client,
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: fl}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Placement
+metadata: {name: spokes, namespace: fl}
+spec:
+  predicates:
+    - requiredClusterSelector: {labelSelector: {matchLabels: {}}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: auth, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  placementRef: {name: spokes}
+  superlink:
+    image: flwr/superlink:1.42.0
+    service: {type: NodePort}
+  supernodes:
+    image: flwr/supernode:1.42.0
+    pools: [{name: a, replicas: 2, images: {}}]
+"#,
+        "fl",
+    )
+    .await?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    let online = wait_for(
+        "both SuperNodes of spoke-1 online in the SuperLink's node list (Federation status)",
+        Duration::from_secs(300),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("auth").await?;
+                let entry = fed
+                    .status
+                    .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
+                Ok(entry.filter(|c| c.online == Some(2)))
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        online.supernodes.as_deref() == Some("2/2"),
+        "status: {online:?}"
+    );
+    // The private keys stay on the spoke: one per pod in the pool's key Secret there.
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
+    let keys = secrets.get("auth-supernode-a-node-keys").await?;
+    let data = keys.data.unwrap_or_default();
+    ensure!(
+        data.keys()
+            .filter(|k| k.starts_with("auth-supernode-a-"))
+            .count()
+            == 2,
+        "key Secret holds {:?}",
+        data.keys().collect::<Vec<_>>()
+    );
+    let sl_args =
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "fl")
+            .get("auth-superlink")
+            .await?
+            .spec
+            .template
+            .spec
+            .map(|p| p.containers[0].args.clone().unwrap_or_default())
+            .unwrap_or_default();
+    ensure!(
+        sl_args.iter().any(|a| a == "--enable-supernode-auth"),
+        "SuperLink args: {sl_args:?}"
+    );
+    eprintln!(
+        "real_node: placed Federation: 2 SuperNodes on spoke-1 registered and online in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

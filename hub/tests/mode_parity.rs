@@ -142,9 +142,14 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         })
         .expect("federation");
     let selected: Vec<String> = clusters.keys().cloned().collect();
-    let kube =
-        flower_addon_hub::kube::work::federation_work(fed, &selected, &clusters, ca.cert_pem())
-            .expect("kube work");
+    let kube = flower_addon_hub::kube::work::federation_work(
+        fed,
+        &selected,
+        &clusters,
+        ca.cert_pem(),
+        &[],
+    )
+    .expect("kube work");
     assert_eq!(kube.len(), 2);
     for (cluster, fw) in &kube {
         let sent = &standalone[cluster].federations;

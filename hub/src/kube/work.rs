@@ -27,7 +27,10 @@ use tokio::task::JoinHandle;
 use crate::channel::{InMemoryWorkSource, WorkSource};
 use crate::core::render::{federation_dialect, spoke_fleet_address};
 use crate::core::work::{WorkInputs, decided};
+use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::controller::placement::cluster_view;
+
+mod keys;
 
 /// How long the loop waits for more events before recomputing (coalesces bursts).
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -53,6 +56,8 @@ pub struct KubeWorkSource {
     reported: watch::Sender<u64>,
     task: JoinHandle<()>,
     status_task: JoinHandle<()>,
+    keys_task: JoinHandle<()>,
+    registry: Arc<NodeKeyRegistry>,
 }
 
 /// The last status report of a cluster and when it arrived (Unix seconds).
@@ -66,6 +71,7 @@ impl Drop for KubeWorkSource {
     fn drop(&mut self) {
         self.task.abort();
         self.status_task.abort();
+        self.keys_task.abort();
     }
 }
 
@@ -125,20 +131,41 @@ impl KubeWorkSource {
         let work = inner.clone();
         let reports: Arc<DashMap<String, Report>> = Arc::new(DashMap::new());
         let (reported, reported_rx) = watch::channel(0u64);
+        let registry = Arc::new(NodeKeyRegistry::new());
+        let (keys_changed, mut keys_rx) = watch::channel(0u64);
         let status_task = tokio::spawn(write_cluster_statuses(
             status_client,
             stores.clone(),
             reports.clone(),
-            reported_rx,
+            registry.clone(),
+            reported_rx.clone(),
         ));
+        let keys_task = tokio::spawn(keys::sync_node_keys(
+            stores.clone(),
+            reports.clone(),
+            registry.clone(),
+            ca_pem.clone(),
+            reported_rx,
+            keys_changed,
+        ));
+        let task_registry = registry.clone();
         let task = tokio::spawn(async move {
             let mut state = State {
                 ca_pem,
+                registry: task_registry,
                 sent: BTreeMap::new(),
                 last_good: BTreeMap::new(),
             };
             let mut ready = false;
-            while events.next().await.is_some() {
+            loop {
+                // A reflector event, or SuperLinks now holding other keys (work carries them).
+                let next = tokio::select! {
+                    event = events.next() => event.is_some(),
+                    changed = keys_rx.changed() => changed.is_ok(),
+                };
+                if !next {
+                    break;
+                }
                 // Coalesce a burst of events into one pass (bounded, so a steady stream of
                 // heartbeats cannot starve the recompute).
                 let deadline = tokio::time::Instant::now() + MAX_DELAY;
@@ -163,6 +190,7 @@ impl KubeWorkSource {
         if !matches!(waited, Ok(Ok(_))) {
             task.abort();
             status_task.abort();
+            keys_task.abort();
             return Err(KubeWorkError::NotReady(READY_TIMEOUT));
         }
         Ok(Self {
@@ -171,7 +199,14 @@ impl KubeWorkSource {
             reported,
             task,
             status_task,
+            keys_task,
+            registry,
         })
+    }
+
+    /// The SuperNode keys each Federation's SuperLink holds and lists online.
+    pub fn node_keys(&self) -> &Arc<NodeKeyRegistry> {
+        &self.registry
     }
 
     /// The in-memory source behind this one (acks and last status per cluster).
@@ -196,6 +231,7 @@ type FedKey = (String, String);
 
 struct State {
     ca_pem: String,
+    registry: Arc<NodeKeyRegistry>,
     sent: BTreeMap<String, ClusterWork>,
     last_good: BTreeMap<FedKey, Vec<(String, FederationWork)>>,
 }
@@ -226,7 +262,8 @@ impl State {
                 &placement.name,
                 |c| labels.contains_key(c),
             );
-            let works = match federation_work(&fed, &selected, &labels, &self.ca_pem) {
+            let registered = self.registry.registered(&key);
+            let works = match federation_work(&fed, &selected, &labels, &self.ca_pem, &registered) {
                 Ok(works) => {
                     self.last_good.insert(key.clone(), works.clone());
                     works
@@ -279,6 +316,7 @@ async fn write_cluster_statuses(
     client: Client,
     stores: Stores,
     reports: Arc<DashMap<String, Report>>,
+    registry: Arc<NodeKeyRegistry>,
     mut reported: watch::Receiver<u64>,
 ) {
     loop {
@@ -305,6 +343,9 @@ async fn write_cluster_statuses(
                 &placement.name,
                 |c| clusters.contains_key(c),
             );
+            let keys = registry
+                .get(&(namespace.clone(), fed.name_any()))
+                .filter(|k| k.listed);
             let want: Vec<flower_addon_crds::ClusterStatus> = selected
                 .iter()
                 .map(|name| {
@@ -313,6 +354,7 @@ async fn write_cluster_statuses(
                         name,
                         clusters.get(name).map(AsRef::as_ref),
                         reports.get(name).as_deref(),
+                        keys.as_ref().map(|k| &k.online),
                     )
                 })
                 .collect();
@@ -374,6 +416,7 @@ fn cluster_status(
     name: &str,
     cluster: Option<&ManagedCluster>,
     report: Option<&Report>,
+    online: Option<&BTreeSet<String>>,
 ) -> flower_addon_crds::ClusterStatus {
     let connected = cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
         st.conditions.iter().any(|c| {
@@ -386,7 +429,7 @@ fn cluster_status(
         name,
         connected,
         report.map(|r| (&r.status, r.at)),
-        None,
+        online,
     )
 }
 
@@ -413,6 +456,7 @@ pub fn federation_work(
     selected: &[String],
     labels: &BTreeMap<String, BTreeMap<String, String>>,
     ca_pem: &str,
+    registered_node_keys: &[String],
 ) -> Result<Vec<(String, FederationWork)>, String> {
     let problems = crate::core::problems::problems(fed);
     if !problems.is_empty() {
@@ -425,8 +469,7 @@ pub fn federation_work(
         labels,
         fleet_address: &fleet,
         ca_pem,
-        // SuperNode authentication is not on in Kubernetes mode yet: no keys to send.
-        registered_node_keys: &[],
+        registered_node_keys,
     };
     crate::core::work::federation_work(fed, version, &inputs)
         .map(|w| w.per_cluster)
@@ -464,4 +507,4 @@ impl WorkSource for KubeWorkSource {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

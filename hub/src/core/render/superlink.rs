@@ -39,9 +39,9 @@ fn port(name: &str, number: i32) -> ContainerPort {
 
 /// Where the SuperLink container finds its files and listens: Flower's default ports on every
 /// address, the TLS Secret and the state volume mounts ([`crate::core::superlink`] builds the
-/// arguments for the container and the standalone process alike). SuperNode authentication
-/// stays off in Kubernetes mode until the hub registers the agents' keys with SuperLink pods.
-pub fn container_layout(dialect: FlowerDialect) -> SuperLinkLayout {
+/// arguments for the container and the standalone process alike). SuperNode authentication is
+/// on for [`kube_supernode_auth`] Federations.
+pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLayout {
     SuperLinkLayout {
         bind_host: "0.0.0.0".to_owned(),
         ports: SuperLinkPorts::container(dialect),
@@ -51,8 +51,17 @@ pub fn container_layout(dialect: FlowerDialect) -> SuperLinkLayout {
             format!("{TLS_MOUNT_DIR}/tls.key"),
         ],
         database: format!("{STATE_MOUNT_DIR}/superlink.db"),
-        supernode_auth: false,
+        supernode_auth: kube_supernode_auth(fed),
     }
+}
+
+/// Whether a Kubernetes-mode SuperLink requires registered SuperNode keys: the Federation wants
+/// it ([`flower_addon_crds::FederationSpec::supernode_auth`]) and its pools run in spoke
+/// clusters, whose agents make the key pairs and whose keys the hub registers. Pools of a
+/// Federation without `placementRef` are rendered by the hub's controller, which makes no keys
+/// yet: their SuperLink runs TLS without SuperNode authentication.
+pub fn kube_supernode_auth(fed: &Federation) -> bool {
+    fed.spec.supernode_auth() && fed.spec.placement_ref.is_some()
 }
 
 /// Renders the SuperLink StatefulSet: one replica, container `superlink` with the image's
@@ -66,7 +75,7 @@ pub fn render_superlink(
     let spec = &fed.spec;
     let superlink = &spec.superlink;
     let process = spec.isolation_mode == IsolationMode::Process;
-    let layout = container_layout(dialect);
+    let layout = container_layout(fed, dialect);
     let fed_name = name(fed);
     let object_name = superlink_name(fed_name);
     let labels = component_labels(fed_name, "superlink", "superlink", None);

@@ -1,6 +1,6 @@
 use super::*;
 
-fn federation(pools: &str) -> Federation {
+pub(super) fn federation(pools: &str) -> Federation {
     let yaml = format!(
         r#"
 apiVersion: flower-addon.io/v1alpha1
@@ -36,7 +36,8 @@ fn pools_split_over_the_decided_clusters_with_global_partitions() {
             BTreeMap::from([("gpu".to_string(), "yes".to_string())]),
         ),
     ]);
-    let works = federation_work(&fed, &["s1".into(), "s2".into()], &labels, "CA").expect("work");
+    let works =
+        federation_work(&fed, &["s1".into(), "s2".into()], &labels, "CA", &[]).expect("work");
     assert_eq!(works.len(), 2);
     let (c1, w1) = &works[0];
     let (c2, w2) = &works[1];
@@ -63,7 +64,7 @@ fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
     // Invariant: a cluster's entry shows its pools' ready/desired from the agent's report,
     // and says so when there is no report yet or the cluster is not Available.
     let fed = federation("[{name: a, replicas: 2, images: {}}]");
-    let none = cluster_status(&fed, "s1", None, None);
+    let none = cluster_status(&fed, "s1", None, None, None);
     assert_eq!(none.supernodes, None);
     assert!(!none.connected);
     assert!(none.message.is_some_and(|m| m.contains("no status report")));
@@ -99,7 +100,7 @@ fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
         }],
         ..Default::default()
     });
-    let st = cluster_status(&fed, "s1", Some(&mc), Some(&report));
+    let st = cluster_status(&fed, "s1", Some(&mc), Some(&report), None);
     assert_eq!(st.supernodes.as_deref(), Some("1/2"));
     assert!(st.connected);
     assert_eq!(st.message.as_deref(), Some("1/2 SuperNodes ready"));
@@ -116,11 +117,11 @@ fn an_invalid_federation_yields_no_new_work() {
     // work) instead of an empty list that would prune running SuperNodes.
     let mut fed = federation("[{name: a, replicas: 1, images: {}}]");
     fed.spec.superlink.external_address = None;
-    assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA").is_err());
+    assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA", &[]).is_err());
 }
 
 /// Stores filled as the reflectors would after their first list.
-fn stores(
+pub(super) fn stores(
     feds: Vec<Federation>,
     decisions: Vec<PlacementDecision>,
     clusters: Vec<ManagedCluster>,
@@ -146,7 +147,7 @@ fn stores(
     }
 }
 
-fn decision(placement: &str, clusters: &[&str]) -> PlacementDecision {
+pub(super) fn decision(placement: &str, clusters: &[&str]) -> PlacementDecision {
     let mut d = PlacementDecision::new(&format!("{placement}-decision-1"), Default::default());
     d.metadata.namespace = Some("team".into());
     d.metadata.labels = Some(BTreeMap::from([(
@@ -165,7 +166,7 @@ fn decision(placement: &str, clusters: &[&str]) -> PlacementDecision {
     d
 }
 
-fn managed(name: &str, labels: &[(&str, &str)]) -> ManagedCluster {
+pub(super) fn managed(name: &str, labels: &[(&str, &str)]) -> ManagedCluster {
     let mut mc = ManagedCluster::new(name, Default::default());
     mc.metadata.labels = Some(
         labels
@@ -188,6 +189,7 @@ fn the_work_source_sends_only_the_clusters_whose_work_changed() {
     let work = InMemoryWorkSource::new();
     let mut state = State {
         ca_pem: "CA".into(),
+        registry: Arc::new(NodeKeyRegistry::new()),
         sent: BTreeMap::new(),
         last_good: BTreeMap::new(),
     };
@@ -293,7 +295,13 @@ async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
         );
     }
     let (tx, rx) = watch::channel(0u64);
-    let writer = tokio::spawn(write_cluster_statuses(client, stores, reports, rx));
+    let writer = tokio::spawn(write_cluster_statuses(
+        client,
+        stores,
+        reports,
+        Arc::new(NodeKeyRegistry::new()),
+        rx,
+    ));
     tx.send_modify(|n| *n += 1);
     tokio::time::sleep(Duration::from_millis(900)).await;
     writer.abort();

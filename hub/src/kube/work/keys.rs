@@ -1,0 +1,150 @@
+//! SuperNode keys in Kubernetes mode: every few seconds (and when an agent reports), each
+//! Federation with a `placementRef` and SuperNode authentication gets its SuperLink synced to
+//! the keys its placed clusters report ([`crate::core::nodekeys::wanted_keys`]) through the
+//! Control API at the SuperLink Service's in-cluster name
+//! ([`crate::core::superlink::in_cluster_control`]). When what a SuperLink holds changes, the
+//! work is recomputed so agents start the SuperNodes whose keys are now registered.
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use kube::ResourceExt;
+use tokio::sync::watch;
+
+use super::{Report, Stores};
+use crate::core::render::federation_dialect;
+use crate::core::work::decided;
+use crate::flower::control::ControlEndpoint;
+use crate::flower::registry::{KeyTarget, NodeKeyRegistry};
+
+/// How often SuperLinks are synced without new reports.
+const SYNC_EVERY: Duration = Duration::from_secs(3);
+
+/// Syncs the SuperLinks' keys until the reports channel closes; bumps `keys_changed` when any
+/// SuperLink's registered or online keys changed.
+pub(super) async fn sync_node_keys(
+    stores: Stores,
+    reports: Arc<DashMap<String, Report>>,
+    registry: Arc<NodeKeyRegistry>,
+    ca_pem: String,
+    mut reported: watch::Receiver<u64>,
+    keys_changed: watch::Sender<u64>,
+) {
+    loop {
+        tokio::select! {
+            changed = reported.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(SYNC_EVERY) => {}
+        }
+        let targets = targets(&stores, &reports, &ca_pem);
+        if !registry.sync(targets).await.is_empty() {
+            keys_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> Vec<KeyTarget> {
+    let clusters: BTreeSet<String> = stores
+        .clusters
+        .state()
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    let decisions = stores.decisions.state();
+    let mut out = Vec::new();
+    for fed in stores.federations.state() {
+        let Some(placement) = fed.spec.placement_ref.as_ref() else {
+            continue;
+        };
+        if !fed.spec.supernode_auth() {
+            continue;
+        }
+        let Ok((_, dialect)) = federation_dialect(&fed) else {
+            continue;
+        };
+        let namespace = fed.namespace().unwrap_or_default();
+        let key = (namespace.clone(), fed.name_any());
+        let placed_on: BTreeSet<String> = decided(
+            decisions.iter().map(AsRef::as_ref),
+            &namespace,
+            &placement.name,
+            |c| clusters.contains(c),
+        )
+        .into_iter()
+        .collect();
+        let statuses: Vec<(String, flower_addon_proto::Status)> = placed_on
+            .iter()
+            .filter_map(|c| reports.get(c).map(|r| (c.clone(), r.status.clone())))
+            .collect();
+        let wanted = crate::core::nodekeys::wanted_keys(
+            &key,
+            &placed_on,
+            statuses.iter().map(|(c, s)| (c.as_str(), s)),
+        );
+        let (server_name, address) = crate::core::superlink::in_cluster_control(&fed, dialect);
+        out.push(KeyTarget {
+            federation: key,
+            endpoint: ControlEndpoint {
+                dialect,
+                address,
+                server_name,
+                ca_pem: Some(ca_pem.to_owned()),
+            },
+            wanted,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{decision, federation, managed, stores};
+    use super::*;
+    use flower_addon_proto::{FederationStatus, PoolStatus, Status};
+
+    fn report(fed: &str, keys: &[&str]) -> Report {
+        Report {
+            status: Status {
+                federations: vec![FederationStatus {
+                    namespace: "team".into(),
+                    name: fed.into(),
+                    pools: vec![PoolStatus {
+                        name: "a".into(),
+                        node_public_keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            },
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn targets_hold_only_the_placed_clusters_keys_and_dial_the_service() {
+        // Invariant (#13): the SuperLink is asked to hold exactly the keys reported for this
+        // Federation by the clusters its Placement decided; a cluster not decided cannot get a
+        // key in. Federations without SuperNode authentication get no target.
+        let fed = federation("[{name: a, replicas: 1, images: {}}]");
+        let mut open = fed.clone();
+        open.metadata.name = Some("open".into());
+        open.spec.supernode_authentication = false;
+        let stores = stores(
+            vec![fed, open],
+            vec![decision("both", &["s1", "s2"])],
+            vec![managed("s1", &[]), managed("s2", &[]), managed("s3", &[])],
+        );
+        let reports = DashMap::new();
+        reports.insert("s1".to_owned(), report("fed", &["k1"]));
+        reports.insert("s2".to_owned(), report("other", &["k2"]));
+        reports.insert("s3".to_owned(), report("fed", &["k3"]));
+        let targets = targets(&stores, &reports, "CA");
+        assert_eq!(targets.len(), 1, "{targets:?}");
+        let t = &targets[0];
+        assert_eq!(t.federation, ("team".to_owned(), "fed".to_owned()));
+        assert_eq!(t.wanted, BTreeSet::from(["k1".to_owned()]));
+        assert_eq!(t.endpoint.address, "fed-superlink.team.svc:9092");
+        assert_eq!(t.endpoint.server_name, "fed-superlink.team.svc");
+        assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
+    }
+}
