@@ -74,27 +74,12 @@ async fn exercise(version: &str) -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     ensure!(online.online == BTreeSet::from([k2.clone()]), "{online:?}");
-    let t = Instant::now();
-    loop {
-        if let Some(status) = nodes.get_mut("supernode-k3")?.exited() {
-            ensure!(
-                !status.success(),
-                "the unregistered SuperNode exited with {status}"
-            );
-            println!(
-                "{version}: unregistered SuperNode refused, exited {status} after {:.1} s",
-                t.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "a SuperNode with an unregistered key still runs after 60 s\n{}",
-                nodes.log_tails(None)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let (status, after) = wait_exit(&mut nodes, "supernode-k3").await?;
+    ensure!(
+        !status.success(),
+        "the unregistered SuperNode exited with {status}"
+    );
+    println!("{version}: unregistered SuperNode refused, exited {status} after {after:.1} s");
 
     // Sync to {k1}: k2's node is unregistered and no longer listed.
     let want: BTreeSet<String> = [k1.clone()].into();
@@ -112,23 +97,8 @@ async fn exercise(version: &str) -> Result<()> {
         "k2 is still registered: {listed:?}"
     );
     // The SuperLink refuses the running SuperNode whose key was removed: it exits.
-    let t = Instant::now();
-    loop {
-        if let Some(status) = nodes.get_mut("supernode-k2")?.exited() {
-            println!(
-                "{version}: SuperNode k2 exited {status} {:.1} s after its key was unregistered",
-                t.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(60) {
-            bail!(
-                "the SuperNode whose key was unregistered still runs after 60 s\n{}",
-                nodes.log_tails(None)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let (status, after) = wait_exit(&mut nodes, "supernode-k2").await?;
+    println!("{version}: SuperNode k2 exited {status} {after:.1} s after its key was unregistered");
     // Idempotent removal; runs listed (none yet).
     client.unregister_node(id1.wrapping_add(12345)).await?;
     ensure!(client.list_runs().await?.is_empty());
@@ -149,6 +119,20 @@ async fn exercise(version: &str) -> Result<()> {
         "{text}"
     );
     Ok(())
+}
+
+/// Waits (at most 60 s) for process `name` to exit: its status and the seconds it took.
+async fn wait_exit(nodes: &mut Processes, name: &str) -> Result<(std::process::ExitStatus, f64)> {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = nodes.get_mut(name)?.exited() {
+            return Ok((status, t.elapsed().as_secs_f64()));
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("{name} still runs after 60 s\n{}", nodes.log_tails(None));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 async fn wait_online(

@@ -10,8 +10,7 @@
 //! the key is readable by the SuperNode and not by other users.
 
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, SecretVolumeSource,
-    Volume, VolumeMount,
+    PodSecurityContext, PodSpec, SecretVolumeSource, Volume, VolumeMount,
 };
 
 use super::Workload;
@@ -81,17 +80,7 @@ pub fn mount_node_keys(workload: &mut Workload, secret_name: &str) {
     else {
         return;
     };
-    let name_var = EnvVar {
-        name: name_env.to_owned(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: field_path.to_owned(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    };
+    let name_var = super::pool::field_env(name_env, field_path);
     container.env = Some(merge_env(
         &container.env.take().unwrap_or_default(),
         &[name_var],

@@ -419,7 +419,7 @@ pub fn claim(template: &PersistentVolumeClaimTemplate) -> PersistentVolumeClaim 
     }
 }
 
-fn field_env(name: &str, field_path: &str) -> EnvVar {
+pub(super) fn field_env(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {

@@ -49,8 +49,9 @@ pub struct ServeArgs {
     /// Default: `<state-dir>/manifests`.
     #[arg(long)]
     pub manifests: Option<PathBuf>,
-    /// Directory holding `flower-superlink`, `flower-superexec` and `flwr` (a venv's `bin/`;
-    /// standalone). Default: PATH.
+    /// Directory holding `flower-superlink`, `flower-superexec` and `flower-supernode` (a
+    /// venv's `bin/`; standalone; the hub registers SuperNode keys itself, no `flwr` needed).
+    /// Default: PATH.
     #[arg(long, env = "FLOWER_BIN_DIR")]
     pub flower_bin: Option<PathBuf>,
     /// Host the SuperLinks listen on (standalone).

@@ -40,7 +40,8 @@ pub struct StandaloneConfig {
     pub state_dir: PathBuf,
     /// Directory of Federation/Placement YAML files.
     pub manifests_dir: PathBuf,
-    /// Directory holding `flower-superlink`, `flower-superexec` and `flwr`; None: PATH.
+    /// Directory holding `flower-superlink` and `flower-superexec` (and `flower-supernode` for
+    /// the hub machine's own pools); None: PATH.
     pub flower_bin: Option<PathBuf>,
     /// Host SuperLinks listen on.
     pub superlink_host: String,
