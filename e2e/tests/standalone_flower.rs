@@ -801,6 +801,70 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
     Ok(())
 }
 
+/// #12 item 2 / #13 item 3 on real Flower: revoking a cluster unregisters its SuperNodes' keys
+/// from the SuperLink (read back through the hub's own Control API client) and its SuperNodes
+/// stop.
+fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
+    use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = ControlClient::new(ControlEndpoint {
+        dialect: flower_addon_crds::render::FlowerDialect::Unified,
+        address: format!("127.0.0.1:{}", w.grpc_port),
+        server_name: "127.0.0.1".into(),
+        ca_pem: Some(std::fs::read_to_string(w.hub_ca())?),
+    })?;
+    let edge1: Vec<Vec<u8>> = (0..3)
+        .map(|i| {
+            let line = std::fs::read_to_string(w.key(0, "site-a", i).with_extension("key.pub"))?;
+            Ok(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?)
+        })
+        .collect::<Result<_>>()?;
+    let held = |client: &ControlClient| -> Result<usize> {
+        let nodes = rt.block_on(client.list_nodes())?;
+        Ok(nodes
+            .iter()
+            .filter(|n| n.status != "unregistered")
+            .filter(|n| n.public_key_der.as_ref().is_some_and(|d| edge1.contains(d)))
+            .count())
+    };
+    ensure!(
+        held(&client)? == 3,
+        "edge-1's 3 keys are not all registered before the revoke"
+    );
+    let pids: Vec<u32> = (0..3)
+        .flat_map(|i| supernode_pids(&w.key(0, "site-a", i)))
+        .collect();
+    ensure!(
+        pids.len() == 3,
+        "edge-1 SuperNodes before the revoke: {pids:?}"
+    );
+    w.hub(&["revoke", "edge-1"])?;
+    let t = Instant::now();
+    Wait::new(
+        "edge-1's keys to leave the SuperLink",
+        Duration::from_secs(30),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| Ok(held(&client)? == 0))?;
+    let unregistered = t.elapsed();
+    Wait::new("edge-1's SuperNodes to stop", Duration::from_secs(30))
+        .detail(|| {
+            format!(
+                "alive: {:?}",
+                pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
+            )
+        })
+        .until_blocking(|| Ok(pids.iter().all(|p| !alive(*p))))?;
+    eprintln!(
+        "  edge-1 revoked: its 3 keys unregistered after {:.1}s, its SuperNodes gone after {:.1}s",
+        unregistered.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 type Scenario = fn(&mut World) -> Result<()>;
 
 #[test]
@@ -816,7 +880,7 @@ fn standalone_hub_agents_and_real_flower() {
         w.dir.display(),
         w.venv.display()
     );
-    let scenarios: [(&str, Scenario, bool); 6] = [
+    let scenarios: [(&str, Scenario, bool); 7] = [
         (
             "1 quickstart: 4/4 ready, flwr run completes",
             s1_quickstart,
@@ -833,6 +897,11 @@ fn standalone_hub_agents_and_real_flower() {
         (
             "6 agent killed: SuperNodes gone, cluster unavailable",
             s6_agent_killed,
+            false,
+        ),
+        (
+            "7 revoked cluster: keys unregistered, SuperNodes stop",
+            s7_revoked_cluster_keys_leave_the_superlink,
             false,
         ),
     ];
@@ -861,7 +930,7 @@ fn standalone_hub_agents_and_real_flower() {
         .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n}: {e:#}")))
         .collect();
     assert!(
-        failures.is_empty() && results.len() == 6,
+        failures.is_empty() && results.len() == 7,
         "failed scenarios:\n{}",
         failures.join("\n\n")
     );
