@@ -127,14 +127,9 @@ APP="$WORK/app"; cp -r examples/fedavg "$APP"; rm -rf "$APP/.flwr"
 MINOR="$(cut -d. -f2 <<<"$FLOWER_VERSION")"
 if (( MINOR >= 35 )); then CONTROL=19092; else CONTROL=19093; fi
 if (( MINOR >= 26 )); then
-  cat >"$WORK/flwr-home/config.toml" <<EOF
-[superlink]
-default = "quickstart"
-
-[superlink.quickstart]
-address = "127.0.0.1:$CONTROL"
-root-certificates = "$CA"
-EOF
+  # The hub writes the entry itself: Control address from its status, the SuperLink's CA.
+  "$HUB" connect quickstart --state-dir "$WORK/hub" --flwr-home "$WORK/flwr-home" \
+    --ca-file "$WORK/quickstart-ca.crt" >/dev/null || die "flower-hub connect failed"
   CONN=(quickstart)
 else
   cat >>"$APP/pyproject.toml" <<EOF
@@ -196,6 +191,7 @@ address = "127.0.0.1:$CONTROL"
 root-certificates = "$CA"
 
     flwr run ./your-app quickstart --stream
+(or let the hub write it: $HUB connect quickstart --state-dir $WORK/hub --flwr-home ~/.flwr)
 Stop everything with: kill ${PIDS[*]}
 EOF
   trap - EXIT INT TERM

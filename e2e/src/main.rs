@@ -169,5 +169,51 @@ spec:
         "    KUBECONFIG={admin} kubectl get federation,placement,placementdecision,managedcluster -A"
     );
     println!("    KUBECONFIG=<a spoke's kubeconfig> kubectl get statefulset,pod -n demo");
+    // The flwr connection, written by `flower-hub connect` once the SuperLink has an external
+    // Control endpoint (its NodePort on the hub's node).
+    let flwr_home = cp.work_dir().join("flwr-home");
+    let feds = kube::Api::<flower_addon_crds::Federation>::namespaced(hub.clone(), "demo");
+    let t = std::time::Instant::now();
+    let mut endpoint = None;
+    while endpoint.is_none() && t.elapsed() < std::time::Duration::from_secs(60) {
+        endpoint = feds
+            .get_opt("demo")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|f| f.status?.endpoints?.control);
+        if endpoint.is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+    let connected = endpoint.is_some()
+        && std::process::Command::new(&hub_bin)
+            .args([
+                "connect",
+                "demo",
+                "--federation-namespace",
+                "demo",
+                "--flwr-home",
+            ])
+            .arg(&flwr_home)
+            .arg("--ca-file")
+            .arg(cp.work_dir().join("demo-ca.crt"))
+            .env("KUBECONFIG", &addon.admin_kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if connected {
+        println!("FLWR_HOME={}", flwr_home.display());
+        println!(
+            "  flwr connection [superlink.demo] written there: FLWR_HOME={} flwr run examples/fedavg demo",
+            flwr_home.display()
+        );
+    } else {
+        println!(
+            "  (no flwr connection yet: Federation demo/demo has no status.endpoints.control; \
+             later: KUBECONFIG={admin} {} connect demo --federation-namespace demo --flwr-home DIR)",
+            hub_bin.display()
+        );
+    }
     Ok(())
 }

@@ -520,6 +520,52 @@ async fn status_shows_federations(h: &HubUnderTest) -> Result<()> {
         "{json:#}"
     );
 
+    // connect: without an external Control endpoint it says what to do ...
+    let stderr = cli
+        .fails(&["connect", "fed", "--federation-namespace", "team"])
+        .await?;
+    ensure!(
+        stderr.contains("status.endpoints.control") && stderr.contains("NodePort"),
+        "{stderr}"
+    );
+    // ... with one, it writes the SuperLink's CA and the entry into FLWR_HOME/config.toml.
+    feds.patch_status(
+        "fed",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"endpoints": {
+            "fleet": "hub.example:30092", "control": "hub.example:30093"}}})),
+    )
+    .await?;
+    e2e::apply_yaml(
+        client,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: fed-superlink-tls}\nstringData: {ca.crt: \"CA PEM\"}\n",
+        "team",
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let (home, ca) = (dir.path().join("flwr"), dir.path().join("fed-ca.crt"));
+    let (home_s, ca_s) = (home.display().to_string(), ca.display().to_string());
+    let out = cli
+        .ok(&[
+            "connect",
+            "fed",
+            "--federation-namespace",
+            "team",
+            "--flwr-home",
+            &home_s,
+            "--ca-file",
+            &ca_s,
+        ])
+        .await?;
+    ensure!(out.contains(&format!("FLWR_HOME={home_s}")), "{out}");
+    let config = std::fs::read_to_string(home.join("config.toml"))?;
+    ensure!(
+        config.contains("default = \"fed\"")
+            && config.contains("address = \"hub.example:30093\"")
+            && config.contains(&format!("root-certificates = \"{ca_s}\"")),
+        "{config}"
+    );
+    ensure!(std::fs::read_to_string(&ca)? == "CA PEM", "CA file");
     Ok(())
 }
 

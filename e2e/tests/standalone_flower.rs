@@ -557,15 +557,37 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
     let pools: BTreeMap<String, String> = serde_json::from_value(f["pools"].clone())?;
     ensure!(pools == expected, "pools {pools:?} != {expected:?}");
 
-    // flwr's connection: the hub CA and the (rewritten, free) Control port.
-    std::fs::write(
-        w.dir.join("flwr-home/config.toml"),
-        format!(
-            "[superlink]\ndefault = \"{FED}\"\n\n[superlink.{FED}]\naddress = \"127.0.0.1:{}\"\nroot-certificates = \"{}\"\n",
-            w.grpc_port,
-            w.hub_ca().display()
-        ),
-    )?;
+    // flwr's connection as `flower-hub connect` writes it: the Control address from the
+    // hub's status and the SuperLink's CA in a file; the runs below prove flwr accepts it.
+    let flwr_home = w.dir.join("flwr-home");
+    let ca_file = w.dir.join("quickstart-ca.crt");
+    let flwr_home_s = flwr_home.display().to_string();
+    let ca_file_s = ca_file.display().to_string();
+    let out = w.hub(&[
+        "connect",
+        FED,
+        "--flwr-home",
+        &flwr_home_s,
+        "--ca-file",
+        &ca_file_s,
+    ])?;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        printed.contains(&format!("FLWR_HOME={flwr_home_s}")),
+        "flower-hub connect printed: {printed}"
+    );
+    let config: toml::Table =
+        toml::from_str(&std::fs::read_to_string(flwr_home.join("config.toml"))?)?;
+    ensure!(
+        config["superlink"]["default"].as_str() == Some(FED)
+            && config["superlink"][FED]["address"].as_str()
+                == Some(format!("127.0.0.1:{}", w.grpc_port).as_str()),
+        "config.toml: {config}"
+    );
+    ensure!(
+        std::fs::read(&ca_file)? == std::fs::read(w.hub_ca())?,
+        "connect wrote another CA than the SuperLink's"
+    );
     let status = Command::new("cp")
         .arg("-r")
         .arg(e2e::repo_root().join("examples/fedavg"))

@@ -49,6 +49,12 @@ enum Command {
     /// Show Federations and clusters (like `kubectl get federation`).
     #[command(after_help = "Example:\n  flower-hub status -o json")]
     Status(registration::StatusArgs),
+    /// Print (or write into FLWR_HOME) the `flwr` connection entry for a Federation: its
+    /// SuperLink's Control address and its CA, written to a file.
+    #[command(
+        after_help = "Examples:\n  flower-hub connect demo --federation-namespace demo --flwr-home ~/.flwr\n  FLWR_HOME=~/.flwr flwr run examples/fedavg demo"
+    )]
+    Connect(registration::ConnectArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
         Command::Accept(args) => registration::accept(args),
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
+        Command::Connect(args) => registration::connect(args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-hub",

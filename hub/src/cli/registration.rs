@@ -518,6 +518,9 @@ pub fn revoke(args: RevokeArgs) -> anyhow::Result<ExitCode> {
 mod status;
 pub use status::status;
 
+mod connect;
+pub use connect::{ConnectArgs, connect};
+
 fn rfc3339(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
 }

@@ -1,0 +1,218 @@
+//! `flower-hub connect FEDERATION`: the `flwr` connection entry for a Federation's SuperLink —
+//! its Control endpoint as reached from outside (Kubernetes: `status.endpoints.control`;
+//! standalone: the address in `status.json`) and the CA that signed its certificate, written to
+//! a file — printed, or merged into `FLWR_HOME/config.toml` so `flwr run APP FEDERATION` works.
+use super::*;
+
+/// `flower-hub connect`.
+#[derive(clap::Args, Debug)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    hub_args: HubArgs,
+    /// The Federation's name (also the connection's name in `flwr`).
+    pub federation: String,
+    /// The Federation's namespace.
+    #[arg(long = "federation-namespace", default_value = "default")]
+    pub federation_namespace: String,
+    /// Where to write the SuperLink's CA certificate (default `./<federation>-ca.crt`).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Merge the entry into `DIR/config.toml` (a `FLWR_HOME`; made when missing; the first
+    /// connection written becomes `[superlink] default`) instead of only printing it.
+    #[arg(long)]
+    pub flwr_home: Option<PathBuf>,
+}
+
+/// What `flwr` needs to reach one SuperLink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Connection {
+    address: String,
+    /// PEM of the CA; `None` for an insecure Federation.
+    ca_pem: Option<String>,
+}
+
+/// `flower-hub connect`.
+pub fn connect(args: ConnectArgs) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let hub = Hub::open(&args.hub_args).await?;
+        let (ns, name) = (&args.federation_namespace, &args.federation);
+        let connection = match &hub {
+            Hub::File { dir, .. } => standalone_connection(dir, ns, name)?,
+            Hub::Kube { client, .. } => kube_connection(client, ns, name).await?,
+        };
+        let ca_file = match &connection.ca_pem {
+            Some(pem) => {
+                let path = args
+                    .ca_file
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(format!("{name}-ca.crt")));
+                std::fs::write(&path, pem)
+                    .with_context(|| format!("write the CA to {}", path.display()))?;
+                Some(std::path::absolute(&path)?)
+            }
+            None => None,
+        };
+        let entry = entry_table(&connection.address, ca_file.as_deref());
+        match &args.flwr_home {
+            Some(home) => {
+                let file = home.join("config.toml");
+                let current = match std::fs::read_to_string(&file) {
+                    Ok(text) => text,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                    Err(e) => return Err(e).context(format!("read {}", file.display())),
+                };
+                let merged = merge_config(&current, name, entry)
+                    .with_context(|| format!("{} is not valid TOML", file.display()))?;
+                std::fs::create_dir_all(home)?;
+                std::fs::write(&file, merged)
+                    .with_context(|| format!("write {}", file.display()))?;
+                println!("wrote [superlink.{name}] to {}", file.display());
+                println!("FLWR_HOME={}", home.display());
+                println!("run: FLWR_HOME={} flwr run APP_DIR {name}", home.display());
+            }
+            None => {
+                let mut doc = toml::Table::new();
+                let mut superlink = toml::Table::new();
+                superlink.insert(name.clone(), toml::Value::Table(entry));
+                doc.insert("superlink".into(), toml::Value::Table(superlink));
+                println!(
+                    "# flwr >= 1.26: add to $FLWR_HOME/config.toml (or pass --flwr-home DIR);\n\
+                     # flwr <= 1.25: put the same keys under [tool.flwr.federations.{name}] in the app's pyproject.toml"
+                );
+                print!("{}", toml::to_string(&doc)?);
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn entry_table(address: &str, ca_file: Option<&Path>) -> toml::Table {
+    let mut entry = toml::Table::new();
+    entry.insert("address".into(), toml::Value::String(address.to_owned()));
+    match ca_file {
+        Some(path) => entry.insert(
+            "root-certificates".into(),
+            toml::Value::String(path.display().to_string()),
+        ),
+        None => entry.insert("insecure".into(), toml::Value::Boolean(true)),
+    };
+    entry
+}
+
+/// `current` (a `config.toml`) with `[superlink.<name>]` set to `entry`, other connections and
+/// keys kept, and `[superlink] default = name` when no default was set.
+fn merge_config(current: &str, name: &str, entry: toml::Table) -> anyhow::Result<String> {
+    let mut doc: toml::Table = toml::from_str(current)?;
+    let superlink = doc
+        .entry("superlink")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(superlink) = superlink.as_table_mut() else {
+        anyhow::bail!("`superlink` is not a table");
+    };
+    superlink
+        .entry("default")
+        .or_insert_with(|| toml::Value::String(name.to_owned()));
+    superlink.insert(name.to_owned(), toml::Value::Table(entry));
+    Ok(toml::to_string(&doc)?)
+}
+
+fn standalone_connection(dir: &Path, ns: &str, name: &str) -> anyhow::Result<Connection> {
+    let status = crate::standalone::status::HubStatus::read(dir).with_context(|| {
+        format!(
+            "no status.json in {}: is `flower-hub serve --standalone` running?",
+            dir.display()
+        )
+    })?;
+    let Some(fed) = status
+        .federations
+        .iter()
+        .find(|f| f.namespace == ns && f.name == name)
+    else {
+        anyhow::bail!(
+            "no Federation {ns}/{name} in the standalone hub's status (see `flower-hub status`; \
+             --federation-namespace sets the namespace)"
+        );
+    };
+    let address = fed.control.clone().with_context(|| {
+        format!("Federation {ns}/{name} has no Control address yet (its SuperLink is not set up)")
+    })?;
+    let ca_path = crate::standalone::superlink::SuperLinkPaths::new(dir, ns, name).ca;
+    let ca_pem = match std::fs::read_to_string(&ca_path) {
+        Ok(pem) => Some(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None, // insecure: no TLS files
+        Err(e) => return Err(e).context(format!("read {}", ca_path.display())),
+    };
+    Ok(Connection { address, ca_pem })
+}
+
+async fn kube_connection(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<Connection> {
+    let fed = kube::Api::<flower_addon_crds::Federation>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .with_context(|| format!("get Federation {ns}/{name}"))?
+        .with_context(|| {
+            format!("no Federation {ns}/{name} (--federation-namespace sets the namespace)")
+        })?;
+    let address = fed
+        .status
+        .as_ref()
+        .and_then(|s| s.endpoints.as_ref())
+        .and_then(|e| e.control.clone())
+        .with_context(|| {
+            format!(
+                "Federation {ns}/{name} has no external Control endpoint (status.endpoints.control): \
+                 give its SuperLink a NodePort or LoadBalancer Service (spec.superlink.service.type) \
+                 or spec.superlink.externalAddress, or port-forward Service {}",
+                crate::core::render::superlink_name(name)
+            )
+        })?;
+    let ca_pem = if fed.spec.insecure {
+        None
+    } else {
+        let secret = crate::core::render::superlink_tls_secret_name(&fed);
+        let data = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+            .get(&secret)
+            .await
+            .with_context(|| format!("get the SuperLink's TLS Secret {ns}/{secret}"))?
+            .data
+            .unwrap_or_default();
+        let ca = data
+            .get("ca.crt")
+            .with_context(|| format!("Secret {ns}/{secret} has no ca.crt"))?;
+        Some(String::from_utf8(ca.0.clone()).context("ca.crt is not text")?)
+    };
+    Ok(Connection { address, ca_pem })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_entry_is_merged_into_an_existing_config() {
+        let current = "[superlink]\ndefault = \"other\"\n\n[superlink.other]\naddress = \"o:1\"\ninsecure = true\n";
+        let merged = merge_config(
+            current,
+            "fed",
+            entry_table("hub.example:30093", Some(Path::new("/x/ca.crt"))),
+        )
+        .unwrap();
+        let doc: toml::Table = toml::from_str(&merged).unwrap();
+        let sl = doc["superlink"].as_table().unwrap();
+        assert_eq!(sl["default"].as_str(), Some("other"), "the default is kept");
+        assert_eq!(sl["other"]["address"].as_str(), Some("o:1"));
+        assert_eq!(sl["fed"]["address"].as_str(), Some("hub.example:30093"));
+        assert_eq!(sl["fed"]["root-certificates"].as_str(), Some("/x/ca.crt"));
+        assert!(sl["fed"].get("insecure").is_none());
+        // A fresh FLWR_HOME gets this connection as its default; insecure has no CA.
+        let fresh = merge_config("", "open", entry_table("h:1", None)).unwrap();
+        let doc: toml::Table = toml::from_str(&fresh).unwrap();
+        assert_eq!(doc["superlink"]["default"].as_str(), Some("open"));
+        assert_eq!(doc["superlink"]["open"]["insecure"].as_bool(), Some(true));
+        assert!(merge_config("not toml [", "x", toml::Table::new()).is_err());
+    }
+}
