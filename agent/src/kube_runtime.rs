@@ -41,8 +41,71 @@ use crate::work::{FederationPlan, WorkError};
 
 /// Field manager of every server-side apply the agent makes.
 pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
+/// `Ready` reason of a pool whose workload is not in the cluster (deleted behind the runtime's
+/// back); the next apply puts it back.
+pub const WORKLOAD_MISSING: &str = "WorkloadMissing";
 /// Label marking objects the agent applied (value [`AGENT_FIELD_MANAGER`]); pruning selects on it.
 pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
+
+/// The owner reference of the Federation `(namespace, name)`, if it has one (see [`Applier`]).
+pub type OwnerFn = std::sync::Arc<
+    dyn Fn(&str, &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>
+        + Send
+        + Sync,
+>;
+
+/// Who applies: the field manager of every write, which is also the value of
+/// [`APPLIED_BY_LABEL`] on everything applied (pruning selects on it, so two runtimes in one
+/// cluster never prune each other's objects), and optionally each Federation's owner
+/// reference. The agent is [`Applier::agent`]; the hub runs the same runtime for the pools of
+/// Federations without `placementRef` in its own cluster under its own manager, with the
+/// Federation as owner (deleted with it by the garbage collector).
+#[derive(Clone)]
+pub struct Applier {
+    manager: &'static str,
+    owners: Option<OwnerFn>,
+}
+
+impl Applier {
+    /// The agent in a spoke: [`AGENT_FIELD_MANAGER`], no owner references.
+    pub fn agent() -> Self {
+        Self {
+            manager: AGENT_FIELD_MANAGER,
+            owners: None,
+        }
+    }
+
+    /// Another component applying under `manager` (a valid label value), with `owners` giving
+    /// each Federation's owner reference.
+    pub fn new(manager: &'static str, owners: Option<OwnerFn>) -> Self {
+        Self { manager, owners }
+    }
+
+    /// The field manager (and applied-by label value).
+    pub fn manager(&self) -> &'static str {
+        self.manager
+    }
+
+    /// Marks `meta` as applied by this applier for the Federation `namespace/federation`:
+    /// the applied-by label, and the owner reference when there is one.
+    pub fn stamp(&self, meta: &mut ObjectMeta, namespace: &str, federation: &str) {
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(APPLIED_BY_LABEL.to_owned(), self.manager.to_owned());
+        if let Some(owner) = self.owners.as_ref().and_then(|f| f(namespace, federation)) {
+            meta.owner_references = Some(vec![owner]);
+        }
+    }
+}
+
+impl Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("manager", &self.manager)
+            .field("owners", &self.owners.is_some())
+            .finish()
+    }
+}
 
 /// Why the Kubernetes runtime could not apply (part of) a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +268,7 @@ use writes::{apply, ensure_namespace, prune_kind};
 /// Runs SuperNode pools as StatefulSets or DaemonSets in the agent's cluster.
 pub struct KubeRuntime {
     client: Client,
+    applier: Applier,
     applied: Mutex<Vec<AppliedFederation>>,
     /// Allocatable resources summed over the cluster's nodes, and when they were read.
     allocatable: tokio::sync::Mutex<Option<(std::time::Instant, crate::runtime::Allocatable)>>,
@@ -222,8 +286,14 @@ impl Debug for KubeRuntime {
 impl KubeRuntime {
     /// A runtime applying with `client` (the agent's ServiceAccount in its cluster).
     pub fn new(client: Client) -> Self {
+        Self::with_applier(client, Applier::agent())
+    }
+
+    /// A runtime applying with `client` as `applier`.
+    pub fn with_applier(client: Client, applier: Applier) -> Self {
         Self {
             client,
+            applier,
             applied: Mutex::new(Vec::new()),
             allocatable: tokio::sync::Mutex::new(None),
         }
@@ -322,7 +392,9 @@ impl KubeRuntime {
                         keys::daemonset_key_names(d, nodes.as_deref().unwrap_or_default())
                     }
                 };
-                let found = keys::ensure_pool_keys(&self.client, plan, &pool.name, &names).await?;
+                let found =
+                    keys::ensure_pool_keys(&self.client, &self.applier, plan, &pool.name, &names)
+                        .await?;
                 desired.insert((
                     Kind::Secret,
                     ns.to_owned(),
@@ -331,7 +403,9 @@ impl KubeRuntime {
                 pool_keys.insert(pool.name.clone(), found);
             }
         }
-        let rendered = render_federation_with_keys(plan, &pool_keys)?;
+        let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
+        self.stamp(&mut rendered, plan);
+        let manager = self.applier.manager;
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
             desired.insert((Kind::Secret, ns.to_owned(), name.clone()));
@@ -339,6 +413,7 @@ impl KubeRuntime {
                 &Api::<Secret>::namespaced(self.client.clone(), ns),
                 &name,
                 secret,
+                manager,
             )
             .await?;
         }
@@ -349,6 +424,7 @@ impl KubeRuntime {
                 &Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns),
                 &name,
                 service,
+                manager,
             )
             .await?;
         }
@@ -360,6 +436,7 @@ impl KubeRuntime {
                         &Api::<StatefulSet>::namespaced(self.client.clone(), ns),
                         &pool.workload,
                         s,
+                        manager,
                     )
                     .await?
                 }
@@ -368,12 +445,30 @@ impl KubeRuntime {
                         &Api::<DaemonSet>::namespaced(self.client.clone(), ns),
                         &pool.workload,
                         d,
+                        manager,
                     )
                     .await?
                 }
             }
         }
         Ok(rendered)
+    }
+
+    /// Marks every rendered object as this runtime's ([`Applier::stamp`]).
+    fn stamp(&self, rendered: &mut Rendered, plan: &FederationPlan) {
+        let (ns, name) = (plan.namespace.as_str(), plan.name.as_str());
+        if let Some(secret) = &mut rendered.secret {
+            self.applier.stamp(&mut secret.metadata, ns, name);
+        }
+        for service in &mut rendered.services {
+            self.applier.stamp(&mut service.metadata, ns, name);
+        }
+        for (_, workload) in &mut rendered.workloads {
+            match workload {
+                Workload::StatefulSet(s) => self.applier.stamp(&mut s.metadata, ns, name),
+                Workload::DaemonSet(d) => self.applier.stamp(&mut d.metadata, ns, name),
+            }
+        }
     }
 
     /// Every node of the cluster (DaemonSet pools have a key per node they may run on).
@@ -390,11 +485,13 @@ impl KubeRuntime {
         desired: &BTreeSet<ObjectKey>,
         keep: &BTreeSet<(String, String)>,
     ) -> Result<(), KubeRuntimeError> {
-        prune_kind::<StatefulSet>(&self.client, Kind::StatefulSet, desired, keep).await?;
-        prune_kind::<DaemonSet>(&self.client, Kind::DaemonSet, desired, keep).await?;
-        prune_kind::<Secret>(&self.client, Kind::Secret, desired, keep).await?;
+        let (client, manager) = (&self.client, self.applier.manager);
+        prune_kind::<StatefulSet>(client, manager, Kind::StatefulSet, desired, keep).await?;
+        prune_kind::<DaemonSet>(client, manager, Kind::DaemonSet, desired, keep).await?;
+        prune_kind::<Secret>(client, manager, Kind::Secret, desired, keep).await?;
         prune_kind::<k8s_openapi::api::core::v1::Service>(
-            &self.client,
+            client,
+            manager,
             Kind::Service,
             desired,
             keep,
@@ -450,7 +547,7 @@ impl KubeRuntime {
             Ok(None) => (
                 0,
                 0,
-                condition("False", "WorkloadMissing", format!("{what} not found")),
+                condition("False", WORKLOAD_MISSING, format!("{what} not found")),
             ),
             Err(e) => (
                 0,

@@ -1,7 +1,10 @@
-//! The hub's Federation controller on a real hub apiserver (kwok nodes): a Federation without
-//! `placementRef` runs SuperLink, Service, TLS Secret and pools in the hub cluster, owned by the
-//! Federation; changes propagate, removed pools and switched modes are pruned, an invalid spec is
-//! Degraded without touching anything, and a restarted controller changes nothing.
+//! The hub's Federation controller and its own pools on a real hub apiserver (kwok nodes): a
+//! Federation without `placementRef` runs SuperLink, Service and TLS Secret (the controller) and
+//! pools (the hub cluster's work, applied by the embedded runtime under its own manager) in the
+//! hub cluster, all owned by the Federation; changes propagate, removed pools and switched modes
+//! are pruned, an invalid spec is Degraded without touching anything, and a restarted hub
+//! changes nothing. SuperNode authentication is off here (kwok pods run no SuperLink whose
+//! Control API could register keys); `real_node` runs it on real pods.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use flower_addon_crds::Federation;
 use flower_addon_hub::kube::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
+use flower_addon_hub::kube::local::LOCAL_POOLS_FIELD_MANAGER;
 use flower_addon_hub::registration::ca::HubCa;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -52,6 +56,7 @@ fn federation(
             "mode": mode,
             "isolationMode": "subprocess",
             "insecure": false,
+            "supernodeAuthentication": false,
             "superlink": {
                 "image": image,
                 "externalAddress": "hub.example:30092",
@@ -101,14 +106,17 @@ async fn wait_ready(client: &Client, supernodes: &str) -> Result<Duration> {
     .await
 }
 
-/// resourceVersions of everything the hub applied in `NS`, by `kind/name`.
+/// resourceVersions of everything the hub applied in `NS` (the controller's objects and the
+/// hub cluster's pools), by `kind/name`.
 async fn applied_versions(client: &Client) -> Result<BTreeMap<String, String>> {
-    e2e::applied_versions(
-        client,
-        NS,
-        &format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"),
-    )
-    .await
+    let mut versions = BTreeMap::new();
+    for manager in [HUB_FIELD_MANAGER, LOCAL_POOLS_FIELD_MANAGER] {
+        let mine =
+            e2e::applied_versions(client, NS, &format!("{APPLIED_BY_LABEL}={manager}")).await?;
+        ensure!(!mine.is_empty(), "nothing applied by {manager}");
+        versions.extend(mine);
+    }
+    Ok(versions)
 }
 
 /// Reasons of the events the hub published about the Federation.
@@ -139,14 +147,14 @@ struct Running {
 
 fn start_controller(client: &Client, ca: &Arc<HubCa>) -> Running {
     let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(controller::run(
-        client.clone(),
-        ca.clone(),
-        None,
-        async move {
+    let (client, ca) = (client.clone(), ca.clone());
+    let task = tokio::spawn(async move {
+        flower_addon_hub::kube::run_hub_cluster(client, ca, None, async move {
             let _ = rx.await;
-        },
-    ));
+        })
+        .await
+        .expect("the hub's work source starts");
+    });
     Running { stop, task }
 }
 

@@ -61,7 +61,7 @@ spec:
 fn main() {
     let fed = federation();
     // Warm up once.
-    black_box(render_hub(&fed, "local-cluster").expect("hub renders"));
+    black_box(render_hub(&fed).expect("hub renders"));
     let (version, _) = federation_dialect(&fed).expect("dialect");
     let selected: Vec<String> = (0..CLUSTERS).map(|i| format!("cluster-{i:04}")).collect();
     let labels = BTreeMap::new();
@@ -75,7 +75,7 @@ fn main() {
 
     // The hub: the SuperLink objects and every cluster's work message.
     let start = Instant::now();
-    let hub = render_hub(&fed, "local-cluster").expect("hub renders");
+    let hub = render_hub(&fed).expect("hub renders");
     let works = federation_work(&fed, version, &inputs).expect("work");
     let split_time = start.elapsed();
 

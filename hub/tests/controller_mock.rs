@@ -42,9 +42,10 @@ async fn run(fed: Arc<Federation>) -> Vec<Call> {
 
 #[tokio::test]
 async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_written() {
-    // Service first (its node ports feed the certificate and status), then the SuperLink, the
-    // pool and its headless Service; every write a server-side apply by the hub's manager; then
-    // the prune LISTs (label-selected), then one status patch.
+    // Service first (its node ports feed the certificate and status), then the SuperLink; every
+    // write a server-side apply by the hub's manager; then the prune LISTs (label-selected),
+    // then one status patch. The pools are not the controller's: they are the hub cluster's
+    // work, applied by the embedded runtime (kube::local, its own manager).
     let calls = run(federation(VALID)).await;
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert_eq!(
@@ -52,10 +53,7 @@ async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_writ
         [
             "PATCH /api/v1/namespaces/team/services/fed-superlink",
             "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink",
-            "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
-            "PATCH /api/v1/namespaces/team/services/fed-supernode-a",
             "GET /apis/apps/v1/namespaces/team/statefulsets",
-            "GET /apis/apps/v1/namespaces/team/daemonsets",
             "GET /api/v1/namespaces/team/services",
             "GET /api/v1/namespaces/team/secrets",
             "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status",
@@ -79,7 +77,7 @@ async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_writ
         );
     }
     // Every applied object is owned by the Federation (garbage collection on delete).
-    for call in &calls[..4] {
+    for call in &calls[..2] {
         let owner = &call.body["metadata"]["ownerReferences"][0];
         assert_eq!(owner["uid"], "fed-uid", "{}", call.path);
         assert_eq!(owner["blockOwnerDeletion"], true, "{}", call.path);
@@ -131,4 +129,110 @@ async fn an_invalid_federation_applies_nothing_and_says_why() {
             .is_some_and(|m| m.contains("spec.superlink.superexecImage")),
         "{degraded}"
     );
+}
+
+#[tokio::test]
+async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters_work() {
+    // Invariant (#10, one code path): a Federation without placementRef has its pools applied
+    // exactly as an agent applies a spoke's — the work of the hub's own cluster, rendered and
+    // applied by the agent's KubeRuntime — but under the hub's own manager and label (so neither
+    // an agent nor the controller prunes them) and owned by the Federation. With SuperNode
+    // authentication a key Secret is made in the cluster and no SuperNode starts before its key
+    // is registered.
+    use flower_addon_agent::kube_runtime::{APPLIED_BY_LABEL, KubeRuntime};
+    use flower_addon_hub::core::HUB_CLUSTER;
+    use flower_addon_hub::kube::local::{LOCAL_POOLS_FIELD_MANAGER, applier};
+    use flower_addon_proto::ClusterWork;
+    use std::collections::BTreeMap;
+
+    let secure = VALID.replace("insecure: true", "insecure: false");
+    let fed = federation(&secure);
+    let (store, mut writer) = kube::runtime::reflector::store::<Federation>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(fed.as_ref().clone()));
+    let labels = BTreeMap::from([(HUB_CLUSTER.to_owned(), BTreeMap::new())]);
+    let works = flower_addon_hub::kube::work::federation_work(
+        &fed,
+        &[HUB_CLUSTER.to_owned()],
+        &labels,
+        "CA PEM",
+        &[],
+    )
+    .expect("work");
+    assert_eq!(works.len(), 1);
+    assert_eq!(
+        works[0].1.superlink_fleet_address,
+        "fed-superlink.team.svc:9092"
+    );
+    let work = ClusterWork {
+        version: 0,
+        cluster_name: HUB_CLUSTER.into(),
+        federations: vec![works[0].1.clone()],
+    };
+    let (client, calls) = mock_client(vec![]);
+    let runtime = KubeRuntime::with_applier(client, applier(store));
+    runtime.apply_work(&work).await.expect("apply");
+    let calls = calls.lock().expect("log").clone();
+    let writes: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.method == Method::PATCH || c.method == Method::POST)
+        .filter(|c| !c.path.ends_with("/namespaces"))
+        .collect();
+    let paths: Vec<String> = writes.iter().map(|c| c.line()).collect();
+    assert_eq!(
+        paths,
+        [
+            "POST /api/v1/namespaces/team/secrets",
+            "PATCH /api/v1/namespaces/team/secrets/fed-superlink-ca",
+            "PATCH /api/v1/namespaces/team/services/fed-supernode-a",
+            "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
+        ],
+        "{calls:#?}"
+    );
+    for call in &writes {
+        assert!(
+            call.query
+                .contains(&format!("fieldManager={LOCAL_POOLS_FIELD_MANAGER}")),
+            "{}: {}",
+            call.path,
+            call.query
+        );
+        let meta = &call.body["metadata"];
+        assert_eq!(
+            meta["labels"][APPLIED_BY_LABEL], LOCAL_POOLS_FIELD_MANAGER,
+            "{}",
+            call.path
+        );
+        assert_eq!(
+            meta["ownerReferences"][0]["uid"], "fed-uid",
+            "{}",
+            call.path
+        );
+        assert_eq!(
+            meta["ownerReferences"][0]["controller"], true,
+            "{}",
+            call.path
+        );
+    }
+    // One key per SuperNode in the cluster; none registered yet, so none starts.
+    let keys = writes[0].body["data"].as_object().expect("key data");
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(writes[3].body["spec"]["replicas"], 0);
+    // Pruning selects only this manager's objects.
+    let lists: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.method == Method::GET && c.query.contains("labelSelector"))
+        .collect();
+    assert_eq!(lists.len(), 4, "{calls:#?}");
+    for call in lists {
+        assert!(
+            call.query.contains(&format!(
+                "{}%3D{LOCAL_POOLS_FIELD_MANAGER}",
+                APPLIED_BY_LABEL.replace('/', "%2F")
+            )),
+            "{call:?}"
+        );
+    }
+    // What the runtime reports carries the public keys for the hub to register.
+    let report = runtime.observe().await;
+    assert_eq!(report[0].pools[0].node_public_keys.len(), 2);
 }

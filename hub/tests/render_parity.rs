@@ -1,9 +1,10 @@
 //! One test per flower-operator defect listed in PARITY.md (each would fail if we had it), and
 //! the hub side's rendering facts (SuperLink StatefulSet and Service).
 
+use flower_addon_agent::kube_runtime::Rendered;
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, Workload};
-use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
+use flower_addon_hub::cli::spoke::{SpokeSelection, hub_local_objects, spoke_objects};
 use flower_addon_hub::core::render::{
     HubObjects, render_hub, render_problems, render_superlink, render_superlink_service,
 };
@@ -27,7 +28,14 @@ spec:
 "#;
 
 fn hub(fed: &Federation) -> HubObjects {
-    render_hub(fed, "local").expect("renders")
+    render_hub(fed).expect("renders")
+}
+
+/// The pools the hub cluster runs for a Federation without placementRef.
+fn local(fed: &Federation) -> Rendered {
+    hub_local_objects(fed)
+        .expect("renders")
+        .expect("the hub cluster runs the pools")
 }
 
 fn superlink_pod(objects: &HubObjects) -> &PodSpec {
@@ -41,8 +49,8 @@ fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
         .expect("container")
 }
 
-fn pool_args(objects: &HubObjects) -> Vec<String> {
-    let Workload::StatefulSet(sts) = &objects.pools[0] else {
+fn pool_args(objects: &Rendered) -> Vec<String> {
+    let Workload::StatefulSet(sts) = &objects.workloads[0].1 else {
         panic!("StatefulSet expected")
     };
     let pod = sts.spec.template.spec.as_ref().expect("pod");
@@ -60,7 +68,7 @@ fn supernodes_dial_the_real_fleet_port() {
     f.spec.superlink.service.ports.grpc = 30092;
     let objects = hub(&f);
     assert_eq!(
-        pool_args(&objects)[0],
+        pool_args(&local(&f))[0],
         "--superlink=fed-superlink.ns.svc:30092"
     );
     let ports = objects
@@ -96,7 +104,7 @@ fn spokes_dial_the_external_address_with_a_real_port() {
         "--superlink=hub.example:31000"
     );
     assert!(
-        hub(&f).pools.is_empty(),
+        hub_local_objects(&f).expect("renders").is_none(),
         "pools of a placed Federation do not run in the hub cluster"
     );
     // Without it the address is not a spec problem (the hub derives one from a NodePort or
@@ -180,15 +188,17 @@ fn env_and_volume_order_is_stable() {
         "pools: [{ name: default, replicas: 2, images: {} }]",
         "env: [{ name: A, value: a }, { name: B, value: b }]\n    pools: [{ name: default, replicas: 2, images: {}, env: [{ name: C, value: c }, { name: A, value: pool }], volumes: [{ name: v1, emptyDir: {} }, { name: v2, emptyDir: {} }], volumeMounts: [{ name: v2, mountPath: /b }, { name: v1, mountPath: /a }] }]",
     ));
-    let first = serde_json::to_string(&hub(&f).to_values().expect("json")).expect("string");
+    let all = |f: &Federation| {
+        let mut values = hub(f).to_values().expect("json");
+        values.extend(local(f).to_values().expect("json"));
+        serde_json::to_string(&values).expect("string")
+    };
+    let first = all(&f);
     for _ in 0..50 {
-        assert_eq!(
-            serde_json::to_string(&hub(&f).to_values().expect("json")).expect("string"),
-            first
-        );
+        assert_eq!(all(&f), first);
     }
-    let objects = hub(&f);
-    let Workload::StatefulSet(sts) = &objects.pools[0] else {
+    let objects = local(&f);
+    let Workload::StatefulSet(sts) = &objects.workloads[0].1 else {
         panic!("StatefulSet expected")
     };
     let pod = sts.spec.template.spec.as_ref().expect("pod");
@@ -215,7 +225,7 @@ fn node_config_values_are_escaped_not_shell_expanded() {
         "images: {} }]",
         "images: {}, nodeConfig: { a: \"$HOME\", b: 'say \"hi\"', c: \"x y\" } }]",
     ));
-    let args = pool_args(&hub(&f));
+    let args = pool_args(&local(&f));
     assert_eq!(
         args.last().expect("args"),
         r#"--node-config=a="$$HOME" b='say "hi"' c="x y""#

@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::{AGENT_FIELD_MANAGER, KubeRuntimeError, Workload, kube_err};
+use super::{KubeRuntimeError, Workload, kube_err};
 use crate::node_key::{NodeKey, NodeKeyError, generate_node_key, public_key_of};
 use crate::render::component_labels;
 use crate::work::FederationPlan;
@@ -340,6 +340,7 @@ pub fn key_secret(
 /// names the hub registered, and returns the keys; writes nothing when nothing changed.
 pub(super) async fn ensure_pool_keys(
     client: &Client,
+    applier: &super::Applier,
     plan: &FederationPlan,
     pool: &str,
     names: &[String],
@@ -348,7 +349,7 @@ pub(super) async fn ensure_pool_keys(
     let what = format!("Secret {}/{name}", plan.namespace);
     let api = Api::<Secret>::namespaced(client.clone(), &plan.namespace);
     let params = PostParams {
-        field_manager: Some(AGENT_FIELD_MANAGER.to_owned()),
+        field_manager: Some(applier.manager().to_owned()),
         ..PostParams::default()
     };
     for _ in 0..CONFLICT_RETRIES {
@@ -363,7 +364,8 @@ pub(super) async fn ensure_pool_keys(
             &plan.registered_node_keys,
             generate_node_key,
         )?;
-        let secret = key_secret(plan, pool, existing.as_ref(), &merged);
+        let mut secret = key_secret(plan, pool, existing.as_ref(), &merged);
+        applier.stamp(&mut secret.metadata, &plan.namespace, &plan.name);
         let written = match &existing {
             None => api.create(&params, &secret).await,
             Some(old) if unchanged(old, &secret) => return Ok(merged.keys),

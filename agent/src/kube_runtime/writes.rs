@@ -11,7 +11,7 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, Kind, KubeRuntimeError, ObjectKey, kube_err};
+use super::{APPLIED_BY_LABEL, Kind, KubeRuntimeError, ObjectKey, kube_err};
 
 /// Creates `namespace` unless it exists (never deleted by the agent: it may hold user data).
 pub(super) async fn ensure_namespace(
@@ -48,14 +48,19 @@ pub(super) async fn ensure_namespace(
     }
 }
 
-/// Server-side applies `object` as the agent's field manager (forced: the agent owns these).
-pub(super) async fn apply<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), KubeRuntimeError>
+/// Server-side applies `object` as field manager `manager` (forced: the runtime owns these).
+pub(super) async fn apply<K>(
+    api: &Api<K>,
+    name: &str,
+    object: &K,
+    manager: &str,
+) -> Result<(), KubeRuntimeError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
     K::DynamicType: Default,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    let params = PatchParams::apply(manager).force();
     let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
         what: format!("{kind} {name}"),
         source,
@@ -66,9 +71,10 @@ where
     Ok(())
 }
 
-/// Deletes objects of one kind that carry the agent's label and are not desired.
+/// Deletes objects of one kind that carry `manager`'s applied-by label and are not desired.
 pub(super) async fn prune_kind<K>(
     client: &Client,
+    manager: &str,
     kind: Kind,
     desired: &BTreeSet<ObjectKey>,
     keep: &BTreeSet<(String, String)>,
@@ -78,7 +84,7 @@ where
     K::DynamicType: Default,
 {
     let selector = format!(
-        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={AGENT_FIELD_MANAGER}",
+        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={manager}",
         crate::render::MANAGED_BY
     );
     let all = Api::<K>::all(client.clone());

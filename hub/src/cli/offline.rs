@@ -183,15 +183,27 @@ pub fn render_stream(
         let name = fed.metadata.name.as_deref().unwrap_or_default();
         let (values, secret_note) = match spoke {
             None => {
-                let objects = render_hub(fed, crate::core::HUB_CLUSTER)
+                let objects = render_hub(fed).with_context(|| format!("Federation {name}"))?;
+                let mut values = objects.to_values()?;
+                let local = super::spoke::hub_local_objects(fed)
                     .with_context(|| format!("Federation {name}"))?;
+                if let Some(local) = &local {
+                    values.extend(super::spoke::printed(local)?);
+                }
                 let note = (!fed.spec.insecure).then(|| {
-                    format!(
+                    let mut note = format!(
                         "# Secret {} (tls.crt, tls.key, ca.crt) is issued by the hub CA at run time; not shown.\n",
                         crate::core::render::superlink_tls_secret_name(fed)
-                    )
+                    );
+                    if local.is_some() {
+                        note.push_str(&format!(
+                            "# Secret {} (ca.crt) and, with SuperNode authentication, each pool's node key Secret are made in the hub cluster at run time; not shown.\n",
+                            flower_addon_crds::render::spoke_ca_secret_name(name)
+                        ));
+                    }
+                    note
                 });
-                (objects.to_values()?, note)
+                (values, note)
             }
             Some(cluster) => {
                 let fleet = match spoke_fleet_address(fed, node_address) {
@@ -230,15 +242,10 @@ pub fn render_stream(
                         flower_addon_crds::render::spoke_ca_secret_name(name)
                     )
                 });
-                let mut values = Vec::new();
-                if let Some(rendered) = &rendered {
-                    for (_, workload) in &rendered.workloads {
-                        values.push(workload.to_value()?);
-                    }
-                    for service in &rendered.services {
-                        values.push(serde_json::to_value(service)?);
-                    }
-                }
+                let values = match &rendered {
+                    Some(rendered) => super::spoke::printed(rendered)?,
+                    None => Vec::new(),
+                };
                 (values, note)
             }
         };

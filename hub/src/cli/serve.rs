@@ -258,6 +258,11 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             args.node_address.clone().filter(|a| !a.is_empty()),
             wait_stop(stop_rx.clone()),
         ));
+        let local_pools = tokio::spawn(crate::kube::local::run(
+            client.clone(),
+            work.clone(),
+            wait_stop(stop_rx.clone()),
+        ));
         let placements = tokio::spawn(crate::kube::controller::placement::run(
             client,
             wait_stop(stop_rx),
@@ -278,6 +283,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         server.serve(listeners, shutdown).await?;
         let _ = federations.await;
+        let _ = local_pools.await;
         let _ = placements.await;
         anyhow::Ok(())
     })?;

@@ -104,6 +104,63 @@ pub fn spoke_objects(
     if fed.spec.placement_ref.is_none() {
         return Ok(None);
     }
+    cluster_objects(fed, selection, fleet)
+}
+
+/// The objects of `rendered` as `render` prints them: each workload, then the headless Services.
+pub fn printed(rendered: &Rendered) -> Result<Vec<serde_json::Value>, serde_json::Error> {
+    let mut values = Vec::new();
+    for (_, workload) in &rendered.workloads {
+        values.push(workload.to_value()?);
+    }
+    for service in &rendered.services {
+        values.push(serde_json::to_value(service)?);
+    }
+    Ok(values)
+}
+
+/// What the hub cluster runs for `fed` when it has no `placementRef`: the work of
+/// [`crate::core::HUB_CLUSTER`] (SuperNodes dial the SuperLink Service in the cluster) rendered
+/// by the runtime the hub embeds, marked as [`crate::kube::local`] applies it. The CA Secret is
+/// left out (its content is the running hub's CA). `None` for a placed Federation.
+pub fn hub_local_objects(fed: &Federation) -> anyhow::Result<Option<Rendered>> {
+    if fed.spec.placement_ref.is_some() {
+        return Ok(None);
+    }
+    let hub = crate::core::HUB_CLUSTER;
+    let selection = SpokeSelection::positional(hub, 0, 1, &BTreeMap::new());
+    let fleet = crate::core::render::in_cluster_fleet_address(fed);
+    let Some(mut rendered) = cluster_objects(fed, &selection, &fleet)? else {
+        return Ok(None);
+    };
+    let applier = crate::kube::local::offline_applier();
+    let (ns, name) = (
+        fed.metadata.namespace.as_deref().unwrap_or("default"),
+        fed.metadata.name.as_deref().unwrap_or_default(),
+    );
+    for service in &mut rendered.services {
+        applier.stamp(&mut service.metadata, ns, name);
+    }
+    for (_, workload) in &mut rendered.workloads {
+        match workload {
+            flower_addon_crds::render::Workload::StatefulSet(s) => {
+                applier.stamp(&mut s.metadata, ns, name);
+            }
+            flower_addon_crds::render::Workload::DaemonSet(d) => {
+                applier.stamp(&mut d.metadata, ns, name);
+            }
+        }
+    }
+    Ok(Some(rendered))
+}
+
+/// What `selection.cluster`'s runtime applies for `fed` when the hub sends `fleet` as the Fleet
+/// address (the CA Secret left out).
+fn cluster_objects(
+    fed: &Federation,
+    selection: &SpokeSelection,
+    fleet: &str,
+) -> anyhow::Result<Option<Rendered>> {
     let (version, _) = federation_dialect(fed)?;
     let works = federation_work(
         fed,

@@ -191,6 +191,24 @@ pub fn decided<'a>(
     selected
 }
 
+/// The clusters `fed`'s pools run in: those its Placement decided ([`decided`]), or the hub's
+/// own cluster [`crate::core::HUB_CLUSTER`] when it has no `placementRef`.
+pub fn placed_on<'a>(
+    fed: &flower_addon_crds::Federation,
+    decisions: impl IntoIterator<Item = &'a PlacementDecision>,
+    known: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    match &fed.spec.placement_ref {
+        None => vec![crate::core::HUB_CLUSTER.to_owned()],
+        Some(placement) => decided(
+            decisions,
+            fed.metadata.namespace.as_deref().unwrap_or_default(),
+            &placement.name,
+            known,
+        ),
+    }
+}
+
 /// What the per-cluster work of a Federation is computed from, besides the Federation.
 #[derive(Clone, Copy, Debug)]
 pub struct WorkInputs<'a> {

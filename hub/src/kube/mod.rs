@@ -1,6 +1,42 @@
 //! Kubernetes mode: the Federation and Placement controllers ([`controller`]), the work source
 //! that turns Federations and PlacementDecisions into each cluster's work ([`work`]), and the
-//! cluster store on `ManagedCluster`s and Secrets ([`store`]).
+//! cluster store on `ManagedCluster`s and Secrets ([`store`]), and the hub's own cluster run
+//! like a spoke by the embedded agent runtime ([`local`]).
 pub mod controller;
+pub mod local;
 pub mod store;
 pub mod work;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::registration::ca::HubCa;
+
+/// The Federation controller, the work source and the hub's own pools, without the work
+/// channel and the Placement controller: what runs Federations without `placementRef` (tests,
+/// and a hub cluster with no spokes). Returns once `shutdown` resolved and everything stopped.
+pub async fn run_hub_cluster(
+    client: kube::Client,
+    ca: Arc<HubCa>,
+    node_address: Option<String>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), work::KubeWorkError> {
+    let work =
+        Arc::new(work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string()).await?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let federations = tokio::spawn(controller::run(
+        client.clone(),
+        ca,
+        node_address,
+        stopped(stop_rx.clone()),
+    ));
+    let local_pools = tokio::spawn(local::run(client, work, stopped(stop_rx)));
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let _ = federations.await;
+    let _ = local_pools.await;
+    Ok(())
+}

@@ -25,8 +25,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::channel::{InMemoryWorkSource, WorkSource};
+use crate::core::HUB_CLUSTER;
+use crate::core::render::in_cluster_fleet_address;
 use crate::core::render::{federation_dialect, spoke_fleet_address};
-use crate::core::work::{WorkInputs, decided};
+use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::controller::placement::cluster_view;
 
@@ -58,6 +60,7 @@ pub struct KubeWorkSource {
     status_task: JoinHandle<()>,
     keys_task: JoinHandle<()>,
     registry: Arc<NodeKeyRegistry>,
+    federations: Store<Federation>,
 }
 
 /// The last status report of a cluster and when it arrived (Unix seconds).
@@ -148,6 +151,7 @@ impl KubeWorkSource {
             reported_rx,
             keys_changed,
         ));
+        let fed_store = stores.federations.clone();
         let task_registry = registry.clone();
         let task = tokio::spawn(async move {
             let mut state = State {
@@ -201,7 +205,13 @@ impl KubeWorkSource {
             status_task,
             keys_task,
             registry,
+            federations: fed_store,
         })
+    }
+
+    /// The Federations as the work source's reflector holds them.
+    pub fn federations(&self) -> Store<Federation> {
+        self.federations.clone()
     }
 
     /// The SuperNode keys each Federation's SuperLink holds and lists online.
@@ -239,29 +249,26 @@ struct State {
 impl State {
     fn recompute(&mut self, stores: &Stores, work: &InMemoryWorkSource) {
         let clusters: Vec<Arc<ManagedCluster>> = stores.clusters.state();
-        let labels: BTreeMap<String, BTreeMap<String, String>> = clusters
+        let mut labels: BTreeMap<String, BTreeMap<String, String>> = clusters
             .iter()
             .map(|mc| {
                 let view = cluster_view(mc);
                 (view.name, view.labels)
             })
             .collect();
+        // The hub's own cluster (pools of Federations without placementRef) has no
+        // ManagedCluster and no labels (validation refuses a pool clusterSelector there).
+        labels.insert(HUB_CLUSTER.to_owned(), BTreeMap::new());
         let decisions = stores.decisions.state();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut live = BTreeSet::new();
         for fed in stores.federations.state() {
-            let Some(placement) = fed.spec.placement_ref.as_ref() else {
-                continue;
-            };
             let namespace = fed.namespace().unwrap_or_default();
             let key = (namespace.clone(), fed.name_any());
             live.insert(key.clone());
-            let selected = decided(
-                decisions.iter().map(AsRef::as_ref),
-                &namespace,
-                &placement.name,
-                |c| labels.contains_key(c),
-            );
+            let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
+                c != HUB_CLUSTER && labels.contains_key(c)
+            });
             let registered = self.registry.registered(&key);
             let works = match federation_work(&fed, &selected, &labels, &self.ca_pem, &registered) {
                 Ok(works) => {
@@ -309,9 +316,10 @@ pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
 /// How often the per-cluster status is refreshed without new reports (connectivity changes).
 const STATUS_RESYNC: Duration = Duration::from_secs(10);
 
-/// Keeps `status.clusters` of every Federation with a `placementRef` current from the agents'
-/// reports: per cluster its pools' `ready/desired`, whether it is connected (`Available=True`),
-/// the time of its last report, and what is missing.
+/// Keeps `status.clusters` of every Federation current from the agents' reports (and the hub's
+/// own pools' report, cluster [`HUB_CLUSTER`], for a Federation without `placementRef`): per
+/// cluster its pools' `ready/desired`, whether it is connected (`Available=True`; always for the
+/// hub's own cluster), the time of its last report, and what is missing.
 async fn write_cluster_statuses(
     client: Client,
     stores: Stores,
@@ -333,16 +341,10 @@ async fn write_cluster_statuses(
             .collect();
         let decisions = stores.decisions.state();
         for fed in stores.federations.state() {
-            let Some(placement) = fed.spec.placement_ref.as_ref() else {
-                continue;
-            };
             let namespace = fed.namespace().unwrap_or_default();
-            let selected = decided(
-                decisions.iter().map(AsRef::as_ref),
-                &namespace,
-                &placement.name,
-                |c| clusters.contains_key(c),
-            );
+            let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
+                clusters.contains_key(c)
+            });
             let keys = registry
                 .get(&(namespace.clone(), fed.name_any()))
                 .filter(|k| k.listed);
@@ -410,7 +412,7 @@ fn same_but_fresh(
 }
 
 /// The status of Federation `fed` in cluster `name` ([`crate::core::status::cluster_status`];
-/// connected when the ManagedCluster is `Available=True`).
+/// connected when the ManagedCluster is `Available=True`, or when it is the hub's own cluster).
 fn cluster_status(
     fed: &Federation,
     name: &str,
@@ -418,11 +420,12 @@ fn cluster_status(
     report: Option<&Report>,
     online: Option<&BTreeSet<String>>,
 ) -> flower_addon_crds::ClusterStatus {
-    let connected = cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
-        st.conditions.iter().any(|c| {
-            c.type_ == crate::registration::store::CONDITION_AVAILABLE && c.status == "True"
-        })
-    });
+    let connected = name == HUB_CLUSTER
+        || cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
+            st.conditions.iter().any(|c| {
+                c.type_ == crate::registration::store::CONDITION_AVAILABLE && c.status == "True"
+            })
+        });
     crate::core::status::cluster_status(
         &fed.namespace().unwrap_or_default(),
         &fed.name_any(),
@@ -463,7 +466,11 @@ pub fn federation_work(
         return Err(crate::core::problems::joined(&problems));
     }
     let (version, _dialect) = federation_dialect(fed).map_err(|e| e.to_string())?;
-    let fleet = fleet_address(fed)?;
+    // In the hub's own cluster SuperNodes dial the SuperLink Service by its in-cluster name.
+    let fleet = match fed.spec.placement_ref {
+        None => in_cluster_fleet_address(fed),
+        Some(_) => fleet_address(fed)?,
+    };
     let inputs = WorkInputs {
         selected,
         labels,

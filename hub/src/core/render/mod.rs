@@ -1,7 +1,8 @@
 //! What the hub renders for a Federation: the SuperLink (StatefulSet + Service) in the hub
-//! cluster, and the SuperNode pools — in the hub cluster when the Federation has no
-//! `placementRef`, otherwise per selected spoke cluster. Pools are rendered by the shared
-//! pure renderer ([`flower_addon_crds::render`]), the only SuperNode renderer.
+//! cluster. The SuperNode pools are per-cluster work ([`crate::core::work`]) that each cluster's
+//! runtime renders with the shared pure renderer ([`flower_addon_crds::render`], the only
+//! SuperNode renderer): a spoke's agent, or the runtime the hub embeds for its own cluster.
+//! [`render_problems`] checks here what that renderer would refuse.
 //!
 //! Everything here is pure and deterministic; owner references and server-side apply are the
 //! controller's business.
@@ -12,8 +13,8 @@ mod superlink;
 
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{
-    self as pools, ClusterContext, DialectError, FlowerDialect, FlowerVersion, RenderError,
-    SuperNodePoolInput, Workload, render_supernode_pool,
+    ClusterContext, DialectError, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput,
+    render_supernode_pool,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
@@ -60,26 +61,15 @@ pub struct HubObjects {
     pub superlink: StatefulSet,
     /// SuperLink Service `<fed>-superlink`.
     pub service: Service,
-    /// Pool workloads, only when the Federation has no `placementRef`.
-    pub pools: Vec<Workload>,
-    /// The headless Services of the StatefulSet pools ([`pools::pool_headless_service`]).
-    pub pool_services: Vec<Service>,
 }
 
 impl HubObjects {
-    /// Every object as JSON, in apply order (StatefulSet, Service, pools).
+    /// Every object as JSON, in apply order (StatefulSet, Service).
     pub fn to_values(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
-        let mut out = vec![
+        Ok(vec![
             serde_json::to_value(&self.superlink)?,
             serde_json::to_value(&self.service)?,
-        ];
-        for pool in &self.pools {
-            out.push(pool.to_value()?);
-        }
-        for service in &self.pool_services {
-            out.push(serde_json::to_value(service)?);
-        }
-        Ok(out)
+        ])
     }
 }
 
@@ -148,86 +138,15 @@ fn check_metadata(fed: &Federation) -> Result<(), HubRenderError> {
     Ok(())
 }
 
-/// Everything the hub applies in its own cluster: the SuperLink StatefulSet and Service, plus the
-/// pools when the Federation has no `placementRef` (they then run in the hub cluster, named
-/// `local_cluster` for `{cluster}`, as the only selected cluster).
-pub fn render_hub(fed: &Federation, local_cluster: &str) -> Result<HubObjects, HubRenderError> {
+/// What the Federation controller applies in the hub cluster: the SuperLink StatefulSet and
+/// Service. The pools, wherever they run, are per-cluster work ([`crate::core::work`]); without
+/// `placementRef` that cluster is the hub's own ([`crate::core::HUB_CLUSTER`]).
+pub fn render_hub(fed: &Federation) -> Result<HubObjects, HubRenderError> {
     check_metadata(fed)?;
     let (version, dialect) = federation_dialect(fed)?;
     let superlink = render_superlink(fed, version, dialect)?;
     let service = render_superlink_service(fed, dialect)?;
-    let pools = if fed.spec.placement_ref.is_some() {
-        Vec::new()
-    } else {
-        let fleet = in_cluster_fleet_address(fed);
-        let ca = superlink_tls_secret_name(fed);
-        render_pools(fed, dialect, &fleet, &ca, local_cluster)?
-    };
-    let pool_services = headless_services(fed, &pools);
-    Ok(HubObjects {
-        superlink,
-        service,
-        pools,
-        pool_services,
-    })
-}
-
-/// The headless Service of each StatefulSet pool among `workloads` of `fed`.
-pub fn headless_services(fed: &Federation, workloads: &[Workload]) -> Vec<Service> {
-    workloads
-        .iter()
-        .filter_map(|w| match w {
-            Workload::StatefulSet(s) => s
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(pools::POOL_LABEL))
-                .map(|pool| pools::pool_headless_service(name(fed), namespace(fed), pool)),
-            Workload::DaemonSet(_) => None,
-        })
-        .collect()
-}
-
-/// The pools of `fed` in the hub's own cluster `cluster` (its only cluster), numbered by the
-/// same work split as spokes ([`crate::core::work::split_work`]).
-fn render_pools(
-    fed: &Federation,
-    dialect: FlowerDialect,
-    fleet: &str,
-    ca_secret: &str,
-    cluster: &str,
-) -> Result<Vec<Workload>, HubRenderError> {
-    let shares = crate::core::work::split_work(&fed.spec, &[cluster.to_owned()], |pool, _| {
-        Some(pool.clone())
-    });
-    let Some(share) = shares.first() else {
-        return Ok(Vec::new());
-    };
-    share
-        .pools
-        .iter()
-        .enumerate()
-        .map(|(index, pool)| {
-            let context = ClusterContext {
-                name: share.cluster.clone(),
-                index: share.cluster_index,
-                clusters: share.clusters,
-                partition_offset: u64::from(pool.partition_offset),
-                partitions: u64::from(share.partitions_total),
-            };
-            render_supernode_pool(&SuperNodePoolInput {
-                federation: name(fed),
-                namespace: namespace(fed),
-                spec: &fed.spec,
-                pool: &pool.spec,
-                dialect,
-                fleet_address: fleet,
-                ca_secret_name: ca_secret,
-                cluster: &context,
-            })
-            .map_err(|source| HubRenderError::Pool { index, source })
-        })
-        .collect()
+    Ok(HubObjects { superlink, service })
 }
 
 /// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports

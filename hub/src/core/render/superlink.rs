@@ -40,7 +40,9 @@ fn port(name: &str, number: i32) -> ContainerPort {
 /// Where the SuperLink container finds its files and listens: Flower's default ports on every
 /// address, the TLS Secret and the state volume mounts ([`crate::core::superlink`] builds the
 /// arguments for the container and the standalone process alike). SuperNode authentication is
-/// on for [`kube_supernode_auth`] Federations.
+/// on when the Federation wants it ([`flower_addon_crds::FederationSpec::supernode_auth`]), as in
+/// standalone mode: wherever its pools run, their runtime makes the key pairs and the hub
+/// registers the public keys.
 pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLayout {
     SuperLinkLayout {
         bind_host: "0.0.0.0".to_owned(),
@@ -51,17 +53,8 @@ pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLa
             format!("{TLS_MOUNT_DIR}/tls.key"),
         ],
         database: format!("{STATE_MOUNT_DIR}/superlink.db"),
-        supernode_auth: kube_supernode_auth(fed),
+        supernode_auth: fed.spec.supernode_auth(),
     }
-}
-
-/// Whether a Kubernetes-mode SuperLink requires registered SuperNode keys: the Federation wants
-/// it ([`flower_addon_crds::FederationSpec::supernode_auth`]) and its pools run in spoke
-/// clusters, whose agents make the key pairs and whose keys the hub registers. Pools of a
-/// Federation without `placementRef` are rendered by the hub's controller, which makes no keys
-/// yet: their SuperLink runs TLS without SuperNode authentication.
-pub fn kube_supernode_auth(fed: &Federation) -> bool {
-    fed.spec.supernode_auth() && fed.spec.placement_ref.is_some()
 }
 
 /// Renders the SuperLink StatefulSet: one replica, container `superlink` with the image's

@@ -32,7 +32,7 @@ pub(super) fn own(meta: &mut ObjectMeta, fed: &Federation) {
 
 /// The controller owner reference of `owner`, blocking its foreground deletion until the owned
 /// object is gone, as controller-runtime's `SetControllerReference` does.
-pub(super) fn controller_ref<K: kube::Resource<DynamicType = ()>>(
+pub(crate) fn controller_ref<K: kube::Resource<DynamicType = ()>>(
     owner: &K,
 ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
     owner.controller_owner_ref(&()).map(|mut r| {

@@ -4,8 +4,8 @@
 //! - validate: [`crate::core::problems`], the CRD rules plus everything the renderer would
 //!   refuse; an invalid Federation gets `Degraded=True` naming the fields and nothing is applied
 //!   or deleted (running workloads keep running);
-//! - build: [`render_hub`] (SuperLink StatefulSet, Service, and the pools when there is no
-//!   `placementRef`) plus the SuperLink TLS Secret issued by the hub CA when TLS is on;
+//! - build: [`render_hub`] (SuperLink StatefulSet and Service) plus the SuperLink TLS Secret
+//!   issued by the hub CA when TLS is on;
 //! - apply: server-side apply under one field manager ([`HUB_FIELD_MANAGER`]), every object
 //!   owned by the Federation (garbage-collected with it), labelled for pruning. Fields the build
 //!   stops setting (Service labels removed from the spec) vanish because one manager owns them;
@@ -13,8 +13,10 @@
 //!   a mode switch) are deleted;
 //! - status: written with server-side apply on the status subresource, only when it changed.
 //!
-//! Pools of Federations with a `placementRef` run in spoke clusters through the work channel;
-//! this controller applies only their SuperLink side.
+//! Pools run where the work source puts them ([`crate::kube::work`]): in spoke clusters through
+//! the work channel, or, without `placementRef`, in the hub cluster by [`crate::kube::local`];
+//! this controller applies only the SuperLink side, and sums the per-cluster status into the
+//! totals and conditions.
 
 mod apply;
 pub mod placement;
@@ -26,10 +28,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use flower_addon_crds::render::Workload;
 use flower_addon_crds::{Federation, Placement};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -44,6 +45,7 @@ use crate::core::render::{
 };
 use crate::registration::ca::{CaError, HubCa};
 
+pub(crate) use apply::controller_ref;
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
 pub use tls::hub_issues_tls;
@@ -105,22 +107,19 @@ pub struct Context {
     pub ca: Arc<HubCa>,
     /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
     pub recorder: Recorder,
-    /// `{cluster}` for pools that run in the hub cluster.
-    pub local_cluster: String,
     /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
     /// Fleet address of NodePort Federations without `externalAddress`.
     pub node_address: Option<String>,
 }
 
 impl Context {
-    /// A context for `client` and `ca`, pools in the hub cluster named [`crate::core::HUB_CLUSTER`].
+    /// A context for `client` and `ca`.
     pub fn new(client: Client, ca: Arc<HubCa>) -> Self {
         let recorder = apply::recorder(client.clone());
         Self {
             client,
             ca,
             recorder,
-            local_cluster: crate::core::HUB_CLUSTER.to_owned(),
             node_address: None,
         }
     }
@@ -178,7 +177,6 @@ pub async fn run_with(
             },
         )
         .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
-        .owns(Api::<DaemonSet>::all(client.clone()), owned.clone())
         .owns(Api::<Service>::all(client.clone()), owned.clone())
         .owns(Api::<Secret>::all(client.clone()), owned)
         .graceful_shutdown_on(shutdown)
@@ -244,13 +242,12 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::requeue(RESYNC))
 }
 
-/// Applies the SuperLink Service, the TLS Secret, the SuperLink and the local pools, then
-/// prunes. The Service goes first: a placed Federation's external address (and so the
+/// Applies the SuperLink Service, the TLS Secret and the SuperLink, then prunes. The Service goes first: a placed Federation's external address (and so the
 /// certificate's SANs) may come from the node port or load balancer it gets.
 async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
     let client = &ctx.client;
     let name = fed.name_any();
-    let mut objects = render_hub(fed, &ctx.local_cluster)?;
+    let mut objects = render_hub(fed)?;
     let (_, dialect) = federation_dialect(fed)?;
 
     apply::own(&mut objects.service.metadata, fed);
@@ -306,47 +303,22 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
 
     apply::own(&mut objects.superlink.metadata, fed);
     let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
-    let ds_api = Api::<DaemonSet>::namespaced(client.clone(), namespace);
     let superlink = apply::apply(&sts_api, &objects.superlink).await?;
 
-    let mut statefulsets = BTreeSet::from([superlink.name_any()]);
-    let mut daemonsets = BTreeSet::new();
-    let mut pools = Vec::with_capacity(objects.pools.len());
-    for (workload, spec) in objects.pools.iter_mut().zip(&fed.spec.supernodes.pools) {
-        match workload {
-            Workload::StatefulSet(s) => {
-                apply::own(&mut s.metadata, fed);
-                let applied = apply::apply(&sts_api, s).await?;
-                statefulsets.insert(applied.name_any());
-                pools.push(WorkloadReadiness::of_statefulset(&spec.name, &applied));
-            }
-            Workload::DaemonSet(d) => {
-                apply::own(&mut d.metadata, fed);
-                let applied = apply::apply(&ds_api, d).await?;
-                daemonsets.insert(applied.name_any());
-                pools.push(WorkloadReadiness::of_daemonset(&spec.name, &applied));
-            }
-        }
-    }
-
-    let mut services = BTreeSet::from([objects.service.name_any()]);
-    let services_api = Api::<Service>::namespaced(client.clone(), namespace);
-    for service in &mut objects.pool_services {
-        apply::own(&mut service.metadata, fed);
-        services.insert(apply::apply(&services_api, service).await?.name_any());
-    }
+    // The pools of a Federation without placementRef are the hub cluster's work, applied by
+    // crate::kube::local under its own manager; this controller's objects are the SuperLink's.
+    let statefulsets = BTreeSet::from([superlink.name_any()]);
+    let services = BTreeSet::from([objects.service.name_any()]);
     let mut pruned = apply::prune::<StatefulSet>(client, fed, &statefulsets).await?;
-    pruned.extend(apply::prune::<DaemonSet>(client, fed, &daemonsets).await?);
     pruned.extend(apply::prune::<Service>(client, fed, &services).await?);
     pruned.extend(apply::prune::<Secret>(client, fed, &secrets).await?);
     if !pruned.is_empty() {
         ctx.publish(fed, EventType::Normal, "Pruned", pruned.join(", "))
             .await;
     }
-    tracing::debug!(federation = %name, %namespace, pools = pools.len(), "applied");
+    tracing::debug!(federation = %name, %namespace, "applied");
     Ok(Outcome::Applied {
         superlink: WorkloadReadiness::of_statefulset("superlink", &superlink),
-        pools,
         external,
     })
 }
@@ -364,7 +336,12 @@ async fn write_status(
             .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
     );
     let status = federation_status(fed, outcome, placement, &now);
-    if fed.status.as_ref() == Some(&status) {
+    // `status.clusters` is the work source's (its own field manager); compare the rest.
+    let current = fed.status.clone().map(|mut s| {
+        s.clusters.clear();
+        s
+    });
+    if current.as_ref() == Some(&status) {
         return Ok(());
     }
     let name = fed.name_any();

@@ -160,8 +160,6 @@ pub enum Outcome {
     Applied {
         /// The SuperLink StatefulSet.
         superlink: WorkloadReadiness,
-        /// Pools in the hub cluster (empty with `placementRef`).
-        pools: Vec<WorkloadReadiness>,
         /// With `placementRef`: the external endpoints spokes and `flwr` dial, or why they are
         /// not known yet ([`external_endpoints`](crate::core::render::external_endpoints)).
         external: Option<Result<ExternalEndpoints, ExternalAddressError>>,
@@ -221,19 +219,14 @@ pub fn federation_status(
                 "waiting for a valid spec",
             ));
         }
-        Outcome::Applied {
-            superlink, pools, ..
-        } => {
-            let mut desired: i32 = pools.iter().map(|p| p.desired).sum();
-            let mut ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
-            // Spoke clusters: `status.clusters` is written from the agents' reports by the work
-            // source (its own field manager); the totals and Ready are computed here from it.
-            let spokes = if fed.spec.placement_ref.is_some() {
-                previous.clusters.clone()
-            } else {
-                Vec::new()
-            };
-            for cluster in &spokes {
+        Outcome::Applied { superlink, .. } => {
+            // `status.clusters` is written from the clusters' reports by the work source (its
+            // own field manager): the spokes' agents, or the hub's own pools
+            // ([`crate::kube::local`]); the totals and Ready are computed here from it.
+            let clusters = previous.clusters.clone();
+            let mut desired: i32 = 0;
+            let mut ready: i32 = 0;
+            for cluster in &clusters {
                 for p in &cluster.pools {
                     desired += p.desired;
                     ready += p.ready.min(p.desired);
@@ -242,19 +235,9 @@ pub fn federation_status(
             status.desired_supernodes = desired;
             status.ready_supernodes = ready;
             status.supernodes = Some(format!("{ready}/{desired}"));
-            status.selected_clusters = if fed.spec.placement_ref.is_some() {
-                i32::try_from(spokes.len()).unwrap_or(i32::MAX)
-            } else {
-                1
-            };
-            // Placed pools: each pool summed over the clusters that reported it, in spec order.
-            let placed_pools: Vec<WorkloadReadiness>;
-            let pool_totals = if fed.spec.placement_ref.is_some() {
-                placed_pools = pool_totals_over_clusters(fed, &spokes);
-                &placed_pools
-            } else {
-                pools
-            };
+            status.selected_clusters = i32::try_from(clusters.len()).unwrap_or(i32::MAX);
+            // Each pool summed over the clusters that reported it, in spec order.
+            let pool_totals = pool_totals_over_clusters(fed, &clusters);
             status.pools = pool_totals
                 .iter()
                 .map(|p| PoolStatus {
@@ -282,32 +265,28 @@ pub fn federation_status(
             if !superlink.is_ready() {
                 not_ready.push(superlink.summary("SuperLink"));
             }
-            not_ready.extend(
-                pools
-                    .iter()
-                    .filter(|p| !p.is_ready())
-                    .map(|p| p.summary("pool")),
-            );
             if let Some((_, Some(reason))) = &placement {
                 not_ready.push(reason.clone());
             }
             if let Some(Err(why)) = external {
                 not_ready.push(why.to_string());
             }
-            if fed.spec.placement_ref.is_some() {
-                if spokes.is_empty() {
-                    not_ready.push("no cluster selected by the Placement (yet)".to_owned());
+            if clusters.is_empty() {
+                not_ready.push(if fed.spec.placement_ref.is_some() {
+                    "no cluster selected by the Placement (yet)".to_owned()
+                } else {
+                    "no report from the hub cluster's pools yet".to_owned()
+                });
+            }
+            for cluster in &clusters {
+                if !cluster.connected {
+                    not_ready.push(format!("cluster {}: agent not connected", cluster.name));
                 }
-                for cluster in &spokes {
-                    if !cluster.connected {
-                        not_ready.push(format!("cluster {}: agent not connected", cluster.name));
-                    }
-                    for p in cluster.pools.iter().filter(|p| p.ready < p.desired) {
-                        not_ready.push(format!(
-                            "cluster {} pool {}: {}/{} ready",
-                            cluster.name, p.name, p.ready, p.desired
-                        ));
-                    }
+                for p in cluster.pools.iter().filter(|p| p.ready < p.desired) {
+                    not_ready.push(format!(
+                        "cluster {} pool {}: {}/{} ready",
+                        cluster.name, p.name, p.ready, p.desired
+                    ));
                 }
             }
             match external {

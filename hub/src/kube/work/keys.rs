@@ -1,6 +1,6 @@
 //! SuperNode keys in Kubernetes mode: every few seconds (and when an agent reports), each
-//! Federation with a `placementRef` and SuperNode authentication gets its SuperLink synced to
-//! the keys its placed clusters report ([`crate::core::nodekeys::wanted_keys`]) through the
+//! Federation with SuperNode authentication gets its SuperLink synced to the keys its placed
+//! clusters report (the hub's own cluster for a Federation without `placementRef`) ([`crate::core::nodekeys::wanted_keys`]) through the
 //! Control API at the SuperLink Service's in-cluster name
 //! ([`crate::core::superlink::in_cluster_control`]). When what a SuperLink holds changes, the
 //! work is recomputed so agents start the SuperNodes whose keys are now registered.
@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::{Report, Stores};
 use crate::core::render::federation_dialect;
-use crate::core::work::decided;
+use crate::core::work::placed_on;
 use crate::flower::control::ControlEndpoint;
 use crate::flower::registry::{KeyTarget, NodeKeyRegistry};
 
@@ -53,9 +53,6 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
     let decisions = stores.decisions.state();
     let mut out = Vec::new();
     for fed in stores.federations.state() {
-        let Some(placement) = fed.spec.placement_ref.as_ref() else {
-            continue;
-        };
         if !fed.spec.supernode_auth() {
             continue;
         }
@@ -64,14 +61,12 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
         };
         let namespace = fed.namespace().unwrap_or_default();
         let key = (namespace.clone(), fed.name_any());
-        let placed_on: BTreeSet<String> = decided(
-            decisions.iter().map(AsRef::as_ref),
-            &namespace,
-            &placement.name,
-            |c| clusters.contains(c),
-        )
-        .into_iter()
-        .collect();
+        let placed_on: BTreeSet<String> =
+            placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
+                clusters.contains(c)
+            })
+            .into_iter()
+            .collect();
         let statuses: Vec<(String, flower_addon_proto::Status)> = placed_on
             .iter()
             .filter_map(|c| reports.get(c).map(|r| (c.clone(), r.status.clone())))

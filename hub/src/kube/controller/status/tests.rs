@@ -36,19 +36,43 @@ fn at(secs: i64) -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
 }
 
+/// A Federation without placementRef whose pools in the hub's own cluster reported `pools`.
+fn local(pools: &[(&str, i32, i32)]) -> Federation {
+    let mut f = fed();
+    f.status = Some(FederationStatus {
+        clusters: vec![reported(crate::core::HUB_CLUSTER, pools)],
+        ..FederationStatus::default()
+    });
+    f
+}
+
 #[test]
 fn not_ready_names_what_is_missing() {
-    // Users see which pool or the SuperLink holds Ready back, with counts.
+    // Users see which pool or the SuperLink holds Ready back, with counts: the hub's own pools
+    // are summed from their cluster entry like a spoke's.
     let outcome = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![w("a", 2, 1)],
         external: None,
     };
-    let s = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
+    let s = federation_status(
+        &local(&[("a", 2, 1)]),
+        &outcome,
+        &PlacementState::NotReferenced,
+        &at(10),
+    );
     assert_eq!(s.supernodes.as_deref(), Some("1/2"));
+    assert_eq!(s.selected_clusters, 1);
     assert_eq!(s.observed_generation, Some(3));
     assert_eq!(find(&s, "Ready").status, "False");
-    assert!(find(&s, "Ready").message.contains("pool a: 1/2 ready"));
+    assert!(
+        find(&s, "Ready")
+            .message
+            .contains("cluster local-cluster pool a: 1/2 ready"),
+        "{:?}",
+        find(&s, "Ready")
+    );
+    assert_eq!(s.pools[0].kind.as_deref(), Some("StatefulSet"));
+    assert_eq!((s.pools[0].desired, s.pools[0].ready), (2, 1));
     assert_eq!(find(&s, "Reconciling").status, "True");
     assert_eq!(
         s.endpoints.unwrap().superlink_service.as_deref(),
@@ -61,13 +85,20 @@ fn unchanged_facts_give_an_identical_status() {
     // The controller writes status only on change, so it never loops on its own writes.
     let outcome = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![w("a", 2, 2)],
         external: None,
     };
-    let mut f = fed();
+    let mut f = local(&[("a", 2, 2)]);
     let first = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
     assert_eq!(find(&first, "Ready").status, "True");
-    f.status = Some(first.clone());
+    assert!(
+        first.clusters.is_empty(),
+        "status.clusters is not the controller's"
+    );
+    let clusters = f.status.take().unwrap().clusters;
+    f.status = Some(FederationStatus {
+        clusters,
+        ..first.clone()
+    });
     assert_eq!(
         federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(20)),
         first
@@ -91,7 +122,6 @@ fn a_placement_ref_mirrors_the_placement_and_a_missing_one_holds_ready_back() {
     // one is Unknown.
     let outcome = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![],
         external: None,
     };
     let plain = federation_status(&fed(), &outcome, &PlacementState::NotReferenced, &at(10));
@@ -197,7 +227,6 @@ fn placed_federations_show_derived_endpoints_and_pools_summed_over_clusters() {
     ]);
     let outcome = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![],
         external: Some(Ok(ExternalEndpoints {
             fleet: "198.18.0.1:30092".into(),
             control: Some("198.18.0.1:30093".into()),
@@ -231,7 +260,6 @@ fn an_unknown_external_address_holds_ready_back_and_keeps_the_old_one() {
     });
     let pending = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![],
         external: Some(Err(ExternalAddressError::Pending("a node port".into()))),
     };
     let s = federation_status(&f, &pending, &PlacementState::NotReferenced, &at(10));
@@ -247,7 +275,6 @@ fn an_unknown_external_address_holds_ready_back_and_keeps_the_old_one() {
     );
     let hidden = Outcome::Applied {
         superlink: w("superlink", 1, 1),
-        pools: vec![],
         external: Some(Err(ExternalAddressError::NotExposed)),
     };
     let s = federation_status(&f, &hidden, &PlacementState::NotReferenced, &at(10));
