@@ -47,66 +47,6 @@ pub const WORKLOAD_MISSING: &str = "WorkloadMissing";
 /// Label marking objects the agent applied (value [`AGENT_FIELD_MANAGER`]); pruning selects on it.
 pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
 
-/// The owner reference of the Federation `(namespace, name)`, if it has one (see [`Applier`]).
-pub type OwnerFn = std::sync::Arc<
-    dyn Fn(&str, &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>
-        + Send
-        + Sync,
->;
-
-/// Who applies: the field manager of every write, which is also the value of
-/// [`APPLIED_BY_LABEL`] on everything applied (pruning selects on it, so two runtimes in one
-/// cluster never prune each other's objects), and optionally each Federation's owner
-/// reference. The agent is [`Applier::agent`]; the hub runs the same runtime for the pools of
-/// Federations without `placementRef` in its own cluster under its own manager, with the
-/// Federation as owner (deleted with it by the garbage collector).
-#[derive(Clone)]
-pub struct Applier {
-    manager: &'static str,
-    owners: Option<OwnerFn>,
-}
-
-impl Applier {
-    /// The agent in a spoke: [`AGENT_FIELD_MANAGER`], no owner references.
-    pub fn agent() -> Self {
-        Self {
-            manager: AGENT_FIELD_MANAGER,
-            owners: None,
-        }
-    }
-
-    /// Another component applying under `manager` (a valid label value), with `owners` giving
-    /// each Federation's owner reference.
-    pub fn new(manager: &'static str, owners: Option<OwnerFn>) -> Self {
-        Self { manager, owners }
-    }
-
-    /// The field manager (and applied-by label value).
-    pub fn manager(&self) -> &'static str {
-        self.manager
-    }
-
-    /// Marks `meta` as applied by this applier for the Federation `namespace/federation`:
-    /// the applied-by label, and the owner reference when there is one.
-    pub fn stamp(&self, meta: &mut ObjectMeta, namespace: &str, federation: &str) {
-        meta.labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(APPLIED_BY_LABEL.to_owned(), self.manager.to_owned());
-        if let Some(owner) = self.owners.as_ref().and_then(|f| f(namespace, federation)) {
-            meta.owner_references = Some(vec![owner]);
-        }
-    }
-}
-
-impl Debug for Applier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Applier")
-            .field("manager", &self.manager)
-            .field("owners", &self.owners.is_some())
-            .finish()
-    }
-}
-
 /// Why the Kubernetes runtime could not apply (part of) a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeRuntimeError {
@@ -253,10 +193,12 @@ impl Rendered {
     }
 }
 
+mod applier;
 pub mod keys;
 mod render;
 mod status;
 mod writes;
+pub use applier::{Applier, OwnerFn};
 pub use keys::{FederationKeys, PoolKeys};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
@@ -405,7 +347,7 @@ impl KubeRuntime {
         }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
         self.stamp(&mut rendered, plan);
-        let manager = self.applier.manager;
+        let manager = self.applier.manager();
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
             desired.insert((Kind::Secret, ns.to_owned(), name.clone()));
@@ -485,7 +427,7 @@ impl KubeRuntime {
         desired: &BTreeSet<ObjectKey>,
         keep: &BTreeSet<(String, String)>,
     ) -> Result<(), KubeRuntimeError> {
-        let (client, manager) = (&self.client, self.applier.manager);
+        let (client, manager) = (&self.client, self.applier.manager());
         prune_kind::<StatefulSet>(client, manager, Kind::StatefulSet, desired, keep).await?;
         prune_kind::<DaemonSet>(client, manager, Kind::DaemonSet, desired, keep).await?;
         prune_kind::<Secret>(client, manager, Kind::Secret, desired, keep).await?;

@@ -7,6 +7,13 @@
 //! from all. Then `flwr run` of `examples/fedavg` (2 rounds) from a pod of the app image, against
 //! the SuperLink's Control Service, ends `finished:completed` (`flwr ls --run-id … --format json`).
 //!
+//! Then the same with TLS and SuperNode authentication (`insecure: false`), still without a
+//! Placement: the hub's own cluster runs the pools through the runtime the hub embeds, which
+//! makes one key pair per SuperNode pod in a Secret of the cluster; the hub pod registers the
+//! public keys through the SuperLink's Control API (its Service name) and only then do the
+//! SuperNodes start; the Federation status counts them online from the SuperLink's node list;
+//! `flwr run` with the CA the runtime put in `<fed>-superlink-ca` completes.
+//!
 //! Needs what `real_node` needs (root, `e2e/k8s/build.sh`, `e2e/node/build.sh`,
 //! `e2e/images/build.sh`); fails loudly when something is missing.
 
@@ -43,9 +50,9 @@ default = "k8s"
 
 [tool.flwr.federations.k8s]
 address = "%s"
-insecure = true
-""" % sys.argv[1])
-run = subprocess.run(["flwr", "run", "/tmp/app", "k8s", "--run-config", "num-server-rounds=2 min-nodes=4", "--stream"],
+%s
+""" % (sys.argv[1], 'root-certificates = "/ca/ca.crt"' if sys.argv[3] == "tls" else "insecure = true"))
+run = subprocess.run(["flwr", "run", "/tmp/app", "k8s", "--run-config", "num-server-rounds=2 min-nodes=%s" % sys.argv[2], "--stream"],
                      capture_output=True, text=True, timeout=600)
 print(run.stdout[-3000:], run.stderr[-2000:])
 rid = re.search(r"started run (\d+)", run.stdout + run.stderr).group(1)
@@ -68,6 +75,24 @@ const EXAMPLE: &str = "examples/federation-nodeconfig.yaml";
 const FEDERATION: &str = "federation-nodeconfig";
 /// Its SuperNode replicas.
 const SUPERNODES: usize = 4;
+/// The TLS + SuperNode authentication Federation (no Placement either).
+const SECURE: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: secure, namespace: default}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  superlink: {image: "flwr/superlink:1.25.0"}
+  supernodes:
+    image: "flwr/supernode:1.25.0"
+    pools:
+      - name: default
+        replicas: 2
+        images: {}
+        nodeConfig: {partition-id: "{index}", num-partitions: "{replicas}"}
+"#;
 
 /// The `SuperNode ID: <n>` a SuperNode logs once connected.
 fn supernode_id(log: &str) -> Option<String> {
@@ -98,14 +123,33 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     e2e::install_hub_manifests(&hub.client).await?;
     let t = Instant::now();
     e2e::apply_file(&hub.client, &e2e::repo_root().join(EXAMPLE), "default").await?;
+    let node = &cp.real_node("hub")?.name;
+    federation_runs(hub, node, FEDERATION, SUPERNODES, false, t).await?;
 
+    let t = Instant::now();
+    e2e::apply_yaml(&hub.client, SECURE, "default").await?;
+    federation_runs(hub, node, "secure", 2, true, t).await?;
+    the_secure_federation_authenticated_its_supernodes(hub).await
+}
+
+/// Waits until `supernodes` SuperNode pods of Federation `name` (applied at `t`) are connected
+/// and served by its SuperLink, then runs examples/fedavg with `flwr` from a pod (TLS with the
+/// Federation's CA Secret when `tls`) and checks it finished `completed`.
+async fn federation_runs(
+    hub: &e2e::Cluster,
+    node: &str,
+    name: &str,
+    supernodes: usize,
+    tls: bool,
+    t: Instant,
+) -> Result<()> {
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let ids = wait_for(
         "every SuperNode pod connected (SuperNode ID logged)",
         Duration::from_secs(180),
         || {
-            let (pods, hub_pods) = (pods.clone(), hub_pods.clone());
+            let (pods, hub_pods, fed) = (pods.clone(), hub_pods.clone(), name.to_owned());
             async move {
                 check_not_crashing(&hub_pods, "app.kubernetes.io/name=flower-hub").await?;
                 let Ok(list) = pods.list(&ListParams::default()).await else {
@@ -113,23 +157,23 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
                 };
                 let mut ids = Vec::new();
                 for p in &list.items {
-                    let name = p.metadata.name.clone().unwrap_or_default();
-                    if !name.starts_with(&format!("{FEDERATION}-supernode-")) {
+                    let pod = p.metadata.name.clone().unwrap_or_default();
+                    if !pod.starts_with(&format!("{fed}-supernode-")) {
                         continue;
                     }
                     let log = pods
-                        .logs(&name, &LogParams::default())
+                        .logs(&pod, &LogParams::default())
                         .await
                         .unwrap_or_default();
-                    ids.extend(supernode_id(&log).map(|id| (name, id)));
+                    ids.extend(supernode_id(&log).map(|id| (pod, id)));
                 }
-                Ok((ids.len() == SUPERNODES).then_some(ids))
+                Ok((ids.len() == supernodes).then_some(ids))
             }
         },
     )
     .await?;
     let connected = t.elapsed();
-    let superlink = format!("{FEDERATION}-superlink-0");
+    let superlink = format!("{name}-superlink-0");
     let want: BTreeSet<String> = ids.iter().map(|(_, id)| id.clone()).collect();
     wait_for(
         "the SuperLink serving every SuperNode (Fleet requests with their node ids)",
@@ -150,18 +194,18 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     )
     .await?;
     eprintln!(
-        "real_federation: Federation applied -> SuperLink + {SUPERNODES} SuperNodes (flwr 1.25.0) pods on {} connected in {:.1}s: {ids:?}",
-        cp.real_node("hub")?.name,
+        "real_federation: Federation {name} (TLS {tls}) applied -> SuperLink + {supernodes} SuperNodes (flwr 1.25.0) pods on {node} connected in {:.1}s: {ids:?}",
         connected.as_secs_f64()
     );
 
     // --- flwr run of examples/fedavg from a pod, against the SuperLink's Control Service ------
     let t = Instant::now();
-    let control = format!("{FEDERATION}-superlink.default.svc:9093");
-    let pod: Pod = serde_json::from_value(serde_json::json!({
+    let control = format!("{name}-superlink.default.svc:9093");
+    let runner = format!("flwr-run-{name}");
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "flwr-run"},
+        "metadata": {"name": runner},
         "spec": {
             "restartPolicy": "Never",
             "nodeSelector": {e2e::node::REAL_NODE_LABEL.0: e2e::node::REAL_NODE_LABEL.1},
@@ -169,7 +213,7 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
                 "name": "flwr",
                 "image": APP_IMAGE,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", FLWR_RUN, control],
+                "command": ["python3", "-c", FLWR_RUN, control, supernodes.to_string(), if tls { "tls" } else { "insecure" }],
                 "env": [
                     {"name": "FLWR_TELEMETRY_ENABLED", "value": "0"},
                     {"name": "FLWR_DISABLE_UPDATE_CHECK", "value": "1"},
@@ -177,9 +221,18 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
             }],
         },
     }))?;
+    if tls {
+        // The CA the hub cluster's runtime gave the SuperNodes (the one that signed the SuperLink).
+        let spec = pod.spec.as_mut().expect("pod spec");
+        spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
+            "name": "ca", "secret": {"secretName": flower_addon_crds::render::spoke_ca_secret_name(name)},
+        }))?]);
+        spec.containers[0].volume_mounts = Some(vec![serde_json::from_value(
+            serde_json::json!({"name": "ca", "mountPath": "/ca", "readOnly": true}),
+        )?]);
+    }
     pods.create(&Default::default(), &pod).await?;
-    let log =
-        e2e::pods::run_to_completion_within(&pods, "flwr-run", Duration::from_secs(400)).await?;
+    let log = e2e::pods::run_to_completion_within(&pods, &runner, Duration::from_secs(400)).await?;
     let status = log
         .lines()
         .rev()
@@ -187,7 +240,7 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
         .unwrap_or_default()
         .to_string();
     eprintln!(
-        "real_federation: flwr run examples/fedavg (2 rounds, 4 SuperNodes) from a pod: {status} in {:.1}s",
+        "real_federation: flwr run examples/fedavg (2 rounds, {supernodes} SuperNodes, TLS {tls}) from a pod: {status} in {:.1}s",
         t.elapsed().as_secs_f64()
     );
     assert_eq!(
@@ -203,6 +256,57 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
         )
         .await
         .unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// The secure Federation's SuperLink requires registered keys, each SuperNode pod's key was made
+/// in the cluster (a Secret with one key per pod, never sent), and the status counts the
+/// SuperNodes online from the SuperLink's node list under the hub's own cluster.
+async fn the_secure_federation_authenticated_its_supernodes(hub: &e2e::Cluster) -> Result<()> {
+    use anyhow::ensure;
+    let sl =
+        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "default")
+            .get("secure-superlink")
+            .await?;
+    let args = sl
+        .spec
+        .template
+        .spec
+        .map(|p| p.containers[0].args.clone().unwrap_or_default())
+        .unwrap_or_default();
+    ensure!(
+        args.iter().any(|a| a == "--enable-supernode-auth"),
+        "SuperLink args: {args:?}"
+    );
+    let keys = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "default")
+        .get("secure-supernode-default-node-keys")
+        .await?;
+    let names: Vec<String> = keys.data.unwrap_or_default().into_keys().collect();
+    ensure!(
+        names == ["secure-supernode-default-0", "secure-supernode-default-1"],
+        "key Secret holds {names:?}"
+    );
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "default");
+    let entry = wait_for(
+        "the secure Federation's status: 2 SuperNodes online in local-cluster",
+        Duration::from_secs(60),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("secure").await?;
+                Ok(fed.status.and_then(|s| {
+                    s.clusters
+                        .into_iter()
+                        .find(|c| c.name == "local-cluster" && c.online == Some(2))
+                }))
+            }
+        },
+    )
+    .await?;
+    ensure!(entry.supernodes.as_deref() == Some("2/2"), "{entry:?}");
+    eprintln!(
+        "real_federation: secure Federation: --enable-supernode-auth, 2 keys made in the cluster, 2/2 online"
     );
     Ok(())
 }

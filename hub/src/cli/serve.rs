@@ -166,13 +166,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let controller = tokio::spawn(controller.run(wait_stop(stop_rx.clone())));
-        let server = ChannelServer::new(store, work, ca, config);
-        let shutdown = async move {
-            shutdown_signal().await;
-            tracing::info!("stopping");
-            let _ = stop_tx.send(true);
-        };
-        server.serve(listeners, shutdown).await?;
+        serve_until_signal(
+            ChannelServer::new(store, work, ca, config),
+            listeners,
+            stop_tx,
+        )
+        .await?;
         // The controller stops its SuperLinks before the hub exits.
         let _ = controller.await;
         anyhow::Ok(())
@@ -203,6 +202,25 @@ fn channel_config(args: &ServeArgs, advertise: Vec<String>) -> ChannelConfig {
         auto_accept: args.auto_accept.iter().cloned().collect::<BTreeMap<_, _>>(),
         ..ChannelConfig::default()
     }
+}
+
+/// Serves the work channel on `listeners` until SIGINT/SIGTERM, then tells the other tasks to
+/// stop through `stop`.
+async fn serve_until_signal<
+    S: crate::registration::store::ClusterStore + 'static,
+    W: crate::channel::WorkSource + 'static,
+>(
+    server: ChannelServer<S, W>,
+    listeners: Vec<tokio::net::TcpListener>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> anyhow::Result<()> {
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("stopping");
+        let _ = stop.send(true);
+    };
+    server.serve(listeners, shutdown).await?;
+    Ok(())
 }
 
 async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
@@ -275,13 +293,12 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let server = ChannelServer::new(store, work, ca, config);
-        let shutdown = async move {
-            shutdown_signal().await;
-            tracing::info!("stopping");
-            let _ = stop_tx.send(true);
-        };
-        server.serve(listeners, shutdown).await?;
+        serve_until_signal(
+            ChannelServer::new(store, work, ca, config),
+            listeners,
+            stop_tx,
+        )
+        .await?;
         let _ = federations.await;
         let _ = local_pools.await;
         let _ = placements.await;

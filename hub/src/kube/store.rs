@@ -181,9 +181,39 @@ impl KubeStore {
     async fn modify(
         &self,
         name: &str,
+        update: impl FnMut(&mut ManagedCluster) -> bool,
+    ) -> Result<(), StoreError> {
+        self.read_modify_write(name, false, update).await
+    }
+
+    /// Read-modify-write of a ManagedCluster's status subresource, retried on conflicts.
+    async fn modify_status(
+        &self,
+        name: &str,
+        mut update: impl FnMut(&mut ManagedClusterStatus),
+    ) -> Result<(), StoreError> {
+        self.read_modify_write(name, true, |mc| {
+            let before = mc.status.clone();
+            update(mc.status.get_or_insert_with(Default::default));
+            mc.status != before
+        })
+        .await
+    }
+
+    /// Reads ManagedCluster `name`, lets `update` change it (false: nothing to write) and writes
+    /// it back (its status subresource when `status`), again from a fresh read on a conflict.
+    async fn read_modify_write(
+        &self,
+        name: &str,
+        status: bool,
         mut update: impl FnMut(&mut ManagedCluster) -> bool,
     ) -> Result<(), StoreError> {
         let api = self.clusters();
+        let what = if status {
+            format!("update status of ManagedCluster {name}")
+        } else {
+            format!("update ManagedCluster {name}")
+        };
         for _ in 0..CONFLICT_RETRIES {
             let Some(mut mc) = api
                 .get_opt(name)
@@ -195,46 +225,16 @@ impl KubeStore {
             if !update(&mut mc) {
                 return Ok(());
             }
-            match api.replace(name, &PostParams::default(), &mc).await {
-                Ok(_) => return Ok(()),
-                Err(e) if is_status(&e, 409) => continue,
-                Err(e) if is_status(&e, 404) => return Err(not_found("cluster", name)),
-                Err(e) => return Err(kube_err(format!("update ManagedCluster {name}"))(e)),
-            }
-        }
-        Err(conflict(name))
-    }
-
-    /// Read-modify-write of a ManagedCluster's status subresource, retried on conflicts.
-    async fn modify_status(
-        &self,
-        name: &str,
-        mut update: impl FnMut(&mut ManagedClusterStatus),
-    ) -> Result<(), StoreError> {
-        let api = self.clusters();
-        for _ in 0..CONFLICT_RETRIES {
-            let Some(mut mc) = api
-                .get_opt(name)
-                .await
-                .map_err(kube_err(format!("get ManagedCluster {name}")))?
-            else {
-                return Err(not_found("cluster", name));
+            let written = if status {
+                api.replace_status(name, &PostParams::default(), &mc).await
+            } else {
+                api.replace(name, &PostParams::default(), &mc).await
             };
-            let before = mc.status.clone();
-            let status = mc.status.get_or_insert_with(Default::default);
-            update(status);
-            if mc.status == before {
-                return Ok(());
-            }
-            match api.replace_status(name, &PostParams::default(), &mc).await {
+            match written {
                 Ok(_) => return Ok(()),
                 Err(e) if is_status(&e, 409) => continue,
                 Err(e) if is_status(&e, 404) => return Err(not_found("cluster", name)),
-                Err(e) => {
-                    return Err(kube_err(format!("update status of ManagedCluster {name}"))(
-                        e,
-                    ));
-                }
+                Err(e) => return Err(kube_err(what)(e)),
             }
         }
         Err(conflict(name))
