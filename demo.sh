@@ -78,17 +78,16 @@ echo "    CA hash $CA_HASH"
 
 JOIN_PIDS=()
 for i in 1 2; do
-  site=$([[ $i == 1 ]] && echo a || echo b)
-  step "agent edge-$i joins: flower-agent join --cluster-name edge-$i --label site=$site --label demo=quickstart"
+  step "agent edge-$i joins: flower-agent join --cluster-name edge-$i"
   "$AGENT" join --hub "127.0.0.1:$HUB_PORT" --token "$TOKEN" --ca-hash "$CA_HASH" \
-    --cluster-name "edge-$i" --label "site=$site" --label demo=quickstart \
-    --state-dir "$WORK/agent-$i" >"$WORK/join-$i.log" 2>&1 &
+    --cluster-name "edge-$i" --state-dir "$WORK/agent-$i" >"$WORK/join-$i.log" 2>&1 &
   JOIN_PIDS+=($!)
 done
 for i in 1 2; do
   for _ in $(seq 1 100); do grep -q "waiting for the hub to accept" "$WORK/join-$i.log" 2>/dev/null && break; sleep 0.1; done
-  step "the admin accepts it: flower-hub accept edge-$i"
-  "$HUB" accept "edge-$i" --state-dir "$WORK/hub" | sed 's/^/    /'
+  site=$([[ $i == 1 ]] && echo a || echo b)
+  step "the admin labels and accepts it: flower-hub accept edge-$i --label site=$site --label demo=quickstart"
+  "$HUB" accept "edge-$i" --label "site=$site" --label demo=quickstart --state-dir "$WORK/hub" | sed 's/^/    /'
 done
 for i in 1 2; do wait "${JOIN_PIDS[$((i-1))]}" || die "join of edge-$i failed: $(tail -3 "$WORK/join-$i.log")"; done
 step "both agents hold hub-issued client certificates"

@@ -311,10 +311,23 @@ impl Addon {
                 hub_cli(&self.admin_kubeconfig, &args)
             }
             Bootstrap::Template => {
-                let created: serde_json::Value = serde_json::from_str(&hub_cli(
-                    &self.admin_kubeconfig,
-                    &["token", "create", "--hub", &self.hub_address, "-o", "json"],
-                )?)?;
+                // The labels are the admin's: bound to the token (the template's `labels` are
+                // what the agent reports, recorded as claims).
+                let mut args = vec![
+                    "token",
+                    "create",
+                    "--cluster-name",
+                    &spoke.name,
+                    "--hub",
+                    &self.hub_address,
+                    "-o",
+                    "json",
+                ];
+                for l in &labels {
+                    args.extend(["--label", l.as_str()]);
+                }
+                let created: serde_json::Value =
+                    serde_json::from_str(&hub_cli(&self.admin_kubeconfig, &args)?)?;
                 let template = std::fs::read_to_string(
                     crate::repo_root().join("manifests/agent/bootstrap-secret.yaml"),
                 )?;

@@ -50,6 +50,8 @@ fn token(state: &Path, hub: &str) -> (String, String) {
             .args([
                 "token", "create", "--ttl", "10m", "-o", "json", "--hub", hub,
             ])
+            // The admin's label: what --auto-accept site=edge matches.
+            .args(["--label", "site=edge"])
             .arg("--state-dir")
             .arg(state),
     );
@@ -100,8 +102,6 @@ fn an_expired_agent_re_joins_with_its_key_given_a_fresh_token() {
             &ca_hash,
             "--cluster-name",
             "edge-1",
-            "--label",
-            "site=edge",
         ]
         .iter()
         .map(|s| s.to_string())

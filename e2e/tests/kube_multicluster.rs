@@ -513,6 +513,25 @@ async fn tokens_are_hashed_secrets_with_an_expiry(
         "token round trip: {got:?}"
     );
     tokens::verify(got.as_ref(), secret, token.record.created_unix + 1)?;
+    // A use count is kept in the Secret and checked with each use (#13 item 7).
+    let once = tokens::generate_scoped(
+        Duration::from_secs(600),
+        "e2e once",
+        tokens::TokenScope {
+            cluster_name: Some("spoke-9".into()),
+            max_uses: Some(1),
+            ..Default::default()
+        },
+    );
+    store.put_token(&once.record).await?;
+    ensure!(store.use_token(&once.record.id).await?, "the first use");
+    ensure!(!store.use_token(&once.record.id).await?, "no second use");
+    let used = store.get_token(&once.record.id).await?.context("kept")?;
+    ensure!(
+        used.uses == 1 && used.cluster_name.as_deref() == Some("spoke-9"),
+        "{used:?}"
+    );
+    store.delete_token(&once.record.id).await?;
     let raw = Api::<Secret>::namespaced(client.clone(), HUB_NS)
         .get(&format!("{}{id}", kube_store::TOKEN_SECRET_PREFIX))
         .await?;

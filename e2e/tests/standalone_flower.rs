@@ -455,8 +455,8 @@ fn start_hub(w: &mut World) -> Result<()> {
     Ok(())
 }
 
-/// Both agents `flower-agent join` with one token (labels site=a and site=b), each accepted by
-/// the admin once it waits for acceptance; every join must succeed.
+/// Both agents `flower-agent join` with one token, each labelled (site=a, site=b) and accepted
+/// by the admin once it waits for acceptance; every join must succeed.
 fn join_agents(w: &mut World) -> Result<()> {
     let token = json_of(
         &w.hub(&["token", "create", "--ttl", "1h", "--output", "json"])?
@@ -478,10 +478,9 @@ fn join_agents(w: &mut World) -> Result<()> {
             &ca_hash,
             "--cluster-name",
             &format!("edge-{i}"),
+            // What the agent says about itself is a claim; the labels are the admin's (below).
             "--label",
             &format!("site={site}"),
-            "--label",
-            "demo=quickstart",
             "--state-dir",
             &w.agents[i - 1].display().to_string(),
         ]);
@@ -497,7 +496,15 @@ fn join_agents(w: &mut World) -> Result<()> {
                     .unwrap_or_default()
                     .contains("waiting for the hub to accept"))
             })?;
-        w.hub(&["accept", &format!("edge-{}", i + 1)])?;
+        let site = if i == 0 { "site=a" } else { "site=b" };
+        w.hub(&[
+            "accept",
+            &format!("edge-{}", i + 1),
+            "--label",
+            site,
+            "--label",
+            "demo=quickstart",
+        ])?;
         let st = w
             .wait_exit(name, Duration::from_secs(30))
             .context("the join to finish")?;

@@ -7,12 +7,28 @@ use flower_addon_agent::join::{JoinError, join};
 use flower_addon_agent::tls::{self, HubAddress};
 use flower_addon_hub::registration::ca::csr_key_fingerprint;
 use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore};
-use flower_addon_hub::registration::tokens::{self, TokenRecord};
+use flower_addon_hub::registration::tokens::{self, TokenRecord, TokenScope};
 use flower_addon_proto::registration_client::RegistrationClient;
 use flower_addon_proto::{JoinRequest, JoinStatus};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::Code;
+
+fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A token bound to cluster `name`.
+async fn bound_token(hub: &Hub, name: &str) -> String {
+    hub.scoped_token(TokenScope {
+        cluster_name: Some(name.into()),
+        ..TokenScope::default()
+    })
+    .await
+}
 
 async fn raw_join(
     hub: &Hub,
@@ -177,16 +193,18 @@ async fn csr_asking_for_ca_and_another_name_gets_a_plain_client_cert_for_the_aut
         .expect("csr")
         .pem()
         .expect("pem");
-    let token = hub.token().await;
+    let token = hub
+        .scoped_token(TokenScope {
+            labels: labels(&[("env", "test")]),
+            ..TokenScope::default()
+        })
+        .await;
     let response = raw_join(
         &hub,
         JoinRequest {
             token,
             cluster_name: "edge-2".into(),
             csr_pem,
-            labels: [("env".to_string(), "test".to_string())]
-                .into_iter()
-                .collect(),
             ..Default::default()
         },
     )
@@ -337,21 +355,50 @@ fn agent_key_fingerprint(dir: &std::path::Path) -> String {
 
 #[tokio::test]
 async fn a_pre_accepted_cluster_is_bound_to_the_first_joining_key_and_refuses_any_other() {
-    // An admin may create (and accept) a cluster before its agent joins, as in OCM: the first
-    // join with a valid token binds the name to its key and gets a certificate at once, the
-    // agent's labels are recorded, and a second key for the name is ALREADY_EXISTS afterwards.
+    // An admin may create (and accept) a cluster before its agent joins, as in OCM: only a
+    // token bound to that name binds it (#13: any valid token used to take it over); the first
+    // join with one binds the name to its key and gets a certificate at once, the admin's
+    // labels stay and the agent's own go to claims, and a second key for the name is
+    // ALREADY_EXISTS afterwards.
     let dir = tempfile::tempdir().expect("tmp");
     let first = tempfile::tempdir().expect("tmp");
     let second = tempfile::tempdir().expect("tmp");
     let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let mut admins = pre_created("edge-1");
+    admins.labels = labels(&[("env", "prod")]);
     hub.store
-        .create_cluster(&pre_created("edge-1"), true)
+        .create_cluster(&admins, true)
         .await
         .expect("pre-create");
 
-    let token = hub.token().await;
-    let mut options = hub.join_options(&token, "edge-1", first.path());
-    options.labels.insert("env".into(), "prod".into());
+    let before = hub.snapshot().await;
+    let unbound = hub.token().await;
+    let mut options = hub.join_options(&unbound, "edge-1", first.path());
+    options.labels.insert("env".into(), "dev".into());
+    match join_err(&options).await {
+        JoinError::Refused { code, message } => {
+            assert_eq!(code, Code::PermissionDenied, "{message}");
+            assert!(
+                message.contains("token create --cluster-name edge-1"),
+                "{message}"
+            );
+        }
+        other => panic!("expected PERMISSION_DENIED, got {other}"),
+    }
+    let registrations = |records: Vec<flower_addon_hub::registration::store::ClusterRecord>| {
+        records
+            .into_iter()
+            .map(|r| r.registration)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        registrations(hub.snapshot().await.0),
+        registrations(before.0),
+        "nothing bound"
+    );
+
+    let token = bound_token(&hub, "edge-1").await;
+    options.token = token.clone();
     let creds = join(&options, &mut |_| {})
         .await
         .expect("joins without accept");
@@ -367,16 +414,14 @@ async fn a_pre_accepted_cluster_is_bound_to_the_first_joining_key_and_refuses_an
         record.registration.key_fingerprint,
         agent_key_fingerprint(first.path())
     );
-    assert_eq!(
-        record.registration.labels.get("env").map(String::as_str),
-        Some("prod")
-    );
+    assert_eq!(record.registration.labels, labels(&[("env", "prod")]));
+    assert_eq!(record.registration.claims, labels(&[("env", "dev")]));
     assert_eq!(record.registration.created_unix, 1_700_000_000);
     let (token_id, _) = tokens::parse(&token).expect("parse");
     assert_eq!(record.registration.token_id, token_id);
 
     let before = hub.snapshot().await;
-    let token2 = hub.token().await;
+    let token2 = bound_token(&hub, "edge-1").await;
     let before_tokens = hub.snapshot().await;
     let err = join_err(&hub.join_options(&token2, "edge-1", second.path())).await;
     match err {
@@ -410,9 +455,14 @@ async fn a_pre_created_unaccepted_cluster_binds_the_key_but_waits_for_acceptance
         .create_cluster(&pre_created("edge-1"), false)
         .await
         .expect("pre-create");
-    let token = hub.token().await;
-    let mut options = hub.join_options(&token, "edge-1", first.path());
-    options.labels.insert("env".into(), "prod".into());
+    let token = hub
+        .scoped_token(TokenScope {
+            cluster_name: Some("edge-1".into()),
+            labels: labels(&[("env", "prod")]),
+            ..TokenScope::default()
+        })
+        .await;
+    let options = hub.join_options(&token, "edge-1", first.path());
     let err = join_err(&options).await;
     assert!(matches!(err, JoinError::Timeout(..)), "{err}");
     let record = hub
@@ -447,5 +497,134 @@ async fn a_pre_created_unaccepted_cluster_binds_the_key_but_waits_for_acceptance
     join(&options, &mut |_| {})
         .await
         .expect("join after accept");
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn labels_are_the_admins_and_an_agent_cannot_relabel_itself_by_joining_again() {
+    // #13 item 7: a cluster's labels (placement, auto-accept) come from its token or the admin;
+    // labels the agent asserts are recorded as claims, on the first join and on every re-join
+    // (site=d -> site=a by re-joining used to move the cluster), and they never auto-accept.
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = tempfile::tempdir().expect("tmp");
+    let other = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.auto_accept.insert("site".into(), "a".into());
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+
+    // An unlabelled token: the agent says site=a, which would auto-accept if it were believed.
+    let token = hub.token().await;
+    let mut options = hub.join_options(&token, "rogue", other.path());
+    options.labels.insert("site".into(), "a".into());
+    let err = join_err(&options).await;
+    assert!(
+        matches!(err, JoinError::Timeout(..)),
+        "pending, not accepted: {err}"
+    );
+    let rogue = hub
+        .store
+        .get_cluster("rogue")
+        .await
+        .expect("get")
+        .expect("recorded");
+    assert!(!rogue.hub_accepts_client);
+    assert!(
+        rogue.registration.labels.is_empty(),
+        "{:?}",
+        rogue.registration
+    );
+    assert_eq!(rogue.registration.claims, labels(&[("site", "a")]));
+
+    // A token the admin labelled site=d: the cluster is site=d (and not auto-accepted).
+    let token = hub
+        .scoped_token(TokenScope {
+            labels: labels(&[("site", "d")]),
+            ..TokenScope::default()
+        })
+        .await;
+    let mut options = hub.join_options(&token, "edge-d", agent.path());
+    options.labels.insert("site".into(), "d".into());
+    let _ = join_err(&options).await;
+    hub.store
+        .set_accepted("edge-d", true)
+        .await
+        .expect("accept");
+    join(&options, &mut |_| {}).await.expect("accepted");
+    // Re-joining with site=a changes claims only.
+    options.labels.insert("site".into(), "a".into());
+    join(&options, &mut |_| {}).await.expect("re-join");
+    let record = hub
+        .store
+        .get_cluster("edge-d")
+        .await
+        .expect("get")
+        .expect("kept");
+    assert_eq!(record.registration.labels, labels(&[("site", "d")]));
+    assert_eq!(record.registration.claims, labels(&[("site", "a")]));
+
+    // A token the admin labelled site=a auto-accepts.
+    let token = hub
+        .scoped_token(TokenScope {
+            labels: labels(&[("site", "a")]),
+            ..TokenScope::default()
+        })
+        .await;
+    let third = tempfile::tempdir().expect("tmp");
+    join(
+        &hub.join_options(&token, "edge-a", third.path()),
+        &mut |_| {},
+    )
+    .await
+    .expect("auto-accepted by the admin's label");
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_bound_to_a_name_or_a_use_count_registers_nothing_else() {
+    // #13 item 7: `token create --cluster-name N` joins only as N; `--uses 1` registers one
+    // cluster (its own re-joins do not count); refusals are PERMISSION_DENIED naming the fix and
+    // record nothing.
+    let dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let a = tempfile::tempdir().expect("tmp");
+    let b = tempfile::tempdir().expect("tmp");
+
+    let bound = bound_token(&hub, "edge-1").await;
+    let before = hub.snapshot().await;
+    match join_err(&hub.join_options(&bound, "edge-2", a.path())).await {
+        JoinError::Refused { code, message } => {
+            assert_eq!(code, Code::PermissionDenied, "{message}");
+            assert!(message.contains("bound to cluster \"edge-1\""), "{message}");
+        }
+        other => panic!("expected PERMISSION_DENIED, got {other}"),
+    }
+    assert_eq!(hub.snapshot().await.0, before.0, "no cluster recorded");
+
+    let once = hub
+        .scoped_token(TokenScope {
+            max_uses: Some(1),
+            ..TokenScope::default()
+        })
+        .await;
+    let first = hub.join_options(&once, "one", a.path());
+    let _ = join_err(&first).await;
+    hub.store.set_accepted("one", true).await.expect("accept");
+    join(&first, &mut |_| {}).await.expect("first use");
+    join(&first, &mut |_| {})
+        .await
+        .expect("a re-join is not a use");
+    let before = hub.snapshot().await;
+    match join_err(&hub.join_options(&once, "two", b.path())).await {
+        JoinError::Refused { code, message } => {
+            assert_eq!(code, Code::PermissionDenied, "{message}");
+            assert!(message.contains("--uses"), "{message}");
+        }
+        other => panic!("expected PERMISSION_DENIED, got {other}"),
+    }
+    assert_eq!(hub.snapshot().await.0, before.0, "no second cluster");
+    let (id, _) = tokens::parse(&once).expect("parse");
+    let record = hub.store.get_token(id).await.expect("get").expect("kept");
+    assert_eq!((record.uses, record.max_uses), (1, Some(1)));
+    assert!(!record.has_uses_left());
     hub.stop().await;
 }

@@ -82,14 +82,27 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             tracing::info!(token_id, cluster = %req.cluster_name, %remote, %error, "join refused");
             return Err(Status::unauthenticated(error.to_string()));
         }
+        let Some(token) = record else {
+            return Err(Status::unauthenticated(
+                tokens::TokenError::Unknown.to_string(),
+            ));
+        };
+        let refuse = |error: tokens::TokenError| {
+            tracing::info!(token_id, cluster = %req.cluster_name, %remote, %error, "join refused");
+            Status::permission_denied(error.to_string())
+        };
+        token.check_name(&req.cluster_name).map_err(refuse)?;
         let fingerprint = csr_key_fingerprint(&req.csr_pem).map_err(|e| {
             Status::invalid_argument(format!(
                 "csr_pem is not a valid PEM PKCS#10 certificate request: {e}"
             ))
         })?;
         let name = req.cluster_name.clone();
-        let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
-        let claims: BTreeMap<String, String> = req.claims.into_iter().collect();
+        // Identity is the admin's: labels (placement, auto-accept) come from the token or the
+        // ManagedCluster; what the agent asserts about itself — its labels and claims — is
+        // recorded as claims only (explicit claims win over labels of the same name).
+        let mut claims: BTreeMap<String, String> = req.labels.into_iter().collect();
+        claims.extend(req.claims);
 
         // One join per name at a time: the check below and the write that binds the key must
         // not interleave with another join of the same name.
@@ -100,14 +113,23 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             .await
             .map_err(|e| internal("reading the cluster", e))?;
         // The registration this join makes (a new cluster, or an admin's pre-created one).
-        let new_registration = |created_unix: u64| ClusterRegistration {
-            name: name.clone(),
-            labels: labels.clone(),
-            claims: claims.clone(),
-            key_fingerprint: fingerprint.clone(),
-            agent_version: req.agent_version.clone(),
-            token_id: token_id.to_string(),
-            created_unix,
+        let new_registration =
+            |created_unix: u64, labels: BTreeMap<String, String>| ClusterRegistration {
+                name: name.clone(),
+                labels,
+                claims: claims.clone(),
+                key_fingerprint: fingerprint.clone(),
+                agent_version: req.agent_version.clone(),
+                token_id: token_id.to_string(),
+                created_unix,
+            };
+        // Registering a cluster (new, or binding a pre-created one) uses the token once.
+        let use_token = || async {
+            match shared.store.use_token(token_id).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(refuse(tokens::TokenError::UsedUp)),
+                Err(e) => Err(internal("counting the token's use", e)),
+            }
         };
         let accepted = match existing {
             None => {
@@ -116,8 +138,12 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                         .config
                         .auto_accept
                         .iter()
-                        .all(|(k, v)| labels.get(k) == Some(v));
-                let registration = new_registration(unix_now());
+                        .all(|(k, v)| token.labels.get(k) == Some(v));
+                if !token.has_uses_left() {
+                    return Err(refuse(tokens::TokenError::UsedUp));
+                }
+                use_token().await?;
+                let registration = new_registration(unix_now(), token.labels.clone());
                 match shared.store.create_cluster(&registration, auto).await {
                     Ok(()) => {}
                     Err(StoreError::AlreadyExists(_)) => {
@@ -131,13 +157,24 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 auto
             }
             // Created by an admin before the agent joined (e.g. `kubectl apply` of a
-            // ManagedCluster, possibly pre-accepted as in OCM): the first valid join binds the
-            // name to its key; the admin's hubAcceptsClient stands.
+            // ManagedCluster, possibly pre-accepted as in OCM): only a token bound to this name
+            // binds it to the joining key; the admin's labels and hubAcceptsClient stand.
             Some(record) if record.registration.key_fingerprint.is_empty() => {
-                let registration = new_registration(match record.registration.created_unix {
-                    0 => unix_now(),
-                    t => t,
-                });
+                if token.cluster_name.as_deref() != Some(name.as_str()) {
+                    return Err(refuse(tokens::TokenError::NotBoundToPreCreated(
+                        name.clone(),
+                    )));
+                }
+                use_token().await?;
+                let mut labels = token.labels.clone();
+                labels.extend(record.registration.labels.clone());
+                let registration = new_registration(
+                    match record.registration.created_unix {
+                        0 => unix_now(),
+                        t => t,
+                    },
+                    labels,
+                );
                 shared
                     .store
                     .update_registration(&registration)
@@ -157,9 +194,10 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                      again; otherwise choose another --cluster-name"
                 )));
             }
+            // The same agent again: its claims and version are refreshed, its labels stay the
+            // admin's (re-joining cannot move a cluster into another placement).
             Some(record) => {
                 let mut updated = record.registration.clone();
-                updated.labels = labels.clone();
                 updated.claims = claims.clone();
                 updated.agent_version = req.agent_version.clone();
                 if updated != record.registration {

@@ -100,12 +100,19 @@ pub struct TokenCreateArgs {
     /// Free text stored with the token.
     #[arg(long, default_value = "")]
     pub description: String,
-    /// Name the agent joins as (required with `-o secret`; used in the printed join command).
+    /// Bind the token to this cluster name: it joins only as NAME, and it is the only kind of
+    /// token that binds a ManagedCluster an admin created before the agent joined (required with
+    /// `-o secret`; used in the printed join command).
     #[arg(long)]
     pub cluster_name: Option<String>,
-    /// Label the agent reports, `key=value` (repeatable).
+    /// Label the cluster gets, `key=value` (repeatable): the admin's labels, which placement
+    /// and `serve --auto-accept` match. Labels an agent reports itself are recorded as claims.
     #[arg(long = "label", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub labels: Vec<(String, String)>,
+    /// How many clusters the token may register (unlimited when absent); re-joins of a cluster
+    /// already registered with the same key do not count.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub uses: Option<u32>,
     /// Cluster claim the agent reports, `name=value` (repeatable).
     #[arg(long = "claim", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub claims: Vec<(String, String)>,
@@ -135,6 +142,11 @@ pub struct TokenDeleteArgs {
 pub struct AcceptArgs {
     /// Name of the ManagedCluster to accept.
     pub cluster: String,
+    /// Label to give the cluster, `key=value` (repeatable), set before it is accepted. Labels
+    /// are the admin's (placement selects on them); what the agent reported is shown as claims
+    /// by `flower-hub status`.
+    #[arg(long = "label", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    pub labels: Vec<(String, String)>,
     #[command(flatten)]
     hub_args: HubArgs,
 }
@@ -305,18 +317,36 @@ pub fn token(cmd: TokenCommand) -> anyhow::Result<ExitCode> {
 
 async fn token_list<S: ClusterStore>(store: &S) -> Result<ExitCode, StoreError> {
     let now = tokens::unix_now();
-    println!("{:<8} {:<22} {:<8} DESCRIPTION", "ID", "EXPIRES", "STATE");
+    println!(
+        "{:<8} {:<22} {:<8} {:<16} {:<6} {:<24} DESCRIPTION",
+        "ID", "EXPIRES", "STATE", "CLUSTER", "USES", "LABELS"
+    );
     for t in store.list_tokens().await? {
         let state = if now >= t.expires_unix {
             "expired"
+        } else if !t.has_uses_left() {
+            "used-up"
         } else {
             "valid"
         };
+        let uses = match t.max_uses {
+            Some(max) => format!("{}/{max}", t.uses),
+            None => t.uses.to_string(),
+        };
+        let labels: Vec<String> = t.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labels = if labels.is_empty() {
+            "-".to_owned()
+        } else {
+            labels.join(",")
+        };
         println!(
-            "{:<8} {:<22} {:<8} {}",
+            "{:<8} {:<22} {:<8} {:<16} {:<6} {:<24} {}",
             t.id,
             rfc3339(t.expires_unix),
             state,
+            t.cluster_name.as_deref().unwrap_or("*"),
+            uses,
+            labels,
             t.description
         );
     }
@@ -376,7 +406,15 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<ExitCode> {
             (ca, address, Some(server_name))
         }
     };
-    let new = tokens::generate(args.ttl, &args.description);
+    let new = tokens::generate_scoped(
+        args.ttl,
+        &args.description,
+        tokens::TokenScope {
+            cluster_name: args.cluster_name.clone(),
+            labels: args.labels.iter().cloned().collect(),
+            max_uses: args.uses,
+        },
+    );
     with_store!(&hub, s => s.put_token(&new.record).await).map_err(|e| explain(e, &hub))?;
 
     let bootstrap = Bootstrap {
@@ -466,9 +504,21 @@ pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let hub = Hub::open(&args.hub_args).await?;
         let name = &args.cluster;
-        match with_store!(&hub, s => s.set_accepted(name, true).await) {
+        let labels: BTreeMap<String, String> = args.labels.iter().cloned().collect();
+        let accepted = with_store!(&hub, s => async {
+            label_cluster(s, name, &labels).await?;
+            s.set_accepted(name, true).await
+        }
+        .await);
+        match accepted {
             Ok(()) => {
-                println!("cluster {name} accepted");
+                if labels.is_empty() {
+                    println!("cluster {name} accepted");
+                } else {
+                    let shown: Vec<String> =
+                        labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    println!("cluster {name} labelled {} and accepted", shown.join(","));
+                }
                 Ok(ExitCode::SUCCESS)
             }
             Err(StoreError::NotFound { .. }) => {
@@ -481,6 +531,30 @@ pub fn accept(args: AcceptArgs) -> anyhow::Result<ExitCode> {
             Err(e) => Err(explain(e, &hub).context(format!("accept cluster {name}"))),
         }
     })
+}
+
+/// Adds `labels` to cluster `name`'s (the admin's) labels; nothing to do when empty.
+async fn label_cluster<S: ClusterStore>(
+    store: &S,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), StoreError> {
+    if labels.is_empty() {
+        return Ok(());
+    }
+    let mut record = store
+        .get_cluster(name)
+        .await?
+        .ok_or_else(|| StoreError::NotFound {
+            kind: "cluster",
+            name: name.to_owned(),
+        })?;
+    let before = record.registration.labels.clone();
+    record.registration.labels.extend(labels.clone());
+    if record.registration.labels != before {
+        store.update_registration(&record.registration).await?;
+    }
+    Ok(())
 }
 
 /// `flower-hub revoke`.

@@ -336,6 +336,35 @@ impl ClusterStore for KubeStore {
         }
     }
 
+    async fn use_token(&self, id: &str) -> Result<bool, StoreError> {
+        let name = token_secret_name(id);
+        let api = self.secrets();
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut secret) = api
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("get Secret {name}")))?
+                .filter(|s| s.type_.as_deref() == Some(TOKEN_SECRET_TYPE))
+            else {
+                return Ok(false);
+            };
+            let mut token = token_of(&secret)?;
+            if !token.has_uses_left() {
+                return Ok(false);
+            }
+            token.uses = token.uses.saturating_add(1);
+            // The read resourceVersion stays: a concurrent use in between is a conflict.
+            secret.data = token_secret(&self.namespace, &token)?.data;
+            match api.replace(&name, &PostParams::default(), &secret).await {
+                Ok(_) => return Ok(true),
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) if is_status(&e, 404) => return Ok(false),
+                Err(e) => return Err(kube_err(format!("update Secret {name}"))(e)),
+            }
+        }
+        Err(conflict(&name))
+    }
+
     async fn create_cluster(
         &self,
         registration: &ClusterRegistration,

@@ -1,5 +1,7 @@
 //! Bootstrap tokens, kubeadm style: `<id>.<secret>` with a 6-character public id and a
 //! 16-character secret (`[a-z0-9]`). Only the SHA-256 of the secret is stored, with an expiry.
+use std::collections::BTreeMap;
+
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -24,6 +26,47 @@ pub struct TokenRecord {
     /// Free text set by the admin.
     #[serde(default)]
     pub description: String,
+    /// The only cluster name this token may join as (`token create --cluster-name`); a
+    /// ManagedCluster an admin created before its agent joined is bound only by such a token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// Labels the admin gives a cluster registered with this token (`token create --label`).
+    /// They drive placement and auto-accept; what an agent reports itself is only a claim.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// How many clusters this token may register (`token create --uses`); unlimited when
+    /// absent. Re-joins of a cluster already registered with the same key do not count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
+    /// Clusters registered with this token so far.
+    #[serde(default)]
+    pub uses: u32,
+}
+
+/// What an admin binds a new token to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenScope {
+    /// See [`TokenRecord::cluster_name`].
+    pub cluster_name: Option<String>,
+    /// See [`TokenRecord::labels`].
+    pub labels: BTreeMap<String, String>,
+    /// See [`TokenRecord::max_uses`].
+    pub max_uses: Option<u32>,
+}
+
+impl TokenRecord {
+    /// Whether this token may register (or bind) cluster `name`, and why not.
+    pub fn check_name(&self, name: &str) -> Result<(), TokenError> {
+        match &self.cluster_name {
+            Some(bound) if bound != name => Err(TokenError::OtherCluster(bound.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether this token has registrations left.
+    pub fn has_uses_left(&self) -> bool {
+        self.max_uses.is_none_or(|max| self.uses < max)
+    }
 }
 
 /// Why a presented token was refused. The messages are safe to show the caller.
@@ -42,6 +85,21 @@ pub enum TokenError {
     /// The token's lifetime has ended.
     #[error("bootstrap token expired: create a new one with `flower-hub token create`")]
     Expired,
+    /// The token is bound to another cluster name.
+    #[error(
+        "this bootstrap token is bound to cluster {0:?}: join with --cluster-name {0}, or create a token for this name with `flower-hub token create --cluster-name NAME`"
+    )]
+    OtherCluster(String),
+    /// The token registered as many clusters as it may.
+    #[error(
+        "this bootstrap token has registered as many clusters as it may (--uses): create a new one with `flower-hub token create`"
+    )]
+    UsedUp,
+    /// A cluster an admin pre-created is bound only by a token bound to its name.
+    #[error(
+        "cluster {0:?} was created by an admin before its agent joined: join it with a token bound to it (`flower-hub token create --cluster-name {0}`)"
+    )]
+    NotBoundToPreCreated(String),
 }
 
 /// A freshly created token: the full secret (shown once) and its stored record.
@@ -53,8 +111,13 @@ pub struct NewToken {
     pub record: TokenRecord,
 }
 
-/// Creates a random token valid for `ttl`.
+/// Creates a random token valid for `ttl`, bound to nothing.
 pub fn generate(ttl: Duration, description: &str) -> NewToken {
+    generate_scoped(ttl, description, TokenScope::default())
+}
+
+/// Creates a random token valid for `ttl`, bound to `scope`.
+pub fn generate_scoped(ttl: Duration, description: &str, scope: TokenScope) -> NewToken {
     let id = random_string(ID_LEN);
     let secret = random_string(SECRET_LEN);
     let now = unix_now();
@@ -66,6 +129,10 @@ pub fn generate(ttl: Duration, description: &str) -> NewToken {
             created_unix: now,
             expires_unix: now.saturating_add(ttl.as_secs()),
             description: description.to_string(),
+            cluster_name: scope.cluster_name,
+            labels: scope.labels,
+            max_uses: scope.max_uses,
+            uses: 0,
         },
     }
 }

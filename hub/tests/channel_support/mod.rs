@@ -78,7 +78,12 @@ impl Hub {
 
     /// A valid token for this hub.
     pub async fn token(&self) -> String {
-        let new = tokens::generate(Duration::from_secs(3600), "test");
+        self.scoped_token(tokens::TokenScope::default()).await
+    }
+
+    /// A valid token for this hub, bound to `scope` (`token create --cluster-name/--label/--uses`).
+    pub async fn scoped_token(&self, scope: tokens::TokenScope) -> String {
+        let new = tokens::generate_scoped(Duration::from_secs(3600), "test", scope);
         self.store.put_token(&new.record).await.expect("put token");
         new.token
     }

@@ -34,6 +34,8 @@ pub struct FileStore {
     events: broadcast::Sender<String>,
     /// Last seen `.generation` and (accepted, key fingerprint) per cluster, for change detection.
     seen: Mutex<(String, SeenClusters)>,
+    /// Serializes token read-modify-writes ([`ClusterStore::use_token`]) in this process.
+    tokens: Mutex<()>,
 }
 
 // === impl FileStore ===
@@ -52,6 +54,7 @@ impl FileStore {
             dir,
             events,
             seen: Mutex::new((String::new(), HashMap::new())),
+            tokens: Mutex::new(()),
         };
         store.rescan()?;
         Ok(store)
@@ -235,6 +238,24 @@ impl ClusterStore for FileStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(io_err(&path, e)),
         }
+    }
+
+    async fn use_token(&self, id: &str) -> Result<bool, StoreError> {
+        if !is_safe_name(id) {
+            return Ok(false);
+        }
+        let _guard = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.dir.join("tokens").join(format!("{id}.json"));
+        let Some(mut token) = read_json::<TokenRecord>(&path)? else {
+            return Ok(false);
+        };
+        if !token.has_uses_left() {
+            return Ok(false);
+        }
+        token.uses = token.uses.saturating_add(1);
+        let body = serde_json::to_vec_pretty(&token).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)?;
+        Ok(true)
     }
 
     async fn create_cluster(

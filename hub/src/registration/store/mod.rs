@@ -209,6 +209,9 @@ pub trait ClusterStore: Send + Sync + 'static {
     fn list_tokens(&self) -> impl Future<Output = Result<Vec<TokenRecord>, StoreError>> + Send;
     /// Deletes (revokes) a token; false if it did not exist.
     fn delete_token(&self, id: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Counts one cluster registration against token `id` ([`TokenRecord::uses`]), atomically
+    /// with the check that it has one left; false when it has none (or is gone).
+    fn use_token(&self, id: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Creates a cluster; [`StoreError::AlreadyExists`] if the name is taken (atomic, so two
     /// concurrent joins cannot both create it).
