@@ -3,9 +3,10 @@
 //! Flower (`flwr.common.config.parse_config_args`) finds pairs with the regex
 //! `(\S+?)=('[^']*'|"[^"]*"|\S+)` and reads each as a TOML `key = value` line. So: keys sorted,
 //! pairs joined by one space, integers and `true`/`false` bare, every other value a TOML string —
-//! `"…"` (basic) when it holds no `"` and no `\`, else `'…'` (literal, no escapes at all). A value
-//! with both quote kinds, or with control characters, has no encoding and is an error; so is a key
-//! TOML would not read as a bare or dotted key.
+//! `"…"` (basic) when it holds no `"` and no `\`, else `'…'` (literal, no escapes at all), except
+//! that a value with both `\` and `'` is a basic string with `\\` for each backslash. A value with
+//! both quote kinds, or with control characters, has no encoding and is an error; so is a key TOML
+//! would not read as a bare or dotted key.
 
 use std::collections::BTreeMap;
 
@@ -161,6 +162,14 @@ fn is_bare(template: &str) -> bool {
 
 fn push_quoted(out: &mut String, key: &str, value: &str) -> Result<(), NodeConfigError> {
     check_string_value(key, value)?;
+    if value.contains('\\') && value.contains('\'') {
+        // Neither literal form fits (`'` ends a literal string): a basic string with the
+        // backslashes escaped (the value has no `"`, or check_string_value refused it).
+        out.push('"');
+        out.push_str(&value.replace('\\', "\\\\"));
+        out.push('"');
+        return Ok(());
+    }
     let quote = if value.contains('"') || value.contains('\\') {
         '\''
     } else {
@@ -208,7 +217,9 @@ mod tests {
 
     #[test]
     fn quoting_follows_the_value() {
-        // `"…"` when safe, `'…'` for `"` or `\`, bare only for integers and booleans.
+        // `"…"` when safe, `'…'` for `"` or `\`, `"…"` with `\\` for `\` and `'` together (found
+        // by the property test: `'\''` ended the literal early), bare only for integers and
+        // booleans.
         let p = Placeholders::new(Target::Process);
         let config = entries(&[
             ("a", s("has space")),
@@ -222,10 +233,11 @@ mod tests {
             ("i", s("99999999999999999999")),
             ("j", s("")),
             ("k", s("3.5")),
+            ("l", s(r"C:\it's")),
         ]);
         assert_eq!(
             encode_node_config(&config, &p).unwrap().unwrap(),
-            r#"a="has space" b='say "hi"' c='C:\path' d="it's" e="007" f=true g=-3 h=false i="99999999999999999999" j="" k="3.5""#
+            r#"a="has space" b='say "hi"' c='C:\path' d="it's" e="007" f=true g=-3 h=false i="99999999999999999999" j="" k="3.5" l="C:\\it's""#
         );
     }
 
