@@ -233,11 +233,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 ..Default::default()
             });
         }
-        let issued = shared
-            .ca
-            .sign_client_csr(&req.csr_pem, &name, shared.config.cert_validity)
-            .map_err(|e| Status::invalid_argument(format!("cannot sign csr_pem: {e}")))?;
-        let not_after = unix(issued.not_after);
+        let (issued, not_after) = issue(shared, &req.csr_pem, &name)?;
         shared
             .update_status(&name, |st| {
                 st.set_condition(
@@ -280,11 +276,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 "a renewal must keep the key cluster {name:?} is registered with"
             )));
         }
-        let issued = shared
-            .ca
-            .sign_client_csr(&req.csr_pem, &name, shared.config.cert_validity)
-            .map_err(|e| Status::invalid_argument(format!("cannot sign csr_pem: {e}")))?;
-        let not_after = unix(issued.not_after);
+        let (issued, not_after) = issue(shared, &req.csr_pem, &name)?;
         shared
             .update_status(&name, |st| st.client_cert_not_after_unix = Some(not_after))
             .await
@@ -299,6 +291,20 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
 }
 
 /// A cluster name must be a DNS-1123 label: it becomes a file name, an object name and a CN.
+/// Signs `csr_pem` as cluster `name`'s client certificate; returns it and its end (Unix seconds).
+fn issue<S, W>(
+    shared: &Shared<S, W>,
+    csr_pem: &str,
+    name: &str,
+) -> Result<(crate::registration::ca::IssuedCert, u64), Status> {
+    let issued = shared
+        .ca
+        .sign_client_csr(csr_pem, name, shared.config.cert_validity)
+        .map_err(|e| Status::invalid_argument(format!("cannot sign csr_pem: {e}")))?;
+    let not_after = unix(issued.not_after);
+    Ok((issued, not_after))
+}
+
 /// [`crate::core::HUB_CLUSTER`] is the hub's own cluster and cannot be joined.
 pub(crate) fn validate_cluster_name(name: &str) -> Result<(), Status> {
     if let Err(why) = flower_addon_crds::dns_label(name) {

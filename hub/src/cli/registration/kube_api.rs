@@ -29,13 +29,13 @@ pub async fn connect(
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("read kubeconfig {}; {standalone}", path.display()))?;
-            let file = format!("kubeconfig {}", path.display());
-            check_context(&kc, context, &file)?;
-            let source = describe(&file, &kc, context);
-            let config = Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .with_context(|| format!("load {source}"))?;
-            (config, source)
+            from_kubeconfig(
+                kc,
+                context,
+                &options,
+                &format!("kubeconfig {}", path.display()),
+            )
+            .await?
         }
         None => match Kubeconfig::read() {
             Ok(kc) => {
@@ -43,12 +43,7 @@ pub async fn connect(
                     Ok(v) if !v.is_empty() => format!("kubeconfig KUBECONFIG={v}"),
                     _ => "kubeconfig ~/.kube/config".to_owned(),
                 };
-                check_context(&kc, context, &file)?;
-                let source = describe(&file, &kc, context);
-                let config = Config::from_custom_kubeconfig(kc, &options)
-                    .await
-                    .with_context(|| format!("load {source}"))?;
-                (config, source)
+                from_kubeconfig(kc, context, &options, &file).await?
             }
             Err(kubeconfig_err) if context.is_none() => match Config::incluster() {
                 Ok(config) => (config, "in-cluster service account".to_owned()),
@@ -341,6 +336,21 @@ fn federation_row(fed: &Federation) -> FederationRow {
             .filter(|c| c.status != "True" && !c.message.is_empty())
             .map(|c| c.message.clone()),
     }
+}
+
+/// The client config of `kc` (read from `file`) for `context`, and where it came from.
+async fn from_kubeconfig(
+    kc: Kubeconfig,
+    context: Option<&str>,
+    options: &KubeConfigOptions,
+    file: &str,
+) -> anyhow::Result<(Config, String)> {
+    check_context(&kc, context, file)?;
+    let source = describe(file, &kc, context);
+    let config = Config::from_custom_kubeconfig(kc, options)
+        .await
+        .with_context(|| format!("load {source}"))?;
+    Ok((config, source))
 }
 
 #[cfg(test)]
