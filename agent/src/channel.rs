@@ -461,6 +461,11 @@ async fn renew_once(
     let (_, not_after) =
         credentials::cert_validity(&response.client_cert_pem).map_err(|e| e.to_string())?;
     let mut renewed = state.credentials();
+    // A renewal never widens trust: the new bundle holds only CAs trusted already.
+    tls::check_ca_bundle(
+        &response.ca_bundle_pem,
+        &tls::bundle_hashes(&renewed.ca_pem),
+    )?;
     renewed.cert_pem = response.client_cert_pem;
     renewed.ca_pem = response.ca_bundle_pem;
     // Stored before it is used: a restart never comes back with an older certificate than the

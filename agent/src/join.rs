@@ -194,6 +194,13 @@ async fn attempt(
                             "accepted without a certificate or CA bundle".into(),
                         ));
                     }
+                    // The hub's CA bundle becomes the agent's trust root: it must be the CA
+                    // pinned with --ca-hash and nothing else.
+                    tls::check_ca_bundle(
+                        &response.ca_bundle_pem,
+                        std::slice::from_ref(&options.ca_hash),
+                    )
+                    .map_err(JoinError::BadResponse)?;
                     Ok(Ok((response.client_cert_pem, response.ca_bundle_pem)))
                 }
                 Ok(JoinStatus::Pending) => Ok(Err(Retry::Pending)),

@@ -64,6 +64,37 @@ pub fn spki_hash(cert: &CertificateDer<'_>) -> Option<String> {
     Some(spki_fingerprint(parsed.tbs_certificate.subject_pki.raw))
 }
 
+/// Checks that every certificate of the CA bundle `pem` a hub sent is one of `allowed` (by
+/// [`spki_hash`]): at join the CA pinned with `--ca-hash`, at renewal the CAs trusted already. A
+/// hub (or something holding a certificate it signed) can therefore never make the agent trust
+/// another CA. The error says what was received.
+pub fn check_ca_bundle(pem: &str, allowed: &[String]) -> Result<(), String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("the CA bundle is not PEM certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err("the CA bundle holds no certificate".into());
+    }
+    for cert in &certs {
+        let hash = spki_hash(cert).ok_or("a CA bundle certificate does not parse")?;
+        if !allowed.contains(&hash) {
+            return Err(format!(
+                "the hub sent a CA bundle with {hash}, not the CA this agent trusts ({}): refused",
+                allowed.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The [`spki_hash`] of every certificate of the PEM bundle `pem` (unparsable ones left out).
+pub fn bundle_hashes(pem: &str) -> Vec<String> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .filter_map(Result::ok)
+        .filter_map(|c| spki_hash(&c))
+        .collect()
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -273,4 +304,39 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = e.source();
     }
     out
+}
+
+#[cfg(test)]
+mod bundle_tests {
+    use super::*;
+
+    fn ca_pem(name: &str) -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).expect("cert").pem()
+    }
+
+    #[test]
+    fn a_ca_bundle_holds_only_the_pinned_ca() {
+        // #13 item 4: what a hub sends becomes the agent's trust root, so it must be exactly the
+        // CA the agent pinned (join) or already trusts (renewal); anything else is refused.
+        let pinned = ca_pem("hub");
+        let other = ca_pem("other");
+        let hash = bundle_hashes(&pinned);
+        assert_eq!(hash.len(), 1);
+        assert_eq!(check_ca_bundle(&pinned, &hash), Ok(()));
+        let err = check_ca_bundle(&other, &hash).unwrap_err();
+        assert!(err.contains("not the CA this agent trusts"), "{err}");
+        let both = format!("{pinned}{other}");
+        assert!(
+            check_ca_bundle(&both, &hash).is_err(),
+            "an extra CA slipped in"
+        );
+        assert!(check_ca_bundle("", &hash).is_err());
+        assert!(check_ca_bundle("not pem", &hash).is_err());
+    }
 }

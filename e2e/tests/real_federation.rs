@@ -129,7 +129,38 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     let t = Instant::now();
     e2e::apply_yaml(&hub.client, SECURE, "default").await?;
     federation_runs(hub, node, "secure", 2, true, t).await?;
-    the_secure_federation_authenticated_its_supernodes(hub).await
+    the_secure_federation_authenticated_its_supernodes(hub).await?;
+    a_deleted_superlink_pod_comes_back_and_serves_a_new_run(hub).await
+}
+
+/// #9 item 6d (the part that holds without a persistent volume): the SuperLink pod deleted →
+/// the StatefulSet brings it back; its state is an emptyDir, so the hub registers the
+/// SuperNodes' keys again (Control API relist), they reconnect, and a new run completes.
+async fn a_deleted_superlink_pod_comes_back_and_serves_a_new_run(hub: &e2e::Cluster) -> Result<()> {
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let old = pods.get("secure-superlink-0").await?.metadata.uid;
+    pods.delete("secure-superlink-0", &Default::default())
+        .await?;
+    wait_for(
+        "the SuperLink pod back and Ready",
+        Duration::from_secs(120),
+        || {
+            let (pods, old) = (pods.clone(), old.clone());
+            async move {
+                let Some(pod) = pods.get_opt("secure-superlink-0").await? else {
+                    return Ok(None);
+                };
+                Ok((pod.metadata.uid != old && e2e::pods::pod_ready(&pod)).then_some(()))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_federation: SuperLink pod deleted -> back and Ready in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    flwr_run(hub, "secure", 2, true, "-after-restart").await
 }
 
 /// Waits until `supernodes` SuperNode pods of Federation `name` (applied at `t`) are connected
@@ -198,10 +229,24 @@ async fn federation_runs(
         connected.as_secs_f64()
     );
 
-    // --- flwr run of examples/fedavg from a pod, against the SuperLink's Control Service ------
+    flwr_run(hub, name, supernodes, tls, "").await
+}
+
+/// `flwr run` of examples/fedavg (2 rounds, at least `supernodes` SuperNodes) from a pod against
+/// Federation `name`'s Control Service (TLS with its CA Secret when `tls`); checks the run
+/// finished `completed`. `suffix` tells the runner pods of several runs apart.
+async fn flwr_run(
+    hub: &e2e::Cluster,
+    name: &str,
+    supernodes: usize,
+    tls: bool,
+    suffix: &str,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let superlink = format!("{name}-superlink-0");
     let t = Instant::now();
     let control = format!("{name}-superlink.default.svc:9093");
-    let runner = format!("flwr-run-{name}");
+    let runner = format!("flwr-run-{name}{suffix}");
     let mut pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",

@@ -122,6 +122,8 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     )
     .await?;
     placed_supernodes_authenticate_with_their_own_keys(hub, spoke).await?;
+    restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
+    a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
@@ -154,7 +156,7 @@ kind: Placement
 metadata: {name: spokes, namespace: fl}
 spec:
   predicates:
-    - requiredClusterSelector: {labelSelector: {matchLabels: {}}}
+    - requiredClusterSelector: {labelSelector: {matchLabels: {flower: enabled}}}
 ---
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
@@ -572,7 +574,11 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
         },
     )
     .await?;
-    e2e::addon::hub_cli(&hub.kubeconfig, &["accept", "spoke-1"])?;
+    // The admin decides the labels Placements select on (#13 item 7).
+    e2e::addon::hub_cli(
+        &hub.kubeconfig,
+        &["accept", "spoke-1", "--label", "flower=enabled"],
+    )?;
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
         spoke.client.clone(),
         e2e::addon::AGENT_NS,
@@ -602,6 +608,190 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     .await?;
     eprintln!(
         "real_node: manifests/agent on spoke-1: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// UID and restart count of every SuperNode pod of the placed Federation on the spoke.
+async fn supernode_pods(spoke: &Cluster) -> Result<Vec<(String, String, i32)>> {
+    let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl")
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=auth"))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.metadata.uid.unwrap_or_default(),
+                restarts,
+            )
+        })
+        .collect())
+}
+
+/// Deletes the Ready pods matching `selector` in `namespace` and waits for a new one Ready.
+async fn replace_pod(cluster: &Cluster, namespace: &str, selector: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+    let lp = kube::api::ListParams::default().labels(selector);
+    let old: Vec<String> = pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    ensure!(!old.is_empty(), "no pod {selector} in {namespace}");
+    pods.delete_collection(&Default::default(), &lp).await?;
+    wait_for(
+        &format!("a new pod {selector} Ready in {namespace}"),
+        Duration::from_secs(120),
+        || {
+            let (pods, lp, old) = (pods.clone(), lp.clone(), old.clone());
+            async move {
+                let list = pods.list(&lp).await?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|p| {
+                        pod_ready(p)
+                            && !old.contains(p.metadata.uid.as_ref().unwrap_or(&String::new()))
+                    })
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await
+}
+
+/// #9 item 6e: the hub pod, then the agent pod, deleted and replaced: no SuperNode pod is
+/// recreated or restarted (same UIDs, same restart counts), and the SuperLink still lists both
+/// SuperNodes online (the new hub's status says so).
+async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
+    hub: &Cluster,
+    spoke: &Cluster,
+) -> Result<()> {
+    let before = supernode_pods(spoke).await?;
+    ensure!(before.len() == 2, "SuperNode pods: {before:?}");
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    for (what, cluster, namespace, selector) in [
+        (
+            "hub",
+            hub,
+            "flower-addon-system",
+            "app.kubernetes.io/name=flower-hub",
+        ),
+        (
+            "agent",
+            spoke,
+            e2e::addon::AGENT_NS,
+            "app.kubernetes.io/name=flower-agent",
+        ),
+    ] {
+        let t = Instant::now();
+        replace_pod(cluster, namespace, selector).await?;
+        // Several work, key-sync and status rounds of the new pod.
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let after = supernode_pods(spoke).await?;
+        ensure!(
+            after == before,
+            "the {what} pod's restart touched SuperNode pods: before {before:?}, after {after:?}"
+        );
+        let fed = feds.get("auth").await?;
+        let entry = fed
+            .status
+            .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
+        ensure!(
+            entry.as_ref().is_some_and(|c| c.online == Some(2)),
+            "after the {what} pod's restart: {entry:?}"
+        );
+        eprintln!(
+            "real_node: {what} pod replaced: SuperNode pods unchanged (UIDs, 0 restarts), 2 online, checked {:.1}s after the delete",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// #9 item 6f: spoke-1 relabelled out of the Placement (by the admin, on its ManagedCluster):
+/// its SuperNode pods are gone, the keys are unregistered, and the SuperLink's own node list
+/// (its Control API, read from the host through the Federation's Control endpoint) no longer
+/// has any of them.
+async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
+    hub: &Cluster,
+    spoke: &Cluster,
+) -> Result<()> {
+    let t = Instant::now();
+    let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
+    clusters
+        .patch(
+            "spoke-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": null}}})),
+        )
+        .await?;
+    wait_for(
+        "spoke-1's SuperNode pods gone",
+        Duration::from_secs(120),
+        || async move { Ok(supernode_pods(spoke).await?.is_empty().then_some(())) },
+    )
+    .await?;
+    let gone = t.elapsed();
+    let fed = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl")
+        .get("auth")
+        .await?;
+    let control = fed
+        .status
+        .as_ref()
+        .and_then(|s| s.endpoints.as_ref())
+        .and_then(|e| e.control.clone())
+        .context("status.endpoints.control")?;
+    let ca = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "fl")
+        .get("auth-superlink-tls")
+        .await?
+        .data
+        .and_then(|d| {
+            d.get("ca.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+        .context("ca.crt")?;
+    let host = control
+        .rsplit_once(':')
+        .map_or(control.as_str(), |(h, _)| h)
+        .to_owned();
+    let client = flower_addon_hub::flower::control::ControlClient::new(
+        flower_addon_hub::flower::control::ControlEndpoint {
+            dialect: flower_addon_crds::render::FlowerDialect::Unified,
+            address: control.clone(),
+            server_name: host,
+            ca_pem: Some(ca),
+        },
+    )?;
+    let nodes = wait_for(
+        "the SuperLink holding no SuperNode of spoke-1 (Control API ListNodes)",
+        Duration::from_secs(60),
+        || {
+            let client = &client;
+            async move {
+                let nodes = client.list_nodes().await?;
+                Ok(nodes
+                    .iter()
+                    .all(|n| n.status == "unregistered")
+                    .then_some(nodes))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_node: spoke-1 relabelled out: SuperNode pods gone in {:.1}s, the SuperLink lists {} node(s), none registered or online, {:.1}s after the relabel",
+        gone.as_secs_f64(),
+        nodes.len(),
         t.elapsed().as_secs_f64()
     );
     Ok(())

@@ -628,3 +628,53 @@ async fn a_token_bound_to_a_name_or_a_use_count_registers_nothing_else() {
     assert!(!record.has_uses_left());
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn a_server_holding_a_superlink_certificate_cannot_pass_as_the_hub() {
+    // #13 item 4: SuperLink certificates come from the Flower CA, never from the CA agents pin.
+    // A fake hub built on what a SuperLink holds (a certificate of the Flower CA) is refused by
+    // an agent pinned to the real hub's CA before the token is sent.
+    let real = tempfile::tempdir().expect("tmp");
+    let fake = tempfile::tempdir().expect("tmp");
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(real.path(), any_port(), config()).await;
+    let flower_ca =
+        flower_addon_hub::registration::store::load_or_create_flower_ca(hub.store.as_ref())
+            .await
+            .expect("flower ca");
+    assert_ne!(flower_ca.hash(), hub.ca.hash(), "one CA for both roles");
+    let superlink = flower_ca
+        .issue_superlink_cert("fed", &["127.0.0.1".to_owned()], Duration::from_secs(3600))
+        .expect("superlink cert");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(superlink.cert_pem.as_bytes()).expect("pem");
+    let issuer = pem.parse_x509().expect("x509").issuer().to_string();
+    assert!(issuer.contains("Flower CA"), "{issuer}");
+
+    // The fake hub signs with the Flower CA (what a SuperLink's certificate chains to).
+    let fake_store =
+        flower_addon_hub::registration::store::file::FileStore::open(fake.path()).expect("store");
+    fake_store
+        .create_ca(flower_ca.material())
+        .await
+        .expect("fake hub's CA");
+    let fake_hub = Hub::start_in(fake.path(), any_port(), config()).await;
+    assert_eq!(fake_hub.ca.hash(), flower_ca.hash());
+    let token = fake_hub.token().await;
+    let mut options = fake_hub.join_options(&token, "edge-1", agent_dir.path());
+    options.ca_hash = hub.ca.hash().to_owned();
+    match join_err(&options).await {
+        JoinError::CaMismatch(detail) => assert!(detail.contains(flower_ca.hash()), "{detail}"),
+        other => panic!("expected CaMismatch, got {other}"),
+    }
+    assert!(
+        fake_hub
+            .store
+            .list_clusters()
+            .await
+            .expect("list")
+            .is_empty(),
+        "the fake hub got a join request"
+    );
+    fake_hub.stop().await;
+    hub.stop().await;
+}

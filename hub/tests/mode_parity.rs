@@ -18,7 +18,9 @@ use flower_addon_crds::{Federation, Object};
 use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
 use flower_addon_hub::registration::store::file::FileStore;
-use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore, load_or_create_ca};
+use flower_addon_hub::registration::store::{
+    ClusterRegistration, ClusterStore, load_or_create_flower_ca,
+};
 use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
 use flower_addon_proto::ClusterWork;
 
@@ -78,7 +80,8 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 
     let store = Arc::new(FileStore::open(&state).expect("store"));
-    let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
+    // SuperLink certificates and the CA bundle in the work come from the Flower CA.
+    let ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await.expect("ca"));
     let clusters = BTreeMap::from([
         ("s1".to_string(), labels(&[("gpu", "yes")])),
         ("s2".to_string(), labels(&[])),

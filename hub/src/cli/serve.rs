@@ -1,9 +1,9 @@
 //! `flower-hub serve`: the long-running hub (Kubernetes mode or standalone).
 use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
 use crate::cli::registration::DEFAULT_PORT;
-use crate::registration::ca::{CaMaterial, HubCa};
+use crate::registration::ca::{CaRole, HubCa};
 use crate::registration::store::file::FileStore;
-use crate::registration::store::load_or_create_ca;
+use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
 use crate::standalone::{StandaloneConfig, StandaloneHub};
 use anyhow::Context;
 use std::collections::BTreeMap;
@@ -91,6 +91,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let dir =
             std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
+        let flower_ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await?);
         let listeners = bind(&args.listen).await?;
         let port = listeners
             .first()
@@ -152,10 +153,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "flower-hub: reading Federations and Placements from {}",
             manifests_dir.display()
         );
+        // SuperLink certificates come from the Flower CA, never from the CA agents pin.
         let controller = StandaloneHub::new(
             store.clone(),
             work.clone(),
-            ca.clone(),
+            flower_ca,
             StandaloneConfig {
                 state_dir: dir.clone(),
                 manifests_dir,
@@ -251,10 +253,15 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
         )?;
         let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
+        let flower_ca = Arc::new(
+            load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower).await?,
+        );
         println!(
-            "flower-hub: Kubernetes mode, CA in secret {}/{CA_SECRET} (hash {})",
+            "flower-hub: Kubernetes mode, work-channel CA in secret {}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {}/{}",
             args.namespace,
-            ca.hash()
+            ca.hash(),
+            args.namespace,
+            crate::kube::store::FLOWER_CA_SECRET
         );
         let store = Arc::new(
             crate::kube::store::KubeStore::new(client.clone(), args.namespace.clone())
@@ -262,8 +269,11 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         let listeners = bind(&args.listen).await?;
         let work = Arc::new(
-            crate::kube::work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string())
-                .await?,
+            crate::kube::work::KubeWorkSource::start(
+                client.clone(),
+                flower_ca.cert_pem().to_string(),
+            )
+            .await?,
         );
         let config = channel_config(
             &args,
@@ -272,7 +282,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
-            ca.clone(),
+            flower_ca,
             args.node_address.clone().filter(|a| !a.is_empty()),
             wait_stop(stop_rx.clone()),
         ));
@@ -320,61 +330,30 @@ pub fn kubernetes_advertise(advertise: &[String], namespace: &str) -> Vec<String
     names
 }
 
-/// Loads the hub CA from its Secret, creating both on first start. Creation uses `create` (not
-/// apply), so two hubs starting at once end up with one CA: the loser reads the winner's.
+/// Loads the hub's work-channel CA from its Secret [`CA_SECRET`] in `namespace`, creating both
+/// on first start (create, not apply: two hubs starting at once end up with one CA).
 pub async fn load_or_create_ca_secret(
     client: kube::Client,
     namespace: &str,
 ) -> anyhow::Result<HubCa> {
-    use k8s_openapi::ByteString;
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
-    let read = |secret: &Secret| -> anyhow::Result<HubCa> {
-        let data = secret.data.clone().unwrap_or_default();
-        let get = |k: &str| {
-            data.get(k)
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                .with_context(|| format!("secret {namespace}/{CA_SECRET} has no {k}"))
-        };
-        Ok(HubCa::from_material(CaMaterial {
-            cert_pem: get("ca.crt")?,
-            key_pem: get("ca.key")?,
-        })?)
-    };
-    if let Some(secret) = api.get_opt(CA_SECRET).await.context("read the CA secret")? {
-        return read(&secret);
-    }
-    let fresh = HubCa::generate()?;
-    let mut data = BTreeMap::new();
-    data.insert(
-        "ca.crt".to_string(),
-        ByteString(fresh.material().cert_pem.clone().into_bytes()),
-    );
-    data.insert(
-        "ca.key".to_string(),
-        ByteString(fresh.material().key_pem.clone().into_bytes()),
-    );
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(CA_SECRET.into()),
-            namespace: Some(namespace.into()),
-            ..Default::default()
-        },
-        data: Some(data),
-        ..Default::default()
-    };
-    match api.create(&Default::default(), &secret).await {
-        Ok(_) => Ok(fresh),
-        Err(kube::Error::Api(e)) if e.code == 409 => {
-            let secret = api.get(CA_SECRET).await.context("read the CA secret")?;
-            read(&secret)
-        }
-        Err(kube::Error::Api(e)) if e.code == 404 => Err(anyhow::anyhow!(
-            "cannot create the CA secret {namespace}/{CA_SECRET}: namespace {namespace:?} does \
-             not exist (apply manifests/hub/namespace.yaml, or pass --namespace)"
-        )),
-        Err(e) => Err(e).with_context(|| format!("create the CA secret {namespace}/{CA_SECRET}")),
-    }
+    load_or_create_ca_secret_for(client, namespace, CaRole::Channel).await
+}
+
+/// The CA of `role` from its Secret in `namespace` (created on first start).
+pub async fn load_or_create_ca_secret_for(
+    client: kube::Client,
+    namespace: &str,
+    role: CaRole,
+) -> anyhow::Result<HubCa> {
+    let store = crate::kube::store::KubeStore::without_watch(client, namespace);
+    crate::registration::store::load_or_create_ca_for(&store, role)
+        .await
+        .with_context(|| {
+            format!(
+                "the CA Secret {namespace}/{}",
+                crate::kube::store::ca_secret_name(role)
+            )
+        })
 }
 
 #[cfg(test)]

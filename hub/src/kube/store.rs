@@ -36,7 +36,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::core::placement::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
-use crate::registration::ca::CaMaterial;
+use crate::registration::ca::{CaMaterial, CaRole};
 use crate::registration::store::{
     ClusterCondition, ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError,
 };
@@ -44,6 +44,16 @@ use crate::registration::tokens::TokenRecord;
 
 /// Name of the Secret holding the hub CA (`ca.crt`, `ca.key`) in the hub namespace.
 pub const CA_SECRET: &str = "flower-hub-ca";
+/// Secret holding the Flower CA (SuperLink certificates; [`CaRole::Flower`]).
+pub const FLOWER_CA_SECRET: &str = "flower-hub-flower-ca";
+
+/// The Secret of the CA of `role`.
+pub fn ca_secret_name(role: CaRole) -> &'static str {
+    match role {
+        CaRole::Channel => CA_SECRET,
+        CaRole::Flower => FLOWER_CA_SECRET,
+    }
+}
 /// Name of the Service in front of the hub's work channel (manifests/hub/service.yaml); its DNS
 /// names are in the hub's server certificate.
 pub const HUB_SERVICE: &str = "flower-hub";
@@ -246,20 +256,22 @@ use mapping::*;
 pub use mapping::{hub_service_dns_names, hub_service_server_name, record_of};
 
 impl ClusterStore for KubeStore {
-    async fn load_ca(&self) -> Result<Option<CaMaterial>, StoreError> {
+    async fn load_ca_for(&self, role: CaRole) -> Result<Option<CaMaterial>, StoreError> {
+        let name = ca_secret_name(role);
         self.secrets()
-            .get_opt(CA_SECRET)
+            .get_opt(name)
             .await
-            .map_err(kube_err(format!("get Secret {CA_SECRET}")))?
+            .map_err(kube_err(format!("get Secret {name}")))?
             .as_ref()
             .map(ca_of)
             .transpose()
     }
 
-    async fn create_ca(&self, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+    async fn create_ca_for(&self, role: CaRole, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+        let name = ca_secret_name(role);
         let secret = Secret {
             metadata: ObjectMeta {
-                name: Some(CA_SECRET.into()),
+                name: Some(name.into()),
                 namespace: Some(self.namespace.clone()),
                 ..Default::default()
             },
@@ -278,12 +290,21 @@ impl ClusterStore for KubeStore {
         match self.secrets().create(&PostParams::default(), &secret).await {
             Ok(_) => Ok(ca.clone()),
             Err(e) if is_status(&e, 409) => {
-                self.load_ca().await?.ok_or_else(|| StoreError::Corrupt {
-                    path: CA_SECRET.into(),
-                    detail: "vanished after a create conflict".into(),
-                })
+                self.load_ca_for(role)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        path: name.into(),
+                        detail: "vanished after a create conflict".into(),
+                    })
             }
-            Err(e) => Err(kube_err(format!("create Secret {CA_SECRET}"))(e)),
+            Err(e) if is_status(&e, 404) => Err(StoreError::Corrupt {
+                path: name.into(),
+                detail: format!(
+                    "cannot create it: namespace {:?} does not exist (apply manifests/hub/namespace.yaml, or pass --namespace)",
+                    self.namespace
+                ),
+            }),
+            Err(e) => Err(kube_err(format!("create Secret {name}"))(e)),
         }
     }
 

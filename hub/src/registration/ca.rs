@@ -99,6 +99,27 @@ impl Validity {
     }
 }
 
+/// What a hub CA signs. The two never share a key (#13 item 4): the CA an agent pins with
+/// `--ca-hash` signs only the hub's work-channel server certificate and the agents' client
+/// certificates; SuperLink certificates (what SuperNodes and `flwr` trust) come from the Flower
+/// CA, so no certificate a SuperLink holds can pass as the hub.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaRole {
+    /// The work channel: hub server certificate, agent client certificates.
+    Channel,
+    /// Flower-facing: SuperLink server certificates.
+    Flower,
+}
+
+impl CaRole {
+    fn common_name(self) -> &'static str {
+        match self {
+            Self::Channel => "flower-addon hub CA",
+            Self::Flower => "flower-addon Flower CA",
+        }
+    }
+}
+
 /// The hub CA, ready to sign.
 pub struct HubCa {
     material: CaMaterial,
@@ -118,13 +139,19 @@ impl std::fmt::Debug for HubCa {
 // === impl HubCa ===
 
 impl HubCa {
-    /// Makes a new CA (fresh key, self-signed, 10 years). Persist [`HubCa::material`] before use.
+    /// Makes a new work-channel CA (fresh key, self-signed, 10 years). Persist
+    /// [`HubCa::material`] before use.
     pub fn generate() -> Result<Self, CaError> {
+        Self::generate_for(CaRole::Channel)
+    }
+
+    /// Makes a new CA for `role` (fresh key, self-signed, 10 years).
+    pub fn generate_for(role: CaRole) -> Result<Self, CaError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::OrganizationName, "flower-addon");
-        dn.push(DnType::CommonName, "flower-addon hub CA");
+        dn.push(DnType::CommonName, role.common_name());
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![

@@ -67,6 +67,7 @@ struct RunningSuperLink {
 pub struct StandaloneHub<S: ClusterStore> {
     store: Arc<S>,
     work: Arc<InMemoryWorkSource>,
+    /// The Flower CA: signs the SuperLink certificates (never the CA agents pin).
     ca: Arc<HubCa>,
     config: StandaloneConfig,
     manifests: Manifests,
@@ -80,7 +81,8 @@ pub struct StandaloneHub<S: ClusterStore> {
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
-    /// A controller with nothing running yet.
+    /// A controller with nothing running yet; `flower_ca` signs the SuperLink certificates
+    /// ([`crate::registration::ca::CaRole::Flower`]).
     pub fn new(
         store: Arc<S>,
         work: Arc<InMemoryWorkSource>,
@@ -369,7 +371,15 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let sans_file = paths.dir.join("tls/sans");
         let want = sans.join("\n");
         let current = std::fs::read_to_string(&sans_file).ok();
-        if current.as_deref() == Some(want.as_str()) && paths.cert.exists() && paths.key.exists() {
+        // Re-issued when the SANs or the signing CA changed (a hub upgraded to separate CAs
+        // re-issues certificates its channel CA signed).
+        let same_ca =
+            std::fs::read_to_string(&paths.ca).ok().as_deref() == Some(self.ca.cert_pem());
+        if current.as_deref() == Some(want.as_str())
+            && same_ca
+            && paths.cert.exists()
+            && paths.key.exists()
+        {
             return Ok(());
         }
         let issued = self

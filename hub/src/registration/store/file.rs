@@ -15,7 +15,15 @@
 //! fields. The serving hub calls [`FileStore::poll_external_changes`] periodically to notice
 //! changes made by the CLI (it only reads `.generation` unless something changed).
 use super::{ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore, StoreError};
-use crate::registration::ca::CaMaterial;
+use crate::registration::ca::{CaMaterial, CaRole};
+
+/// `(material, certificate)` file names of the CA of `role` in the state directory.
+fn ca_files(role: CaRole) -> (&'static str, &'static str) {
+    match role {
+        CaRole::Channel => ("ca.json", "ca.crt"),
+        CaRole::Flower => ("flower-ca.json", "flower-ca.crt"),
+    }
+}
 use crate::registration::tokens::TokenRecord;
 use std::collections::HashMap;
 use std::fs;
@@ -183,12 +191,13 @@ impl FileStore {
 }
 
 impl ClusterStore for FileStore {
-    async fn load_ca(&self) -> Result<Option<CaMaterial>, StoreError> {
-        read_json(&self.dir.join("ca.json"))
+    async fn load_ca_for(&self, role: CaRole) -> Result<Option<CaMaterial>, StoreError> {
+        read_json(&self.dir.join(ca_files(role).0))
     }
 
-    async fn create_ca(&self, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
-        let path = self.dir.join("ca.json");
+    async fn create_ca_for(&self, role: CaRole, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+        let (material, cert) = ca_files(role);
+        let path = self.dir.join(material);
         let body = serde_json::to_vec_pretty(ca).map_err(|e| corrupt(&path, e))?;
         // Never replaces an existing CA: a racing process keeps the one someone may trust.
         flower_addon_agent::files::create_new(&path, &body, 0o600).map_err(|e| io_err(&path, e))?;
@@ -196,7 +205,7 @@ impl ClusterStore for FileStore {
             path: path.display().to_string(),
             detail: "vanished after creation".into(),
         })?;
-        write_atomic(&self.dir.join("ca.crt"), stored.cert_pem.as_bytes(), 0o644)?;
+        write_atomic(&self.dir.join(cert), stored.cert_pem.as_bytes(), 0o644)?;
         Ok(stored)
     }
 

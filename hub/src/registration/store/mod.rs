@@ -1,7 +1,7 @@
 //! Where the hub keeps registration state: bootstrap tokens, clusters (the standalone form of
 //! `ManagedCluster`) and the CA. One trait, two adapters: [`file::FileStore`] for standalone mode
 //! and, later, a Kubernetes store (ManagedCluster objects and Secrets).
-use crate::registration::ca::{CaError, CaMaterial, HubCa};
+use crate::registration::ca::{CaError, CaMaterial, CaRole, HubCa};
 use crate::registration::tokens::TokenRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -188,12 +188,27 @@ pub struct ClusterRecord {
 /// including changes made by other processes (e.g. `flower-hub accept`), so the hub can close
 /// a revoked cluster's stream at once.
 pub trait ClusterStore: Send + Sync + 'static {
-    /// The stored CA, if any.
-    fn load_ca(&self) -> impl Future<Output = Result<Option<CaMaterial>, StoreError>> + Send;
-    /// Stores `ca` unless a CA exists already; returns the CA that is stored afterwards (the
-    /// existing one wins a race).
+    /// The stored work-channel CA, if any.
+    fn load_ca(&self) -> impl Future<Output = Result<Option<CaMaterial>, StoreError>> + Send {
+        self.load_ca_for(CaRole::Channel)
+    }
+    /// Stores `ca` as the work-channel CA unless one exists already; returns the CA that is
+    /// stored afterwards (the existing one wins a race).
     fn create_ca(
         &self,
+        ca: &CaMaterial,
+    ) -> impl Future<Output = Result<CaMaterial, StoreError>> + Send {
+        self.create_ca_for(CaRole::Channel, ca)
+    }
+    /// The stored CA of `role`, if any.
+    fn load_ca_for(
+        &self,
+        role: CaRole,
+    ) -> impl Future<Output = Result<Option<CaMaterial>, StoreError>> + Send;
+    /// Stores `ca` as the CA of `role` unless one exists already; returns the stored one.
+    fn create_ca_for(
+        &self,
+        role: CaRole,
         ca: &CaMaterial,
     ) -> impl Future<Output = Result<CaMaterial, StoreError>> + Send;
 
@@ -253,11 +268,24 @@ pub trait ClusterStore: Send + Sync + 'static {
 
 /// Loads the hub CA from the store, creating and persisting it on first use.
 pub async fn load_or_create_ca<S: ClusterStore>(store: &S) -> Result<HubCa, StoreError> {
-    if let Some(material) = store.load_ca().await? {
+    load_or_create_ca_for(store, CaRole::Channel).await
+}
+
+/// The Flower CA (SuperLink certificates), created on first use ([`CaRole::Flower`]).
+pub async fn load_or_create_flower_ca<S: ClusterStore>(store: &S) -> Result<HubCa, StoreError> {
+    load_or_create_ca_for(store, CaRole::Flower).await
+}
+
+/// The CA of `role`, created on first use.
+pub async fn load_or_create_ca_for<S: ClusterStore>(
+    store: &S,
+    role: CaRole,
+) -> Result<HubCa, StoreError> {
+    if let Some(material) = store.load_ca_for(role).await? {
         return Ok(HubCa::from_material(material)?);
     }
-    let fresh = HubCa::generate()?;
-    let stored = store.create_ca(fresh.material()).await?;
-    tracing::info!("created the hub certificate authority");
+    let fresh = HubCa::generate_for(role)?;
+    let stored = store.create_ca_for(role, fresh.material()).await?;
+    tracing::info!(?role, "created a hub certificate authority");
     Ok(HubCa::from_material(stored)?)
 }
