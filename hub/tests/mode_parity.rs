@@ -5,8 +5,11 @@
 //! the agent applies from what the hub sent.
 //!
 //! The standalone hub runs its SuperLink as a process; here `flower-superlink` is a script that
-//! only stays alive (this test is about the hub's decisions, not Flower; the e2e tests run real
-//! Flower in both modes).
+//! only stays alive, and a stand-in Control API ([`fake_control`]) on the SuperLink's port, with
+//! its certificate, takes the node keys the standalone hub registers (this test is about the
+//! hub's decisions, not Flower; the e2e tests run real Flower in both modes). The agents' reports
+//! carry SuperNode keys, so the work compared includes `registered_node_keys`.
+mod fake_control;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -31,10 +34,12 @@ metadata: {name: fed, namespace: team}
 spec:
   mode: StatefulSet
   isolationMode: subprocess
+  insecure: false
   placementRef: {name: all}
   superlink:
     image: "flwr/superlink:1.42.0"
     externalAddress: "hub.example:30092"
+    service: {ports: {grpc: PORT}}
   supernodes:
     image: "flwr/supernode:1.42.0"
     pools:
@@ -74,7 +79,13 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     for d in [&state, &manifests, &bin] {
         std::fs::create_dir_all(d).expect("dir");
     }
-    std::fs::write(manifests.join("fed.yaml"), MANIFESTS).expect("manifests");
+    // The SuperLink's (unified: Fleet = Control) port, where the stand-in Control API listens.
+    let control = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = control.local_addr().expect("addr").port();
+    let manifests_text = MANIFESTS.replace("PORT", &port.to_string());
+    std::fs::write(manifests.join("fed.yaml"), &manifests_text).expect("manifests");
     let superlink = bin.join("flower-superlink");
     std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
     std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -102,8 +113,36 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
             .expect("cluster");
     }
 
-    // Standalone: one reconcile pass of the real controller.
+    // Standalone: the real controller, with the agents' reports (SuperNode keys of pool a)
+    // already in.
     let work = Arc::new(InMemoryWorkSource::new());
+    let mut keys: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (cluster, count) in [("s1", 2), ("s2", 1)] {
+        let lines: Vec<String> = (0..count)
+            .map(|_| {
+                flower_addon_agent::node_key::generate_node_key()
+                    .expect("key")
+                    .public_openssh
+            })
+            .collect();
+        work.on_status(
+            cluster,
+            &flower_addon_proto::Status {
+                cluster_name: cluster.into(),
+                federations: vec![flower_addon_proto::FederationStatus {
+                    namespace: "team".into(),
+                    name: "fed".into(),
+                    pools: vec![flower_addon_proto::PoolStatus {
+                        name: "a".into(),
+                        node_public_keys: lines.clone(),
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            },
+        );
+        keys.insert(cluster, lines);
+    }
     let hub = StandaloneHub::new(
         store.clone(),
         work.clone(),
@@ -120,14 +159,37 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     let running = tokio::spawn(hub.run(async {
         let _ = stop_rx.await;
     }));
+    let paths = flower_addon_hub::standalone::superlink::SuperLinkPaths::new(&state, "team", "fed");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while work.snapshot("s1").federations.is_empty() || work.snapshot("s2").federations.is_empty() {
+    while !(paths.cert.is_file() && paths.key.is_file()) {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the standalone hub sent no work in 20 s"
+            "no SuperLink certificate in 20 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let (held, _server) = fake_control::serve(control, &paths.cert, &paths.key);
+    // Every reported key registered and sent back with the work.
+    let all: Vec<String> = {
+        let mut all: Vec<String> = keys.values().flatten().cloned().collect();
+        all.sort();
+        all
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ["s1", "s2"].iter().any(|c| {
+        work.snapshot(c)
+            .federations
+            .first()
+            .is_none_or(|f| f.registered_node_keys.len() != all.len())
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standalone hub did not register the reported keys in 30 s (SuperLink holds {})",
+            held.lock().expect("held").len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(held.lock().expect("held").len(), all.len());
     let standalone: BTreeMap<String, ClusterWork> = ["s1", "s2"]
         .iter()
         .map(|c| (c.to_string(), work.snapshot(c)))
@@ -136,7 +198,7 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     running.await.expect("controller stops");
 
     // Kubernetes mode: the work source's function on the same Federation, clusters and CA.
-    let objects = flower_addon_crds::parse_documents("fed.yaml", MANIFESTS).expect("parse");
+    let objects = flower_addon_crds::parse_documents("fed.yaml", &manifests_text).expect("parse");
     let fed: &Federation = objects
         .iter()
         .find_map(|o| match o {
@@ -150,7 +212,7 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         &selected,
         &clusters,
         ca.cert_pem(),
-        &[],
+        &all,
     )
     .expect("kube work");
     assert_eq!(kube.len(), 2);
