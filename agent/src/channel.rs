@@ -349,15 +349,9 @@ async fn session(
                             }
                             Err(error) => tracing::error!(cluster = %name, version, %error, "cannot apply work"),
                         }
-                        let federations = runtime.status().await;
-                        let allocatable = runtime.allocatable().await;
-                        last_status = Some((federations.clone(), allocatable.clone()));
-                        let _ = tx.send(message(AgentKind::Status(Status {
-                            observed_version: observed,
-                            federations,
-                            cluster_name: name.clone(),
-                            allocatable,
-                        }))).await;
+                        if let Some(report) = status_report(runtime, &mut last_status, observed, &name, false).await {
+                            let _ = tx.send(report).await;
+                        }
                     }
                     Some(HubKind::Ping(_)) => {
                         let _ = tx.send(message(AgentKind::Heartbeat(Heartbeat { cluster_name: name.clone() }))).await;
@@ -368,24 +362,37 @@ async fn session(
                 Err(status) => break Some(End::status(&status).after_open()),
             },
             _ = status_tick.tick() => {
-                let federations = runtime.status().await;
-                let allocatable = runtime.allocatable().await;
-                let report = (federations, allocatable);
-                if last_status.as_ref() != Some(&report) {
-                    last_status = Some(report.clone());
-                    let (federations, allocatable) = report;
-                    let _ = tx.send(message(AgentKind::Status(Status {
-                        observed_version: observed,
-                        federations,
-                        cluster_name: name.clone(),
-                        allocatable,
-                    }))).await;
+                if let Some(report) = status_report(runtime, &mut last_status, observed, &name, true).await {
+                    let _ = tx.send(report).await;
                 }
             }
         }
     };
     drop(renewer);
     end
+}
+
+/// What the runtime observes, as a status message for the hub (`observed` = last applied work
+/// version); `None` when `only_if_changed` and it equals `last`, which is updated.
+async fn status_report(
+    runtime: &dyn Runtime,
+    last: &mut Option<(Vec<FederationStatus>, Allocatable)>,
+    observed: u64,
+    name: &str,
+    only_if_changed: bool,
+) -> Option<AgentMessage> {
+    let report = (runtime.status().await, runtime.allocatable().await);
+    if only_if_changed && last.as_ref() == Some(&report) {
+        return None;
+    }
+    *last = Some(report.clone());
+    let (federations, allocatable) = report;
+    Some(message(AgentKind::Status(Status {
+        observed_version: observed,
+        federations,
+        cluster_name: name.to_owned(),
+        allocatable,
+    })))
 }
 
 /// Resolves once `shutdown` is true (or its sender is gone).
