@@ -33,6 +33,17 @@ pub async fn sync_keys(
     client: &ControlClient,
     wanted: &BTreeSet<String>,
 ) -> Result<KeySync, ControlError> {
+    sync_keys_with(client, wanted, true).await
+}
+
+/// [`sync_keys`]; with `prune` false nothing is unregistered (only missing keys are registered):
+/// for a Federation some of whose placed clusters have not reported since the hub started,
+/// whose keys the hub does not know yet.
+pub async fn sync_keys_with(
+    client: &ControlClient,
+    wanted: &BTreeSet<String>,
+    prune: bool,
+) -> Result<KeySync, ControlError> {
     let mut failed = Vec::new();
     let mut by_der: BTreeMap<Vec<u8>, String> = BTreeMap::new();
     for line in wanted {
@@ -46,10 +57,13 @@ pub async fn sync_keys(
     let listed = client.list_nodes().await?;
     let KeyPlan {
         register,
-        unregister,
+        mut unregister,
         mut registered,
         online,
     } = nodekeys::plan(&by_der, &listed);
+    if !prune {
+        unregister.clear();
+    }
     let registrations: Vec<(String, Result<Registration, ControlError>)> =
         futures::stream::iter(register)
             .map(|line| async move {

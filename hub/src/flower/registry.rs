@@ -5,7 +5,7 @@
 //! registered keys (sent to agents as `registered_node_keys`, so a SuperNode starts only with a
 //! registered key) and the online ones (Federation status: SuperNodes connected to the SuperLink).
 use super::control::{ControlClient, ControlEndpoint};
-use super::{KeySync, sync_keys};
+use super::{KeySync, sync_keys_with};
 use dashmap::DashMap;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,6 +29,11 @@ pub struct KeyTarget {
     pub endpoint: ControlEndpoint,
     /// The keys (OpenSSH lines) it should hold.
     pub wanted: BTreeSet<String>,
+    /// Whether it should hold nothing else: every cluster the Federation is placed on has
+    /// reported since the hub started. Until then the hub does not know all the keys in use
+    /// (a restarted hub would otherwise unregister every running SuperNode before the agents
+    /// report), so it only registers.
+    pub complete: bool,
 }
 
 /// What the registry knows of one Federation's SuperLink.
@@ -47,6 +52,7 @@ pub struct FederationKeys {
 struct Entry {
     client: Arc<ControlClient>,
     wanted: BTreeSet<String>,
+    complete: bool,
     tried_at: Instant,
     keys: FederationKeys,
 }
@@ -81,7 +87,7 @@ impl NodeKeyRegistry {
         for target in targets {
             let due = self.due(&target);
             let Some(client) = due else { continue };
-            let result = sync_keys(&client, &target.wanted).await;
+            let result = sync_keys_with(&client, &target.wanted, target.complete).await;
             if self.record(&target, client, result) {
                 changed.push(target.federation);
             }
@@ -118,7 +124,11 @@ impl NodeKeyRegistry {
                 let since = now.duration_since(e.tried_at);
                 let due = match e.keys.error {
                     Some(_) => since >= RETRY,
-                    None => e.wanted != target.wanted || since >= RELIST,
+                    None => {
+                        e.wanted != target.wanted
+                            || e.complete != target.complete
+                            || since >= RELIST
+                    }
                 };
                 due.then(|| e.client.clone())
             }
@@ -138,6 +148,7 @@ impl NodeKeyRegistry {
             .or_insert_with(|| Entry {
                 client: client.clone(),
                 wanted: BTreeSet::new(),
+                complete: false,
                 tried_at: now,
                 keys: FederationKeys::default(),
             });
@@ -154,6 +165,7 @@ impl NodeKeyRegistry {
                     tracing::warn!(namespace = %fed.0, federation = %fed.1, %failure, "a SuperNode key could not be synced; will retry");
                 }
                 entry.wanted = target.wanted.clone();
+                entry.complete = target.complete;
                 entry.keys = FederationKeys {
                     registered: sync.registered,
                     online: sync.online,

@@ -84,6 +84,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 &placed_on,
                 statuses.iter().map(|(c, s)| (c.as_str(), s)),
             );
+            // Unknown keys (a placed cluster not reported yet) are not unregistered.
+            let complete = statuses.len() == placed_on.len();
             let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
             let Ok(ca_pem) = std::fs::read_to_string(&paths.ca) else {
                 continue;
@@ -101,6 +103,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     ca_pem: Some(ca_pem),
                 },
                 wanted,
+                complete,
             });
         }
         self.keys.sync(targets).await;

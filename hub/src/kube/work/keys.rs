@@ -76,6 +76,9 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
             &placed_on,
             statuses.iter().map(|(c, s)| (c.as_str(), s)),
         );
+        // Unknown keys (a placed cluster not reported since the hub started) are not
+        // unregistered: a restarted hub must not stop running SuperNodes.
+        let complete = statuses.len() == placed_on.len();
         let (server_name, address) = crate::core::superlink::in_cluster_control(&fed, dialect);
         out.push(KeyTarget {
             federation: key,
@@ -86,6 +89,7 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
                 ca_pem: Some(ca_pem.to_owned()),
             },
             wanted,
+            complete,
         });
     }
     out
@@ -141,5 +145,29 @@ mod tests {
         assert_eq!(t.endpoint.address, "fed-superlink.team.svc:9092");
         assert_eq!(t.endpoint.server_name, "fed-superlink.team.svc");
         assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
+    }
+
+    #[test]
+    fn keys_are_unregistered_only_once_every_placed_cluster_has_reported() {
+        // Invariant (#9 6e): a restarted hub knows no cluster's keys until its agent reports;
+        // it must not unregister what the SuperLink holds meanwhile (that stops every running
+        // SuperNode), so a target is `complete` only when every placed cluster has reported.
+        let fed = federation("[{name: a, replicas: 1, images: {}}]");
+        let stores = stores(
+            vec![fed],
+            vec![decision("both", &["s1", "s2"])],
+            vec![managed("s1", &[]), managed("s2", &[])],
+        );
+        let reports = DashMap::new();
+        assert!(
+            !targets(&stores, &reports, "CA")[0].complete,
+            "nothing reported"
+        );
+        reports.insert("s1".to_owned(), report("fed", &["k1"]));
+        let one = targets(&stores, &reports, "CA");
+        assert!(!one[0].complete, "s2 not reported");
+        assert_eq!(one[0].wanted, BTreeSet::from(["k1".to_owned()]));
+        reports.insert("s2".to_owned(), report("fed", &[]));
+        assert!(targets(&stores, &reports, "CA")[0].complete);
     }
 }
