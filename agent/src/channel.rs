@@ -333,12 +333,17 @@ async fn session(
     let mut status_tick = tokio::time::interval(state.options.status_interval);
     let mut last_status: Option<(Vec<FederationStatus>, Allocatable)> = None;
     let mut observed = 0u64;
+    // No report before the first work of this stream is applied: a fresh runtime observes
+    // nothing, and the hub would take "no SuperNodes, no keys" for the truth and unregister the
+    // keys of SuperNodes that are running.
+    let mut worked = false;
     let end = loop {
         tokio::select! {
             _ = stopped(shutdown) => break None,
             incoming = inbound.message() => match incoming {
                 Ok(Some(msg)) => match msg.kind {
                     Some(HubKind::Work(work)) => {
+                        worked = true;
                         let version = work.version;
                         match runtime.apply(&work).await {
                             Ok(()) => {
@@ -361,7 +366,7 @@ async fn session(
                 Ok(None) => break Some(End::other("the hub closed the stream".to_string()).after_open()),
                 Err(status) => break Some(End::status(&status).after_open()),
             },
-            _ = status_tick.tick() => {
+            _ = status_tick.tick(), if worked => {
                 if let Some(report) = status_report(runtime, &mut last_status, observed, &name, true).await {
                     let _ = tx.send(report).await;
                 }
