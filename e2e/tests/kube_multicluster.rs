@@ -597,13 +597,16 @@ async fn clusters_are_created_pending_and_exclusive(
     let mc = Api::<ManagedCluster>::all(client.clone())
         .get("spoke-1")
         .await?;
+    // The registration's labels (the admin's, from the token) are the ManagedCluster's own
+    // labels; the agent's claims are in its status.
     ensure!(
         !mc.spec.hub_accepts_client
+            && mc.labels().get("env").is_some_and(|v| v == "prod")
             && mc
                 .status
                 .as_ref()
-                .is_some_and(|s| s.labels.get("env").is_some_and(|v| v == "prod")),
-        "ManagedCluster pending with reported labels: {mc:?}"
+                .is_some_and(|s| s.labels.is_empty() && !s.cluster_claims.is_empty()),
+        "ManagedCluster pending with the admin's labels: {mc:?}"
     );
     Ok(())
 }

@@ -401,6 +401,8 @@ impl ClusterStore for KubeStore {
             },
         );
         mc.metadata.annotations = Some(registration_annotations(registration));
+        // The labels the admin gave through the token.
+        mc.metadata.labels = (!registration.labels.is_empty()).then(|| registration.labels.clone());
         match self.clusters().create(&PostParams::default(), &mc).await {
             Ok(_) => {}
             Err(e) if is_status(&e, 409) => return Err(StoreError::AlreadyExists(name)),
@@ -416,11 +418,20 @@ impl ClusterStore for KubeStore {
     ) -> Result<(), StoreError> {
         let annotations = registration_annotations(registration);
         self.modify(&registration.name, |mc| {
-            let current = mc.annotations_mut();
             let mut changed = false;
+            let current = mc.annotations_mut();
             for (k, v) in &annotations {
                 if current.get(k) != Some(v) {
                     current.insert(k.clone(), v.clone());
+                    changed = true;
+                }
+            }
+            // Labels are only added (token labels at binding, `accept --label`); removing one
+            // is the admin's, on the ManagedCluster.
+            let labels = mc.labels_mut();
+            for (k, v) in &registration.labels {
+                if labels.get(k) != Some(v) {
+                    labels.insert(k.clone(), v.clone());
                     changed = true;
                 }
             }

@@ -1,8 +1,9 @@
 //! The hub's Kubernetes-mode Placement controller (kube-runtime).
 //!
 //! A `Placement` is evaluated with the pure [`crate::core::placement::evaluate`] against every
-//! `ManagedCluster` (labels: the agent-reported `status.labels` overlaid by `metadata.labels`, so
-//! `kubectl label managedcluster` wins; claims from `status.clusterClaims`; only
+//! `ManagedCluster` (labels: `metadata.labels`, the admin's — from the token, `flower-hub accept
+//! --label` or `kubectl label managedcluster`; claims, what the agent asserts, from
+//! `status.clusterClaims`; only
 //! `spec.hubAcceptsClient` clusters are eligible; taints from `spec.taints` with `timeAdded`).
 //! The previous selection (read back from the decisions) keeps Steady clusters selected.
 //!
@@ -193,11 +194,10 @@ pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
         .collect();
     let (allocatable_cpu_millis, allocatable_memory_bytes) =
         crate::core::placement::allocatable_view(&allocatable);
-    let mut labels = status.labels;
-    labels.extend(cluster.labels().clone());
     ClusterView {
         name: cluster.name_any(),
-        labels,
+        // The admin's labels only (#13 item 7); what the agent asserts is in the claims.
+        labels: cluster.labels().clone(),
         claims: status
             .cluster_claims
             .into_iter()

@@ -15,9 +15,11 @@ pub(super) fn conflict(name: &str) -> StoreError {
     }
 }
 
-/// Writes the agent-declared part of `registration` into `status`.
+/// Writes the agent-declared part of `registration` into `status`: its claims and version. The
+/// cluster's labels are the admin's and live in `metadata.labels` ([`record_of`]); `status.labels`
+/// (where older hubs kept what agents asserted) is cleared.
 pub(super) fn set_declared(status: &mut ManagedClusterStatus, registration: &ClusterRegistration) {
-    status.labels = registration.labels.clone();
+    status.labels = BTreeMap::new();
     status.cluster_claims = registration
         .claims
         .iter()
@@ -63,7 +65,7 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
     ClusterRecord {
         registration: ClusterRegistration {
             name: mc.name_any(),
-            labels: status.labels.clone(),
+            labels: mc.labels().clone(),
             claims: status
                 .cluster_claims
                 .iter()

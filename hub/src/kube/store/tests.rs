@@ -19,8 +19,17 @@ fn registration_round_trips_through_a_managed_cluster() {
     let reg = registration();
     let mut mc = ManagedCluster::new("spoke-1", ManagedClusterSpec::default());
     mc.metadata.annotations = Some(registration_annotations(&reg));
-    let mut status = ManagedClusterStatus::default();
+    // The labels are the admin's, on the object; the agent's declarations go to the status.
+    mc.metadata.labels = Some(reg.labels.clone());
+    let mut status = ManagedClusterStatus {
+        labels: BTreeMap::from([("site".into(), "asserted".into())]),
+        ..ManagedClusterStatus::default()
+    };
     set_declared(&mut status, &reg);
+    assert!(
+        status.labels.is_empty(),
+        "old agent-asserted labels are cleared"
+    );
     status.last_heartbeat = Some(time_of(1_700_000_100));
     status.conditions.push(Condition {
         type_: "Joined".into(),

@@ -328,3 +328,39 @@ async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
     assert_eq!(clusters[0]["supernodes"], "1/2");
     assert_eq!(clusters[0]["connected"], true);
 }
+
+#[test]
+fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_left() {
+    // #9 6f: spoke-1 relabelled out of the only Placement of a Federation: its work must become
+    // empty (so its agent prunes the SuperNodes), also when no cluster is left at all.
+    let fed = federation("[{name: a, replicas: 1, images: {}}]");
+    let work = InMemoryWorkSource::new();
+    let mut state = State {
+        ca_pem: "CA".into(),
+        registry: Arc::new(NodeKeyRegistry::new()),
+        sent: BTreeMap::new(),
+        last_good: BTreeMap::new(),
+    };
+    state.recompute(
+        &stores(
+            vec![fed.clone()],
+            vec![decision("both", &["s1"])],
+            vec![managed("s1", &[])],
+        ),
+        &work,
+    );
+    assert_eq!(work.snapshot("s1").federations.len(), 1);
+    state.recompute(
+        &stores(
+            vec![fed],
+            vec![decision("both", &[])],
+            vec![managed("s1", &[])],
+        ),
+        &work,
+    );
+    assert!(
+        work.snapshot("s1").federations.is_empty(),
+        "{:?}",
+        work.snapshot("s1")
+    );
+}

@@ -2,8 +2,9 @@ use super::*;
 use flower_addon_crds::{ClusterClaim, ManagedClusterSpec, ManagedClusterStatus, Taint};
 
 #[test]
-fn cluster_view_overlays_metadata_labels_on_reported_ones() {
-    // Invariant: hub-side labels win over agent-reported ones; claims, acceptance and taints
+fn cluster_view_takes_the_admins_labels_and_the_agents_claims() {
+    // Invariant (#13 item 7): only metadata.labels (the admin's) are labels; labels an older hub
+    // kept from the agent in status.labels do not select anything; claims, acceptance and taints
     // (with timeAdded) carry over.
     let mut mc = ManagedCluster::new(
         "c1",
@@ -33,7 +34,11 @@ fn cluster_view_overlays_metadata_labels_on_reported_ones() {
     });
     let v = cluster_view(&mc);
     assert_eq!(v.labels.get("zone").map(String::as_str), Some("hub"));
-    assert_eq!(v.labels.get("gpu").map(String::as_str), Some("yes"));
+    assert_eq!(
+        v.labels.get("gpu"),
+        None,
+        "an agent-asserted label selected"
+    );
     assert_eq!(v.claims.get("region").map(String::as_str), Some("eu"));
     assert!(v.accepted);
     assert_eq!(v.taints[0].time_added, Some(100));
