@@ -293,41 +293,28 @@ impl Addon {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        match spoke.bootstrap {
-            Bootstrap::Cli => {
-                let mut args = vec![
-                    "token",
-                    "create",
-                    "--cluster-name",
-                    &spoke.name,
-                    "--hub",
-                    &self.hub_address,
-                    "-o",
-                    "secret",
-                ];
-                for l in &labels {
-                    args.extend(["--label", l.as_str()]);
-                }
-                hub_cli(&self.admin_kubeconfig, &args)
+        // The labels are the admin's, bound to the token (in the Template path the Secret's
+        // `labels` are what the agent reports, recorded as claims).
+        let token_create = |output: &'static str| {
+            let mut args = vec![
+                "token",
+                "create",
+                "--cluster-name",
+                &spoke.name,
+                "--hub",
+                &self.hub_address,
+                "-o",
+                output,
+            ];
+            for l in &labels {
+                args.extend(["--label", l.as_str()]);
             }
+            hub_cli(&self.admin_kubeconfig, &args)
+        };
+        match spoke.bootstrap {
+            Bootstrap::Cli => token_create("secret"),
             Bootstrap::Template => {
-                // The labels are the admin's: bound to the token (the template's `labels` are
-                // what the agent reports, recorded as claims).
-                let mut args = vec![
-                    "token",
-                    "create",
-                    "--cluster-name",
-                    &spoke.name,
-                    "--hub",
-                    &self.hub_address,
-                    "-o",
-                    "json",
-                ];
-                for l in &labels {
-                    args.extend(["--label", l.as_str()]);
-                }
-                let created: serde_json::Value =
-                    serde_json::from_str(&hub_cli(&self.admin_kubeconfig, &args)?)?;
+                let created: serde_json::Value = serde_json::from_str(&token_create("json")?)?;
                 let template = std::fs::read_to_string(
                     crate::repo_root().join("manifests/agent/bootstrap-secret.yaml"),
                 )?;

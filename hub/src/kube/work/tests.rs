@@ -187,12 +187,7 @@ fn the_work_source_sends_only_the_clusters_whose_work_changed() {
             {name: gpu, replicas: 1, images: {}, clusterSelector: {matchLabels: {gpu: "yes"}}}]"#,
     );
     let work = InMemoryWorkSource::new();
-    let mut state = State {
-        ca_pem: "CA".into(),
-        registry: Arc::new(NodeKeyRegistry::new()),
-        sent: BTreeMap::new(),
-        last_good: BTreeMap::new(),
-    };
+    let mut state = fresh_state();
     let both = decision("both", &["s1", "s2"]);
     let first = stores(
         vec![fed.clone()],
@@ -335,12 +330,7 @@ fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_l
     // empty (so its agent prunes the SuperNodes), also when no cluster is left at all.
     let fed = federation("[{name: a, replicas: 1, images: {}}]");
     let work = InMemoryWorkSource::new();
-    let mut state = State {
-        ca_pem: "CA".into(),
-        registry: Arc::new(NodeKeyRegistry::new()),
-        sent: BTreeMap::new(),
-        last_good: BTreeMap::new(),
-    };
+    let mut state = fresh_state();
     state.recompute(
         &stores(
             vec![fed.clone()],
@@ -363,4 +353,14 @@ fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_l
         "{:?}",
         work.snapshot("s1")
     );
+}
+
+/// A work-source state that has sent nothing yet.
+fn fresh_state() -> State {
+    State {
+        ca_pem: "CA".into(),
+        registry: Arc::new(NodeKeyRegistry::new()),
+        sent: BTreeMap::new(),
+        last_good: BTreeMap::new(),
+    }
 }
