@@ -55,6 +55,35 @@ pub fn wanted_keys<'a>(
     keys
 }
 
+/// The keys a Federation's SuperLink should hold ([`wanted_keys`] of the clusters' reports) and
+/// whether they are all known: only when every cluster it is placed on has reported since the
+/// hub started may other keys be unregistered (a restarted hub must not stop running
+/// SuperNodes before their agents report).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WantedKeys {
+    /// OpenSSH lines.
+    pub keys: BTreeSet<String>,
+    /// Every placed cluster has reported.
+    pub complete: bool,
+}
+
+/// [`WantedKeys`] of `federation` placed on `placed_on`, with `report` giving a cluster's last
+/// report since the hub started (both modes call this).
+pub fn wanted(
+    federation: &(String, String),
+    placed_on: &BTreeSet<String>,
+    report: impl Fn(&str) -> Option<Status>,
+) -> WantedKeys {
+    let statuses: Vec<(&str, Status)> = placed_on
+        .iter()
+        .filter_map(|c| report(c).map(|s| (c.as_str(), s)))
+        .collect();
+    WantedKeys {
+        keys: wanted_keys(federation, placed_on, statuses.iter().map(|(c, s)| (*c, s))),
+        complete: statuses.len() == placed_on.len(),
+    }
+}
+
 /// What to change on a SuperLink so it holds exactly the wanted keys.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyPlan {

@@ -75,17 +75,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 Some(_) => self.selections.get(&key).cloned().unwrap_or_default(),
                 None => [HUB_CLUSTER.to_owned()].into(),
             };
-            let statuses: Vec<(String, flower_addon_proto::Status)> = placed_on
-                .iter()
-                .filter_map(|c| self.work.last_status(c).map(|s| (c.clone(), s)))
-                .collect();
-            let wanted = crate::core::nodekeys::wanted_keys(
-                &key,
-                &placed_on,
-                statuses.iter().map(|(c, s)| (c.as_str(), s)),
-            );
-            // Unknown keys (a placed cluster not reported yet) are not unregistered.
-            let complete = statuses.len() == placed_on.len();
+            let wanted =
+                crate::core::nodekeys::wanted(&key, &placed_on, |c| self.work.last_status(c));
             let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
             let Ok(ca_pem) = std::fs::read_to_string(&paths.ca) else {
                 continue;
@@ -102,8 +93,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     server_name: host,
                     ca_pem: Some(ca_pem),
                 },
-                wanted,
-                complete,
+                wanted: wanted.keys,
+                complete: wanted.complete,
             });
         }
         self.keys.sync(targets).await;

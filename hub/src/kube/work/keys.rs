@@ -67,18 +67,9 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
             })
             .into_iter()
             .collect();
-        let statuses: Vec<(String, flower_addon_proto::Status)> = placed_on
-            .iter()
-            .filter_map(|c| reports.get(c).map(|r| (c.clone(), r.status.clone())))
-            .collect();
-        let wanted = crate::core::nodekeys::wanted_keys(
-            &key,
-            &placed_on,
-            statuses.iter().map(|(c, s)| (c.as_str(), s)),
-        );
-        // Unknown keys (a placed cluster not reported since the hub started) are not
-        // unregistered: a restarted hub must not stop running SuperNodes.
-        let complete = statuses.len() == placed_on.len();
+        let wanted = crate::core::nodekeys::wanted(&key, &placed_on, |c| {
+            reports.get(c).map(|r| r.status.clone())
+        });
         let (server_name, address) = crate::core::superlink::in_cluster_control(&fed, dialect);
         out.push(KeyTarget {
             federation: key,
@@ -88,8 +79,8 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
                 server_name,
                 ca_pem: Some(ca_pem.to_owned()),
             },
-            wanted,
-            complete,
+            wanted: wanted.keys,
+            complete: wanted.complete,
         });
     }
     out
