@@ -239,7 +239,10 @@ pub struct SuperLinkSpec {
     /// Volume mounts of the ServerApp sidecar; when empty, `volumeMounts` is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub superexec_volume_mounts: Vec<VolumeMount>,
-    /// PersistentVolumeClaim templates of the SuperLink StatefulSet.
+    /// PersistentVolumeClaim templates of the SuperLink StatefulSet. One named
+    /// `superlink-state` holds the SuperLink database instead of an emptyDir, so registered
+    /// SuperNodes and runs survive the pod's deletion; the pod then gets `fsGroup: 49999`
+    /// (the user of Flower's images) unless `podTemplate` sets one.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 16))]
     pub volume_claim_templates: Vec<PersistentVolumeClaimTemplate>,

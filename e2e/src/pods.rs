@@ -101,3 +101,49 @@ pub async fn check_not_crashing(pods: &Api<Pod>, selector: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// For failure messages: every pod whose name starts with `prefix`, with its phase, each
+/// container's restart count, state and last termination, and the tails of its current and
+/// previous logs.
+pub async fn dump(pods: &Api<Pod>, prefix: &str) -> String {
+    let Ok(list) = pods.list(&Default::default()).await else {
+        return format!("(cannot list pods for {prefix}*)");
+    };
+    let tail = |previous| LogParams {
+        previous,
+        tail_lines: Some(60),
+        ..Default::default()
+    };
+    let mut out = String::new();
+    for p in list.items {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        out.push_str(&format!("--- pod {name} phase={}\n", pod_phase(&p)));
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        let mut restarted = false;
+        for c in &statuses {
+            restarted |= c.restart_count > 0;
+            out.push_str(&format!(
+                "container {} ready={} restarts={} state={} last={}\n",
+                c.name,
+                c.ready,
+                c.restart_count,
+                serde_json::to_string(&c.state).unwrap_or_default(),
+                serde_json::to_string(&c.last_state).unwrap_or_default(),
+            ));
+        }
+        let now = pods.logs(&name, &tail(false)).await.unwrap_or_default();
+        out.push_str(&format!("log (tail):\n{now}\n"));
+        if restarted {
+            let before = pods.logs(&name, &tail(true)).await.unwrap_or_default();
+            out.push_str(&format!("previous container's log (tail):\n{before}\n"));
+        }
+    }
+    out
+}

@@ -12,7 +12,10 @@
 //! makes one key pair per SuperNode pod in a Secret of the cluster; the hub pod registers the
 //! public keys through the SuperLink's Control API (its Service name) and only then do the
 //! SuperNodes start; the Federation status counts them online from the SuperLink's node list;
-//! `flwr run` with the CA the runtime put in `<fed>-superlink-ca` completes.
+//! `flwr run` with the CA the runtime put in `<fed>-superlink-ca` completes. Its SuperLink keeps
+//! its database on a `superlink-state` claim (a `local` PersistentVolume on the real node):
+//! the SuperLink pod deleted, it comes back knowing the same SuperNodes and the run before, and
+//! a new run completes.
 //!
 //! Needs what `real_node` needs (root, `e2e/k8s/build.sh`, `e2e/node/build.sh`,
 //! `e2e/images/build.sh`); fails loudly when something is missing.
@@ -68,6 +71,11 @@ for _ in range(180):
     if status.startswith("finished"):
         break
     time.sleep(1)
+ls = subprocess.run(["flwr", "ls", "/tmp/app", "k8s", "--format", "json"], capture_output=True, text=True)
+try:
+    print("RUNS", len(json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]))
+except (ValueError, KeyError):
+    print("RUNS unparsable: " + ls.stdout[-300:])
 print("RUN", rid, "STATUS", status)
 "#;
 /// The example applied, and the Federation it names.
@@ -84,7 +92,14 @@ spec:
   mode: StatefulSet
   isolationMode: subprocess
   insecure: false
-  superlink: {image: "flwr/superlink:1.25.0"}
+  superlink:
+    image: "flwr/superlink:1.25.0"
+    volumeClaimTemplates:
+      - metadata: {name: superlink-state}
+        spec:
+          accessModes: [ReadWriteOnce]
+          storageClassName: e2e-local
+          resources: {requests: {storage: 64Mi}}
   supernodes:
     image: "flwr/supernode:1.25.0"
     pools:
@@ -92,6 +107,31 @@ spec:
         replicas: 2
         images: {}
         nodeConfig: {partition-id: "{index}", num-partitions: "{replicas}"}
+"#;
+
+/// Storage for the secure Federation's `superlink-state` claim: a `local` PersistentVolume on
+/// the real node (the harness has no provisioner; `local` volumes get the pod's fsGroup, as
+/// provisioned volumes do). `{path}` and `{node}` are filled in.
+const STATE_STORAGE: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: e2e-local}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: secure-superlink-state}
+spec:
+  capacity: {storage: 64Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: e2e-local
+  local: {path: "{path}"}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: "{label}", operator: In, values: ["{value}"]}]
 "#;
 
 /// The `SuperNode ID: <n>` a SuperNode logs once connected.
@@ -126,17 +166,40 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     let node = &cp.real_node("hub")?.name;
     federation_runs(hub, node, FEDERATION, SUPERNODES, false, t).await?;
 
+    let state = cp
+        .real_node("hub")?
+        .dir()
+        .join("volumes/secure-superlink-state");
+    std::fs::create_dir_all(&state)?;
+    let storage = STATE_STORAGE
+        .replace("{path}", &state.display().to_string())
+        .replace("{label}", e2e::node::REAL_NODE_LABEL.0)
+        .replace("{value}", e2e::node::REAL_NODE_LABEL.1);
+    e2e::apply_yaml(&hub.client, &storage, "default").await?;
     let t = Instant::now();
     e2e::apply_yaml(&hub.client, SECURE, "default").await?;
-    federation_runs(hub, node, "secure", 2, true, t).await?;
+    let ids = federation_runs(hub, node, "secure", 2, true, t).await?;
     the_secure_federation_authenticated_its_supernodes(hub).await?;
-    a_deleted_superlink_pod_comes_back_and_serves_a_new_run(hub).await
+    hand_made_supernodes_are_refused(hub).await?;
+    a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &ids).await
 }
 
-/// #9 item 6d (the part that holds without a persistent volume): the SuperLink pod deleted →
-/// the StatefulSet brings it back; its state is an emptyDir, so the hub registers the
-/// SuperNodes' keys again (Control API relist), they reconnect, and a new run completes.
-async fn a_deleted_superlink_pod_comes_back_and_serves_a_new_run(hub: &e2e::Cluster) -> Result<()> {
+/// #9 item 6d: the SuperLink pod deleted → the StatefulSet brings it back on the same claim
+/// (`--database` on the `superlink-state` volume), so the SuperLink still knows every SuperNode
+/// (the same node ids serve Fleet requests again, no key registered anew) and the run before;
+/// a new run completes.
+async fn a_deleted_superlink_pod_comes_back_with_its_state(
+    hub: &e2e::Cluster,
+    state: &std::path::Path,
+    ids: &BTreeSet<String>,
+) -> Result<()> {
+    use anyhow::ensure;
+    let db = state.join("superlink.db");
+    ensure!(
+        std::fs::metadata(&db).is_ok_and(|m| m.len() > 0),
+        "the SuperLink database is not on the claimed volume: {} missing or empty",
+        db.display()
+    );
     let t = Instant::now();
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let old = pods.get("secure-superlink-0").await?.metadata.uid;
@@ -156,13 +219,76 @@ async fn a_deleted_superlink_pod_comes_back_and_serves_a_new_run(hub: &e2e::Clus
         },
     )
     .await?;
+    let back = t.elapsed();
+    if let Err(e) =
+        superlink_serves(&pods, "secure-superlink-0", ids, Duration::from_secs(180)).await
+    {
+        let supernodes = e2e::pods::dump(&pods, "secure-supernode-").await;
+        return Err(e.context(format!(
+            "after the SuperLink's restart; the SuperNode pods:\n{supernodes}"
+        )));
+    }
+    let restarts: i32 = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("secure-supernode-"))
+        })
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
     eprintln!(
-        "real_federation: SuperLink pod deleted -> back and Ready in {:.1}s",
+        "real_federation: SuperLink pod deleted -> back and Ready in {:.1}s; the same {} SuperNode ids served again after {:.1}s (state kept on the claim; SuperNode container restarts: {restarts})",
+        back.as_secs_f64(),
+        ids.len(),
         t.elapsed().as_secs_f64()
     );
-    flwr_run(hub, "secure", 2, true, "-after-restart").await
+    let runs = flwr_run(hub, "secure", 2, true, "-after-restart").await?;
+    ensure!(
+        runs == 2,
+        "the SuperLink lists {runs} run(s) after its restart; the run before it was lost (want 2)"
+    );
+    Ok(())
 }
 
+/// Waits until the log of SuperLink pod `superlink` shows Fleet requests from every node id in
+/// `ids`.
+async fn superlink_serves(
+    pods: &Api<Pod>,
+    superlink: &str,
+    ids: &BTreeSet<String>,
+    timeout: Duration,
+) -> Result<()> {
+    wait_for(
+        "the SuperLink serving every SuperNode (Fleet requests with their node ids)",
+        timeout,
+        || {
+            let (pods, superlink, want) = (pods.clone(), superlink.to_owned(), ids.clone());
+            async move {
+                let log = pods
+                    .logs(&superlink, &LogParams::default())
+                    .await
+                    .unwrap_or_default();
+                Ok(want
+                    .iter()
+                    .all(|id| log.contains(&format!("node_id={id}")))
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+}
+
+/// Returns the SuperNodes' node ids.
 /// Waits until `supernodes` SuperNode pods of Federation `name` (applied at `t`) are connected
 /// and served by its SuperLink, then runs examples/fedavg with `flwr` from a pod (TLS with the
 /// Federation's CA Secret when `tls`) and checks it finished `completed`.
@@ -173,7 +299,7 @@ async fn federation_runs(
     supernodes: usize,
     tls: bool,
     t: Instant,
-) -> Result<()> {
+) -> Result<BTreeSet<String>> {
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let ids = wait_for(
@@ -206,42 +332,27 @@ async fn federation_runs(
     let connected = t.elapsed();
     let superlink = format!("{name}-superlink-0");
     let want: BTreeSet<String> = ids.iter().map(|(_, id)| id.clone()).collect();
-    wait_for(
-        "the SuperLink serving every SuperNode (Fleet requests with their node ids)",
-        Duration::from_secs(60),
-        || {
-            let (pods, superlink, want) = (pods.clone(), superlink.clone(), want.clone());
-            async move {
-                let log = pods
-                    .logs(&superlink, &LogParams::default())
-                    .await
-                    .unwrap_or_default();
-                Ok(want
-                    .iter()
-                    .all(|id| log.contains(&format!("node_id={id}")))
-                    .then_some(()))
-            }
-        },
-    )
-    .await?;
+    superlink_serves(&pods, &superlink, &want, Duration::from_secs(60)).await?;
     eprintln!(
         "real_federation: Federation {name} (TLS {tls}) applied -> SuperLink + {supernodes} SuperNodes (flwr 1.25.0) pods on {node} connected in {:.1}s: {ids:?}",
         connected.as_secs_f64()
     );
 
-    flwr_run(hub, name, supernodes, tls, "").await
+    flwr_run(hub, name, supernodes, tls, "").await?;
+    Ok(want)
 }
 
 /// `flwr run` of examples/fedavg (2 rounds, at least `supernodes` SuperNodes) from a pod against
 /// Federation `name`'s Control Service (TLS with its CA Secret when `tls`); checks the run
-/// finished `completed`. `suffix` tells the runner pods of several runs apart.
+/// finished `completed`. `suffix` tells the runner pods of several runs apart. Returns how many
+/// runs the SuperLink lists afterwards.
 async fn flwr_run(
     hub: &e2e::Cluster,
     name: &str,
     supernodes: usize,
     tls: bool,
     suffix: &str,
-) -> Result<()> {
+) -> Result<usize> {
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let superlink = format!("{name}-superlink-0");
     let t = Instant::now();
@@ -291,7 +402,7 @@ async fn flwr_run(
     assert_eq!(
         status,
         "finished:completed",
-        "the run did not complete; flwr-run pod log:\n{log}\nSuperLink log:\n{}",
+        "the run did not complete; flwr-run pod log:\n{log}\nSuperLink log:\n{}\nSuperNode pods:\n{}\nHub pod:\n{}",
         pods.logs(
             &superlink,
             &LogParams {
@@ -300,9 +411,21 @@ async fn flwr_run(
             }
         )
         .await
-        .unwrap_or_default()
+        .unwrap_or_default(),
+        e2e::pods::dump(&pods, &format!("{name}-supernode-")).await,
+        e2e::pods::dump(
+            &Api::namespaced(hub.client.clone(), "flower-addon-system"),
+            "flower-hub"
+        )
+        .await,
     );
-    Ok(())
+    let runs = log
+        .lines()
+        .find_map(|l| l.strip_prefix("RUNS "))
+        .unwrap_or_default();
+    runs.trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("flwr ls listed no runs: {runs}"))
 }
 
 /// The secure Federation's SuperLink requires registered keys, each SuperNode pod's key was made
@@ -353,5 +476,99 @@ async fn the_secure_federation_authenticated_its_supernodes(hub: &e2e::Cluster) 
     eprintln!(
         "real_federation: secure Federation: --enable-supernode-auth, 2 keys made in the cluster, 2/2 online"
     );
+    Ok(())
+}
+
+/// #9 item 6c: SuperNode pods made by hand beside the secure Federation's, from its pool's own
+/// pod template, each with a key pair made here (never reported, so never registered):
+/// - with the Federation's CA, the SuperLink refuses the key: the SuperNode exits non-zero
+///   without a node id;
+/// - with another CA, the TLS handshake fails: it keeps retrying and never gets a node id.
+async fn hand_made_supernodes_are_refused(hub: &e2e::Cluster) -> Result<()> {
+    use anyhow::{Context, ensure};
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::Secret;
+    let t = Instant::now();
+    let sts = Api::<StatefulSet>::namespaced(hub.client.clone(), "default")
+        .get("secure-supernode-default")
+        .await?;
+    let template = sts.spec.template;
+    let secrets: Api<Secret> = Api::namespaced(hub.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let other_ca = flower_addon_hub::registration::ca::HubCa::generate_for(
+        flower_addon_hub::registration::ca::CaRole::Flower,
+    )?;
+    let node_keys = flower_addon_crds::render::node_key_secret_name("secure", "default");
+    let ca_secret = flower_addon_crds::render::spoke_ca_secret_name("secure");
+    for (name, wrong_ca) in [("intruder-key", false), ("intruder-ca", true)] {
+        let key = flower_addon_agent::node_key::generate_node_key()?;
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "stringData": {name: key.private_openssh, "ca.crt": other_ca.cert_pem()},
+        }))?;
+        secrets.create(&Default::default(), &secret).await?;
+        let mut spec = template.spec.clone().context("pod template spec")?;
+        spec.restart_policy = Some("Never".into());
+        for volume in spec.volumes.iter_mut().flatten() {
+            let Some(source) = volume.secret.as_mut() else {
+                continue;
+            };
+            let from = source.secret_name.clone().unwrap_or_default();
+            if from == node_keys || (wrong_ca && from == ca_secret) {
+                source.secret_name = Some(name.into());
+            }
+        }
+        let pod = Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            status: None,
+        };
+        pods.create(&Default::default(), &pod).await?;
+    }
+    let refused = wait_for(
+        "the SuperNode with an unregistered key refused (pod Failed)",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("intruder-key").await?;
+                Ok((e2e::pods::pod_phase(&p) == "Failed").then_some(p))
+            }
+        },
+    )
+    .await?;
+    let log = pods.logs("intruder-key", &LogParams::default()).await?;
+    let exit = refused
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code));
+    ensure!(
+        supernode_id(&log).is_none() && exit.is_some_and(|c| c != 0),
+        "the SuperNode with an unregistered key got in (exit {exit:?}):\n{log}"
+    );
+    let key_refused = t.elapsed();
+    // The wrong-CA SuperNode started at the same time; give it as long again, at least 20 s.
+    tokio::time::sleep(key_refused.max(Duration::from_secs(20))).await;
+    let p = pods.get("intruder-ca").await?;
+    let log = pods.logs("intruder-ca", &LogParams::default()).await?;
+    ensure!(
+        supernode_id(&log).is_none() && log.contains("Connection attempt failed"),
+        "the SuperNode trusting another CA is not stuck at the handshake ({}):\n{log}",
+        e2e::pods::describe(&p)
+    );
+    eprintln!(
+        "real_federation: hand-made SuperNode pods: unregistered key refused (exit {}) in {:.1}s; the one trusting another CA has no node id after {:.1}s (TLS handshake refused, retrying)",
+        exit.unwrap_or_default(),
+        key_refused.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+    for name in ["intruder-key", "intruder-ca"] {
+        pods.delete(name, &Default::default()).await?;
+        secrets.delete(name, &Default::default()).await?;
+    }
     Ok(())
 }

@@ -699,6 +699,28 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
         // Several work, key-sync and status rounds of the new pod.
         tokio::time::sleep(Duration::from_secs(20)).await;
         let after = supernode_pods(spoke).await?;
+        if after != before {
+            let hub_pods = e2e::pods::dump(
+                &Api::namespaced(hub.client.clone(), "flower-addon-system"),
+                "flower-hub",
+            )
+            .await;
+            let superlink =
+                e2e::pods::dump(&Api::namespaced(hub.client.clone(), "fl"), "auth-superlink").await;
+            let supernodes = e2e::pods::dump(
+                &Api::namespaced(spoke.client.clone(), "fl"),
+                "auth-supernode",
+            )
+            .await;
+            let agent = e2e::pods::dump(
+                &Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS),
+                "flower-agent",
+            )
+            .await;
+            eprintln!(
+                "hub pod:\n{hub_pods}\nSuperLink:\n{superlink}\nSuperNodes:\n{supernodes}\nagent:\n{agent}"
+            );
+        }
         ensure!(
             after == before,
             "the {what} pod's restart touched SuperNode pods: before {before:?}, after {after:?}"

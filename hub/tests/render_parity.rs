@@ -292,6 +292,26 @@ fn superlink_state_can_live_on_a_claim() {
             .len(),
         1
     );
+    // The claimed volume is root-owned; Flower's images run as uid/gid 49999, which can write
+    // it only through the pod's fsGroup (checked on a real node by e2e real_federation).
+    let fs_group = |objects: &HubObjects| {
+        superlink_pod(objects)
+            .security_context
+            .as_ref()
+            .and_then(|s| s.fs_group)
+    };
+    assert_eq!(fs_group(&objects), Some(49999));
+    assert_eq!(fs_group(&hub(&fed(BASE))), None, "an emptyDir needs none");
+    let mut own = f.clone();
+    own.spec.superlink.pod_template = Some(
+        serde_json::from_value(serde_json::json!({"spec": {"securityContext": {"fsGroup": 7}}}))
+            .expect("template"),
+    );
+    assert_eq!(
+        fs_group(&hub(&own)),
+        Some(7),
+        "the podTemplate's fsGroup wins"
+    );
 }
 
 #[test]

@@ -40,6 +40,12 @@ use crate::{FederationSpec, IsolationMode, SuperNodePoolSpec};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+/// Group (and user) id of `app`, the user Flower's official images (`flwr/superlink`,
+/// `flwr/supernode`, `flwr/superexec`) run as: the `fsGroup` our pods get unless their
+/// podTemplate sets one, so volumes the kubelet manages (node keys, a SuperLink state claim)
+/// are readable and writable by Flower.
+pub const FLOWER_IMAGE_GROUP: i64 = 49999;
+
 pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
 pub use node_config::{NodeConfigError, encode_node_config};
 pub use node_keys::{mount_node_keys, node_key_secret_name};

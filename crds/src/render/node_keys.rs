@@ -22,7 +22,7 @@ pub const NODE_KEY_MOUNT_DIR: &str = "/var/run/flower-addon/node-key";
 /// Variable holding the pod's name (downward API `metadata.name`) in StatefulSet pools.
 pub const POD_NAME_ENV: &str = "FLWR_POD_NAME";
 /// `fsGroup` given to pods whose podTemplate sets none: the group of Flower's image user `app`.
-pub const NODE_KEY_FS_GROUP: i64 = 49999;
+pub const NODE_KEY_FS_GROUP: i64 = super::FLOWER_IMAGE_GROUP;
 /// Mode of the key files (owner and group read; the group is the pod's fsGroup).
 pub const NODE_KEY_FILE_MODE: i32 = 0o440;
 /// Flag of `flower-supernode` naming its private key file.

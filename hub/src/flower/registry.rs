@@ -54,6 +54,8 @@ struct Entry {
     wanted: BTreeSet<String>,
     complete: bool,
     tried_at: Instant,
+    /// Set by [`NodeKeyRegistry::relist_soon`]: the SuperLink may have restarted.
+    stale: bool,
     keys: FederationKeys,
 }
 
@@ -95,6 +97,16 @@ impl NodeKeyRegistry {
         changed
     }
 
+    /// Makes the Federation's SuperLink due at the next [`Self::sync`]: its workload changed
+    /// (a SuperLink restarted with an emptyDir database has lost every registration, and its
+    /// SuperNodes crash until their keys are back; waiting for [`RELIST`] would cost them a
+    /// longer crash-loop back-off).
+    pub fn relist_soon(&self, federation: &FedKey) {
+        if let Some(mut e) = self.entries.get_mut(federation) {
+            e.stale = true;
+        }
+    }
+
     /// The keys the Federation's SuperLink holds of those wanted (empty when unknown).
     pub fn registered(&self, federation: &FedKey) -> Vec<String> {
         self.entries
@@ -122,14 +134,15 @@ impl NodeKeyRegistry {
             Some(e) if e.client.endpoint() != &target.endpoint => fresh_client(),
             Some(e) => {
                 let since = now.duration_since(e.tried_at);
-                let due = match e.keys.error {
-                    Some(_) => since >= RETRY,
-                    None => {
-                        e.wanted != target.wanted
-                            || e.complete != target.complete
-                            || since >= RELIST
-                    }
-                };
+                let due = e.stale
+                    || match e.keys.error {
+                        Some(_) => since >= RETRY,
+                        None => {
+                            e.wanted != target.wanted
+                                || e.complete != target.complete
+                                || since >= RELIST
+                        }
+                    };
                 due.then(|| e.client.clone())
             }
         }
@@ -150,10 +163,12 @@ impl NodeKeyRegistry {
                 wanted: BTreeSet::new(),
                 complete: false,
                 tried_at: now,
+                stale: false,
                 keys: FederationKeys::default(),
             });
         entry.client = client;
         entry.tried_at = now;
+        entry.stale = false;
         let before = entry.keys.clone();
         let fed = &target.federation;
         match result {

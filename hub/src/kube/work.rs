@@ -96,6 +96,7 @@ impl KubeWorkSource {
     /// and returns. `ca_pem` is the CA bundle spokes use to verify SuperLinks.
     pub async fn start(client: Client, ca_pem: String) -> Result<Self, KubeWorkError> {
         let status_client = client.clone();
+        let keys_client = client.clone();
         let (federations, fed_writer) = reflector::store::<Federation>();
         let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
         let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
@@ -144,6 +145,7 @@ impl KubeWorkSource {
             reported_rx.clone(),
         ));
         let keys_task = tokio::spawn(keys::sync_node_keys(
+            keys_client,
             stores.clone(),
             reports.clone(),
             registry.clone(),

@@ -4,12 +4,14 @@ use flower_addon_crds::render::dialect::{classic_ports, unified_ports};
 use flower_addon_crds::render::merge::{
     append_mounts, append_volumes, merge_pod_template, non_empty,
 };
-use flower_addon_crds::render::{FlowerDialect, FlowerVersion, component_labels, object_labels};
+use flower_addon_crds::render::{
+    FLOWER_IMAGE_GROUP, FlowerDialect, FlowerVersion, component_labels, object_labels,
+};
 use flower_addon_crds::{Federation, IsolationMode};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, PodSpec, PodTemplateSpec, SecretVolumeSource,
-    Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
@@ -177,6 +179,14 @@ pub fn render_superlink(
     };
     if let Some(template) = &superlink.pod_template {
         merge_pod_template(&mut pod_meta, &mut pod, template);
+    }
+    if state_is_claim {
+        // A claimed volume is root-owned; Flower's images run as `app`. With an fsGroup the
+        // kubelet makes the volume group-writable for it (the podTemplate's own fsGroup wins).
+        let security = pod
+            .security_context
+            .get_or_insert_with(PodSecurityContext::default);
+        security.fs_group.get_or_insert(FLOWER_IMAGE_GROUP);
     }
     Ok(StatefulSet {
         metadata: ObjectMeta {

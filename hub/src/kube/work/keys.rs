@@ -3,20 +3,27 @@
 //! clusters report (the hub's own cluster for a Federation without `placementRef`) ([`crate::core::nodekeys::wanted_keys`]) through the
 //! Control API at the SuperLink Service's in-cluster name
 //! ([`crate::core::superlink::in_cluster_control`]). When what a SuperLink holds changes, the
-//! work is recomputed so agents start the SuperNodes whose keys are now registered.
+//! work is recomputed so agents start the SuperNodes whose keys are now registered. A change
+//! of a SuperLink StatefulSet (its pod deleted, back Ready) makes that SuperLink due at once:
+//! restarted on an emptyDir database it has lost every registration, and its SuperNodes
+//! crash-loop until their keys are back.
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use kube::ResourceExt;
+use flower_addon_crds::render::MANAGED_BY;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::{Report, Stores};
 use crate::core::render::federation_dialect;
 use crate::core::work::placed_on;
 use crate::flower::control::ControlEndpoint;
-use crate::flower::registry::{KeyTarget, NodeKeyRegistry};
+use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
 
 /// How often SuperLinks are synced without new reports.
 const SYNC_EVERY: Duration = Duration::from_secs(3);
@@ -24,6 +31,7 @@ const SYNC_EVERY: Duration = Duration::from_secs(3);
 /// Syncs the SuperLinks' keys until the reports channel closes; bumps `keys_changed` when any
 /// SuperLink's registered or online keys changed.
 pub(super) async fn sync_node_keys(
+    client: Client,
     stores: Stores,
     reports: Arc<DashMap<String, Report>>,
     registry: Arc<NodeKeyRegistry>,
@@ -31,9 +39,23 @@ pub(super) async fn sync_node_keys(
     mut reported: watch::Receiver<u64>,
     keys_changed: watch::Sender<u64>,
 ) {
+    let selector =
+        format!("app.kubernetes.io/component=superlink,app.kubernetes.io/managed-by={MANAGED_BY}");
+    let superlinks = watcher(
+        Api::<StatefulSet>::all(client),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .applied_objects();
+    let mut superlinks = std::pin::pin!(superlinks);
     loop {
         tokio::select! {
             changed = reported.changed() => if changed.is_err() { return },
+            Some(event) = superlinks.next() => {
+                if let Some(fed) = event.ok().as_ref().and_then(superlink_federation) {
+                    registry.relist_soon(&fed);
+                }
+            }
             _ = tokio::time::sleep(SYNC_EVERY) => {}
         }
         let targets = targets(&stores, &reports, &ca_pem);
@@ -43,7 +65,19 @@ pub(super) async fn sync_node_keys(
     }
 }
 
+/// The Federation a SuperLink StatefulSet belongs to (its namespace and instance label).
+fn superlink_federation(sts: &StatefulSet) -> Option<FedKey> {
+    let name = sts.labels().get("app.kubernetes.io/instance")?;
+    Some((sts.namespace()?, name.clone()))
+}
+
+/// What each SuperLink should hold; nothing until every store has listed once (an unlisted
+/// decisions store reads as "placed nowhere", and such a target, complete, would unregister
+/// every running SuperNode: #9 6e saw it when a restarted hub synced before its reflectors).
 fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> Vec<KeyTarget> {
+    if !super::is_ready(stores) {
+        return Vec::new();
+    }
     let clusters: BTreeSet<String> = stores
         .clusters
         .state()
@@ -90,6 +124,7 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
 mod tests {
     use super::super::tests::{decision, federation, managed, stores};
     use super::*;
+    use flower_addon_crds::PlacementDecision;
     use flower_addon_proto::{FederationStatus, PoolStatus, Status};
 
     fn report(fed: &str, keys: &[&str]) -> Report {
@@ -136,6 +171,18 @@ mod tests {
         assert_eq!(t.endpoint.address, "fed-superlink.team.svc:9092");
         assert_eq!(t.endpoint.server_name, "fed-superlink.team.svc");
         assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
+    }
+
+    #[test]
+    fn nothing_is_targeted_before_the_decisions_are_listed() {
+        // Invariant (#9 6e): a hub whose PlacementDecision reflector has not listed yet must not
+        // read "placed nowhere" (a complete empty target unregisters every SuperNode).
+        let fed = federation("[{name: a, replicas: 1, images: {}}]");
+        let mut unlisted = stores(vec![fed], vec![], vec![managed("s1", &[])]);
+        unlisted.decisions = kube::runtime::reflector::store::<PlacementDecision>().0;
+        let reports = DashMap::new();
+        reports.insert("s1".to_owned(), report("fed", &["k1"]));
+        assert!(targets(&unlisted, &reports, "CA").is_empty());
     }
 
     #[test]

@@ -1,0 +1,70 @@
+//! The hub's SuperNode key registry against a stand-in Control API: a SuperLink that lost its
+//! registrations (restarted on an emptyDir database) is not listed again before `RELIST`
+//! unless its workload changed; once told (`relist_soon`, what the Kubernetes hub does on a
+//! SuperLink StatefulSet event), the next sync registers every key again.
+mod fake_control;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use flower_addon_crds::render::FlowerDialect;
+use flower_addon_hub::flower::control::ControlEndpoint;
+use flower_addon_hub::flower::registry::{KeyTarget, NodeKeyRegistry};
+use flower_addon_hub::registration::ca::{CaRole, HubCa};
+
+const KEY: &str = "ecdsa-sha2-nistp384 AAAAE2VjZHNhLXNoYTItbmlzdHAzODQAAAAIbmlzdHAzODQAAABhBJ7NryvMMKWyOHkfa/yQMy1fXLDk2ZksQLI534CBZwGEKN0FcG1/iEiL2wcX8Rhx2qa2XiRAu8z9peBedvXBheoWLSJ04EfLTvEssJ2FcpYK6e5ZTs6jdMIs7t3wpC5vKw== node0";
+
+#[tokio::test]
+async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_marked() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+    let pair = ca
+        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
+        .expect("cert");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
+    std::fs::write(&key, &pair.key_pem).expect("key file");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let (held, _server) = fake_control::serve(listener, &cert, &key);
+    let fed = ("team".to_owned(), "fed".to_owned());
+    let target = KeyTarget {
+        federation: fed.clone(),
+        endpoint: ControlEndpoint {
+            dialect: FlowerDialect::Unified,
+            address,
+            server_name: "127.0.0.1".into(),
+            ca_pem: Some(ca.cert_pem().to_owned()),
+        },
+        wanted: BTreeSet::from([KEY.to_owned()]),
+        complete: true,
+    };
+    let registry = NodeKeyRegistry::new();
+    let held_count = || held.lock().expect("held").len();
+
+    registry.sync(vec![target.clone()]).await;
+    assert_eq!(held_count(), 1, "the key registered");
+    assert_eq!(registry.registered(&fed), vec![KEY.to_owned()]);
+
+    // The SuperLink restarts with an empty database.
+    held.lock().expect("held").clear();
+    registry.sync(vec![target.clone()]).await;
+    assert_eq!(
+        held_count(),
+        0,
+        "nothing changed that the hub knows of: not listed again before RELIST"
+    );
+
+    registry.relist_soon(&fed);
+    registry.sync(vec![target.clone()]).await;
+    assert_eq!(
+        held_count(),
+        1,
+        "marked: listed at once and the key registered again"
+    );
+    registry.sync(vec![target]).await;
+    assert_eq!(held_count(), 1);
+}
