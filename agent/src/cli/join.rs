@@ -39,7 +39,9 @@ pub struct JoinSourceArgs {
     /// Name to register this cluster under (DNS-1123 label).
     #[arg(long)]
     pub cluster_name: Option<String>,
-    /// Label reported to the hub, `key=value` (repeatable).
+    /// Label this cluster asserts about itself, `key=value` (repeatable). The hub records it as a
+    /// claim only: placement uses the labels the admin gives (`flower-hub accept --label`,
+    /// `token create --label`), never what an agent says.
     #[arg(long = "label", value_parser = parse_pair)]
     pub labels: Vec<(String, String)>,
     /// Cluster claim reported to the hub, `name=value` (repeatable).
