@@ -21,6 +21,7 @@ pub mod bins;
 pub mod cluster;
 pub mod deployment;
 pub mod dns;
+pub mod flwr;
 pub mod harness;
 pub mod kubeconfig;
 pub mod node;

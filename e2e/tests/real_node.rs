@@ -10,7 +10,13 @@
 //!   Service names resolve (the harness's cluster DNS) to ClusterIPs that route;
 //! - CRDs + `manifests/hub/` applied as the README says: the hub Deployment's pod (our image,
 //!   `imagePullPolicy: IfNotPresent`) passes its readiness probe on the real node, and the
-//!   channel's NodePort (Service `flower-hub`) accepts connections from the host.
+//!   channel's NodePort (Service `flower-hub`) accepts connections from the host;
+//! - agents from `manifests/agent/` on spoke-1 and spoke-2 (each with a real node) join through
+//!   that NodePort; a TLS Federation with SuperNode authentication (2 pools) placed on both
+//!   spokes gets its 6 SuperNodes online, and `flwr run` 1.42.0 from the host, connected with
+//!   `flower-hub connect`, completes (#9 6a); the hub pod and an agent pod replaced leave the
+//!   SuperNodes running and a run still completes (6e); a spoke relabelled out loses its
+//!   SuperNodes and keys (6f).
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -30,6 +36,7 @@ use kube::api::LogParams;
 const ADDON_IMAGE: &str = "ghcr.io/flower-addon/flower-addon:0.1.0";
 const SUPERLINK_IMAGE: &str = "flwr/superlink:1.42.0";
 const SUPERNODE_IMAGE: &str = "flwr/supernode:1.42.0";
+const SUPEREXEC_IMAGE: &str = "flwr/superexec:1.42.0";
 
 /// Runs `python3 -c script` in a pod `name` of the Flower image on the real node of `pods`'
 /// cluster and returns its output once it has succeeded.
@@ -81,14 +88,19 @@ fn real_node_selector() -> String {
 async fn pods_run_on_a_real_node() -> Result<()> {
     e2e::install_crypto();
     // Fail (not skip) before booting anything when an image is missing.
-    let images: Vec<ImageArchive> = [ADDON_IMAGE, SUPERLINK_IMAGE, SUPERNODE_IMAGE]
-        .iter()
-        .map(|r| image_archive(r))
-        .collect::<Result<_>>()?;
+    let images: Vec<ImageArchive> = [
+        ADDON_IMAGE,
+        SUPERLINK_IMAGE,
+        SUPERNODE_IMAGE,
+        SUPEREXEC_IMAGE,
+    ]
+    .iter()
+    .map(|r| image_archive(r))
+    .collect::<Result<_>>()?;
 
     let t0 = Instant::now();
     let cp = ControlPlane::start_with(
-        &["hub", "spoke-1"],
+        &["hub", "spoke-1", "spoke-2"],
         Options {
             nodes_per_cluster: 1,
             real_nodes: true,
@@ -109,7 +121,10 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: images imported in {:.1}s", import.as_secs_f64());
     let spoke = cp.cluster("spoke-1")?;
     let spoke_node = cp.real_node("spoke-1")?;
-    spoke_node.import_images(&images[1..])?;
+    spoke_node.import_images(&images[1..3])?;
+    let spoke2 = cp.cluster("spoke-2")?;
+    let spoke2_node = cp.real_node("spoke-2")?;
+    spoke2_node.import_images(&images[2..])?;
 
     our_image_runs_to_succeeded(hub, node).await?;
     let (superlink, addr) = the_superlink_answers_through_a_node_port(hub, node).await?;
@@ -117,13 +132,23 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     a_pod_reaches_its_apiserver_in_cluster(hub).await?;
     service_names_resolve_to_routed_cluster_ips(hub, node, &superlink).await?;
     let channel = the_hub_runs_from_its_manifests(hub, node).await?;
-    an_agent_from_its_manifests_joins_through_the_node_port(
-        hub, spoke, spoke_node, &images, &channel,
-    )
-    .await?;
+    for (name, cluster, real) in [
+        ("spoke-1", spoke, spoke_node),
+        ("spoke-2", spoke2, spoke2_node),
+    ] {
+        an_agent_from_its_manifests_joins_through_the_node_port(
+            hub, name, cluster, real, &images, &channel,
+        )
+        .await?;
+    }
     placed_supernodes_authenticate_with_their_own_keys(hub, spoke).await?;
+    let flwr = FlwrFromTheHost::connect(hub, "auth", 6)?;
+    flwr.run_completes("the placed Federation").await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
+    flwr.run_completes("after the hub and agent pods were replaced")
+        .await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke).await?;
+    process_isolation_runs(hub).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
@@ -171,29 +196,33 @@ spec:
     service: {type: NodePort}
   supernodes:
     image: flwr/supernode:1.42.0
-    pools: [{name: a, replicas: 2, images: {}}]
+    pools: [{name: a, replicas: 2, images: {}}, {name: b, replicas: 1, images: {}}]
 "#,
         "fl",
     )
     .await?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
     let online = wait_for(
-        "both SuperNodes of spoke-1 online in the SuperLink's node list (Federation status)",
+        "the 3 SuperNodes of each spoke online in the SuperLink's node list (Federation status)",
         Duration::from_secs(300),
         || {
             let feds = feds.clone();
             async move {
                 let fed = feds.get("auth").await?;
-                let entry = fed
-                    .status
-                    .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
-                Ok(entry.filter(|c| c.online == Some(2)))
+                let status = fed.status.unwrap_or_default();
+                let online = |name: &str| {
+                    status
+                        .clusters
+                        .iter()
+                        .any(|c| c.name == name && c.online == Some(3))
+                };
+                Ok((online("spoke-1") && online("spoke-2")).then_some(status.clone()))
             }
         },
     )
     .await?;
     ensure!(
-        online.supernodes.as_deref() == Some("2/2"),
+        online.supernodes.as_deref() == Some("6/6"),
         "status: {online:?}"
     );
     // The private keys stay on the spoke: one per pod in the pool's key Secret there.
@@ -222,7 +251,7 @@ spec:
         "SuperLink args: {sl_args:?}"
     );
     eprintln!(
-        "real_node: placed Federation: 2 SuperNodes on spoke-1 registered and online in {:.1}s",
+        "real_node: placed Federation (2 pools) on both spokes: 6 SuperNodes registered and online in {:.1}s",
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -516,10 +545,11 @@ async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Resu
     Ok(channel)
 }
 
-/// An agent installed from manifests/agent on spoke-1 joins the hub pod through `channel` and
-/// is accepted.
+/// An agent installed from manifests/agent on spoke `name` joins the hub pod through `channel`
+/// and is accepted with label `flower=enabled`.
 async fn an_agent_from_its_manifests_joins_through_the_node_port(
     hub: &Cluster,
+    name: &str,
     spoke: &Cluster,
     spoke_node: &RealNode,
     images: &[ImageArchive],
@@ -533,7 +563,7 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
             "token",
             "create",
             "--cluster-name",
-            "spoke-1",
+            name,
             "--hub",
             channel,
             "-o",
@@ -563,13 +593,13 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
     wait_for(
-        "ManagedCluster spoke-1 (the agent pod's join)",
+        &format!("ManagedCluster {name} (the agent pod's join)"),
         Duration::from_secs(120),
         || {
             let (clusters, agent_pods) = (clusters.clone(), agent_pods.clone());
             async move {
                 check_not_crashing(&agent_pods, "app.kubernetes.io/name=flower-agent").await?;
-                Ok(clusters.get_opt("spoke-1").await.ok().flatten().map(|_| ()))
+                Ok(clusters.get_opt(name).await.ok().flatten().map(|_| ()))
             }
         },
     )
@@ -577,14 +607,14 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     // The admin decides the labels Placements select on (#13 item 7).
     e2e::addon::hub_cli(
         &hub.kubeconfig,
-        &["accept", "spoke-1", "--label", "flower=enabled"],
+        &["accept", name, "--label", "flower=enabled"],
     )?;
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
         spoke.client.clone(),
         e2e::addon::AGENT_NS,
     );
     wait_for(
-        "spoke-1's credentials Secret (accepted agent)",
+        &format!("{name}'s credentials Secret (accepted agent)"),
         Duration::from_secs(120),
         || {
             let (secrets, agent_pods) = (secrets.clone(), agent_pods.clone());
@@ -607,7 +637,7 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     )
     .await?;
     eprintln!(
-        "real_node: manifests/agent on spoke-1: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
+        "real_node: manifests/agent on {name}: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -678,7 +708,7 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
     spoke: &Cluster,
 ) -> Result<()> {
     let before = supernode_pods(spoke).await?;
-    ensure!(before.len() == 2, "SuperNode pods: {before:?}");
+    ensure!(before.len() == 3, "SuperNode pods: {before:?}");
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
     for (what, cluster, namespace, selector) in [
         (
@@ -730,11 +760,11 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
             .status
             .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
         ensure!(
-            entry.as_ref().is_some_and(|c| c.online == Some(2)),
+            entry.as_ref().is_some_and(|c| c.online == Some(3)),
             "after the {what} pod's restart: {entry:?}"
         );
         eprintln!(
-            "real_node: {what} pod replaced: SuperNode pods unchanged (UIDs, 0 restarts), 2 online, checked {:.1}s after the delete",
+            "real_node: {what} pod replaced: spoke-1's SuperNode pods unchanged (UIDs, 0 restarts), 3 online, checked {:.1}s after the delete",
             t.elapsed().as_secs_f64()
         );
     }
@@ -749,6 +779,26 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     hub: &Cluster,
     spoke: &Cluster,
 ) -> Result<()> {
+    // spoke-1's SuperNode keys (public halves of the private keys in its key Secrets).
+    let mut spoke1_keys = Vec::new();
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
+    for pool in ["a", "b"] {
+        let secret = secrets
+            .get(&format!("auth-supernode-{pool}-node-keys"))
+            .await?;
+        for (pod, key) in secret.data.unwrap_or_default() {
+            let line = flower_addon_agent::node_key::public_key_of(
+                &String::from_utf8_lossy(&key.0),
+                &pod,
+            )?;
+            spoke1_keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+        }
+    }
+    ensure!(
+        spoke1_keys.len() == 3,
+        "spoke-1 keys: {}",
+        spoke1_keys.len()
+    );
     let t = Instant::now();
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
     clusters
@@ -796,25 +846,172 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
         },
     )?;
     let nodes = wait_for(
-        "the SuperLink holding no SuperNode of spoke-1 (Control API ListNodes)",
+        "the SuperLink holding no SuperNode of spoke-1 and spoke-2's 3 online (Control API ListNodes)",
         Duration::from_secs(60),
         || {
-            let client = &client;
+            let (client, spoke1_keys) = (&client, &spoke1_keys);
             async move {
                 let nodes = client.list_nodes().await?;
-                Ok(nodes
+                let of_spoke1 = |n: &&flower_addon_hub::core::nodekeys::ListedNode| {
+                    n.public_key_der.as_ref().is_some_and(|k| spoke1_keys.contains(k))
+                };
+                let spoke1_gone = nodes
                     .iter()
-                    .all(|n| n.status == "unregistered")
-                    .then_some(nodes))
+                    .filter(of_spoke1)
+                    .all(|n| n.status == "unregistered");
+                let others_online = nodes
+                    .iter()
+                    .filter(|n| !of_spoke1(n) && n.status == "online")
+                    .count();
+                Ok((spoke1_gone && others_online == 3).then_some(nodes))
             }
         },
     )
     .await?;
     eprintln!(
-        "real_node: spoke-1 relabelled out: SuperNode pods gone in {:.1}s, the SuperLink lists {} node(s), none registered or online, {:.1}s after the relabel",
+        "real_node: spoke-1 relabelled out: its SuperNode pods gone in {:.1}s; the SuperLink lists {} node(s), none of spoke-1's registered or online, spoke-2's 3 online, {:.1}s after the relabel",
         gone.as_secs_f64(),
         nodes.len(),
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `flwr` 1.42.0 on the host, connected the way the README tells users: `flower-hub connect auth`
+/// writes the `[superlink.auth]` entry (`status.endpoints.control`, the SuperLink's NodePort on
+/// the hub node) and the Flower CA into `FLWR_HOME`.
+struct FlwrFromTheHost {
+    flwr: e2e::flwr::HostFlwr,
+    app: std::path::PathBuf,
+    federation: String,
+    min_nodes: u64,
+    control: String,
+    _dir: tempfile::TempDir,
+}
+
+impl FlwrFromTheHost {
+    /// Connects to Federation `federation` of namespace `fl`; its runs wait for `min_nodes`.
+    fn connect(hub: &Cluster, federation: &str, min_nodes: u64) -> Result<Self> {
+        let venv = e2e::harness::flower_venv("1.42.0")?;
+        let dir = tempfile::tempdir()?;
+        let home = dir.path().join("flwr-home");
+        std::fs::create_dir_all(&home)?;
+        let ca = dir.path().join(format!("{federation}-ca.crt"));
+        e2e::addon::hub_cli(
+            &hub.kubeconfig,
+            &[
+                "connect",
+                federation,
+                "--federation-namespace",
+                "fl",
+                "--flwr-home",
+                &home.display().to_string(),
+                "--ca-file",
+                &ca.display().to_string(),
+            ],
+        )?;
+        let config = std::fs::read_to_string(home.join("config.toml"))?;
+        let control = config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("address = "))
+            .map(|a| a.trim_matches('"').to_owned())
+            .ok_or_else(|| anyhow::anyhow!("no address in the connection entry:\n{config}"))?;
+        let app = dir.path().join("app");
+        let copied = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(e2e::repo_root().join("examples/fedavg"))
+            .arg(&app)
+            .status()?;
+        ensure!(copied.success(), "cp -r examples/fedavg failed");
+        let _ = std::fs::remove_dir_all(app.join(".flwr"));
+        Ok(Self {
+            flwr: e2e::flwr::HostFlwr {
+                venv,
+                home,
+                cwd: dir.path().to_path_buf(),
+            },
+            app,
+            federation: federation.to_owned(),
+            min_nodes,
+            control,
+            _dir: dir,
+        })
+    }
+
+    /// #9 items 6a and 6e: `flwr run examples/fedavg auth` (2 rounds, the 6 SuperNodes of both
+    /// spokes) from the host ends `finished:completed`.
+    async fn run_completes(&self, when: &str) -> Result<()> {
+        let t = Instant::now();
+        let (flwr, app, fed, min) = (
+            self.flwr.clone(),
+            self.app.clone(),
+            self.federation.clone(),
+            self.min_nodes,
+        );
+        let run = tokio::task::spawn_blocking(move || {
+            flwr.run_to_completion(&app, &fed, min, String::new)
+        })
+        .await??;
+        eprintln!(
+            "real_node: {when}: flwr run {} ({} SuperNodes) from the host against {} (Flower CA, flower-hub connect): run {run} finished:completed in {:.1}s",
+            self.federation,
+            self.min_nodes,
+            self.control,
+            t.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+}
+
+/// #9 item 6b: the same on 1.42.0 with process isolation (the ServerApp and ClientApps in
+/// `flwr/superexec` sidecars), placed by the same Placement (now spoke-2 only): both SuperNodes
+/// online, and `flwr run` from the host completes.
+async fn process_isolation_runs(hub: &Cluster) -> Result<()> {
+    let t = Instant::now();
+    apply_yaml(
+        &hub.client,
+        r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: proc, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: process
+  insecure: false
+  placementRef: {name: spokes}
+  superlink:
+    image: flwr/superlink:1.42.0
+    superexecImage: flwr/superexec:1.42.0
+    service: {type: NodePort}
+  supernodes:
+    image: flwr/supernode:1.42.0
+    pools: [{name: a, replicas: 2, images: {superexecClientApp: "flwr/superexec:1.42.0"}}]
+"#,
+        "fl",
+    )
+    .await?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    wait_for(
+        "the process-isolation Federation's 2 SuperNodes on spoke-2 online",
+        Duration::from_secs(300),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("proc").await?;
+                Ok(fed
+                    .status
+                    .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-2"))
+                    .filter(|c| c.online == Some(2))
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_node: process isolation (superexec sidecars): 2 SuperNodes on spoke-2 online in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    FlwrFromTheHost::connect(hub, "proc", 2)?
+        .run_completes("process isolation")
+        .await
 }

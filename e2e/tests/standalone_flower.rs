@@ -6,6 +6,7 @@
 //! Needs `target/debug/flower-hub` and `target/debug/flower-agent` (`cargo build --bins`; test.sh
 //! builds first) and `e2e/flower/venv.sh` (python3 + network on the first run, cached after).
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use e2e::flwr::{flower_env, json_of};
 use e2e::harness::{Processes, SpacedPorts, Wait, binary, flower_venv, live_processes, tail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -40,17 +41,11 @@ struct World {
     procs: Processes,
 }
 
-fn main_env(cmd: &mut Command) {
-    cmd.env("FLWR_TELEMETRY_ENABLED", "0")
-        .env("FLWR_DISABLE_UPDATE_CHECK", "1")
-        .env("RUST_LOG", "info");
-}
-
 /// `program args…` with the environment every Flower-side process of this test gets.
 fn command(program: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args);
-    main_env(&mut cmd);
+    flower_env(&mut cmd);
     cmd
 }
 
@@ -83,13 +78,6 @@ fn one_pid(pids: Vec<u32>, what: &str) -> Result<u32> {
 }
 
 /// The JSON object in a `flwr … --format json` output (which may be preceded by other text).
-fn json_of(stdout: &[u8]) -> Result<Value> {
-    let text = String::from_utf8_lossy(stdout);
-    let start = text
-        .find('{')
-        .ok_or_else(|| anyhow!("no JSON in: {text}"))?;
-    serde_json::from_str(&text[start..]).with_context(|| format!("bad JSON: {text}"))
-}
 
 fn status_of<'a>(status: &'a Value, federation: &str) -> Option<&'a Value> {
     status["federations"]
@@ -190,7 +178,7 @@ impl World {
             .arg("--state-dir")
             .arg(&self.hub_dir)
             .stdin(Stdio::null());
-        main_env(&mut cmd);
+        flower_env(&mut cmd);
         let out = cmd.output()?;
         ensure!(
             out.status.success(),
@@ -277,82 +265,19 @@ impl World {
             })
     }
 
-    fn flwr(&self, args: &[&str]) -> Result<std::process::Output> {
-        let path = format!(
-            "{}:{}",
-            self.venv.join("bin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let mut cmd = Command::new(self.venv.join("bin/flwr"));
-        cmd.args(args)
-            .current_dir(&self.dir)
-            .env("FLWR_HOME", self.dir.join("flwr-home"))
-            .env("PATH", path)
-            .stdin(Stdio::null());
-        main_env(&mut cmd);
-        Ok(cmd.output()?)
+    fn host_flwr(&self) -> e2e::flwr::HostFlwr {
+        e2e::flwr::HostFlwr {
+            venv: self.venv.clone(),
+            home: self.dir.join("flwr-home"),
+            cwd: self.dir.clone(),
+        }
     }
 
     /// `flwr run` of examples/fedavg (2 rounds, `min_nodes`), judged by `flwr ls` reaching
     /// `finished:completed`. Returns the run id.
     fn flwr_run(&self, min_nodes: u64) -> Result<String> {
-        let app = self.dir.join("app");
-        let app_s = app.display().to_string();
-        let config = format!("num-server-rounds=2 min-nodes={min_nodes}");
-        // A SuperLink that was just (re)started may not listen yet: retry only that error.
-        let args = [
-            "run",
-            &app_s,
-            FED,
-            "--run-config",
-            &config,
-            "--format",
-            "json",
-        ];
-        let v = Wait::new("flwr run to reach the SuperLink", Duration::from_secs(60))
-            .detail(|| self.logs())
-            .for_value_blocking(|| {
-                let out = self.flwr(&args)?;
-                let v = json_of(&out.stdout).with_context(|| {
-                    format!("flwr run: {}", String::from_utf8_lossy(&out.stderr))
-                })?;
-                let unavailable = v["error-message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("Connection to the SuperLink is unavailable"));
-                if unavailable {
-                    std::thread::sleep(Duration::from_secs(1));
-                    return Ok(None);
-                }
-                Ok(Some(v))
-            })?;
-        ensure!(v["success"] == true, "flwr run failed: {v}");
-        let run_id = match &v["run-id"] {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            other => bail!("no run-id in {other}"),
-        };
-        let status = Wait::new(format!("run {run_id} to finish"), Duration::from_secs(180))
-            .detail(|| self.logs())
-            .for_value_blocking(|| {
-                let out = self.flwr(&["ls", FED, "--run-id", &run_id, "--format", "json"])?;
-                let v = json_of(&out.stdout)?;
-                let run = &v["runs"][0];
-                let st = run["status"].as_str().unwrap_or_default().to_owned();
-                std::thread::sleep(Duration::from_secs(1));
-                Ok(st
-                    .starts_with("finished:")
-                    .then(|| (st, run["status-details"].clone())))
-            })?;
-        if status.0 != "finished:completed" {
-            let log = self.flwr(&["log", &run_id, FED, "--show"])?;
-            bail!(
-                "run {run_id} ended {} ({}):\n{}",
-                status.0,
-                status.1,
-                String::from_utf8_lossy(&log.stdout)
-            );
-        }
-        Ok(run_id)
+        self.host_flwr()
+            .run_to_completion(&self.dir.join("app"), FED, min_nodes, || self.logs())
     }
 
     /// Starts a `flower-supernode` by hand against the hub SuperLink and waits for it to exit.
