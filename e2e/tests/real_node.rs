@@ -196,7 +196,9 @@ spec:
     service: {type: NodePort}
   supernodes:
     image: flwr/supernode:1.42.0
-    pools: [{name: a, replicas: 2, images: {}}, {name: b, replicas: 1, images: {}}]
+    pools:
+      - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: b, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 "#,
         "fl",
     )
@@ -985,7 +987,11 @@ spec:
     service: {type: NodePort}
   supernodes:
     image: flwr/supernode:1.42.0
-    pools: [{name: a, replicas: 2, images: {superexecClientApp: "flwr/superexec:1.42.0"}}]
+    pools:
+      - name: a
+        replicas: 2
+        images: {superexecClientApp: "flwr/superexec:1.42.0"}
+        nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}
 "#,
         "fl",
     )
