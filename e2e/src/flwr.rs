@@ -36,6 +36,9 @@ pub struct HostFlwr {
     pub home: PathBuf,
     /// Working directory.
     pub cwd: PathBuf,
+    /// Flower ≤ 1.25: connections live in the app's `pyproject.toml`, so `flwr ls` and
+    /// `flwr log` take the app directory before the federation.
+    pub app_connections: bool,
 }
 
 impl HostFlwr {
@@ -102,8 +105,11 @@ impl HostFlwr {
         let status = Wait::new(format!("run {run_id} to finish"), Duration::from_secs(180))
             .detail(&detail)
             .for_value_blocking(|| {
-                let out =
-                    self.command(&["ls", federation, "--run-id", &run_id, "--format", "json"])?;
+                let mut args = vec!["ls", federation, "--run-id", &run_id, "--format", "json"];
+                if self.app_connections {
+                    args.insert(1, &app_s);
+                }
+                let out = self.command(&args)?;
                 let v = json_of(&out.stdout)?;
                 let run = &v["runs"][0];
                 let st = run["status"].as_str().unwrap_or_default().to_owned();
@@ -113,7 +119,11 @@ impl HostFlwr {
                     .then(|| (st, run["status-details"].clone())))
             })?;
         if status.0 != "finished:completed" {
-            let log = self.command(&["log", &run_id, federation, "--show"])?;
+            let mut args = vec!["log", &run_id, federation, "--show"];
+            if self.app_connections {
+                args.insert(2, &app_s);
+            }
+            let log = self.command(&args)?;
             bail!(
                 "run {run_id} ended {} ({}):\n{}",
                 status.0,

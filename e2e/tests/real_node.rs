@@ -16,7 +16,8 @@
 //!   spokes gets its 6 SuperNodes online, and `flwr run` 1.42.0 from the host, connected with
 //!   `flower-hub connect`, completes (#9 6a); the hub pod and an agent pod replaced leave the
 //!   SuperNodes running and a run still completes (6e); a spoke relabelled out loses its
-//!   SuperNodes and keys (6f).
+//!   SuperNodes and keys (6f); a process-isolation Federation (6b) and a Flower 1.25.0 one
+//!   (`flower-hub connect --app`) run on spoke-2.
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -37,6 +38,8 @@ const ADDON_IMAGE: &str = "ghcr.io/flower-addon/flower-addon:0.1.0";
 const SUPERLINK_IMAGE: &str = "flwr/superlink:1.42.0";
 const SUPERNODE_IMAGE: &str = "flwr/supernode:1.42.0";
 const SUPEREXEC_IMAGE: &str = "flwr/superexec:1.42.0";
+const SUPERLINK_1_25: &str = "flwr/superlink:1.25.0";
+const SUPERNODE_1_25: &str = "flwr/supernode:1.25.0";
 
 /// Runs `python3 -c script` in a pod `name` of the Flower image on the real node of `pods`'
 /// cluster and returns its output once it has succeeded.
@@ -93,6 +96,8 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         SUPERLINK_IMAGE,
         SUPERNODE_IMAGE,
         SUPEREXEC_IMAGE,
+        SUPERLINK_1_25,
+        SUPERNODE_1_25,
     ]
     .iter()
     .map(|r| image_archive(r))
@@ -142,13 +147,14 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         .await?;
     }
     placed_supernodes_authenticate_with_their_own_keys(hub, spoke).await?;
-    let flwr = FlwrFromTheHost::connect(hub, "auth", 6)?;
+    let flwr = FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?;
     flwr.run_completes("the placed Federation").await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     flwr.run_completes("after the hub and agent pods were replaced")
         .await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke).await?;
     process_isolation_runs(hub).await?;
+    flower_1_25_runs_on_a_spoke(hub).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
@@ -892,32 +898,14 @@ struct FlwrFromTheHost {
 }
 
 impl FlwrFromTheHost {
-    /// Connects to Federation `federation` of namespace `fl`; its runs wait for `min_nodes`.
-    fn connect(hub: &Cluster, federation: &str, min_nodes: u64) -> Result<Self> {
-        let venv = e2e::harness::flower_venv("1.42.0")?;
+    /// Connects `flwr` `version` to Federation `federation` of namespace `fl` (≤ 1.25: the entry
+    /// in the app's `pyproject.toml`, `connect --app`); its runs wait for `min_nodes`.
+    fn connect(hub: &Cluster, version: &str, federation: &str, min_nodes: u64) -> Result<Self> {
+        let venv = e2e::harness::flower_venv(version)?;
+        let app_connections = version == "1.25.0";
         let dir = tempfile::tempdir()?;
         let home = dir.path().join("flwr-home");
         std::fs::create_dir_all(&home)?;
-        let ca = dir.path().join(format!("{federation}-ca.crt"));
-        e2e::addon::hub_cli(
-            &hub.kubeconfig,
-            &[
-                "connect",
-                federation,
-                "--federation-namespace",
-                "fl",
-                "--flwr-home",
-                &home.display().to_string(),
-                "--ca-file",
-                &ca.display().to_string(),
-            ],
-        )?;
-        let config = std::fs::read_to_string(home.join("config.toml"))?;
-        let control = config
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("address = "))
-            .map(|a| a.trim_matches('"').to_owned())
-            .ok_or_else(|| anyhow::anyhow!("no address in the connection entry:\n{config}"))?;
         let app = dir.path().join("app");
         let copied = std::process::Command::new("cp")
             .arg("-r")
@@ -926,11 +914,46 @@ impl FlwrFromTheHost {
             .status()?;
         ensure!(copied.success(), "cp -r examples/fedavg failed");
         let _ = std::fs::remove_dir_all(app.join(".flwr"));
+        let ca = dir.path().join(format!("{federation}-ca.crt"));
+        let (flag, target, written) = if app_connections {
+            ("--app", app.clone(), app.join("pyproject.toml"))
+        } else {
+            ("--flwr-home", home.clone(), home.join("config.toml"))
+        };
+        e2e::addon::hub_cli(
+            &hub.kubeconfig,
+            &[
+                "connect",
+                federation,
+                "--federation-namespace",
+                "fl",
+                flag,
+                &target.display().to_string(),
+                "--ca-file",
+                &ca.display().to_string(),
+            ],
+        )?;
+        let config: toml::Table = toml::from_str(&std::fs::read_to_string(&written)?)?;
+        let entry = if app_connections {
+            &config["tool"]["flwr"]["federations"][federation]
+        } else {
+            &config["superlink"][federation]
+        };
+        let control = entry["address"]
+            .as_str()
+            .ok_or_else(|| {
+                anyhow!(
+                    "no address in the connection entry of {}",
+                    written.display()
+                )
+            })?
+            .to_owned();
         Ok(Self {
             flwr: e2e::flwr::HostFlwr {
                 venv,
                 home,
                 cwd: dir.path().to_path_buf(),
+                app_connections,
             },
             app,
             federation: federation.to_owned(),
@@ -1017,7 +1040,61 @@ spec:
         "real_node: process isolation (superexec sidecars): 2 SuperNodes on spoke-2 online in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    FlwrFromTheHost::connect(hub, "proc", 2)?
+    FlwrFromTheHost::connect(hub, "1.42.0", "proc", 2)?
         .run_completes("process isolation")
+        .await
+}
+
+/// #9 item 6a on Flower 1.25.0 (classic dialect: Fleet and Control on their own ports): a TLS +
+/// node-auth Federation placed by the same Placement (spoke-2), both SuperNodes online, and
+/// `flwr run` 1.25.0 from the host with the entry `flower-hub connect --app` merged into the
+/// app's `pyproject.toml`.
+async fn flower_1_25_runs_on_a_spoke(hub: &Cluster) -> Result<()> {
+    let t = Instant::now();
+    apply_yaml(
+        &hub.client,
+        r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: classic, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  placementRef: {name: spokes}
+  superlink:
+    image: flwr/superlink:1.25.0
+    service: {type: NodePort}
+  supernodes:
+    image: flwr/supernode:1.25.0
+    pools:
+      - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+"#,
+        "fl",
+    )
+    .await?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    wait_for(
+        "the 1.25.0 Federation's 2 SuperNodes on spoke-2 online",
+        Duration::from_secs(300),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("classic").await?;
+                Ok(fed
+                    .status
+                    .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-2"))
+                    .filter(|c| c.online == Some(2))
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_node: Flower 1.25.0 (classic dialect): 2 SuperNodes on spoke-2 online in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    FlwrFromTheHost::connect(hub, "1.25.0", "classic", 2)?
+        .run_completes("Flower 1.25.0")
         .await
 }

@@ -270,6 +270,7 @@ impl World {
             venv: self.venv.clone(),
             home: self.dir.join("flwr-home"),
             cwd: self.dir.clone(),
+            app_connections: false,
         }
     }
 

@@ -49,10 +49,11 @@ enum Command {
     /// Show Federations and clusters (like `kubectl get federation`).
     #[command(after_help = "Example:\n  flower-hub status -o json")]
     Status(registration::StatusArgs),
-    /// Print (or write into FLWR_HOME) the `flwr` connection entry for a Federation: its
-    /// SuperLink's Control address and its CA, written to a file.
+    /// Print (or write into FLWR_HOME, or a Flower ≤ 1.25 app's pyproject.toml) the `flwr`
+    /// connection entry for a Federation: its SuperLink's Control address and its CA, written to
+    /// a file.
     #[command(
-        after_help = "Examples:\n  flower-hub connect demo --federation-namespace demo --flwr-home ~/.flwr\n  FLWR_HOME=~/.flwr flwr run examples/fedavg demo"
+        after_help = "Examples:\n  flower-hub connect demo --federation-namespace demo --flwr-home ~/.flwr\n  FLWR_HOME=~/.flwr flwr run examples/fedavg demo\n  flower-hub connect demo --federation-namespace demo --app ./my-app   # Flower <= 1.25\n  flwr run ./my-app demo"
     )]
     Connect(registration::ConnectArgs),
     /// Print a shell completion script.

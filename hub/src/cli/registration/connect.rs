@@ -19,8 +19,13 @@ pub struct ConnectArgs {
     pub ca_file: Option<PathBuf>,
     /// Merge the entry into `DIR/config.toml` (a `FLWR_HOME`; made when missing; the first
     /// connection written becomes `[superlink] default`) instead of only printing it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "app")]
     pub flwr_home: Option<PathBuf>,
+    /// Flower ≤ 1.25 (connections live in the app): merge the entry into
+    /// `[tool.flwr.federations.<federation>]` of `DIR/pyproject.toml`, keeping the rest of the
+    /// file (comments too), instead of only printing it.
+    #[arg(long, value_name = "DIR")]
+    pub app: Option<PathBuf>,
 }
 
 /// What `flwr` needs to reach one SuperLink.
@@ -53,6 +58,21 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<ExitCode> {
             None => None,
         };
         let entry = entry_table(&connection.address, ca_file.as_deref());
+        if let Some(app) = &args.app {
+            let file = app.join("pyproject.toml");
+            let current = std::fs::read_to_string(&file).with_context(|| {
+                format!(
+                    "read {} (--app names a Flower app directory, the one `flwr run` takes)",
+                    file.display()
+                )
+            })?;
+            let merged = merge_pyproject(&current, name, &entry)
+                .with_context(|| format!("{} is not valid TOML", file.display()))?;
+            std::fs::write(&file, merged).with_context(|| format!("write {}", file.display()))?;
+            println!("wrote [tool.flwr.federations.{name}] to {}", file.display());
+            println!("run: flwr run {} {name}", app.display());
+            return Ok(ExitCode::SUCCESS);
+        }
         match &args.flwr_home {
             Some(home) => {
                 let file = home.join("config.toml");
@@ -97,6 +117,34 @@ fn entry_table(address: &str, ca_file: Option<&Path>) -> toml::Table {
         None => entry.insert("insecure".into(), toml::Value::Boolean(true)),
     };
     entry
+}
+
+/// `current` (an app's `pyproject.toml`, Flower ≤ 1.25) with `[tool.flwr.federations.<name>]`
+/// set to `entry`; every other key, table and comment kept as written.
+fn merge_pyproject(current: &str, name: &str, entry: &toml::Table) -> anyhow::Result<String> {
+    let mut doc: toml_edit::DocumentMut = current.parse()?;
+    let mut table = toml_edit::Table::new();
+    for (key, value) in entry {
+        let value = match value {
+            toml::Value::String(s) => toml_edit::value(s.as_str()),
+            toml::Value::Boolean(b) => toml_edit::value(*b),
+            other => anyhow::bail!("unexpected connection value {other}"),
+        };
+        table.insert(key, value);
+    }
+    let mut parent = doc.as_table_mut();
+    for key in ["tool", "flwr", "federations"] {
+        let item = parent.entry(key).or_insert_with(|| {
+            let mut t = toml_edit::Table::new();
+            t.set_implicit(true);
+            toml_edit::Item::Table(t)
+        });
+        parent = item
+            .as_table_mut()
+            .with_context(|| format!("`{key}` is not a table"))?;
+    }
+    parent.insert(name, toml_edit::Item::Table(table));
+    Ok(doc.to_string())
 }
 
 /// `current` (a `config.toml`) with `[superlink.<name>]` set to `entry`, other connections and
@@ -214,5 +262,45 @@ mod tests {
         assert_eq!(doc["superlink"]["default"].as_str(), Some("open"));
         assert_eq!(doc["superlink"]["open"]["insecure"].as_bool(), Some(true));
         assert!(merge_config("not toml [", "x", toml::Table::new()).is_err());
+    }
+
+    #[test]
+    fn flower_1_25_apps_get_the_entry_in_their_pyproject_with_the_rest_kept() {
+        let current = "# my app\n[project]\nname = \"app\" # keep me\n\n[tool.flwr.app.config]\nnum-server-rounds = 3\n\n[tool.flwr.federations]\ndefault = \"local\"\n\n[tool.flwr.federations.local]\noptions.num-supernodes = 2\n";
+        let entry = entry_table("hub.example:30093", Some(Path::new("/x/ca.crt")));
+        let merged = merge_pyproject(current, "fed", &entry).unwrap();
+        assert!(merged.starts_with("# my app\n"), "{merged}");
+        assert!(merged.contains("name = \"app\" # keep me"), "{merged}");
+        let doc: toml::Table = toml::from_str(&merged).unwrap();
+        let feds = doc["tool"]["flwr"]["federations"].as_table().unwrap();
+        assert_eq!(
+            feds["default"].as_str(),
+            Some("local"),
+            "the default is kept"
+        );
+        assert_eq!(
+            feds["local"]["options"]["num-supernodes"].as_integer(),
+            Some(2)
+        );
+        assert_eq!(feds["fed"]["address"].as_str(), Some("hub.example:30093"));
+        assert_eq!(feds["fed"]["root-certificates"].as_str(), Some("/x/ca.crt"));
+        // Written again: replaced, not duplicated; an app without the tables gets them.
+        let again = merge_pyproject(&merged, "fed", &entry_table("h:2", None)).unwrap();
+        let doc: toml::Table = toml::from_str(&again).unwrap();
+        assert_eq!(
+            doc["tool"]["flwr"]["federations"]["fed"]["address"].as_str(),
+            Some("h:2")
+        );
+        assert_eq!(
+            doc["tool"]["flwr"]["federations"]["fed"]["insecure"].as_bool(),
+            Some(true)
+        );
+        let bare = merge_pyproject("[project]\nname = \"a\"\n", "fed", &entry).unwrap();
+        let doc: toml::Table = toml::from_str(&bare).unwrap();
+        assert_eq!(
+            doc["tool"]["flwr"]["federations"]["fed"]["address"].as_str(),
+            Some("hub.example:30093")
+        );
+        assert!(merge_pyproject("tool = 1\n", "fed", &entry).is_err());
     }
 }
