@@ -77,8 +77,6 @@ fn one_pid(pids: Vec<u32>, what: &str) -> Result<u32> {
     }
 }
 
-/// The JSON object in a `flwr … --format json` output (which may be preceded by other text).
-
 fn status_of<'a>(status: &'a Value, federation: &str) -> Option<&'a Value> {
     status["federations"]
         .as_array()?
