@@ -992,9 +992,11 @@ impl FlwrFromTheHost {
 /// `flwr/superexec` sidecars), placed by the same Placement (now spoke-2 only): both SuperNodes
 /// online, and `flwr run` from the host completes.
 async fn process_isolation_runs(hub: &Cluster) -> Result<()> {
-    let t = Instant::now();
-    apply_yaml(
-        &hub.client,
+    spoke2_federation_runs(
+        hub,
+        "proc",
+        "1.42.0",
+        "process isolation (superexec sidecars)",
         r#"
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
@@ -1016,33 +1018,8 @@ spec:
         images: {superexecClientApp: "flwr/superexec:1.42.0"}
         nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}
 "#,
-        "fl",
     )
-    .await?;
-    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
-    wait_for(
-        "the process-isolation Federation's 2 SuperNodes on spoke-2 online",
-        Duration::from_secs(300),
-        || {
-            let feds = feds.clone();
-            async move {
-                let fed = feds.get("proc").await?;
-                Ok(fed
-                    .status
-                    .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-2"))
-                    .filter(|c| c.online == Some(2))
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await?;
-    eprintln!(
-        "real_node: process isolation (superexec sidecars): 2 SuperNodes on spoke-2 online in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
-    FlwrFromTheHost::connect(hub, "1.42.0", "proc", 2)?
-        .run_completes("process isolation")
-        .await
+    .await
 }
 
 /// #9 item 6a on Flower 1.25.0 (classic dialect: Fleet and Control on their own ports): a TLS +
@@ -1050,9 +1027,11 @@ spec:
 /// `flwr run` 1.25.0 from the host with the entry `flower-hub connect --app` merged into the
 /// app's `pyproject.toml`.
 async fn flower_1_25_runs_on_a_spoke(hub: &Cluster) -> Result<()> {
-    let t = Instant::now();
-    apply_yaml(
-        &hub.client,
+    spoke2_federation_runs(
+        hub,
+        "classic",
+        "1.25.0",
+        "Flower 1.25.0 (classic dialect)",
         r#"
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
@@ -1070,17 +1049,29 @@ spec:
     pools:
       - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 "#,
-        "fl",
     )
-    .await?;
+    .await
+}
+
+/// Applies Federation `name` (`yaml`, namespace `fl`, placed on spoke-2 by then), waits until
+/// its 2 SuperNodes there are online, and runs `flwr` `version` from the host to completion.
+async fn spoke2_federation_runs(
+    hub: &Cluster,
+    name: &str,
+    version: &str,
+    what: &str,
+    yaml: &str,
+) -> Result<()> {
+    let t = Instant::now();
+    apply_yaml(&hub.client, yaml, "fl").await?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
     wait_for(
-        "the 1.25.0 Federation's 2 SuperNodes on spoke-2 online",
+        &format!("{what}: 2 SuperNodes on spoke-2 online"),
         Duration::from_secs(300),
         || {
             let feds = feds.clone();
             async move {
-                let fed = feds.get("classic").await?;
+                let fed = feds.get(name).await?;
                 Ok(fed
                     .status
                     .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-2"))
@@ -1091,10 +1082,10 @@ spec:
     )
     .await?;
     eprintln!(
-        "real_node: Flower 1.25.0 (classic dialect): 2 SuperNodes on spoke-2 online in {:.1}s",
+        "real_node: {what}: 2 SuperNodes on spoke-2 online in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    FlwrFromTheHost::connect(hub, "1.25.0", "classic", 2)?
-        .run_completes("Flower 1.25.0")
+    FlwrFromTheHost::connect(hub, version, name, 2)?
+        .run_completes(what)
         .await
 }
