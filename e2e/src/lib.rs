@@ -29,6 +29,7 @@ pub mod observe;
 pub mod pods;
 pub mod process;
 pub mod superlink;
+pub mod supernodes;
 
 pub use access::{Access, SaAccess, can_i, service_account_access, service_account_token};
 pub use apply::{

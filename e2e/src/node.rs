@@ -35,6 +35,29 @@ pub const IMAGES_DIR_ENV: &str = "FLOWER_ADDON_IMAGES";
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 /// Label every real node carries (`flower-addon.io/e2e-node=real`); kwok nodes carry `type=kwok`.
 pub const REAL_NODE_LABEL: (&str, &str) = ("flower-addon.io/e2e-node", "real");
+
+/// [`RealNode::local_volume`]'s objects; `{name}`, `{path}`, `{label}` and `{value}` are filled in.
+const LOCAL_VOLUME: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: e2e-local}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: "{name}"}
+spec:
+  capacity: {storage: 64Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: e2e-local
+  local: {path: "{path}"}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: "{label}", operator: In, values: ["{value}"]}]
+"#;
 /// A node's [`NodeResources`], in its directory.
 const NODE_STATE_FILE: &str = "node-state.json";
 /// Where the Debian package containernetworking-plugins installs the CNI plugins.
@@ -491,6 +514,21 @@ impl RealNode {
     /// The node's directory (configs, logs, containerd and kubelet state).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A `local` PersistentVolume `name` (64 MiB) on this node, of StorageClass `e2e-local`
+    /// (no provisioner, `WaitForFirstConsumer`: the harness has no provisioner, and `local`
+    /// volumes get the pod's fsGroup as provisioned ones do). Returns its directory (created
+    /// under the node's) and the StorageClass + PersistentVolume YAML to apply.
+    pub fn local_volume(&self, name: &str) -> Result<(PathBuf, String)> {
+        let path = self.dir.join("volumes").join(name);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        let yaml = LOCAL_VOLUME
+            .replace("{name}", name)
+            .replace("{path}", &path.display().to_string())
+            .replace("{label}", REAL_NODE_LABEL.0)
+            .replace("{value}", REAL_NODE_LABEL.1);
+        Ok((path, yaml))
     }
 
     /// The containerd socket of this node.

@@ -27,6 +27,7 @@ use anyhow::Result;
 use e2e::harness::wait_for;
 use e2e::node::image_archive;
 use e2e::pods::check_not_crashing;
+use e2e::supernodes::supernode_id;
 use e2e::{ControlPlane, Options};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -109,38 +110,6 @@ spec:
         nodeConfig: {partition-id: "{index}", num-partitions: "{replicas}"}
 "#;
 
-/// Storage for the secure Federation's `superlink-state` claim: a `local` PersistentVolume on
-/// the real node (the harness has no provisioner; `local` volumes get the pod's fsGroup, as
-/// provisioned volumes do). `{path}` and `{node}` are filled in.
-const STATE_STORAGE: &str = r#"
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: e2e-local}
-provisioner: kubernetes.io/no-provisioner
-volumeBindingMode: WaitForFirstConsumer
----
-apiVersion: v1
-kind: PersistentVolume
-metadata: {name: secure-superlink-state}
-spec:
-  capacity: {storage: 64Mi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: e2e-local
-  local: {path: "{path}"}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-        - matchExpressions: [{key: "{label}", operator: In, values: ["{value}"]}]
-"#;
-
-/// The `SuperNode ID: <n>` a SuperNode logs once connected.
-fn supernode_id(log: &str) -> Option<String> {
-    log.lines()
-        .find_map(|l| l.split("SuperNode ID: ").nth(1))
-        .map(|id| id.trim().to_string())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     e2e::install_crypto();
@@ -166,21 +135,22 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
     let node = &cp.real_node("hub")?.name;
     federation_runs(hub, node, FEDERATION, SUPERNODES, false, t).await?;
 
-    let state = cp
+    let (state, storage) = cp
         .real_node("hub")?
-        .dir()
-        .join("volumes/secure-superlink-state");
-    std::fs::create_dir_all(&state)?;
-    let storage = STATE_STORAGE
-        .replace("{path}", &state.display().to_string())
-        .replace("{label}", e2e::node::REAL_NODE_LABEL.0)
-        .replace("{value}", e2e::node::REAL_NODE_LABEL.1);
+        .local_volume("secure-superlink-state")?;
     e2e::apply_yaml(&hub.client, &storage, "default").await?;
     let t = Instant::now();
     e2e::apply_yaml(&hub.client, SECURE, "default").await?;
     let ids = federation_runs(hub, node, "secure", 2, true, t).await?;
     the_secure_federation_authenticated_its_supernodes(hub).await?;
-    hand_made_supernodes_are_refused(hub).await?;
+    let refused = e2e::supernodes::hand_made_supernodes_are_refused(
+        &hub.client,
+        "default",
+        "secure",
+        "default",
+    )
+    .await?;
+    eprintln!("real_federation: hand-made SuperNode pods (#9 6c): {refused}");
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &ids).await
 }
 
@@ -476,99 +446,5 @@ async fn the_secure_federation_authenticated_its_supernodes(hub: &e2e::Cluster) 
     eprintln!(
         "real_federation: secure Federation: --enable-supernode-auth, 2 keys made in the cluster, 2/2 online"
     );
-    Ok(())
-}
-
-/// #9 item 6c: SuperNode pods made by hand beside the secure Federation's, from its pool's own
-/// pod template, each with a key pair made here (never reported, so never registered):
-/// - with the Federation's CA, the SuperLink refuses the key: the SuperNode exits non-zero
-///   without a node id;
-/// - with another CA, the TLS handshake fails: it keeps retrying and never gets a node id.
-async fn hand_made_supernodes_are_refused(hub: &e2e::Cluster) -> Result<()> {
-    use anyhow::{Context, ensure};
-    use k8s_openapi::api::apps::v1::StatefulSet;
-    use k8s_openapi::api::core::v1::Secret;
-    let t = Instant::now();
-    let sts = Api::<StatefulSet>::namespaced(hub.client.clone(), "default")
-        .get("secure-supernode-default")
-        .await?;
-    let template = sts.spec.template;
-    let secrets: Api<Secret> = Api::namespaced(hub.client.clone(), "default");
-    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
-    let other_ca = flower_addon_hub::registration::ca::HubCa::generate_for(
-        flower_addon_hub::registration::ca::CaRole::Flower,
-    )?;
-    let node_keys = flower_addon_crds::render::node_key_secret_name("secure", "default");
-    let ca_secret = flower_addon_crds::render::spoke_ca_secret_name("secure");
-    for (name, wrong_ca) in [("intruder-key", false), ("intruder-ca", true)] {
-        let key = flower_addon_agent::node_key::generate_node_key()?;
-        let secret: Secret = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "stringData": {name: key.private_openssh, "ca.crt": other_ca.cert_pem()},
-        }))?;
-        secrets.create(&Default::default(), &secret).await?;
-        let mut spec = template.spec.clone().context("pod template spec")?;
-        spec.restart_policy = Some("Never".into());
-        for volume in spec.volumes.iter_mut().flatten() {
-            let Some(source) = volume.secret.as_mut() else {
-                continue;
-            };
-            let from = source.secret_name.clone().unwrap_or_default();
-            if from == node_keys || (wrong_ca && from == ca_secret) {
-                source.secret_name = Some(name.into());
-            }
-        }
-        let pod = Pod {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: Some(spec),
-            status: None,
-        };
-        pods.create(&Default::default(), &pod).await?;
-    }
-    let refused = wait_for(
-        "the SuperNode with an unregistered key refused (pod Failed)",
-        Duration::from_secs(120),
-        || {
-            let pods = pods.clone();
-            async move {
-                let p = pods.get("intruder-key").await?;
-                Ok((e2e::pods::pod_phase(&p) == "Failed").then_some(p))
-            }
-        },
-    )
-    .await?;
-    let log = pods.logs("intruder-key", &LogParams::default()).await?;
-    let exit = refused
-        .status
-        .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
-        .find_map(|c| c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code));
-    ensure!(
-        supernode_id(&log).is_none() && exit.is_some_and(|c| c != 0),
-        "the SuperNode with an unregistered key got in (exit {exit:?}):\n{log}"
-    );
-    let key_refused = t.elapsed();
-    // The wrong-CA SuperNode started at the same time; give it as long again, at least 20 s.
-    tokio::time::sleep(key_refused.max(Duration::from_secs(20))).await;
-    let p = pods.get("intruder-ca").await?;
-    let log = pods.logs("intruder-ca", &LogParams::default()).await?;
-    ensure!(
-        supernode_id(&log).is_none() && log.contains("Connection attempt failed"),
-        "the SuperNode trusting another CA is not stuck at the handshake ({}):\n{log}",
-        e2e::pods::describe(&p)
-    );
-    eprintln!(
-        "real_federation: hand-made SuperNode pods: unregistered key refused (exit {}) in {:.1}s; the one trusting another CA has no node id after {:.1}s (TLS handshake refused, retrying)",
-        exit.unwrap_or_default(),
-        key_refused.as_secs_f64(),
-        t.elapsed().as_secs_f64()
-    );
-    for name in ["intruder-key", "intruder-ca"] {
-        pods.delete(name, &Default::default()).await?;
-        secrets.delete(name, &Default::default()).await?;
-    }
     Ok(())
 }

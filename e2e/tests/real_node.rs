@@ -12,17 +12,21 @@
 //!   `imagePullPolicy: IfNotPresent`) passes its readiness probe on the real node, and the
 //!   channel's NodePort (Service `flower-hub`) accepts connections from the host;
 //! - agents from `manifests/agent/` on spoke-1 and spoke-2 (each with a real node) join through
-//!   that NodePort; a TLS Federation with SuperNode authentication (2 pools) placed on both
-//!   spokes gets its 6 SuperNodes online, and `flwr run` 1.42.0 from the host, connected with
-//!   `flower-hub connect`, completes (#9 6a); the hub pod and an agent pod replaced leave the
-//!   SuperNodes running and a run still completes (6e); a spoke relabelled out loses its
-//!   SuperNodes and keys (6f); a process-isolation Federation (6b) and a Flower 1.25.0 one
-//!   (`flower-hub connect --app`) run on spoke-2.
+//!   that NodePort; two TLS Federations with SuperNode authentication (2 pools each), one on
+//!   Flower 1.42.0 and one on 1.25.0, placed on both spokes, get their 6 + 4 SuperNodes online,
+//!   and `flwr run` of each release from the host, connected with `flower-hub connect`
+//!   (`--flwr-home`, or `--app` for 1.25), completes (#9 6a); hand-made SuperNode pods on a
+//!   spoke with an unregistered key or another CA are refused (6c, 1.42.0); the 1.42.0
+//!   SuperLink pod deleted comes back with its database from a claim, the same SuperNodes and
+//!   its runs (6d); the hub pod and an agent pod replaced leave the SuperNodes running and runs
+//!   still complete (6e); a spoke relabelled out loses its SuperNodes and keys in both
+//!   SuperLinks (6f); a process-isolation Federation runs on spoke-2 (6b).
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
 //! is missing.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
@@ -30,6 +34,8 @@ use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
 use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
 use e2e::{Cluster, ControlPlane, Options, RealNode, apply_yaml};
+use flower_addon_crds::render::FlowerDialect;
+use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Api;
 use kube::api::LogParams;
@@ -126,7 +132,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: images imported in {:.1}s", import.as_secs_f64());
     let spoke = cp.cluster("spoke-1")?;
     let spoke_node = cp.real_node("spoke-1")?;
-    spoke_node.import_images(&images[1..3])?;
+    spoke_node.import_images(&[images[1].clone(), images[2].clone(), images[5].clone()])?;
     let spoke2 = cp.cluster("spoke-2")?;
     let spoke2_node = cp.real_node("spoke-2")?;
     spoke2_node.import_images(&images[2..])?;
@@ -146,15 +152,21 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         )
         .await?;
     }
-    placed_supernodes_authenticate_with_their_own_keys(hub, spoke).await?;
-    let flwr = FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?;
-    flwr.run_completes("the placed Federation").await?;
+    let state = placed_supernodes_authenticate_with_their_own_keys(hub, node, spoke).await?;
+    let flwr = [
+        FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?,
+        FlwrFromTheHost::connect(hub, "1.25.0", "classic", 4)?,
+    ];
+    runs_complete(&flwr, "the placed Federations").await?;
+    let refused =
+        e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
+            .await?;
+    eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
+    a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0]).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
-    flwr.run_completes("after the hub and agent pods were replaced")
-        .await?;
+    runs_complete(&flwr, "after the hub and agent pods were replaced").await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke).await?;
     process_isolation_runs(hub).await?;
-    flower_1_25_runs_on_a_spoke(hub).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
@@ -164,17 +176,22 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     Ok(())
 }
 
-/// Kubernetes-mode SuperNode authentication end to end (#9 item 5): a TLS Federation placed on
-/// spoke-1 gets `--enable-supernode-auth` on its SuperLink (hub pod), the agent pod makes one key
-/// pair per SuperNode pod in a Secret on the spoke and reports the public keys, the hub pod
-/// registers them through the SuperLink's Control API (its Service name), and the SuperNode pods
-/// start and connect: the Federation's status counts them `online` from the SuperLink's own node
-/// list, not from container readiness.
+/// Kubernetes-mode SuperNode authentication end to end (#9 items 5 and 6a, Flower 1.42.0 and
+/// 1.25.0): two TLS Federations with two pools each, placed on both spokes, get
+/// `--enable-supernode-auth` on their SuperLinks (hub pod), the agent pods make one key pair per
+/// SuperNode pod in a Secret on each spoke and report the public keys, the hub pod registers
+/// them through the SuperLinks' Control APIs (their Service names), and the SuperNode pods start
+/// and connect: the Federations' status counts them `online` from each SuperLink's own node list,
+/// not from container readiness. `auth` (1.42.0) keeps its SuperLink database on a claim (a
+/// `local` volume on the hub's real node; returns that directory).
 async fn placed_supernodes_authenticate_with_their_own_keys(
     hub: &Cluster,
+    hub_node: &RealNode,
     spoke: &Cluster,
-) -> Result<()> {
+) -> Result<std::path::PathBuf> {
     let t = Instant::now();
+    let (state, storage) = hub_node.local_volume("auth-superlink-state")?;
+    apply_yaml(&hub.client, &storage, "default").await?;
     apply_yaml(
         &hub.client,
         r#"
@@ -200,38 +217,68 @@ spec:
   superlink:
     image: flwr/superlink:1.42.0
     service: {type: NodePort}
+    volumeClaimTemplates:
+      - metadata: {name: superlink-state}
+        spec:
+          accessModes: [ReadWriteOnce]
+          storageClassName: e2e-local
+          resources: {requests: {storage: 64Mi}}
   supernodes:
     image: flwr/supernode:1.42.0
     pools:
       - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: b, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: classic, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  placementRef: {name: spokes}
+  superlink:
+    image: flwr/superlink:1.25.0
+    service: {type: NodePort}
+  supernodes:
+    image: flwr/supernode:1.25.0
+    pools:
+      - {name: a, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
       - {name: b, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 "#,
         "fl",
     )
     .await?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
-    let online = wait_for(
-        "the 3 SuperNodes of each spoke online in the SuperLink's node list (Federation status)",
+    let statuses = wait_for(
+        "each spoke's SuperNodes online in their SuperLink's node list (Federation status): 3 of auth, 2 of classic",
         Duration::from_secs(300),
         || {
             let feds = feds.clone();
             async move {
-                let fed = feds.get("auth").await?;
-                let status = fed.status.unwrap_or_default();
-                let online = |name: &str| {
-                    status
-                        .clusters
-                        .iter()
-                        .any(|c| c.name == name && c.online == Some(3))
-                };
-                Ok((online("spoke-1") && online("spoke-2")).then_some(status.clone()))
+                let mut statuses = Vec::new();
+                for (name, per_spoke) in [("auth", 3), ("classic", 2)] {
+                    let status = feds.get(name).await?.status.unwrap_or_default();
+                    let online = |cluster: &str| {
+                        status
+                            .clusters
+                            .iter()
+                            .any(|c| c.name == cluster && c.online == Some(per_spoke))
+                    };
+                    if !(online("spoke-1") && online("spoke-2")) {
+                        return Ok(None);
+                    }
+                    statuses.push(status);
+                }
+                Ok(Some(statuses))
             }
         },
     )
     .await?;
     ensure!(
-        online.supernodes.as_deref() == Some("6/6"),
-        "status: {online:?}"
+        statuses[0].supernodes.as_deref() == Some("6/6")
+            && statuses[1].supernodes.as_deref() == Some("4/4"),
+        "status: {statuses:?}"
     );
     // The private keys stay on the spoke: one per pod in the pool's key Secret there.
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
@@ -245,24 +292,26 @@ spec:
         "key Secret holds {:?}",
         data.keys().collect::<Vec<_>>()
     );
-    let sl_args =
-        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "fl")
-            .get("auth-superlink")
-            .await?
-            .spec
-            .template
-            .spec
-            .map(|p| p.containers[0].args.clone().unwrap_or_default())
-            .unwrap_or_default();
-    ensure!(
-        sl_args.iter().any(|a| a == "--enable-supernode-auth"),
-        "SuperLink args: {sl_args:?}"
-    );
+    for federation in ["auth", "classic"] {
+        let sl_args =
+            Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "fl")
+                .get(&format!("{federation}-superlink"))
+                .await?
+                .spec
+                .template
+                .spec
+                .map(|p| p.containers[0].args.clone().unwrap_or_default())
+                .unwrap_or_default();
+        ensure!(
+            sl_args.iter().any(|a| a == "--enable-supernode-auth"),
+            "{federation}'s SuperLink args: {sl_args:?}"
+        );
+    }
     eprintln!(
-        "real_node: placed Federation (2 pools) on both spokes: 6 SuperNodes registered and online in {:.1}s",
+        "real_node: placed Federations (2 pools each) on both spokes: 6 SuperNodes of 1.42.0 and 4 of 1.25.0 registered and online in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    Ok(())
+    Ok(state)
 }
 
 /// Our image runs `flower-hub --version` to Succeeded on the real node, and its log is read
@@ -651,10 +700,10 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     Ok(())
 }
 
-/// UID and restart count of every SuperNode pod of the placed Federation on the spoke.
+/// UID and restart count of every SuperNode pod (of both placed Federations) on the spoke.
 async fn supernode_pods(spoke: &Cluster) -> Result<Vec<(String, String, i32)>> {
     let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl")
-        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=auth"))
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=supernode"))
         .await?;
     Ok(pods
         .items
@@ -708,15 +757,15 @@ async fn replace_pod(cluster: &Cluster, namespace: &str, selector: &str) -> Resu
     .await
 }
 
-/// #9 item 6e: the hub pod, then the agent pod, deleted and replaced: no SuperNode pod is
-/// recreated or restarted (same UIDs, same restart counts), and the SuperLink still lists both
-/// SuperNodes online (the new hub's status says so).
+/// #9 item 6e: the hub pod, then the agent pod, deleted and replaced: no SuperNode pod of either
+/// Federation is recreated or restarted (same UIDs, same restart counts), and each SuperLink
+/// still lists spoke-1's SuperNodes online (the new hub's status says so).
 async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
     hub: &Cluster,
     spoke: &Cluster,
 ) -> Result<()> {
     let before = supernode_pods(spoke).await?;
-    ensure!(before.len() == 3, "SuperNode pods: {before:?}");
+    ensure!(before.len() == 5, "SuperNode pods: {before:?}");
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
     for (what, cluster, namespace, selector) in [
         (
@@ -743,70 +792,194 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
                 "flower-hub",
             )
             .await;
-            let superlink =
-                e2e::pods::dump(&Api::namespaced(hub.client.clone(), "fl"), "auth-superlink").await;
-            let supernodes = e2e::pods::dump(
-                &Api::namespaced(spoke.client.clone(), "fl"),
-                "auth-supernode",
-            )
-            .await;
+            let superlink = e2e::pods::dump(&Api::namespaced(hub.client.clone(), "fl"), "").await;
+            let supernodes =
+                e2e::pods::dump(&Api::namespaced(spoke.client.clone(), "fl"), "").await;
             let agent = e2e::pods::dump(
                 &Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS),
                 "flower-agent",
             )
             .await;
             eprintln!(
-                "hub pod:\n{hub_pods}\nSuperLink:\n{superlink}\nSuperNodes:\n{supernodes}\nagent:\n{agent}"
+                "hub pod:\n{hub_pods}\nSuperLinks:\n{superlink}\nSuperNodes:\n{supernodes}\nagent:\n{agent}"
             );
         }
         ensure!(
             after == before,
             "the {what} pod's restart touched SuperNode pods: before {before:?}, after {after:?}"
         );
-        let fed = feds.get("auth").await?;
-        let entry = fed
-            .status
-            .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
-        ensure!(
-            entry.as_ref().is_some_and(|c| c.online == Some(3)),
-            "after the {what} pod's restart: {entry:?}"
-        );
+        for (federation, online) in [("auth", 3), ("classic", 2)] {
+            let fed = feds.get(federation).await?;
+            let entry = fed
+                .status
+                .and_then(|s| s.clusters.into_iter().find(|c| c.name == "spoke-1"));
+            ensure!(
+                entry.as_ref().is_some_and(|c| c.online == Some(online)),
+                "{federation} after the {what} pod's restart: {entry:?}"
+            );
+        }
         eprintln!(
-            "real_node: {what} pod replaced: spoke-1's SuperNode pods unchanged (UIDs, 0 restarts), 3 online, checked {:.1}s after the delete",
+            "real_node: {what} pod replaced: spoke-1's 5 SuperNode pods unchanged (UIDs, restarts {}), 3 + 2 online, checked {:.1}s after the delete",
+            after.iter().map(|p| p.2).sum::<i32>(),
             t.elapsed().as_secs_f64()
         );
     }
     Ok(())
 }
 
-/// #9 item 6f: spoke-1 relabelled out of the Placement (by the admin, on its ManagedCluster):
-/// its SuperNode pods are gone, the keys are unregistered, and the SuperLink's own node list
-/// (its Control API, read from the host through the Federation's Control endpoint) no longer
-/// has any of them.
+/// A Control API client for Federation `federation` (namespace `fl`) from the host: its
+/// `status.endpoints.control` (the SuperLink's NodePort on the hub node) with the CA of its
+/// SuperLink certificate.
+async fn control_client(hub: &Cluster, federation: &str) -> Result<ControlClient> {
+    let fed = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl")
+        .get(federation)
+        .await?;
+    let control = fed
+        .status
+        .as_ref()
+        .and_then(|s| s.endpoints.as_ref())
+        .and_then(|e| e.control.clone())
+        .context("status.endpoints.control")?;
+    let ca = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "fl")
+        .get(&format!("{federation}-superlink-tls"))
+        .await?
+        .data
+        .and_then(|d| {
+            d.get("ca.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        })
+        .context("ca.crt")?;
+    let host = control
+        .rsplit_once(':')
+        .map_or(control.as_str(), |(h, _)| h)
+        .to_owned();
+    Ok(ControlClient::new(ControlEndpoint {
+        dialect: FlowerDialect::select(fed.spec.version.as_deref(), &fed.spec.superlink.image)?.1,
+        address: control.clone(),
+        server_name: host,
+        ca_pem: Some(ca),
+    })?)
+}
+
+/// The node ids a SuperLink lists `online` (`None` while it does not answer).
+async fn online_node_ids(client: &ControlClient) -> Option<BTreeSet<u64>> {
+    let nodes = client.list_nodes().await.ok()?;
+    Some(
+        nodes
+            .iter()
+            .filter(|n| n.online())
+            .map(|n| n.node_id)
+            .collect(),
+    )
+}
+
+/// #9 item 6d on Flower 1.42.0 (1.25.0: `real_federation`): `auth`'s SuperLink pod deleted →
+/// the StatefulSet brings it back on the same claim (`--database` on the `superlink-state`
+/// volume, a `local` volume on the hub's real node), so it lists the same 6 node ids online
+/// again (no SuperNode registered anew) and the run before; a new run completes.
+async fn a_deleted_superlink_pod_comes_back_with_its_state(
+    hub: &Cluster,
+    state: &std::path::Path,
+    flwr: &FlwrFromTheHost,
+) -> Result<()> {
+    let db = state.join("superlink.db");
+    ensure!(
+        std::fs::metadata(&db).is_ok_and(|m| m.len() > 0),
+        "the SuperLink database is not on the claimed volume: {} missing or empty",
+        db.display()
+    );
+    let client = control_client(hub, "auth").await?;
+    let before = online_node_ids(&client)
+        .await
+        .context("the SuperLink does not answer ListNodes")?;
+    ensure!(before.len() == 6, "online before the restart: {before:?}");
+    let runs_before = client.list_runs().await?.len();
+    let t = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "fl");
+    let old = pods.get("auth-superlink-0").await?.metadata.uid;
+    pods.delete("auth-superlink-0", &Default::default()).await?;
+    wait_for(
+        "the SuperLink pod back and Ready",
+        Duration::from_secs(120),
+        || {
+            let (pods, old) = (pods.clone(), old.clone());
+            async move {
+                let Some(pod) = pods.get_opt("auth-superlink-0").await? else {
+                    return Ok(None);
+                };
+                Ok((pod.metadata.uid != old && pod_ready(&pod)).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let back = t.elapsed();
+    let served = wait_for(
+        "the SuperLink listing the same 6 SuperNodes online again",
+        Duration::from_secs(180),
+        || {
+            let (client, before) = (&client, &before);
+            async move { Ok(online_node_ids(client).await.filter(|ids| ids == before)) }
+        },
+    )
+    .await;
+    if let Err(e) = served {
+        let supernodes = e2e::pods::dump(&pods, "auth-superlink").await;
+        return Err(e.context(format!("after the SuperLink's restart:\n{supernodes}")));
+    }
+    let again = t.elapsed();
+    let runs = client.list_runs().await?.len();
+    ensure!(
+        runs == runs_before,
+        "the SuperLink lists {runs} run(s) after its restart, {runs_before} before: state lost"
+    );
+    eprintln!(
+        "real_node: auth's SuperLink pod deleted -> back and Ready in {:.1}s; the same 6 node ids online again after {:.1}s; {runs} run(s) kept (state on the claim)",
+        back.as_secs_f64(),
+        again.as_secs_f64()
+    );
+    flwr.run_completes("after the SuperLink pod was replaced")
+        .await
+}
+
+/// #9 item 6f on both Flower releases: spoke-1 relabelled out of the Placement (by the admin, on
+/// its ManagedCluster): its SuperNode pods are gone, their keys are unregistered, and each
+/// SuperLink's own node list (its Control API, read from the host through the Federation's
+/// Control endpoint) has none of them online, only spoke-2's.
 async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     hub: &Cluster,
     spoke: &Cluster,
 ) -> Result<()> {
     // spoke-1's SuperNode keys (public halves of the private keys in its key Secrets).
-    let mut spoke1_keys = Vec::new();
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
-    for pool in ["a", "b"] {
-        let secret = secrets
-            .get(&format!("auth-supernode-{pool}-node-keys"))
-            .await?;
-        for (pod, key) in secret.data.unwrap_or_default() {
-            let line = flower_addon_agent::node_key::public_key_of(
-                &String::from_utf8_lossy(&key.0),
-                &pod,
-            )?;
-            spoke1_keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+    let mut federations = Vec::new();
+    for (federation, spoke2_online) in [("auth", 3), ("classic", 2)] {
+        let mut keys = Vec::new();
+        for pool in ["a", "b"] {
+            let secret = secrets
+                .get(&flower_addon_crds::render::node_key_secret_name(
+                    federation, pool,
+                ))
+                .await?;
+            for (pod, key) in secret.data.unwrap_or_default() {
+                let line = flower_addon_agent::node_key::public_key_of(
+                    &String::from_utf8_lossy(&key.0),
+                    &pod,
+                )?;
+                keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+            }
         }
+        ensure!(
+            keys.len() == spoke2_online,
+            "spoke-1 keys of {federation}: {}",
+            keys.len()
+        );
+        federations.push((
+            federation,
+            control_client(hub, federation).await?,
+            keys,
+            spoke2_online,
+        ));
     }
-    ensure!(
-        spoke1_keys.len() == 3,
-        "spoke-1 keys: {}",
-        spoke1_keys.len()
-    );
     let t = Instant::now();
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
     clusters
@@ -823,65 +996,35 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     )
     .await?;
     let gone = t.elapsed();
-    let fed = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl")
-        .get("auth")
-        .await?;
-    let control = fed
-        .status
-        .as_ref()
-        .and_then(|s| s.endpoints.as_ref())
-        .and_then(|e| e.control.clone())
-        .context("status.endpoints.control")?;
-    let ca = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "fl")
-        .get("auth-superlink-tls")
-        .await?
-        .data
-        .and_then(|d| {
-            d.get("ca.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        })
-        .context("ca.crt")?;
-    let host = control
-        .rsplit_once(':')
-        .map_or(control.as_str(), |(h, _)| h)
-        .to_owned();
-    let client = flower_addon_hub::flower::control::ControlClient::new(
-        flower_addon_hub::flower::control::ControlEndpoint {
-            dialect: flower_addon_crds::render::FlowerDialect::Unified,
-            address: control.clone(),
-            server_name: host,
-            ca_pem: Some(ca),
-        },
-    )?;
-    let nodes = wait_for(
-        "the SuperLink holding no SuperNode of spoke-1 and spoke-2's 3 online (Control API ListNodes)",
-        Duration::from_secs(60),
-        || {
-            let (client, spoke1_keys) = (&client, &spoke1_keys);
-            async move {
+    for (federation, client, spoke1_keys, spoke2_online) in &federations {
+        let nodes = wait_for(
+            &format!(
+                "{federation}'s SuperLink holding no SuperNode of spoke-1 and spoke-2's {spoke2_online} online (Control API ListNodes)"
+            ),
+            Duration::from_secs(60),
+            || async move {
                 let nodes = client.list_nodes().await?;
                 let of_spoke1 = |n: &&flower_addon_hub::core::nodekeys::ListedNode| {
-                    n.public_key_der.as_ref().is_some_and(|k| spoke1_keys.contains(k))
+                    n.public_key_der
+                        .as_ref()
+                        .is_some_and(|k| spoke1_keys.contains(k))
                 };
                 let spoke1_gone = nodes
                     .iter()
                     .filter(of_spoke1)
                     .all(|n| n.status == "unregistered");
-                let others_online = nodes
-                    .iter()
-                    .filter(|n| !of_spoke1(n) && n.status == "online")
-                    .count();
-                Ok((spoke1_gone && others_online == 3).then_some(nodes))
-            }
-        },
-    )
-    .await?;
-    eprintln!(
-        "real_node: spoke-1 relabelled out: its SuperNode pods gone in {:.1}s; the SuperLink lists {} node(s), none of spoke-1's registered or online, spoke-2's 3 online, {:.1}s after the relabel",
-        gone.as_secs_f64(),
-        nodes.len(),
-        t.elapsed().as_secs_f64()
-    );
+                let online = nodes.iter().filter(|n| n.online()).count();
+                Ok((spoke1_gone && online == *spoke2_online).then_some(nodes))
+            },
+        )
+        .await?;
+        eprintln!(
+            "real_node: spoke-1 relabelled out: its SuperNode pods gone in {:.1}s; {federation}'s SuperLink lists {} node(s), none of spoke-1's registered or online, spoke-2's {spoke2_online} online, {:.1}s after the relabel",
+            gone.as_secs_f64(),
+            nodes.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 
@@ -963,8 +1106,8 @@ impl FlwrFromTheHost {
         })
     }
 
-    /// #9 items 6a and 6e: `flwr run examples/fedavg auth` (2 rounds, the 6 SuperNodes of both
-    /// spokes) from the host ends `finished:completed`.
+    /// #9 items 6a and 6e: `flwr run examples/fedavg FEDERATION` (2 rounds, `min_nodes`
+    /// SuperNodes) from the host ends `finished:completed`.
     async fn run_completes(&self, when: &str) -> Result<()> {
         let t = Instant::now();
         let (flwr, app, fed, min) = (
@@ -986,6 +1129,13 @@ impl FlwrFromTheHost {
         );
         Ok(())
     }
+}
+
+/// `flwr run` on both Flower releases at once (#9 6a and 6e).
+async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str) -> Result<()> {
+    let (a, b) = tokio::join!(flwr[0].run_completes(when), flwr[1].run_completes(when));
+    a?;
+    b
 }
 
 /// #9 item 6b: the same on 1.42.0 with process isolation (the ServerApp and ClientApps in
@@ -1017,37 +1167,6 @@ spec:
         replicas: 2
         images: {superexecClientApp: "flwr/superexec:1.42.0"}
         nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}
-"#,
-    )
-    .await
-}
-
-/// #9 item 6a on Flower 1.25.0 (classic dialect: Fleet and Control on their own ports): a TLS +
-/// node-auth Federation placed by the same Placement (spoke-2), both SuperNodes online, and
-/// `flwr run` 1.25.0 from the host with the entry `flower-hub connect --app` merged into the
-/// app's `pyproject.toml`.
-async fn flower_1_25_runs_on_a_spoke(hub: &Cluster) -> Result<()> {
-    spoke2_federation_runs(
-        hub,
-        "classic",
-        "1.25.0",
-        "Flower 1.25.0 (classic dialect)",
-        r#"
-apiVersion: flower-addon.io/v1alpha1
-kind: Federation
-metadata: {name: classic, namespace: fl}
-spec:
-  mode: StatefulSet
-  isolationMode: subprocess
-  insecure: false
-  placementRef: {name: spokes}
-  superlink:
-    image: flwr/superlink:1.25.0
-    service: {type: NodePort}
-  supernodes:
-    image: flwr/supernode:1.25.0
-    pools:
-      - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 "#,
     )
     .await
