@@ -76,21 +76,30 @@ async fn main() -> Result<()> {
                     c.kubeconfig.display()
                 );
             }
+            let mut connect = None;
             if with_addon {
-                install_addon(&mut cp, &names[1..]).await?;
+                connect = install_addon(&mut cp, &names[1..]).await?;
             }
             println!("memory (RSS):\n{}", cp.rss_report());
             println!("press Ctrl-C to stop");
             flower_addon_agent::cli::shutdown_signal().await;
             eprintln!("stopping…");
+            if let Some(mut child) = connect {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
             drop(cp);
             Ok(())
         }
     }
 }
 
-/// `up --with-addon`: the addon installed and a demo Federation placed on every spoke.
-async fn install_addon(cp: &mut e2e::ControlPlane, spokes: &[&str]) -> Result<()> {
+/// `up --with-addon`: the addon installed and a demo Federation placed on every spoke. Returns
+/// the `flower-hub connect` process that port-forwards `flwr` to the demo SuperLink.
+async fn install_addon(
+    cp: &mut e2e::ControlPlane,
+    spokes: &[&str],
+) -> Result<Option<std::process::Child>> {
     use e2e::addon::{Addon, AddonOptions, Bootstrap, Spoke};
     println!("installing flower-addon (hub, then an agent per spoke)…");
     let spokes: Vec<Spoke> = spokes
@@ -169,25 +178,28 @@ spec:
         "    KUBECONFIG={admin} kubectl get federation,placement,placementdecision,managedcluster -A"
     );
     println!("    KUBECONFIG=<a spoke's kubeconfig> kubectl get statefulset,pod -n demo");
-    // The flwr connection, written by `flower-hub connect` once the SuperLink has an external
-    // Control endpoint (its NodePort on the hub's node).
+    // The flwr connection: `flower-hub connect` writes it once the SuperLink is placed, and
+    // keeps a port-forward to the SuperLink pod open while this runs (the Control API is not
+    // exposed; a port-forward needs a real node: FLOWER_ADDON_E2E_REAL_NODES=1).
     let flwr_home = cp.work_dir().join("flwr-home");
     let feds = kube::Api::<flower_addon_crds::Federation>::namespaced(hub.clone(), "demo");
     let t = std::time::Instant::now();
-    let mut endpoint = None;
-    while endpoint.is_none() && t.elapsed() < std::time::Duration::from_secs(60) {
-        endpoint = feds
+    let mut placed = false;
+    while !placed && t.elapsed() < std::time::Duration::from_secs(60) {
+        placed = feds
             .get_opt("demo")
             .await
             .ok()
             .flatten()
-            .and_then(|f| f.status?.endpoints?.control);
-        if endpoint.is_none() {
+            .and_then(|f| f.status?.endpoints?.fleet)
+            .is_some();
+        if !placed {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     }
-    let connected = endpoint.is_some()
-        && std::process::Command::new(&hub_bin)
+    let mut connect = None;
+    if placed {
+        let mut child = std::process::Command::new(&hub_bin)
             .args([
                 "connect",
                 "demo",
@@ -200,20 +212,37 @@ spec:
             .arg(cp.work_dir().join("demo-ca.crt"))
             .env("KUBECONFIG", &addon.admin_kubeconfig)
             .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    if connected {
+            .spawn()?;
+        let config = flwr_home.join("config.toml");
+        let t = std::time::Instant::now();
+        let written = loop {
+            if std::fs::read_to_string(&config).is_ok_and(|c| c.contains("[superlink.demo]")) {
+                break true;
+            }
+            if child.try_wait()?.is_some() || t.elapsed() > std::time::Duration::from_secs(30) {
+                break false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
+        if written {
+            connect = Some(child);
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    if connect.is_some() {
         println!("FLWR_HOME={}", flwr_home.display());
         println!(
-            "  flwr connection [superlink.demo] written there: FLWR_HOME={} flwr run examples/fedavg demo",
+            "  flwr connection [superlink.demo] written there (a port-forward kept open while this runs): FLWR_HOME={} flwr run examples/fedavg demo",
             flwr_home.display()
         );
     } else {
         println!(
-            "  (no flwr connection yet: Federation demo/demo has no status.endpoints.control; \
+            "  (no flwr connection yet: Federation demo/demo is not placed; \
              later: KUBECONFIG={admin} {} connect demo --federation-namespace demo --flwr-home DIR)",
             hub_bin.display()
         );
     }
-    Ok(())
+    Ok(connect)
 }

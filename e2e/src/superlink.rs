@@ -50,8 +50,10 @@ impl TestSuperLink {
         std::fs::write(&files[0], ca.cert_pem())?;
         std::fs::write(&files[1], &issued.cert_pem)?;
         std::fs::write(&files[2], &issued.key_pem)?;
+        // A bare SuperLink (no Fleet front: `exposeControl` above), on loopback.
         let layout = SuperLinkLayout {
             bind_host: "127.0.0.1".into(),
+            control_host: "127.0.0.1".into(),
             ports: SuperLinkPorts::from_spec(&fed, dialect),
             tls_files: files.clone().map(|f| f.display().to_string()),
             database: dir.join("superlink.db").display().to_string(),
@@ -111,7 +113,7 @@ impl TestSuperLink {
 fn federation(version: &str, ports: &[u16]) -> Result<flower_addon_crds::Federation> {
     let yaml = format!(
         "apiVersion: flower-addon.io/v1alpha1\nkind: Federation\nmetadata: {{name: control-test, namespace: default}}\n\
-         spec:\n  mode: StatefulSet\n  insecure: false\n  isolationMode: subprocess\n  version: \"{version}\"\n  superlink:\n    image: \"flwr/superlink:{version}\"\n    service:\n      ports: {{grpc: {}, extra: {}, serverAppIO: {}}}\n  \
+         spec:\n  mode: StatefulSet\n  insecure: false\n  isolationMode: subprocess\n  version: \"{version}\"\n  superlink:\n    image: \"flwr/superlink:{version}\"\n    service:\n      exposeControl: true\n      ports: {{grpc: {}, extra: {}, serverAppIO: {}}}\n  \
          supernodes: {{image: \"flwr/supernode:{version}\", pools: [{{name: p, replicas: 1, images: {{}}}}]}}\n",
         ports[0], ports[1], ports[2]
     );

@@ -25,6 +25,29 @@ pub fn supernode_id(log: &str) -> Option<String> {
 /// failed" (e2e/flower/NOTES.md).
 const HANDSHAKE_REFUSED: [&str; 2] = ["CERTIFICATE_VERIFY_FAILED", "Connection attempt failed"];
 
+/// Checks that Federation `federation`'s SuperLink (StatefulSet in `namespace` of the hub
+/// cluster) runs with `--enable-supernode-auth`.
+pub async fn superlink_requires_node_auth(
+    client: &kube::Client,
+    namespace: &str,
+    federation: &str,
+) -> Result<()> {
+    let args = Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .get(&format!("{federation}-superlink"))
+        .await?
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "superlink"))
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    ensure!(
+        args.iter().any(|a| a == "--enable-supernode-auth"),
+        "{federation}'s SuperLink args: {args:?}"
+    );
+    Ok(())
+}
+
 /// How hand-made SuperNodes fared (for the test's report line).
 #[derive(Debug)]
 pub struct Refused {

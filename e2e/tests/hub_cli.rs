@@ -455,7 +455,10 @@ async fn status_shows_federations(h: &HubUnderTest) -> Result<()> {
             "isolationMode": "subprocess",
             "insecure": false,
             "placementRef": {"name": "everywhere"},
-            "superlink": {"image": "flwr/superlink:1.42.0", "externalAddress": "hub.example:30092"},
+            // exposeControl: connect writes the external Control endpoint (the default,
+            // a port-forward to the SuperLink pod, needs a real pod: real_node).
+            "superlink": {"image": "flwr/superlink:1.42.0", "externalAddress": "hub.example:30092",
+                          "service": {"exposeControl": true}},
             "supernodes": {"image": "flwr/supernode:1.42.0", "pools": [{"name": "p0", "replicas": 2, "images": {}}]},
         }
     });

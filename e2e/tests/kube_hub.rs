@@ -291,7 +291,7 @@ async fn two_pools_converge_owned_by_the_federation(
             .endpoints
             .as_ref()
             .and_then(|e| e.superlink_service.as_deref())
-            == Some("fed-superlink.team.svc:9093"),
+            == Some("fed-superlink-control.team.svc:9093"),
         "endpoints: {:?}",
         status.endpoints
     );

@@ -1167,12 +1167,30 @@ async fn the_fleet_endpoint_comes_from_the_node_port(
             .map(|p| format!("127.0.0.1:{p}"))
             .with_context(|| format!("the SuperLink Service has no {name} node port"))
     };
-    let (derived, control) = (port("fleet")?, port("control")?);
+    let derived = port("fleet")?;
     let endpoints = status.endpoints.clone().unwrap_or_default();
+    // #13 item 1: the NodePort SuperNodes reach serves no Control API (no `control` node port,
+    // no external Control endpoint); the hub reaches it through the ClusterIP Service.
     ensure!(
         endpoints.fleet.as_deref() == Some(derived.as_str())
-            && endpoints.control.as_deref() == Some(control.as_str()),
-        "endpoints derived from the NodePort Service: {endpoints:?}, want {derived} and {control}"
+            && endpoints.control.is_none()
+            && !node_ports.contains_key("control"),
+        "endpoints derived from the NodePort Service: {endpoints:?} (node ports {node_ports:?}), want fleet {derived} and no Control endpoint"
+    );
+    let control = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
+        .get("fed-superlink-control")
+        .await?
+        .spec
+        .unwrap_or_default();
+    ensure!(
+        control.type_.as_deref() == Some("ClusterIP")
+            && control
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| (p.name.as_deref(), p.port))
+                .eq([(Some("control"), 9093)]),
+        "Service fed-superlink-control: {control:?}"
     );
     let pools: Vec<(String, i32, i32)> = status
         .pools

@@ -403,20 +403,7 @@ async fn flwr_run(
 /// SuperNodes online from the SuperLink's node list under the hub's own cluster.
 async fn the_secure_federation_authenticated_its_supernodes(hub: &e2e::Cluster) -> Result<()> {
     use anyhow::ensure;
-    let sl =
-        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "default")
-            .get("secure-superlink")
-            .await?;
-    let args = sl
-        .spec
-        .template
-        .spec
-        .map(|p| p.containers[0].args.clone().unwrap_or_default())
-        .unwrap_or_default();
-    ensure!(
-        args.iter().any(|a| a == "--enable-supernode-auth"),
-        "SuperLink args: {args:?}"
-    );
+    e2e::supernodes::superlink_requires_node_auth(&hub.client, "default", "secure").await?;
     let keys = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "default")
         .get("secure-supernode-default-node-keys")
         .await?;

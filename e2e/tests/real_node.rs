@@ -158,6 +158,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         FlwrFromTheHost::connect(hub, "1.25.0", "classic", 4)?,
     ];
     runs_complete(&flwr, "the placed Federations").await?;
+    the_fleet_endpoint_serves_no_control_api(hub, &flwr).await?;
     let refused =
         e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
             .await?;
@@ -165,7 +166,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0]).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     runs_complete(&flwr, "after the hub and agent pods were replaced").await?;
-    a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke).await?;
+    a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
@@ -239,7 +240,8 @@ spec:
   placementRef: {name: spokes}
   superlink:
     image: flwr/superlink:1.25.0
-    service: {type: NodePort}
+    # The opt-in (#13): flwr reaches the Control API on its own NodePort.
+    service: {type: NodePort, exposeControl: true}
   supernodes:
     image: flwr/supernode:1.25.0
     pools:
@@ -293,19 +295,7 @@ spec:
         data.keys().collect::<Vec<_>>()
     );
     for federation in ["auth", "classic"] {
-        let sl_args =
-            Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(hub.client.clone(), "fl")
-                .get(&format!("{federation}-superlink"))
-                .await?
-                .spec
-                .template
-                .spec
-                .map(|p| p.containers[0].args.clone().unwrap_or_default())
-                .unwrap_or_default();
-        ensure!(
-            sl_args.iter().any(|a| a == "--enable-supernode-auth"),
-            "{federation}'s SuperLink args: {sl_args:?}"
-        );
+        e2e::supernodes::superlink_requires_node_auth(&hub.client, "fl", federation).await?;
     }
     eprintln!(
         "real_node: placed Federations (2 pools each) on both spokes: 6 SuperNodes of 1.42.0 and 4 of 1.25.0 registered and online in {:.1}s",
@@ -827,38 +817,74 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
     Ok(())
 }
 
-/// A Control API client for Federation `federation` (namespace `fl`) from the host: its
-/// `status.endpoints.control` (the SuperLink's NodePort on the hub node) with the CA of its
-/// SuperLink certificate.
-async fn control_client(hub: &Cluster, federation: &str) -> Result<ControlClient> {
+/// #13 item 1 on real pods: `auth` (the default) exposes only its Fleet API on the NodePort
+/// SuperNodes reach — the `fleet-front` sidecar answers Control API calls there with 403, and
+/// no Control endpoint is published — while `flwr` reached it through `flower-hub connect`'s
+/// port-forward; `classic` opted in with `exposeControl` and serves Control on its own NodePort.
+async fn the_fleet_endpoint_serves_no_control_api(
+    hub: &Cluster,
+    flwr: &[FlwrFromTheHost; 2],
+) -> Result<()> {
+    let services = Api::<Service>::namespaced(hub.client.clone(), "fl");
+    let ports = |svc: Service| -> Vec<(String, bool)> {
+        svc.spec
+            .and_then(|s| s.ports)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.name.unwrap_or_default(), p.node_port.is_some()))
+            .collect()
+    };
+    let auth = ports(services.get("auth-superlink").await?);
+    ensure!(
+        auth == [("fleet".to_owned(), true)],
+        "auth-superlink ports: {auth:?}"
+    );
+    let auth_control = ports(services.get("auth-superlink-control").await?);
+    ensure!(
+        auth_control == [("control".to_owned(), false)],
+        "auth-superlink-control ports: {auth_control:?}"
+    );
+    let classic = ports(services.get("classic-superlink").await?);
+    ensure!(
+        classic == [("fleet".to_owned(), true), ("control".to_owned(), true)],
+        "classic-superlink ports (exposeControl): {classic:?}"
+    );
     let fed = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl")
-        .get(federation)
+        .get("auth")
         .await?;
-    let control = fed
+    let endpoints = fed
         .status
-        .as_ref()
-        .and_then(|s| s.endpoints.as_ref())
-        .and_then(|e| e.control.clone())
-        .context("status.endpoints.control")?;
-    let ca = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(hub.client.clone(), "fl")
-        .get(&format!("{federation}-superlink-tls"))
-        .await?
-        .data
-        .and_then(|d| {
-            d.get("ca.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        })
-        .context("ca.crt")?;
-    let host = control
-        .rsplit_once(':')
-        .map_or(control.as_str(), |(h, _)| h)
-        .to_owned();
-    Ok(ControlClient::new(ControlEndpoint {
-        dialect: FlowerDialect::select(fed.spec.version.as_deref(), &fed.spec.superlink.image)?.1,
-        address: control.clone(),
-        server_name: host,
-        ca_pem: Some(ca),
-    })?)
+        .and_then(|s| s.endpoints)
+        .context("auth status.endpoints")?;
+    ensure!(
+        endpoints.control.is_none(),
+        "auth publishes a Control endpoint: {endpoints:?}"
+    );
+    let fleet = endpoints.fleet.context("auth status.endpoints.fleet")?;
+    // The attack of #13 item 1: the Control API at the address every spoke reaches, with only
+    // the public CA. The same call through the port-forward is served.
+    let through_fleet = ControlClient::new(ControlEndpoint {
+        address: fleet.clone(),
+        server_name: fleet
+            .rsplit_once(':')
+            .map_or(fleet.as_str(), |(h, _)| h)
+            .to_owned(),
+        ..flwr[0].control_client()?.endpoint().clone()
+    })?;
+    let refused = through_fleet.list_runs().await;
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("Fleet API")),
+        "ListRuns at the Fleet NodePort {fleet}: {refused:?}"
+    );
+    let runs = flwr[0].control_client()?.list_runs().await?;
+    ensure!(!runs.is_empty(), "no run listed through the port-forward");
+    eprintln!(
+        "real_node: #13: auth's NodePort {fleet} serves Fleet only (Control refused: 403 from the fleet-front sidecar), {} run(s) listed through flower-hub connect's port-forward {}; classic exposes Control by opt-in at {}",
+        runs.len(),
+        flwr[0].control,
+        flwr[1].control
+    );
+    Ok(())
 }
 
 /// The node ids a SuperLink lists `online` (`None` while it does not answer).
@@ -888,7 +914,7 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         "the SuperLink database is not on the claimed volume: {} missing or empty",
         db.display()
     );
-    let client = control_client(hub, "auth").await?;
+    let client = flwr.control_client()?;
     let before = online_node_ids(&client)
         .await
         .context("the SuperLink does not answer ListNodes")?;
@@ -948,11 +974,13 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
 async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     hub: &Cluster,
     spoke: &Cluster,
+    flwr: &[FlwrFromTheHost; 2],
 ) -> Result<()> {
     // spoke-1's SuperNode keys (public halves of the private keys in its key Secrets).
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
     let mut federations = Vec::new();
-    for (federation, spoke2_online) in [("auth", 3), ("classic", 2)] {
+    for (flwr, spoke2_online) in flwr.iter().zip([3, 2]) {
+        let federation = flwr.federation.as_str();
         let mut keys = Vec::new();
         for pool in ["a", "b"] {
             let secret = secrets
@@ -973,12 +1001,7 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
             "spoke-1 keys of {federation}: {}",
             keys.len()
         );
-        federations.push((
-            federation,
-            control_client(hub, federation).await?,
-            keys,
-            spoke2_online,
-        ));
+        federations.push((federation, flwr.control_client()?, keys, spoke2_online));
     }
     let t = Instant::now();
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
@@ -1028,16 +1051,33 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     Ok(())
 }
 
-/// `flwr` 1.42.0 on the host, connected the way the README tells users: `flower-hub connect auth`
-/// writes the `[superlink.auth]` entry (`status.endpoints.control`, the SuperLink's NodePort on
-/// the hub node) and the Flower CA into `FLWR_HOME`.
+/// `flwr` on the host, connected the way the README tells users: `flower-hub connect FED` writes
+/// the entry (1.42: `[superlink.FED]` in `FLWR_HOME`; 1.25: the app's `pyproject.toml`) and the
+/// Flower CA — a port-forward to the SuperLink pod that it keeps running (the default), or the
+/// exposed Control endpoint (`exposeControl`: the SuperLink's Control NodePort).
 struct FlwrFromTheHost {
     flwr: e2e::flwr::HostFlwr,
     app: std::path::PathBuf,
     federation: String,
     min_nodes: u64,
+    /// The Control address in the entry (`127.0.0.1:<port>` of the port-forward, or the
+    /// exposed Control endpoint).
     control: String,
+    /// The CA file `connect` wrote.
+    ca: std::path::PathBuf,
+    dialect: FlowerDialect,
+    /// `flower-hub connect` while it port-forwards.
+    connect: Option<std::process::Child>,
     _dir: tempfile::TempDir,
+}
+
+impl Drop for FlwrFromTheHost {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.connect.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl FlwrFromTheHost {
@@ -1063,34 +1103,59 @@ impl FlwrFromTheHost {
         } else {
             ("--flwr-home", home.clone(), home.join("config.toml"))
         };
-        e2e::addon::hub_cli(
-            &hub.kubeconfig,
-            &[
-                "connect",
-                federation,
-                "--federation-namespace",
-                "fl",
-                flag,
-                &target.display().to_string(),
-                "--ca-file",
-                &ca.display().to_string(),
-            ],
-        )?;
-        let config: toml::Table = toml::from_str(&std::fs::read_to_string(&written)?)?;
-        let entry = if app_connections {
-            &config["tool"]["flwr"]["federations"][federation]
-        } else {
-            &config["superlink"][federation]
+        // `flower-hub connect` stays running (a port-forward) when the Control API is not
+        // exposed, and exits at once when it is: wait for the entry, or for its exit.
+        let mut child = std::process::Command::new(e2e::binary("flower-hub")?)
+            .args(["connect", federation, "--federation-namespace", "fl", flag])
+            .arg(&target)
+            .arg("--ca-file")
+            .arg(&ca)
+            .env("KUBECONFIG", &hub.kubeconfig)
+            .env_remove("FLOWER_HUB_STATE_DIR")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let read_entry = || -> Option<String> {
+            let config: toml::Table =
+                toml::from_str(&std::fs::read_to_string(&written).ok()?).ok()?;
+            let entry = if app_connections {
+                config
+                    .get("tool")?
+                    .get("flwr")?
+                    .get("federations")?
+                    .get(federation)?
+            } else {
+                config.get("superlink")?.get(federation)?
+            };
+            entry.get("address")?.as_str().map(str::to_owned)
         };
-        let control = entry["address"]
-            .as_str()
-            .ok_or_else(|| {
-                anyhow!(
-                    "no address in the connection entry of {}",
-                    written.display()
-                )
-            })?
-            .to_owned();
+        let t = Instant::now();
+        let (control, connect) = loop {
+            if let Some(status) = child.try_wait()? {
+                let mut stderr = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut stderr)?;
+                ensure!(
+                    status.success(),
+                    "flower-hub connect {federation} failed: {stderr}"
+                );
+                let control = read_entry().ok_or_else(|| {
+                    anyhow!(
+                        "no address in the connection entry of {}",
+                        written.display()
+                    )
+                })?;
+                break (control, None);
+            }
+            if let Some(control) = read_entry() {
+                break (control, Some(child));
+            }
+            ensure!(
+                t.elapsed() < Duration::from_secs(30),
+                "flower-hub connect {federation} wrote no entry into {} in 30 s",
+                written.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
         Ok(Self {
             flwr: e2e::flwr::HostFlwr {
                 venv,
@@ -1102,8 +1167,30 @@ impl FlwrFromTheHost {
             federation: federation.to_owned(),
             min_nodes,
             control,
+            ca,
+            dialect: if app_connections {
+                FlowerDialect::Classic
+            } else {
+                FlowerDialect::Unified
+            },
+            connect,
             _dir: dir,
         })
+    }
+
+    /// A Control API client through the same connection `flwr` uses.
+    fn control_client(&self) -> Result<ControlClient> {
+        let host = self
+            .control
+            .rsplit_once(':')
+            .map_or(self.control.as_str(), |(h, _)| h)
+            .to_owned();
+        Ok(ControlClient::new(ControlEndpoint {
+            dialect: self.dialect,
+            address: self.control.clone(),
+            server_name: host,
+            ca_pem: Some(std::fs::read_to_string(&self.ca)?),
+        })?)
     }
 
     /// #9 items 6a and 6e: `flwr run examples/fedavg FEDERATION` (2 rounds, `min_nodes`

@@ -512,7 +512,7 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
     ensure!(
         config["superlink"]["default"].as_str() == Some(FED)
             && config["superlink"][FED]["address"].as_str()
-                == Some(format!("127.0.0.1:{}", w.grpc_port).as_str()),
+                == Some(format!("127.0.0.1:{}", w.extra_port).as_str()),
         "config.toml: {config}"
     );
     ensure!(
@@ -764,10 +764,21 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
         .build()?;
     let client = ControlClient::new(ControlEndpoint {
         dialect: flower_addon_crds::render::FlowerDialect::Unified,
-        address: format!("127.0.0.1:{}", w.grpc_port),
+        address: format!("127.0.0.1:{}", w.extra_port),
         server_name: "127.0.0.1".into(),
         ca_pem: Some(std::fs::read_to_string(w.hub_ca())?),
     })?;
+    // #13 item 1: the Fleet port SuperNodes dial (the hub's Fleet front) serves no Control API.
+    let through_fleet = ControlClient::new(ControlEndpoint {
+        address: format!("127.0.0.1:{}", w.grpc_port),
+        ..client.endpoint().clone()
+    })?;
+    let refused = rt.block_on(through_fleet.list_nodes());
+    ensure!(
+        matches!(&refused, Err(e) if e.to_string().contains("Fleet API")),
+        "ListNodes at the Fleet port {}: {refused:?}",
+        w.grpc_port
+    );
     let edge1: Vec<Vec<u8>> = (0..3)
         .map(|i| {
             let line = std::fs::read_to_string(w.key(0, "site-a", i).with_extension("key.pub"))?;

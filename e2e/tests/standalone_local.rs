@@ -165,10 +165,11 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         ["FAE2E_KEEP=base", "FAE2E_MODE=base"],
         "SuperNode environments: {envs:?}"
     );
-    // Where flwr reaches this SuperLink, as Kubernetes mode puts it in status.endpoints.
+    // Where flwr reaches this SuperLink, as Kubernetes mode puts it in status.endpoints: its
+    // Control port on loopback (the Fleet port serves SuperNodes only, #13).
     assert_eq!(
         ready["control"],
-        format!("127.0.0.1:{}", ports[0]),
+        format!("127.0.0.1:{}", ports[1]),
         "{ready}"
     );
 

@@ -1,6 +1,6 @@
 //! `flower-hub`: the flower-addon hub command line.
 use clap::{Parser, Subcommand};
-use flower_addon_hub::cli::{offline, registration, serve};
+use flower_addon_hub::cli::{front, offline, registration, serve};
 use std::process::ExitCode;
 
 /// flower-addon hub: runs Flower SuperLinks for Federations and sends each selected cluster its
@@ -56,6 +56,12 @@ enum Command {
         after_help = "Examples:\n  flower-hub connect demo --federation-namespace demo --flwr-home ~/.flwr\n  FLWR_HOME=~/.flwr flwr run examples/fedavg demo\n  flower-hub connect demo --federation-namespace demo --app ./my-app   # Flower <= 1.25\n  flwr run ./my-app demo"
     )]
     Connect(registration::ConnectArgs),
+    /// Serve a unified-dialect SuperLink's Fleet API only (the SuperLink pod's sidecar): Fleet
+    /// requests and /health pass, the Control and Runtime APIs are refused with 403.
+    #[command(
+        after_help = "Example:\n  flower-hub fleet-front --listen 0.0.0.0:9092 --upstream 127.0.0.1:8000 --tls-dir /etc/flower/tls"
+    )]
+    FleetFront(front::FleetFrontArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -77,7 +83,7 @@ fn main() -> ExitCode {
     // warnings (and not kube-client's retry noise) are logged for them.
     flower_addon_hub::cli::init_tracing_with(
         match cli.command {
-            Command::Serve(_) => "info",
+            Command::Serve(_) | Command::FleetFront(_) => "info",
             _ => "warn,kube_client=off",
         },
         cli.global.log_format,
@@ -92,6 +98,7 @@ fn main() -> ExitCode {
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
         Command::Connect(args) => registration::connect(args),
+        Command::FleetFront(args) => front::fleet_front(args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-hub",

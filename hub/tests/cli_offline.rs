@@ -190,12 +190,24 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
         .iter()
         .map(|d| d["kind"].as_str().unwrap_or_default().to_owned())
         .collect();
-    assert_eq!(kinds, ["StatefulSet", "Service", "StatefulSet", "Service"]);
-    assert_eq!(docs[2]["metadata"]["name"], "fed-supernode-a");
-    // The pool's headless Service, the one its StatefulSet names in serviceName.
+    assert_eq!(
+        kinds,
+        [
+            "StatefulSet",
+            "Service",
+            "Service",
+            "StatefulSet",
+            "Service"
+        ]
+    );
+    // The Control API's own ClusterIP Service (#13: Fleet and Control apart).
+    assert_eq!(docs[2]["metadata"]["name"], "fed-superlink-control");
+    assert_eq!(docs[2]["spec"]["type"], "ClusterIP");
     assert_eq!(docs[3]["metadata"]["name"], "fed-supernode-a");
-    assert_eq!(docs[2]["spec"]["serviceName"], "fed-supernode-a");
-    assert_eq!(docs[3]["spec"]["clusterIP"], "None");
+    // The pool's headless Service, the one its StatefulSet names in serviceName.
+    assert_eq!(docs[4]["metadata"]["name"], "fed-supernode-a");
+    assert_eq!(docs[3]["spec"]["serviceName"], "fed-supernode-a");
+    assert_eq!(docs[4]["spec"]["clusterIP"], "None");
 
     let placed = VALID.replace(
         "superlink: { image: flwr/superlink:1.25.0 }",
@@ -224,7 +236,11 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
     let out = hub(&["render", &placed]);
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(&text(&out.stdout)).expect("YAML stream");
-    assert_eq!(docs.len(), 2, "placed pools are not rendered for the hub");
+    assert_eq!(
+        docs.len(),
+        3,
+        "placed pools are not rendered for the hub (SuperLink StatefulSet + 2 Services)"
+    );
     let out = hub(&[
         "render",
         &placed,

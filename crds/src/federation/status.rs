@@ -41,13 +41,15 @@ pub struct FederationStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FederationEndpoints {
-    /// In-cluster Control API address, `<svc>.<ns>.svc:<control port>` (flower-operator's field).
+    /// In-cluster Control API address, `<fed>-superlink-control.<ns>.svc:<control port>`
+    /// (flower-operator's field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superlink_service: Option<String>,
     /// External Fleet API address spokes dial (`host:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<String>,
-    /// External Control API address for `flwr run` (`host:port`).
+    /// External Control API address for `flwr run` (`host:port`): only with
+    /// `spec.superlink.service.exposeControl`; otherwise `flower-hub connect` port-forwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<String>,
 }

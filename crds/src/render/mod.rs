@@ -46,6 +46,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// are readable and writable by Flower.
 pub const FLOWER_IMAGE_GROUP: i64 = 49999;
 
+/// flower-addon's own image (the root `Dockerfile`; `flower-hub` and `flower-agent`) at this
+/// release: the manifests' image, and the SuperLink pod's `fleet-front` sidecar.
+pub const ADDON_IMAGE: &str = concat!(
+    "ghcr.io/flower-addon/flower-addon:",
+    env!("CARGO_PKG_VERSION")
+);
+
 pub use dialect::{DialectError, FlowerDialect, FlowerVersion};
 pub use node_config::{NodeConfigError, encode_node_config};
 pub use node_keys::{mount_node_keys, node_key_secret_name};

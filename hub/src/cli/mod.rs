@@ -1,4 +1,5 @@
 //! Command-line front ends. `main.rs` only dispatches; each module owns its arguments.
+pub mod front;
 pub mod offline;
 pub mod registration;
 pub mod serve;

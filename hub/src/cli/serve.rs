@@ -54,7 +54,9 @@ pub struct ServeArgs {
     /// Default: PATH.
     #[arg(long, env = "FLOWER_BIN_DIR")]
     pub flower_bin: Option<PathBuf>,
-    /// Host the SuperLinks listen on (standalone).
+    /// Host the SuperLinks' Fleet API (what SuperNodes dial) listens on (standalone). Their
+    /// Control API listens on 127.0.0.1 unless a Federation sets
+    /// `spec.superlink.service.exposeControl`.
     #[arg(long, default_value = "0.0.0.0")]
     pub superlink_host: String,
     /// Address of the hub cluster's nodes that spokes reach (Kubernetes mode): a placed

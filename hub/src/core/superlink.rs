@@ -13,38 +13,63 @@ use crate::core::render::{host_of, superlink_name};
 /// The ports a SuperLink listens on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SuperLinkPorts {
-    /// Fleet API (SuperNodes dial it).
+    /// Where SuperNodes dial the Fleet API: the SuperLink's own Fleet port, or the Fleet
+    /// front's when [`Self::front`] is set.
     pub fleet: u16,
-    /// Control API (`flwr`); equal to `fleet` in the unified dialect.
+    /// Control API (`flwr`); in the unified dialect the SuperLink's one server (Fleet, Control
+    /// and Runtime APIs), which its own SuperExec dials too.
     pub control: u16,
     /// ServerAppIO (classic dialect only; always bound to 127.0.0.1).
     pub serverappio: Option<u16>,
+    /// A Fleet front ([`crate::flower::front`]) listens on `fleet` and passes only Fleet
+    /// requests to the SuperLink's server on `control`: the unified dialect serves Control on
+    /// the same server, and `spec.superlink.service.exposeControl` is off.
+    pub front: bool,
 }
+
+/// The Fleet front's container port (the classic Fleet port's number: SuperNodes see the same
+/// port in both dialects).
+pub const FRONT_PORT: u16 = 9092;
 
 impl SuperLinkPorts {
     /// Flower's default ports, which the SuperLink container listens on (the Service maps
-    /// `spec.superlink.service.ports` to them).
-    pub fn container(dialect: FlowerDialect) -> Self {
+    /// `spec.superlink.service.ports` to them), and the Fleet front's.
+    pub fn container(fed: &Federation, dialect: FlowerDialect) -> Self {
         match dialect {
+            FlowerDialect::Unified if separate_control(fed) => Self {
+                fleet: FRONT_PORT,
+                control: port(unified_ports::SUPERLINK),
+                serverappio: None,
+                front: true,
+            },
             FlowerDialect::Unified => Self::single(port(unified_ports::SUPERLINK)),
             FlowerDialect::Classic => Self {
                 fleet: port(classic_ports::FLEET),
                 control: port(classic_ports::CONTROL),
                 serverappio: Some(port(classic_ports::SERVERAPPIO)),
+                front: false,
             },
         }
     }
 
-    /// The ports of `spec.superlink.service.ports`, which a SuperLink process listens on
-    /// directly (standalone: the hub machine's own ports, as a NodePort would be).
+    /// The ports of `spec.superlink.service.ports`, which a SuperLink process (or its Fleet
+    /// front) listens on directly (standalone: the hub machine's own ports, as a NodePort would
+    /// be).
     pub fn from_spec(fed: &Federation, dialect: FlowerDialect) -> Self {
         let ports = &fed.spec.superlink.service.ports;
         match dialect {
+            FlowerDialect::Unified if separate_control(fed) => Self {
+                fleet: port(ports.grpc),
+                control: port(ports.extra),
+                serverappio: None,
+                front: true,
+            },
             FlowerDialect::Unified => Self::single(port(ports.grpc)),
             FlowerDialect::Classic => Self {
                 fleet: port(ports.grpc),
                 control: port(ports.extra),
                 serverappio: Some(port(ports.server_app_io)),
+                front: false,
             },
         }
     }
@@ -54,8 +79,15 @@ impl SuperLinkPorts {
             fleet: port,
             control: port,
             serverappio: None,
+            front: false,
         }
     }
+}
+
+/// Whether the Control API stays off the endpoint SuperNodes reach (the default; off with
+/// `spec.superlink.service.exposeControl`).
+pub fn separate_control(fed: &Federation) -> bool {
+    !fed.spec.superlink.service.expose_control
 }
 
 fn port(n: i32) -> u16 {
@@ -65,8 +97,12 @@ fn port(n: i32) -> u16 {
 /// Where a SuperLink finds its files and where it listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SuperLinkLayout {
-    /// Address the Fleet (and, classic, Control) API binds.
+    /// Address the Fleet API (or the Fleet front) binds: where SuperNodes dial.
     pub bind_host: String,
+    /// Address the Control API binds (in the unified dialect with a front, the SuperLink's
+    /// whole server): loopback for a standalone process unless `exposeControl`; every address
+    /// in a pod (the hub reaches it through Service `<name>-superlink-control`).
+    pub control_host: String,
     /// Its ports.
     pub ports: SuperLinkPorts,
     /// CA bundle, certificate and key files (`ca.crt`, `tls.crt`, `tls.key`).
@@ -103,8 +139,13 @@ pub fn superlink_argv(
     let ports = layout.ports;
     match dialect {
         FlowerDialect::Unified => {
+            let host = if ports.front {
+                &layout.control_host
+            } else {
+                host
+            };
             args.push(format!("--host={host}"));
-            args.push(format!("--port={}", ports.fleet));
+            args.push(format!("--port={}", ports.control));
         }
         FlowerDialect::Classic => {
             args.push(format!(
@@ -114,7 +155,10 @@ pub fn superlink_argv(
                     .unwrap_or(port(classic_ports::SERVERAPPIO))
             ));
             args.push(format!("--fleet-api-address={host}:{}", ports.fleet));
-            args.push(format!("--control-api-address={host}:{}", ports.control));
+            args.push(format!(
+                "--control-api-address={}:{}",
+                layout.control_host, ports.control
+            ));
         }
     }
     args.push(format!("--database={}", layout.database));
@@ -146,7 +190,7 @@ pub fn serverapp_superexec_argv(
             ),
         ],
         FlowerDialect::Unified => vec![
-            format!("--runtime-api-address=127.0.0.1:{}", layout.ports.fleet),
+            format!("--runtime-api-address=127.0.0.1:{}", layout.ports.control),
             if fed.spec.insecure {
                 "--insecure".into()
             } else {
@@ -156,23 +200,36 @@ pub fn serverapp_superexec_argv(
     }
 }
 
-/// The in-cluster DNS names of the SuperLink Service.
+/// The in-cluster DNS names of the SuperLink Services (`<fed>-superlink` and
+/// `<fed>-superlink-control`).
 pub fn in_cluster_names(fed: &Federation) -> Vec<String> {
     let name = superlink_name(fed.metadata.name.as_deref().unwrap_or_default());
     let ns = fed.metadata.namespace.as_deref().unwrap_or("default");
-    vec![
-        name.clone(),
-        format!("{name}.{ns}"),
-        format!("{name}.{ns}.svc"),
-        format!("{name}.{ns}.svc.cluster.local"),
-    ]
+    [name.clone(), control_service_name(&name)]
+        .into_iter()
+        .flat_map(|name| {
+            [
+                name.clone(),
+                format!("{name}.{ns}"),
+                format!("{name}.{ns}.svc"),
+                format!("{name}.{ns}.svc.cluster.local"),
+            ]
+        })
+        .collect()
+}
+
+/// Name of the ClusterIP Service of a SuperLink's Control API, `<fed>-superlink-control`, from
+/// the SuperLink's name.
+pub fn control_service_name(superlink: &str) -> String {
+    format!("{superlink}-control")
 }
 
 /// Where the hub reaches a Kubernetes-mode SuperLink's Control API: `(server name, address)` —
-/// its Service's `<name>.<namespace>.svc` (one of [`in_cluster_names`], so in the certificate) and
-/// the Service's Control port (the Fleet port in the unified dialect).
+/// Service `<fed>-superlink-control.<namespace>.svc` (one of [`in_cluster_names`], so in the
+/// certificate) at `spec.superlink.service.ports.extra` (the Fleet port in the unified dialect
+/// when `exposeControl` serves both on one port).
 pub fn in_cluster_control(fed: &Federation, dialect: FlowerDialect) -> (String, String) {
-    let host = in_cluster_names(fed).swap_remove(2);
+    let host = in_cluster_names(fed).swap_remove(6);
     let port = SuperLinkPorts::from_spec(fed, dialect).control;
     (host.clone(), format!("{host}:{port}"))
 }
@@ -209,11 +266,11 @@ mod tests {
             "metadata: {name: demo, namespace: team}\nspec: {mode: StatefulSet, isolationMode: subprocess, superlink: {image: \"flwr/superlink:1.42.0\", service: {ports: {grpc: 9092, extra: 9093}}}, supernodes: {image: \"flwr/supernode:1.42.0\", pools: []}}",
         );
         let (name, address) = in_cluster_control(&f, FlowerDialect::Classic);
-        assert_eq!(name, "demo-superlink.team.svc");
-        assert_eq!(address, "demo-superlink.team.svc:9093");
+        assert_eq!(name, "demo-superlink-control.team.svc");
+        assert_eq!(address, "demo-superlink-control.team.svc:9093");
         assert!(in_cluster_names(&f).contains(&name));
         let (_, address) = in_cluster_control(&f, FlowerDialect::Unified);
-        assert_eq!(address, "demo-superlink.team.svc:9092");
+        assert_eq!(address, "demo-superlink-control.team.svc:9093");
     }
 
     fn fed(yaml: &str) -> Federation {
@@ -242,6 +299,7 @@ spec:
     fn layout(ports: SuperLinkPorts, auth: bool) -> SuperLinkLayout {
         SuperLinkLayout {
             bind_host: "0.0.0.0".into(),
+            control_host: "0.0.0.0".into(),
             ports,
             tls_files: ["/t/ca.crt".into(), "/t/tls.crt".into(), "/t/tls.key".into()],
             database: "/s/superlink.db".into(),
@@ -265,7 +323,7 @@ spec:
                 "--ssl-keyfile=/t/tls.key",
                 "--enable-supernode-auth",
                 "--host=0.0.0.0",
-                "--port=19092",
+                "--port=19093",
                 "--database=/s/superlink.db",
                 "--disable-runtime-dependency-installation",
             ]
@@ -280,7 +338,7 @@ spec:
         // exposed beyond loopback.
         let f = fed(FED);
         let v = FlowerVersion::parse("1.25.0").unwrap();
-        let container = SuperLinkPorts::container(FlowerDialect::Classic);
+        let container = SuperLinkPorts::container(&f, FlowerDialect::Classic);
         let argv = superlink_argv(&f, v, FlowerDialect::Classic, &layout(container, false));
         assert!(argv.contains(&"--fleet-api-address=0.0.0.0:9092".to_owned()));
         assert!(argv.contains(&"--control-api-address=0.0.0.0:9093".to_owned()));
@@ -297,6 +355,62 @@ spec:
     }
 
     #[test]
+    fn control_stays_off_the_fleet_endpoint_unless_exposed() {
+        // #13 item 1. Unified (one server): a front on the Fleet port, the SuperLink on the
+        // Control port and control_host (loopback for a standalone process); its own SuperExec
+        // dials that server. Classic: Control on control_host. exposeControl: today's layout.
+        let f = fed(FED);
+        let v = FlowerVersion::parse("1.42.0").unwrap();
+        let ports = SuperLinkPorts::from_spec(&f, FlowerDialect::Unified);
+        assert_eq!(
+            ports,
+            SuperLinkPorts {
+                fleet: 19092,
+                control: 19093,
+                serverappio: None,
+                front: true
+            }
+        );
+        let standalone = SuperLinkLayout {
+            control_host: "127.0.0.1".into(),
+            ..layout(ports, true)
+        };
+        let argv = superlink_argv(&f, v, FlowerDialect::Unified, &standalone);
+        assert!(argv.contains(&"--host=127.0.0.1".to_owned()), "{argv:?}");
+        assert!(argv.contains(&"--port=19093".to_owned()), "{argv:?}");
+        let superexec = serverapp_superexec_argv(&f, FlowerDialect::Unified, &standalone);
+        assert!(superexec.contains(&"--runtime-api-address=127.0.0.1:19093".to_owned()));
+        let container = SuperLinkPorts::container(&f, FlowerDialect::Unified);
+        assert_eq!((container.fleet, container.control), (FRONT_PORT, 8000));
+        assert!(container.front);
+
+        let classic = SuperLinkPorts::from_spec(&f, FlowerDialect::Classic);
+        assert!(!classic.front);
+        let argv = superlink_argv(
+            &f,
+            FlowerVersion::parse("1.25.0").unwrap(),
+            FlowerDialect::Classic,
+            &SuperLinkLayout {
+                control_host: "127.0.0.1".into(),
+                ..layout(classic, true)
+            },
+        );
+        assert!(argv.contains(&"--fleet-api-address=0.0.0.0:19092".to_owned()));
+        assert!(argv.contains(&"--control-api-address=127.0.0.1:19093".to_owned()));
+
+        let mut exposed = fed(FED);
+        exposed.spec.superlink.service.expose_control = true;
+        let ports = SuperLinkPorts::from_spec(&exposed, FlowerDialect::Unified);
+        assert_eq!(
+            (ports.fleet, ports.control, ports.front),
+            (19092, 19092, false)
+        );
+        let argv = superlink_argv(&exposed, v, FlowerDialect::Unified, &layout(ports, true));
+        assert!(argv.contains(&"--host=0.0.0.0".to_owned()));
+        assert!(argv.contains(&"--port=19092".to_owned()));
+    }
+
+    #[test]
     fn sans_cover_every_address_a_supernode_or_flwr_dials() {
         // Loopback, what the adapter knows, the external host (without port) and extra SANs.
         let f = fed(FED);
@@ -306,6 +420,7 @@ spec:
             "localhost",
             "demo-superlink.default.svc",
             "demo-superlink.default.svc.cluster.local",
+            "demo-superlink-control.default.svc",
             "hub.example",
             "flower.example",
         ] {

@@ -1,7 +1,9 @@
 //! The hub's side of Flower itself, used by both adapters: the SuperLink's Control API
-//! ([`control`]), SuperNode key formats ([`keys`]) and keeping a SuperLink's registered keys equal
+//! ([`control`]), the Fleet front that keeps the Control API off the port SuperNodes reach
+//! ([`front`]), SuperNode key formats ([`keys`]) and keeping a SuperLink's registered keys equal
 //! to what the core wants ([`sync_keys`]).
 pub mod control;
+pub mod front;
 pub mod keys;
 pub mod registry;
 

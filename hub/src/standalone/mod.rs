@@ -61,6 +61,11 @@ struct RunningSuperLink {
     argv: Vec<String>,
     superlink: Supervised,
     superexec: Option<Supervised>,
+    /// The Fleet front task (unified dialect, Control kept on loopback) and its stop signal.
+    front: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )>,
 }
 
 /// The standalone controller's memory.
@@ -341,6 +346,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .cloned()
             .unwrap_or_else(|| "127.0.0.1".into());
         let control_host = match self.config.superlink_host.as_str() {
+            _ if crate::core::superlink::separate_control(fed) => "127.0.0.1".to_owned(),
             "0.0.0.0" | "::" | "" => advertised.clone(),
             bound => bound.to_owned(),
         };
@@ -357,7 +363,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
         match crate::core::render::external_endpoints(fed, dialect, None, None) {
             Ok(external) if fed.spec.superlink.external_address.is_some() => StandaloneEndpoints {
                 fleet: external.fleet,
-                control: external.control.or(control),
+                control: if crate::core::superlink::separate_control(fed) {
+                    control
+                } else {
+                    external.control.or(control)
+                },
             },
             _ => StandaloneEndpoints {
                 fleet: crate::core::render::with_default_port(&advertised, i32::from(addr.fleet)),
@@ -414,6 +424,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
             stop_superlink(old).await;
         }
         std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
+        let front = if layout.ports.front {
+            Some(start_front(fed, &layout, paths).await?)
+        } else {
+            None
+        };
         let superlink = Supervised::start(ProcessSpec {
             name: format!("superlink/{}/{}", key.0, key.1),
             program: self.flower_program("flower-superlink"),
@@ -448,6 +463,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 argv,
                 superlink,
                 superexec,
+                front,
             },
         );
         Ok(())
@@ -482,10 +498,64 @@ impl<S: ClusterStore> StandaloneHub<S> {
 }
 
 async fn stop_superlink(sl: RunningSuperLink) {
+    if let Some((stop, task)) = sl.front {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     if let Some(se) = sl.superexec {
         se.stop().await;
     }
     sl.superlink.stop().await;
+}
+
+/// Starts the Fleet front of a unified-dialect SuperLink whose Control API stays on loopback:
+/// it listens where SuperNodes dial (`bind_host`, the Fleet port) with the SuperLink's
+/// certificate and passes only Fleet requests to the SuperLink on `127.0.0.1`.
+async fn start_front(
+    fed: &Federation,
+    layout: &crate::core::superlink::SuperLinkLayout,
+    paths: &SuperLinkPaths,
+) -> Result<
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    ),
+    String,
+> {
+    use crate::flower::front::{FrontConfig, FrontTls};
+    let tls = if fed.spec.insecure {
+        None
+    } else {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        Some(
+            FrontTls::from_pem(
+                &read(&paths.ca)?,
+                &read(&paths.cert)?,
+                &read(&paths.key)?,
+                "127.0.0.1",
+            )
+            .map_err(|e| e.to_string())?,
+        )
+    };
+    let listen = (layout.bind_host.as_str(), layout.ports.fleet);
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        format!(
+            "spec.superlink.service.ports.grpc: cannot listen on {}:{} for SuperNodes (the Fleet front): {e}",
+            listen.0, listen.1
+        )
+    })?;
+    let config = FrontConfig {
+        upstream: format!("127.0.0.1:{}", layout.ports.control),
+        tls,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(crate::flower::front::serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+    tracing::info!(federation = %fed_key(fed).1, fleet = %format!("{}:{}", listen.0, listen.1), control = %format!("127.0.0.1:{}", layout.ports.control), "Fleet front started: the Control API stays on loopback");
+    Ok((stop, task))
 }
 
 fn fed_key(fed: &Federation) -> FedKey {

@@ -81,7 +81,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let Ok(ca_pem) = std::fs::read_to_string(&paths.ca) else {
                 continue;
             };
-            let host = self.control_dial_host();
+            let host = self.control_dial_host(fed);
             targets.push(crate::flower::registry::KeyTarget {
                 federation: key,
                 endpoint: crate::flower::control::ControlEndpoint {
@@ -102,7 +102,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
 
     /// Where the hub itself dials its SuperLinks' Control API: loopback when they listen on
     /// every address, else the one address they are bound to (in their certificate's SANs).
-    fn control_dial_host(&self) -> String {
+    fn control_dial_host(&self, fed: &Federation) -> String {
+        if crate::core::superlink::separate_control(fed) {
+            return "127.0.0.1".to_owned();
+        }
         match self.config.superlink_host.as_str() {
             "0.0.0.0" | "::" | "" => "127.0.0.1".to_owned(),
             bound => bound.to_owned(),

@@ -44,8 +44,9 @@ impl SuperLinkPaths {
 }
 
 impl SuperLinkPaths {
-    /// Where the SuperLink process finds its files and listens: the spec's ports on
-    /// `bind_host`, its TLS files and database here, and SuperNode authentication with TLS (the
+    /// Where the SuperLink process finds its files and listens: the spec's Fleet port (or its
+    /// Fleet front's) on `bind_host`, Control on loopback unless `exposeControl`, its TLS files
+    /// and database here, and SuperNode authentication with TLS (the
     /// standalone hub registers the agents' keys).
     pub fn layout(
         &self,
@@ -56,6 +57,11 @@ impl SuperLinkPaths {
         let shown = |p: &Path| p.display().to_string();
         SuperLinkLayout {
             bind_host: bind_host.to_owned(),
+            control_host: if crate::core::superlink::separate_control(fed) {
+                "127.0.0.1".to_owned()
+            } else {
+                bind_host.to_owned()
+            },
             ports: SuperLinkPorts::from_spec(fed, dialect),
             tls_files: [shown(&self.ca), shown(&self.cert), shown(&self.key)],
             database: shown(&self.database),

@@ -1,7 +1,14 @@
 //! `flower-hub connect FEDERATION`: the `flwr` connection entry for a Federation's SuperLink —
-//! its Control endpoint as reached from outside (Kubernetes: `status.endpoints.control`;
-//! standalone: the address in `status.json`) and the CA that signed its certificate, written to
-//! a file — printed, or merged into `FLWR_HOME/config.toml` so `flwr run APP FEDERATION` works.
+//! its Control endpoint and the CA that signed its certificate, written to a file — printed, or
+//! merged into `FLWR_HOME/config.toml` so `flwr run APP FEDERATION` works.
+//!
+//! Where the Control endpoint is:
+//! - Kubernetes, by default: nowhere outside the hub cluster (the port SuperNodes reach serves
+//!   the Fleet API only). `connect` listens on `127.0.0.1:<--local-port>` and forwards each
+//!   connection to the SuperLink pod through the Kubernetes API (a port-forward: RBAC on
+//!   `pods/portforward` decides who may run code on the Federation), until Ctrl-C;
+//! - Kubernetes with `spec.superlink.service.exposeControl`: `status.endpoints.control`;
+//! - standalone: the address in `status.json` (loopback unless `exposeControl`).
 use super::*;
 
 /// `flower-hub connect`.
@@ -26,6 +33,10 @@ pub struct ConnectArgs {
     /// file (comments too), instead of only printing it.
     #[arg(long, value_name = "DIR")]
     pub app: Option<PathBuf>,
+    /// Kubernetes, Control API not exposed: the local port to forward from (`0`: any free
+    /// port; the entry written names the port chosen).
+    #[arg(long, default_value_t = 0)]
+    pub local_port: u16,
 }
 
 /// What `flwr` needs to reach one SuperLink.
@@ -34,6 +45,8 @@ struct Connection {
     address: String,
     /// PEM of the CA; `None` for an insecure Federation.
     ca_pem: Option<String>,
+    /// A port-forward to keep running: `(pod, container port)` in the Federation's namespace.
+    forward: Option<(String, u16)>,
 }
 
 /// `flower-hub connect`.
@@ -41,9 +54,25 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let hub = Hub::open(&args.hub_args).await?;
         let (ns, name) = (&args.federation_namespace, &args.federation);
+        let mut listener = None;
         let connection = match &hub {
             Hub::File { dir, .. } => standalone_connection(dir, ns, name)?,
-            Hub::Kube { client, .. } => kube_connection(client, ns, name).await?,
+            Hub::Kube { client, .. } => {
+                let mut connection = kube_connection(client, ns, name).await?;
+                if connection.forward.is_some() {
+                    let bound = tokio::net::TcpListener::bind(("127.0.0.1", args.local_port))
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "--local-port {}: cannot listen on 127.0.0.1",
+                                args.local_port
+                            )
+                        })?;
+                    connection.address = bound.local_addr()?.to_string();
+                    listener = Some(bound);
+                }
+                connection
+            }
         };
         let ca_file = match &connection.ca_pem {
             Some(pem) => {
@@ -71,39 +100,86 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<ExitCode> {
             std::fs::write(&file, merged).with_context(|| format!("write {}", file.display()))?;
             println!("wrote [tool.flwr.federations.{name}] to {}", file.display());
             println!("run: flwr run {} {name}", app.display());
-            return Ok(ExitCode::SUCCESS);
+        } else {
+            match &args.flwr_home {
+                Some(home) => {
+                    let file = home.join("config.toml");
+                    let current = match std::fs::read_to_string(&file) {
+                        Ok(text) => text,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                        Err(e) => return Err(e).context(format!("read {}", file.display())),
+                    };
+                    let merged = merge_config(&current, name, entry)
+                        .with_context(|| format!("{} is not valid TOML", file.display()))?;
+                    std::fs::create_dir_all(home)?;
+                    std::fs::write(&file, merged)
+                        .with_context(|| format!("write {}", file.display()))?;
+                    println!("wrote [superlink.{name}] to {}", file.display());
+                    println!("FLWR_HOME={}", home.display());
+                    println!("run: FLWR_HOME={} flwr run APP_DIR {name}", home.display());
+                }
+                None => {
+                    let mut doc = toml::Table::new();
+                    let mut superlink = toml::Table::new();
+                    superlink.insert(name.clone(), toml::Value::Table(entry));
+                    doc.insert("superlink".into(), toml::Value::Table(superlink));
+                    println!(
+                        "# flwr >= 1.26: add to $FLWR_HOME/config.toml (or pass --flwr-home DIR);\n\
+                         # flwr <= 1.25: put the same keys under [tool.flwr.federations.{name}] in the app's pyproject.toml"
+                    );
+                    print!("{}", toml::to_string(&doc)?);
+                }
+            }
         }
-        match &args.flwr_home {
-            Some(home) => {
-                let file = home.join("config.toml");
-                let current = match std::fs::read_to_string(&file) {
-                    Ok(text) => text,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-                    Err(e) => return Err(e).context(format!("read {}", file.display())),
-                };
-                let merged = merge_config(&current, name, entry)
-                    .with_context(|| format!("{} is not valid TOML", file.display()))?;
-                std::fs::create_dir_all(home)?;
-                std::fs::write(&file, merged)
-                    .with_context(|| format!("write {}", file.display()))?;
-                println!("wrote [superlink.{name}] to {}", file.display());
-                println!("FLWR_HOME={}", home.display());
-                println!("run: FLWR_HOME={} flwr run APP_DIR {name}", home.display());
-            }
-            None => {
-                let mut doc = toml::Table::new();
-                let mut superlink = toml::Table::new();
-                superlink.insert(name.clone(), toml::Value::Table(entry));
-                doc.insert("superlink".into(), toml::Value::Table(superlink));
-                println!(
-                    "# flwr >= 1.26: add to $FLWR_HOME/config.toml (or pass --flwr-home DIR);\n\
-                     # flwr <= 1.25: put the same keys under [tool.flwr.federations.{name}] in the app's pyproject.toml"
-                );
-                print!("{}", toml::to_string(&doc)?);
-            }
+        if let (Hub::Kube { client, .. }, Some(listener), Some((pod, port))) =
+            (&hub, listener, &connection.forward)
+        {
+            println!(
+                "forwarding {} to pod {ns}/{pod} port {port} through the Kubernetes API; keep this running while you use flwr (Ctrl-C stops it)",
+                connection.address
+            );
+            use std::io::Write as _;
+            std::io::stdout().flush()?;
+            forward_until_signal(client, ns, pod, *port, listener).await?;
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Forwards every connection accepted on `listener` to `port` of pod `ns/pod` (one Kubernetes
+/// port-forward stream each) until SIGINT/SIGTERM.
+async fn forward_until_signal(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    port: u16,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<()> {
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    let signal = crate::cli::serve::shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        let (mut tcp, peer) = tokio::select! {
+            () = &mut signal => return Ok(()),
+            accepted = listener.accept() => accepted?,
+        };
+        let (pods, pod) = (pods.clone(), pod.to_owned());
+        tokio::spawn(async move {
+            let forwarded = async {
+                let mut forwarder = pods.portforward(&pod, &[port]).await?;
+                let mut stream = forwarder
+                    .take_stream(port)
+                    .context("the port-forward has no stream")?;
+                tokio::io::copy_bidirectional(&mut tcp, &mut stream).await?;
+                drop(stream);
+                forwarder.join().await?;
+                anyhow::Ok(())
+            };
+            if let Err(e) = forwarded.await {
+                eprintln!("flower-hub: port-forward for {peer} to pod {pod} port {port}: {e:#}");
+            }
+        });
+    }
 }
 
 fn entry_table(address: &str, ca_file: Option<&Path>) -> toml::Table {
@@ -190,7 +266,11 @@ fn standalone_connection(dir: &Path, ns: &str, name: &str) -> anyhow::Result<Con
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None, // insecure: no TLS files
         Err(e) => return Err(e).context(format!("read {}", ca_path.display())),
     };
-    Ok(Connection { address, ca_pem })
+    Ok(Connection {
+        address,
+        ca_pem,
+        forward: None,
+    })
 }
 
 async fn kube_connection(
@@ -205,19 +285,25 @@ async fn kube_connection(
         .with_context(|| {
             format!("no Federation {ns}/{name} (--federation-namespace sets the namespace)")
         })?;
-    let address = fed
+    let exposed = fed
         .status
         .as_ref()
         .and_then(|s| s.endpoints.as_ref())
-        .and_then(|e| e.control.clone())
-        .with_context(|| {
-            format!(
-                "Federation {ns}/{name} has no external Control endpoint (status.endpoints.control): \
-                 give its SuperLink a NodePort or LoadBalancer Service (spec.superlink.service.type) \
-                 or spec.superlink.externalAddress, or port-forward Service {}",
-                crate::core::render::superlink_name(name)
-            )
-        })?;
+        .and_then(|e| e.control.clone());
+    let (address, forward) = match exposed {
+        Some(address) if !crate::core::superlink::separate_control(&fed) => (address, None),
+        _ if crate::core::superlink::separate_control(&fed) => {
+            let (_, dialect) = crate::core::render::federation_dialect(&fed)?;
+            let port = crate::core::superlink::SuperLinkPorts::container(&fed, dialect).control;
+            let pod = format!("{}-0", crate::core::render::superlink_name(name));
+            (String::new(), Some((pod, port)))
+        }
+        _ => anyhow::bail!(
+            "Federation {ns}/{name} has no external Control endpoint yet (status.endpoints.control): \
+             spec.superlink.service.exposeControl is set, so it comes from its NodePort or \
+             LoadBalancer Service (spec.superlink.service.type) or spec.superlink.externalAddress"
+        ),
+    };
     let ca_pem = if fed.spec.insecure {
         None
     } else {
@@ -233,7 +319,11 @@ async fn kube_connection(
             .with_context(|| format!("Secret {ns}/{secret} has no ca.crt"))?;
         Some(String::from_utf8(ca.0.clone()).context("ca.crt is not text")?)
     };
-    Ok(Connection { address, ca_pem })
+    Ok(Connection {
+        address,
+        ca_pem,
+        forward,
+    })
 }
 
 #[cfg(test)]

@@ -48,8 +48,23 @@ pub enum ExternalAddressError {
 }
 
 /// The external endpoints of `fed` (a Federation with `placementRef`) given its Service as
-/// applied (`None` before it exists) and the hub cluster's node address.
+/// applied (`None` before it exists) and the hub cluster's node address. The Control address is
+/// known only with `spec.superlink.service.exposeControl`: otherwise nothing outside the hub
+/// cluster serves the Control API (`flower-hub connect` port-forwards to it).
 pub fn external_endpoints(
+    fed: &Federation,
+    dialect: FlowerDialect,
+    service: Option<&Service>,
+    node_address: Option<&str>,
+) -> Result<ExternalEndpoints, ExternalAddressError> {
+    let mut endpoints = exposed_endpoints(fed, dialect, service, node_address)?;
+    if crate::core::superlink::separate_control(fed) {
+        endpoints.control = None;
+    }
+    Ok(endpoints)
+}
+
+fn exposed_endpoints(
     fed: &Federation,
     dialect: FlowerDialect,
     service: Option<&Service>,
@@ -183,26 +198,46 @@ spec:
                 control: None
             })
         );
-        // A bare host gets the Service ports for both APIs.
-        let f = fed(r#"{image: "flwr/superlink:1.25.0", externalAddress: "hub.example"}"#);
+        // A bare host gets the Service ports for both APIs, Control only when exposed.
+        let f = fed(
+            r#"{image: "flwr/superlink:1.25.0", externalAddress: "hub.example", service: {exposeControl: true}}"#,
+        );
         let got = external_endpoints(&f, FlowerDialect::Classic, None, None).unwrap();
         assert_eq!(got.fleet, "hub.example:9092");
         assert_eq!(got.control.as_deref(), Some("hub.example:9093"));
+        let f = fed(r#"{image: "flwr/superlink:1.25.0", externalAddress: "hub.example"}"#);
+        let got = external_endpoints(&f, FlowerDialect::Classic, None, None).unwrap();
+        assert_eq!(got.fleet, "hub.example:9092");
+        assert_eq!(got.control, None);
     }
 
     #[test]
     fn node_port_services_give_node_address_and_node_port() {
         // No externalAddress + NodePort: spokes dial the hub's node address at the fleet node port.
-        let f = fed(r#"{image: "flwr/superlink:1.25.0", service: {type: NodePort}}"#);
+        let f = fed(
+            r#"{image: "flwr/superlink:1.25.0", service: {type: NodePort, exposeControl: true}}"#,
+        );
         let svc = node_port_service(Some(30092), Some(30093));
         let got =
             external_endpoints(&f, FlowerDialect::Classic, Some(&svc), Some("198.18.0.1")).unwrap();
         assert_eq!(got.fleet, "198.18.0.1:30092");
         assert_eq!(got.control.as_deref(), Some("198.18.0.1:30093"));
         assert_eq!(got.fleet_host(), "198.18.0.1");
+        // Not exposed (the default): no Control address outside the cluster.
+        let f = fed(r#"{image: "flwr/superlink:1.42.0", service: {type: NodePort}}"#);
+        let svc = node_port_service(Some(30092), None);
+        let got = external_endpoints(&f, FlowerDialect::Unified, Some(&svc), Some("hub.example"))
+            .unwrap();
+        assert_eq!(
+            got,
+            ExternalEndpoints {
+                fleet: "hub.example:30092".into(),
+                control: None
+            }
+        );
         // The unified dialect with one port: Control is the same address.
         let f = fed(
-            r#"{image: "flwr/superlink:1.42.0", service: {type: NodePort, ports: {grpc: 9092, extra: 9092}}}"#,
+            r#"{image: "flwr/superlink:1.42.0", service: {type: NodePort, exposeControl: true, ports: {grpc: 9092, extra: 9092}}}"#,
         );
         let svc = node_port_service(Some(30092), None);
         let got = external_endpoints(&f, FlowerDialect::Unified, Some(&svc), Some("hub.example"))
@@ -239,7 +274,9 @@ spec:
     #[test]
     fn load_balancers_give_their_ingress() {
         // LoadBalancer: the ingress IP (or hostname) with the Service ports.
-        let f = fed(r#"{image: "flwr/superlink:1.25.0", service: {type: LoadBalancer}}"#);
+        let f = fed(
+            r#"{image: "flwr/superlink:1.25.0", service: {type: LoadBalancer, exposeControl: true}}"#,
+        );
         let svc = Service {
             status: Some(ServiceStatus {
                 load_balancer: Some(LoadBalancerStatus {

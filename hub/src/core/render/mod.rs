@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Service;
 
 pub use address::{ExternalAddressError, ExternalEndpoints, external_endpoints};
 pub use flower_addon_crds::render::address::{host_of, with_default_port};
-pub use service::render_superlink_service;
+pub use service::{render_superlink_control_service, render_superlink_service};
 pub use superlink::{STATE_MOUNT_DIR, STATE_VOLUME, TLS_MOUNT_DIR, render_superlink};
 
 /// Why a Federation cannot be rendered.
@@ -59,16 +59,19 @@ pub enum HubRenderError {
 pub struct HubObjects {
     /// SuperLink StatefulSet `<fed>-superlink`.
     pub superlink: StatefulSet,
-    /// SuperLink Service `<fed>-superlink`.
+    /// SuperLink Service `<fed>-superlink` (what SuperNodes dial).
     pub service: Service,
+    /// Control API Service `<fed>-superlink-control` (ClusterIP).
+    pub control_service: Service,
 }
 
 impl HubObjects {
-    /// Every object as JSON, in apply order (StatefulSet, Service).
+    /// Every object as JSON, in apply order (StatefulSet, Services).
     pub fn to_values(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
         Ok(vec![
             serde_json::to_value(&self.superlink)?,
             serde_json::to_value(&self.service)?,
+            serde_json::to_value(&self.control_service)?,
         ])
     }
 }
@@ -146,7 +149,12 @@ pub fn render_hub(fed: &Federation) -> Result<HubObjects, HubRenderError> {
     let (version, dialect) = federation_dialect(fed)?;
     let superlink = render_superlink(fed, version, dialect)?;
     let service = render_superlink_service(fed, dialect)?;
-    Ok(HubObjects { superlink, service })
+    let control_service = render_superlink_control_service(fed, dialect)?;
+    Ok(HubObjects {
+        superlink,
+        service,
+        control_service,
+    })
 }
 
 /// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports

@@ -29,6 +29,9 @@ pub const STATE_MOUNT_DIR: &str = "/var/lib/flwr/state";
 /// Where the SuperLink TLS Secret (`ca.crt`, `tls.crt`, `tls.key`) is mounted.
 pub const TLS_MOUNT_DIR: &str = "/etc/flwr/tls";
 const TLS_VOLUME: &str = "superlink-tls";
+/// The Fleet front sidecar's container name (a `podTemplate` container of this name is merged
+/// into it, e.g. to pull our image from a mirror).
+pub const FRONT_CONTAINER: &str = "fleet-front";
 
 fn port(name: &str, number: i32) -> ContainerPort {
     ContainerPort {
@@ -48,7 +51,8 @@ fn port(name: &str, number: i32) -> ContainerPort {
 pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLayout {
     SuperLinkLayout {
         bind_host: "0.0.0.0".to_owned(),
-        ports: SuperLinkPorts::container(dialect),
+        control_host: "0.0.0.0".to_owned(),
+        ports: SuperLinkPorts::container(fed, dialect),
         tls_files: [
             format!("{TLS_MOUNT_DIR}/ca.crt"),
             format!("{TLS_MOUNT_DIR}/tls.crt"),
@@ -60,8 +64,9 @@ pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLa
 }
 
 /// Renders the SuperLink StatefulSet: one replica, container `superlink` with the image's
-/// entrypoint, the dialect's ports, the database volume, TLS mounts when `insecure` is false, and
-/// the `superexec-serverapp` sidecar in process isolation.
+/// entrypoint, the dialect's ports, the database volume, TLS mounts when `insecure` is false, the
+/// `fleet-front` sidecar (our image, [`crate::flower::front`]) where SuperNodes must not reach
+/// the unified dialect's Control API, and the `superexec-serverapp` sidecar in process isolation.
 pub fn render_superlink(
     fed: &Federation,
     version: FlowerVersion,
@@ -141,6 +146,29 @@ pub fn render_superlink(
         volume_mounts: Some(mounts),
         ..Container::default()
     }];
+    if layout.ports.front {
+        let mut args = vec![
+            "fleet-front".to_owned(),
+            format!("--listen=0.0.0.0:{}", layout.ports.fleet),
+            format!("--upstream=127.0.0.1:{}", layout.ports.control),
+        ];
+        let mut front_mounts = Vec::new();
+        if spec.insecure {
+            args.push("--insecure".to_owned());
+        } else {
+            args.push(format!("--tls-dir={TLS_MOUNT_DIR}"));
+            front_mounts.push(tls_mount.clone());
+        }
+        containers.push(Container {
+            name: FRONT_CONTAINER.to_owned(),
+            image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
+            image_pull_policy: Some("IfNotPresent".to_owned()),
+            args: Some(args),
+            ports: Some(vec![port("fleet", i32::from(layout.ports.fleet))]),
+            volume_mounts: non_empty(front_mounts),
+            ..Container::default()
+        });
+    }
     if process {
         let image = superlink
             .superexec_image

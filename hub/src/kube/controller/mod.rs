@@ -242,7 +242,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::requeue(RESYNC))
 }
 
-/// Applies the SuperLink Service, the TLS Secret and the SuperLink, then prunes. The Service goes first: a placed Federation's external address (and so the
+/// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes. The Service goes first: a placed Federation's external address (and so the
 /// certificate's SANs) may come from the node port or load balancer it gets.
 async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
     let client = &ctx.client;
@@ -301,6 +301,13 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         }
     }
 
+    apply::own(&mut objects.control_service.metadata, fed);
+    apply::apply(
+        &Api::<Service>::namespaced(client.clone(), namespace),
+        &objects.control_service,
+    )
+    .await?;
+
     apply::own(&mut objects.superlink.metadata, fed);
     let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
     let superlink = apply::apply(&sts_api, &objects.superlink).await?;
@@ -308,7 +315,10 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
     // The pools of a Federation without placementRef are the hub cluster's work, applied by
     // crate::kube::local under its own manager; this controller's objects are the SuperLink's.
     let statefulsets = BTreeSet::from([superlink.name_any()]);
-    let services = BTreeSet::from([objects.service.name_any()]);
+    let services = BTreeSet::from([
+        objects.service.name_any(),
+        objects.control_service.name_any(),
+    ]);
     let mut pruned = apply::prune::<StatefulSet>(client, fed, &statefulsets).await?;
     pruned.extend(apply::prune::<Service>(client, fed, &services).await?);
     pruned.extend(apply::prune::<Secret>(client, fed, &secrets).await?);

@@ -342,7 +342,7 @@ fn endpoints(
     FederationEndpoints {
         superlink_service: Some(format!(
             "{}.{ns}.svc:{}",
-            superlink_name(&fed.name_any()),
+            crate::core::superlink::control_service_name(&superlink_name(&fed.name_any())),
             fed.spec.superlink.service.ports.extra
         )),
         fleet,

@@ -168,8 +168,8 @@ mod tests {
         let t = &targets[0];
         assert_eq!(t.federation, ("team".to_owned(), "fed".to_owned()));
         assert_eq!(t.wanted, BTreeSet::from(["k1".to_owned()]));
-        assert_eq!(t.endpoint.address, "fed-superlink.team.svc:9092");
-        assert_eq!(t.endpoint.server_name, "fed-superlink.team.svc");
+        assert_eq!(t.endpoint.address, "fed-superlink-control.team.svc:9093");
+        assert_eq!(t.endpoint.server_name, "fed-superlink-control.team.svc");
         assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
     }
 

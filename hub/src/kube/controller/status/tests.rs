@@ -76,7 +76,7 @@ fn not_ready_names_what_is_missing() {
     assert_eq!(find(&s, "Reconciling").status, "True");
     assert_eq!(
         s.endpoints.unwrap().superlink_service.as_deref(),
-        Some("f-superlink.team.svc:9093")
+        Some("f-superlink-control.team.svc:9093")
     );
 }
 
