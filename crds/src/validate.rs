@@ -126,6 +126,36 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             ));
         }
     }
+    if node_ports.extra.is_some()
+        && sl.service.type_ != ServiceType::ClusterIP
+        && !sl.service.expose_control
+    {
+        errors.push(FieldError::new(
+            "spec.superlink.service.nodePorts.extra",
+            "the Control API is not exposed (it would let whoever reaches the port run code on every SuperNode); remove nodePorts.extra, or set spec.superlink.service.exposeControl: true",
+        ));
+    }
+    let ranges = &sl.service.load_balancer_source_ranges;
+    if !ranges.is_empty() && sl.service.type_ != ServiceType::LoadBalancer {
+        errors.push(FieldError::new(
+            "spec.superlink.service.loadBalancerSourceRanges",
+            "only a LoadBalancer Service has source ranges; set spec.superlink.service.type LoadBalancer or remove them",
+        ));
+    }
+    if ranges.len() > 64 {
+        errors.push(FieldError::new(
+            "spec.superlink.service.loadBalancerSourceRanges",
+            "must have at most 64 items",
+        ));
+    }
+    for (i, range) in ranges.iter().enumerate() {
+        if !is_cidr(range) {
+            errors.push(FieldError::new(
+                format!("spec.superlink.service.loadBalancerSourceRanges[{i}]"),
+                format!("{range:?} is not a CIDR such as 203.0.113.0/24 or 2001:db8::/32"),
+            ));
+        }
+    }
     if let Some(addr) = &sl.external_address
         && let Err(why) = check_host_port(addr)
     {
@@ -381,6 +411,21 @@ fn check_node_config_key(key: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err("key must be letters, digits, '_' and '-' (dots separate nested keys), at most 253 characters".into())
+    }
+}
+
+/// Whether `text` is an IPv4 or IPv6 CIDR (`address/prefix`, prefix within the family's width).
+fn is_cidr(text: &str) -> bool {
+    let Some((address, prefix)) = text.split_once('/') else {
+        return false;
+    };
+    let Ok(prefix) = prefix.parse::<u8>() else {
+        return false;
+    };
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => prefix <= 32,
+        Ok(std::net::IpAddr::V6(_)) => prefix <= 128,
+        Err(_) => false,
     }
 }
 

@@ -120,6 +120,53 @@ fn service_ports_range() {
     );
 }
 
+// #13 item 1: the Control API's node port only with exposeControl; source ranges are CIDRs of a
+// LoadBalancer.
+#[test]
+fn control_exposure_and_source_ranges() {
+    let with_service = |service: &str| {
+        fed(&format!(
+            "  mode: StatefulSet\n  isolationMode: subprocess\n  superlink:\n    image: s\n    service: {service}\n  supernodes:\n    image: n\n    pools:\n      - name: a\n        replicas: 1\n        images: {{}}\n"
+        ))
+    };
+    let e = errors(&with_service("{type: NodePort, nodePorts: {extra: 30093}}"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert_eq!(e[0].0, "spec.superlink.service.nodePorts.extra");
+    assert!(e[0].1.contains("exposeControl"), "{e:?}");
+    assert!(
+        errors(&with_service(
+            "{type: NodePort, exposeControl: true, nodePorts: {extra: 30093}}"
+        ))
+        .is_empty()
+    );
+    assert!(
+        errors(&with_service(
+            "{type: LoadBalancer, exposeControl: true, loadBalancerSourceRanges: [203.0.113.0/24, \"2001:db8::/32\"]}"
+        ))
+        .is_empty()
+    );
+    let e = errors(&with_service(
+        "{type: LoadBalancer, loadBalancerSourceRanges: [203.0.113.0/33, office, 198.51.100.7]}",
+    ));
+    let paths: Vec<&str> = e.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.superlink.service.loadBalancerSourceRanges[0]",
+            "spec.superlink.service.loadBalancerSourceRanges[1]",
+            "spec.superlink.service.loadBalancerSourceRanges[2]",
+        ],
+        "{e:?}"
+    );
+    let e = errors(&with_service(
+        "{type: NodePort, loadBalancerSourceRanges: [203.0.113.0/24]}",
+    ));
+    assert_eq!(
+        e[0].0, "spec.superlink.service.loadBalancerSourceRanges",
+        "{e:?}"
+    );
+}
+
 // The DaemonSet placeholder rule names the exact nodeConfig key; StatefulSet allows {index}.
 #[test]
 fn daemonset_placeholders_named_by_key() {
@@ -238,7 +285,7 @@ fn node_ports_need_an_exposed_service_and_distinct_values() {
         )
     };
     let ok = fed(&spec(
-        "{type: NodePort, nodePorts: {grpc: 30092, extra: 30093}}",
+        "{type: NodePort, exposeControl: true, nodePorts: {grpc: 30092, extra: 30093}}",
     ));
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
     assert_eq!(ok.spec.superlink.service.node_ports.grpc, Some(30092));
@@ -253,7 +300,7 @@ fn node_ports_need_an_exposed_service_and_distinct_values() {
     );
 
     let twice = fed(&spec(
-        "{type: LoadBalancer, nodePorts: {grpc: 30092, extra: 30092}}",
+        "{type: LoadBalancer, exposeControl: true, nodePorts: {grpc: 30092, extra: 30092}}",
     ));
     let errs = errors(&twice);
     assert_eq!(errs.len(), 1, "{errs:?}");

@@ -52,6 +52,7 @@ async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_writ
         lines,
         [
             "PATCH /api/v1/namespaces/team/services/fed-superlink",
+            "PATCH /api/v1/namespaces/team/services/fed-superlink-control",
             "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink",
             "GET /apis/apps/v1/namespaces/team/statefulsets",
             "GET /api/v1/namespaces/team/services",

@@ -39,7 +39,7 @@ spec:
   superlink:
     image: "flwr/superlink:1.42.0"
     externalAddress: "hub.example:30092"
-    service: {ports: {grpc: PORT}}
+    service: {ports: {grpc: FLEET, extra: PORT}}
   supernodes:
     image: "flwr/supernode:1.42.0"
     pools:
@@ -79,12 +79,20 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     for d in [&state, &manifests, &bin] {
         std::fs::create_dir_all(d).expect("dir");
     }
-    // The SuperLink's (unified: Fleet = Control) port, where the stand-in Control API listens.
+    // The SuperLink's Control port (on loopback), where the stand-in Control API listens; the
+    // hub's Fleet front takes a free port of its own.
     let control = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let port = control.local_addr().expect("addr").port();
-    let manifests_text = MANIFESTS.replace("PORT", &port.to_string());
+    let fleet = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let manifests_text = MANIFESTS
+        .replace("PORT", &port.to_string())
+        .replace("FLEET", &fleet.to_string());
     std::fs::write(manifests.join("fed.yaml"), &manifests_text).expect("manifests");
     let superlink = bin.join("flower-superlink");
     std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");

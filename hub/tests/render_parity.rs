@@ -143,8 +143,29 @@ fn version_selects_the_dialect() {
         .as_ref()
         .and_then(|s| s.ports.clone())
         .expect("ports");
-    assert!(ports.iter().all(|p| p.target_port
-        == Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8000))));
+    // Fleet reaches the SuperLink through the fleet-front sidecar; Control goes to the
+    // SuperLink's one server (a ClusterIP Service keeps the control port, as flower-operator's).
+    let targets: Vec<_> = ports
+        .iter()
+        .map(|p| (p.name.clone().unwrap_or_default(), p.target_port.clone()))
+        .collect();
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
+    assert_eq!(
+        targets,
+        [
+            ("fleet".to_owned(), Some(Int(9092))),
+            ("control".to_owned(), Some(Int(8000)))
+        ]
+    );
+    let front = container(superlink_pod(&objects), "fleet-front");
+    assert_eq!(
+        front.args.clone().expect("args")[..3],
+        [
+            "fleet-front",
+            "--listen=0.0.0.0:9092",
+            "--upstream=127.0.0.1:8000"
+        ]
+    );
     f.spec.version = Some("nightly".into());
     assert_eq!(render_problems(&f)[0].0, "spec.version");
 }
@@ -379,8 +400,19 @@ fn clashing_service_ports_are_reported() {
     f.spec.superlink.service.ports.extra = f.spec.superlink.service.ports.grpc;
     assert_eq!(render_problems(&f)[0].0, "spec.superlink.service.ports");
     f.spec.version = Some("1.42.0".into());
+    // Unified: Fleet (the front) and Control (the SuperLink) listen apart unless exposed.
+    let problems = render_problems(&f);
+    assert!(
+        !problems.is_empty()
+            && problems
+                .iter()
+                .all(|(path, message)| path == "spec.superlink.service.ports"
+                    && message.contains("exposeControl")),
+        "{problems:?}"
+    );
+    f.spec.superlink.service.expose_control = true;
     assert!(
         render_problems(&f).is_empty(),
-        "unified serves both on one port"
+        "unified with exposeControl serves both on one port"
     );
 }

@@ -179,6 +179,14 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
     if let Err(err) = render_superlink_service(fed, dialect) {
         push(err);
     }
+    let ports = crate::core::superlink::SuperLinkPorts::from_spec(fed, dialect);
+    if ports.front && ports.fleet == ports.control {
+        // Standalone binds both on the hub machine; the rule holds in both modes alike.
+        push(HubRenderError::PortClash(format!(
+            "grpc and extra are both {}: the Fleet API (grpc, what SuperNodes dial) and the Control API (extra, kept off the Fleet endpoint) need their own ports unless exposeControl is set",
+            ports.fleet
+        )));
+    }
     let fleet = if fed.spec.placement_ref.is_some() {
         // Where spokes dial depends on the mode (Kubernetes: the Service the hub creates;
         // standalone: the hub machine's address), so a missing externalAddress is not a spec
