@@ -183,13 +183,16 @@ impl Addon {
             "--lease-duration",
             &options.lease,
         ]);
+        // With a real node, spokes' pods reach the SuperLink's NodePort on that node's address
+        // (the Deployment's status.hostIP), not on this host's loopback.
+        let mut hub_env = vec![("KUBECONFIG", hub_sa.kubeconfig.display().to_string())];
+        if let Some((_, ip)) = &hub.real_node {
+            hub_env.push(("FLOWER_HUB_NODE_ADDRESS", ip.to_string()));
+        }
         addon.starts.insert(
             "flower-hub".to_string(),
             (
-                hub_command.env_argv(
-                    &hub_bin,
-                    &[("KUBECONFIG", hub_sa.kubeconfig.display().to_string())],
-                ),
+                hub_command.env_argv(&hub_bin, &hub_env),
                 work_dir.join("flower-hub.log"),
             ),
         );

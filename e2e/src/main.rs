@@ -77,6 +77,22 @@ async fn main() -> Result<()> {
                 );
             }
             let mut connect = None;
+            if with_addon && !cp.real_nodes().is_empty() {
+                // Real nodes pull nothing: load our image and Flower 1.42.0's into each.
+                let images: Vec<e2e::node::ImageArchive> = [
+                    flower_addon_crds::render::ADDON_IMAGE,
+                    "flwr/superlink:1.42.0",
+                    "flwr/supernode:1.42.0",
+                    "flwr/superexec:1.42.0",
+                ]
+                .iter()
+                .map(|r| e2e::node::image_archive(r))
+                .collect::<Result<_>>()?;
+                for node in cp.real_nodes() {
+                    println!("loading images into real node {}…", node.name);
+                    node.import_images(&images)?;
+                }
+            }
             if with_addon {
                 connect = install_addon(&mut cp, &names[1..]).await?;
             }
@@ -151,7 +167,6 @@ spec:
       type: NodePort
       nodePorts:
         grpc: 30092          # pinned: spokes dial <hub node address>:30092, no address typed
-        extra: 30093
   supernodes:
     image: flwr/supernode:1.42.0
     pools:
