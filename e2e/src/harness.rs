@@ -351,6 +351,16 @@ pub fn live_processes() -> Vec<(u32, Vec<String>)> {
     out
 }
 
+/// Pids of the live processes whose whole command line (arguments joined by spaces) contains
+/// `needle`.
+pub fn processes_mentioning_line(needle: &str) -> Vec<u32> {
+    live_processes()
+        .into_iter()
+        .filter(|(_, args)| args.join(" ").contains(needle))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 /// Pids of the live processes with an argument containing `needle` (e.g. a test's work dir).
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     live_processes()

@@ -173,6 +173,33 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
         eprintln!("  {name:<28} {:>6} MiB", kib / 1024);
     }
+    // The hub's and agents' containers (our image) and the SuperLinks' fleet-front sidecars.
+    for (what, needle) in [
+        (
+            "hub pod (flower-hub serve)",
+            "flower-hub serve --listen 0.0.0.0:7443",
+        ),
+        (
+            "agent pods (flower-agent run)",
+            "flower-agent run --runtime kubernetes",
+        ),
+        ("fleet-front sidecars", "flower-hub fleet-front --listen"),
+    ] {
+        let rss: Vec<u64> = e2e::harness::processes_mentioning_line(needle)
+            .into_iter()
+            .filter_map(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            })
+            .collect();
+        eprintln!(
+            "  {what:<28} {:?} MiB",
+            rss.iter().map(|k| k / 1024).collect::<Vec<_>>()
+        );
+    }
     eprintln!("real_node: total {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
