@@ -147,3 +147,24 @@ pub async fn dump(pods: &Api<Pod>, prefix: &str) -> String {
     }
     out
 }
+
+/// Deletes pod `name` (a StatefulSet's) and waits until its replacement, a new pod of the same
+/// name, is Ready (at most `timeout`).
+pub async fn delete_and_wait_replaced(
+    pods: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let old = pods.get(name).await?.metadata.uid;
+    pods.delete(name, &Default::default()).await?;
+    wait_for(&format!("pod {name} back and Ready"), timeout, || {
+        let (pods, old) = (pods.clone(), old.clone());
+        async move {
+            let Some(pod) = pods.get_opt(name).await? else {
+                return Ok(None);
+            };
+            Ok((pod.metadata.uid != old && pod_ready(&pod)).then_some(()))
+        }
+    })
+    .await
+}

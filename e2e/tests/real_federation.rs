@@ -172,23 +172,8 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
     );
     let t = Instant::now();
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
-    let old = pods.get("secure-superlink-0").await?.metadata.uid;
-    pods.delete("secure-superlink-0", &Default::default())
+    e2e::pods::delete_and_wait_replaced(&pods, "secure-superlink-0", Duration::from_secs(120))
         .await?;
-    wait_for(
-        "the SuperLink pod back and Ready",
-        Duration::from_secs(120),
-        || {
-            let (pods, old) = (pods.clone(), old.clone());
-            async move {
-                let Some(pod) = pods.get_opt("secure-superlink-0").await? else {
-                    return Ok(None);
-                };
-                Ok((pod.metadata.uid != old && e2e::pods::pod_ready(&pod)).then_some(()))
-            }
-        },
-    )
-    .await?;
     let back = t.elapsed();
     if let Err(e) =
         superlink_serves(&pods, "secure-superlink-0", ids, Duration::from_secs(180)).await

@@ -949,22 +949,8 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
     let runs_before = client.list_runs().await?.len();
     let t = Instant::now();
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "fl");
-    let old = pods.get("auth-superlink-0").await?.metadata.uid;
-    pods.delete("auth-superlink-0", &Default::default()).await?;
-    wait_for(
-        "the SuperLink pod back and Ready",
-        Duration::from_secs(120),
-        || {
-            let (pods, old) = (pods.clone(), old.clone());
-            async move {
-                let Some(pod) = pods.get_opt("auth-superlink-0").await? else {
-                    return Ok(None);
-                };
-                Ok((pod.metadata.uid != old && pod_ready(&pod)).then_some(()))
-            }
-        },
-    )
-    .await?;
+    e2e::pods::delete_and_wait_replaced(&pods, "auth-superlink-0", Duration::from_secs(120))
+        .await?;
     let back = t.elapsed();
     let served = wait_for(
         "the SuperLink listing the same 6 SuperNodes online again",

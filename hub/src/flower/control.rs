@@ -327,7 +327,9 @@ fn tls_config(
     Ok(Arc::new(config))
 }
 
-async fn dial(
+/// Dials `address` (TCP, no delay), then TLS with `tls` when given; the Control client and the
+/// Fleet front's upstream connections both use it.
+pub(super) async fn dial(
     address: &str,
     tls: &Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
 ) -> std::io::Result<Box<dyn IoStream>> {
@@ -343,7 +345,10 @@ async fn dial(
     })
 }
 
-trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+pub(super) trait IoStream:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin
+{
+}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> IoStream for T {}
 
 fn grpc_client(

@@ -274,17 +274,12 @@ fn answer(status: StatusCode, text: String) -> Response<Body> {
 }
 
 async fn open(config: &FrontConfig) -> std::io::Result<client::SendRequest<Incoming>> {
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| (t.client.clone(), t.upstream_name.clone()));
     let dial = async {
-        let tcp = TcpStream::connect(&config.upstream).await?;
-        tcp.set_nodelay(true)?;
-        let io: Box<dyn Io> = match &config.tls {
-            Some(tls) => Box::new(
-                tokio_rustls::TlsConnector::from(tls.client.clone())
-                    .connect(tls.upstream_name.clone(), tcp)
-                    .await?,
-            ),
-            None => Box::new(tcp),
-        };
+        let io = super::control::dial(&config.upstream, &tls).await?;
         client::handshake(TokioIo::new(io))
             .await
             .map_err(std::io::Error::other)
@@ -297,9 +292,6 @@ async fn open(config: &FrontConfig) -> std::io::Result<client::SendRequest<Incom
     });
     Ok(sender)
 }
-
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 #[cfg(test)]
 mod tests {

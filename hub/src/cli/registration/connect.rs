@@ -285,24 +285,26 @@ async fn kube_connection(
         .with_context(|| {
             format!("no Federation {ns}/{name} (--federation-namespace sets the namespace)")
         })?;
-    let exposed = fed
-        .status
-        .as_ref()
-        .and_then(|s| s.endpoints.as_ref())
-        .and_then(|e| e.control.clone());
-    let (address, forward) = match exposed {
-        Some(address) if !crate::core::superlink::separate_control(&fed) => (address, None),
-        _ if crate::core::superlink::separate_control(&fed) => {
-            let (_, dialect) = crate::core::render::federation_dialect(&fed)?;
-            let port = crate::core::superlink::SuperLinkPorts::container(&fed, dialect).control;
-            let pod = format!("{}-0", crate::core::render::superlink_name(name));
-            (String::new(), Some((pod, port)))
-        }
-        _ => anyhow::bail!(
-            "Federation {ns}/{name} has no external Control endpoint yet (status.endpoints.control): \
-             spec.superlink.service.exposeControl is set, so it comes from its NodePort or \
-             LoadBalancer Service (spec.superlink.service.type) or spec.superlink.externalAddress"
-        ),
+    let (address, forward) = if crate::core::superlink::separate_control(&fed) {
+        let (_, dialect) = crate::core::render::federation_dialect(&fed)?;
+        let port = crate::core::superlink::SuperLinkPorts::container(&fed, dialect).control;
+        let pod = format!("{}-0", crate::core::render::superlink_name(name));
+        // The address is the local end of the port-forward, known once it listens.
+        (String::new(), Some((pod, port)))
+    } else {
+        let address = fed
+            .status
+            .as_ref()
+            .and_then(|s| s.endpoints.as_ref())
+            .and_then(|e| e.control.clone())
+            .with_context(|| {
+                format!(
+                    "Federation {ns}/{name} has no external Control endpoint yet (status.endpoints.control): \
+                     spec.superlink.service.exposeControl is set, so it comes from its NodePort or \
+                     LoadBalancer Service (spec.superlink.service.type) or spec.superlink.externalAddress"
+                )
+            })?;
+        (address, None)
     };
     let ca_pem = if fed.spec.insecure {
         None

@@ -149,7 +149,7 @@ pub fn render_hub(fed: &Federation) -> Result<HubObjects, HubRenderError> {
     let (version, dialect) = federation_dialect(fed)?;
     let superlink = render_superlink(fed, version, dialect)?;
     let service = render_superlink_service(fed, dialect)?;
-    let control_service = render_superlink_control_service(fed, dialect)?;
+    let control_service = render_superlink_control_service(fed, dialect);
     Ok(HubObjects {
         superlink,
         service,

@@ -109,15 +109,12 @@ pub fn render_superlink_service(
 /// Renders Service `<fed>-superlink-control` (ClusterIP): the SuperLink's Control API at
 /// `ports.extra`, where the hub registers SuperNode keys and reads node state, whatever
 /// `<fed>-superlink` exposes. People reach it with `flower-hub connect` (a port-forward).
-pub fn render_superlink_control_service(
-    fed: &Federation,
-    dialect: FlowerDialect,
-) -> Result<Service, HubRenderError> {
+pub fn render_superlink_control_service(fed: &Federation, dialect: FlowerDialect) -> Service {
     let service = &fed.spec.superlink.service;
     let container = SuperLinkPorts::container(fed, dialect);
     let labels = component_labels(name(fed), "superlink", "superlink", None);
     let meta_labels = object_labels(name(fed), "superlink", "superlink", None);
-    Ok(Service {
+    Service {
         metadata: ObjectMeta {
             name: Some(control_service_name(&superlink_name(name(fed)))),
             namespace: Some(namespace(fed).to_owned()),
@@ -136,5 +133,5 @@ pub fn render_superlink_control_service(
             ..ServiceSpec::default()
         }),
         status: None,
-    })
+    }
 }
