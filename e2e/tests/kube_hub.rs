@@ -386,7 +386,8 @@ async fn a_restarted_controller_changes_nothing(
     stop_controller(running).await?;
     let running = start_controller(hub_sa, ca);
     // Prove a reconcile ran against the running state, on top of the restarted controller's own.
-    let ctx = Arc::new(Context::new(hub_sa.clone(), ca.clone()));
+    let caches = controller::Caches::listed(hub_sa).await?;
+    let ctx = Arc::new(Context::new(hub_sa.clone(), ca.clone(), caches));
     controller::reconcile(Arc::new(get_fed(client).await?), ctx.clone()).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(

@@ -7,10 +7,14 @@ mod mock_api;
 use std::sync::Arc;
 
 use flower_addon_crds::Federation;
-use flower_addon_hub::kube::controller::{Context, HUB_FIELD_MANAGER, reconcile};
+use flower_addon_hub::kube::controller::cache::APPLIED_HASH_ANNOTATION;
+use flower_addon_hub::kube::controller::{Caches, Context, HUB_FIELD_MANAGER, reconcile};
 use flower_addon_hub::registration::ca::HubCa;
 use http::Method;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Service;
 use mock_api::{Call, mock_client};
+use serde_json::json;
 
 fn federation(yaml: &str) -> Arc<Federation> {
     let mut fed: Federation = serde_saphyr::from_str(yaml).expect("federation");
@@ -33,33 +37,59 @@ spec:
 "#;
 
 async fn run(fed: Arc<Federation>) -> Vec<Call> {
+    run_with(fed, Caches::fixed(vec![], vec![], vec![], vec![])).await
+}
+
+async fn run_with(fed: Arc<Federation>, caches: Caches) -> Vec<Call> {
     let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).expect("json")]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let ctx = Arc::new(Context::new(client, ca));
+    let ctx = Arc::new(Context::new(client, ca, caches));
     reconcile(fed, ctx).await.expect("reconcile");
     calls.lock().expect("log").clone()
 }
 
+/// The objects a first reconcile applied, as the apiserver would store them (the mock echoes
+/// the applied body; a uid and a default are added), for the caches of the next reconcile.
+fn stored(calls: &[Call]) -> (Vec<StatefulSet>, Vec<Service>) {
+    let mut statefulsets = Vec::new();
+    let mut services = Vec::new();
+    for call in calls.iter().filter(|c| c.method == Method::PATCH) {
+        let mut object = call.body.clone();
+        object["metadata"]["uid"] = json!("uid-1");
+        object["metadata"]["namespace"] = json!("team");
+        if call.path.contains("/statefulsets/") {
+            object["spec"]["revisionHistoryLimit"] = json!(10);
+            statefulsets.push(serde_json::from_value(object).expect("statefulset"));
+        } else if call.path.contains("/services/") {
+            object["spec"]["sessionAffinity"] = json!("None");
+            services.push(serde_json::from_value(object).expect("service"));
+        }
+    }
+    (statefulsets, services)
+}
+
 #[tokio::test]
-async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_written() {
-    // Service first (its node ports feed the certificate and status), then the SuperLink; every
-    // write a server-side apply by the hub's manager; then the prune LISTs (label-selected),
+async fn a_valid_federation_is_applied_then_its_status_written() {
+    // Both Services and the SuperLink (applied at once: no certificate to issue first); every
+    // write a server-side apply by the hub's manager; no LIST (orphans are found in the caches);
     // then one status patch. The pools are not the controller's: they are the hub cluster's
     // work, applied by the embedded runtime (kube::local, its own manager).
     let calls = run(federation(VALID)).await;
-    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    let mut lines: Vec<String> = calls.iter().map(Call::line).collect();
+    let status = lines.pop().expect("status");
+    lines.sort();
     assert_eq!(
         lines,
         [
             "PATCH /api/v1/namespaces/team/services/fed-superlink",
             "PATCH /api/v1/namespaces/team/services/fed-superlink-control",
             "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink",
-            "GET /apis/apps/v1/namespaces/team/statefulsets",
-            "GET /api/v1/namespaces/team/services",
-            "GET /api/v1/namespaces/team/secrets",
-            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status",
         ],
         "{calls:#?}"
+    );
+    assert_eq!(
+        status,
+        "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status"
     );
     for call in calls.iter().filter(|c| c.method == Method::PATCH) {
         assert!(
@@ -71,23 +101,92 @@ async fn a_valid_federation_is_applied_in_order_then_pruned_then_its_status_writ
             call.query
         );
     }
-    for call in calls.iter().filter(|c| c.method == Method::GET) {
-        assert!(
-            call.query.contains("labelSelector="),
-            "prune LIST without a label selector: {call:?}"
-        );
-    }
-    // Every applied object is owned by the Federation (garbage collection on delete).
-    for call in &calls[..2] {
-        let owner = &call.body["metadata"]["ownerReferences"][0];
+    // Every applied object is owned by the Federation (garbage collection on delete) and
+    // carries the hash of what was applied.
+    for call in &calls[..3] {
+        let meta = &call.body["metadata"];
+        let owner = &meta["ownerReferences"][0];
         assert_eq!(owner["uid"], "fed-uid", "{}", call.path);
         assert_eq!(owner["blockOwnerDeletion"], true, "{}", call.path);
+        assert!(
+            meta["annotations"][APPLIED_HASH_ANNOTATION].is_string(),
+            "{}",
+            call.path
+        );
     }
     let status = &calls.last().expect("status").body["status"];
     assert!(
         status["conditions"]
             .as_array()
             .is_some_and(|c| !c.is_empty())
+    );
+}
+
+#[tokio::test]
+async fn a_converged_federation_costs_no_request() {
+    // Invariant (#15): when the caches hold what the build makes and the status is current, a
+    // reconcile (a resync) sends nothing at all: no apply, no LIST, no GET, no status write.
+    let fed = federation(VALID);
+    let first = run(fed.clone()).await;
+    let (statefulsets, services) = stored(&first);
+    let mut converged = fed.as_ref().clone();
+    converged.status = serde_json::from_value(first.last().expect("status").body["status"].clone())
+        .expect("status");
+    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let calls = run_with(Arc::new(converged.clone()), caches).await;
+    assert!(calls.is_empty(), "{calls:#?}");
+
+    // A value someone else changed in a field the hub owns is put back by one apply of that
+    // object alone.
+    let (statefulsets, mut services) = stored(&first);
+    services[0]
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("app.kubernetes.io/name".into(), "changed".into());
+    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let calls = run_with(Arc::new(converged), caches).await;
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].starts_with("PATCH /api/v1/namespaces/team/services/"),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_orphan_in_the_cache_is_deleted_without_listing() {
+    // A StatefulSet the hub applied for this Federation that the build no longer makes (e.g. a
+    // renamed SuperLink) is found in the cache and deleted; one owned by another Federation, or
+    // not labelled as the hub's, is left alone.
+    let fed = federation(VALID);
+    let first = run(fed.clone()).await;
+    let (mut statefulsets, services) = stored(&first);
+    let mut orphan = statefulsets[0].clone();
+    orphan.metadata.name = Some("fed-old".into());
+    let mut foreign = orphan.clone();
+    foreign.metadata.name = Some("fed-foreign".into());
+    foreign.metadata.owner_references.as_mut().expect("owner")[0].uid = "other-uid".into();
+    let mut unlabelled = orphan.clone();
+    unlabelled.metadata.name = Some("fed-unlabelled".into());
+    unlabelled.metadata.labels = None;
+    statefulsets.extend([orphan, foreign, unlabelled]);
+    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let calls = run_with(fed, caches).await;
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert!(
+        lines.contains(&"DELETE /apis/apps/v1/namespaces/team/statefulsets/fed-old".to_string()),
+        "{lines:#?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("fed-foreign") || l.contains("fed-unlabelled")),
+        "{lines:#?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.method == Method::GET),
+        "no LIST or GET: {lines:#?}"
     );
 }
 

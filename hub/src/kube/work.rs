@@ -34,7 +34,7 @@ use crate::kube::controller::placement::cluster_view;
 
 mod keys;
 
-/// How long the loop waits for more events before recomputing (coalesces bursts).
+/// The least time between two recomputes during a burst of events (coalesces them).
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Upper bound of the coalescing delay.
 const MAX_DELAY: Duration = Duration::from_secs(1);
@@ -163,6 +163,7 @@ impl KubeWorkSource {
                 last_good: BTreeMap::new(),
             };
             let mut ready = false;
+            let mut last_pass: Option<tokio::time::Instant> = None;
             loop {
                 // A reflector event, or SuperLinks now holding other keys (work carries them).
                 let next = tokio::select! {
@@ -172,15 +173,21 @@ impl KubeWorkSource {
                 if !next {
                     break;
                 }
-                // Coalesce a burst of events into one pass (bounded, so a steady stream of
-                // heartbeats cannot starve the recompute).
-                let deadline = tokio::time::Instant::now() + MAX_DELAY;
-                while let Ok(Some(_)) = tokio::time::timeout_at(
-                    deadline.min(tokio::time::Instant::now() + DEBOUNCE),
-                    events.next(),
-                )
-                .await
-                {}
+                // The first change after a quiet spell is computed at once (a user's edit reaches
+                // its clusters without a debounce); during a burst, passes are at least DEBOUNCE
+                // apart and the events in between are coalesced into the next one (bounded by
+                // MAX_DELAY, so a steady stream of heartbeats cannot starve the recompute).
+                if last_pass.is_some_and(|t| t.elapsed() < DEBOUNCE) {
+                    let deadline = tokio::time::Instant::now() + MAX_DELAY;
+                    while let Ok(Some(_)) = tokio::time::timeout_at(
+                        deadline.min(tokio::time::Instant::now() + DEBOUNCE),
+                        events.next(),
+                    )
+                    .await
+                    {}
+                }
+                // Whatever is already queued belongs to this pass.
+                while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
                 if !ready {
                     ready = is_ready(&stores);
                     if !ready {
@@ -188,6 +195,7 @@ impl KubeWorkSource {
                     }
                 }
                 state.recompute(&stores, &work);
+                last_pass = Some(tokio::time::Instant::now());
                 let _ = ready_tx.send(true);
             }
             tracing::warn!("work source watches ended");

@@ -8,7 +8,8 @@ use flower_addon_crds::Federation;
 use flower_addon_crds::render::MANAGED_BY;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -41,41 +42,34 @@ pub(crate) fn controller_ref<K: kube::Resource<DynamicType = ()>>(
     })
 }
 
-/// The label selector of everything the hub applied for the Federation `name`.
-pub(super) fn selector(name: &str) -> String {
-    format!(
-        "app.kubernetes.io/managed-by={MANAGED_BY},{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER},{INSTANCE_LABEL}={name}"
-    )
-}
-
-/// Server-side applies `object` (forced: the hub owns these fields) and returns the stored
-/// object, status included.
-pub(super) async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, Error>
+/// Server-side applies the JSON `body` of `K` `name` (forced: the hub owns these fields) and
+/// returns the stored object, status included.
+pub(super) async fn apply_body<K>(
+    api: &Api<K>,
+    name: &str,
+    body: &serde_json::Value,
+) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
 {
-    let name = object.name_any();
-    let kind = K::kind(&());
-    let body = serde_json::to_value(object).map_err(|source| Error::Serialize {
-        what: format!("{kind} {name}"),
-        source,
-    })?;
     api.patch(
-        &name,
+        name,
         &PatchParams::apply(HUB_FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
+        &Patch::Apply(body),
     )
     .await
     .map_err(|source| Error::Kube {
-        action: format!("apply {kind} {name}"),
+        action: format!("apply {} {name}", K::kind(&())),
         source,
     })
 }
 
 /// Deletes this Federation's labelled objects of kind `K` that are not in `desired` (names)
-/// and that it owns (an owner reference with its uid), so nothing else is ever pruned.
+/// and that it owns (an owner reference with its uid), so nothing else is ever pruned. They are
+/// found in `cached` (the controller's reflector of what the hub applied), not by listing.
 pub(super) async fn prune<K>(
     client: &Client,
+    cached: &Store<K>,
     fed: &Federation,
     desired: &BTreeSet<String>,
 ) -> Result<Vec<String>, Error>
@@ -83,35 +77,42 @@ where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + DeserializeOwned
-        + Debug,
+        + Debug
+        + 'static,
 {
     let namespace = fed.namespace().unwrap_or_default();
     let uid = fed.uid().unwrap_or_default();
+    let name = fed.name_any();
     let kind = K::kind(&());
+    let orphans: Vec<String> = cached
+        .state()
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|o| {
+            let labels = o.labels();
+            labels
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str)
+                == Some(MANAGED_BY)
+                && labels.get(APPLIED_BY_LABEL).map(String::as_str) == Some(HUB_FIELD_MANAGER)
+                && labels.get(INSTANCE_LABEL) == Some(&name)
+        })
+        .filter(|o| o.owner_references().iter().any(|r| r.uid == uid))
+        .map(|o| o.name_any())
+        .filter(|n| !desired.contains(n))
+        .collect();
     let api = Api::<K>::namespaced(client.clone(), &namespace);
-    let list = api
-        .list_metadata(&ListParams::default().labels(&selector(&fed.name_any())))
-        .await
-        .map_err(|source| Error::Kube {
-            action: format!("list {kind} in {namespace}"),
-            source,
-        })?;
     let mut pruned = Vec::new();
-    for object in list.items {
-        let name = object.name_any();
-        let owned = object.owner_references().iter().any(|r| r.uid == uid);
-        if desired.contains(&name) || !owned {
-            continue;
-        }
-        match api.delete(&name, &DeleteParams::background()).await {
+    for object in orphans {
+        match api.delete(&object, &DeleteParams::background()).await {
             Ok(_) => {
-                tracing::info!(%kind, %namespace, %name, "pruned");
-                pruned.push(format!("{kind} {name}"));
+                tracing::info!(%kind, %namespace, name = %object, "pruned");
+                pruned.push(format!("{kind} {object}"));
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(Error::Kube {
-                    action: format!("delete {kind} {namespace}/{name}"),
+                    action: format!("delete {kind} {namespace}/{object}"),
                     source,
                 });
             }

@@ -19,6 +19,7 @@
 //! totals and conditions.
 
 mod apply;
+pub mod cache;
 pub mod placement;
 mod status;
 mod tls;
@@ -41,12 +42,14 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 
 use crate::core::render::{
-    HubRenderError, external_endpoints, federation_dialect, render_hub, superlink_tls_secret_name,
+    ExternalAddressError, ExternalEndpoints, HubRenderError, external_endpoints,
+    federation_dialect, render_hub, superlink_tls_secret_name,
 };
 use crate::registration::ca::{CaError, HubCa};
 
 pub(crate) use apply::controller_ref;
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
+pub use cache::Caches;
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
 pub use tls::hub_issues_tls;
 
@@ -81,6 +84,11 @@ pub enum Error {
     /// The object lacks its namespace (the CRD is namespaced; only a broken cache gives this).
     #[error("Federation {0} has no namespace")]
     NoNamespace(String),
+    /// The controller's caches did not list in time (apiserver slow, RBAC missing).
+    #[error(
+        "the controller's caches of StatefulSets, Services, Secrets and Placements did not list within {0:?}"
+    )]
+    NotCached(Duration),
 }
 
 /// `Result` of the controller.
@@ -95,6 +103,7 @@ impl Error {
             Self::Ca(_) => "ca",
             Self::Render(_) => "render",
             Self::NoNamespace(_) => "no_namespace",
+            Self::NotCached(_) => "not_cached",
         }
     }
 }
@@ -110,17 +119,20 @@ pub struct Context {
     /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
     /// Fleet address of NodePort Federations without `externalAddress`.
     pub node_address: Option<String>,
+    /// What the controller reads instead of asking the apiserver.
+    pub caches: Caches,
 }
 
 impl Context {
-    /// A context for `client` and `ca`.
-    pub fn new(client: Client, ca: Arc<HubCa>) -> Self {
+    /// A context for `client`, `ca` and `caches`.
+    pub fn new(client: Client, ca: Arc<HubCa>, caches: Caches) -> Self {
         let recorder = apply::recorder(client.clone());
         Self {
             client,
             ca,
             recorder,
             node_address: None,
+            caches,
         }
     }
 
@@ -136,49 +148,94 @@ pub async fn run(
     node_address: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let mut context = Context::new(client, ca);
-    context.node_address = node_address;
-    run_with(context, shutdown).await;
+    run_with(client, ca, node_address, shutdown).await;
 }
 
-/// [`run`] with an explicit [`Context`].
+/// What triggers a reconcile of a Federation: its spec (generation), its deletion, and the
+/// per-cluster status the work source writes (the controller sums it). The controller's own
+/// status writes change none of these, so they trigger nothing.
+fn reconcile_inputs(fed: &Federation) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    fed.metadata.generation.hash(&mut hasher);
+    fed.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    let clusters = fed.status.as_ref().map(|s| &s.clusters);
+    serde_json::to_string(&clusters)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// [`run`], spelled out: the Federation watch (filtered by [`reconcile_inputs`]), the watches of
+/// what the hub applied and of Placements, each feeding a cache ([`Caches`]) the reconcile reads.
 pub async fn run_with(
-    context: Context,
+    client: Client,
+    ca: Arc<HubCa>,
+    node_address: Option<String>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = context.client.clone();
+    use kube::runtime::{PredicateConfig, WatchStreamExt, reflector};
     let owned =
         watcher::Config::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
-    let controller = Controller::new(
-        Api::<Federation>::all(client.clone()),
-        watcher::Config::default(),
+    let (federations, fed_writer) = reflector::store::<Federation>();
+    let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
+    let (services, svc_writer) = reflector::store::<Service>();
+    let (secrets, secret_writer) = reflector::store::<Secret>();
+    let (placements, placement_writer) = reflector::store::<Placement>();
+    let feds = watcher(Api::<Federation>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(fed_writer)
+        .applied_objects()
+        .predicate_filter(reconcile_inputs, PredicateConfig::default());
+    let sts = watcher(Api::<StatefulSet>::all(client.clone()), owned.clone())
+        .default_backoff()
+        .reflect(sts_writer)
+        .touched_objects();
+    let svcs = watcher(Api::<Service>::all(client.clone()), owned.clone())
+        .default_backoff()
+        .reflect(svc_writer)
+        .touched_objects();
+    let tls = watcher(Api::<Secret>::all(client.clone()), owned)
+        .default_backoff()
+        .reflect(secret_writer)
+        .touched_objects();
+    let placement_events = watcher(Api::<Placement>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(placement_writer)
+        .touched_objects();
+    let mut context = Context::new(
+        client,
+        ca,
+        Caches {
+            statefulsets,
+            services,
+            secrets,
+            placements,
+        },
     );
-    let federations = controller.store();
-    controller
+    context.node_address = node_address;
+    let referencing = federations.clone();
+    Controller::for_stream(feds, federations)
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
-        .watches(
-            Api::<Placement>::all(client.clone()),
-            watcher::Config::default(),
-            move |placement| {
-                let namespace = placement.namespace();
-                let name = placement.name_any();
-                federations
-                    .state()
-                    .iter()
-                    .filter(|f| {
-                        f.namespace() == namespace
-                            && f.spec
-                                .placement_ref
-                                .as_ref()
-                                .is_some_and(|r| r.name == name)
-                    })
-                    .map(|f| ObjectRef::from_obj(f.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<Secret>::all(client.clone()), owned)
+        .watches_stream(placement_events, move |placement: Placement| {
+            let namespace = placement.namespace();
+            let name = placement.name_any();
+            referencing
+                .state()
+                .iter()
+                .filter(|f| {
+                    f.namespace() == namespace
+                        && f.spec
+                            .placement_ref
+                            .as_ref()
+                            .is_some_and(|r| r.name == name)
+                })
+                .map(|f| ObjectRef::from_obj(f.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .owns_stream(sts)
+        .owns_stream(svcs)
+        .owns_stream(tls)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::new(context))
         .for_each(|result| async move {
@@ -215,6 +272,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         // Owner references let the garbage collector remove everything.
         return Ok(Action::await_change());
     }
+    ctx.caches.ready().await?;
     let problems = problems(&fed);
     let outcome = if problems.is_empty() {
         apply_federation(&fed, &ctx, &namespace).await?
@@ -228,100 +286,72 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     let placement = match &fed.spec.placement_ref {
         None => PlacementState::NotReferenced,
         Some(r) => {
-            let found = Api::<Placement>::namespaced(ctx.client.clone(), &namespace)
-                .get_opt(&r.name)
-                .await
-                .map_err(|source| Error::Kube {
-                    action: format!("read Placement {}", r.name),
-                    source,
-                })?;
-            PlacementState::of(&r.name, found.as_ref())
+            let found = cache::cached(&ctx.caches.placements, &namespace, &r.name);
+            PlacementState::of(&r.name, found.as_deref())
         }
     };
     write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
     Ok(Action::requeue(RESYNC))
 }
 
-/// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes. The Service goes first: a placed Federation's external address (and so the
-/// certificate's SANs) may come from the node port or load balancer it gets.
+/// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes; each apply is
+/// skipped when the cached object already holds it ([`cache::apply`]). The Services go first
+/// when the hub issues the certificate: a placed Federation's external address (and so the
+/// certificate's SANs) may come from the node port or load balancer the Service gets, and the
+/// SuperLink pod mounts the Secret. Otherwise all three applies run at once.
 async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
     let client = &ctx.client;
+    let caches = &ctx.caches;
     let name = fed.name_any();
     let mut objects = render_hub(fed)?;
     let (_, dialect) = federation_dialect(fed)?;
-
-    apply::own(&mut objects.service.metadata, fed);
-    let service = apply::apply(
-        &Api::<Service>::namespaced(client.clone(), namespace),
-        &objects.service,
-    )
-    .await?;
-    let external = fed
-        .spec
-        .placement_ref
-        .as_ref()
-        .map(|_| external_endpoints(fed, dialect, Some(&service), ctx.node_address.as_deref()));
-
-    let mut secrets = BTreeSet::new();
-    if tls::hub_issues_tls(fed) {
-        let secret_name = superlink_tls_secret_name(fed);
-        secrets.insert(secret_name.clone());
-        let secrets_api = Api::<Secret>::namespaced(client.clone(), namespace);
-        let mut reached_at = crate::core::superlink::in_cluster_names(fed);
-        if let Some(Ok(endpoints)) = &external {
-            reached_at.push(endpoints.fleet_host().to_owned());
-        }
-        let sans = crate::core::superlink::superlink_sans(fed, reached_at);
-        let existing = secrets_api
-            .get_opt(&secret_name)
-            .await
-            .map_err(|source| Error::Kube {
-                action: format!("get Secret {secret_name}"),
-                source,
-            })?;
-        let owned = existing.as_ref().is_some_and(|s| {
-            s.owner_references()
-                .iter()
-                .any(|r| Some(&r.uid) == fed.uid().as_ref())
-        });
-        let keep = existing
-            .as_ref()
-            .is_some_and(|s| owned && tls::still_valid(s, &sans, &ctx.ca, SystemTime::now()));
-        if !keep {
-            let secret = tls::issue_secret(fed, &ctx.ca, &sans)?;
-            apply::apply(&secrets_api, &secret).await?;
-            tracing::info!(federation = %name, %namespace, sans = %sans.join(","), "SuperLink certificate issued");
-            ctx.publish(
-                fed,
-                EventType::Normal,
-                "CertificateIssued",
-                format!("SuperLink certificate issued for {}", sans.join(", ")),
-            )
-            .await;
-        }
-    }
-
-    apply::own(&mut objects.control_service.metadata, fed);
-    apply::apply(
-        &Api::<Service>::namespaced(client.clone(), namespace),
-        &objects.control_service,
-    )
-    .await?;
-
-    apply::own(&mut objects.superlink.metadata, fed);
+    let services_api = Api::<Service>::namespaced(client.clone(), namespace);
     let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
-    let superlink = apply::apply(&sts_api, &objects.superlink).await?;
+    apply::own(&mut objects.service.metadata, fed);
+    apply::own(&mut objects.control_service.metadata, fed);
+    apply::own(&mut objects.superlink.metadata, fed);
+    let service_name = objects.service.name_any();
+    let control_name = objects.control_service.name_any();
+    let superlink_name = objects.superlink.name_any();
+    let apply_service = cache::apply(
+        &services_api,
+        &objects.service,
+        cache::cached(&caches.services, namespace, &service_name),
+    );
+    let apply_control = cache::apply(
+        &services_api,
+        &objects.control_service,
+        cache::cached(&caches.services, namespace, &control_name),
+    );
+    let apply_superlink = cache::apply(
+        &sts_api,
+        &objects.superlink,
+        cache::cached(&caches.statefulsets, namespace, &superlink_name),
+    );
+    let issues_tls = tls::hub_issues_tls(fed);
+    let (service, superlink) = if issues_tls {
+        let (service, _) = tokio::try_join!(apply_service, apply_control)?;
+        let external = external_of(fed, dialect, &service, ctx);
+        ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
+        (service, apply_superlink.await?)
+    } else {
+        let (service, _, superlink) =
+            tokio::try_join!(apply_service, apply_control, apply_superlink)?;
+        (service, superlink)
+    };
+    let external = external_of(fed, dialect, &service, ctx);
 
     // The pools of a Federation without placementRef are the hub cluster's work, applied by
     // crate::kube::local under its own manager; this controller's objects are the SuperLink's.
-    let statefulsets = BTreeSet::from([superlink.name_any()]);
-    let services = BTreeSet::from([
-        objects.service.name_any(),
-        objects.control_service.name_any(),
-    ]);
-    let mut pruned = apply::prune::<StatefulSet>(client, fed, &statefulsets).await?;
-    pruned.extend(apply::prune::<Service>(client, fed, &services).await?);
-    pruned.extend(apply::prune::<Secret>(client, fed, &secrets).await?);
+    let statefulsets = BTreeSet::from([superlink_name]);
+    let services = BTreeSet::from([service_name, control_name]);
+    let secrets: BTreeSet<String> = issues_tls
+        .then(|| superlink_tls_secret_name(fed))
+        .into_iter()
+        .collect();
+    let mut pruned = apply::prune(client, &caches.statefulsets, fed, &statefulsets).await?;
+    pruned.extend(apply::prune(client, &caches.services, fed, &services).await?);
+    pruned.extend(apply::prune(client, &caches.secrets, fed, &secrets).await?);
     if !pruned.is_empty() {
         ctx.publish(fed, EventType::Normal, "Pruned", pruned.join(", "))
             .await;
@@ -331,6 +361,70 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         superlink: WorkloadReadiness::of_statefulset("superlink", &superlink),
         external,
     })
+}
+
+/// The external endpoints of a placed Federation (spokes reach its SuperLink there).
+fn external_of(
+    fed: &Federation,
+    dialect: flower_addon_crds::render::FlowerDialect,
+    service: &Service,
+    ctx: &Context,
+) -> Option<Result<ExternalEndpoints, ExternalAddressError>> {
+    fed.spec
+        .placement_ref
+        .as_ref()
+        .map(|_| external_endpoints(fed, dialect, Some(service), ctx.node_address.as_deref()))
+}
+
+/// Issues the SuperLink TLS Secret unless the stored one is the Federation's, still valid and
+/// for the same names. The stored one is read from the cache; a Secret not (yet) cached is read
+/// from the apiserver, so a lagging cache never re-issues a certificate.
+async fn ensure_certificate(
+    fed: &Federation,
+    ctx: &Context,
+    namespace: &str,
+    external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
+) -> Result<()> {
+    let secret_name = superlink_tls_secret_name(fed);
+    let secrets_api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
+    let mut reached_at = crate::core::superlink::in_cluster_names(fed);
+    if let Some(Ok(endpoints)) = external {
+        reached_at.push(endpoints.fleet_host().to_owned());
+    }
+    let sans = crate::core::superlink::superlink_sans(fed, reached_at);
+    let existing = match cache::cached(&ctx.caches.secrets, namespace, &secret_name) {
+        Some(secret) => Some(secret.as_ref().clone()),
+        None => secrets_api
+            .get_opt(&secret_name)
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("get Secret {secret_name}"),
+                source,
+            })?,
+    };
+    let owned = existing.as_ref().is_some_and(|s| {
+        s.owner_references()
+            .iter()
+            .any(|r| Some(&r.uid) == fed.uid().as_ref())
+    });
+    let keep = existing
+        .as_ref()
+        .is_some_and(|s| owned && tls::still_valid(s, &sans, &ctx.ca, SystemTime::now()));
+    if keep {
+        return Ok(());
+    }
+    let secret = tls::issue_secret(fed, &ctx.ca, &sans)?;
+    let body = cache::body(&secret)?;
+    apply::apply_body(&secrets_api, &secret_name, &body).await?;
+    tracing::info!(federation = %fed.name_any(), %namespace, sans = %sans.join(","), "SuperLink certificate issued");
+    ctx.publish(
+        fed,
+        EventType::Normal,
+        "CertificateIssued",
+        format!("SuperLink certificate issued for {}", sans.join(", ")),
+    )
+    .await;
+    Ok(())
 }
 
 /// Writes the status with server-side apply when it differs from the stored one.

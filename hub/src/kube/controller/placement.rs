@@ -26,7 +26,7 @@ use flower_addon_crds::{
 };
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
@@ -52,6 +52,9 @@ pub struct PlacementContext {
     pub recorder: Recorder,
     /// Every ManagedCluster, kept by one watch (no list per reconcile).
     pub clusters: Store<ManagedCluster>,
+    /// Every PlacementDecision (label-selected), kept by the watch that also triggers the
+    /// reconcile of their Placement (no list per reconcile).
+    pub decisions: Store<PlacementDecision>,
 }
 
 /// The placement-relevant view of every cluster seen on the watch, to tell changes that matter
@@ -105,13 +108,18 @@ impl ClusterViews {
 }
 
 impl PlacementContext {
-    /// A context for `client`, reading clusters from `clusters`.
-    pub fn new(client: Client, clusters: Store<ManagedCluster>) -> Self {
+    /// A context for `client`, reading clusters and decisions from these stores.
+    pub fn new(
+        client: Client,
+        clusters: Store<ManagedCluster>,
+        decisions: Store<PlacementDecision>,
+    ) -> Self {
         let recorder = super::apply::recorder(client.clone());
         Self {
             client,
             recorder,
             clusters,
+            decisions,
         }
     }
 
@@ -146,17 +154,22 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Syn
         };
         std::future::ready(fire.then_some(()))
     });
+    let (decisions, decision_writer) = reflector::store::<PlacementDecision>();
+    let decision_events = watcher(
+        Api::<PlacementDecision>::all(client.clone()),
+        watcher::Config::default().labels(PLACEMENT_LABEL),
+    )
+    .default_backoff()
+    .reflect(decision_writer)
+    .touched_objects();
     controller
-        .owns(
-            Api::<PlacementDecision>::all(client.clone()),
-            watcher::Config::default().labels(PLACEMENT_LABEL),
-        )
+        .owns_stream(decision_events)
         .reconcile_all_on(cluster_changes)
         .graceful_shutdown_on(shutdown)
         .run(
             reconcile,
             error_policy,
-            Arc::new(PlacementContext::new(client, clusters)),
+            Arc::new(PlacementContext::new(client, clusters, decisions)),
         )
         .for_each(|result| async move {
             match result {
@@ -290,8 +303,10 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         return Ok(Action::await_change());
     }
 
-    // The first reconciles can come before the cluster watch has listed once.
-    if ctx.clusters.wait_until_ready().await.is_err() {
+    // The first reconciles can come before the watches have listed once.
+    if ctx.clusters.wait_until_ready().await.is_err()
+        || ctx.decisions.wait_until_ready().await.is_err()
+    {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let mut clusters: Vec<ClusterView> = ctx
@@ -303,20 +318,18 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
     let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
     let uid = placement.uid().unwrap_or_default();
-    // Every Placement's decisions in one list: ours (the previous selection) and the others'
-    // (how loaded each cluster is, for the Balance prioritizer).
-    let (existing, others): (Vec<PlacementDecision>, Vec<PlacementDecision>) =
-        Api::<PlacementDecision>::all(ctx.client.clone())
-            .list(&ListParams::default().labels(PLACEMENT_LABEL))
-            .await
-            .map_err(kube_err(format!("list PlacementDecisions (for {name})")))?
-            .items
-            .into_iter()
-            .partition(|d| {
-                d.namespace().as_deref() == Some(namespace.as_str())
-                    && d.labels().get(PLACEMENT_LABEL) == Some(&name)
-                    && d.owner_references().iter().any(|r| r.uid == uid)
-            });
+    // Every Placement's decisions, from the cache: ours (the previous selection) and the
+    // others' (how loaded each cluster is, for the Balance prioritizer).
+    let (existing, others): (Vec<PlacementDecision>, Vec<PlacementDecision>) = ctx
+        .decisions
+        .state()
+        .iter()
+        .map(|d| d.as_ref().clone())
+        .partition(|d| {
+            d.namespace().as_deref() == Some(namespace.as_str())
+                && d.labels().get(PLACEMENT_LABEL) == Some(&name)
+                && d.owner_references().iter().any(|r| r.uid == uid)
+        });
     let mut other_decisions: BTreeMap<String, u32> = BTreeMap::new();
     for d in &others {
         for decision in d.status.iter().flat_map(|s| s.decisions.iter()) {

@@ -1,0 +1,247 @@
+//! What the Federation controller reads instead of asking the apiserver: reflector stores of the
+//! objects it applied (selected by its [`super::APPLIED_BY_LABEL`]) and of Placements, fed by
+//! the same watches that trigger its reconciles.
+//!
+//! Each applied object carries [`APPLIED_HASH_ANNOTATION`], a hash of everything the hub sets
+//! in it. An apply is skipped when the cached object carries the hash of the desired object and
+//! still holds every value the hub sets ([`holds`]): nothing the hub owns changed on either side.
+//! A field the build stops setting changes the hash, so the apply that drops it still happens; a
+//! value someone else changed fails [`holds`], so the periodic resync puts it back.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_addon_crds::Placement;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store, store};
+use kube::runtime::watcher;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::Error;
+
+/// Annotation with the hash of what the hub last applied to an object (see the module doc).
+pub const APPLIED_HASH_ANNOTATION: &str = "flower-addon.io/applied-hash";
+/// How long a reconcile waits for the caches' first lists before it fails (and is retried).
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The controller's reflector stores.
+#[derive(Clone)]
+pub struct Caches {
+    /// SuperLink StatefulSets the hub applied.
+    pub statefulsets: Store<StatefulSet>,
+    /// SuperLink Services the hub applied.
+    pub services: Store<Service>,
+    /// SuperLink TLS Secrets the hub issued.
+    pub secrets: Store<Secret>,
+    /// Every Placement (a Federation mirrors its Placement's `PlacementSatisfied`).
+    pub placements: Store<Placement>,
+}
+
+impl Caches {
+    /// Stores filled once from `objects` and marked listed (tests, and a reconcile run outside
+    /// the controller); nothing updates them afterwards.
+    pub fn fixed(
+        statefulsets: Vec<StatefulSet>,
+        services: Vec<Service>,
+        secrets: Vec<Secret>,
+        placements: Vec<Placement>,
+    ) -> Self {
+        Self {
+            statefulsets: fixed_store(statefulsets),
+            services: fixed_store(services),
+            secrets: fixed_store(secrets),
+            placements: fixed_store(placements),
+        }
+    }
+
+    /// Stores filled from one list of each kind (as the controller's watches select them), for
+    /// a reconcile run outside the controller.
+    pub async fn listed(client: &kube::Client) -> Result<Self, Error> {
+        use kube::api::ListParams;
+        let owned = ListParams::default().labels(&format!(
+            "{}={}",
+            super::APPLIED_BY_LABEL,
+            super::HUB_FIELD_MANAGER
+        ));
+        async fn list<K>(client: &kube::Client, params: &ListParams) -> Result<Vec<K>, Error>
+        where
+            K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+        {
+            Api::<K>::all(client.clone())
+                .list(params)
+                .await
+                .map(|l| l.items)
+                .map_err(|source| Error::Kube {
+                    action: format!("list {}", K::kind(&())),
+                    source,
+                })
+        }
+        Ok(Self::fixed(
+            list(client, &owned).await?,
+            list(client, &owned).await?,
+            list(client, &owned).await?,
+            list(client, &ListParams::default()).await?,
+        ))
+    }
+
+    /// Waits until every store has listed once, so a reconcile never takes "not cached" for
+    /// "does not exist" (which would prune nothing and re-issue certificates).
+    pub(super) async fn ready(&self) -> Result<(), Error> {
+        let all = async {
+            self.statefulsets.wait_until_ready().await.ok();
+            self.services.wait_until_ready().await.ok();
+            self.secrets.wait_until_ready().await.ok();
+            self.placements.wait_until_ready().await.ok();
+        };
+        tokio::time::timeout(READY_TIMEOUT, all)
+            .await
+            .map_err(|_| Error::NotCached(READY_TIMEOUT))
+    }
+}
+
+fn fixed_store<K>(objects: Vec<K>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (reader, mut writer) = store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
+}
+
+/// The cached `K` `namespace/name`, if any.
+pub(super) fn cached<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+/// `object` as the JSON body the hub applies: with [`APPLIED_HASH_ANNOTATION`] set to the hash of
+/// the rest.
+pub(super) fn body<K: Resource<DynamicType = ()> + Serialize>(object: &K) -> Result<Value, Error> {
+    let serialize = |source| Error::Serialize {
+        what: format!("{} {}", K::kind(&()), name_of(object)),
+        source,
+    };
+    let mut body = serde_json::to_value(object).map_err(serialize)?;
+    let bytes = serde_json::to_vec(&body).map_err(serialize)?;
+    let hash = hex::encode(&Sha256::digest(&bytes)[..12]);
+    if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(map) = annotations.as_object_mut() {
+            map.insert(APPLIED_HASH_ANNOTATION.to_owned(), Value::String(hash));
+        }
+    }
+    Ok(body)
+}
+
+fn name_of<K: Resource>(object: &K) -> String {
+    object.meta().name.clone().unwrap_or_default()
+}
+
+/// Whether `live` holds every value of `desired` (objects: each key; lists: same length, each
+/// item; an absent value stands for null, `{}` and `[]`, which the apiserver drops).
+pub fn holds(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Null, _) => true,
+        (Value::Object(want), Value::Object(have)) => want.iter().all(|(k, v)| match have.get(k) {
+            Some(h) => holds(v, h),
+            None => is_empty(v),
+        }),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| holds(w, h))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (want, Value::Null) => is_empty(want),
+        (want, have) => want == have,
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.values().all(is_empty),
+        Value::Array(items) => items.is_empty(),
+        _ => false,
+    }
+}
+
+/// Server-side applies `object` (forced, the hub's manager) unless `cached` already holds it;
+/// returns the stored object.
+pub(super) async fn apply<K>(api: &Api<K>, object: &K, cached: Option<Arc<K>>) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let body = body(object)?;
+    if let Some(live) = cached {
+        let live_json = serde_json::to_value(live.as_ref()).map_err(|source| Error::Serialize {
+            what: format!("cached {} {}", K::kind(&()), name_of(object)),
+            source,
+        })?;
+        if holds(&body, &live_json) {
+            tracing::trace!(kind = K::kind(&()).as_ref(), name = %name_of(object), "unchanged; not applied");
+            return Ok(live.as_ref().clone());
+        }
+    }
+    super::apply::apply_body(api, &name_of(object), &body).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn holds_compares_only_what_is_desired() {
+        let desired = json!({"metadata": {"labels": {"a": "1"}, "annotations": {}},
+            "spec": {"replicas": 2, "ports": [{"port": 80}], "args": []}});
+        let live = json!({"metadata": {"labels": {"a": "1", "b": "2"}, "uid": "u"},
+            "spec": {"replicas": 2.0, "ports": [{"port": 80, "protocol": "TCP"}]},
+            "status": {"x": 1}});
+        assert!(holds(&desired, &live));
+        let changed = json!({"metadata": {"labels": {"a": "9"}}, "spec": {"replicas": 2, "ports": [{"port": 80}]}});
+        assert!(!holds(&desired, &changed), "a changed value");
+        let fewer =
+            json!({"metadata": {"labels": {"a": "1"}}, "spec": {"replicas": 2, "ports": []}});
+        assert!(!holds(&desired, &fewer), "a list of another length");
+        let missing =
+            json!({"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 80}]}});
+        assert!(!holds(&desired, &missing), "a missing value");
+    }
+
+    #[test]
+    fn the_body_carries_a_hash_of_what_it_sets() {
+        let mut service = Service::default();
+        service.metadata.name = Some("s".into());
+        let a = body(&service).unwrap();
+        let hash = a["metadata"]["annotations"][APPLIED_HASH_ANNOTATION].clone();
+        assert!(hash.as_str().is_some_and(|h| h.len() == 24), "{a}");
+        assert_eq!(body(&service).unwrap(), a, "deterministic");
+        service
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("k".into(), "v".into());
+        let b = body(&service).unwrap();
+        assert_ne!(
+            b["metadata"]["annotations"][APPLIED_HASH_ANNOTATION], hash,
+            "another content, another hash"
+        );
+        // A field the build drops changes the hash, so the cached object no longer holds it.
+        assert!(!holds(&a, &b));
+        assert!(holds(&b, &b));
+    }
+}
