@@ -23,7 +23,7 @@ use std::fmt::Debug;
 use std::sync::Mutex;
 
 use flower_addon_crds::{DeploymentMode, FederationSpec};
-use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolStatus};
+use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;
@@ -196,14 +196,15 @@ impl Rendered {
 mod applier;
 pub mod keys;
 mod render;
+pub mod sent;
 mod status;
 mod writes;
 pub use applier::{Applier, OwnerFn};
 pub use keys::{FederationKeys, PoolKeys};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
-use status::{condition, daemonset_counts, ready_condition, statefulset_counts};
-use writes::{apply, ensure_namespace, prune_kind};
+use status::WorkloadCache;
+use writes::{apply, delete_object, ensure_namespace, prune_kind};
 
 // === impl KubeRuntime ===
 
@@ -212,6 +213,11 @@ pub struct KubeRuntime {
     client: Client,
     applier: Applier,
     applied: Mutex<Vec<AppliedFederation>>,
+    /// What was sent, so a snapshot costs requests only for what changed ([`sent`]).
+    sent: Mutex<sent::Sent>,
+    /// Caches of the runtime's workloads, read by [`KubeRuntime::observe`] instead of one GET
+    /// per pool once they have listed ([`KubeRuntime::with_workload_cache`]).
+    workloads: Option<WorkloadCache>,
     /// Allocatable resources summed over the cluster's nodes, and when they were read.
     allocatable: tokio::sync::Mutex<Option<(std::time::Instant, crate::runtime::Allocatable)>>,
 }
@@ -237,13 +243,34 @@ impl KubeRuntime {
             client,
             applier,
             applied: Mutex::new(Vec::new()),
+            sent: Mutex::new(sent::Sent::default()),
+            workloads: None,
             allocatable: tokio::sync::Mutex::new(None),
         }
     }
 
+    /// Reads the workloads' status from these caches (reflectors of the objects this runtime
+    /// applies, kept by the caller) instead of one GET per pool per observation.
+    pub fn with_workload_cache(
+        mut self,
+        statefulsets: kube::runtime::reflector::Store<StatefulSet>,
+        daemonsets: kube::runtime::reflector::Store<DaemonSet>,
+    ) -> Self {
+        self.workloads = Some(WorkloadCache {
+            statefulsets,
+            daemonsets,
+        });
+        self
+    }
+
     /// Converges the cluster to `work`; on failure the first error is returned after every
-    /// Federation was tried (one bad Federation does not block the others).
+    /// Federation was tried (one bad Federation does not block the others). Only what changed
+    /// since the last apply is sent, except in a full apply ([`sent`]).
     pub async fn apply_work(&self, work: &ClusterWork) -> Result<(), KubeRuntimeError> {
+        let (full, before) = {
+            let mut sent = self.sent();
+            (sent.start(), sent.wanted())
+        };
         let mut desired: BTreeSet<ObjectKey> = BTreeSet::new();
         // Federations whose objects must not be pruned: their work failed to render or apply.
         let mut keep: BTreeSet<(String, String)> = BTreeSet::new();
@@ -252,16 +279,26 @@ impl KubeRuntime {
         let previous = self.applied.lock().map(|a| a.clone()).unwrap_or_default();
         for fed in &work.federations {
             let id = format!("{}/{}", fed.namespace, fed.name);
+            let same = |a: &&AppliedFederation| a.namespace == fed.namespace && a.name == fed.name;
+            let unchanged = self.sent().unchanged(fed).cloned();
+            if let (Some(objects), Some(before)) = (unchanged, previous.iter().find(same)) {
+                desired.extend(objects);
+                applied.push(before.clone());
+                continue;
+            }
+            let mut wanted = BTreeSet::new();
             let result = match crate::work::decode_federation(work, fed)
                 .map_err(KubeRuntimeError::from)
                 .and_then(|plan| render_federation(&plan).map(|base| (plan, base)))
             {
-                Ok((plan, base)) => self.apply_federation(&plan, &base, &mut desired).await,
+                Ok((plan, base)) => self.apply_federation(&plan, &base, &mut wanted).await,
                 Err(e) => Err(e),
             };
             match result {
                 Ok(rendered) => {
                     tracing::debug!(federation = %id, pools = rendered.workloads.len(), "federation applied");
+                    desired.extend(wanted.iter().cloned());
+                    self.sent().applied(fed, wanted);
                     applied.push(AppliedFederation {
                         namespace: fed.namespace.clone(),
                         name: fed.name.clone(),
@@ -271,12 +308,11 @@ impl KubeRuntime {
                 }
                 Err(e) => {
                     tracing::warn!(federation = %id, kind = e.metric_label(), error = %e, "federation not applied");
+                    desired.extend(self.sent().failed(fed));
                     keep.insert((fed.namespace.clone(), fed.name.clone()));
                     let mut pools = declared_pools(fed);
                     // The keys stay on the cluster: keep reporting them so the hub keeps them.
-                    let before = previous
-                        .iter()
-                        .find(|p| p.namespace == fed.namespace && p.name == fed.name);
+                    let before = previous.iter().find(same);
                     for pool in &mut pools {
                         if let Some(old) =
                             before.and_then(|b| b.pools.iter().find(|p| p.name == pool.name))
@@ -297,18 +333,69 @@ impl KubeRuntime {
         if let Ok(mut slot) = self.applied.lock() {
             *slot = applied;
         }
-        self.prune(&desired, &keep).await?;
+        let live = work
+            .federations
+            .iter()
+            .map(|f| (f.namespace.clone(), f.name.clone()))
+            .collect();
+        if full {
+            self.prune(&desired, &keep).await?;
+        } else {
+            let orphans: Vec<ObjectKey> = before.difference(&desired).cloned().collect();
+            for key in &orphans {
+                delete_object(&self.client, key).await?;
+                self.sent().forget_body(key);
+            }
+        }
+        self.sent().retain(&live);
         match first_error {
             Some(e) => Err(e),
             None => {
+                if full {
+                    self.sent().full_done();
+                }
                 tracing::info!(
                     version = work.version,
                     federations = work.federations.len(),
+                    full,
                     "work applied"
                 );
                 Ok(())
             }
         }
+    }
+
+    /// The memory of what was sent (a poisoned lock means a panic elsewhere: start afresh).
+    fn sent(&self) -> std::sync::MutexGuard<'_, sent::Sent> {
+        self.sent.lock().unwrap_or_else(|poisoned| {
+            let mut guard = poisoned.into_inner();
+            *guard = sent::Sent::default();
+            guard
+        })
+    }
+
+    /// Server-side applies `object` as `key` unless its body is what was last applied there.
+    async fn send<K>(
+        &self,
+        api: &Api<K>,
+        key: ObjectKey,
+        object: &K,
+    ) -> Result<(), KubeRuntimeError>
+    where
+        K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + Debug,
+        K::DynamicType: Default,
+    {
+        let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
+            what: format!("{} {}", key.0.name(), key.2),
+            source,
+        })?;
+        if self.sent().same_body(&key, &body) {
+            return Ok(());
+        }
+        self.sent().forget_body(&key);
+        apply(api, &key.2, &body, self.applier.manager()).await?;
+        self.sent().body_applied(key, &body);
+        Ok(())
     }
 
     /// Applies one Federation: its pools' key Secrets first (authentication on), then the objects
@@ -319,8 +406,11 @@ impl KubeRuntime {
         base: &Rendered,
         desired: &mut BTreeSet<ObjectKey>,
     ) -> Result<Rendered, KubeRuntimeError> {
-        ensure_namespace(&self.client, &plan.namespace).await?;
         let ns = plan.namespace.as_str();
+        if !self.sent().has_namespace(ns) {
+            ensure_namespace(&self.client, ns).await?;
+            self.sent().namespace_exists(ns);
+        }
         let mut pool_keys = FederationKeys::new();
         if plan.secure() {
             let mut nodes = None;
@@ -347,49 +437,32 @@ impl KubeRuntime {
         }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
         self.stamp(&mut rendered, plan);
-        let manager = self.applier.manager();
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
-            desired.insert((Kind::Secret, ns.to_owned(), name.clone()));
-            apply(
-                &Api::<Secret>::namespaced(self.client.clone(), ns),
-                &name,
-                secret,
-                manager,
-            )
-            .await?;
+            let key = (Kind::Secret, ns.to_owned(), name);
+            desired.insert(key.clone());
+            let api = Api::<Secret>::namespaced(self.client.clone(), ns);
+            self.send(&api, key, secret).await?;
         }
         for service in &rendered.services {
             let name = service.metadata.name.clone().unwrap_or_default();
-            desired.insert((Kind::Service, ns.to_owned(), name.clone()));
-            apply(
-                &Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns),
-                &name,
-                service,
-                manager,
-            )
-            .await?;
+            let key = (Kind::Service, ns.to_owned(), name);
+            desired.insert(key.clone());
+            let api =
+                Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns);
+            self.send(&api, key, service).await?;
         }
         for (pool, workload) in &rendered.workloads {
-            desired.insert((pool.kind, ns.to_owned(), pool.workload.clone()));
+            let key = (pool.kind, ns.to_owned(), pool.workload.clone());
+            desired.insert(key.clone());
             match workload {
                 Workload::StatefulSet(s) => {
-                    apply(
-                        &Api::<StatefulSet>::namespaced(self.client.clone(), ns),
-                        &pool.workload,
-                        s,
-                        manager,
-                    )
-                    .await?
+                    let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
+                    self.send(&api, key, s).await?
                 }
                 Workload::DaemonSet(d) => {
-                    apply(
-                        &Api::<DaemonSet>::namespaced(self.client.clone(), ns),
-                        &pool.workload,
-                        d,
-                        manager,
-                    )
-                    .await?
+                    let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
+                    self.send(&api, key, d).await?
                 }
             }
         }
@@ -439,71 +512,6 @@ impl KubeRuntime {
             keep,
         )
         .await
-    }
-
-    /// The observed state of every Federation of the last applied snapshot.
-    pub async fn observe(&self) -> Vec<FederationStatus> {
-        let applied = self.applied.lock().map(|a| a.clone()).unwrap_or_default();
-        let mut out = Vec::with_capacity(applied.len());
-        for fed in applied {
-            let mut pools = Vec::with_capacity(fed.pools.len());
-            for pool in &fed.pools {
-                pools.push(match &fed.error {
-                    Some(error) => PoolStatus {
-                        name: pool.name.clone(),
-                        conditions: vec![condition("False", "ApplyFailed", error.clone())],
-                        node_public_keys: pool.node_public_keys.clone(),
-                        ..PoolStatus::default()
-                    },
-                    None => self.pool_status(&fed.namespace, pool).await,
-                });
-            }
-            out.push(FederationStatus {
-                namespace: fed.namespace,
-                name: fed.name,
-                pools,
-            });
-        }
-        out
-    }
-
-    async fn pool_status(&self, namespace: &str, pool: &AppliedPool) -> PoolStatus {
-        let observed = match pool.kind {
-            Kind::StatefulSet => Api::<StatefulSet>::namespaced(self.client.clone(), namespace)
-                .get_opt(&pool.workload)
-                .await
-                .map(|s| s.map(|s| statefulset_counts(&s))),
-            _ => Api::<DaemonSet>::namespaced(self.client.clone(), namespace)
-                .get_opt(&pool.workload)
-                .await
-                .map(|d| d.map(|d| daemonset_counts(&d))),
-        };
-        let what = format!("{} {namespace}/{}", pool.kind.name(), pool.workload);
-        let (desired, ready, cond) = match observed {
-            Ok(Some(mut counts)) => {
-                counts.desired += pool.waiting;
-                counts.waiting = pool.waiting;
-                let cond = ready_condition(&what, counts);
-                (counts.desired, counts.ready, cond)
-            }
-            Ok(None) => (
-                0,
-                0,
-                condition("False", WORKLOAD_MISSING, format!("{what} not found")),
-            ),
-            Err(e) => (
-                0,
-                0,
-                condition("Unknown", "StatusUnavailable", format!("get {what}: {e}")),
-            ),
-        };
-        PoolStatus {
-            name: pool.name.clone(),
-            desired,
-            ready,
-            conditions: vec![cond],
-            node_public_keys: pool.node_public_keys.clone(),
-        }
     }
 }
 

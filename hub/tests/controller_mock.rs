@@ -336,3 +336,82 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
     let report = runtime.observe().await;
     assert_eq!(report[0].pools[0].node_public_keys.len(), 2);
 }
+
+#[tokio::test]
+async fn the_embedded_runtime_sends_only_what_changed() {
+    // Invariant (#15): after the first (full) apply, a snapshot costs requests only for what
+    // changed in it: the same work sends nothing, a replica change one apply of the pool's
+    // StatefulSet, a removed Federation one DELETE per object it had (no LIST).
+    use flower_addon_agent::kube_runtime::KubeRuntime;
+    use flower_addon_hub::core::HUB_CLUSTER;
+    use flower_addon_hub::kube::local::applier;
+    use flower_addon_proto::ClusterWork;
+    use std::collections::BTreeMap;
+
+    let snapshot = |yaml: &str| {
+        let fed = federation(yaml);
+        let labels = BTreeMap::from([(HUB_CLUSTER.to_owned(), BTreeMap::new())]);
+        let works = flower_addon_hub::kube::work::federation_work(
+            &fed,
+            &[HUB_CLUSTER.to_owned()],
+            &labels,
+            "",
+            &[],
+        )
+        .expect("work");
+        ClusterWork {
+            version: 0,
+            cluster_name: HUB_CLUSTER.into(),
+            federations: works.into_iter().map(|(_, w)| w).collect(),
+        }
+    };
+    let (store, mut writer) = kube::runtime::reflector::store::<Federation>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+        federation(VALID).as_ref().clone(),
+    ));
+    let (client, calls) = mock_client(vec![]);
+    let runtime = KubeRuntime::with_applier(client, applier(store));
+    let take = || std::mem::take(&mut *calls.lock().expect("log"));
+
+    runtime.apply_work(&snapshot(VALID)).await.expect("first");
+    let first = take();
+    assert!(
+        first
+            .iter()
+            .any(|c| c.method == Method::GET && c.query.contains("labelSelector")),
+        "the first apply is full (prunes by listing): {first:#?}"
+    );
+
+    runtime.apply_work(&snapshot(VALID)).await.expect("same");
+    let same = take();
+    assert!(same.is_empty(), "{same:#?}");
+
+    let scaled = VALID.replace("replicas: 2", "replicas: 3");
+    runtime
+        .apply_work(&snapshot(&scaled))
+        .await
+        .expect("scaled");
+    let lines: Vec<String> = take().iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        ["PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a"],
+    );
+
+    runtime
+        .apply_work(&ClusterWork {
+            version: 0,
+            cluster_name: HUB_CLUSTER.into(),
+            federations: vec![],
+        })
+        .await
+        .expect("removed");
+    let mut lines: Vec<String> = take().iter().map(Call::line).collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "DELETE /api/v1/namespaces/team/services/fed-supernode-a",
+            "DELETE /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
+        ],
+    );
+}

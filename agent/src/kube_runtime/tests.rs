@@ -1,6 +1,6 @@
 use super::*;
 use flower_addon_proto::PoolWork;
-use status::Counts;
+use status::{Counts, ready_condition};
 
 fn work(insecure: bool) -> ClusterWork {
     let spec = serde_json::json!({

@@ -48,11 +48,12 @@ pub(super) async fn ensure_namespace(
     }
 }
 
-/// Server-side applies `object` as field manager `manager` (forced: the runtime owns these).
+/// Server-side applies the JSON `body` of `K` `name` as field manager `manager` (forced: the
+/// runtime owns these).
 pub(super) async fn apply<K>(
     api: &Api<K>,
     name: &str,
-    object: &K,
+    body: &serde_json::Value,
     manager: &str,
 ) -> Result<(), KubeRuntimeError>
 where
@@ -61,14 +62,50 @@ where
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let params = PatchParams::apply(manager).force();
-    let body = serde_json::to_value(object).map_err(|source| KubeRuntimeError::Serialize {
-        what: format!("{kind} {name}"),
-        source,
-    })?;
-    api.patch(name, &params, &Patch::Apply(&body))
+    api.patch(name, &params, &Patch::Apply(body))
         .await
         .map_err(kube_err(format!("apply {kind} {name}")))?;
     Ok(())
+}
+
+/// Deletes the object `key` (already gone is fine).
+pub(super) async fn delete_object(
+    client: &Client,
+    key: &ObjectKey,
+) -> Result<(), KubeRuntimeError> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    let (kind, namespace, name) = key;
+    let params = DeleteParams::background();
+    let result = match kind {
+        Kind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+        Kind::DaemonSet => Api::<DaemonSet>::namespaced(client.clone(), namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+        Kind::Secret => Api::<Secret>::namespaced(client.clone(), namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+        Kind::Service => Api::<Service>::namespaced(client.clone(), namespace)
+            .delete(name, &params)
+            .await
+            .map(|_| ()),
+    };
+    match result {
+        Ok(()) => {
+            tracing::info!(kind = kind.name(), %namespace, %name, "pruned");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(KubeRuntimeError::Kube {
+            action: format!("delete {} {namespace}/{name}", kind.name()),
+            source,
+        }),
+    }
 }
 
 /// Deletes objects of one kind that carry `manager`'s applied-by label and are not desired.

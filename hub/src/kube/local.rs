@@ -8,19 +8,25 @@
 //! readiness from the SuperLink's node list, and the same rendering.
 //!
 //! The loop applies when the work changed, when the last apply failed (after [`RETRY`]) and every
-//! [`RESYNC`] (drift); it reports what it observes every [`OBSERVE_EVERY`].
+//! [`RESYNC`] (drift); it reports what it observes when a pool's workload changes (a watch, whose
+//! cache the runtime reads instead of asking the apiserver) and every [`OBSERVE_EVERY`].
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flower_addon_agent::kube_runtime::{Applier, KubeRuntime, OwnerFn, WORKLOAD_MISSING};
+use flower_addon_agent::kube_runtime::{
+    APPLIED_BY_LABEL, Applier, KubeRuntime, OwnerFn, WORKLOAD_MISSING,
+};
 use flower_addon_crds::Federation;
 use flower_addon_proto::{ClusterWork, Status};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::time::Instant;
 
 use crate::channel::WorkSource;
@@ -59,7 +65,25 @@ pub async fn run(
     work: Arc<KubeWorkSource>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let runtime = KubeRuntime::with_applier(client.clone(), applier(work.federations()));
+    // The pools' workloads are watched: their status is read from the cache (no GET per pool
+    // per observation) and a change is reported at once instead of at the next OBSERVE_EVERY.
+    let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
+    let (daemonsets, ds_writer) = reflector::store::<DaemonSet>();
+    let mine = watcher::Config::default()
+        .labels(&format!("{APPLIED_BY_LABEL}={LOCAL_POOLS_FIELD_MANAGER}"));
+    let sts_events = watcher(Api::<StatefulSet>::all(client.clone()), mine.clone())
+        .default_backoff()
+        .reflect(sts_writer)
+        .map(|_| ())
+        .boxed();
+    let ds_events = watcher(Api::<DaemonSet>::all(client.clone()), mine)
+        .default_backoff()
+        .reflect(ds_writer)
+        .map(|_| ())
+        .boxed();
+    let mut workload_events = futures::stream::select(sts_events, ds_events);
+    let runtime = KubeRuntime::with_applier(client.clone(), applier(work.federations()))
+        .with_workload_cache(statefulsets, daemonsets);
     let mut changes = work.changes();
     let mut applied: Option<ClusterWork> = None;
     let mut next_apply = Instant::now();
@@ -98,10 +122,18 @@ pub async fn run(
             allocatable: Default::default(),
         };
         work.on_status(HUB_CLUSTER, &status);
-        tokio::select! {
-            () = &mut shutdown => break,
-            changed = changes.changed() => if changed.is_err() { break },
-            () = tokio::time::sleep(OBSERVE_EVERY) => {}
+        let go_on = tokio::select! {
+            () = &mut shutdown => false,
+            changed = changes.changed() => changed.is_ok(),
+            event = workload_events.next() => {
+                // Drain the burst (one apply makes several events), then observe.
+                while let Some(Some(_)) = workload_events.next().now_or_never() {}
+                event.is_some()
+            }
+            () = tokio::time::sleep(OBSERVE_EVERY) => true,
+        };
+        if !go_on {
+            break;
         }
     }
     tracing::info!("hub-local pools stopped");
