@@ -19,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+pub mod conns;
 mod lease;
 pub mod limits;
 mod registration;
@@ -78,6 +79,8 @@ pub struct ChannelConfig {
     pub join_burst: u32,
     /// Join rate limit: sustained rate per token and per peer address (default 2/s).
     pub join_per_second: f64,
+    /// Caps on open connections ([`conns`]).
+    pub connections: conns::ConnLimits,
 }
 
 impl Default for ChannelConfig {
@@ -95,6 +98,7 @@ impl Default for ChannelConfig {
             handshake_timeout: Duration::from_secs(10),
             join_burst: 20,
             join_per_second: 2.0,
+            connections: conns::ConnLimits::default(),
         }
     }
 }
@@ -275,6 +279,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
             listeners,
             tls_config,
             config.handshake_timeout,
+            conns::Gate::new(config.connections.clone()),
             conn_tx,
             stop_rx.clone(),
         );

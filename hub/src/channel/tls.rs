@@ -10,6 +10,7 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -43,10 +44,13 @@ pub struct PeerInfo {
     pub identity: Option<Arc<PeerIdentity>>,
 }
 
-/// An accepted TLS connection that carries its [`PeerInfo`] into tonic.
+/// An accepted TLS connection that carries its [`PeerInfo`] into tonic, holds its place under
+/// the connection caps ([`super::conns`]) and, when anonymous, ends at its deadline.
 pub struct TlsConn {
     inner: TlsStream<TcpStream>,
     info: PeerInfo,
+    _slot: super::conns::Slot,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Connected for TlsConn {
@@ -63,7 +67,16 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+        let this = self.get_mut();
+        if let Some(deadline) = &mut this.deadline
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection without a client certificate open too long",
+            )));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
     }
 }
 
@@ -149,18 +162,23 @@ pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerIdentity> {
 }
 
 /// Accepts TCP connections on every listener, runs the TLS handshakes (each bounded by
-/// `handshake_timeout`) and sends finished connections to `out`, until `stop` turns true.
-pub fn spawn_acceptors(
+/// `handshake_timeout`) and sends finished connections to `out`, until `stop` turns true. A
+/// connection over a cap of `gate` is closed at once ([`super::conns`]).
+pub(crate) fn spawn_acceptors(
     listeners: Vec<TcpListener>,
     config: Arc<rustls::ServerConfig>,
     handshake_timeout: Duration,
+    gate: Arc<super::conns::Gate>,
     out: mpsc::Sender<Result<TlsConn, io::Error>>,
     stop: watch::Receiver<bool>,
 ) {
     let acceptor = TlsAcceptor::from(config);
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for listener in listeners {
         let acceptor = acceptor.clone();
         let out = out.clone();
+        let gate = gate.clone();
+        let refused = refused.clone();
         let mut stop = stop.clone();
         tokio::spawn(async move {
             loop {
@@ -177,9 +195,19 @@ pub fn spawn_acceptors(
                         continue;
                     }
                 };
+                let Some(slot) = gate.accept(remote.ip()) else {
+                    // One line per 1,000 refusals: a flood must not become a log flood.
+                    let n = refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if n.is_multiple_of(1000) {
+                        tracing::warn!(%remote, refused = n + 1, anonymous = gate.anonymous_open(), "connection refused: too many handshakes overall, or connections without a client certificate from this address");
+                    }
+                    drop(tcp);
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let out = out.clone();
+                let gate = gate.clone();
                 tokio::spawn(async move {
                     let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp))
                         .await
@@ -208,8 +236,29 @@ pub fn spawn_acceptors(
                         .and_then(|certs| certs.first())
                         .and_then(peer_identity)
                         .map(Arc::new);
+                    let cluster = identity.as_ref().map(|id| id.cluster_name.as_str());
+                    let Some(slot) = gate.settle(slot, cluster) else {
+                        match cluster {
+                            Some(name) => {
+                                tracing::info!(%remote, cluster = %name, max = gate.limits().max_per_cluster, "connection refused: too many with this cluster's certificate")
+                            }
+                            None => {
+                                tracing::info!(%remote, max = gate.limits().max_anonymous, "connection refused: too many without a client certificate")
+                            }
+                        }
+                        return;
+                    };
+                    let deadline = identity
+                        .is_none()
+                        .then(|| Box::pin(tokio::time::sleep(gate.limits().anonymous_lifetime)));
                     let info = PeerInfo { remote, identity };
-                    let _ = out.send(Ok(TlsConn { inner: tls, info })).await;
+                    let conn = TlsConn {
+                        inner: tls,
+                        info,
+                        _slot: slot,
+                        deadline,
+                    };
+                    let _ = out.send(Ok(conn)).await;
                 });
             }
         });

@@ -1,0 +1,177 @@
+//! Connection caps of the work channel (#13 item 8), attacked over real TLS on loopback: a flood
+//! of connections without a client certificate is capped per address and overall and cut after
+//! its lifetime, while joins from other addresses and agents with certificates go on; one
+//! cluster's certificate opens at most its cap of connections.
+mod channel_support;
+
+use channel_support::*;
+use flower_addon_agent::channel::{RunOptions, run};
+use flower_addon_agent::runtime::MemoryRuntime;
+use flower_addon_hub::channel::ChannelConfig;
+use flower_addon_hub::channel::conns::ConnLimits;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+const LIFETIME: Duration = Duration::from_secs(2);
+
+fn limited() -> ChannelConfig {
+    ChannelConfig {
+        handshake_timeout: Duration::from_secs(30),
+        connections: ConnLimits {
+            max_handshakes: 64,
+            max_anonymous: 12,
+            max_anonymous_per_peer: 8,
+            anonymous_lifetime: LIFETIME,
+            max_per_cluster: 2,
+        },
+        ..config()
+    }
+}
+
+/// A TCP connection to `hub` from `127.0.0.<last>`.
+async fn tcp_from(last: u8, hub: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, last], 0)))
+        .expect("bind");
+    socket.connect(hub).await.expect("connect")
+}
+
+/// A TLS connection to `hub` from `127.0.0.<last>` trusting the hub CA, with `client` as the
+/// client certificate and key (PEM) when given.
+async fn tls_from(
+    last: u8,
+    hub: &Hub,
+    client: Option<(&str, &str)>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(hub.ca.cert_der().clone()).expect("root");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+    let mut config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("cert"),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key"),
+            )
+            .expect("client auth"),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tcp_from(last, hub.addr).await;
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+        .await
+}
+
+/// Whether the hub closes `stream` within `within` (EOF or an error on read).
+async fn closed<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // Server frames (HTTP/2 settings) are not a close; keep reading.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), limited()).await;
+    let edge_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", edge_dir.path()).await;
+
+    // One address: 8 connections that never start TLS are held (until the handshake timeout),
+    // the 9th is closed at once.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(tcp_from(2, hub.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for stream in &mut held {
+        assert!(!closed(stream, Duration::from_millis(20)).await, "held");
+    }
+    let mut ninth = tcp_from(2, hub.addr).await;
+    assert!(
+        closed(&mut ninth, Duration::from_secs(1)).await,
+        "the 9th connection from one address is closed at once"
+    );
+
+    // Joins from another address go on.
+    let other_dir = tempfile::tempdir().expect("tmp");
+    hub.join_accepted("edge-2", other_dir.path()).await;
+
+    // Anonymous TLS connections fill the overall pool (12) from two addresses; the next one,
+    // from a third address, is closed right after its handshake.
+    let mut anonymous = Vec::new();
+    for last in [3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4] {
+        anonymous.push(tls_from(last, &hub, None).await.expect("anonymous TLS"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut over = tls_from(5, &hub, None).await.expect("handshake");
+    assert!(
+        closed(&mut over, Duration::from_secs(1)).await,
+        "anonymous over the overall cap"
+    );
+
+    // An agent with its certificate still connects its work stream.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut options = RunOptions::new(creds.clone(), Some(edge_dir.path().to_path_buf()));
+    options.reconnect_min = Duration::from_millis(50);
+    options.reconnect_max = Duration::from_millis(300);
+    let agent = tokio::spawn(run(options, Arc::new(MemoryRuntime::new()), stop_rx));
+    eventually("edge-1 connected", Duration::from_secs(10), async || {
+        (hub.connected)() == 1
+    })
+    .await;
+
+    // One cluster's certificate: its cap (2) with the agent's own connection counted.
+    let cert = (creds.cert_pem.as_str(), creds.key_pem.as_str());
+    let mut second = tls_from(6, &hub, Some(cert)).await.expect("second");
+    let mut third = tls_from(6, &hub, Some(cert))
+        .await
+        .expect("third handshake");
+    assert!(
+        !closed(&mut second, Duration::from_millis(300)).await,
+        "within the cluster's cap"
+    );
+    assert!(
+        closed(&mut third, Duration::from_secs(1)).await,
+        "over the cluster's cap"
+    );
+
+    // Anonymous connections end after their lifetime, which frees the pool.
+    for stream in &mut anonymous {
+        assert!(
+            closed(stream, LIFETIME + Duration::from_secs(2)).await,
+            "anonymous connection kept past its lifetime"
+        );
+    }
+    let mut later = tls_from(5, &hub, None).await.expect("handshake");
+    assert!(
+        !closed(&mut later, Duration::from_millis(300)).await,
+        "a slot is free again"
+    );
+
+    let _ = stop_tx.send(true);
+    agent.await.expect("agent").expect("run");
+    // Connections that never speak HTTP/2 would hold the hub's graceful stop.
+    drop((held, ninth, over, second, third, later, anonymous));
+    hub.stop().await;
+}
