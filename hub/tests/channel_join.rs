@@ -678,3 +678,55 @@ async fn a_server_holding_a_superlink_certificate_cannot_pass_as_the_hub() {
     fake_hub.stop().await;
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn pending_clusters_are_capped_and_an_oversized_agent_version_is_refused() {
+    // With room for 2 clusters waiting for acceptance, a third new name is refused with
+    // RESOURCE_EXHAUSTED naming the fix, and registers nothing; once one is accepted there is
+    // room again. A 65-character agent_version is INVALID_ARGUMENT.
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = config();
+    cfg.max_pending_clusters = 2;
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+    let token = hub.token().await;
+    let request = |name: &str, version: &str| {
+        let agent_dir = tempfile::tempdir().expect("tmp");
+        let key = load_or_generate_key(agent_dir.path()).expect("key");
+        JoinRequest {
+            token: token.clone(),
+            cluster_name: name.into(),
+            csr_pem: make_csr(&key, name).expect("csr"),
+            agent_version: version.into(),
+            ..Default::default()
+        }
+    };
+    for name in ["p-1", "p-2"] {
+        let response = raw_join(&hub, request(name, "0.1.0")).await.expect(name);
+        assert_eq!(response.status, JoinStatus::Pending as i32);
+    }
+    let before = hub.snapshot().await;
+    let refused = raw_join(&hub, request("p-3", "0.1.0"))
+        .await
+        .expect_err("a third pending cluster");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("flower-hub accept"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(hub.snapshot().await, before, "nothing registered");
+    hub.store.set_accepted("p-1", true).await.expect("accept");
+    let response = raw_join(&hub, request("p-3", "0.1.0")).await.expect("room");
+    assert_eq!(response.status, JoinStatus::Pending as i32);
+
+    let long = raw_join(&hub, request("p-4", &"1".repeat(65)))
+        .await
+        .expect_err("oversized agent_version");
+    assert_eq!(long.code(), Code::InvalidArgument);
+    assert!(
+        long.message().contains("agent_version"),
+        "{}",
+        long.message()
+    );
+    hub.stop().await;
+}

@@ -81,6 +81,9 @@ pub struct ChannelConfig {
     pub join_per_second: f64,
     /// Caps on open connections ([`conns`]).
     pub connections: conns::ConnLimits,
+    /// Clusters that may wait for acceptance at once; a join that would register one more is
+    /// refused with RESOURCE_EXHAUSTED (default 1,000).
+    pub max_pending_clusters: usize,
 }
 
 impl Default for ChannelConfig {
@@ -99,6 +102,7 @@ impl Default for ChannelConfig {
             join_burst: 20,
             join_per_second: 2.0,
             connections: conns::ConnLimits::default(),
+            max_pending_clusters: 1000,
         }
     }
 }

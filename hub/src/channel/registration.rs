@@ -56,6 +56,30 @@ impl<S: ClusterStore, W: WorkSource> Registration for RegistrationService<S, W> 
 }
 
 impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
+    /// Refuses a new cluster while [`super::ChannelConfig::max_pending_clusters`] clusters
+    /// already wait for acceptance (a token used in a loop cannot fill the store).
+    async fn check_pending_room(&self, name: &str) -> Result<(), Status> {
+        let max = self.shared.config.max_pending_clusters;
+        let pending = self
+            .shared
+            .store
+            .list_clusters()
+            .await
+            .map_err(|e| internal("counting the clusters waiting for acceptance", e))?
+            .iter()
+            .filter(|c| !c.hub_accepts_client)
+            .count();
+        if pending >= max {
+            tracing::warn!(cluster = %name, pending, max, "join refused: too many clusters wait for acceptance");
+            return Err(Status::resource_exhausted(format!(
+                "{pending} clusters already wait for acceptance (the hub's limit is {max}): an \
+                 admin must accept (`flower-hub accept NAME`) or delete (`flower-hub revoke NAME \
+                 --delete`) some of them first; `flower-hub status` lists them"
+            )));
+        }
+        Ok(())
+    }
+
     async fn join_inner(&self, remote: &str, req: JoinRequest) -> Result<JoinResponse, Status> {
         let shared = &self.shared;
         if !shared.limiter.allow(&format!("addr:{remote}")) {
@@ -73,6 +97,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         validate_cluster_name(&req.cluster_name)?;
         validate_map("labels", &req.labels)?;
         validate_map("claims", &req.claims)?;
+        validate_agent_version(&req.agent_version)?;
         let record = shared
             .store
             .get_token(token_id)
@@ -141,6 +166,9 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                         .all(|(k, v)| token.labels.get(k) == Some(v));
                 if !token.has_uses_left() {
                     return Err(refuse(tokens::TokenError::UsedUp));
+                }
+                if !auto {
+                    self.check_pending_room(&name).await?;
                 }
                 use_token().await?;
                 let registration = new_registration(unix_now(), token.labels.clone());
@@ -316,6 +344,21 @@ pub(crate) fn validate_cluster_name(name: &str) -> Result<(), Status> {
     if name == crate::core::HUB_CLUSTER {
         return Err(Status::invalid_argument(format!(
             "cluster_name {name:?} is the hub's own cluster; choose another --cluster-name"
+        )));
+    }
+    Ok(())
+}
+
+/// Longest `agent_version` a join may carry (it is stored on the cluster and shown by `status`).
+pub const MAX_AGENT_VERSION: usize = 64;
+
+/// `agent_version`: at most [`MAX_AGENT_VERSION`] printable ASCII characters.
+fn validate_agent_version(version: &str) -> Result<(), Status> {
+    if version.len() > MAX_AGENT_VERSION || !version.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(Status::invalid_argument(format!(
+            "agent_version must be at most {MAX_AGENT_VERSION} printable ASCII characters without \
+             spaces (got {} bytes)",
+            version.len()
         )));
     }
     Ok(())
