@@ -26,6 +26,7 @@ fn limited() -> ChannelConfig {
         handshake_timeout: Duration::from_secs(30),
         connections: ConnLimits {
             max_handshakes: 64,
+            first_byte_timeout: Duration::from_secs(30),
             max_anonymous: 12,
             max_anonymous_per_peer: 8,
             anonymous_lifetime: LIFETIME,
@@ -173,5 +174,30 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     agent.await.expect("agent").expect("run");
     // Connections that never speak HTTP/2 would hold the hub's graceful stop.
     drop((held, ninth, over, second, third, later, anonymous));
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_first_byte_timeout() {
+    // A silent TCP connection (a flood, or a probe) holds its handshake slot only until the
+    // first-byte timeout; a real TLS client, which sends its ClientHello at once, is unaffected.
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = limited();
+    cfg.connections.first_byte_timeout = Duration::from_millis(500);
+    let hub = Hub::start_in(dir.path(), any_port(), cfg).await;
+    let mut silent = tcp_from(2, hub.addr).await;
+    let started = std::time::Instant::now();
+    assert!(
+        closed(&mut silent, Duration::from_secs(3)).await,
+        "silent kept"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "closed too early: {:?}",
+        started.elapsed()
+    );
+    let mut tls = tls_from(3, &hub, None).await.expect("TLS client");
+    assert!(!closed(&mut tls, Duration::from_millis(700)).await);
+    drop((silent, tls));
     hub.stop().await;
 }

@@ -41,6 +41,11 @@ struct Args {
     /// Agents started per batch (one batch every 100 ms).
     #[arg(long, default_value_t = 250)]
     batch: usize,
+    /// After the fan-out, open this many TCP connections without TLS from 127.0.1.x (a flood
+    /// by someone without a certificate), then measure the hub's RSS and descriptors, a join and
+    /// a reconnecting agent while they are held (0: no flood).
+    #[arg(long, default_value_t = 0)]
+    flood: usize,
     /// Internal: run as the hub child on this state dir.
     #[arg(long, hide = true)]
     serve_hub: Option<PathBuf>,
@@ -166,9 +171,11 @@ async fn hub_child(dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
     });
     let config = ChannelConfig {
         lease_duration: Duration::from_secs(600),
-        handshake_timeout: Duration::from_secs(60),
+        auto_accept: [("bench".to_owned(), "yes".to_owned())].into(),
         ..ChannelConfig::default()
     };
+    let store_for_tokens = store.clone();
+    let ca_hash = ca.hash().to_owned();
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let server = ChannelServer::new(store, work.clone(), ca, config);
@@ -191,7 +198,24 @@ async fn hub_child(dir: PathBuf, listen: SocketAddr) -> anyhow::Result<()> {
     let mut round_no = 0;
     while let Some(line) = lines.recv().await {
         match line.trim() {
-            "stats" => println!("stats connected={} rss_kib={}", connected(), rss_kib()),
+            "stats" => println!(
+                "stats connected={} rss_kib={} fds={}",
+                connected(),
+                rss_kib(),
+                std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+            ),
+            "token" => {
+                let new = flower_addon_hub::registration::tokens::generate_scoped(
+                    Duration::from_secs(3600),
+                    "flood bench",
+                    flower_addon_hub::registration::tokens::TokenScope {
+                        labels: [("bench".to_owned(), "yes".to_owned())].into(),
+                        ..Default::default()
+                    },
+                );
+                store_for_tokens.put_token(&new.record).await?;
+                println!("token {} ca_hash={}", new.token, ca_hash);
+            }
             "bump" => {
                 round_no += 1;
                 let works = names.iter().map(|n| (n.clone(), bench_work(round_no)));
@@ -319,6 +343,10 @@ async fn driver(args: Args) -> anyhow::Result<()> {
     }
     let after = ask("stats").await?;
     println!("hub after fan-out:    {after}");
+    if args.flood > 0 {
+        let token_line = ask("token").await?;
+        flood(&args, &addr, &token_line, &mut ask).await?;
+    }
     println!("client process rss_kib={} (all {n} agents)", rss_kib());
     // Agents first (so the hub's departure is not logged as 10,000 reconnects), then the hub.
     let _ = stop_tx.send(true);
@@ -329,6 +357,81 @@ async fn driver(args: Args) -> anyhow::Result<()> {
     let _ = stdin_quit(&mut child).await;
     if connected < n as u64 {
         bail!("not every agent connected");
+    }
+    Ok(())
+}
+
+/// Holds `args.flood` TCP connections that never start TLS, spread over 127.0.1.1 … 127.0.1.250,
+/// and measures what the hub does meanwhile: its RSS and descriptors, how many connections it
+/// closed at once (over its caps), how long a new agent's join takes.
+async fn flood(
+    args: &Args,
+    addr: &str,
+    token_line: &str,
+    ask: &mut impl AsyncFnMut(&str) -> anyhow::Result<String>,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let hub: SocketAddr = addr.parse()?;
+    let before = ask("stats").await?;
+    let t = Instant::now();
+    let mut held = Vec::with_capacity(args.flood);
+    let mut failed = 0;
+    for i in 0..args.flood {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from(([127, 0, 1, 1 + (i % 250) as u8], 0)))?;
+        match socket.connect(hub).await {
+            Ok(stream) => held.push(stream),
+            Err(_) => failed += 1,
+        }
+    }
+    let opened = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Within the handshake timeout (10 s) of the last ones: the hub holds what it admitted.
+    let during = ask("stats").await?;
+    // A new agent joins (auto-accepted by its token's label) while the flood is held.
+    let token = token_line
+        .split_whitespace()
+        .nth(1)
+        .context("token from the hub child")?;
+    let ca_hash = token_line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("ca_hash="))
+        .context("ca hash")?;
+    let join_dir = tempfile::tempdir()?;
+    let mut options = flower_addon_agent::join::JoinOptions::new(
+        addr,
+        token,
+        ca_hash,
+        "flood-joiner",
+        join_dir.path().to_path_buf(),
+    );
+    options.max_wait = Some(Duration::from_secs(60));
+    let t = Instant::now();
+    let joined = flower_addon_agent::join::join(&options, &mut |_| {}).await;
+    let join_ms = t.elapsed().as_secs_f64() * 1000.0;
+    // Closed by the hub: a read returns at once (EOF or reset).
+    let mut closed = 0;
+    for stream in &mut held {
+        let mut buf = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(1), stream.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    println!(
+        "flood: {} connections held from 250 addresses in {opened:.1}s ({failed} failed to connect); {closed} of them closed by the hub by the end (over a cap, or at their handshake timeout)",
+        held.len()
+    );
+    println!("hub before the flood: {before}");
+    println!("hub during the flood: {during}");
+    println!(
+        "join during the flood: {} in {join_ms:.0} ms",
+        if joined.is_ok() { "ok" } else { "FAILED" }
+    );
+    drop(held);
+    if let Err(error) = joined {
+        bail!("a join during the flood failed: {error}");
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! descriptors or memory while agents keep being served.
 //!
 //! A new TCP connection holds a *handshake* slot until its TLS handshake ends (at most
-//! `handshake_timeout`); handshakes are capped overall ([`ConnLimits::max_handshakes`]). After
+//! `handshake_timeout`, and [`ConnLimits::first_byte_timeout`] when it sends nothing);
+//! handshakes are capped overall ([`ConnLimits::max_handshakes`]). After
 //! it, a connection with a client certificate signed by the hub CA counts against its cluster
 //! ([`ConnLimits::max_per_cluster`]): only holders of hub-signed certificates get there, so their
 //! number is bounded by the accepted clusters. One without a certificate (a joining agent, or
@@ -23,6 +24,10 @@ use dashmap::DashMap;
 pub struct ConnLimits {
     /// TLS handshakes in progress at once (default 4,096).
     pub max_handshakes: usize,
+    /// How soon a new connection must send its first byte (the TLS ClientHello, which real
+    /// clients send at once) before it is closed (default 2 s), so silent connections hold a
+    /// handshake slot only that long.
+    pub first_byte_timeout: Duration,
     /// Anonymous connections at once, all peers together (default 1,024).
     pub max_anonymous: usize,
     /// Handshaking and anonymous connections at once from one peer address (default 64).
@@ -37,6 +42,7 @@ impl Default for ConnLimits {
     fn default() -> Self {
         Self {
             max_handshakes: 4096,
+            first_byte_timeout: Duration::from_secs(2),
             max_anonymous: 1024,
             max_anonymous_per_peer: 64,
             anonymous_lifetime: Duration::from_secs(30),

@@ -209,6 +209,17 @@ pub(crate) fn spawn_acceptors(
                 let out = out.clone();
                 let gate = gate.clone();
                 tokio::spawn(async move {
+                    let first_byte = gate.limits().first_byte_timeout;
+                    let mut peeked = [0u8; 1];
+                    match tokio::time::timeout(first_byte, tcp.peek(&mut peeked)).await {
+                        Ok(Ok(n)) if n > 0 => {}
+                        // Closed, failed, or silent: a TCP probe or a flood.
+                        Ok(_) => return,
+                        Err(_) => {
+                            tracing::debug!(%remote, "no TLS byte in time; closed");
+                            return;
+                        }
+                    }
                     let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp))
                         .await
                     {

@@ -1,0 +1,1100 @@
+//! Reconcile latency and apiserver requests of `flower-hub serve` in Kubernetes mode (#15 item 4):
+//! a real control plane from the e2e harness, the release hub as a child process under its
+//! least-privilege ServiceAccount (as `manifests/hub/deployment.yaml` runs it), Federations with
+//! no placementRef (the hub cluster runs the SuperLink and, through the hub's embedded runtime,
+//! the pool), timed by a watch on StatefulSets.
+//!
+//! ```text
+//! cargo build --release --bins
+//! FLOWER_ADDON_K8S_BIN=$(e2e/k8s/build.sh) cargo run --release -p e2e --bin reconcile_bench -- \
+//!     [--federations 20] [--changes 20] [--idle 50] [--idle-seconds 60]
+//! ```
+//!
+//! Steps: `--idle` Federations are created and settled first; then `--federations` creates, each
+//! timed from just before the create call until the watch has seen both the SuperLink and the
+//! pool StatefulSet; then `--changes` replica changes (pool `a` 2 → 3 → 2 …), each timed until
+//! the pool StatefulSet's `spec.replicas` has the new value; then `--idle-seconds` of idleness.
+//! Each operation waits for the previous one, with `--pause-ms` between them.
+//!
+//! Requests are the hub's own, counted by the apiserver: FlowSchemas matching only the hub's
+//! ServiceAccount, one per verb (plus one for Events and one catch-all), all at priority level
+//! `workload-low` (where the built-in `service-accounts` schema would put them anyway), read from
+//! `apiserver_flowcontrol_dispatched_requests_total{flow_schema="flower-hub-<verb>"}` on
+//! `/metrics`. The objects the hub changed are counted by this bench's watches: new, deleted and
+//! modified Services and Secrets, StatefulSets whose generation or metadata changed (not the
+//! controller-manager's status writes), and Federation writes other than the bench's own.
+//!
+//! A missed target is reported (MISS), not an error; a broken setup (no metric, a StatefulSet
+//! that never appears, a hub that exits) is.
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use e2e::ControlPlane;
+use e2e::addon::{Addon, AddonOptions, HUB_NS};
+use flower_addon_crds::Federation;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(about = "flower-hub reconcile latency and apiserver requests (#15 item 4)")]
+struct Args {
+    /// Federations created and timed.
+    #[arg(long, default_value_t = 20)]
+    federations: usize,
+    /// Replica changes timed (round-robin over the timed Federations).
+    #[arg(long, default_value_t = 20)]
+    changes: usize,
+    /// Federations created and settled before anything is timed (present throughout).
+    #[arg(long, default_value_t = 50)]
+    idle: usize,
+    /// Seconds of idleness, with every Federation present, over which requests are counted.
+    #[arg(long, default_value_t = 60)]
+    idle_seconds: u64,
+    /// Pause between two timed operations, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    pause_ms: u64,
+    /// Seconds a StatefulSet may take to appear or change before the setup counts as broken.
+    #[arg(long, default_value_t = 15)]
+    timeout: u64,
+}
+
+/// Namespace of the user's Federations.
+const NAMESPACE: &str = "bench";
+/// The hub's ServiceAccount (`manifests/hub/rbac.yaml`).
+const HUB_SA: &str = "flower-hub";
+/// The hub's process name in the harness ([`Addon::install`]).
+const HUB_PROC: &str = "flower-hub";
+/// Verb groups counted; `events` is any verb on Events, `other` any verb not listed.
+const GROUPS: [&str; 9] = [
+    "events", "get", "list", "watch", "create", "update", "patch", "delete", "other",
+];
+/// The groups that are writes.
+const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
+/// Resources counted apart (any API group), so that each verb's requests are told by resource;
+/// the rest of a verb's requests count as `other`.
+const RESOURCES: [&str; 16] = [
+    "federations",
+    "federations/status",
+    "placements",
+    "placements/status",
+    "placementdecisions",
+    "placementdecisions/status",
+    "managedclusters",
+    "managedclusters/status",
+    "statefulsets",
+    "daemonsets",
+    "services",
+    "secrets",
+    "configmaps",
+    "leases",
+    "pods",
+    "namespaces",
+];
+/// How long the hub must have changed nothing for the cluster to count as settled; longer than
+/// the embedded runtime's observation period (5 s).
+const QUIET: Duration = Duration::from_secs(6);
+
+/// Targets of #15 item 4.
+const TARGET_CREATE_P50: Duration = Duration::from_millis(15);
+const TARGET_CHANGE_P50: Duration = Duration::from_millis(7);
+const TARGET_REQUESTS_PER_CHANGE: f64 = 1.0;
+/// #15 item 5: hub idle RSS with 0 Federations.
+const TARGET_IDLE_RSS_MIB: f64 = 20.0;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    e2e::install_crypto();
+    let args = Args::parse();
+    ensure!(
+        !cfg!(debug_assertions),
+        "a debug build measures a debug hub: run with `cargo run --release` after \
+         `cargo build --release --bins`"
+    );
+    ensure!(args.federations > 0, "--federations must be at least 1");
+    let load_start = loadavg();
+    let hub_bin = e2e::binary("flower-hub")?;
+    println!("hub binary: {}", describe_binary(&hub_bin));
+    println!("hub sources: {}", describe_sources());
+    println!("load at start: {load_start}");
+
+    // Pods: 3 per Federation (SuperLink and a pool of 2), one more per Federation scaled to 3;
+    // a kwok node takes 110.
+    let pods = (args.idle + args.federations) * 3 + args.changes.min(args.federations);
+    let options = e2e::Options {
+        nodes_per_cluster: pods / 100 + 1,
+        ..Default::default()
+    };
+    let mut cp = ControlPlane::start_with(&["hub"], options).await?;
+    let result = bench(&mut cp, &args).await;
+    if result.is_err() {
+        eprintln!(
+            "hub log tail:\n{}",
+            cp.processes().log_tails(Some(&[HUB_PROC]))
+        );
+    }
+    drop(cp);
+    let report = result?;
+    report.print(&args, &load_start, &loadavg());
+    Ok(())
+}
+
+/// Everything measured.
+struct Report {
+    create_latency: Vec<Duration>,
+    create_call: Vec<Duration>,
+    superlink_latency: Vec<Duration>,
+    pool_latency: Vec<Duration>,
+    change_latency: Vec<Duration>,
+    creates: Phase,
+    changes: Phase,
+    idle: Phase,
+    rss_empty_kib: u64,
+    rss_idle_feds_kib: u64,
+    rss_end_kib: u64,
+    federations_present: usize,
+    objects_per_federation: BTreeMap<String, usize>,
+}
+
+/// Requests, changed objects and hub CPU over one phase.
+#[derive(Default)]
+struct Phase {
+    requests: BTreeMap<String, u64>,
+    changes: BTreeMap<&'static str, u64>,
+    cpu: Duration,
+    wall: Duration,
+}
+
+/// A point to take [`Phase`] deltas from.
+struct Mark {
+    requests: BTreeMap<String, u64>,
+    changes: BTreeMap<&'static str, u64>,
+    cpu: Duration,
+    at: Instant,
+}
+
+async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
+    let admin = cp.cluster("hub")?.client.clone();
+    install_flow_schemas(&admin).await?;
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
+        )
+        .await
+        .context("creating the bench namespace")?;
+    // The CRDs first, so that the Federation watch starts at once (the hub's install re-applies
+    // them unchanged).
+    e2e::install_crds(&admin).await?;
+    let (tx, mut rx) = watch::channel(Observed::default());
+    let tx = std::sync::Arc::new(tx);
+    let _watches = WatchTasks(vec![
+        spawn_watch::<StatefulSet>(&admin, "StatefulSet", sts_fingerprint, track_sts, &tx),
+        spawn_watch::<Service>(&admin, "Service", rv_fingerprint, ignore, &tx),
+        spawn_watch::<Secret>(&admin, "Secret", rv_fingerprint, ignore, &tx),
+        spawn_watch::<Federation>(&admin, "Federation", rv_fingerprint, ignore, &tx),
+    ]);
+
+    Addon::install(cp, &[], &AddonOptions::default()).await?;
+    let hub_pid = cp
+        .processes()
+        .get(HUB_PROC)
+        .context("the hub process is not running")?
+        .pid();
+    validate_counting(cp, &admin).await?;
+    // Let start-up finish (CA Secrets, initial lists) before the empty hub's RSS is taken.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_empty_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
+
+    let feds = Api::<Federation>::namespaced(admin.clone(), NAMESPACE);
+    let timeout = Duration::from_secs(args.timeout);
+    let t = Instant::now();
+    for i in 0..args.idle {
+        let name = format!("idle-{i:03}");
+        feds.create(&PostParams::default(), &federation(&name)?)
+            .await
+            .with_context(|| format!("creating Federation {name}"))?;
+        wait_created(&mut rx, &name, Instant::now(), timeout).await?;
+        cp.processes().check_alive()?;
+    }
+    settle(&admin, &rx).await?;
+    println!(
+        "{} idle Federations created and settled in {:.1} s",
+        args.idle,
+        t.elapsed().as_secs_f64()
+    );
+    let rss_idle_feds_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
+
+    // Creates.
+    let pause = Duration::from_millis(args.pause_ms);
+    let start = mark(&admin, &rx, hub_pid).await?;
+    let mut names = Vec::new();
+    let (mut create_latency, mut create_call) = (Vec::new(), Vec::new());
+    let (mut superlink_latency, mut pool_latency) = (Vec::new(), Vec::new());
+    for i in 0..args.federations {
+        let name = format!("bench-{i:02}");
+        let fed = federation(&name)?;
+        let t0 = Instant::now();
+        feds.create(&PostParams::default(), &fed)
+            .await
+            .with_context(|| format!("creating Federation {name}"))?;
+        create_call.push(t0.elapsed());
+        let (superlink, pool) = wait_created(&mut rx, &name, t0, timeout).await?;
+        create_latency.push(superlink.max(pool));
+        superlink_latency.push(superlink);
+        pool_latency.push(pool);
+        cp.processes().check_alive()?;
+        names.push(name);
+        tokio::time::sleep(pause).await;
+    }
+    settle(&admin, &rx).await?;
+    let creates = phase(&start, &admin, &rx, hub_pid).await?;
+
+    // Replica changes, round-robin over the timed Federations.
+    let start = mark(&admin, &rx, hub_pid).await?;
+    let mut replicas: HashMap<String, i32> = names.iter().map(|n| (n.clone(), 2)).collect();
+    let mut change_latency = Vec::new();
+    for j in 0..args.changes {
+        let name = &names[j % names.len()];
+        let want = if replicas[name] == 2 { 3 } else { 2 };
+        let patch = json!({"spec": {"supernodes": {"pools": [{"name": "a", "replicas": want}]}}});
+        let t0 = Instant::now();
+        feds.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("patching Federation {name}"))?;
+        change_latency.push(wait_replicas(&mut rx, &pool_sts(name), want, t0, timeout).await?);
+        cp.processes().check_alive()?;
+        replicas.insert(name.clone(), want);
+        tokio::time::sleep(pause).await;
+    }
+    settle(&admin, &rx).await?;
+    let changes = phase(&start, &admin, &rx, hub_pid).await?;
+
+    // Idle.
+    let start = mark(&admin, &rx, hub_pid).await?;
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    cp.processes().check_alive()?;
+    let idle = phase(&start, &admin, &rx, hub_pid).await?;
+    let rss_end_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
+
+    Ok(Report {
+        create_latency,
+        create_call,
+        superlink_latency,
+        pool_latency,
+        change_latency,
+        creates,
+        changes,
+        idle,
+        rss_empty_kib,
+        rss_idle_feds_kib,
+        rss_end_kib,
+        federations_present: args.idle + args.federations,
+        objects_per_federation: objects_per_federation(&admin, args.idle + args.federations)
+            .await?,
+    })
+}
+
+// === Federations ===
+
+/// The Federation of #15's comparison: StatefulSet mode, subprocess isolation, insecure, one
+/// pool `a` of 2, no placementRef (the hub cluster runs everything).
+fn federation(name: &str) -> Result<Federation> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Federation",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "mode": "StatefulSet",
+            "isolationMode": "subprocess",
+            "insecure": true,
+            "superlink": {"image": "flwr/superlink:1.42.0"},
+            "supernodes": {
+                "image": "flwr/supernode:1.42.0",
+                "pools": [{"name": "a", "replicas": 2}]
+            }
+        }
+    }))?)
+}
+
+/// The SuperLink StatefulSet the Federation controller applies.
+fn superlink_sts(fed: &str) -> String {
+    format!("{fed}-superlink")
+}
+
+/// The pool StatefulSet the hub's embedded runtime applies.
+fn pool_sts(fed: &str) -> String {
+    flower_addon_crds::render::pool_workload_name(fed, "a")
+}
+
+/// Objects of each kind in the bench namespace per Federation (what one create makes).
+async fn objects_per_federation(
+    admin: &Client,
+    federations: usize,
+) -> Result<BTreeMap<String, usize>> {
+    let lp = kube::api::ListParams::default();
+    let count = |n: usize| n.div_ceil(federations.max(1));
+    let mut out = BTreeMap::new();
+    out.insert(
+        "StatefulSet".into(),
+        count(
+            Api::<StatefulSet>::namespaced(admin.clone(), NAMESPACE)
+                .list(&lp)
+                .await?
+                .items
+                .len(),
+        ),
+    );
+    out.insert(
+        "Service".into(),
+        count(
+            Api::<Service>::namespaced(admin.clone(), NAMESPACE)
+                .list(&lp)
+                .await?
+                .items
+                .len(),
+        ),
+    );
+    out.insert(
+        "Secret".into(),
+        count(
+            Api::<Secret>::namespaced(admin.clone(), NAMESPACE)
+                .list(&lp)
+                .await?
+                .items
+                .len(),
+        ),
+    );
+    Ok(out)
+}
+
+// === Watches ===
+
+/// What the bench's watches saw; the waits read it through a `tokio::sync::watch` channel.
+#[derive(Default)]
+struct Observed {
+    /// StatefulSets by name.
+    statefulsets: BTreeMap<String, SeenStatefulSet>,
+    /// Objects changed, by kind (Federation writes include the bench's own).
+    changes: BTreeMap<&'static str, u64>,
+    /// When an object was last changed.
+    last_change: Option<Instant>,
+}
+
+/// One StatefulSet as the watch saw it.
+#[derive(Clone, Copy)]
+struct SeenStatefulSet {
+    /// When it was first seen.
+    since: Instant,
+    /// `spec.replicas`.
+    replicas: i32,
+    /// When `spec.replicas` was first seen with this value.
+    replicas_since: Instant,
+}
+
+type Fingerprint<K> = fn(&K) -> String;
+type Track<K> = fn(&mut Observed, &K, Instant);
+
+fn rv_fingerprint<K: Resource>(o: &K) -> String {
+    o.meta().resource_version.clone().unwrap_or_default()
+}
+
+/// A StatefulSet changes when its spec (generation) or metadata does; the controller-manager's
+/// status writes are not the hub's.
+fn sts_fingerprint(s: &StatefulSet) -> String {
+    let m = &s.metadata;
+    serde_json::to_string(&(m.generation, &m.labels, &m.annotations, &m.owner_references))
+        .unwrap_or_default()
+}
+
+fn track_sts(observed: &mut Observed, s: &StatefulSet, at: Instant) {
+    let replicas = s.spec.replicas.unwrap_or(1);
+    let seen = observed
+        .statefulsets
+        .entry(s.name_any())
+        .or_insert(SeenStatefulSet {
+            since: at,
+            replicas,
+            replicas_since: at,
+        });
+    if seen.replicas != replicas {
+        seen.replicas = replicas;
+        seen.replicas_since = at;
+    }
+}
+
+fn ignore<K>(_: &mut Observed, _: &K, _: Instant) {}
+
+/// The bench's watch tasks, ended before the control plane stops (also on errors).
+struct WatchTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for WatchTasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Watches kind `K` in the bench namespace, timestamping each event as it arrives.
+fn spawn_watch<K>(
+    admin: &Client,
+    kind: &'static str,
+    fingerprint: Fingerprint<K>,
+    track: Track<K>,
+    tx: &std::sync::Arc<watch::Sender<Observed>>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api = Api::<K>::namespaced(admin.clone(), NAMESPACE);
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let mut stream = Box::pin(watcher(api, watcher::Config::default()).default_backoff());
+        let mut last: HashMap<String, String> = HashMap::new();
+        while let Some(event) = next_item(&mut stream).await {
+            let at = Instant::now();
+            let (object, deleted) = match event {
+                Ok(Event::Apply(o) | Event::InitApply(o)) => (o, false),
+                Ok(Event::Delete(o)) => (o, true),
+                Ok(Event::Init | Event::InitDone) => continue,
+                Err(error) => {
+                    eprintln!("bench watch of {kind}: {error}");
+                    continue;
+                }
+            };
+            let name = object.name_any();
+            let changed = if deleted {
+                last.remove(&name).is_some()
+            } else {
+                let print = fingerprint(&object);
+                last.insert(name, print.clone()).as_ref() != Some(&print)
+            };
+            tx.send_modify(|observed| {
+                if !deleted {
+                    track(observed, &object, at);
+                }
+                if changed {
+                    *observed.changes.entry(kind).or_default() += 1;
+                    observed.last_change = Some(at);
+                }
+            });
+        }
+    })
+}
+
+/// The next item of a watch stream. `e2e` has no `futures` dependency: the `Stream` methods
+/// are reached through [`WatchStreamExt`]'s supertrait bound.
+async fn next_item<S: WatchStreamExt + ?Sized>(stream: &mut Pin<Box<S>>) -> Option<S::Item> {
+    std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
+}
+
+/// Waits until `probe` returns a value for what the watches saw.
+async fn wait_observed<T>(
+    rx: &mut watch::Receiver<Observed>,
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut(&Observed) -> Option<T>,
+) -> Result<T> {
+    let mut found = None;
+    tokio::time::timeout(
+        timeout,
+        rx.wait_for(|observed| {
+            found = probe(observed);
+            found.is_some()
+        }),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("{what}: not seen within {} s", timeout.as_secs()))?
+    .context("the bench's watches stopped")?;
+    found.with_context(|| format!("{what}: lost"))
+}
+
+/// Times from `t0` until the SuperLink and the pool StatefulSet of Federation `fed` were seen.
+async fn wait_created(
+    rx: &mut watch::Receiver<Observed>,
+    fed: &str,
+    t0: Instant,
+    timeout: Duration,
+) -> Result<(Duration, Duration)> {
+    let (superlink, pool) = (superlink_sts(fed), pool_sts(fed));
+    wait_observed(
+        rx,
+        &format!("StatefulSets {superlink} and {pool}"),
+        timeout,
+        |o| {
+            let a = o.statefulsets.get(&superlink)?.since;
+            let b = o.statefulsets.get(&pool)?.since;
+            Some((
+                a.saturating_duration_since(t0),
+                b.saturating_duration_since(t0),
+            ))
+        },
+    )
+    .await
+}
+
+/// Time from `t0` until StatefulSet `name` has `spec.replicas` = `want`.
+async fn wait_replicas(
+    rx: &mut watch::Receiver<Observed>,
+    name: &str,
+    want: i32,
+    t0: Instant,
+    timeout: Duration,
+) -> Result<Duration> {
+    wait_observed(
+        rx,
+        &format!("StatefulSet {name} with replicas {want}"),
+        timeout,
+        |o| {
+            let s = o.statefulsets.get(name)?;
+            (s.replicas == want && s.replicas_since >= t0)
+                .then(|| s.replicas_since.duration_since(t0))
+        },
+    )
+    .await
+}
+
+/// Waits until every StatefulSet's status has settled and the hub has changed nothing for
+/// [`QUIET`].
+async fn settle(admin: &Client, rx: &watch::Receiver<Observed>) -> Result<()> {
+    e2e::wait_statefulsets_settled(admin, NAMESPACE).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let last = rx.borrow().last_change;
+        match last {
+            Some(at) if at.elapsed() < QUIET => {
+                ensure!(
+                    Instant::now() < deadline,
+                    "the hub still changes objects after 120 s"
+                );
+                tokio::time::sleep(QUIET - at.elapsed()).await;
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+// === Requests ===
+
+/// The FlowSchemas that count the hub's requests: `flower-hub-events`, then
+/// `flower-hub-<verb>-<resource>` for each of [`GROUPS`] × [`RESOURCES`] (`/` spelled `.`), then
+/// `flower-hub-<verb>-other`; each matches only the hub's ServiceAccount.
+fn flow_schemas() -> Vec<serde_json::Value> {
+    let subjects = json!([{
+        "kind": "ServiceAccount",
+        "serviceAccount": {"name": HUB_SA, "namespace": HUB_NS}
+    }]);
+    let schema = |name: String, precedence: usize, rule: serde_json::Value| {
+        let mut rule = rule;
+        rule["subjects"] = subjects.clone();
+        json!({
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": format!("flower-hub-{name}")},
+            "spec": {
+                // Before every built-in schema that could match a ServiceAccount (the
+                // `service-accounts` one is at 9000); at the priority level that one names.
+                "matchingPrecedence": precedence,
+                "priorityLevelConfiguration": {"name": "workload-low"},
+                "distinguisherMethod": {"type": "ByUser"},
+                "rules": [rule],
+            }
+        })
+    };
+    let verbs_of = |group: &str| -> Vec<String> {
+        match group {
+            "other" => vec!["*".into()],
+            "delete" => vec!["delete".into(), "deletecollection".into()],
+            verb => vec![verb.into()],
+        }
+    };
+    let mut out = vec![schema(
+        "events".into(),
+        1000,
+        json!({"resourceRules": [{
+            "verbs": ["*"], "apiGroups": ["", "events.k8s.io"], "resources": ["events"],
+            "namespaces": ["*"],
+        }]}),
+    )];
+    for (i, group) in GROUPS.iter().filter(|g| **g != "events").enumerate() {
+        for (j, resource) in RESOURCES.iter().enumerate() {
+            out.push(schema(
+                format!("{group}-{}", resource.replace('/', ".")),
+                1100 + i * 50 + j,
+                json!({"resourceRules": [{
+                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": [resource],
+                    "namespaces": ["*"], "clusterScope": true,
+                }]}),
+            ));
+        }
+        // Discovery and other non-resource requests count as `<verb>-other`.
+        out.push(schema(
+            format!("{group}-other"),
+            2000 + i,
+            json!({
+                "resourceRules": [{
+                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": ["*"],
+                    "namespaces": ["*"], "clusterScope": true,
+                }],
+                "nonResourceRules": [{"verbs": verbs_of(group), "nonResourceURLs": ["*"]}],
+            }),
+        ));
+    }
+    out
+}
+
+/// Creates the FlowSchemas of [`flow_schemas`] and waits until the apiserver has taken each up
+/// (condition `Dangling=False`: its priority level exists and it is in force).
+async fn install_flow_schemas(admin: &Client) -> Result<()> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("flowcontrol.apiserver.k8s.io", "v1", "FlowSchema"),
+        "flowschemas",
+    );
+    let api = Api::<kube::api::DynamicObject>::all_with(admin.clone(), &resource);
+    let schemas = flow_schemas();
+    for schema in &schemas {
+        let name = schema["metadata"]["name"].as_str().unwrap_or_default();
+        api.patch(
+            name,
+            &PatchParams::apply("reconcile-bench"),
+            &Patch::Apply(schema),
+        )
+        .await
+        .with_context(|| format!("creating FlowSchema {name} (counts the hub's requests)"))?;
+    }
+    e2e::wait_until(
+        "FlowSchemas taken up (Dangling=False)",
+        Duration::from_secs(30),
+        || async {
+            let taken_up = api
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|s| s.name_any().starts_with("flower-hub-"))
+                .filter(|s| {
+                    s.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Dangling" && c["status"] == "False")
+                    })
+                })
+                .count();
+            Ok(taken_up == schemas.len())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The hub's dispatched requests by `<verb>/<resource>` (`events/events` for Events), from the
+/// hub apiserver's `/metrics`.
+async fn hub_requests(admin: &Client) -> Result<BTreeMap<String, u64>> {
+    const METRIC: &str = "apiserver_flowcontrol_dispatched_requests_total";
+    let text = admin
+        .request_text(http::Request::get("/metrics").body(Vec::new())?)
+        .await
+        .context("GET /metrics from the hub apiserver")?;
+    ensure!(
+        text.contains(METRIC),
+        "the apiserver's /metrics has no {METRIC}: the hub's requests cannot be counted"
+    );
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(labels) = line
+            .strip_prefix(METRIC)
+            .and_then(|rest| rest.strip_prefix('{'))
+        else {
+            continue;
+        };
+        let Some(schema) = labels
+            .split("flow_schema=\"flower-hub-")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            continue;
+        };
+        let key = match schema.split_once('-') {
+            Some((verb, resource)) => format!("{verb}/{}", resource.replace('.', "/")),
+            None => format!("{schema}/{schema}"),
+        };
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .with_context(|| format!("metric line {line}"))?;
+        *out.entry(key).or_default() += value as u64;
+    }
+    Ok(out)
+}
+
+/// Requests by verb group ([`GROUPS`]).
+fn by_group(requests: &BTreeMap<String, u64>) -> BTreeMap<&'static str, u64> {
+    GROUPS
+        .iter()
+        .map(|g| {
+            let n = requests
+                .iter()
+                .filter(|(k, _)| k.split('/').next() == Some(*g))
+                .map(|(_, n)| n)
+                .sum();
+            (*g, n)
+        })
+        .collect()
+}
+
+/// Checks that the hub's start-up (caches: LIST and WATCH) shows up in the counters.
+async fn validate_counting(cp: &mut ControlPlane, admin: &Client) -> Result<()> {
+    let counted = e2e::wait_for(
+        "the hub's start-up LIST and WATCH requests counted by its FlowSchemas",
+        Duration::from_secs(30),
+        || async {
+            let counts = hub_requests(admin).await?;
+            let groups = by_group(&counts);
+            Ok((groups["list"] > 0 && groups["watch"] > 0).then_some(counts))
+        },
+    )
+    .await;
+    cp.processes().check_alive()?;
+    let counts = counted?;
+    println!(
+        "counting validated: the hub's start-up made {}",
+        per_resource(&counts, 1.0).join("; ")
+    );
+    Ok(())
+}
+
+async fn mark(admin: &Client, rx: &watch::Receiver<Observed>, pid: u32) -> Result<Mark> {
+    Ok(Mark {
+        requests: hub_requests(admin).await?,
+        changes: rx.borrow().changes.clone(),
+        cpu: cpu_time(pid)?,
+        at: Instant::now(),
+    })
+}
+
+async fn phase(
+    start: &Mark,
+    admin: &Client,
+    rx: &watch::Receiver<Observed>,
+    pid: u32,
+) -> Result<Phase> {
+    let end = mark(admin, rx, pid).await?;
+    Ok(Phase {
+        requests: end
+            .requests
+            .iter()
+            .map(|(g, n)| {
+                (
+                    g.clone(),
+                    n - start.requests.get(g).copied().unwrap_or(0).min(*n),
+                )
+            })
+            .collect(),
+        changes: end
+            .changes
+            .iter()
+            .map(|(k, n)| (*k, n - start.changes.get(k).copied().unwrap_or(0).min(*n)))
+            .collect(),
+        cpu: end.cpu.saturating_sub(start.cpu),
+        wall: end.at - start.at,
+    })
+}
+
+impl Phase {
+    /// Requests other than watches and Events (what reconciles cost).
+    fn reconcile_requests(&self) -> u64 {
+        by_group(&self.requests)
+            .iter()
+            .filter(|(g, _)| **g != "watch" && **g != "events")
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Objects the hub changed: every counted change but the bench's own `ops` Federation writes.
+    fn hub_changes(&self, ops: usize) -> u64 {
+        self.changes
+            .values()
+            .sum::<u64>()
+            .saturating_sub(ops as u64)
+    }
+
+    fn writes(&self) -> u64 {
+        let groups = by_group(&self.requests);
+        WRITES.iter().map(|w| groups[*w]).sum()
+    }
+}
+
+// === Process and machine ===
+
+/// `utime + stime` of a process (`/proc/<pid>/stat`, at USER_HZ = 100).
+fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat (has the hub exited?)"))?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
+    // utime and stime are fields 14 and 15 of stat; here 0-based after the state (field 3).
+    Ok(Duration::from_millis((ticks(11) + ticks(12)) * 10))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+        + &format!(
+            " ({} CPUs)",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        )
+}
+
+/// Path, size and age of the hub binary.
+fn describe_binary(path: &std::path::Path) -> String {
+    let age = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .map_or_else(
+            || "unknown age".into(),
+            |d| format!("built {} s ago", d.as_secs()),
+        );
+    format!("{} ({age})", path.display())
+}
+
+/// The commit the sources are at and whether the hub's crates have uncommitted changes (the
+/// binary is what `cargo build --release --bins` made of the work tree).
+fn describe_sources() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(e2e::repo_root())
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let head = git(&["log", "-1", "--format=%h %s"]);
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--",
+        "hub",
+        "crds",
+        "proto",
+        "agent",
+        "Cargo.lock",
+    ]);
+    if dirty.is_empty() {
+        format!("HEAD {head} (hub, crds, proto, agent clean)")
+    } else {
+        format!(
+            "HEAD {head} + uncommitted: {}",
+            dirty.lines().map(str::trim).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+// === Report ===
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "PASS" } else { "MISS" }
+}
+
+/// One entry per verb group with requests, divided by `per`:
+/// `patch 4.00 (federations/status 3.00, statefulsets 1.00)`.
+fn per_resource(requests: &BTreeMap<String, u64>, per: f64) -> Vec<String> {
+    let number = |n: u64| {
+        let n = n as f64 / per;
+        if per == 1.0 {
+            format!("{n:.0}")
+        } else {
+            format!("{n:.2}")
+        }
+    };
+    let mut out = Vec::new();
+    for (group, total) in by_group(requests) {
+        if total == 0 {
+            continue;
+        }
+        let parts: Vec<String> = requests
+            .iter()
+            .filter_map(|(k, n)| {
+                let (g, resource) = k.split_once('/')?;
+                (g == group && *n > 0 && group != "events")
+                    .then(|| format!("{resource} {}", number(*n)))
+            })
+            .collect();
+        if parts.is_empty() {
+            out.push(format!("{group} {}", number(total)));
+        } else {
+            out.push(format!("{group} {} ({})", number(total), parts.join(", ")));
+        }
+    }
+    if out.is_empty() {
+        out.push("none".into());
+    }
+    out
+}
+
+impl Report {
+    fn print(&self, args: &Args, load_start: &str, load_end: &str) {
+        let mut create = self.create_latency.clone();
+        create.sort();
+        let mut call = self.create_call.clone();
+        call.sort();
+        let mut change = self.change_latency.clone();
+        change.sort();
+        let p50_create = percentile(&create, 0.5);
+        let p50_change = percentile(&change, 0.5);
+        println!();
+        println!(
+            "== flower-hub reconcile bench: {} creates, {} replica changes, {} Federations present, {} s idle ==",
+            args.federations, args.changes, self.federations_present, args.idle_seconds
+        );
+        println!(
+            "{:<46} {:>8} {:>8} {:>8}   {:<10} result",
+            "latency (ms)", "p50", "p95", "max", "target"
+        );
+        println!(
+            "{:<46} {:>8} {:>8} {:>8}   {:<10} {}",
+            "create → SuperLink + pool StatefulSets exist",
+            ms(p50_create),
+            ms(percentile(&create, 0.95)),
+            ms(percentile(&create, 1.0)),
+            format!("p50 ≤ {}", TARGET_CREATE_P50.as_millis()),
+            verdict(p50_create <= TARGET_CREATE_P50)
+        );
+        let mut superlink = self.superlink_latency.clone();
+        superlink.sort();
+        let mut pool = self.pool_latency.clone();
+        pool.sort();
+        for (what, sorted) in [
+            ("  the create call returned", &call),
+            (
+                "  SuperLink StatefulSet (Federation controller)",
+                &superlink,
+            ),
+            ("  pool StatefulSet (embedded runtime)", &pool),
+        ] {
+            println!(
+                "{what:<46} {:>8} {:>8} {:>8}",
+                ms(percentile(sorted, 0.5)),
+                ms(percentile(sorted, 0.95)),
+                ms(percentile(sorted, 1.0)),
+            );
+        }
+        if !change.is_empty() {
+            println!(
+                "{:<46} {:>8} {:>8} {:>8}   {:<10} {}",
+                "replica change → pool StatefulSet updated",
+                ms(p50_change),
+                ms(percentile(&change, 0.95)),
+                ms(percentile(&change, 1.0)),
+                format!("p50 ≤ {}", TARGET_CHANGE_P50.as_millis()),
+                verdict(p50_change <= TARGET_CHANGE_P50)
+            );
+        }
+        println!();
+        println!(
+            "objects per Federation in the namespace: {}",
+            self.objects_per_federation
+                .iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let ops = [
+            ("create", &self.creates, args.federations),
+            ("replica change", &self.changes, args.changes),
+        ];
+        for (what, phase, n) in ops {
+            if n == 0 {
+                continue;
+            }
+            let requests = phase.reconcile_requests();
+            let changed = phase.hub_changes(n);
+            let ratio = requests as f64 / changed.max(1) as f64;
+            println!(
+                "per {what} (until settled, {n} ops in {:.1} s, hub CPU {:.2} s):",
+                phase.wall.as_secs_f64(),
+                phase.cpu.as_secs_f64()
+            );
+            println!("  hub requests per op:");
+            for line in per_resource(&phase.requests, n as f64) {
+                println!("    {line}");
+            }
+            println!(
+                "  objects the hub changed per op: {:.2} ({})",
+                changed as f64 / n as f64,
+                phase
+                    .changes
+                    .iter()
+                    .map(|(k, c)| {
+                        // The bench's own write of each Federation is not the hub's.
+                        let c = if *k == "Federation" {
+                            c.saturating_sub(n as u64)
+                        } else {
+                            *c
+                        };
+                        format!("{k} {:.2}", c as f64 / n as f64)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            println!(
+                "  requests (no watches, no Events) per changed object: {ratio:.2} ({requests} / {changed}; writes {}, reads {})   target ≤ {TARGET_REQUESTS_PER_CHANGE}   {}",
+                phase.writes(),
+                requests - phase.writes().min(requests),
+                verdict(ratio <= TARGET_REQUESTS_PER_CHANGE)
+            );
+        }
+        let idle_requests = self.idle.reconcile_requests();
+        println!(
+            "idle {} s with {} Federations (hub CPU {:.2} s): hub requests {}; objects changed {}   target 0 besides watches   {}",
+            args.idle_seconds,
+            self.federations_present,
+            self.idle.cpu.as_secs_f64(),
+            per_resource(&self.idle.requests, 1.0).join("; "),
+            self.idle.hub_changes(0),
+            verdict(idle_requests == 0)
+        );
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        println!(
+            "hub RSS: {:.1} MiB with 0 Federations (target ≤ {TARGET_IDLE_RSS_MIB} {}), {:.1} MiB with {}, {:.1} MiB with {} at the end",
+            mib(self.rss_empty_kib),
+            verdict(mib(self.rss_empty_kib) <= TARGET_IDLE_RSS_MIB),
+            mib(self.rss_idle_feds_kib),
+            args.idle,
+            mib(self.rss_end_kib),
+            self.federations_present
+        );
+        println!("load at start: {load_start}; at end: {load_end}");
+    }
+}
