@@ -359,6 +359,21 @@ pub async fn load_or_create_ca_secret_for(
         })
 }
 
+/// Raises the soft limit on open files to the hard one (as Go's runtime does): the work channel
+/// holds one connection per agent, and its caps ([`crate::channel::conns`]), not a default soft
+/// limit of 1,024, should decide how many connections are refused.
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "open-file limit raised"),
+            Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the open-file limit"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,20 +415,5 @@ mod tests {
         for name in &names {
             assert!(dns.contains(name), "{name} missing from {dns:?}");
         }
-    }
-}
-
-/// Raises the soft limit on open files to the hard one (as Go's runtime does): the work channel
-/// holds one connection per agent, and its caps ([`crate::channel::conns`]), not a default soft
-/// limit of 1,024, should decide how many connections are refused.
-fn raise_fd_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::debug!(from = soft, to = hard, "open-file limit raised"),
-            Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-file limit"),
-        },
-        Ok(_) => {}
-        Err(error) => tracing::warn!(%error, "cannot read the open-file limit"),
     }
 }
