@@ -16,13 +16,16 @@
 //! the pool StatefulSet's `spec.replicas` has the new value; then `--idle-seconds` of idleness.
 //! Each operation waits for the previous one, with `--pause-ms` between them.
 //!
-//! Requests are the hub's own, counted by the apiserver: FlowSchemas matching only the hub's
-//! ServiceAccount, one per verb (plus one for Events and one catch-all), all at priority level
+//! Requests are the hub's own, counted by the apiserver: FlowSchemas that match only the hub's
+//! ServiceAccount, one per verb and resource (`flower-hub-patch-statefulsets`, …, a
+//! `flower-hub-<verb>-other` after them, `flower-hub-events` before them), all at priority level
 //! `workload-low` (where the built-in `service-accounts` schema would put them anyway), read from
-//! `apiserver_flowcontrol_dispatched_requests_total{flow_schema="flower-hub-<verb>"}` on
-//! `/metrics`. The objects the hub changed are counted by this bench's watches: new, deleted and
-//! modified Services and Secrets, StatefulSets whose generation or metadata changed (not the
-//! controller-manager's status writes), and Federation writes other than the bench's own.
+//! `apiserver_flowcontrol_dispatched_requests_total{flow_schema="flower-hub-…"}` on the hub
+//! apiserver's `/metrics`. The objects the hub changed are counted by this bench's watches: new,
+//! deleted and modified Services and Secrets, StatefulSets whose generation or metadata changed
+//! (not the controller-manager's status writes), and Federation writes other than the bench's
+//! own. "Requests per changed object" divides the first (without watches and Events) by the
+//! second: 1.00 means no read and no no-op write.
 //!
 //! A missed target is reported (MISS), not an error; a broken setup (no metric, a StatefulSet
 //! that never appears, a hub that exits) is.
