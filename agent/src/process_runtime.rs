@@ -65,6 +65,8 @@ struct Replica {
     public_key: Option<String>,
     supernode: Supervised,
     superexec: Option<Supervised>,
+    /// How far its log has been read for readiness ([`readiness::LogScan`]).
+    log_scan: std::sync::Mutex<readiness::LogScan>,
 }
 
 /// Desired state of one replica, computed from a work snapshot.
@@ -398,6 +400,7 @@ impl Runtime for ProcessRuntime {
                         public_key: d.public_key,
                         supernode,
                         superexec,
+                        log_scan: Default::default(),
                     },
                 );
             }
@@ -522,11 +525,13 @@ fn replica_ready(replica: &Replica) -> bool {
     if replica.supernode.state().pid.is_none() {
         return false;
     }
-    let Ok(text) = std::fs::read_to_string(&replica.log_file) else {
-        return false;
-    };
-    let since_start = text.rsplit(START_MARKER).next().unwrap_or("");
-    since_start.contains(CONNECTED_LINE)
+    // Only what was appended since the last look is read: a SuperNode's log grows as it runs.
+    let mut scan = replica.log_scan.lock().unwrap_or_else(|poisoned| {
+        let mut scan = poisoned.into_inner();
+        *scan = readiness::LogScan::default();
+        scan
+    });
+    scan.connected(&replica.log_file)
 }
 
 async fn stop_replica(replica: Replica) {
@@ -571,5 +576,6 @@ fn which(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+mod readiness;
 #[cfg(test)]
 mod tests;

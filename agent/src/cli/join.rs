@@ -191,7 +191,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `flower-agent join`: joins (again, idempotently with the stored key) and stores the
 /// credentials.
 pub fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: everything the agent does waits on the network or its children, and a
+    // worker per core (with a malloc arena each) would make its memory grow with the machine.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;

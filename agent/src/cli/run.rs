@@ -60,7 +60,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             "--runtime process keeps its SuperNodes' keys and files in --state-dir: give --state-dir DIR"
         );
     }
-    let tokio = tokio::runtime::Builder::new_multi_thread()
+    // One thread: everything the agent does waits on the network or its children, and a
+    // worker per core (with a malloc arena each) would make its memory grow with the machine.
+    let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
