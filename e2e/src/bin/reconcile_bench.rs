@@ -124,6 +124,7 @@ async fn main() -> Result<()> {
     ensure!(args.federations > 0, "--federations must be at least 1");
     let load_start = loadavg();
     let hub_bin = e2e::binary("flower-hub")?;
+    ensure_fresh(&hub_bin)?;
     println!("hub binary: {}", describe_binary(&hub_bin));
     println!("hub sources: {}", describe_sources());
     println!("load at start: {load_start}");
@@ -876,6 +877,44 @@ fn describe_binary(path: &std::path::Path) -> String {
             |d| format!("built {} s ago", d.as_secs()),
         );
     format!("{} ({age})", path.display())
+}
+
+/// Fails when a source file of the hub (its crate or one it builds from) is newer than the
+/// binary: the figures would be those of older code.
+fn ensure_fresh(binary: &std::path::Path) -> Result<()> {
+    fn newest(
+        dir: &std::path::Path,
+        found: &mut Option<(std::time::SystemTime, std::path::PathBuf)>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                newest(&path, found);
+            } else if let Ok(modified) = entry.metadata().and_then(|m| m.modified())
+                && found.as_ref().is_none_or(|(t, _)| modified > *t)
+            {
+                *found = Some((modified, path));
+            }
+        }
+    }
+    let built = std::fs::metadata(binary)?.modified()?;
+    let root = e2e::repo_root();
+    let mut found = None;
+    for dir in ["hub", "agent", "crds", "proto"] {
+        newest(&root.join(dir).join("src"), &mut found);
+    }
+    if let Some((modified, path)) = found {
+        ensure!(
+            modified <= built,
+            "{} is older than {}: run `cargo build --release --bins` first",
+            binary.display(),
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// The commit the sources are at and whether the hub's crates have uncommitted changes (the
