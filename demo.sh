@@ -176,7 +176,9 @@ step "run $RUN_ID: $STATUS — $METRIC"
 [[ "$STATUS" == "finished:completed" ]] || die "run $RUN_ID ended $STATUS (see $WORK/run.log)"
 [[ -n "$METRIC" ]] || die "no final metric in the run output"
 rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
-printf 'demo: ready=%.1fs first_round=%.1fs all_rounds=%.1fs rss_hub=%s rss_agent1=%s rss_agent2=%s\n' \
+# RSS of the debug binaries built above: most of it is their unoptimised code pages (a release
+# agent holds ~12 MiB here; `cargo run --release -p e2e --bin agent_rss` measures it).
+printf 'demo: ready=%.1fs first_round=%.1fs all_rounds=%.1fs rss_hub=%s rss_agent1=%s rss_agent2=%s (debug build)\n' \
   "$T_READY" "${T_FIRST:-0}" "$T_DONE" "$(rss "${PIDS[0]}")" "$(rss "${PIDS[1]}")" "$(rss "${PIDS[2]}")"
 
 if (( KEEP )); then

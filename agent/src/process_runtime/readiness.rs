@@ -123,11 +123,18 @@ mod tests {
         // Invariant: appending a log piece by piece (cut anywhere, even inside a pattern) gives
         // the same readiness as reading the whole log at once, after every piece.
         let marker = format!("{START_MARKER}\n");
-        let log = format!(
-            "{marker}INFO starting\nINFO {CONNECTED_LINE}123\n{marker}WARN lost\n{}\nINFO {CONNECTED_LINE}456\nINFO round 1\n{marker}",
-            "x".repeat(3 * CHUNK + 7)
-        );
-        for step in [1, 3, 7, 13, 64, 1000, CHUNK + 5] {
+        let log = |padding: usize| {
+            format!(
+                "{marker}INFO starting\nINFO {CONNECTED_LINE}123\n{marker}WARN lost\n{}\nINFO {CONNECTED_LINE}456\nINFO round 1\n{marker}",
+                "x".repeat(padding)
+            )
+        };
+        // Small steps on a short log, large ones across several chunks.
+        for (step, log) in [1, 3, 7, 13]
+            .map(|step| (step, log(10)))
+            .into_iter()
+            .chain([64, 1000, CHUNK + 5].map(|step| (step, log(3 * CHUNK + 7))))
+        {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("s.log");
             let mut scan = LogScan::default();
