@@ -152,10 +152,13 @@ impl super::KubeRuntime {
     }
 
     async fn pool_status(&self, namespace: &str, pool: &AppliedPool) -> PoolStatus {
+        // A workload just applied may not be in the cache yet: only a cache hit is taken from
+        // it, a miss is asked of the apiserver (so "missing" is never a cache lag).
         let cached = self
             .workloads
             .as_ref()
-            .and_then(|c| c.counts(namespace, pool));
+            .and_then(|c| c.counts(namespace, pool))
+            .filter(Option::is_some);
         let observed = match (cached, pool.kind) {
             (Some(counts), _) => Ok(counts),
             (None, Kind::StatefulSet) => {

@@ -95,7 +95,8 @@ pub struct ClusterStatus {
     /// count as ready only for those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub online: Option<i32>,
-    /// Time of the last status report from the cluster.
+    /// Time the cluster's status report last changed (a report that repeats it does not move
+    /// it, so an idle Federation's status is not rewritten).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_report: Option<Time>,
     /// What is wrong, when something is.

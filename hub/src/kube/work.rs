@@ -508,18 +508,21 @@ impl WorkSource for KubeWorkSource {
 
     fn on_status(&self, cluster: &str, status: &AgentStatus) {
         self.inner.on_status(cluster, status);
+        // A report that repeats the last one changes nothing, not even its time: an idle
+        // Federation's status is not rewritten every report.
+        if self
+            .reports
+            .get(cluster)
+            .is_some_and(|old| old.status == *status)
+        {
+            return;
+        }
         let report = Report {
             status: status.clone(),
             at: k8s_openapi::jiff::Timestamp::now().as_second(),
         };
-        let changed = self
-            .reports
-            .get(cluster)
-            .is_none_or(|old| old.status != report.status);
         self.reports.insert(cluster.to_owned(), report);
-        if changed {
-            self.reported.send_modify(|n| *n = n.wrapping_add(1));
-        }
+        self.reported.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
