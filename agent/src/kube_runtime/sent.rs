@@ -23,8 +23,10 @@ type FedKey = (String, String);
 pub(super) struct Sent {
     /// When the last full apply succeeded.
     full_at: Option<Instant>,
-    /// Each Federation's last successfully applied work and the objects it wants.
-    federations: BTreeMap<FedKey, (FederationWork, BTreeSet<ObjectKey>)>,
+    /// Each Federation's last successfully applied work (`None` after a failure: applied again
+    /// next time) and the objects it wants (kept after a failure, so they are still pruned when
+    /// the Federation or a pool goes away later).
+    federations: BTreeMap<FedKey, (Option<FederationWork>, BTreeSet<ObjectKey>)>,
     /// The hash of the body last applied, per object.
     bodies: BTreeMap<ObjectKey, u64>,
     /// Namespaces known to exist.
@@ -55,7 +57,7 @@ impl Sent {
     pub fn unchanged(&self, fed: &FederationWork) -> Option<&BTreeSet<ObjectKey>> {
         self.federations
             .get(&(fed.namespace.clone(), fed.name.clone()))
-            .filter(|(work, _)| work == fed)
+            .filter(|(work, _)| work.as_ref() == Some(fed))
             .map(|(_, objects)| objects)
     }
 
@@ -63,17 +65,23 @@ impl Sent {
     pub fn applied(&mut self, fed: &FederationWork, objects: BTreeSet<ObjectKey>) {
         self.federations.insert(
             (fed.namespace.clone(), fed.name.clone()),
-            (fed.clone(), objects),
+            (Some(fed.clone()), objects),
         );
     }
 
     /// `fed` failed: its work is applied again next time; returns the objects it wanted before
     /// (kept: a failed Federation's running objects are never pruned).
     pub fn failed(&mut self, fed: &FederationWork) -> BTreeSet<ObjectKey> {
-        self.federations
-            .remove(&(fed.namespace.clone(), fed.name.clone()))
-            .map(|(_, objects)| objects)
-            .unwrap_or_default()
+        match self
+            .federations
+            .get_mut(&(fed.namespace.clone(), fed.name.clone()))
+        {
+            Some((work, objects)) => {
+                *work = None;
+                objects.clone()
+            }
+            None => BTreeSet::new(),
+        }
     }
 
     /// Every object some Federation wanted after the last apply.
