@@ -29,7 +29,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
 use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
@@ -304,11 +304,32 @@ spec:
         },
     )
     .await?;
-    ensure!(
-        statuses[0].supernodes.as_deref() == Some("6/6")
-            && statuses[1].supernodes.as_deref() == Some("4/4"),
-        "status: {statuses:?}"
-    );
+    // The totals are the Federation controller's, computed from `status.clusters` (written by
+    // the work source) when it sees that write: a moment after the per-cluster counts above.
+    let totals = wait_for(
+        "the Federation controller's totals from those per-cluster counts: 6/6 and 4/4",
+        Duration::from_secs(30),
+        || {
+            let feds = feds.clone();
+            async move {
+                let auth = feds.get("auth").await?.status.unwrap_or_default();
+                let classic = feds.get("classic").await?.status.unwrap_or_default();
+                Ok((auth.supernodes.as_deref() == Some("6/6")
+                    && classic.supernodes.as_deref() == Some("4/4"))
+                .then_some(()))
+            }
+        },
+    )
+    .await;
+    if let Err(error) = totals {
+        let now = (
+            feds.get("auth").await?.status,
+            feds.get("classic").await?.status,
+        );
+        bail!(
+            "{error:#}\nstatuses when the per-cluster counts were right: {statuses:?}\nstatuses now: {now:?}"
+        );
+    }
     // The private keys stay on the spoke: one per pod in the pool's key Secret there.
     let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
     let keys = secrets.get("auth-supernode-a-node-keys").await?;
