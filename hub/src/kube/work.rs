@@ -32,6 +32,7 @@ use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::controller::placement::cluster_view;
 
+mod changes;
 mod keys;
 
 /// The least time between two recomputes during a burst of events (coalesces them).
@@ -100,29 +101,36 @@ impl KubeWorkSource {
         let (federations, fed_writer) = reflector::store::<Federation>();
         let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
         let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
-        let feds = reflector::reflector(
-            fed_writer,
-            watcher(Api::<Federation>::all(client.clone()), Default::default()),
+        // Each reflector wakes the recompute only for what can change the work (`changes`).
+        let feds = changes::relevant(
+            reflector::reflector(
+                fed_writer,
+                watcher(Api::<Federation>::all(client.clone()), Default::default()),
+            )
+            .default_backoff(),
+            changes::federation_inputs,
         )
-        .default_backoff()
-        .map(|_| ())
         .boxed();
-        let decs = reflector::reflector(
-            dec_writer,
-            watcher(
-                Api::<PlacementDecision>::all(client.clone()),
-                watcher::Config::default().labels(PLACEMENT_LABEL),
-            ),
+        let decs = changes::relevant(
+            reflector::reflector(
+                dec_writer,
+                watcher(
+                    Api::<PlacementDecision>::all(client.clone()),
+                    watcher::Config::default().labels(PLACEMENT_LABEL),
+                ),
+            )
+            .default_backoff(),
+            changes::decision_inputs,
         )
-        .default_backoff()
-        .map(|_| ())
         .boxed();
-        let mcs = reflector::reflector(
-            mc_writer,
-            watcher(Api::<ManagedCluster>::all(client), Default::default()),
+        let mcs = changes::relevant(
+            reflector::reflector(
+                mc_writer,
+                watcher(Api::<ManagedCluster>::all(client), Default::default()),
+            )
+            .default_backoff(),
+            changes::cluster_inputs,
         )
-        .default_backoff()
-        .map(|_| ())
         .boxed();
         let mut events = futures::stream::select_all([feds, decs, mcs]);
         let stores = Stores {
