@@ -256,10 +256,7 @@ impl KubeRuntime {
         statefulsets: kube::runtime::reflector::Store<StatefulSet>,
         daemonsets: kube::runtime::reflector::Store<DaemonSet>,
     ) -> Self {
-        self.workloads = Some(WorkloadCache {
-            statefulsets,
-            daemonsets,
-        });
+        self.workloads = Some(WorkloadCache::new(statefulsets, daemonsets));
         self
     }
 
@@ -348,6 +345,9 @@ impl KubeRuntime {
             }
         }
         self.sent().retain(&live);
+        if let Some(mut fresh) = self.workloads.as_ref().and_then(|c| c.fresh.lock().ok()) {
+            fresh.retain(|key, _| desired.contains(key));
+        }
         match first_error {
             Some(e) => Err(e),
             None => {
@@ -374,13 +374,14 @@ impl KubeRuntime {
         })
     }
 
-    /// Server-side applies `object` as `key` unless its body is what was last applied there.
+    /// Server-side applies `object` as `key` unless its body is what was last applied there;
+    /// returns the stored object when it was applied.
     async fn send<K>(
         &self,
         api: &Api<K>,
         key: ObjectKey,
         object: &K,
-    ) -> Result<(), KubeRuntimeError>
+    ) -> Result<Option<K>, KubeRuntimeError>
     where
         K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + Debug,
         K::DynamicType: Default,
@@ -390,12 +391,12 @@ impl KubeRuntime {
             source,
         })?;
         if self.sent().same_body(&key, &body) {
-            return Ok(());
+            return Ok(None);
         }
         self.sent().forget_body(&key);
-        apply(api, &key.2, &body, self.applier.manager()).await?;
+        let stored = apply(api, &key.2, &body, self.applier.manager()).await?;
         self.sent().body_applied(key, &body);
-        Ok(())
+        Ok(Some(stored))
     }
 
     /// Applies one Federation: its pools' key Secrets first (authentication on), then the objects
@@ -455,15 +456,23 @@ impl KubeRuntime {
         for (pool, workload) in &rendered.workloads {
             let key = (pool.kind, ns.to_owned(), pool.workload.clone());
             desired.insert(key.clone());
-            match workload {
+            let stored = match workload {
                 Workload::StatefulSet(s) => {
                     let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
-                    self.send(&api, key, s).await?
+                    self.send(&api, key.clone(), s)
+                        .await?
+                        .map(|s| status::statefulset_counts(&s))
                 }
                 Workload::DaemonSet(d) => {
                     let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
-                    self.send(&api, key, d).await?
+                    self.send(&api, key.clone(), d)
+                        .await?
+                        .map(|d| status::daemonset_counts(&d))
                 }
+            };
+            // Until the workload cache has it, the status is read from the apply's answer.
+            if let (Some(counts), Some(cache)) = (stored, &self.workloads) {
+                cache.just_applied(key, counts);
             }
         }
         Ok(rendered)

@@ -91,36 +91,68 @@ pub(super) fn ready_condition(what: &str, counts: Counts) -> Condition {
     }
 }
 
-/// Reflector stores of the runtime's StatefulSets and DaemonSets.
-#[derive(Clone)]
+/// Reflector stores of the runtime's StatefulSets and DaemonSets, and the workloads applied
+/// since that the stores do not hold yet.
 pub(super) struct WorkloadCache {
     pub(super) statefulsets: kube::runtime::reflector::Store<StatefulSet>,
     pub(super) daemonsets: kube::runtime::reflector::Store<DaemonSet>,
+    /// Counts from the answers of applies whose object the stores have not shown yet: a
+    /// workload just created is read from there, not asked of the apiserver again. An entry
+    /// goes once the store holds the object, so a workload deleted later is found missing.
+    pub(super) fresh: std::sync::Mutex<std::collections::BTreeMap<super::ObjectKey, Counts>>,
 }
 
 impl WorkloadCache {
-    /// The pool's counts from the cache (`Some(None)`: not there), or `None` while the cache
-    /// has not listed yet.
+    pub(super) fn new(
+        statefulsets: kube::runtime::reflector::Store<StatefulSet>,
+        daemonsets: kube::runtime::reflector::Store<DaemonSet>,
+    ) -> Self {
+        Self {
+            statefulsets,
+            daemonsets,
+            fresh: Default::default(),
+        }
+    }
+
+    /// Remembers the counts of a workload the runtime just applied (from the apply's answer).
+    pub(super) fn just_applied(&self, key: super::ObjectKey, counts: Counts) {
+        if let Ok(mut fresh) = self.fresh.lock() {
+            fresh.insert(key, counts);
+        }
+    }
+
+    /// The pool's counts from the cache, else from the answer of its last apply if the cache
+    /// does not hold it yet (`Some(None)`: in neither), or `None` while the cache has not listed
+    /// yet.
     pub(super) fn counts(&self, namespace: &str, pool: &AppliedPool) -> Option<Option<Counts>> {
         use futures::FutureExt;
         use kube::runtime::reflector::ObjectRef;
         let listed = |ready: Option<Result<(), _>>| matches!(ready, Some(Ok(())));
-        match pool.kind {
+        let cached = match pool.kind {
             Kind::StatefulSet => {
                 if !listed(self.statefulsets.wait_until_ready().now_or_never()) {
                     return None;
                 }
                 let key = ObjectRef::new(&pool.workload).within(namespace);
-                Some(self.statefulsets.get(&key).map(|s| statefulset_counts(&s)))
+                self.statefulsets.get(&key).map(|s| statefulset_counts(&s))
             }
             _ => {
                 if !listed(self.daemonsets.wait_until_ready().now_or_never()) {
                     return None;
                 }
                 let key = ObjectRef::new(&pool.workload).within(namespace);
-                Some(self.daemonsets.get(&key).map(|d| daemonset_counts(&d)))
+                self.daemonsets.get(&key).map(|d| daemonset_counts(&d))
             }
-        }
+        };
+        let mut fresh = self.fresh.lock().ok()?;
+        let fresh_key = (pool.kind, namespace.to_owned(), pool.workload.clone());
+        Some(match cached {
+            Some(counts) => {
+                fresh.remove(&fresh_key);
+                Some(counts)
+            }
+            None => fresh.get(&fresh_key).copied(),
+        })
     }
 }
 
@@ -152,8 +184,9 @@ impl super::KubeRuntime {
     }
 
     async fn pool_status(&self, namespace: &str, pool: &AppliedPool) -> PoolStatus {
-        // A workload just applied may not be in the cache yet: only a cache hit is taken from
-        // it, a miss is asked of the apiserver (so "missing" is never a cache lag).
+        // A workload just applied may not be in the cache yet: a cache hit (or the answer of
+        // that apply) is taken, a miss is asked of the apiserver (so "missing" is never a cache
+        // lag).
         let cached = self
             .workloads
             .as_ref()
@@ -202,5 +235,54 @@ impl super::KubeRuntime {
             conditions: vec![cond],
             node_public_keys: pool.node_public_keys.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+
+    fn sts(name: &str, replicas: i32, ready: i32) -> StatefulSet {
+        let mut s = StatefulSet::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some("ns".into());
+        s.spec.replicas = Some(replicas);
+        s.status = Some(k8s_openapi::api::apps::v1::StatefulSetStatus {
+            ready_replicas: Some(ready),
+            ..Default::default()
+        });
+        s
+    }
+
+    #[test]
+    fn a_just_applied_workload_is_read_from_the_apply_until_the_cache_has_it() {
+        let (statefulsets, mut writer) = reflector::store::<StatefulSet>();
+        let (daemonsets, mut ds_writer) = reflector::store::<DaemonSet>();
+        for w in [watcher::Event::Init, watcher::Event::InitDone] {
+            writer.apply_watcher_event(&w);
+        }
+        ds_writer.apply_watcher_event(&watcher::Event::Init);
+        ds_writer.apply_watcher_event(&watcher::Event::InitDone);
+        let cache = WorkloadCache::new(statefulsets, daemonsets);
+        let pool = AppliedPool {
+            name: "a".into(),
+            workload: "f-supernode-a".into(),
+            kind: Kind::StatefulSet,
+            node_public_keys: Vec::new(),
+            waiting: 0,
+        };
+        assert_eq!(cache.counts("ns", &pool), Some(None), "in neither");
+        let key = (Kind::StatefulSet, "ns".to_owned(), pool.workload.clone());
+        cache.just_applied(key, statefulset_counts(&sts(&pool.workload, 2, 0)));
+        let counts = cache.counts("ns", &pool).flatten().expect("from the apply");
+        assert_eq!((counts.desired, counts.ready), (2, 0));
+        // The watch delivers it: the cache answers, and the apply's answer is forgotten.
+        writer.apply_watcher_event(&watcher::Event::Apply(sts(&pool.workload, 2, 1)));
+        let counts = cache.counts("ns", &pool).flatten().expect("from the cache");
+        assert_eq!((counts.desired, counts.ready), (2, 1));
+        // Deleted by hand afterwards: missing, not the old answer.
+        writer.apply_watcher_event(&watcher::Event::Delete(sts(&pool.workload, 2, 1)));
+        assert_eq!(cache.counts("ns", &pool), Some(None));
     }
 }

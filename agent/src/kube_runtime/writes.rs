@@ -55,7 +55,7 @@ pub(super) async fn apply<K>(
     name: &str,
     body: &serde_json::Value,
     manager: &str,
-) -> Result<(), KubeRuntimeError>
+) -> Result<K, KubeRuntimeError>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + Debug,
     K::DynamicType: Default,
@@ -64,8 +64,7 @@ where
     let params = PatchParams::apply(manager).force();
     api.patch(name, &params, &Patch::Apply(body))
         .await
-        .map_err(kube_err(format!("apply {kind} {name}")))?;
-    Ok(())
+        .map_err(kube_err(format!("apply {kind} {name}")))
 }
 
 /// Deletes the object `key` (already gone is fine).
