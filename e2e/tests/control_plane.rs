@@ -68,6 +68,7 @@ async fn real_control_plane() {
             ("manifests_accepted_dry_run", |cp| {
                 Box::pin(manifests_accepted_dry_run(cp))
             }),
+            ("roles_for_people", |cp| Box::pin(roles_for_people(cp))),
         ],
     )
     .await;
@@ -321,6 +322,150 @@ async fn agent_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
         Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
         other => bail!("agent SA deleting node {node}: expected 403 Forbidden, got {other:?}"),
     }
+}
+
+/// manifests/hub/roles.yaml aggregates into the built-in `view`, `edit` and `admin`: a person bound
+/// to `view` in a team's namespace reads its Federations (their SuperLink endpoints) and
+/// Placements but changes nothing, and reads no ManagedCluster, Secret or pod port-forward; `edit`
+/// changes Federations and Placements there, `admin` deletes them by collection; no one writes
+/// their status. The roles bound directly grant the same without the rest of `view`.
+async fn roles_for_people(cp: &ControlPlane) -> Result<()> {
+    let hub = cp.cluster("hub")?;
+    e2e::apply_file(&hub.client, &manifest("hub/roles.yaml"), "default").await?;
+    let people = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-roles}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: scientist, namespace: team-roles}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: engineer, namespace: team-roles}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: owner, namespace: team-roles}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader, namespace: team-roles}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: scientist-view, namespace: team-roles}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
+subjects: [{kind: ServiceAccount, name: scientist, namespace: team-roles}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: engineer-edit, namespace: team-roles}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+subjects: [{kind: ServiceAccount, name: engineer, namespace: team-roles}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: owner-admin, namespace: team-roles}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{kind: ServiceAccount, name: owner, namespace: team-roles}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader-federations, namespace: team-roles}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: flower-addon-federation-viewer}
+subjects: [{kind: ServiceAccount, name: reader, namespace: team-roles}]
+"#;
+    e2e::apply_yaml(&hub.client, people, "team-roles").await?;
+    let ns = Some("team-roles");
+    let other = Some("team-other");
+    let g = "flower-addon.io";
+    let sa = |name: &'static str| e2e::service_account_token(hub, "team-roles", name, 600);
+    let (scientist, engineer, owner, reader) =
+        tokio::try_join!(sa("scientist"), sa("engineer"), sa("owner"), sa("reader"))?;
+    // The clusterrole-aggregation controller folds the rules into view/edit/admin shortly after.
+    let took = e2e::wait_until(
+        "flower-addon roles aggregated into view, edit and admin",
+        Duration::from_secs(60),
+        || async {
+            Ok(
+                can_i(&hub.client, &scientist, &a("get", g, "federations", ns)).await?
+                    && can_i(&hub.client, &engineer, &a("create", g, "placements", ns)).await?
+                    && can_i(
+                        &hub.client,
+                        &owner,
+                        &a("deletecollection", g, "federations", ns),
+                    )
+                    .await?,
+            )
+        },
+    )
+    .await?;
+    eprintln!("  aggregated in {:.1}s", took.as_secs_f64());
+    let mut portforward = a("create", "", "pods", ns);
+    portforward.subresource = Some("portforward");
+    let status = |verb| {
+        let mut s = a(verb, g, "federations", ns);
+        s.subresource = Some("status");
+        s
+    };
+    check(
+        hub,
+        &scientist,
+        &[
+            (true, a("get", g, "federations", ns)),
+            (true, a("watch", g, "federations", ns)),
+            (true, status("get")),
+            (true, a("list", g, "placements", ns)),
+            (true, a("list", g, "placementdecisions", ns)),
+            (false, a("get", g, "federations", other)),
+            (false, a("create", g, "federations", ns)),
+            (false, a("patch", g, "placements", ns)),
+            (false, a("list", g, "managedclusters", None)),
+            (false, a("get", "", "secrets", ns)),
+            (false, portforward),
+            (false, status("patch")),
+        ],
+    )
+    .await?;
+    check(
+        hub,
+        &engineer,
+        &[
+            (true, a("create", g, "federations", ns)),
+            (true, a("patch", g, "federations", ns)),
+            (true, a("delete", g, "placements", ns)),
+            (false, a("deletecollection", g, "federations", ns)),
+            (false, a("create", g, "placementdecisions", ns)),
+            (false, status("update")),
+            (false, a("list", g, "managedclusters", None)),
+        ],
+    )
+    .await?;
+    check(
+        hub,
+        &owner,
+        &[
+            (true, a("deletecollection", g, "federations", ns)),
+            (true, a("deletecollection", g, "placements", ns)),
+            (false, status("patch")),
+            (false, a("update", g, "placementdecisions", ns)),
+            (false, a("delete", g, "managedclusters", None)),
+        ],
+    )
+    .await?;
+    check(
+        hub,
+        &reader,
+        &[
+            (true, a("list", g, "federations", ns)),
+            (false, a("list", g, "placements", ns)),
+            (false, a("list", "", "configmaps", ns)),
+            (false, a("create", g, "federations", ns)),
+        ],
+    )
+    .await
 }
 
 /// Every document of manifests/hub and manifests/agent passes the real apiserver's validation and
