@@ -189,6 +189,11 @@ impl Addon {
         if let Some((_, ip)) = &hub.real_node {
             hub_env.push(("FLOWER_HUB_NODE_ADDRESS", ip.to_string()));
         }
+        // A finer log filter for the hub than the manifest's `info` (e.g. to time a bench; keep
+        // the log with FLOWER_ADDON_E2E_KEEP=1).
+        if let Ok(filter) = std::env::var("FLOWER_ADDON_E2E_HUB_LOG") {
+            hub_env.push(("RUST_LOG", filter));
+        }
         addon.starts.insert(
             "flower-hub".to_string(),
             (

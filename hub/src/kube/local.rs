@@ -93,7 +93,13 @@ pub async fn run(
         snapshot.version = 0;
         with_user_cas(&client, &work.federations(), &mut snapshot).await;
         if applied.as_ref() != Some(&snapshot) || Instant::now() >= next_apply {
-            match runtime.apply_work(&snapshot).await {
+            let started = std::time::Instant::now();
+            let result = runtime.apply_work(&snapshot).await;
+            tracing::debug!(
+                took_us = started.elapsed().as_micros() as u64,
+                "hub-local pools applied"
+            );
+            match result {
                 Ok(()) => {
                     applied = Some(snapshot);
                     next_apply = Instant::now() + RESYNC;

@@ -202,7 +202,12 @@ impl KubeWorkSource {
                         continue;
                     }
                 }
+                let started = std::time::Instant::now();
                 state.recompute(&stores, &work);
+                tracing::debug!(
+                    took_us = started.elapsed().as_micros() as u64,
+                    "work recomputed"
+                );
                 last_pass = Some(tokio::time::Instant::now());
                 let _ = ready_tx.send(true);
             }
