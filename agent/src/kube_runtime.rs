@@ -30,6 +30,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, ListParams};
+use kube::runtime::events;
 
 use crate::render::{
     CA_KEY, RenderError, SuperNodePoolInput, Workload, component_labels, mount_node_keys,
@@ -220,6 +221,9 @@ pub struct KubeRuntime {
     workloads: Option<WorkloadCache>,
     /// Allocatable resources summed over the cluster's nodes, and when they were read.
     allocatable: tokio::sync::Mutex<Option<(std::time::Instant, crate::runtime::Allocatable)>>,
+    /// Events on the workloads it applies, prunes or fails to apply (reporting controller: the
+    /// applier's field manager).
+    recorder: events::Recorder,
 }
 
 /// How long a node sum is reused before the nodes are listed again.
@@ -239,7 +243,15 @@ impl KubeRuntime {
 
     /// A runtime applying with `client` as `applier`.
     pub fn with_applier(client: Client, applier: Applier) -> Self {
+        let reporter = events::Reporter {
+            controller: applier.manager().to_owned(),
+            // The pod (a Deployment's pod name is its hostname), or the machine.
+            instance: std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .ok(),
+        };
         Self {
+            recorder: events::Recorder::new(client.clone(), reporter),
             client,
             applier,
             applied: Mutex::new(Vec::new()),
@@ -308,6 +320,25 @@ impl KubeRuntime {
                     desired.extend(self.sent().failed(fed));
                     keep.insert((fed.namespace.clone(), fed.name.clone()));
                     let mut pools = declared_pools(fed);
+                    for pool in &pools {
+                        let key = (pool.kind, fed.namespace.clone(), pool.workload.clone());
+                        self.record(
+                            &key,
+                            None,
+                            events::Event {
+                                type_: events::EventType::Warning,
+                                reason: "ApplyFailed".to_owned(),
+                                note: Some(
+                                    format!("Federation {id}, pool {}: {e}", pool.name)
+                                        .chars()
+                                        .take(1000)
+                                        .collect(),
+                                ),
+                                action: "Apply".to_owned(),
+                                secondary: None,
+                            },
+                        );
+                    }
                     // The keys stay on the cluster: keep reporting them so the hub keeps them.
                     let before = previous.iter().find(same);
                     for pool in &mut pools {
@@ -336,11 +367,15 @@ impl KubeRuntime {
             .map(|f| (f.namespace.clone(), f.name.clone()))
             .collect();
         if full {
-            self.prune(&desired, &keep).await?;
+            for key in self.prune(&desired, &keep).await? {
+                self.record_pruned(&key);
+            }
         } else {
             let orphans: Vec<ObjectKey> = before.difference(&desired).cloned().collect();
             for key in &orphans {
-                delete_object(&self.client, key).await?;
+                if delete_object(&self.client, key).await? {
+                    self.record_pruned(key);
+                }
                 self.sent().forget_body(key);
             }
         }
@@ -461,17 +496,48 @@ impl KubeRuntime {
                     let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
                     self.send(&api, key.clone(), s)
                         .await?
-                        .map(|s| status::statefulset_counts(&s))
+                        .map(|s| (s.metadata.uid.clone(), status::statefulset_counts(&s)))
                 }
                 Workload::DaemonSet(d) => {
                     let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
                     self.send(&api, key.clone(), d)
                         .await?
-                        .map(|d| status::daemonset_counts(&d))
+                        .map(|d| (d.metadata.uid.clone(), status::daemonset_counts(&d)))
                 }
             };
+            let Some((uid, counts)) = stored else {
+                continue;
+            };
+            let note = match pool.kind {
+                Kind::StatefulSet if pool.waiting > 0 => format!(
+                    "applied for Federation {ns}/{}, pool {}: {} SuperNode(s), {} waiting for the hub to register their key",
+                    plan.name,
+                    pool.name,
+                    counts.desired + pool.waiting,
+                    pool.waiting
+                ),
+                Kind::StatefulSet => format!(
+                    "applied for Federation {ns}/{}, pool {}: {} SuperNode(s)",
+                    plan.name, pool.name, counts.desired
+                ),
+                _ => format!(
+                    "applied for Federation {ns}/{}, pool {}: one SuperNode per node",
+                    plan.name, pool.name
+                ),
+            };
+            self.record(
+                &key,
+                uid,
+                events::Event {
+                    type_: events::EventType::Normal,
+                    reason: "Applied".to_owned(),
+                    note: Some(note),
+                    action: "Apply".to_owned(),
+                    secondary: None,
+                },
+            );
             // Until the workload cache has it, the status is read from the apply's answer.
-            if let (Some(counts), Some(cache)) = (stored, &self.workloads) {
+            if let Some(cache) = &self.workloads {
                 cache.just_applied(key, counts);
             }
         }
@@ -504,23 +570,73 @@ impl KubeRuntime {
             .map_err(kube_err("list Nodes"))
     }
 
+    /// Deletes every object of this runtime that is not desired (nor of a Federation in
+    /// `keep`); returns what it deleted.
     async fn prune(
         &self,
         desired: &BTreeSet<ObjectKey>,
         keep: &BTreeSet<(String, String)>,
-    ) -> Result<(), KubeRuntimeError> {
+    ) -> Result<Vec<ObjectKey>, KubeRuntimeError> {
         let (client, manager) = (&self.client, self.applier.manager());
-        prune_kind::<StatefulSet>(client, manager, Kind::StatefulSet, desired, keep).await?;
-        prune_kind::<DaemonSet>(client, manager, Kind::DaemonSet, desired, keep).await?;
-        prune_kind::<Secret>(client, manager, Kind::Secret, desired, keep).await?;
-        prune_kind::<k8s_openapi::api::core::v1::Service>(
-            client,
-            manager,
-            Kind::Service,
-            desired,
-            keep,
-        )
-        .await
+        let mut pruned =
+            prune_kind::<StatefulSet>(client, manager, Kind::StatefulSet, desired, keep).await?;
+        pruned.extend(
+            prune_kind::<DaemonSet>(client, manager, Kind::DaemonSet, desired, keep).await?,
+        );
+        pruned.extend(prune_kind::<Secret>(client, manager, Kind::Secret, desired, keep).await?);
+        pruned.extend(
+            prune_kind::<k8s_openapi::api::core::v1::Service>(
+                client,
+                manager,
+                Kind::Service,
+                desired,
+                keep,
+            )
+            .await?,
+        );
+        Ok(pruned)
+    }
+
+    /// Records a Kubernetes Event about the object `key` in the background (best effort: one
+    /// that cannot be written is logged at debug level).
+    fn record(&self, key: &ObjectKey, uid: Option<String>, event: events::Event) {
+        let api_version = match key.0 {
+            Kind::StatefulSet | Kind::DaemonSet => "apps/v1",
+            Kind::Secret | Kind::Service => "v1",
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(api_version.to_owned()),
+            kind: Some(key.0.name().to_owned()),
+            namespace: Some(key.1.clone()),
+            name: Some(key.2.clone()),
+            uid,
+            ..Default::default()
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            if let Err(error) = recorder.publish(&event, &reference).await {
+                tracing::debug!(%error, "event not recorded");
+            }
+        });
+    }
+
+    fn record_pruned(&self, key: &ObjectKey) {
+        self.record(
+            key,
+            None,
+            events::Event {
+                type_: events::EventType::Normal,
+                reason: "Pruned".to_owned(),
+                note: Some(format!(
+                    "{} {}/{} deleted: no longer in the work from the hub",
+                    key.0.name(),
+                    key.1,
+                    key.2
+                )),
+                action: "Prune".to_owned(),
+                secondary: None,
+            },
+        );
     }
 }
 

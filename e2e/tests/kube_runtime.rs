@@ -2,7 +2,8 @@
 //! server-side apply, readiness from the workloads' status, idempotent re-apply, pruning of
 //! removed pools, switched modes and removed Federations; SuperNode keys made per pod (per node
 //! for DaemonSets) in a Secret, and SuperNodes started only once the "hub" (the test, here)
-//! registers their public keys, with registration kept across a hub that forgets it.
+//! registers their public keys, with registration kept across a hub that forgets it. The agent
+//! records Events (Applied, Pruned, ApplyFailed) on the workloads.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -196,6 +197,35 @@ where
         .is_some())
 }
 
+/// Waits for an Event (events.k8s.io/v1) in [`NS`] about `kind` `name` with `reason`, recorded
+/// by the agent; returns its note.
+async fn wait_event(client: &Client, kind: &str, name: &str, reason: &str) -> Result<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    e2e::wait_for(
+        &format!("Event {reason} on {kind} {name}"),
+        Duration::from_secs(30),
+        || {
+            let events = events.clone();
+            async move {
+                Ok(events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.reason.as_deref() == Some(reason)
+                            && e.reporting_controller.as_deref() == Some(AGENT_FIELD_MANAGER)
+                            && e.regarding.as_ref().is_some_and(|r| {
+                                r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                            })
+                    })
+                    .map(|e| e.note.unwrap_or_default()))
+            }
+        },
+    )
+    .await
+}
+
 async fn wait_gone<K>(client: &Client, name: &str) -> Result<()>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -285,6 +315,11 @@ async fn two_pools_start_once_their_keys_are_registered(
     ensure!(
         exists::<StatefulSet>(client, "fed-supernode-b").await?,
         "pool b missing"
+    );
+    let note = wait_event(client, "StatefulSet", "fed-supernode-a", "Applied").await?;
+    ensure!(
+        note.contains("Federation team-a/fed, pool a: 2 SuperNode(s)"),
+        "Applied note: {note}"
     );
     // One private key per pod, kept on the spoke; only public keys are reported.
     ensure!(
@@ -433,6 +468,9 @@ async fn an_unrenderable_federation_keeps_its_objects(
         err.is_err(),
         "unreadable flower_version must fail the apply"
     );
+    // The spoke's admin sees why on the workloads themselves.
+    let note = wait_event(client, "StatefulSet", "fed-supernode-a", "ApplyFailed").await?;
+    ensure!(note.contains("latest"), "ApplyFailed note: {note}");
     ensure!(
         applied_versions(client).await? == *versions,
         "a failed apply touched the running objects"
@@ -469,6 +507,7 @@ async fn a_removed_pool_is_pruned(
     );
     runtime.apply_work(&one_pool).await?;
     wait_gone::<StatefulSet>(client, "fed-supernode-b").await?;
+    wait_event(client, "StatefulSet", "fed-supernode-b", "Pruned").await?;
     wait_gone::<k8s_openapi::api::core::v1::Service>(client, "fed-supernode-b").await?;
     wait_gone::<Secret>(client, "fed-supernode-b-node-keys").await?;
     let after = applied_versions(client).await?;

@@ -67,11 +67,11 @@ where
         .map_err(kube_err(format!("apply {kind} {name}")))
 }
 
-/// Deletes the object `key` (already gone is fine).
+/// Deletes the object `key` (already gone is fine); true when this call deleted it.
 pub(super) async fn delete_object(
     client: &Client,
     key: &ObjectKey,
-) -> Result<(), KubeRuntimeError> {
+) -> Result<bool, KubeRuntimeError> {
     use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
     use k8s_openapi::api::core::v1::{Secret, Service};
     let (kind, namespace, name) = key;
@@ -97,9 +97,9 @@ pub(super) async fn delete_object(
     match result {
         Ok(()) => {
             tracing::info!(kind = kind.name(), %namespace, %name, "pruned");
-            Ok(())
+            Ok(true)
         }
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
         Err(source) => Err(KubeRuntimeError::Kube {
             action: format!("delete {} {namespace}/{name}", kind.name()),
             source,
@@ -107,14 +107,15 @@ pub(super) async fn delete_object(
     }
 }
 
-/// Deletes objects of one kind that carry `manager`'s applied-by label and are not desired.
+/// Deletes objects of one kind that carry `manager`'s applied-by label and are not desired;
+/// returns those it deleted.
 pub(super) async fn prune_kind<K>(
     client: &Client,
     manager: &str,
     kind: Kind,
     desired: &BTreeSet<ObjectKey>,
     keep: &BTreeSet<(String, String)>,
-) -> Result<(), KubeRuntimeError>
+) -> Result<Vec<ObjectKey>, KubeRuntimeError>
 where
     K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
@@ -128,6 +129,7 @@ where
         .list_metadata(&ListParams::default().labels(&selector))
         .await
         .map_err(kube_err(format!("list {}", kind.name())))?;
+    let mut pruned = Vec::new();
     for object in list.items {
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
         let name = object.metadata.name.clone().unwrap_or_default();
@@ -145,7 +147,10 @@ where
         }
         let api = Api::<K>::namespaced(client.clone(), &namespace);
         match api.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => tracing::info!(kind = kind.name(), %namespace, %name, "pruned"),
+            Ok(_) => {
+                tracing::info!(kind = kind.name(), %namespace, %name, "pruned");
+                pruned.push((kind, namespace, name));
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(source) => {
                 return Err(KubeRuntimeError::Kube {
@@ -155,5 +160,5 @@ where
             }
         }
     }
-    Ok(())
+    Ok(pruned)
 }
