@@ -22,6 +22,13 @@ impl Call {
     pub fn line(&self) -> String {
         format!("{} {}", self.method, self.path)
     }
+
+    /// A write of an Event (recorded in the background, best effort: not part of what a
+    /// reconcile applies, and not ordered with it).
+    #[allow(dead_code)]
+    pub fn is_event(&self) -> bool {
+        self.path.starts_with("/apis/events.k8s.io/") || self.path.contains("/events")
+    }
 }
 
 /// Plural resource names whose bare collection path is a LIST.

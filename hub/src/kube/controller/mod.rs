@@ -24,12 +24,12 @@ pub mod placement;
 mod status;
 mod tls;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use flower_addon_crds::{Federation, Placement};
+use flower_addon_crds::{Federation, FederationStatus, Placement};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -121,7 +121,13 @@ pub struct Context {
     pub node_address: Option<String>,
     /// What the controller reads instead of asking the apiserver.
     pub caches: Caches,
+    /// The status last written per Federation (by uid), with the resourceVersion it was computed
+    /// from ([`write_status`]).
+    written: std::sync::Mutex<HashMap<String, (Option<String>, FederationStatus)>>,
 }
+
+/// Beyond this many remembered statuses the memory is cleared (it only saves no-op writes).
+const WRITTEN_MAX: usize = 10_000;
 
 impl Context {
     /// A context for `client`, `ca` and `caches`.
@@ -133,6 +139,7 @@ impl Context {
             recorder,
             node_address: None,
             caches,
+            written: Default::default(),
         }
     }
 
@@ -448,8 +455,29 @@ async fn write_status(
     if current.as_ref() == Some(&status) {
         return Ok(());
     }
+    // A reconcile may run on a cached Federation that does not show this controller's last
+    // status write yet (it triggers nothing, so the cache is not waited for): when the cached
+    // object is still the one that write was computed from and the status is the same, the
+    // apiserver already has it.
+    let uid = fed.uid().unwrap_or_default();
+    let basis = fed.resource_version();
+    let same_as_written = ctx
+        .written
+        .lock()
+        .ok()
+        .and_then(|w| w.get(&uid).map(|(rv, st)| *rv == basis && *st == status))
+        .unwrap_or(false);
+    if same_as_written {
+        return Ok(());
+    }
     let name = fed.name_any();
     apply::patch_status::<Federation>(&ctx.client, namespace, &name, &status).await?;
+    if let Ok(mut written) = ctx.written.lock() {
+        if written.len() >= WRITTEN_MAX {
+            written.clear();
+        }
+        written.insert(uid, (basis, status.clone()));
+    }
     tracing::info!(
         federation = %name,
         %namespace,
