@@ -284,7 +284,11 @@ fn cargo_bin_dir() -> PathBuf {
 /// The built product binary `name` (`flower-hub`, `flower-agent`), or an error telling to build
 /// it.
 pub fn binary(name: &str) -> Result<PathBuf> {
-    let path = cargo_bin_dir().join(name);
+    // FLOWER_ADDON_E2E_BIN_DIR: binaries of another profile (e.g. target/dist for a bench of
+    // what ships).
+    let dir =
+        std::env::var_os("FLOWER_ADDON_E2E_BIN_DIR").map_or_else(cargo_bin_dir, PathBuf::from);
+    let path = dir.join(name);
     ensure!(
         path.is_file(),
         "{} is missing: run `cargo build --bins` first (test.sh does)",

@@ -10,6 +10,10 @@
 //!     [--federations 20] [--changes 20] [--idle 50] [--idle-seconds 60]
 //! ```
 //!
+//! The hub RSS figure is meant for the binary that ships (profile `dist`, LTO): build it with
+//! `cargo build --profile dist -p flower-addon-hub` and run the bench with
+//! `FLOWER_ADDON_E2E_BIN_DIR=target/dist`.
+//!
 //! Steps: `--idle` Federations are created and settled first; then `--federations` creates, each
 //! timed from just before the create call until the watch has seen both the SuperLink and the
 //! pool StatefulSet; then `--changes` replica changes (pool `a` 2 → 3 → 2 …), each timed until
