@@ -27,7 +27,7 @@ impl Call {
     /// reconcile applies, and not ordered with it).
     #[allow(dead_code)]
     pub fn is_event(&self) -> bool {
-        self.path.starts_with("/apis/events.k8s.io/") || self.path.contains("/events")
+        self.path.contains("/events")
     }
 }
 
