@@ -329,6 +329,8 @@ async fn session(
     };
     tracing::info!(cluster = %name, hub = %creds.config.hub, "work stream open");
     state.emit(AgentEvent::Connected);
+    crate::metrics::agent().connected(true);
+    let _closed = Disconnect;
     let renewer = AbortOnDrop(tokio::spawn(renew_loop(state.clone(), channel)));
     let mut status_tick = tokio::time::interval(state.options.status_interval);
     let mut last_status: Option<(Vec<FederationStatus>, Allocatable)> = None;
@@ -345,7 +347,10 @@ async fn session(
                     Some(HubKind::Work(work)) => {
                         worked = true;
                         let version = work.version;
-                        match runtime.apply(&work).await {
+                        let started = Instant::now();
+                        let applied = runtime.apply(&work).await;
+                        crate::metrics::agent().applied(applied.is_ok(), started.elapsed());
+                        match applied {
                             Ok(()) => {
                                 observed = version;
                                 tracing::debug!(cluster = %name, version, "work applied");
@@ -401,6 +406,15 @@ async fn status_report(
 }
 
 /// Resolves once `shutdown` is true (or its sender is gone).
+/// Sets the connection gauge to 0 when the session ends, whichever way it ends.
+struct Disconnect;
+
+impl Drop for Disconnect {
+    fn drop(&mut self) {
+        crate::metrics::agent().hub_connected.set(0);
+    }
+}
+
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|s| *s).await;
 }

@@ -126,6 +126,8 @@ async fn supervise(
         .with_jitter()
         .without_max_times();
     let mut backoff = builder.build();
+    let metrics = crate::metrics::agent();
+    let program = crate::metrics::program_label(&spec.program);
     loop {
         if *stop_rx.borrow() {
             return;
@@ -139,10 +141,12 @@ async fn supervise(
                     s.pid = pid;
                     s.started_at = Some(started);
                 }
+                metrics.supervised.get_or_create(&program).inc();
                 let exit = tokio::select! {
                     status = child.wait() => Some(status),
                     _ = stop_rx.changed() => None,
                 };
+                metrics.supervised.get_or_create(&program).dec();
                 match exit {
                     Some(status) => {
                         let text = match status {
@@ -150,6 +154,7 @@ async fn supervise(
                             Err(err) => format!("wait failed: {err}"),
                         };
                         tracing::warn!(process = %spec.name, exit = %text, "exited; restarting");
+                        metrics.restarts.get_or_create(&program).inc();
                         if let Ok(mut s) = state.lock() {
                             s.pid = None;
                             s.last_exit = Some(text);
@@ -169,6 +174,7 @@ async fn supervise(
             }
             Err(err) => {
                 tracing::error!(process = %spec.name, program = %spec.program.display(), %err, "cannot start");
+                metrics.restarts.get_or_create(&program).inc();
                 if let Ok(mut s) = state.lock() {
                     s.last_exit = Some(format!("cannot start: {err}"));
                     s.restarts += 1;

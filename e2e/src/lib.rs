@@ -28,6 +28,7 @@ pub mod node;
 pub mod observe;
 pub mod pods;
 pub mod process;
+pub mod scrape;
 pub mod superlink;
 pub mod supernodes;
 

@@ -175,7 +175,8 @@ struct PlacementController {
 impl PlacementController {
     fn start(hub_sa: &Client) -> Self {
         let (stop, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(placement::run(hub_sa.clone(), async move {
+        let health = flower_addon_agent::ops::Health::new(&[]);
+        let task = tokio::spawn(placement::run(hub_sa.clone(), health, async move {
             let _ = rx.await;
         }));
         Self { stop, task }

@@ -8,6 +8,7 @@
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use e2e::flwr::{flower_env, json_of};
 use e2e::harness::{Processes, SpacedPorts, Wait, binary, flower_venv, live_processes, tail};
+use e2e::scrape::Samples;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -36,6 +37,9 @@ struct World {
     extra_port: u16,
     serverappio_port: u16,
     port_bases: [u16; 2],
+    /// `--metrics-bind-address` ports of the hub and the two agents; each one's
+    /// `--health-probe-bind-address` is the next port.
+    ops_ports: [u16; 3],
     ports: SpacedPorts,
     /// Hub, agents, joins and hand-started SuperNodes, each in its own process group.
     procs: Processes,
@@ -111,6 +115,7 @@ impl World {
         let (hub_port, grpc_port, extra_port, serverappio_port) =
             (ports.take()?, ports.take()?, ports.take()?, ports.take()?);
         let port_bases = [ports.take()?, ports.take()?];
+        let ops_ports = [ports.take()?, ports.take()?, ports.take()?];
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         std::fs::create_dir_all(dir.join("flwr-home"))?;
@@ -128,9 +133,58 @@ impl World {
             extra_port,
             serverappio_port,
             port_bases,
+            ops_ports,
             ports,
             procs: Processes::default(),
         })
+    }
+
+    /// `--metrics-bind-address` and `--health-probe-bind-address` of the hub (0) or agent `i`.
+    fn ops_args(&self, who: usize) -> [String; 4] {
+        let port = self.ops_ports[who];
+        [
+            "--metrics-bind-address".into(),
+            format!("127.0.0.1:{port}"),
+            "--health-probe-bind-address".into(),
+            format!("127.0.0.1:{}", port + 1),
+        ]
+    }
+
+    /// Scrapes the hub's (0) or agent `i`'s `/metrics`.
+    fn scrape(&self, who: usize) -> Result<Samples> {
+        Samples::scrape(([127, 0, 0, 1], self.ops_ports[who]).into())
+    }
+
+    /// Waits until `/readyz` of the hub (0) or agent `i` answers 200.
+    fn wait_probes(&self, who: usize) -> Result<()> {
+        let addr = ([127, 0, 0, 1], self.ops_ports[who] + 1).into();
+        Wait::new("/healthz and /readyz to pass", Duration::from_secs(30))
+            .detail(|| format!("{:?}", e2e::scrape::get(addr, "/readyz")))
+            .until_blocking(|| {
+                let up = |path| e2e::scrape::get(addr, path).is_ok_and(|(code, _)| code == 200);
+                Ok(up("/healthz") && up("/readyz"))
+            })
+            .map(|_| ())
+    }
+
+    /// Waits until the metric `name{labels}` of the hub (0) or agent `i` satisfies `ok`; returns
+    /// its value.
+    fn wait_metric(
+        &self,
+        who: usize,
+        name: &str,
+        labels: &[(&str, &str)],
+        what: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<f64> {
+        let last = std::cell::Cell::new(None);
+        Wait::new(what, Duration::from_secs(30))
+            .detail(|| format!("{name}{labels:?} = {:?}", last.get()))
+            .for_value_blocking(|| {
+                let v = self.scrape(who)?.count(name, labels);
+                last.set(Some(v));
+                Ok(ok(v).then_some(v))
+            })
     }
 
     /// Starts `program args…` as `name` in its own process group, logging to `<name>.log`.
@@ -345,6 +399,72 @@ impl Drop for World {
 
 // === scenarios ===
 
+const FANOUT_COUNT: &str = "flower_addon_hub_work_fanout_seconds_count";
+const SUPERNODES: &str = "flower_addon_hub_supernodes";
+const SUPERVISED: &str = "flower_addon_agent_supervised_processes";
+const CLUSTERS: &str = "flower_addon_hub_clusters";
+
+/// After the quickstart: the hub counts 2 connected agents, 2 accepted joins (each first told to
+/// wait), 2 available clusters and the Federation's 4 SuperNodes desired, ready and online; each
+/// agent is connected, has applied work and supervises its 2 SuperNodes.
+fn quickstart_metrics(w: &World) -> Result<()> {
+    let fed = [("namespace", NS), ("federation", FED)];
+    w.wait_metric(
+        0,
+        "flower_addon_hub_connected_agents",
+        &[],
+        "2 agents connected",
+        |v| v == 2.0,
+    )?;
+    w.wait_metric(
+        0,
+        CLUSTERS,
+        &[("available", "True")],
+        "2 clusters available",
+        |v| v == 2.0,
+    )?;
+    for state in ["desired", "ready", "online"] {
+        let labels = [fed[0], fed[1], ("state", state)];
+        w.wait_metric(
+            0,
+            SUPERNODES,
+            &labels,
+            &format!("4 SuperNodes {state}"),
+            |v| v == 4.0,
+        )?;
+    }
+    let hub = w.scrape(0)?;
+    let accepted = hub.count("flower_addon_hub_joins_total", &[("result", "accepted")]);
+    let pending = hub.count("flower_addon_hub_joins_total", &[("result", "pending")]);
+    ensure!(
+        accepted == 2.0 && pending >= 2.0,
+        "joins: accepted {accepted}, pending {pending} (want 2 and >= 2)"
+    );
+    let reconciles = hub.count(
+        "flower_addon_hub_reconciles_total",
+        &[("controller", "federation")],
+    );
+    ensure!(reconciles > 0.0, "no Federation reconcile counted");
+    ensure!(
+        hub.count("process_resident_memory_bytes", &[]) > 0.0,
+        "no resident memory reported"
+    );
+    for agent in 1..=2 {
+        let m = w.scrape(agent)?;
+        let connected = m.count("flower_addon_agent_hub_connected", &[]);
+        let applied = m.count("flower_addon_agent_applies_total", &[("result", "ok")]);
+        let supervised = m.count(SUPERVISED, &[("program", "flower-supernode")]);
+        ensure!(
+            connected == 1.0 && applied >= 1.0 && supervised == 2.0,
+            "agent-{agent}: connected {connected}, applies {applied}, supervised SuperNodes {supervised} (want 1, >= 1, 2)"
+        );
+    }
+    eprintln!(
+        "  metrics: 2 agents connected, joins {accepted} accepted / {pending} pending, {reconciles} Federation reconciles, 4 SuperNodes desired/ready/online"
+    );
+    Ok(())
+}
+
 fn to_strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
@@ -371,11 +491,13 @@ fn start_hub(w: &mut World) -> Result<()> {
         "--lease-duration",
         "2s",
     ]);
+    let args: Vec<String> = args.into_iter().chain(w.ops_args(0)).collect();
     w.start_daemon("hub", &hub_bin, &args)?;
     let hub_addr = w.hub_dir.join("hub-address");
     Wait::new("the hub to write hub-address", Duration::from_secs(20))
         .detail(|| w.logs())
         .until_blocking(|| Ok(hub_addr.is_file()))?;
+    w.wait_probes(0)?;
     Ok(())
 }
 
@@ -459,7 +581,11 @@ fn start_agents(w: &mut World) -> Result<()> {
             "--status-interval",
             "1s",
         ]);
+        let args: Vec<String> = args.into_iter().chain(w.ops_args(i + 1)).collect();
         w.start_daemon(&format!("agent-{}", i + 1), &agent_bin, &args)?;
+    }
+    for i in 1..=2 {
+        w.wait_probes(i)?;
     }
     Ok(())
 }
@@ -487,6 +613,7 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
         .collect();
     let pools: BTreeMap<String, String> = serde_json::from_value(f["pools"].clone())?;
     ensure!(pools == expected, "pools {pools:?} != {expected:?}");
+    quickstart_metrics(w)?;
 
     // flwr's connection as `flower-hub connect` writes it: the Control address from the
     // hub's status and the SuperLink's CA in a file; the runs below prove flwr accepts it.
@@ -537,6 +664,7 @@ fn s1_quickstart(w: &mut World) -> Result<()> {
 
 /// site-a replicas 2 → 3: a third SuperNode connects, the two others keep their pids.
 fn s2_scale_up(w: &mut World) -> Result<()> {
+    let fanouts = w.scrape(0)?.count(FANOUT_COUNT, &[]);
     let before: Vec<u32> = (0..2)
         .map(|i| {
             one_pid(
@@ -572,6 +700,23 @@ fn s2_scale_up(w: &mut World) -> Result<()> {
         tail(&w.supernode_log(0, "site-a", 0), 15)
     );
     eprintln!("  site-a-2 pid {third} connected; site-a-0/1 kept pids {after:?}");
+    // The change reached edge-1 and was acked: one more fan-out; the gauges follow the spec.
+    w.wait_metric(0, FANOUT_COUNT, &[], "a fan-out recorded", |v| v > fanouts)?;
+    w.wait_metric(
+        0,
+        SUPERNODES,
+        &[("federation", FED), ("state", "desired")],
+        "5 desired",
+        |v| v == 5.0,
+    )?;
+    w.wait_metric(
+        1,
+        SUPERVISED,
+        &[("program", "flower-supernode")],
+        "3 SuperNodes on edge-1",
+        |v| v == 3.0,
+    )?;
+    eprintln!("  metrics: one more fan-out, 5 desired SuperNodes, 3 supervised on edge-1");
     Ok(())
 }
 
@@ -653,6 +798,14 @@ fn s5_superlink_killed(w: &mut World) -> Result<()> {
         "  SuperLink {old} killed; restarted as {new} after {:.1}s",
         t.elapsed().as_secs_f64()
     );
+    let restarts = w.wait_metric(
+        0,
+        "flower_addon_hub_superlink_restarts",
+        &[("federation", FED)],
+        "the SuperLink restart counted",
+        |v| v >= 1.0,
+    )?;
+    eprintln!("  metrics: flower_addon_hub_superlink_restarts = {restarts}");
     let n = status_of(&w.status()?, FED)
         .and_then(|f| f["desiredSupernodes"].as_u64())
         .context("desiredSupernodes")?;
@@ -725,6 +878,28 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
         t_lease.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    w.wait_metric(
+        0,
+        "flower_addon_hub_connected_agents",
+        &[],
+        "1 agent connected",
+        |v| v == 1.0,
+    )?;
+    w.wait_metric(
+        0,
+        CLUSTERS,
+        &[("available", "Unknown")],
+        "edge-2 counted Unknown",
+        |v| v == 1.0,
+    )?;
+    w.wait_metric(
+        0,
+        CLUSTERS,
+        &[("available", "True")],
+        "edge-1 counted True",
+        |v| v == 1.0,
+    )?;
+    eprintln!("  metrics: 1 agent connected; clusters True 1, Unknown 1");
     // Let edge-1 settle (all its SuperNodes connected again), then the Federation, whose pool
     // site-b has no live cluster left, must still not be ready.
     let f = Wait::new(

@@ -13,7 +13,8 @@
 //!
 //! Both adapters share [`registration`] (CA, bootstrap tokens, the cluster store) and
 //! [`channel`] (the agents' gRPC join and work streams over mTLS). [`cli`] wires them into the
-//! `flower-hub` commands. No adapter imports another.
+//! `flower-hub` commands. No adapter imports another. [`metrics`] is what every part records
+//! for `/metrics`.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
@@ -22,5 +23,6 @@ pub mod cli;
 pub mod core;
 pub mod flower;
 pub mod kube;
+pub mod metrics;
 pub mod registration;
 pub mod standalone;

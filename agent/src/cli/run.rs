@@ -47,6 +47,10 @@ pub struct RunArgs {
     /// How often the observed status is checked (sent only when it changed), e.g. `5s`.
     #[arg(long, default_value = "3s", value_parser = super::join::parse_duration)]
     pub status_interval: std::time::Duration,
+    /// `/metrics`, `/healthz` and `/readyz` (ready once credentials are loaded and the runtime
+    /// is up).
+    #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
 }
 
 /// `flower-agent run`.
@@ -67,6 +71,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the async runtime")?;
     tokio.block_on(async move {
+        let health = crate::ops::Health::new(&["credentials", "runtime"]);
+        crate::ops::serve(
+            &args.ops,
+            crate::ops::Metrics {
+                registry: crate::metrics::registry(),
+                refresh: Some(Arc::new(|| Box::pin(async { crate::metrics::refresh() }))),
+            },
+            health.clone(),
+        )
+        .await?;
         let mut kube = KubeContext::default();
         let store = open_store(&args.store, &mut kube).await?;
         let can_join = args.source.bootstrap_secret.is_some() || args.source.token.is_some();
@@ -99,6 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 store.describe()
             ),
         };
+        health.set("credentials", true);
         let mut process: Option<Arc<ProcessRuntime>> = None;
         let runtime: Arc<dyn Runtime> = match args.runtime {
             RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
@@ -129,6 +144,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 Arc::new(KubeRuntime::new(client))
             }
         };
+        health.set("runtime", true);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             super::shutdown_signal().await;

@@ -30,12 +30,22 @@ impl<S: ClusterStore, W: WorkSource> Registration for RegistrationService<S, W> 
         let peer = request.extensions().get::<PeerInfo>().cloned();
         let deadline = self.shared.config.unary_deadline;
         let remote = peer.map(|p| p.remote.ip().to_string()).unwrap_or_default();
-        match tokio::time::timeout(deadline, self.join_inner(&remote, request.into_inner())).await {
-            Ok(result) => result.map(Response::new),
-            Err(_) => Err(Status::deadline_exceeded(
-                "join took too long on the hub; retry",
-            )),
+        let result =
+            match tokio::time::timeout(deadline, self.join_inner(&remote, request.into_inner()))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(Status::deadline_exceeded(
+                    "join took too long on the hub; retry",
+                )),
+            };
+        let metrics = crate::metrics::hub();
+        match &result {
+            Ok(r) if r.status == JoinStatus::Accepted as i32 => metrics.joined("accepted", ""),
+            Ok(_) => metrics.joined("pending", ""),
+            Err(status) => metrics.joined("refused", crate::metrics::code_label(status.code())),
         }
+        result.map(Response::new)
     }
 
     async fn renew(

@@ -15,7 +15,7 @@ use flower_addon_proto::{AgentMessage, HubMessage, Ping};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -93,6 +93,11 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
     mut stop: oneshot::Receiver<Status>,
 ) {
     tracing::info!(cluster = %name, stream = id, "work stream opened");
+    let metrics = crate::metrics::hub();
+    metrics.connected_agents.inc();
+    // A version sent because the work changed, and when the change was seen: its ack ends one
+    // fan-out (the first snapshot of a stream is a reconnect, not a change).
+    let mut changed_at: Option<(u64, Instant)> = None;
     let mut changes = shared.work.changes();
     // Read once per stream: a changed leaseDurationSeconds applies from the next connection.
     let lease = lease_of(&shared, &name).await;
@@ -115,6 +120,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                     let snapshot = shared.work.snapshot(&name);
                     if last_sent != Some(snapshot.version) {
                         last_sent = Some(snapshot.version);
+                        changed_at = Some((snapshot.version, Instant::now()));
                         tracing::debug!(cluster = %name, version = snapshot.version, "sending work");
                         if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
                             break 'stream None;
@@ -129,6 +135,12 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                         break 'stream Some(status);
                     }
                     Some(Ok(message)) => {
+                        if let (Some(AgentKind::Ack(ack)), Some((version, at))) = (&message.kind, changed_at)
+                            && ack.version == version
+                        {
+                            metrics.fanout.observe(at.elapsed().as_secs_f64());
+                            changed_at = None;
+                        }
                         if let Err(status) = handle_agent_message(&shared, &name, id, lease, message).await {
                             tracing::warn!(cluster = %name, message = status.message(), "agent message refused");
                             break 'stream Some(status);
@@ -147,6 +159,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
         let _ = tx.try_send(Err(status));
     }
     shared.streams.remove_if(&name, |_, e| e.id == id);
+    metrics.connected_agents.dec();
     tracing::info!(cluster = %name, stream = id, "work stream closed");
 }
 

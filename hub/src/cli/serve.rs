@@ -6,6 +6,7 @@ use crate::registration::store::file::FileStore;
 use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
 use crate::standalone::{StandaloneConfig, StandaloneHub};
 use anyhow::Context;
+use flower_addon_agent::ops::{Health, Metrics, Refresh};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +69,40 @@ pub struct ServeArgs {
     /// Namespace of the hub's own objects, e.g. the CA Secret (Kubernetes mode).
     #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
     pub namespace: String,
+    /// `/metrics`, `/healthz` and `/readyz` (ready once the work channel listens and every
+    /// cache has listed: the Kubernetes controllers' and work source's, or the standalone hub's
+    /// first pass over its manifests).
+    #[command(flatten)]
+    pub ops: flower_addon_agent::ops::OpsArgs,
+}
+
+/// Readiness check: the work channel listens.
+const CHANNEL_READY: &str = "work-channel";
+/// Readiness check: the standalone hub finished its first pass over the manifests.
+const STANDALONE_READY: &str = "manifests";
+/// Readiness check: the Kubernetes work source's reflectors listed.
+const WORK_SOURCE_READY: &str = "work-source";
+
+/// Serves `/metrics` (the hub registry; with the supervisor's when `processes`), `/healthz` and
+/// `/readyz` for `health`, refreshing the scrape-time gauges with `refresh`.
+async fn serve_ops(
+    args: &ServeArgs,
+    health: Arc<Health>,
+    processes: bool,
+    refresh: Option<Refresh>,
+) -> anyhow::Result<()> {
+    let refresh = refresh
+        .unwrap_or_else(|| Arc::new(|| Box::pin(async { crate::metrics::refresh_process() })));
+    flower_addon_agent::ops::serve(
+        &args.ops,
+        Metrics {
+            registry: crate::metrics::registry(processes),
+            refresh: Some(refresh),
+        },
+        health,
+    )
+    .await?;
+    Ok(())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -89,6 +124,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async move {
+        let health = Health::new(&[CHANNEL_READY, STANDALONE_READY]);
+        serve_ops(&args, health.clone(), true, None).await?;
         let store = Arc::new(FileStore::open(&dir)?);
         // Child processes run in subdirectories: every path handed to them must be absolute.
         let dir =
@@ -96,6 +133,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
         let flower_ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await?);
         let listeners = bind(&args.listen).await?;
+        health.set(CHANNEL_READY, true);
         let port = listeners
             .first()
             .and_then(|l| l.local_addr().ok())
@@ -168,7 +206,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
             },
-        );
+        )
+        .with_health(health, STANDALONE_READY);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let controller = tokio::spawn(controller.run(wait_stop(stop_rx.clone())));
         serve_until_signal(
@@ -252,6 +291,23 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("start the async runtime")?;
     runtime.block_on(async move {
+        let health = Health::new(&[
+            CHANNEL_READY,
+            WORK_SOURCE_READY,
+            crate::kube::controller::READY_CHECK,
+            crate::kube::controller::placement::READY_CHECK,
+        ]);
+        // The scrape-time gauges read the work source's caches, which exist only once it has
+        // started: until then a scrape shows the counters alone.
+        let refresh: Arc<std::sync::OnceLock<Refresh>> = Arc::default();
+        let deferred: Refresh = {
+            let refresh = refresh.clone();
+            Arc::new(move || match refresh.get() {
+                Some(r) => r(),
+                None => Box::pin(async { crate::metrics::refresh_process() }),
+            })
+        };
+        serve_ops(&args, health.clone(), false, Some(deferred)).await?;
         let client = kube::Client::try_default().await.context(
             "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
         )?;
@@ -271,6 +327,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .with_lease_duration(args.lease_duration),
         );
         let listeners = bind(&args.listen).await?;
+        health.set(CHANNEL_READY, true);
         let work = Arc::new(
             crate::kube::work::KubeWorkSource::start(
                 client.clone(),
@@ -278,6 +335,12 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )
             .await?,
         );
+        health.set(WORK_SOURCE_READY, true);
+        let _ = refresh.set(crate::kube::metrics::refresh(
+            client.clone(),
+            work.federations(),
+            work.clusters(),
+        ));
         let config = channel_config(
             &args,
             kubernetes_advertise(&args.advertise_address, &args.namespace),
@@ -287,6 +350,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             client.clone(),
             flower_ca,
             args.node_address.clone().filter(|a| !a.is_empty()),
+            health.clone(),
             wait_stop(stop_rx.clone()),
         ));
         let local_pools = tokio::spawn(crate::kube::local::run(
@@ -296,6 +360,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ));
         let placements = tokio::spawn(crate::kube::controller::placement::run(
             client,
+            health,
             wait_stop(stop_rx),
         ));
         println!(

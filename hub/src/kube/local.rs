@@ -99,6 +99,11 @@ pub async fn run(
                 took_us = started.elapsed().as_micros() as u64,
                 "hub-local pools applied"
             );
+            crate::metrics::hub().reconciled(
+                "local-pools",
+                started.elapsed(),
+                result.as_ref().err().map(|e| e.metric_label()),
+            );
             match result {
                 Ok(()) => {
                     applied = Some(snapshot);

@@ -4,6 +4,7 @@
 //! like a spoke by the embedded agent runtime ([`local`]).
 pub mod controller;
 pub mod local;
+pub mod metrics;
 pub mod store;
 pub mod work;
 
@@ -31,6 +32,7 @@ pub async fn run_hub_cluster(
         client.clone(),
         ca,
         node_address,
+        flower_addon_agent::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));
     let local_pools = tokio::spawn(local::run(client, work, stopped(stop_rx)));

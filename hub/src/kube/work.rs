@@ -62,6 +62,7 @@ pub struct KubeWorkSource {
     keys_task: JoinHandle<()>,
     registry: Arc<NodeKeyRegistry>,
     federations: Store<Federation>,
+    clusters: Store<ManagedCluster>,
 }
 
 /// The last status report of a cluster and when it arrived (Unix seconds).
@@ -162,6 +163,7 @@ impl KubeWorkSource {
             keys_changed,
         ));
         let fed_store = stores.federations.clone();
+        let cluster_store = stores.clusters.clone();
         let task_registry = registry.clone();
         let task = tokio::spawn(async move {
             let mut state = State {
@@ -229,7 +231,13 @@ impl KubeWorkSource {
             keys_task,
             registry,
             federations: fed_store,
+            clusters: cluster_store,
         })
+    }
+
+    /// The ManagedClusters as the work source's reflector holds them.
+    pub fn clusters(&self) -> Store<ManagedCluster> {
+        self.clusters.clone()
     }
 
     /// The Federations as the work source's reflector holds them.

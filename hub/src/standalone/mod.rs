@@ -83,6 +83,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     keys: crate::flower::registry::NodeKeyRegistry,
     /// Process runtime for the pools of Federations without `placementRef` (started on need).
     local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
+    /// The readiness check passed after the first pass.
+    ready: Option<(Arc<flower_addon_agent::ops::Health>, &'static str)>,
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -106,7 +108,19 @@ impl<S: ClusterStore> StandaloneHub<S> {
             sent: BTreeMap::new(),
             keys: crate::flower::registry::NodeKeyRegistry::new(),
             local: None,
+            ready: None,
         }
+    }
+
+    /// Sets readiness check `check` of `health` once the first pass over the manifests is done.
+    pub fn with_health(
+        mut self,
+        health: Arc<flower_addon_agent::ops::Health>,
+        check: &'static str,
+    ) -> Self {
+        health.set(check, false);
+        self.ready = Some((health, check));
+        self
     }
 
     /// Runs reconcile passes until `shutdown` resolves, then stops every SuperLink.
@@ -122,6 +136,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 _ = store_changes.recv() => {}
             }
             self.reconcile().await;
+            if let Some((health, check)) = self.ready.take() {
+                health.set(check, true);
+            }
         }
         if let Some(local) = self.local.take() {
             local.shutdown().await;
@@ -172,10 +189,16 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 summary.fleet = Some(endpoints.fleet);
                 summary.control = endpoints.control;
             }
-            match self
+            let started = std::time::Instant::now();
+            let result = self
                 .reconcile_federation(fed, &views, now, &mut per_cluster)
-                .await
-            {
+                .await;
+            crate::metrics::hub().reconciled(
+                "federation",
+                started.elapsed(),
+                result.as_ref().err().map(|_| "reconcile"),
+            );
+            match result {
                 Ok((selected, unplaced)) => {
                     summary.selected = selected;
                     summary.unplaced_pools = unplaced;
@@ -239,9 +262,37 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .collect(),
             problems: self.manifests.problems().to_vec(),
         };
+        self.record_metrics(&status, &clusters);
         if let Err(error) = status.write(&self.config.state_dir) {
             tracing::warn!(%error, "cannot write status.json");
         }
+    }
+
+    /// Replaces the per-Federation and per-cluster gauges with this pass's status.
+    fn record_metrics(&self, status: &HubStatus, clusters: &[ClusterRecord]) {
+        let metrics = crate::metrics::hub();
+        metrics.set_federations(status.federations.iter().map(|f| {
+            let key = (f.namespace.clone(), f.name.clone());
+            let mut sample = crate::metrics::FederationSample::of(
+                i32::try_from(f.desired_supernodes).unwrap_or(i32::MAX),
+                i32::try_from(f.ready_supernodes).unwrap_or(i32::MAX),
+                &f.clusters,
+            );
+            sample.superlink_restarts = self
+                .superlinks
+                .get(&key)
+                .map(|sl| i64::from(sl.superlink.state().restarts));
+            let labels = crate::metrics::FederationLabels {
+                namespace: key.0,
+                federation: key.1,
+            };
+            (labels, sample)
+        }));
+        metrics.set_clusters(clusters.iter().map(|c| {
+            c.status
+                .condition(crate::registration::store::CONDITION_AVAILABLE)
+                .map(|a| a.status.as_str())
+        }));
     }
 
     fn superlinks_state(&self) -> BTreeMap<FedKey, bool> {

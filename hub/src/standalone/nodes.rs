@@ -41,7 +41,14 @@ impl<S: ClusterStore> StandaloneHub<S> {
             federations,
         };
         if self.sent.get(HUB_CLUSTER) != Some(&work) {
-            match runtime.apply(&work).await {
+            let started = std::time::Instant::now();
+            let applied = runtime.apply(&work).await;
+            crate::metrics::hub().reconciled(
+                "local-pools",
+                started.elapsed(),
+                applied.as_ref().err().map(|_| "apply"),
+            );
+            match applied {
                 Ok(()) => {
                     self.sent.insert(HUB_CLUSTER.into(), work);
                 }

@@ -46,6 +46,7 @@ use crate::core::render::{
     federation_dialect, render_hub, superlink_tls_secret_name,
 };
 use crate::registration::ca::{CaError, HubCa};
+use flower_addon_agent::ops::Health;
 
 pub(crate) use apply::controller_ref;
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
@@ -149,14 +150,19 @@ impl Context {
 }
 
 /// Runs the Federation controller until `shutdown` resolves (graceful: running reconciles end).
+/// `health` gets the check [`READY_CHECK`], passing once every cache has listed.
 pub async fn run(
     client: Client,
     ca: Arc<HubCa>,
     node_address: Option<String>,
+    health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    run_with(client, ca, node_address, shutdown).await;
+    run_with(client, ca, node_address, health, shutdown).await;
 }
+
+/// The readiness check of the Federation controller.
+pub const READY_CHECK: &str = "federation-controller";
 
 /// What triggers a reconcile of a Federation: its spec (generation), its deletion, and the
 /// per-cluster status the work source writes (the controller sums it). The controller's own
@@ -179,8 +185,10 @@ pub async fn run_with(
     client: Client,
     ca: Arc<HubCa>,
     node_address: Option<String>,
+    health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    health.set(READY_CHECK, false);
     use kube::runtime::{PredicateConfig, WatchStreamExt, reflector};
     let owned =
         watcher::Config::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
@@ -221,6 +229,14 @@ pub async fn run_with(
         },
     );
     context.node_address = node_address;
+    {
+        let (federations, caches) = (federations.clone(), context.caches.clone());
+        tokio::spawn(async move {
+            if federations.wait_until_ready().await.is_ok() && caches.ready().await.is_ok() {
+                health.set(READY_CHECK, true);
+            }
+        });
+    }
     let referencing = federations.clone();
     Controller::for_stream(feds, federations)
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
@@ -244,7 +260,20 @@ pub async fn run_with(
         .owns_stream(svcs)
         .owns_stream(tls)
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, Arc::new(context))
+        .run(
+            |fed, ctx| async move {
+                let started = std::time::Instant::now();
+                let result = reconcile(fed, ctx).await;
+                crate::metrics::hub().reconciled(
+                    "federation",
+                    started.elapsed(),
+                    result.as_ref().err().map(Error::metric_label),
+                );
+                result
+            },
+            error_policy,
+            Arc::new(context),
+        )
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(federation = %object, "reconciled"),

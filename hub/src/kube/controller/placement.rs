@@ -131,7 +131,14 @@ impl PlacementContext {
 /// Runs the Placement controller until `shutdown` resolves. A ManagedCluster change that
 /// matters to placement ([`ClusterViews`]) reconciles every Placement (placement is cheap;
 /// writes happen only on change); heartbeats do not.
-pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+/// `health` gets the check [`READY_CHECK`], passing once the ManagedClusters and decisions have
+/// listed.
+pub async fn run(
+    client: Client,
+    health: Arc<flower_addon_agent::ops::Health>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    health.set(READY_CHECK, false);
     let controller = Controller::new(
         Api::<Placement>::all(client.clone()),
         watcher::Config::default(),
@@ -162,12 +169,31 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Syn
     .default_backoff()
     .reflect(decision_writer)
     .touched_objects();
+    {
+        let (clusters, decisions) = (clusters.clone(), decisions.clone());
+        tokio::spawn(async move {
+            if clusters.wait_until_ready().await.is_ok()
+                && decisions.wait_until_ready().await.is_ok()
+            {
+                health.set(READY_CHECK, true);
+            }
+        });
+    }
     controller
         .owns_stream(decision_events)
         .reconcile_all_on(cluster_changes)
         .graceful_shutdown_on(shutdown)
         .run(
-            reconcile,
+            |placement, ctx| async move {
+                let started = std::time::Instant::now();
+                let result = reconcile(placement, ctx).await;
+                crate::metrics::hub().reconciled(
+                    "placement",
+                    started.elapsed(),
+                    result.as_ref().err().map(Error::metric_label),
+                );
+                result
+            },
             error_policy,
             Arc::new(PlacementContext::new(client, clusters, decisions)),
         )
@@ -180,6 +206,9 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()> + Send + Syn
         .await;
     tracing::info!("placement controller stopped");
 }
+
+/// The readiness check of the Placement controller.
+pub const READY_CHECK: &str = "placement-controller";
 
 /// Requeue with a delay after a failed reconcile.
 pub fn error_policy(
