@@ -30,10 +30,13 @@ pub fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     Ok((code, body.to_owned()))
 }
 
+/// One sample's labels and value.
+type Sample = (BTreeMap<String, String>, f64);
+
 /// One scrape: every sample by metric name, each with its labels.
 #[derive(Clone, Debug, Default)]
 pub struct Samples {
-    samples: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>,
+    samples: BTreeMap<String, Vec<Sample>>,
 }
 
 impl Samples {
