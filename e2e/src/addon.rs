@@ -90,6 +90,37 @@ pub struct Addon {
     pub starts: BTreeMap<String, (Vec<String>, PathBuf)>,
     /// Time from the hub's start to every spoke's credentials stored.
     pub joined_in: Duration,
+    /// Where each daemon serves `/metrics` and its probes (each gets free loopback ports).
+    pub ops: BTreeMap<String, OpsAddresses>,
+}
+
+/// A daemon's `--metrics-bind-address` and `--health-probe-bind-address`.
+#[derive(Clone, Copy, Debug)]
+pub struct OpsAddresses {
+    /// `/metrics`.
+    pub metrics: std::net::SocketAddr,
+    /// `/healthz` and `/readyz`.
+    pub health: std::net::SocketAddr,
+}
+
+impl OpsAddresses {
+    /// Two free loopback ports.
+    fn free() -> Result<Self> {
+        Ok(Self {
+            metrics: ([127, 0, 0, 1], free_port()?).into(),
+            health: ([127, 0, 0, 1], free_port()?).into(),
+        })
+    }
+
+    /// The flags that put the endpoints here.
+    fn args(&self) -> [String; 4] {
+        [
+            "--metrics-bind-address".into(),
+            self.metrics.to_string(),
+            "--health-probe-bind-address".into(),
+            self.health.to_string(),
+        ]
+    }
 }
 
 /// A control plane with one cluster, `hub`, holding the CRDs, namespace `user_namespace` for the
@@ -172,6 +203,7 @@ impl Addon {
             admin_kubeconfig: hub.kubeconfig.clone(),
             starts: BTreeMap::new(),
             joined_in: Duration::ZERO,
+            ops: BTreeMap::new(),
         };
 
         // The hub as manifests/hub/deployment.yaml runs it, on a free local port.
@@ -183,6 +215,9 @@ impl Addon {
             "--lease-duration",
             &options.lease,
         ]);
+        let hub_ops = OpsAddresses::free()?;
+        hub_command.push_args(&hub_ops.args().each_ref().map(String::as_str));
+        addon.ops.insert("flower-hub".to_string(), hub_ops);
         // With a real node, spokes' pods reach the SuperLink's NodePort on that node's address
         // (the Deployment's status.hostIP), not on this host's loopback.
         let mut hub_env = vec![("KUBECONFIG", hub_sa.kubeconfig.display().to_string())];
@@ -231,6 +266,9 @@ impl Addon {
             )?;
             command.push_args(&["--status-interval", &options.status_interval]);
             let name = format!("agent-{}", spoke.name);
+            let ops = OpsAddresses::free()?;
+            command.push_args(&ops.args().each_ref().map(String::as_str));
+            addon.ops.insert(name.clone(), ops);
             addon.starts.insert(
                 name.clone(),
                 (

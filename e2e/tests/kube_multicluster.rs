@@ -1051,18 +1051,157 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
         cp: _cp,
         client,
         spoke_clients,
-        ..
+        addon,
     } = two_spokes_running().await?;
     let t0 = Instant::now();
     federation_status_reports_both_spokes(&client).await?;
+    the_metrics_show_the_fleet(&addon).await?;
+    let fanouts = scrape(&addon, "flower-hub")?.count(FANOUT_COUNT, &[]);
     agents_report_their_allocatable_cpu(&client, &spoke_clients).await?;
     the_fleet_endpoint_comes_from_the_node_port(&client, &spoke_clients).await?;
     a_missing_placement_is_reported(&client).await?;
     cluster_overrides_apply_where_they_select(&client, &spoke_clients).await?;
     spec_changes_reach_both_spokes(&client, &spoke_clients).await?;
+    // Both spokes acked the changed work: at least two more fan-outs were measured.
+    wait_metric(
+        &addon,
+        "flower-hub",
+        FANOUT_COUNT,
+        &[],
+        "two more fan-outs",
+        |v| v >= fanouts + 2.0,
+    )
+    .await?;
     a_relabelled_spoke_loses_its_pools(&client, &spoke_clients).await?;
     bootstrap_refusals(&_cp).await?;
     eprintln!("scenario 5b took {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+const FANOUT_COUNT: &str = "flower_addon_hub_work_fanout_seconds_count";
+
+/// Scrapes the `/metrics` of the addon's daemon `who` (`flower-hub`, `agent-<spoke>`).
+fn scrape(addon: &Addon, who: &str) -> Result<e2e::scrape::Samples> {
+    let ops = addon
+        .ops
+        .get(who)
+        .with_context(|| format!("no daemon {who}"))?;
+    e2e::scrape::Samples::scrape(ops.metrics)
+}
+
+/// Waits until `name{labels}` scraped from `who` satisfies `ok`.
+async fn wait_metric(
+    addon: &Addon,
+    who: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    what: &str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<()> {
+    e2e::wait_until(what, WAIT, || async {
+        Ok(ok(scrape(addon, who)?.count(name, labels)))
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "{name}{labels:?} from {who}: {:?}",
+            scrape(addon, who).map(|s| s.value(name, labels))
+        )
+    })?;
+    Ok(())
+}
+
+/// #11 items 2 and 3 in Kubernetes mode: the hub and both agents pass their probes, the hub
+/// counts 2 connected agents, 2 accepted joins, 2 available clusters, the Federation's 4
+/// SuperNodes desired and ready, its SuperLink's restarts (0), and reconciles of both
+/// controllers; each agent is connected and has applied work.
+async fn the_metrics_show_the_fleet(addon: &Addon) -> Result<()> {
+    for (who, ops) in &addon.ops {
+        let (code, body) = e2e::scrape::get(ops.health, "/healthz")?;
+        ensure!(code == 200, "{who} /healthz: HTTP {code}: {body}");
+        e2e::wait_until(&format!("{who} /readyz"), WAIT, || async {
+            Ok(e2e::scrape::get(ops.health, "/readyz")?.0 == 200)
+        })
+        .await
+        .with_context(|| format!("{:?}", e2e::scrape::get(ops.health, "/readyz")))?;
+    }
+    let (_, readyz) = e2e::scrape::get(addon.ops["flower-hub"].health, "/readyz")?;
+    for check in [
+        "work-channel",
+        "work-source",
+        "federation-controller",
+        "placement-controller",
+    ] {
+        ensure!(
+            readyz.contains(&format!("[+]{check} ok")),
+            "hub /readyz lacks {check}: {readyz}"
+        );
+    }
+    let hub = "flower-hub";
+    let fed = [("namespace", NS), ("federation", "fed")];
+    wait_metric(
+        addon,
+        hub,
+        "flower_addon_hub_connected_agents",
+        &[],
+        "2 agents connected",
+        |v| v == 2.0,
+    )
+    .await?;
+    wait_metric(
+        addon,
+        hub,
+        "flower_addon_hub_clusters",
+        &[("available", "True")],
+        "2 clusters available",
+        |v| v == 2.0,
+    )
+    .await?;
+    for state in ["desired", "ready"] {
+        let labels = [fed[0], fed[1], ("state", state)];
+        wait_metric(
+            addon,
+            hub,
+            "flower_addon_hub_supernodes",
+            &labels,
+            &format!("4 SuperNodes {state}"),
+            |v| v == 4.0,
+        )
+        .await?;
+    }
+    let m = scrape(addon, hub)?;
+    ensure!(
+        m.value("flower_addon_hub_superlink_restarts", &fed) == Some(0.0),
+        "SuperLink restarts of fed: {:?}",
+        m.value("flower_addon_hub_superlink_restarts", &fed)
+    );
+    ensure!(
+        m.count("flower_addon_hub_joins_total", &[("result", "accepted")]) == 2.0,
+        "accepted joins: {}",
+        m.count("flower_addon_hub_joins_total", &[("result", "accepted")])
+    );
+    for controller in ["federation", "placement"] {
+        let n = m.count(
+            "flower_addon_hub_reconciles_total",
+            &[("controller", controller)],
+        );
+        ensure!(n > 0.0, "no {controller} reconcile counted");
+    }
+    for agent in ["agent-spoke-1", "agent-spoke-2"] {
+        let a = scrape(addon, agent)?;
+        let (connected, applied) = (
+            a.count("flower_addon_agent_hub_connected", &[]),
+            a.count("flower_addon_agent_applies_total", &[("result", "ok")]),
+        );
+        ensure!(
+            connected == 1.0 && applied >= 1.0,
+            "{agent}: connected {connected}, applies {applied}"
+        );
+    }
+    eprintln!(
+        "metrics: hub and agents ready; 2 agents connected, 2 clusters available, 4/4 SuperNodes, hub RSS {:.1} MiB",
+        m.count("process_resident_memory_bytes", &[]) / 1048576.0
+    );
     Ok(())
 }
 

@@ -188,8 +188,18 @@ pub async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    health.set(READY_CHECK, false);
     use kube::runtime::{PredicateConfig, WatchStreamExt, reflector};
+    let listed = crate::kube::listed::Listed::new(
+        health,
+        READY_CHECK,
+        &[
+            "federations",
+            "statefulsets",
+            "services",
+            "secrets",
+            "placements",
+        ],
+    );
     let owned =
         watcher::Config::default().labels(&format!("{APPLIED_BY_LABEL}={HUB_FIELD_MANAGER}"));
     let (federations, fed_writer) = reflector::store::<Federation>();
@@ -197,25 +207,40 @@ pub async fn run_with(
     let (services, svc_writer) = reflector::store::<Service>();
     let (secrets, secret_writer) = reflector::store::<Secret>();
     let (placements, placement_writer) = reflector::store::<Placement>();
-    let feds = watcher(Api::<Federation>::all(client.clone()), Default::default())
-        .default_backoff()
+    let feds = listed
+        .watch(
+            "federations",
+            watcher(Api::<Federation>::all(client.clone()), Default::default()).default_backoff(),
+        )
         .reflect(fed_writer)
         .applied_objects()
         .predicate_filter(reconcile_inputs, PredicateConfig::default());
-    let sts = watcher(Api::<StatefulSet>::all(client.clone()), owned.clone())
-        .default_backoff()
+    let sts = listed
+        .watch(
+            "statefulsets",
+            watcher(Api::<StatefulSet>::all(client.clone()), owned.clone()).default_backoff(),
+        )
         .reflect(sts_writer)
         .touched_objects();
-    let svcs = watcher(Api::<Service>::all(client.clone()), owned.clone())
-        .default_backoff()
+    let svcs = listed
+        .watch(
+            "services",
+            watcher(Api::<Service>::all(client.clone()), owned.clone()).default_backoff(),
+        )
         .reflect(svc_writer)
         .touched_objects();
-    let tls = watcher(Api::<Secret>::all(client.clone()), owned)
-        .default_backoff()
+    let tls = listed
+        .watch(
+            "secrets",
+            watcher(Api::<Secret>::all(client.clone()), owned).default_backoff(),
+        )
         .reflect(secret_writer)
         .touched_objects();
-    let placement_events = watcher(Api::<Placement>::all(client.clone()), Default::default())
-        .default_backoff()
+    let placement_events = listed
+        .watch(
+            "placements",
+            watcher(Api::<Placement>::all(client.clone()), Default::default()).default_backoff(),
+        )
         .reflect(placement_writer)
         .touched_objects();
     let mut context = Context::new(
@@ -229,14 +254,6 @@ pub async fn run_with(
         },
     );
     context.node_address = node_address;
-    {
-        let (federations, caches) = (federations.clone(), context.caches.clone());
-        tokio::spawn(async move {
-            if federations.wait_until_ready().await.is_ok() && caches.ready().await.is_ok() {
-                health.set(READY_CHECK, true);
-            }
-        });
-    }
     let referencing = federations.clone();
     Controller::for_stream(feds, federations)
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.

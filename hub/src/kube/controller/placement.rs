@@ -138,47 +138,49 @@ pub async fn run(
     health: Arc<flower_addon_agent::ops::Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    health.set(READY_CHECK, false);
+    let listed = crate::kube::listed::Listed::new(
+        health,
+        READY_CHECK,
+        &["managedclusters", "placementdecisions"],
+    );
     let controller = Controller::new(
         Api::<Placement>::all(client.clone()),
         watcher::Config::default(),
     );
     let (clusters, writer) = reflector::store::<ManagedCluster>();
     let mut views = ClusterViews::default();
-    let cluster_changes = watcher(
-        Api::<ManagedCluster>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .filter_map(move |event| {
-        let fire = match &event {
-            Ok(event) => views.on_event(event),
-            Err(error) => {
-                tracing::warn!(%error, "ManagedCluster watch");
-                false
-            }
-        };
-        std::future::ready(fire.then_some(()))
-    });
-    let (decisions, decision_writer) = reflector::store::<PlacementDecision>();
-    let decision_events = watcher(
-        Api::<PlacementDecision>::all(client.clone()),
-        watcher::Config::default().labels(PLACEMENT_LABEL),
-    )
-    .default_backoff()
-    .reflect(decision_writer)
-    .touched_objects();
-    {
-        let (clusters, decisions) = (clusters.clone(), decisions.clone());
-        tokio::spawn(async move {
-            if clusters.wait_until_ready().await.is_ok()
-                && decisions.wait_until_ready().await.is_ok()
-            {
-                health.set(READY_CHECK, true);
-            }
+    let cluster_changes = listed
+        .watch(
+            "managedclusters",
+            watcher(
+                Api::<ManagedCluster>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        )
+        .reflect(writer)
+        .filter_map(move |event| {
+            let fire = match &event {
+                Ok(event) => views.on_event(event),
+                Err(error) => {
+                    tracing::warn!(%error, "ManagedCluster watch");
+                    false
+                }
+            };
+            std::future::ready(fire.then_some(()))
         });
-    }
+    let (decisions, decision_writer) = reflector::store::<PlacementDecision>();
+    let decision_events = listed
+        .watch(
+            "placementdecisions",
+            watcher(
+                Api::<PlacementDecision>::all(client.clone()),
+                watcher::Config::default().labels(PLACEMENT_LABEL),
+            )
+            .default_backoff(),
+        )
+        .reflect(decision_writer)
+        .touched_objects();
     controller
         .owns_stream(decision_events)
         .reconcile_all_on(cluster_changes)

@@ -1,0 +1,81 @@
+//! Readiness from watch streams: a check of the hub's `/readyz` passes once each of a set of
+//! watches has listed once (its first `InitDone`).
+//!
+//! Seen in the stream rather than by awaiting `Store::wait_until_ready`: kube-runtime's store
+//! readiness wakes only the last task that polled it, so a second waiter (the controller itself
+//! waits on its reader store) could leave the other asleep for ever.
+use flower_addon_agent::ops::Health;
+use futures::{Stream, StreamExt};
+use kube::runtime::watcher;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+/// Watches that have not listed yet, for one readiness check.
+pub struct Listed {
+    health: Arc<Health>,
+    check: &'static str,
+    pending: Mutex<BTreeSet<&'static str>>,
+}
+
+impl Listed {
+    /// Check `check` of `health` fails until every watch in `watches` has listed.
+    pub fn new(health: Arc<Health>, check: &'static str, watches: &[&'static str]) -> Arc<Self> {
+        health.set(check, watches.is_empty());
+        Arc::new(Self {
+            health,
+            check,
+            pending: Mutex::new(watches.iter().copied().collect()),
+        })
+    }
+
+    /// `stream` unchanged, recording its first `InitDone` as watch `name` listed.
+    pub fn watch<S, K>(
+        self: &Arc<Self>,
+        name: &'static str,
+        stream: S,
+    ) -> impl Stream<Item = S::Item> + use<S, K>
+    where
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    {
+        let this = self.clone();
+        stream.inspect(move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                this.listed(name);
+            }
+        })
+    }
+
+    fn listed(&self, name: &'static str) {
+        let Ok(mut pending) = self.pending.lock() else {
+            return;
+        };
+        if pending.remove(name) && pending.is_empty() {
+            tracing::debug!(check = self.check, "every watch listed: ready");
+            self.health.set(self.check, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    #[tokio::test]
+    async fn ready_once_every_watch_listed_and_only_then() {
+        // Invariant: the check passes after the last watch's first InitDone, not before, and a
+        // later relist changes nothing.
+        let health = Health::new(&[]);
+        let listed = Listed::new(health.clone(), "c", &["a", "b"]);
+        assert!(!health.ready());
+        let events = |n| {
+            futures::stream::iter(
+                (0..n).map(|_| Ok::<_, watcher::Error>(watcher::Event::<Pod>::InitDone)),
+            )
+        };
+        let _: Vec<_> = listed.watch("a", events(2)).collect().await;
+        assert!(!health.ready());
+        let _: Vec<_> = listed.watch("b", events(1)).collect().await;
+        assert!(health.ready());
+    }
+}
