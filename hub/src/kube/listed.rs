@@ -56,6 +56,29 @@ impl Listed {
     }
 }
 
+/// Waits until `store` has listed once, safe with other waiters: kube-runtime's
+/// `Store::wait_until_ready` wakes only the last task that polled it, so each waiter polls again
+/// every 100 ms and none sleeps for ever. Never use it on a store a `Controller` reads from (its
+/// own waiter does not poll again). `Err` when the store's writer is gone.
+pub async fn until_listed<K>(
+    store: &kube::runtime::reflector::Store<K>,
+) -> Result<(), kube::runtime::reflector::store::WriterDropped>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        if let Ok(done) = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            store.wait_until_ready(),
+        )
+        .await
+        {
+            return done;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +100,28 @@ mod tests {
         assert!(!health.ready());
         let _: Vec<_> = listed.watch("b", events(1)).collect().await;
         assert!(health.ready());
+    }
+
+    #[tokio::test]
+    async fn every_waiter_sees_the_store_listed() {
+        // Invariant: two tasks waiting on one store both return once it lists (kube-runtime's
+        // own wait wakes only one of them).
+        let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { until_listed(&store).await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for waiter in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(2), waiter)
+                .await
+                .expect("a waiter slept through the listing")
+                .expect("join")
+                .expect("listed");
+        }
     }
 }

@@ -95,10 +95,12 @@ impl Caches {
     /// "does not exist" (which would prune nothing and re-issue certificates).
     pub(super) async fn ready(&self) -> Result<(), Error> {
         let all = async {
-            self.statefulsets.wait_until_ready().await.ok();
-            self.services.wait_until_ready().await.ok();
-            self.secrets.wait_until_ready().await.ok();
-            self.placements.wait_until_ready().await.ok();
+            // Reconciles of several Federations wait at once: see `until_listed`.
+            use crate::kube::listed::until_listed;
+            until_listed(&self.statefulsets).await.ok();
+            until_listed(&self.services).await.ok();
+            until_listed(&self.secrets).await.ok();
+            until_listed(&self.placements).await.ok();
         };
         tokio::time::timeout(READY_TIMEOUT, all)
             .await

@@ -334,9 +334,14 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         return Ok(Action::await_change());
     }
 
-    // The first reconciles can come before the watches have listed once.
-    if ctx.clusters.wait_until_ready().await.is_err()
-        || ctx.decisions.wait_until_ready().await.is_err()
+    // The first reconciles can come before the watches have listed once (and several
+    // Placements' reconciles wait at once: see `until_listed`).
+    if crate::kube::listed::until_listed(&ctx.clusters)
+        .await
+        .is_err()
+        || crate::kube::listed::until_listed(&ctx.decisions)
+            .await
+            .is_err()
     {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
