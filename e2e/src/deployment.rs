@@ -49,6 +49,11 @@ impl ContainerCommand {
                 (Some(v), None) => v,
                 (None, Some(from)) => match from.field_ref {
                     Some(f) if f.field_path == "metadata.namespace" => namespace.to_string(),
+                    // One local "pod" per Deployment unless the test names it (extra env).
+                    Some(f) if f.field_path == "metadata.name" => format!(
+                        "{}-local",
+                        deployment.metadata.name.as_deref().unwrap_or(container)
+                    ),
                     // The process runs on this machine: its node is the loopback host.
                     Some(f) if f.field_path == "status.hostIP" => "127.0.0.1".to_string(),
                     _ => bail!(

@@ -74,7 +74,29 @@ pub struct ServeArgs {
     /// first pass over its manifests).
     #[command(flatten)]
     pub ops: flower_addon_agent::ops::OpsArgs,
+    /// Kubernetes mode: run as one of several replicas. Only the holder of the Lease
+    /// `--leader-elect-resource-name` in `--namespace` reconciles, writes status and serves the work
+    /// channel; the others wait, not ready (so the hub Service sends agents to the leader), and
+    /// take over when it stops (at once after a graceful stop, else after the lease duration). A
+    /// leader that cannot renew stops with an error, to be restarted as a standby.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "flower-hub")]
+    pub leader_elect_resource_name: String,
+    /// How long a standby waits after the leader's last renewal before taking over.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops.
+    #[arg(long, default_value = "7s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and standbys try.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
 }
+
+/// Readiness check: this replica leads (only with `--leader-elect`).
+const LEADER_READY: &str = "leader";
 
 /// Readiness check: the work channel listens.
 const CHANNEL_READY: &str = "work-channel";
@@ -114,6 +136,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     raise_fd_limit();
     if !args.standalone {
         return serve_kubernetes(args);
+    }
+    if args.leader_elect {
+        anyhow::bail!(
+            "--leader-elect works in Kubernetes mode (a Lease in the hub cluster); a standalone hub runs alone: drop --leader-elect or --standalone"
+        );
     }
     let dir = args
         .state_dir
@@ -290,13 +317,30 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
+    let leader = args
+        .leader_elect
+        .then(|| crate::kube::leader::LeaderConfig {
+            namespace: args.namespace.clone(),
+            name: args.leader_elect_resource_name.clone(),
+            identity: crate::kube::leader::identity(),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        });
+    if let Some(config) = &leader {
+        config.validate().map_err(anyhow::Error::msg)?;
+    }
     runtime.block_on(async move {
-        let health = Health::new(&[
+        let mut checks = vec![
             CHANNEL_READY,
             WORK_SOURCE_READY,
             crate::kube::controller::READY_CHECK,
             crate::kube::controller::placement::READY_CHECK,
-        ]);
+        ];
+        if leader.is_some() {
+            checks.push(LEADER_READY);
+        }
+        let health = Health::new(&checks);
         // The scrape-time gauges read the work source's caches, which exist only once it has
         // started: until then a scrape shows the counters alone.
         let refresh: Arc<std::sync::OnceLock<Refresh>> = Arc::default();
@@ -311,6 +355,43 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let client = kube::Client::try_default().await.context(
             "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
         )?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_tx = Arc::new(stop_tx);
+        {
+            let stop_tx = stop_tx.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("stopping");
+                let _ = stop_tx.send(true);
+            });
+        }
+        // A standby waits here, serving /healthz but not ready, until it holds the Lease.
+        let elector = leader.map(|config| Arc::new(crate::kube::leader::Elector::new(client.clone(), config)));
+        if let Some(elector) = &elector {
+            let config = elector.config();
+            println!(
+                "flower-hub: leader election on Lease {}/{} as {}: waiting to lead",
+                config.namespace, config.name, config.identity
+            );
+            if !elector.acquire(wait_stop(stop_rx.clone())).await {
+                return anyhow::Ok(());
+            }
+            println!("flower-hub: leading");
+            health.set(LEADER_READY, true);
+        }
+        let lost: Arc<std::sync::Mutex<Option<crate::kube::leader::LeadershipLost>>> =
+            Arc::default();
+        if let Some(elector) = &elector {
+            let (elector, lost, stop_tx) = (elector.clone(), lost.clone(), stop_tx.clone());
+            tokio::spawn(async move {
+                let why = elector.hold().await;
+                tracing::error!(error = %why, "no longer the leader: stopping");
+                if let Ok(mut lost) = lost.lock() {
+                    *lost = Some(why);
+                }
+                let _ = stop_tx.send(true);
+            });
+        }
         let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
         let flower_ca = Arc::new(
             load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower).await?,
@@ -345,7 +426,6 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             &args,
             kubernetes_advertise(&args.advertise_address, &args.namespace),
         );
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
             flower_ca,
@@ -361,7 +441,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let placements = tokio::spawn(crate::kube::controller::placement::run(
             client,
             health,
-            wait_stop(stop_rx),
+            wait_stop(stop_rx.clone()),
         ));
         println!(
             "flower-hub: serving the work channel on {}",
@@ -371,15 +451,19 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        serve_until_signal(
-            ChannelServer::new(store, work, ca, config),
-            listeners,
-            stop_tx,
-        )
-        .await?;
+        ChannelServer::new(store, work, ca, config)
+            .serve(listeners, wait_stop(stop_rx.clone()))
+            .await?;
         let _ = federations.await;
         let _ = local_pools.await;
         let _ = placements.await;
+        if let Some(lost) = lost.lock().ok().and_then(|mut l| l.take()) {
+            return Err(anyhow::Error::new(lost));
+        }
+        // Stopped on a signal: a standby takes over at its next try.
+        if let Some(elector) = &elector {
+            elector.release().await;
+        }
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

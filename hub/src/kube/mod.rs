@@ -3,6 +3,7 @@
 //! cluster store on `ManagedCluster`s and Secrets ([`store`]), and the hub's own cluster run
 //! like a spoke by the embedded agent runtime ([`local`]).
 pub mod controller;
+pub mod leader;
 pub mod listed;
 pub mod local;
 pub mod metrics;
