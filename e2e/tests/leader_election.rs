@@ -4,7 +4,7 @@
 //! work channel and no reconcile. A leader stopped gracefully hands over at the standby's next
 //! try; a killed one after the lease duration (target: takeover ≤ 15 s with the defaults).
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ impl Replica {
     }
 
     /// The Deployment's command line with this replica's ports, as `POD_NAME=name`.
-    fn command(&self, kubeconfig: &PathBuf) -> Result<Command> {
+    fn command(&self, kubeconfig: &Path) -> Result<Command> {
         let manifest = e2e::repo_root().join("manifests/hub/deployment.yaml");
         let mut command = ContainerCommand::from_manifest(&manifest, "hub", HUB_NS)?;
         ensure!(
@@ -98,7 +98,7 @@ async fn holder(leases: &Api<Lease>) -> Result<(String, i32)> {
 
 /// Waits until `replica` leads (ready) and returns how long that took.
 async fn wait_leading(replica: &Replica, timeout: Duration) -> Result<Duration> {
-    Wait::new(&format!("{} to lead (/readyz 200)", replica.name), timeout)
+    Wait::new(format!("{} to lead (/readyz 200)", replica.name), timeout)
         .detail(|| format!("{:?}", replica.readyz()))
         .until(|| async { Ok(replica.readyz().is_ok_and(|(code, _)| code == 200)) })
         .await
