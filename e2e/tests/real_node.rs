@@ -165,6 +165,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0]).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
+    a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;
     runs_complete(&flwr, "after the hub and agent pods were replaced").await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
@@ -862,6 +863,154 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
             t.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+/// #11 item 4 on real pods: the hub Deployment scaled to 2 runs one leader (Ready, holding the
+/// Lease) and one standby (Running, alive, not Ready, so the channel Service does not send agents
+/// to it). Deleting the leader pod hands over: the standby becomes Ready and holds the Lease, the
+/// spokes' agents reconnect through the Service (their next status report reaches the new
+/// leader), and no SuperNode pod is recreated or restarted. Scaled back to 1 afterwards.
+async fn a_standby_hub_takes_over_from_a_deleted_leader(
+    hub: &Cluster,
+    spoke: &Cluster,
+) -> Result<()> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    const HUB_NS: &str = "flower-addon-system";
+    let deployments: Api<Deployment> = Api::namespaced(hub.client.clone(), HUB_NS);
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), HUB_NS);
+    let leases: Api<Lease> = Api::namespaced(hub.client.clone(), HUB_NS);
+    let lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=flower-hub");
+    let scale = |replicas: i32| {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .patch(
+                    "flower-hub",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .map(|_| ())
+        }
+    };
+    let holder = || async {
+        anyhow::Ok(
+            leases
+                .get("flower-hub")
+                .await?
+                .spec
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default(),
+        )
+    };
+    let before = supernode_pods(spoke).await?;
+    scale(2).await?;
+    // Two pods: the old one Ready, the new one Running but not Ready, and still so after more
+    // than a lease duration (it stays a standby).
+    let (leader, standby) = wait_for(
+        "a standby hub pod Running",
+        Duration::from_secs(120),
+        || {
+            let (pods, lp) = (pods.clone(), lp.clone());
+            async move {
+                let list = pods.list(&lp).await?.items;
+                let ready: Vec<&Pod> = list.iter().filter(|p| pod_ready(p)).collect();
+                let running: Vec<&Pod> = list
+                    .iter()
+                    .filter(|p| !pod_ready(p) && pod_phase(p) == "Running")
+                    .collect();
+                Ok(match (ready.as_slice(), running.as_slice()) {
+                    ([l], [s]) => Some((
+                        l.metadata.name.clone().unwrap_or_default(),
+                        s.metadata.name.clone().unwrap_or_default(),
+                    )),
+                    _ => None,
+                })
+            }
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let pod = pods.get(&standby).await?;
+    let restarts: i32 = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+    ensure!(
+        !pod_ready(&pod) && pod_phase(&pod) == "Running" && restarts == 0,
+        "the standby hub pod after 15 s: ready {}, phase {}, restarts {restarts}",
+        pod_ready(&pod),
+        pod_phase(&pod)
+    );
+    ensure!(
+        holder().await? == leader,
+        "Lease holder {:?}, leader pod {leader}",
+        holder().await?
+    );
+
+    let t = Instant::now();
+    pods.delete(&leader, &Default::default()).await?;
+    wait_for("the standby hub pod Ready", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        let standby = standby.clone();
+        async move { Ok(pod_ready(&pods.get(&standby).await?).then_some(())) }
+    })
+    .await?;
+    let takeover = t.elapsed();
+    ensure!(
+        holder().await? == standby,
+        "Lease holder {:?} after the hand-over, standby {standby}",
+        holder().await?
+    );
+    ensure!(
+        takeover <= Duration::from_secs(15),
+        "the standby took {takeover:?} to lead (target 15 s)"
+    );
+    // Both spokes' agents reconnect through the Service to the new leader (its log says so).
+    wait_for(
+        "both agents' work streams on the new leader",
+        Duration::from_secs(60),
+        || {
+            let (pods, standby) = (pods.clone(), standby.clone());
+            async move {
+                let log = pods.logs(&standby, &LogParams::default()).await?;
+                let opened = |cluster: &str| {
+                    log.lines().any(|l| {
+                        l.contains("work stream opened")
+                            && l.contains(&format!("cluster={cluster}"))
+                    })
+                };
+                Ok((opened("spoke-1") && opened("spoke-2")).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let reconnected = t.elapsed();
+    let after = supernode_pods(spoke).await?;
+    ensure!(
+        after == before,
+        "the leader hand-over touched SuperNode pods: before {before:?}, after {after:?}"
+    );
+    scale(1).await?;
+    wait_for("one hub pod left", Duration::from_secs(120), || {
+        let (pods, lp) = (pods.clone(), lp.clone());
+        async move { Ok((pods.list(&lp).await?.items.len() == 1).then_some(())) }
+    })
+    .await?;
+    ensure!(
+        holder().await? == standby,
+        "the scale-down moved the Lease to {:?}",
+        holder().await?
+    );
+    eprintln!(
+        "real_node: hub leader pod {leader} deleted: standby {standby} Ready (leading) in {:.1}s, both agents connected to it after {:.1}s; SuperNode pods unchanged",
+        takeover.as_secs_f64(),
+        reconnected.as_secs_f64()
+    );
     Ok(())
 }
 
