@@ -195,6 +195,7 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
         a_restarted_controller_changes_nothing(&client, &hub_sa, &ca, running).await?;
     an_invalid_spec_is_degraded_without_side_effects(&client, &versions, &pods).await?;
     a_mode_switch_prunes_the_statefulset(&client, &uid, cp.cluster("hub")?.nodes.len()).await?;
+    a_due_certificate_is_renewed_and_rolls_the_superlink(&client, &hub_sa, &ca).await?;
     stop_controller(running).await?;
     eprintln!("hub controller scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
@@ -400,6 +401,82 @@ async fn a_restarted_controller_changes_nothing(
         "restart rewrote the status"
     );
     Ok((running, versions, pods))
+}
+
+/// 7. #11 item 8: with a validity shorter than the certificate's (due at once; then at 80 %), a
+///    reconcile issues a new SuperLink certificate for that validity and marks the SuperLink's
+///    pod template with its end of validity, so the SuperLink pod is replaced; the next
+///    reconcile keeps both.
+async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
+    client: &Client,
+    hub_sa: &Client,
+    ca: &Arc<HubCa>,
+) -> Result<()> {
+    use flower_addon_hub::kube::controller::tls::{NOT_AFTER_ANNOTATION, NOT_BEFORE_ANNOTATION};
+    let secrets = Api::<Secret>::namespaced(client.clone(), NS);
+    let superlinks = Api::<StatefulSet>::namespaced(client.clone(), NS);
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), NS);
+    let before = secrets.get("fed-superlink-tls").await?;
+    let old_pod = pods.get("fed-superlink-0").await?.metadata.uid;
+    let validity = Duration::from_secs(3600);
+    let caches = controller::Caches::listed(hub_sa).await?;
+    let mut ctx = Context::new(hub_sa.clone(), ca.clone(), caches);
+    ctx.superlink_cert_validity = validity;
+    let ctx = Arc::new(ctx);
+    controller::reconcile(Arc::new(get_fed(client).await?), ctx.clone()).await?;
+    let after = secrets.get("fed-superlink-tls").await?;
+    let at = |s: &Secret, key: &str| -> Result<u64> {
+        s.annotations()
+            .get(key)
+            .with_context(|| format!("{key} missing"))?
+            .parse::<u64>()
+            .context(key.to_owned())
+    };
+    ensure!(
+        after.data != before.data,
+        "the certificate was not re-issued for the shorter validity"
+    );
+    let life = at(&after, NOT_AFTER_ANNOTATION)? - at(&after, NOT_BEFORE_ANNOTATION)?;
+    ensure!(
+        (3600..=3600 + 360).contains(&life),
+        "re-issued certificate lives {life} s (want 1 h, plus backdating)"
+    );
+    let template = superlinks
+        .get("fed-superlink")
+        .await?
+        .spec
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    ensure!(
+        template.get(NOT_AFTER_ANNOTATION) == after.annotations().get(NOT_AFTER_ANNOTATION),
+        "the SuperLink pod template is not marked with the new certificate: {template:?}"
+    );
+    let t = Instant::now();
+    e2e::wait_until(
+        "the SuperLink pod replaced",
+        Duration::from_secs(60),
+        || async {
+            Ok(pods
+                .get_opt("fed-superlink-0")
+                .await?
+                .is_some_and(|p| p.metadata.uid != old_pod && e2e::pods::pod_ready(&p)))
+        },
+    )
+    .await?;
+    // Not due again: the next reconcile issues nothing.
+    let version = after.resource_version();
+    controller::reconcile(Arc::new(get_fed(client).await?), ctx).await?;
+    ensure!(
+        secrets.get("fed-superlink-tls").await?.resource_version() == version,
+        "a certificate that is not due was re-issued"
+    );
+    eprintln!(
+        "certificate renewed for a 1 h validity; SuperLink pod replaced and Ready in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// 5. Unmappable Flower version → Degraded naming spec.version; nothing touched.

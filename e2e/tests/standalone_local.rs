@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use e2e::harness::{
     Processes, Wait, binary, flower_venv, free_ports, processes_mentioning, wait_until_blocking,
 };
@@ -79,6 +79,169 @@ fn supernode_envs(needle: &str) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// #11 item 8: the hub renews the SuperLink certificate at 80 % of `--superlink-cert-validity`
+/// (40 s here) and restarts the SuperLink on it: the Fleet port then serves the new certificate,
+/// the SuperNodes (same processes) reconnect, and a `flwr run` with both of them completes.
+fn superlink_certificate_is_renewed(
+    hub_bin: &Path,
+    state: &Path,
+    venv: &Path,
+    dir: &Path,
+    hub_log: &Path,
+) -> Result<()> {
+    e2e::install_crypto();
+    let cert_file = state.join("federations/default/quickstart/tls/tls.crt");
+    let first = std::fs::read_to_string(&cert_file)?;
+    let supernodes_before = supernode_pids(state);
+    ensure!(
+        supernodes_before.len() == 2,
+        "SuperNodes: {supernodes_before:?}"
+    );
+    let t = Instant::now();
+    let renewed = Wait::new("the SuperLink certificate renewed", Duration::from_secs(60))
+        .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
+        .for_value_blocking(|| {
+            let now = std::fs::read_to_string(&cert_file)?;
+            Ok((now != first).then_some(now))
+        })?;
+    let renewed_after = t.elapsed();
+    let log = std::fs::read_to_string(hub_log)?;
+    ensure!(
+        log.contains("SuperLink certificate renewed: restarting it"),
+        "the hub did not restart the SuperLink on the new certificate:\n{log}"
+    );
+    // The control port serves the renewed certificate once the SuperLink is back.
+    let status = status(hub_bin, state)["federations"][0].clone();
+    let control = status["control"]
+        .as_str()
+        .context("control address")?
+        .to_owned();
+    let addr: std::net::SocketAddr = control.parse()?;
+    let served = Wait::new(
+        "the SuperLink to serve the new certificate",
+        Duration::from_secs(30),
+    )
+    .for_value_blocking(|| Ok(served_certificate(addr).filter(|c| *c == pem_der(&renewed))))?;
+    ensure!(!served.is_empty());
+    // The same SuperNode processes reconnect: a run needing both completes.
+    ensure!(
+        supernode_pids(state) == supernodes_before,
+        "SuperNodes restarted: {supernodes_before:?} -> {:?}",
+        supernode_pids(state)
+    );
+    let home = dir.join("flwr-home");
+    let ca = dir.join("superlink-ca.crt");
+    let out = Command::new(hub_bin)
+        .args(["connect", "quickstart", "--state-dir"])
+        .arg(state)
+        .arg("--flwr-home")
+        .arg(&home)
+        .arg("--ca-file")
+        .arg(&ca)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "flower-hub connect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flwr = e2e::flwr::HostFlwr {
+        venv: venv.to_path_buf(),
+        home,
+        cwd: dir.to_path_buf(),
+        app_connections: false,
+    };
+    let t_run = Instant::now();
+    let run = flwr.run_to_completion(
+        &e2e::repo_root().join("examples/fedavg"),
+        "quickstart",
+        2,
+        || std::fs::read_to_string(hub_log).unwrap_or_default(),
+    )?;
+    eprintln!(
+        "SuperLink certificate renewed {:.1}s after the first check (validity 40 s); served by the restarted SuperLink; run {run} with both SuperNodes completed in {:.1}s",
+        renewed_after.as_secs_f64(),
+        t_run.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The pids of the SuperNode processes under `state`.
+fn supernode_pids(state: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = processes_mentioning(&state.display().to_string())
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("flower-supernode"))
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The DER of the first certificate in `pem`.
+fn pem_der(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .and_then(Result::ok)
+        .map(|c| c.to_vec())
+        .unwrap_or_default()
+}
+
+/// The DER of the certificate a TLS server on `addr` presents (not verified: only compared).
+fn served_certificate(addr: std::net::SocketAddr) -> Option<Vec<u8>> {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    #[derive(Debug)]
+    struct AcceptAny;
+    impl ServerCertVerifier for AcceptAny {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let config = rustls::ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAny))
+        .with_no_client_auth();
+    let name = ServerName::try_from("localhost").ok()?;
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).ok()?;
+    let mut tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).ok()?;
+    }
+    conn.peer_certificates()?.first().map(|c| c.to_vec())
+}
+
 #[test]
 fn federation_without_placement_runs_on_the_standalone_hub() {
     // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
@@ -108,6 +271,8 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         .arg(&manifests)
         .arg("--flower-bin")
         .arg(venv.join("bin"))
+        // Short enough to see a renewal (at 80 %: every 32 s) within the test.
+        .args(["--superlink-cert-validity", "40s"])
         .env("FLWR_TELEMETRY_ENABLED", "0");
     let hub_log = dir.path().join("hub.log");
     procs
@@ -172,6 +337,9 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         format!("127.0.0.1:{}", ports[1]),
         "{ready}"
     );
+
+    superlink_certificate_is_renewed(&hub_bin, &state, &venv, dir.path(), &hub_log)
+        .expect("SuperLink certificate renewal");
 
     // A graceful stop of the hub (SIGTERM to it alone) stops the SuperLink and the hub's own
     // SuperNodes.

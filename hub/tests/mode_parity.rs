@@ -161,6 +161,7 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
             flower_bin: Some(bin.clone()),
             superlink_host: "127.0.0.1".into(),
             advertise: vec!["127.0.0.1".into()],
+            superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
         },
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -40,6 +40,12 @@ pub struct ServeArgs {
     /// Validity of agent client certificates (renewed by agents at 80 %).
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     pub cert_validity: Duration,
+    /// Validity of the SuperLink certificates the hub issues. At 80 % of it the hub issues a new
+    /// one and restarts the SuperLink (Kubernetes: the pod rolls, its state kept by
+    /// `--database`; standalone: the process), and SuperNodes reconnect. A shorter value replaces
+    /// longer-lived certificates at once.
+    #[arg(long, default_value = "90d", value_parser = parse_duration)]
+    pub superlink_cert_validity: Duration,
     /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
     /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule). In
     /// Kubernetes mode it is the `spec.leaseDurationSeconds` of ManagedClusters created on join;
@@ -232,6 +238,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 flower_bin,
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
+                superlink_cert_validity: args.superlink_cert_validity,
             },
         )
         .with_health(health, STANDALONE_READY);
@@ -430,6 +437,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             client.clone(),
             flower_ca,
             args.node_address.clone().filter(|a| !a.is_empty()),
+            args.superlink_cert_validity,
             health.clone(),
             wait_stop(stop_rx.clone()),
         ));

@@ -3,6 +3,7 @@
 //! runs ([`work`]), the SuperLink's arguments ([`superlink`]) and objects ([`render`]), and what
 //! keeps a Federation from being applied ([`problems`]). Nothing here
 //! does I/O; every function is unit-tested without a cluster or a process.
+pub mod certs;
 pub mod nodekeys;
 pub mod placement;
 pub mod problems;

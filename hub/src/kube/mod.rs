@@ -34,6 +34,7 @@ pub async fn run_hub_cluster(
         client.clone(),
         ca,
         node_address,
+        crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
         flower_addon_agent::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));

@@ -63,6 +63,8 @@ pub struct IssuedKeyPair {
     pub cert_pem: String,
     /// PEM (PKCS#8) private key. Secret.
     pub key_pem: String,
+    /// Start of validity (backdated a little for clock skew).
+    pub not_before: SystemTime,
     /// End of validity.
     pub not_after: SystemTime,
 }
@@ -264,6 +266,7 @@ impl HubCa {
         Ok(IssuedKeyPair {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            not_before: validity.not_before,
             not_after: validity.not_after,
         })
     }

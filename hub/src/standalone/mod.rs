@@ -47,6 +47,8 @@ pub struct StandaloneConfig {
     pub superlink_host: String,
     /// Addresses agents dial to reach this machine (first one is used in Fleet addresses).
     pub advertise: Vec<String>,
+    /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
+    pub superlink_cert_validity: Duration,
 }
 
 type FedKey = (String, String);
@@ -59,6 +61,8 @@ struct StandaloneEndpoints {
 
 struct RunningSuperLink {
     argv: Vec<String>,
+    /// The certificate it serves (its validity, `""` without TLS): a renewed one restarts it.
+    certificate: String,
     superlink: Supervised,
     superexec: Option<Supervised>,
     /// The Fleet front task (unified dialect, Control kept on loopback) and its stop signal.
@@ -312,10 +316,13 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let key = fed_key(fed);
         let (version, dialect) = federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-        if !fed.spec.insecure {
-            self.ensure_superlink_tls(fed, &paths)?;
-        }
-        self.ensure_superlink(fed, version, dialect, &paths).await?;
+        let certificate = if fed.spec.insecure {
+            String::new()
+        } else {
+            self.ensure_superlink_tls(fed, &paths)?
+        };
+        self.ensure_superlink(fed, version, dialect, &paths, certificate)
+            .await?;
 
         // Without placementRef the pools run on this machine, next to the SuperLink (the
         // standalone counterpart of "in the hub cluster"): the virtual cluster HUB_CLUSTER.
@@ -427,7 +434,14 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
-    fn ensure_superlink_tls(&self, fed: &Federation, paths: &SuperLinkPaths) -> Result<(), String> {
+    /// Issues the SuperLink certificate when there is none, its names or CA changed, or it is
+    /// due ([`crate::core::certs`]); returns its validity (`not_before..not_after`, Unix
+    /// seconds), which [`Self::ensure_superlink`] restarts the SuperLink on when it changes.
+    fn ensure_superlink_tls(
+        &self,
+        fed: &Federation,
+        paths: &SuperLinkPaths,
+    ) -> Result<String, String> {
         let sans = superlink_sans(fed, self.config.advertise.iter().cloned());
         let sans_file = paths.dir.join("tls/sans");
         let want = sans.join("\n");
@@ -436,23 +450,35 @@ impl<S: ClusterStore> StandaloneHub<S> {
         // re-issues certificates its channel CA signed).
         let same_ca =
             std::fs::read_to_string(&paths.ca).ok().as_deref() == Some(self.ca.cert_pem());
-        if current.as_deref() == Some(want.as_str())
+        let validity = self.config.superlink_cert_validity;
+        let in_force = std::fs::read_to_string(&paths.cert)
+            .ok()
+            .and_then(|pem| certificate_validity(&pem));
+        if let Some((not_before, not_after)) = in_force
+            && current.as_deref() == Some(want.as_str())
             && same_ca
-            && paths.cert.exists()
             && paths.key.exists()
+            && !crate::core::certs::needs_renewal(
+                not_before,
+                not_after,
+                validity,
+                std::time::SystemTime::now(),
+            )
         {
-            return Ok(());
+            return Ok(validity_marker(not_before, not_after));
         }
         let issued = self
             .ca
-            .issue_superlink_cert(&fed_key(fed).1, &sans, Duration::from_secs(365 * 24 * 3600))
+            .issue_superlink_cert(&fed_key(fed).1, &sans, validity)
             .map_err(|e| format!("cannot issue the SuperLink certificate: {e}"))?;
         write_private(&paths.key, issued.key_pem.as_bytes())?;
         write_file(&paths.cert, issued.cert_pem.as_bytes())?;
         write_file(&paths.ca, self.ca.cert_pem().as_bytes())?;
         write_file(&sans_file, want.as_bytes())?;
         tracing::info!(federation = %fed_key(fed).1, sans = %sans.join(","), "issued the SuperLink certificate");
-        Ok(())
+        let (not_before, not_after) = certificate_validity(&issued.cert_pem)
+            .ok_or("the issued SuperLink certificate does not parse")?;
+        Ok(validity_marker(not_before, not_after))
     }
 
     async fn ensure_superlink(
@@ -461,17 +487,23 @@ impl<S: ClusterStore> StandaloneHub<S> {
         version: FlowerVersion,
         dialect: FlowerDialect,
         paths: &SuperLinkPaths,
+        certificate: String,
     ) -> Result<(), String> {
         let key = fed_key(fed);
         let layout = paths.layout(fed, dialect, &self.config.superlink_host);
         let argv = superlink_argv(fed, version, dialect, &layout);
         if let Some(running) = self.superlinks.get(&key)
             && running.argv == argv
+            && running.certificate == certificate
         {
             return Ok(());
         }
         if let Some(old) = self.superlinks.remove(&key) {
-            tracing::info!(federation = %key.1, "SuperLink arguments changed: restarting it");
+            if old.argv == argv {
+                tracing::info!(federation = %key.1, "SuperLink certificate renewed: restarting it");
+            } else {
+                tracing::info!(federation = %key.1, "SuperLink arguments changed: restarting it");
+            }
             stop_superlink(old).await;
         }
         std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
@@ -512,6 +544,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             key,
             RunningSuperLink {
                 argv,
+                certificate,
                 superlink,
                 superexec,
                 front,
@@ -653,6 +686,29 @@ fn cluster_view(record: &ClusterRecord) -> ClusterView {
 /// The parts of a Placement's spec that decide its selection.
 pub fn placement_policy(p: &Placement) -> placement::PlacementPolicy {
     crate::core::placement::policy_from_spec(&p.spec)
+}
+
+/// The validity of a PEM certificate.
+fn certificate_validity(pem: &str) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let at = |t: x509_parser::time::ASN1Time| {
+        let secs = u64::try_from(t.timestamp()).ok()?;
+        Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+    };
+    Some((
+        at(cert.validity().not_before)?,
+        at(cert.validity().not_after)?,
+    ))
+}
+
+/// `not_before..not_after` in Unix seconds.
+fn validity_marker(not_before: std::time::SystemTime, not_after: std::time::SystemTime) -> String {
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    format!("{}..{}", secs(not_before), secs(not_after))
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {

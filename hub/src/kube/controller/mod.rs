@@ -22,7 +22,7 @@ mod apply;
 pub mod cache;
 pub mod placement;
 mod status;
-mod tls;
+pub mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -122,6 +122,8 @@ pub struct Context {
     pub node_address: Option<String>,
     /// What the controller reads instead of asking the apiserver.
     pub caches: Caches,
+    /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
+    pub superlink_cert_validity: Duration,
     /// The status last written per Federation (by uid), with the resourceVersion it was computed
     /// from ([`write_status`]).
     written: std::sync::Mutex<HashMap<String, (Option<String>, FederationStatus)>>,
@@ -139,6 +141,7 @@ impl Context {
             ca,
             recorder,
             node_address: None,
+            superlink_cert_validity: crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
             caches,
             written: Default::default(),
         }
@@ -155,10 +158,19 @@ pub async fn run(
     client: Client,
     ca: Arc<HubCa>,
     node_address: Option<String>,
+    superlink_cert_validity: Duration,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    run_with(client, ca, node_address, health, shutdown).await;
+    run_with(
+        client,
+        ca,
+        node_address,
+        superlink_cert_validity,
+        health,
+        shutdown,
+    )
+    .await;
 }
 
 /// The readiness check of the Federation controller.
@@ -185,6 +197,7 @@ pub async fn run_with(
     client: Client,
     ca: Arc<HubCa>,
     node_address: Option<String>,
+    superlink_cert_validity: Duration,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -254,6 +267,7 @@ pub async fn run_with(
         },
     );
     context.node_address = node_address;
+    context.superlink_cert_validity = superlink_cert_validity;
     let referencing = federations.clone();
     Controller::for_stream(feds, federations)
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
@@ -327,8 +341,11 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     }
     ctx.caches.ready().await?;
     let problems = problems(&fed);
+    let mut renew_in = None;
     let outcome = if problems.is_empty() {
-        apply_federation(&fed, &ctx, &namespace).await?
+        let (outcome, renew) = apply_federation(&fed, &ctx, &namespace).await?;
+        renew_in = renew;
+        outcome
     } else {
         let message = crate::core::problems::joined(&problems);
         tracing::info!(federation = %name, %namespace, %message, "invalid; nothing applied");
@@ -344,7 +361,11 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         }
     };
     write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
-    Ok(Action::requeue(RESYNC))
+    // Back when the SuperLink certificate is due, if that is before the resync.
+    let next = renew_in.map_or(RESYNC, |due| {
+        due.clamp(Duration::from_secs(1), RESYNC) + Duration::from_millis(100)
+    });
+    Ok(Action::requeue(next))
 }
 
 /// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes; each apply is
@@ -352,7 +373,16 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
 /// when the hub issues the certificate: a placed Federation's external address (and so the
 /// certificate's SANs) may come from the node port or load balancer the Service gets, and the
 /// SuperLink pod mounts the Secret. Otherwise all three applies run at once.
-async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> Result<Outcome> {
+///
+/// With the hub's certificate, the SuperLink's pod template carries the certificate's end of
+/// validity ([`tls::NOT_AFTER_ANNOTATION`]): a renewed certificate rolls the SuperLink pod, so
+/// the process serves it (its state survives in `--database`). Also returns when the
+/// certificate is due for renewal.
+async fn apply_federation(
+    fed: &Federation,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<(Outcome, Option<Duration>)> {
     let client = &ctx.client;
     let caches = &ctx.caches;
     let name = fed.name_any();
@@ -376,18 +406,27 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
         &objects.control_service,
         cache::cached(&caches.services, namespace, &control_name),
     );
-    let apply_superlink = cache::apply(
-        &sts_api,
-        &objects.superlink,
-        cache::cached(&caches.statefulsets, namespace, &superlink_name),
-    );
+    let cached_superlink = cache::cached(&caches.statefulsets, namespace, &superlink_name);
     let issues_tls = tls::hub_issues_tls(fed);
+    let mut renew_in = None;
     let (service, superlink) = if issues_tls {
         let (service, _) = tokio::try_join!(apply_service, apply_control)?;
         let external = external_of(fed, dialect, &service, ctx);
-        ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
-        (service, apply_superlink.await?)
+        let certificate = ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
+        renew_in = Some(certificate.renew_in);
+        objects
+            .superlink
+            .spec
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(tls::NOT_AFTER_ANNOTATION.to_owned(), certificate.not_after);
+        let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
+        (service, superlink)
     } else {
+        let apply_superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink);
         let (service, _, superlink) =
             tokio::try_join!(apply_service, apply_control, apply_superlink)?;
         (service, superlink)
@@ -410,10 +449,18 @@ async fn apply_federation(fed: &Federation, ctx: &Context, namespace: &str) -> R
             .await;
     }
     tracing::debug!(federation = %name, %namespace, "applied");
-    Ok(Outcome::Applied {
+    let outcome = Outcome::Applied {
         superlink: WorkloadReadiness::of_statefulset("superlink", &superlink),
         external,
-    })
+    };
+    Ok((outcome, renew_in))
+}
+
+/// The SuperLink certificate in force: its end of validity (the Secret's
+/// [`tls::NOT_AFTER_ANNOTATION`]) and how long until it is due for renewal.
+struct Certificate {
+    not_after: String,
+    renew_in: Duration,
 }
 
 /// The external endpoints of a placed Federation (spokes reach its SuperLink there).
@@ -437,7 +484,7 @@ async fn ensure_certificate(
     ctx: &Context,
     namespace: &str,
     external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
-) -> Result<()> {
+) -> Result<Certificate> {
     let secret_name = superlink_tls_secret_name(fed);
     let secrets_api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
     let mut reached_at = crate::core::superlink::in_cluster_names(fed);
@@ -460,13 +507,16 @@ async fn ensure_certificate(
             .iter()
             .any(|r| Some(&r.uid) == fed.uid().as_ref())
     });
-    let keep = existing
-        .as_ref()
-        .is_some_and(|s| owned && tls::still_valid(s, &sans, &ctx.ca, SystemTime::now()));
-    if keep {
-        return Ok(());
+    let now = SystemTime::now();
+    let validity = ctx.superlink_cert_validity;
+    if let Some(existing) = existing.as_ref()
+        && owned
+        && tls::still_valid(existing, &sans, &ctx.ca, now, validity)
+    {
+        return Ok(tls::certificate_of(existing, validity, now));
     }
-    let secret = tls::issue_secret(fed, &ctx.ca, &sans)?;
+    let secret = tls::issue_secret(fed, &ctx.ca, &sans, validity)?;
+    let certificate = tls::certificate_of(&secret, validity, now);
     let body = cache::body(&secret)?;
     apply::apply_body(&secrets_api, &secret_name, &body).await?;
     tracing::info!(federation = %fed.name_any(), %namespace, sans = %sans.join(","), "SuperLink certificate issued");
@@ -477,7 +527,7 @@ async fn ensure_certificate(
         format!("SuperLink certificate issued for {}", sans.join(", ")),
     )
     .await;
-    Ok(())
+    Ok(certificate)
 }
 
 /// Writes the status with server-side apply when it differs from the stored one.

@@ -1,8 +1,9 @@
 //! The SuperLink TLS Secret issued by the hub CA (`tls.crt`, `tls.key`, `ca.crt`).
 //!
-//! Issued once and kept: a fresh certificate on every reconcile would change the Secret (and
-//! restart nothing, but churn every watcher). It is re-issued only when its SANs, the CA, or the
-//! remaining validity (less than a third left) say so; annotations record what it was issued for.
+//! Issued once and kept: a fresh certificate on every reconcile would change the Secret and roll
+//! the SuperLink. It is re-issued only when its SANs or the CA changed, or when it is due
+//! ([`crate::core::certs`]: 80 % of its life, or longer-lived than the configured validity);
+//! annotations record what it was issued for.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,8 +21,11 @@ use crate::registration::ca::HubCa;
 use super::Error;
 use super::apply::own;
 
-/// Lifetime of a hub-issued SuperLink certificate.
-pub const SUPERLINK_CERT_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Lifetime of SuperLink certificates issued before the start of validity was recorded
+/// ([`NOT_BEFORE_ANNOTATION`]).
+const LEGACY_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Annotation with the start of validity, seconds since the Unix epoch.
+pub const NOT_BEFORE_ANNOTATION: &str = "flower-addon.io/tls-not-before";
 /// Annotation with the comma-separated SANs the certificate was issued for.
 pub const SANS_ANNOTATION: &str = "flower-addon.io/tls-sans";
 /// Annotation with the end of validity, seconds since the Unix epoch.
@@ -44,16 +48,53 @@ fn epoch_secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Whether `existing` still serves: same SANs and CA, and more than a third of its life left.
-pub fn still_valid(existing: &Secret, sans: &[String], ca: &HubCa, now: SystemTime) -> bool {
+/// The validity the Secret's annotations record (start derived for Secrets issued before it was
+/// recorded).
+fn validity_of(secret: &Secret) -> (SystemTime, SystemTime) {
+    let at = |key: &str| {
+        secret
+            .annotations()
+            .get(key)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+    };
+    let not_after = at(NOT_AFTER_ANNOTATION).unwrap_or(UNIX_EPOCH);
+    let not_before = at(NOT_BEFORE_ANNOTATION)
+        .unwrap_or_else(|| not_after.checked_sub(LEGACY_LIFETIME).unwrap_or(UNIX_EPOCH));
+    (not_before, not_after)
+}
+
+/// What the controller needs of the certificate in `secret` under `validity`: its end of
+/// validity (marks the SuperLink pod template) and the time until renewal.
+pub(super) fn certificate_of(
+    secret: &Secret,
+    validity: Duration,
+    now: SystemTime,
+) -> super::Certificate {
+    let (not_before, not_after) = validity_of(secret);
+    super::Certificate {
+        not_after: secret
+            .annotations()
+            .get(NOT_AFTER_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        renew_in: crate::core::certs::until_renewal(not_before, not_after, validity, now),
+    }
+}
+
+/// Whether `existing` still serves: same SANs and CA, and not due for renewal under `validity`.
+pub fn still_valid(
+    existing: &Secret,
+    sans: &[String],
+    ca: &HubCa,
+    now: SystemTime,
+    validity: Duration,
+) -> bool {
     let annotations = existing.annotations();
     let same_sans = annotations.get(SANS_ANNOTATION) == Some(&sans.join(","));
     let same_ca = annotations.get(CA_HASH_ANNOTATION).map(String::as_str) == Some(ca.hash());
-    let not_after = annotations
-        .get(NOT_AFTER_ANNOTATION)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    let fresh = not_after > epoch_secs(now) + SUPERLINK_CERT_LIFETIME.as_secs() / 3;
+    let (not_before, not_after) = validity_of(existing);
+    let fresh = !crate::core::certs::needs_renewal(not_before, not_after, validity, now);
     let complete = existing.data.as_ref().is_some_and(|d| {
         ["tls.crt", "tls.key", "ca.crt"]
             .iter()
@@ -62,11 +103,17 @@ pub fn still_valid(existing: &Secret, sans: &[String], ca: &HubCa, now: SystemTi
     same_sans && same_ca && fresh && complete
 }
 
-/// A new SuperLink TLS Secret for `fed`, signed by `ca`, owned by the Federation.
-pub fn issue_secret(fed: &Federation, ca: &HubCa, sans: &[String]) -> Result<Secret, Error> {
+/// A new SuperLink TLS Secret for `fed`, valid for `validity`, signed by `ca`, owned by the
+/// Federation.
+pub fn issue_secret(
+    fed: &Federation,
+    ca: &HubCa,
+    sans: &[String],
+    validity: Duration,
+) -> Result<Secret, Error> {
     let name = fed.name_any();
     let issued = ca
-        .issue_superlink_cert(&name, sans, SUPERLINK_CERT_LIFETIME)
+        .issue_superlink_cert(&name, sans, validity)
         .map_err(Error::Ca)?;
     let mut metadata = ObjectMeta {
         name: Some(superlink_tls_secret_name(fed)),
@@ -74,6 +121,10 @@ pub fn issue_secret(fed: &Federation, ca: &HubCa, sans: &[String]) -> Result<Sec
         labels: Some(component_labels(&name, "superlink", "superlink-tls", None)),
         annotations: Some(BTreeMap::from([
             (SANS_ANNOTATION.to_owned(), sans.join(",")),
+            (
+                NOT_BEFORE_ANNOTATION.to_owned(),
+                epoch_secs(issued.not_before).to_string(),
+            ),
             (
                 NOT_AFTER_ANNOTATION.to_owned(),
                 epoch_secs(issued.not_after).to_string(),
@@ -126,21 +177,39 @@ spec:
             &f,
             crate::core::superlink::in_cluster_names(&f),
         );
-        let secret = issue_secret(&f, &ca, &sans).unwrap();
+        let validity = crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY;
+        let secret = issue_secret(&f, &ca, &sans, validity).unwrap();
         let now = SystemTime::now();
-        assert!(still_valid(&secret, &sans, &ca, now));
-        assert!(!still_valid(&secret, &sans[1..], &ca, now));
+        assert!(still_valid(&secret, &sans, &ca, now, validity));
+        assert!(!still_valid(&secret, &sans[1..], &ca, now, validity));
         assert!(!still_valid(
             &secret,
             &sans,
             &HubCa::generate().unwrap(),
-            now
+            now,
+            validity
+        ));
+        // Due at 80 % of its life; at once when the policy became shorter.
+        assert!(still_valid(
+            &secret,
+            &sans,
+            &ca,
+            now + validity.mul_f64(0.75),
+            validity
         ));
         assert!(!still_valid(
             &secret,
             &sans,
             &ca,
-            now + SUPERLINK_CERT_LIFETIME
+            now + validity.mul_f64(0.81),
+            validity
+        ));
+        assert!(!still_valid(
+            &secret,
+            &sans,
+            &ca,
+            now,
+            Duration::from_secs(3600)
         ));
     }
 }
