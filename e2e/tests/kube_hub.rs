@@ -422,8 +422,7 @@ async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
     let caches = controller::Caches::listed(hub_sa).await?;
     let mut ctx = Context::new(hub_sa.clone(), ca.clone(), caches);
     ctx.superlink_cert_validity = validity;
-    let ctx = Arc::new(ctx);
-    controller::reconcile(Arc::new(get_fed(client).await?), ctx.clone()).await?;
+    controller::reconcile(Arc::new(get_fed(client).await?), Arc::new(ctx)).await?;
     let after = secrets.get("fed-superlink-tls").await?;
     let at = |s: &Secret, key: &str| -> Result<u64> {
         s.annotations()
@@ -465,9 +464,16 @@ async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
         },
     )
     .await?;
-    // Not due again: the next reconcile issues nothing.
+    // Not due again: the next reconcile (its caches listed afresh: `listed` is a snapshot)
+    // issues nothing.
     let version = after.resource_version();
-    controller::reconcile(Arc::new(get_fed(client).await?), ctx).await?;
+    let mut ctx = Context::new(
+        hub_sa.clone(),
+        ca.clone(),
+        controller::Caches::listed(hub_sa).await?,
+    );
+    ctx.superlink_cert_validity = validity;
+    controller::reconcile(Arc::new(get_fed(client).await?), Arc::new(ctx)).await?;
     ensure!(
         secrets.get("fed-superlink-tls").await?.resource_version() == version,
         "a certificate that is not due was re-issued"
