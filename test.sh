@@ -5,7 +5,8 @@
 #
 # Installs what it needs and caches the expensive parts in ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon}:
 # the Kubernetes binaries (first build 20-35 min on 2 cores), the Flower venvs (~30 s each), the
-# real-node binaries (kubelet, kube-proxy; ~5 min after the control plane) and Debian packages
+# real-node binaries (kubelet, kube-proxy; ~5 min after the control plane), helm (~2 min, for the
+# chart tests) and Debian packages
 # (containerd, runc, CNI plugins, buildah, mmdebstrap, iptables), and the container images the
 # real-node tests run (Debian base, pause, Flower 1.42.0/1.25.0, our Dockerfile; ~6 min cold).
 set -euo pipefail
@@ -31,6 +32,12 @@ t_node=$SECONDS
 NODE_BIN="$(e2e/node/build.sh)"
 export FLOWER_ADDON_NODE_BIN="$NODE_BIN"
 echo "    $NODE_BIN ($((SECONDS - t_node)) s)"
+
+step "helm from its Go module for the chart tests: e2e/helm/build.sh (cold ~2-5 min, then cached)"
+t_helm=$SECONDS
+FLOWER_ADDON_HELM="$(e2e/helm/build.sh)"
+export FLOWER_ADDON_HELM
+echo "    $FLOWER_ADDON_HELM ($((SECONDS - t_helm)) s)"
 
 step "Flower venvs from PyPI: flwr 1.42.0 and 1.25.0 (cached)"
 e2e/flower/venv.sh 1.42.0 | tail -n 1 | sed 's/^/    /'

@@ -2,14 +2,22 @@
 
 use std::path::PathBuf;
 
-fn manifests_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds")
+/// Where the generated CRDs are committed: the plain manifests and the Helm chart's `crds/`.
+fn crd_dirs() -> [PathBuf; 2] {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests");
+    [root.join("crds"), root.join("chart/flower-addon/crds")]
 }
 
-// The committed CRD files equal the generated ones, so what is installed is what the code validates.
+// The committed CRD files equal the generated ones, so what is installed (by kubectl or helm) is
+// what the code validates.
 #[test]
 fn manifests_crds_are_up_to_date() {
-    let dir = manifests_dir();
+    for dir in crd_dirs() {
+        check_crds_in(dir);
+    }
+}
+
+fn check_crds_in(dir: PathBuf) {
     let bless = std::env::var("FLOWER_ADDON_BLESS").is_ok_and(|v| v == "1");
     let mut stale = Vec::new();
     let mut expected_names = Vec::new();
@@ -36,8 +44,9 @@ fn manifests_crds_are_up_to_date() {
     extra.sort();
     assert!(
         stale.is_empty() && extra.is_empty(),
-        "manifests/crds/ is stale (differs: {stale:?}, not generated: {extra:?}); regenerate with \
-         `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-crds --test crd_files` and commit the result"
+        "{} is stale (differs: {stale:?}, not generated: {extra:?}); regenerate with \
+         `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-crds --test crd_files` and commit the result",
+        dir.display()
     );
 }
 

@@ -1,0 +1,69 @@
+{{/* The image both binaries run from. */}}
+{{- define "flower-addon.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* Arguments both binaries take from the shared values. */}}
+{{- define "flower-addon.commonArgs" -}}
+{{- if ne .Values.logFormat "text" }}
+            - --log-format={{ .Values.logFormat }}
+{{- end }}
+{{- if not .Values.metrics.enabled }}
+            - --metrics-bind-address=0
+{{- end }}
+{{- end }}
+
+{{/* Probes and ports both Deployments share. */}}
+{{- define "flower-addon.opsPorts" }}
+            # `--metrics-bind-address` (default :8080): GET /metrics, Prometheus text format.
+            - name: metrics
+              containerPort: 8080
+              protocol: TCP
+            # `--health-probe-bind-address` (default :8081): /healthz and /readyz.
+            - name: health
+              containerPort: 8081
+              protocol: TCP
+{{- end }}
+
+{{- define "flower-addon.probes" }}
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: health
+            periodSeconds: 5
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: health
+            initialDelaySeconds: 5
+            periodSeconds: 20
+{{- end }}
+
+{{- define "flower-addon.securityContext" }}
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        seccompProfile:
+          type: RuntimeDefault
+{{- end }}
+
+{{- define "flower-addon.containerSecurityContext" }}
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities:
+              drop: ["ALL"]
+{{- end }}
+
+{{/* nodeSelector and tolerations of a component's values. */}}
+{{- define "flower-addon.scheduling" -}}
+{{- with .nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+{{- end }}
+{{- with .tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+{{- end }}
+{{- end }}
