@@ -23,6 +23,7 @@ pub mod deployment;
 pub mod dns;
 pub mod flwr;
 pub mod harness;
+pub mod helm;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;

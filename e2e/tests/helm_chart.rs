@@ -9,7 +9,6 @@
 //!   `helm uninstall` leaving nothing of the chart behind but the CRDs.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -24,50 +23,12 @@ const AGENT_NS: &str = "flower-addon-agent";
 const AGENT_VALUES: &[&str] = &["--set", "hub.enabled=false", "--set", "agent.enabled=true"];
 const GENERATED: &str = "# GENERATED from manifests/chart/flower-addon by `helm template` with the default values; do\n# not edit: change the chart, then run `FLOWER_ADDON_BLESS=1 cargo test -p e2e --test helm_chart`.\n";
 
-fn helm() -> Result<PathBuf> {
-    let path = std::env::var_os("FLOWER_ADDON_HELM").map(PathBuf::from).context(
-        "FLOWER_ADDON_HELM is not set: build helm with `e2e/helm/build.sh` and export FLOWER_ADDON_HELM=<its output> (test.sh does)",
-    )?;
-    ensure!(
-        path.is_file(),
-        "FLOWER_ADDON_HELM={} does not exist: run e2e/helm/build.sh",
-        path.display()
-    );
-    Ok(path)
-}
-
 fn chart() -> PathBuf {
-    e2e::repo_root().join("manifests/chart/flower-addon")
+    e2e::helm::chart()
 }
 
-/// Runs `helm args…` (with `kubeconfig` when given); its stdout, or an error with its stderr.
 fn run_helm(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String> {
-    let mut cmd = Command::new(helm()?);
-    cmd.args(args)
-        .env(
-            "HELM_CACHE_HOME",
-            std::env::temp_dir().join("flower-addon-helm-cache"),
-        )
-        .env(
-            "HELM_CONFIG_HOME",
-            std::env::temp_dir().join("flower-addon-helm-config"),
-        )
-        .env(
-            "HELM_DATA_HOME",
-            std::env::temp_dir().join("flower-addon-helm-data"),
-        );
-    if let Some(kubeconfig) = kubeconfig {
-        cmd.arg("--kubeconfig").arg(kubeconfig);
-    }
-    let out = cmd.output().context("run helm")?;
-    ensure!(
-        out.status.success(),
-        "helm {}: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
+    e2e::helm::run(kubeconfig, args)
 }
 
 /// `helm template` output grouped by template file name (`rbac.yaml`, …), each the file's

@@ -143,16 +143,18 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     a_pod_reaches_its_apiserver_in_cluster(hub).await?;
     service_names_resolve_to_routed_cluster_ips(hub, node, &superlink).await?;
     let channel = the_hub_runs_from_its_manifests(hub, node).await?;
-    for (name, cluster, real) in [
-        ("spoke-1", spoke, spoke_node),
-        ("spoke-2", spoke2, spoke2_node),
+    // spoke-1 from the plain manifests, spoke-2 with the Helm chart.
+    for (name, cluster, real, helm) in [
+        ("spoke-1", spoke, spoke_node, false),
+        ("spoke-2", spoke2, spoke2_node, true),
     ] {
         an_agent_from_its_manifests_joins_through_the_node_port(
-            hub, name, cluster, real, &images, &channel,
+            hub, name, cluster, real, &images, &channel, helm,
         )
         .await?;
     }
     let state = placed_supernodes_authenticate_with_their_own_keys(hub, node, spoke).await?;
+    the_hub_pod_serves_metrics_and_probes(hub).await?;
     let flwr = [
         FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?,
         FlwrFromTheHost::connect(hub, "1.25.0", "classic", 4)?,
@@ -581,7 +583,21 @@ async fn service_names_resolve_to_routed_cluster_ips(
 /// accepts connections; returns that `node:port`.
 async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Result<String> {
     let t = Instant::now();
-    e2e::install_hub_manifests(&hub.client).await?;
+    // As the README's Helm install: the chart's default values (which the plain manifests are).
+    e2e::install_crds(&hub.client).await?;
+    let chart = e2e::helm::chart();
+    e2e::helm::run(
+        Some(&hub.kubeconfig),
+        &[
+            "install",
+            "flower-addon",
+            chart.to_str().context("chart path")?,
+            "--namespace",
+            "flower-addon-system",
+            "--create-namespace",
+            "--skip-crds",
+        ],
+    )?;
     let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
     let hub_pod = wait_for(
         "the flower-hub Deployment's pod Ready",
@@ -628,7 +644,7 @@ async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Resu
     )
     .await?;
     eprintln!(
-        "real_node: manifests/hub: pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host ({:.1}s)",
+        "real_node: helm install (hub): pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host ({:.1}s)",
         hub_pod.metadata.name.clone().unwrap_or_default(),
         hub_pod
             .spec
@@ -641,8 +657,10 @@ async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Resu
     Ok(channel)
 }
 
-/// An agent installed from manifests/agent on spoke `name` joins the hub pod through `channel`
-/// and is accepted with label `flower=enabled`.
+/// An agent installed on spoke `name` — from manifests/agent with the Secret
+/// `flower-hub token create -o secret` prints, or (`helm`) with the chart and the values of
+/// `token create -o json` — joins the hub pod through `channel` and is accepted with label
+/// `flower=enabled`.
 async fn an_agent_from_its_manifests_joins_through_the_node_port(
     hub: &Cluster,
     name: &str,
@@ -650,42 +668,83 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     spoke_node: &RealNode,
     images: &[ImageArchive],
     channel: &str,
+    helm: bool,
 ) -> Result<()> {
     let t = Instant::now();
     spoke_node.import_images(&images[..1])?;
-    let secret = e2e::addon::hub_cli(
-        &hub.kubeconfig,
-        &[
-            "token",
-            "create",
-            "--cluster-name",
-            name,
-            "--hub",
-            channel,
-            "-o",
-            "secret",
-        ],
-    )?;
-    let agent_manifests = e2e::repo_root().join("manifests/agent");
-    e2e::apply_file(
-        &spoke.client,
-        &agent_manifests.join("namespace.yaml"),
-        "default",
-    )
-    .await?;
-    e2e::apply_file(
-        &spoke.client,
-        &agent_manifests.join("rbac.yaml"),
-        e2e::addon::AGENT_NS,
-    )
-    .await?;
-    apply_yaml(&spoke.client, &secret, e2e::addon::AGENT_NS).await?;
-    e2e::apply_file(
-        &spoke.client,
-        &agent_manifests.join("deployment.yaml"),
-        e2e::addon::AGENT_NS,
-    )
-    .await?;
+    let token = |format: &str| {
+        e2e::addon::hub_cli(
+            &hub.kubeconfig,
+            &[
+                "token",
+                "create",
+                "--cluster-name",
+                name,
+                "--hub",
+                channel,
+                "-o",
+                format,
+            ],
+        )
+    };
+    if helm {
+        let values: serde_json::Value = serde_json::from_str(&token("json")?)?;
+        let value = |key: &str| -> Result<String> {
+            values[key]
+                .as_str()
+                .map(str::to_owned)
+                .with_context(|| format!("token create -o json has no {key}: {values}"))
+        };
+        let chart = e2e::helm::chart();
+        let set = |k: &str, v: String| format!("agent.bootstrap.{k}={v}");
+        let sets = [
+            set("token", value("token")?),
+            set("hub", value("hub")?),
+            set("caHash", value("caHash")?),
+            set("clusterName", name.to_owned()),
+        ];
+        let mut args = vec![
+            "install",
+            "flower-addon-agent",
+            chart.to_str().context("chart path")?,
+            "--namespace",
+            e2e::addon::AGENT_NS,
+            "--create-namespace",
+            "--skip-crds",
+            "--set",
+            "hub.enabled=false",
+            "--set",
+            "agent.enabled=true",
+            "--set",
+            "agent.bootstrap.create=true",
+        ];
+        for s in &sets {
+            args.extend(["--set", s.as_str()]);
+        }
+        e2e::helm::run(Some(&spoke.kubeconfig), &args)?;
+    } else {
+        let secret = token("secret")?;
+        let agent_manifests = e2e::repo_root().join("manifests/agent");
+        e2e::apply_file(
+            &spoke.client,
+            &agent_manifests.join("namespace.yaml"),
+            "default",
+        )
+        .await?;
+        e2e::apply_file(
+            &spoke.client,
+            &agent_manifests.join("rbac.yaml"),
+            e2e::addon::AGENT_NS,
+        )
+        .await?;
+        apply_yaml(&spoke.client, &secret, e2e::addon::AGENT_NS).await?;
+        e2e::apply_file(
+            &spoke.client,
+            &agent_manifests.join("deployment.yaml"),
+            e2e::addon::AGENT_NS,
+        )
+        .await?;
+    }
     let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
     wait_for(
@@ -733,7 +792,12 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
     )
     .await?;
     eprintln!(
-        "real_node: manifests/agent on {name}: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
+        "real_node: {} on {name}: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
+        if helm {
+            "helm install (agent)"
+        } else {
+            "manifests/agent"
+        },
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -863,6 +927,109 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
             t.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+/// #11 items 2 and 3 on real pods: a pod in the hub cluster (Python from the SuperLink image)
+/// fetches the hub pod's `/readyz` and `/metrics` at its pod IP, as Prometheus would: ready, two
+/// agents connected, both spokes available, and `auth`'s 6 SuperNodes desired, ready and online.
+async fn the_hub_pod_serves_metrics_and_probes(hub: &Cluster) -> Result<()> {
+    let t = Instant::now();
+    // The gauges are read from the Federation's status: wait until it shows all 6 online.
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    wait_for(
+        "auth's status: 6 SuperNodes online",
+        Duration::from_secs(60),
+        || {
+            let feds = feds.clone();
+            async move {
+                let online: i32 = feds
+                    .get("auth")
+                    .await?
+                    .status
+                    .map(|s| s.clusters.iter().filter_map(|c| c.online).sum())
+                    .unwrap_or(0);
+                Ok((online == 6).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
+    let leader = hub_pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=flower-hub"))
+        .await?
+        .items
+        .into_iter()
+        .find(pod_ready)
+        .context("no Ready hub pod")?;
+    let ip = leader
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .context("the hub pod has no IP")?;
+    let script = format!(
+        "import urllib.request as u\nfor p in ('8081/readyz', '8080/metrics'):\n    print(u.urlopen('http://{ip}:' + p, timeout=10).read().decode())"
+    );
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "scrape-hub", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": serde_json::from_str::<serde_json::Value>(&real_node_selector())?,
+            "containers": [{
+                "name": "scrape",
+                "image": SUPERLINK_IMAGE,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", script],
+            }],
+        },
+    }))?;
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    pods.create(&Default::default(), &pod).await?;
+    let out = run_to_completion(&pods, "scrape-hub").await?;
+    ensure!(
+        out.contains("readyz check passed") && out.contains("[+]leader ok"),
+        "the hub pod's /readyz: {out}"
+    );
+    let metrics = e2e::scrape::Samples::parse(
+        &out.lines()
+            .filter(|l| !l.starts_with('[') && !l.starts_with("readyz"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )?;
+    let auth = [("namespace", "fl"), ("federation", "auth")];
+    let want = [
+        ("flower_addon_hub_connected_agents", vec![], 2.0),
+        (
+            "flower_addon_hub_clusters",
+            vec![("available", "True")],
+            2.0,
+        ),
+        (
+            "flower_addon_hub_supernodes",
+            vec![auth[0], auth[1], ("state", "desired")],
+            6.0,
+        ),
+        (
+            "flower_addon_hub_supernodes",
+            vec![auth[0], auth[1], ("state", "online")],
+            6.0,
+        ),
+    ];
+    for (name, labels, value) in want {
+        let got = metrics.value(name, &labels);
+        ensure!(
+            got == Some(value),
+            "{name}{labels:?} = {got:?}, want {value}\n{out}"
+        );
+    }
+    let rss = metrics.count("process_resident_memory_bytes", &[]) / 1048576.0;
+    pods.delete("scrape-hub", &Default::default()).await?;
+    eprintln!(
+        "real_node: the hub pod's /readyz and /metrics from a pod ({:.1}s): 2 agents connected, 2 clusters available, auth 6/6/6 SuperNodes desired/ready/online; hub RSS {rss:.1} MiB",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

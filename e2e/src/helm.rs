@@ -1,0 +1,46 @@
+//! The `helm` binary the chart tests use (built by `e2e/helm/build.sh`, path in
+//! `FLOWER_ADDON_HELM`) and the chart itself (`manifests/chart/flower-addon`).
+use anyhow::{Context, Result, ensure};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `helm`, from `FLOWER_ADDON_HELM`; a clear error naming the build script when it is missing.
+pub fn binary() -> Result<PathBuf> {
+    let path = std::env::var_os("FLOWER_ADDON_HELM").map(PathBuf::from).context(
+        "FLOWER_ADDON_HELM is not set: build helm with `e2e/helm/build.sh` and export FLOWER_ADDON_HELM=<its output> (test.sh does)",
+    )?;
+    ensure!(
+        path.is_file(),
+        "FLOWER_ADDON_HELM={} does not exist: run e2e/helm/build.sh",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The chart directory.
+pub fn chart() -> PathBuf {
+    crate::repo_root().join("manifests/chart/flower-addon")
+}
+
+/// Runs `helm args…` (against `kubeconfig` when given, with Helm's own state in a temporary
+/// directory); its stdout, or an error with its output.
+pub fn run(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String> {
+    let home = std::env::temp_dir().join("flower-addon-helm");
+    let mut cmd = Command::new(binary()?);
+    cmd.args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    if let Some(kubeconfig) = kubeconfig {
+        cmd.arg("--kubeconfig").arg(kubeconfig);
+    }
+    let out = cmd.output().context("run helm")?;
+    ensure!(
+        out.status.success(),
+        "helm {}: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
