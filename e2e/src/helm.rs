@@ -44,3 +44,35 @@ pub fn run(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String> {
     );
     Ok(String::from_utf8(out.stdout)?)
 }
+
+/// `helm install` of the chart's agent side as release `flower-addon-agent` into
+/// `flower-addon-agent` of the cluster of `kubeconfig`, with the bootstrap Secret made from
+/// `bootstrap` (`token`, `hub`, `caHash`, `clusterName`, … as in `agent.bootstrap`).
+pub fn install_agent(kubeconfig: &Path, bootstrap: &[(&str, &str)]) -> Result<String> {
+    let chart = chart();
+    let sets: Vec<String> = [
+        "hub.enabled=false".to_owned(),
+        "agent.enabled=true".to_owned(),
+        "agent.bootstrap.create=true".to_owned(),
+    ]
+    .into_iter()
+    .chain(
+        bootstrap
+            .iter()
+            .map(|(k, v)| format!("agent.bootstrap.{k}={v}")),
+    )
+    .collect();
+    let mut args = vec![
+        "install",
+        "flower-addon-agent",
+        chart.to_str().context("chart path")?,
+        "--namespace",
+        crate::addon::AGENT_NS,
+        "--create-namespace",
+        "--skip-crds",
+    ];
+    for set in &sets {
+        args.extend(["--set", set.as_str()]);
+    }
+    run(Some(kubeconfig), &args)
+}

@@ -202,30 +202,13 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
         .await?;
 
     // The agent side into the spoke, with its bootstrap Secret from values.
-    run_helm(
-        Some(spoke_kc),
+    e2e::helm::install_agent(
+        spoke_kc,
         &[
-            "install",
-            "flower-addon-agent",
-            chart,
-            "--namespace",
-            AGENT_NS,
-            "--create-namespace",
-            "--skip-crds",
-            "--set",
-            "hub.enabled=false",
-            "--set",
-            "agent.enabled=true",
-            "--set",
-            "agent.bootstrap.create=true",
-            "--set",
-            "agent.bootstrap.token=abcdef.0123456789abcdef",
-            "--set",
-            "agent.bootstrap.hub=198.18.0.1:30443",
-            "--set",
-            "agent.bootstrap.caHash=sha256:00",
-            "--set",
-            "agent.bootstrap.clusterName=spoke-1",
+            ("token", "abcdef.0123456789abcdef"),
+            ("hub", "198.18.0.1:30443"),
+            ("caHash", "sha256:00"),
+            ("clusterName", "spoke-1"),
         ],
     )?;
     let spoke_client = spoke.client.clone();

@@ -695,33 +695,16 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
                 .map(str::to_owned)
                 .with_context(|| format!("token create -o json has no {key}: {values}"))
         };
-        let chart = e2e::helm::chart();
-        let set = |k: &str, v: String| format!("agent.bootstrap.{k}={v}");
-        let sets = [
-            set("token", value("token")?),
-            set("hub", value("hub")?),
-            set("caHash", value("caHash")?),
-            set("clusterName", name.to_owned()),
-        ];
-        let mut args = vec![
-            "install",
-            "flower-addon-agent",
-            chart.to_str().context("chart path")?,
-            "--namespace",
-            e2e::addon::AGENT_NS,
-            "--create-namespace",
-            "--skip-crds",
-            "--set",
-            "hub.enabled=false",
-            "--set",
-            "agent.enabled=true",
-            "--set",
-            "agent.bootstrap.create=true",
-        ];
-        for s in &sets {
-            args.extend(["--set", s.as_str()]);
-        }
-        e2e::helm::run(Some(&spoke.kubeconfig), &args)?;
+        let (token, hub, ca_hash) = (value("token")?, value("hub")?, value("caHash")?);
+        e2e::helm::install_agent(
+            &spoke.kubeconfig,
+            &[
+                ("token", &token),
+                ("hub", &hub),
+                ("caHash", &ca_hash),
+                ("clusterName", name),
+            ],
+        )?;
     } else {
         let secret = token("secret")?;
         let agent_manifests = e2e::repo_root().join("manifests/agent");

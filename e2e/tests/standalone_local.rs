@@ -117,11 +117,12 @@ fn superlink_certificate_is_renewed(
         .context("control address")?
         .to_owned();
     let addr: std::net::SocketAddr = control.parse()?;
+    let ca = std::fs::read_to_string(state.join("federations/default/quickstart/tls/ca.crt"))?;
     let served = Wait::new(
         "the SuperLink to serve the new certificate",
         Duration::from_secs(30),
     )
-    .for_value_blocking(|| Ok(served_certificate(addr).filter(|c| *c == pem_der(&renewed))))?;
+    .for_value_blocking(|| Ok(served_certificate(addr, &ca).filter(|c| *c == pem_der(&renewed))))?;
     ensure!(!served.is_empty());
     // The same SuperNode processes reconnect: a run needing both completes.
     ensure!(
@@ -189,50 +190,19 @@ fn pem_der(pem: &str) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// The DER of the certificate a TLS server on `addr` presents (not verified: only compared).
-fn served_certificate(addr: std::net::SocketAddr) -> Option<Vec<u8>> {
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    #[derive(Debug)]
-    struct AcceptAny;
-    impl ServerCertVerifier for AcceptAny {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
+/// The DER of the certificate the TLS server on `addr` presents, verified against `ca_pem` for
+/// the name 127.0.0.1 (as SuperNodes and `flwr` on this machine verify it).
+fn served_certificate(addr: std::net::SocketAddr, ca_pem: &str) -> Option<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
+        roots.add(ca).ok()?;
     }
     let config = rustls::ClientConfig::builder()
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAny))
+        .with_root_certificates(roots)
         .with_no_client_auth();
-    let name = ServerName::try_from("localhost").ok()?;
+    let name = ServerName::try_from("127.0.0.1").ok()?;
     let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).ok()?;
     let mut tcp = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
