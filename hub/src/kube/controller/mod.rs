@@ -292,16 +292,7 @@ pub async fn run_with(
         .owns_stream(tls)
         .graceful_shutdown_on(shutdown)
         .run(
-            |fed, ctx| async move {
-                let started = std::time::Instant::now();
-                let result = reconcile(fed, ctx).await;
-                crate::metrics::hub().reconciled(
-                    "federation",
-                    started.elapsed(),
-                    result.as_ref().err().map(Error::metric_label),
-                );
-                result
-            },
+            |fed, ctx| measured("federation", reconcile(fed, ctx)),
             error_policy,
             Arc::new(context),
         )
@@ -313,6 +304,21 @@ pub async fn run_with(
         })
         .await;
     tracing::info!("federation controller stopped");
+}
+
+/// Runs one reconcile of `controller`, counting it, its time and its error kind in the metrics.
+pub(crate) async fn measured(
+    controller: &'static str,
+    reconcile: impl Future<Output = Result<Action>>,
+) -> Result<Action> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    crate::metrics::hub().reconciled(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(Error::metric_label),
+    );
+    result
 }
 
 /// Requeue with a delay after a failed reconcile.

@@ -186,16 +186,7 @@ pub async fn run(
         .reconcile_all_on(cluster_changes)
         .graceful_shutdown_on(shutdown)
         .run(
-            |placement, ctx| async move {
-                let started = std::time::Instant::now();
-                let result = reconcile(placement, ctx).await;
-                crate::metrics::hub().reconciled(
-                    "placement",
-                    started.elapsed(),
-                    result.as_ref().err().map(Error::metric_label),
-                );
-                result
-            },
+            |placement, ctx| super::measured("placement", reconcile(placement, ctx)),
             error_policy,
             Arc::new(PlacementContext::new(client, clusters, decisions)),
         )
