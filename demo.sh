@@ -60,11 +60,15 @@ cleanup() {
 trap cleanup EXIT INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 HUB_PORT="$(free_port)"
+# /metrics and /healthz + /readyz of the hub and each agent on ports of their own (the defaults,
+# :8080 and :8081, would be shared by the three processes on this machine).
+HUB_METRICS="$(free_port)"; HUB_HEALTH="$(free_port)"
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 
 step "starting the hub: flower-hub serve --standalone (work channel on 127.0.0.1:$HUB_PORT)"
 "$HUB" serve --standalone --state-dir "$WORK/hub" --manifests "$WORK/manifests" \
   --listen "127.0.0.1:$HUB_PORT" --advertise-address 127.0.0.1 --flower-bin "$VENV/bin" \
+  --metrics-bind-address "127.0.0.1:$HUB_METRICS" --health-probe-bind-address "127.0.0.1:$HUB_HEALTH" \
   >"$WORK/hub.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 100); do [[ -f "$WORK/hub/hub-address" ]] && break; sleep 0.1; done
@@ -95,7 +99,9 @@ step "both agents hold hub-issued client certificates"
 for i in 1 2; do
   step "starting agent edge-$i: flower-agent run --runtime process"
   "$AGENT" run --state-dir "$WORK/agent-$i" --runtime process --flower-bin "$VENV/bin" \
-    --port-base "$((19100 + 100 * i))" >"$WORK/agent-$i.log" 2>&1 &
+    --port-base "$((19100 + 100 * i))" \
+    --metrics-bind-address "127.0.0.1:$(free_port)" --health-probe-bind-address "127.0.0.1:$(free_port)" \
+    >"$WORK/agent-$i.log" 2>&1 &
   PIDS+=($!)
 done
 
@@ -113,6 +119,15 @@ sys.exit(0 if f and f[0]["ready"] and f[0]["readySupernodes"] == 4 else 1)'; the
   sleep 1
 done
 "$HUB" status --state-dir "$WORK/hub" | sed 's/^/    /'
+step "the hub's /readyz and /metrics (curl 127.0.0.1:$HUB_METRICS/metrics)"
+python3 - "$HUB_HEALTH" "$HUB_METRICS" <<'PY' || die "the hub's /readyz or /metrics did not answer"
+import sys, urllib.request as u
+health, metrics = sys.argv[1], sys.argv[2]
+print("    /readyz:", u.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5).read().decode().splitlines()[-1])
+for line in u.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode().splitlines():
+    if line.startswith(("flower_addon_hub_connected_agents", "flower_addon_hub_supernodes")):
+        print("    " + line)
+PY
 "$HUB" status --state-dir "$WORK/hub" -o json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
