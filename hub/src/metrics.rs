@@ -115,7 +115,6 @@ pub struct HubMetrics {
     joins: Family<JoinLabels, Counter>,
     superlink_restarts: Family<FederationLabels, Gauge>,
     supernodes: Family<SupernodeLabels, Gauge>,
-    resident_memory: Gauge,
 }
 
 static HUB: LazyLock<HubMetrics> = LazyLock::new(|| HubMetrics {
@@ -128,7 +127,6 @@ static HUB: LazyLock<HubMetrics> = LazyLock::new(|| HubMetrics {
     joins: Family::default(),
     superlink_restarts: Family::default(),
     supernodes: Family::default(),
-    resident_memory: Gauge::default(),
 });
 
 /// The process's hub metrics.
@@ -282,19 +280,13 @@ pub fn registry(processes: bool) -> Registry {
     if processes {
         flower_addon_agent::metrics::register_processes(&mut r, "flower_addon_hub");
     }
-    r.register(
-        "process_resident_memory_bytes",
-        "Resident memory size in bytes",
-        m.resident_memory.clone(),
-    );
+    flower_addon_agent::metrics::register_resident_memory(&mut r);
     r
 }
 
 /// Sets the scrape-time gauges of the process itself (resident memory).
 pub fn refresh_process() {
-    if let Some(bytes) = flower_addon_agent::ops::resident_memory_bytes() {
-        hub().resident_memory.set(bytes);
-    }
+    flower_addon_agent::metrics::refresh();
 }
 
 #[cfg(test)]
