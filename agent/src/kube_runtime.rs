@@ -33,12 +33,11 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events;
 
 use crate::render::{
-    CA_KEY, RenderError, SuperNodePoolInput, Workload, component_labels, mount_node_keys,
-    node_key_secret_name, pool_headless_service, pool_workload_name, render_supernode_pool,
-    spoke_ca_secret_name,
+    CA_KEY, SuperNodePoolInput, Workload, component_labels, mount_node_keys, node_key_secret_name,
+    pool_headless_service, pool_workload_name, render_supernode_pool, spoke_ca_secret_name,
 };
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
-use crate::work::{FederationPlan, WorkError};
+use crate::work::FederationPlan;
 
 /// Field manager of every server-side apply the agent makes.
 pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
@@ -47,73 +46,6 @@ pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
 pub const WORKLOAD_MISSING: &str = "WorkloadMissing";
 /// Label marking objects the agent applied (value [`AGENT_FIELD_MANAGER`]); pruning selects on it.
 pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
-
-/// Why the Kubernetes runtime could not apply (part of) a snapshot.
-#[derive(Debug, thiserror::Error)]
-pub enum KubeRuntimeError {
-    /// The work of the Federation cannot be used ([`crate::work::decode_federation`]).
-    #[error(transparent)]
-    Work(#[from] WorkError),
-    /// A pool cannot be rendered.
-    #[error("federation {federation}: {source}")]
-    Render {
-        /// `<namespace>/<name>` of the Federation.
-        federation: String,
-        /// What is wrong.
-        source: RenderError,
-    },
-    /// The apiserver refused a request.
-    #[error("{action}: {source}")]
-    Kube {
-        /// What the agent was doing, e.g. `apply StatefulSet ns/name`.
-        action: String,
-        /// The client error.
-        source: kube::Error,
-    },
-    /// A SuperNode key stored in a pool's key Secret cannot be read, or none can be made.
-    #[error("{what}: {source}")]
-    NodeKey {
-        /// The Secret and data key, e.g. `Secret ns/fed-supernode-a-node-keys data key "fed-supernode-a-0"`.
-        what: String,
-        /// What is wrong.
-        source: crate::node_key::NodeKeyError,
-    },
-    /// A pool's key Secret kept changing under concurrent writers.
-    #[error("{what}: written concurrently by someone else on every attempt; will retry")]
-    Conflict {
-        /// The Secret.
-        what: String,
-    },
-    /// An object could not be serialized for the apply body.
-    #[error("serialize {what}: {source}")]
-    Serialize {
-        /// The object.
-        what: String,
-        /// The serialization error.
-        source: serde_json::Error,
-    },
-}
-
-impl KubeRuntimeError {
-    /// A stable, low-cardinality name of the error kind (metrics, logs).
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Work(WorkError::Name { .. }) => "names",
-            Self::Work(WorkError::Version { .. }) => "version",
-            Self::Work(_) => "decode",
-            Self::Render { .. } => "render",
-            Self::Kube { .. } => "kube",
-            Self::NodeKey { .. } => "node_key",
-            Self::Conflict { .. } => "conflict",
-            Self::Serialize { .. } => "serialize",
-        }
-    }
-}
-
-fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeRuntimeError {
-    let action = action.into();
-    move |source| KubeRuntimeError::Kube { action, source }
-}
 
 /// Kind of an applied object, for the desired set and pruning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -195,12 +127,16 @@ impl Rendered {
 }
 
 mod applier;
+mod error;
 pub mod keys;
+mod recorder;
 mod render;
 pub mod sent;
 mod status;
 mod writes;
 pub use applier::{Applier, OwnerFn};
+pub use error::KubeRuntimeError;
+use error::kube_err;
 pub use keys::{FederationKeys, PoolKeys};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
@@ -595,48 +531,6 @@ impl KubeRuntime {
             .await?,
         );
         Ok(pruned)
-    }
-
-    /// Records a Kubernetes Event about the object `key` in the background (best effort: one
-    /// that cannot be written is logged at debug level).
-    fn record(&self, key: &ObjectKey, uid: Option<String>, event: events::Event) {
-        let api_version = match key.0 {
-            Kind::StatefulSet | Kind::DaemonSet => "apps/v1",
-            Kind::Secret | Kind::Service => "v1",
-        };
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(api_version.to_owned()),
-            kind: Some(key.0.name().to_owned()),
-            namespace: Some(key.1.clone()),
-            name: Some(key.2.clone()),
-            uid,
-            ..Default::default()
-        };
-        let recorder = self.recorder.clone();
-        tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &reference).await {
-                tracing::debug!(%error, "event not recorded");
-            }
-        });
-    }
-
-    fn record_pruned(&self, key: &ObjectKey) {
-        self.record(
-            key,
-            None,
-            events::Event {
-                type_: events::EventType::Normal,
-                reason: "Pruned".to_owned(),
-                note: Some(format!(
-                    "{} {}/{} deleted: no longer in the work from the hub",
-                    key.0.name(),
-                    key.1,
-                    key.2
-                )),
-                action: "Prune".to_owned(),
-                secondary: None,
-            },
-        );
     }
 }
 
