@@ -28,6 +28,16 @@ pub const FIRST_UNIFIED_VERSION: FlowerVersion = FlowerVersion {
     patch: 0,
 };
 
+/// The newest Flower release line flower-addon is verified with (`e2e/flower/NOTES.md`, the
+/// quickstart matrix of `test.sh`). A later release is rendered in the newest dialect, with a
+/// warning ([`FlowerVersion::unverified_warning`]) instead of an error: Flower keeps its flags
+/// across releases more often than not, and a user should not wait for us to try it.
+pub const NEWEST_VERIFIED_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 42,
+    patch: 0,
+};
+
 /// The first release with `flower-superlink --disable-runtime-dependency-installation` (1.32;
 /// 1.29–1.31 only had an opt-in flag and 1.25 never installs; NOTES.md).
 pub const FIRST_DISABLE_RUNTIME_DEPS_VERSION: FlowerVersion = FlowerVersion {
@@ -84,6 +94,22 @@ impl FlowerVersion {
             major,
             minor,
             patch,
+        })
+    }
+}
+
+impl FlowerVersion {
+    /// The warning for a release newer than the [`NEWEST_VERIFIED_VERSION`] line (any patch of
+    /// it is verified): which dialect it gets and how to silence it. `None` for verified lines.
+    pub fn unverified_warning(self) -> Option<String> {
+        let newest = NEWEST_VERIFIED_VERSION;
+        ((self.major, self.minor) > (newest.major, newest.minor)).then(|| {
+            format!(
+                "spec.version: Flower {self} is newer than the newest release flower-addon is verified with ({}.{}.x); it is run with the {} dialect's flags, which may not fit it. Pin spec.version to {newest} if it does not start",
+                newest.major,
+                newest.minor,
+                FlowerDialect::of(self).name()
+            )
         })
     }
 }
@@ -262,6 +288,29 @@ mod tests {
             err.starts_with("spec.version: Flower 1.36.0 is a transitional release"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_future_release_gets_the_newest_dialect_with_a_warning() {
+        // Not an error: a release after the verified line runs with the newest flags.
+        let (version, dialect) = FlowerDialect::select(Some("1.50.2"), "flwr/superlink:x").unwrap();
+        assert_eq!(dialect, FlowerDialect::Unified);
+        let warning = version.unverified_warning().unwrap();
+        assert!(
+            warning.starts_with("spec.version: Flower 1.50.2 is newer"),
+            "{warning}"
+        );
+        assert!(warning.contains("unified"), "{warning}");
+        let (version, dialect) = FlowerDialect::select(Some("2.0.0"), "flwr/superlink:x").unwrap();
+        assert_eq!(dialect, FlowerDialect::Unified);
+        assert!(version.unverified_warning().is_some());
+        // Every patch of the verified line, and older releases, are verified.
+        for verified in ["1.42.0", "1.42.7", "1.40.0", "1.25.0"] {
+            assert_eq!(
+                FlowerVersion::parse(verified).unwrap().unverified_warning(),
+                None
+            );
+        }
     }
 
     #[test]

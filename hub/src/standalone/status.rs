@@ -51,6 +51,11 @@ pub struct FederationSummary {
     /// Why it is not ready (or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A warning that does not stop it: a Flower release newer than the verified ones
+    /// ([`crate::core::render::version_warning`]; condition `FlowerVersionVerified` in
+    /// Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
     /// Error that stopped reconciling this Federation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -82,6 +87,7 @@ impl FederationSummary {
                 flower_addon_crds::IsolationMode::Process => "process".into(),
                 flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
             },
+            warning: crate::core::render::version_warning(fed),
             ..Self::default()
         }
     }
@@ -145,7 +151,7 @@ impl FederationSummary {
         } else if !missing.is_empty() {
             Some(missing.join("; "))
         } else {
-            None
+            self.warning.clone()
         };
         self
     }
@@ -258,4 +264,42 @@ pub fn table<const N: usize>(rows: &[[String; N]]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fed(version: &str) -> Federation {
+        serde_saphyr::from_str(&format!(
+            "metadata: {{name: f, namespace: team}}\nspec: {{mode: StatefulSet, isolationMode: subprocess, version: \"{version}\", superlink: {{image: \"flwr/superlink:{version}\"}}, supernodes: {{image: \"flwr/supernode:{version}\", pools: []}}}}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_release_newer_than_the_verified_ones_is_shown_as_a_warning() {
+        // Same rule as Kubernetes mode's FlowerVersionVerified condition: the Federation runs
+        // (ready as usual), and `flower-hub status` says why it may not.
+        let work = InMemoryWorkSource::new();
+        let running = BTreeMap::from([(("team".to_owned(), "f".to_owned()), true)]);
+        let finish = |version: &str| {
+            FederationSummary::new(&fed(version)).finish(&work, &running, None, |_| true)
+        };
+        let verified = finish("1.42.0");
+        assert_eq!(verified.warning, None);
+        let newer = finish("1.50.0");
+        let warning = newer.warning.clone().unwrap();
+        assert!(
+            warning.starts_with("spec.version: Flower 1.50.0 is newer"),
+            "{warning}"
+        );
+        // Not ready here only because nothing is selected; that message comes first.
+        assert_eq!(
+            newer.message.as_deref(),
+            Some("no cluster selected by the Placement")
+        );
+        let json = serde_json::to_value(&newer).unwrap();
+        assert_eq!(json["warning"].as_str(), Some(warning.as_str()));
+    }
 }

@@ -86,6 +86,13 @@ pub fn federation_dialect(
     )?)
 }
 
+/// The warning for a Federation on a Flower release newer than the ones flower-addon is
+/// verified with ([`FlowerVersion::unverified_warning`]): both modes show it (condition
+/// `FlowerVersionVerified=False`; `warning` in `status.json`).
+pub fn version_warning(fed: &Federation) -> Option<String> {
+    federation_dialect(fed).ok()?.0.unverified_warning()
+}
+
 /// Name of the SuperLink StatefulSet and Service, `<fed>-superlink`.
 pub fn superlink_name(federation: &str) -> String {
     format!("{federation}-superlink")

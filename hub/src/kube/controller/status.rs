@@ -316,6 +316,14 @@ pub fn federation_status(
         }
     }
     conditions.extend(placement.map(|(c, _)| c));
+    if let Some(warning) = crate::core::render::version_warning(fed) {
+        conditions.push(cond(
+            VERSION_CONDITION,
+            "False",
+            "NewerThanVerified",
+            &warning,
+        ));
+    }
     status.conditions = conditions
         .into_iter()
         .map(|c| keep_time(&previous.conditions, c, now, generation))
@@ -371,6 +379,10 @@ fn pool_totals_over_clusters(
         })
         .collect()
 }
+
+/// Condition type set `False` (reason `NewerThanVerified`) while `spec.version` is a Flower release
+/// newer than the ones flower-addon is verified with; absent otherwise.
+pub const VERSION_CONDITION: &str = "FlowerVersionVerified";
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
     Condition {

@@ -285,3 +285,39 @@ fn an_unknown_external_address_holds_ready_back_and_keeps_the_old_one() {
             .starts_with("spec.superlink.externalAddress: required")
     );
 }
+
+#[test]
+fn a_release_newer_than_the_verified_ones_is_a_warning_not_an_error() {
+    // spec.version 1.50.0 renders with the newest dialect: Ready as usual, plus the warning
+    // condition naming the field; a verified release has no such condition.
+    let outcome = Outcome::Applied {
+        superlink: w("superlink", 1, 1),
+        external: None,
+    };
+    let mut f = local(&[("a", 2, 2)]);
+    let verified = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
+    assert!(
+        !verified
+            .conditions
+            .iter()
+            .any(|c| c.type_ == VERSION_CONDITION),
+        "{:?}",
+        verified.conditions
+    );
+    f.spec.version = Some("1.50.0".into());
+    let s = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
+    assert_eq!(find(&s, "Ready").status, "True");
+    assert_eq!(find(&s, "Degraded").status, "False");
+    let warning = find(&s, VERSION_CONDITION);
+    assert_eq!(
+        (warning.status.as_str(), warning.reason.as_str()),
+        ("False", "NewerThanVerified")
+    );
+    assert!(
+        warning
+            .message
+            .starts_with("spec.version: Flower 1.50.0 is newer"),
+        "{}",
+        warning.message
+    );
+}
