@@ -358,6 +358,13 @@ async fn write_cluster_statuses(
     registry: Arc<NodeKeyRegistry>,
     mut reported: watch::Receiver<u64>,
 ) {
+    // What was last written per Federation, and the resourceVersion of the cached object it
+    // was computed from: while the reflector has not yet seen that write, the cache still shows
+    // the old status, and the same write is not sent again.
+    let mut written: BTreeMap<
+        (String, String),
+        (Option<String>, Vec<flower_addon_crds::ClusterStatus>),
+    > = BTreeMap::new();
     loop {
         tokio::select! {
             changed = reported.changed() => if changed.is_err() { return },
@@ -371,7 +378,13 @@ async fn write_cluster_statuses(
             .map(|mc| (mc.name_any(), mc))
             .collect();
         let decisions = stores.decisions.state();
-        for fed in stores.federations.state() {
+        let federations = stores.federations.state();
+        written.retain(|(namespace, name), _| {
+            federations
+                .iter()
+                .any(|f| f.namespace().as_deref() == Some(namespace) && f.name_any() == *name)
+        });
+        for fed in federations {
             let namespace = fed.namespace().unwrap_or_default();
             let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
                 clusters.contains_key(c)
@@ -392,7 +405,9 @@ async fn write_cluster_statuses(
                 })
                 .collect();
             let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
-            if same_but_fresh(current, &want) {
+            let key = (namespace.clone(), fed.name_any());
+            let version = fed.resource_version();
+            if !needs_status_write(current, &want, written.get(&key), &version) {
                 continue;
             }
             let body = serde_json::json!({
@@ -408,11 +423,29 @@ async fn write_cluster_statuses(
                     &kube::api::Patch::Apply(&body),
                 )
                 .await;
-            if let Err(error) = result {
-                tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
+            match result {
+                Ok(_) => {
+                    written.insert(key, (version, want));
+                }
+                Err(error) => {
+                    tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
+                }
             }
         }
     }
+}
+
+/// Whether `want` must be written over the cached `current` status (of the object at
+/// `version`): not when they agree, and not when `want` is what was last written (`written`)
+/// from this very `version`, i.e. the cache has not caught up with that write yet.
+fn needs_status_write(
+    current: &[flower_addon_crds::ClusterStatus],
+    want: &[flower_addon_crds::ClusterStatus],
+    written: Option<&(Option<String>, Vec<flower_addon_crds::ClusterStatus>)>,
+    version: &Option<String>,
+) -> bool {
+    !same_but_fresh(current, want)
+        && !written.is_some_and(|(at, last)| at == version && same_but_fresh(last, want))
 }
 
 /// How stale `lastReport` may get before it alone causes a status write.

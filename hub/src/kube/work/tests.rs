@@ -109,6 +109,29 @@ fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
         k8s_openapi::jiff::Timestamp::from_second(1_700_000_010).expect("time"),
     ));
     assert!(same_but_fresh(std::slice::from_ref(&st), &[later]));
+
+    // A status just written is not written again while the cache still shows the object as it
+    // was before that write (same resourceVersion); once anything moved, the rule applies anew.
+    let old = vec![none_status(&fed)];
+    let want = vec![st.clone()];
+    let v5 = Some("5".to_owned());
+    assert!(needs_status_write(&old, &want, None, &v5));
+    let written = (v5.clone(), want.clone());
+    assert!(!needs_status_write(&old, &want, Some(&written), &v5));
+    assert!(needs_status_write(
+        &old,
+        &want,
+        Some(&written),
+        &Some("6".to_owned())
+    ));
+    let mut other = st.clone();
+    other.connected = false;
+    assert!(needs_status_write(&old, &[other], Some(&written), &v5));
+    assert!(!needs_status_write(&want, &want, None, &v5));
+}
+
+fn none_status(fed: &Federation) -> flower_addon_crds::ClusterStatus {
+    cluster_status(fed, "s1", None, None, None)
 }
 
 #[test]
