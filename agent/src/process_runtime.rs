@@ -178,6 +178,7 @@ impl ProcessRuntime {
                     spec: &plan.spec,
                     pool,
                     dialect: plan.dialect,
+                    version: plan.version,
                     fleet_address: &plan.fleet_address,
                     ca_secret_name: &ca_secret,
                     cluster: &pool_plan.cluster,
@@ -252,7 +253,7 @@ impl ProcessRuntime {
             }
             let superexec_argv = (owned.spec.isolation_mode
                 == flower_addon_crds::IsolationMode::Process)
-                .then(|| render::superexec_clientapp_argv(owned.dialect, port));
+                .then(|| render::superexec_clientapp_argv(owned.version, port));
             let registered = public_key
                 .as_ref()
                 .is_none_or(|k| registered_keys.iter().any(|r| r.trim() == k.trim()));
@@ -277,6 +278,7 @@ struct OwnedInput {
     spec: FederationSpec,
     pool: SuperNodePoolSpec,
     dialect: FlowerDialect,
+    version: flower_addon_crds::render::FlowerVersion,
     fleet_address: String,
     ca_secret_name: String,
     cluster: ClusterContext,
@@ -290,6 +292,7 @@ impl OwnedInput {
             spec: &self.spec,
             pool: &self.pool,
             dialect: self.dialect,
+            version: self.version,
             fleet_address: &self.fleet_address,
             ca_secret_name: &self.ca_secret_name,
             cluster: &self.cluster,
@@ -304,6 +307,7 @@ fn input_owned(input: &SuperNodePoolInput<'_>, cluster: &ClusterContext) -> Owne
         spec: input.spec.clone(),
         pool: input.pool.clone(),
         dialect: input.dialect,
+        version: input.version,
         fleet_address: input.fleet_address.to_owned(),
         ca_secret_name: input.ca_secret_name.to_owned(),
         cluster: cluster.clone(),

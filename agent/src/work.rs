@@ -36,9 +36,9 @@ pub enum WorkError {
         /// The decoder's error.
         source: serde_json::Error,
     },
-    /// The Flower version has no argument dialect this agent speaks.
+    /// The Flower version is not a release number.
     #[error(
-        "federation {federation}: Flower version {version:?} has no supported argument dialect (use < 1.35 or >= 1.40)"
+        "federation {federation}: Flower version {version:?} is not a release number (the hub sends spec.version or the image tag, e.g. 1.42.0)"
     )]
     Version {
         /// `namespace/name`.
@@ -142,7 +142,7 @@ pub fn decode_federation(
         version: fed.flower_version.clone(),
     };
     let version = FlowerVersion::parse(&fed.flower_version).ok_or_else(version_error)?;
-    let dialect = FlowerDialect::supported(version).ok_or_else(version_error)?;
+    let dialect = FlowerDialect::of(version);
     let pools = fed
         .pools
         .iter()
@@ -268,9 +268,13 @@ mod tests {
         w.federations[0].pools[0].spec_json = "{".into();
         let err = decode_federation(&w, &w.federations[0]).unwrap_err();
         assert!(err.to_string().contains("pool \"a\" spec_json"), "{err}");
-        w.federations[0].flower_version = "1.37.0".into();
+        w.federations[0].flower_version = "nightly".into();
         let err = decode_federation(&w, &w.federations[0]).unwrap_err();
-        assert!(err.to_string().contains("1.37.0"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\"nightly\" is not a release number"),
+            "{err}"
+        );
         w.federations[0].namespace = "../..".into();
         let err = decode_federation(&w, &w.federations[0]).unwrap_err();
         assert!(err.to_string().contains("DNS labels"), "{err}");

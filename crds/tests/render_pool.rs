@@ -29,6 +29,17 @@ fn cluster(spec: &FederationSpec, pool: usize, index: u32, clusters: u32) -> Clu
     }
 }
 
+/// A release of each dialect (the ones `test.sh` runs the quickstart with).
+fn version_of(dialect: FlowerDialect) -> flower_addon_crds::render::FlowerVersion {
+    let text = match dialect {
+        FlowerDialect::Classic => "1.25.0",
+        FlowerDialect::Transitional => "1.35.0",
+        FlowerDialect::TransitionalHttp => "1.39.0",
+        FlowerDialect::Unified => "1.42.0",
+    };
+    flower_addon_crds::render::FlowerVersion::parse(text).expect("a release")
+}
+
 fn render_with(
     spec: &FederationSpec,
     pool: usize,
@@ -41,6 +52,7 @@ fn render_with(
         spec,
         pool: &spec.supernodes.pools[pool],
         dialect,
+        version: version_of(dialect),
         fleet_address: "fed-superlink.ns.svc:9092",
         ca_secret_name: "fed-superlink-ca",
         cluster,
@@ -255,6 +267,7 @@ fn input<'a>(
         spec,
         pool: &spec.supernodes.pools[0],
         dialect,
+        version: version_of(dialect),
         fleet_address: "hub.example:30092",
         ca_secret_name: "fed-superlink-ca",
         cluster,
@@ -479,6 +492,29 @@ fn process_isolation_adds_the_clientapp_sidecar_per_dialect() {
             "--insecure"
         ]
     );
+    // 1.35-1.39: the SuperNode binds like the unified dialect; the SuperExec's flags follow
+    // the release (1.35 still --appio-api-address and --plugin-type; 1.39 neither).
+    for (dialect, superexec) in [
+        (
+            FlowerDialect::Transitional,
+            &[
+                "--plugin-type=clientapp",
+                "--appio-api-address=127.0.0.1:9094",
+                "--insecure",
+            ][..],
+        ),
+        (
+            FlowerDialect::TransitionalHttp,
+            &["--runtime-api-address=127.0.0.1:9094", "--insecure"][..],
+        ),
+    ] {
+        let w = render_with(&spec, 0, dialect, &cluster).expect("renders");
+        assert_eq!(
+            args(&w, "supernode")[3..5],
+            ["--host=127.0.0.1", "--port=9094"]
+        );
+        assert_eq!(args(&w, "superexec-clientapp"), superexec, "{dialect:?}");
+    }
     let sidecar = container(&classic, "superexec-clientapp");
     let limits = sidecar
         .resources

@@ -140,12 +140,12 @@ fn broken_files_name_the_file_and_line_and_never_panic() {
             ": spec.version",
         ),
         (
-            "transitional.yaml",
+            "nightly.yaml",
             VALID.replace(
                 "mode: StatefulSet",
-                "mode: StatefulSet\n  version: \"1.37.0\"",
+                "mode: StatefulSet\n  version: \"nightly\"",
             ),
-            ": spec.version: Flower 1.37.0 is a transitional release",
+            ": spec.version: \"nightly\" is not a Flower version",
         ),
     ];
     for (name, content, needle) in cases {

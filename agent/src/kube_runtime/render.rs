@@ -22,6 +22,7 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
             spec: &plan.spec,
             pool: &pool.spec,
             dialect: plan.dialect,
+            version: plan.version,
             fleet_address: &plan.fleet_address,
             ca_secret_name: &ca_secret_name,
             cluster: &pool.cluster,

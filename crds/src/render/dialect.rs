@@ -8,15 +8,35 @@
 
 use std::fmt;
 
-/// The first Flower release after the classic dialect.
-///
-/// Verified by running the releases (e2e/flower/NOTES.md): 1.25.0 … 1.34.x use the classic flags;
-/// 1.35 … 1.39 are transitional (Runtime API on `--host/--port` but Fleet and Control still on
-/// the old gRPC addresses, Control moving to HTTP in 1.37) and are refused rather than given a
-/// third and fourth argument shape; 1.40.0 and later are unified.
+/// The first Flower release after the classic dialect: the first of
+/// [`FlowerDialect::Transitional`] (verified by running the releases, e2e/flower/NOTES.md).
 pub const FIRST_TRANSITIONAL_VERSION: FlowerVersion = FlowerVersion {
     major: 1,
     minor: 35,
+    patch: 0,
+};
+
+/// The first release of [`FlowerDialect::TransitionalHttp`]: the Control API moved to the
+/// `--host`/`--port` HTTP server (its gRPC `--control-api-address` is "Deprecated").
+pub const FIRST_HTTP_CONTROL_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 37,
+    patch: 0,
+};
+
+/// The first release whose `flower-superexec` takes `--runtime-api-address` (1.35 still had
+/// `--appio-api-address`).
+pub const FIRST_RUNTIME_API_SUPEREXEC_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 36,
+    patch: 0,
+};
+
+/// The first release whose `flower-superexec` has no `--plugin-type` (it learns the plugin from
+/// the Runtime API it dials).
+pub const FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION: FlowerVersion = FlowerVersion {
+    major: 1,
+    minor: 39,
     patch: 0,
 };
 
@@ -135,35 +155,37 @@ impl fmt::Display for FlowerVersion {
     }
 }
 
-/// The set of command-line flags a Flower release understands.
+/// The set of command-line flags a Flower release understands (e2e/flower/NOTES.md has each
+/// one's verified command lines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FlowerDialect {
-    /// Before 1.35: three fixed gRPC APIs on the SuperLink, `--clientappio-api-address` on the
-    /// SuperNode, `flower-superexec --plugin-type … --appio-api-address …`.
+    /// Before 1.35: three fixed gRPC APIs on the SuperLink (ServerAppIO, Fleet, Control),
+    /// `--clientappio-api-address` on the SuperNode.
     Classic,
-    /// 1.40 and later: one `--host`/`--port` server per component, `flower-superexec
-    /// --runtime-api-address …`, `--disable-runtime-dependency-installation` on the SuperLink.
+    /// 1.35 and 1.36: the SuperLink's Runtime API (ServerAppIO's successor) on the plain-HTTP
+    /// `--host`/`--port` server; Fleet and Control still gRPC on `--fleet-api-address` and
+    /// `--control-api-address`. The SuperNode's Runtime API is on `--host`/`--port`.
+    Transitional,
+    /// 1.37 to 1.39: Control and Runtime APIs on the `--host`/`--port` HTTP(S) server (the
+    /// unified dialect's Control API); Fleet still gRPC on `--fleet-api-address`.
+    TransitionalHttp,
+    /// 1.40 and later: one `--host`/`--port` HTTP(S) server for Fleet, Control and Runtime.
     Unified,
 }
 
 impl FlowerDialect {
-    /// The dialect of a Flower release. Transitional releases (1.35 … 1.39) have no dialect of
-    /// ours and map to `None`; [`FlowerDialect::select`] turns that into an error, so versions
-    /// that went through it (as the hub's work does) always have one.
-    pub fn supported(version: FlowerVersion) -> Option<Self> {
-        if version >= FIRST_UNIFIED_VERSION {
-            Some(Self::Unified)
-        } else if version >= FIRST_TRANSITIONAL_VERSION {
-            None
-        } else {
-            Some(Self::Classic)
-        }
-    }
-
-    /// The dialect of a version already accepted by [`FlowerDialect::select`]: classic before
-    /// 1.35, unified from 1.40 (a transitional release, never accepted, maps to unified).
+    /// The dialect of a Flower release (every release has one; releases after the verified
+    /// ones get the newest, see [`FlowerVersion::unverified_warning`]).
     pub fn of(version: FlowerVersion) -> Self {
-        Self::supported(version).unwrap_or(Self::Unified)
+        if version >= FIRST_UNIFIED_VERSION {
+            Self::Unified
+        } else if version >= FIRST_HTTP_CONTROL_VERSION {
+            Self::TransitionalHttp
+        } else if version >= FIRST_TRANSITIONAL_VERSION {
+            Self::Transitional
+        } else {
+            Self::Classic
+        }
     }
 
     /// Chooses the dialect from `spec.version`, else from the tag of `image`
@@ -182,17 +204,51 @@ impl FlowerDialect {
                     image: image.to_owned(),
                 })?,
         };
-        let dialect = Self::supported(version).ok_or(DialectError::Transitional { version })?;
-        Ok((version, dialect))
+        Ok((version, Self::of(version)))
     }
 
     /// The dialect's name as written in docs and errors.
     pub fn name(self) -> &'static str {
         match self {
             Self::Classic => "classic",
+            Self::Transitional => "transitional",
+            Self::TransitionalHttp => "transitional-http",
             Self::Unified => "unified",
         }
     }
+
+    /// Whether the SuperLink serves Fleet as gRPC on a port of its own (`--fleet-api-address`),
+    /// apart from the Control API: every dialect but the unified one.
+    pub fn fleet_on_own_port(self) -> bool {
+        self != Self::Unified
+    }
+
+    /// Whether the Control API is Flower's HTTP(S) API (`/v1/control/…`) rather than gRPC.
+    pub fn control_over_http(self) -> bool {
+        matches!(self, Self::TransitionalHttp | Self::Unified)
+    }
+
+    /// Whether a SuperNode binds its Runtime API with `--host`/`--port` (from 1.35) rather
+    /// than `--clientappio-api-address`.
+    pub fn supernode_host_port(self) -> bool {
+        self != Self::Classic
+    }
+}
+
+/// `flower-superexec` arguments that connect it to the Runtime (or AppIO) API at `address` for
+/// `plugin` (`serverapp` or `clientapp`), by release: `--appio-api-address` before 1.36, then
+/// `--runtime-api-address`; `--plugin-type` before 1.39. TLS arguments are the caller's.
+pub fn superexec_connect_args(version: FlowerVersion, plugin: &str, address: &str) -> Vec<String> {
+    let mut args = Vec::with_capacity(2);
+    if version < FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION {
+        args.push(format!("--plugin-type={plugin}"));
+    }
+    args.push(if version >= FIRST_RUNTIME_API_SUPEREXEC_VERSION {
+        format!("--runtime-api-address={address}")
+    } else {
+        format!("--appio-api-address={address}")
+    });
+    args
 }
 
 /// The tag of an image reference (`flwr/superlink:1.25.0` → `1.25.0`); `None` without a tag
@@ -214,14 +270,6 @@ pub enum DialectError {
     BadVersion {
         /// The value found.
         value: String,
-    },
-    /// A transitional release (1.35 … 1.39) whose flags we do not render.
-    #[error(
-        "spec.version: Flower {version} is a transitional release (1.35-1.39: Fleet and Control not yet on --host/--port) and is not supported; use 1.34.x or earlier, or 1.40.0 or later (e.g. 1.42.0)"
-    )]
-    Transitional {
-        /// The version found.
-        version: FlowerVersion,
     },
     /// `spec.version` is unset and the image tag is not a release number.
     #[error(
@@ -262,31 +310,65 @@ mod tests {
 
     #[test]
     fn boundaries_between_dialects_match_the_verified_releases() {
-        // 1.34.x renders classic flags, 1.35-1.39 are refused, 1.40.0 renders unified (NOTES.md).
+        // Each release maps to the flags it was run with (NOTES.md): 1.34.x classic, 1.35-1.36
+        // transitional, 1.37-1.39 transitional with HTTP Control, 1.40 on unified.
+        for (version, dialect) in [
+            (v(1, 25, 0), FlowerDialect::Classic),
+            (v(1, 34, 9), FlowerDialect::Classic),
+            (v(1, 35, 0), FlowerDialect::Transitional),
+            (v(1, 36, 3), FlowerDialect::Transitional),
+            (v(1, 37, 0), FlowerDialect::TransitionalHttp),
+            (v(1, 39, 9), FlowerDialect::TransitionalHttp),
+            (v(1, 40, 0), FlowerDialect::Unified),
+            (v(1, 42, 0), FlowerDialect::Unified),
+        ] {
+            assert_eq!(FlowerDialect::of(version), dialect, "{version}");
+            let text = version.to_string();
+            let image = format!("flwr/superlink:{text}");
+            assert_eq!(
+                FlowerDialect::select(Some(&text), &image).unwrap(),
+                (version, dialect)
+            );
+        }
+        assert!(FlowerDialect::Transitional.fleet_on_own_port());
+        assert!(!FlowerDialect::Transitional.control_over_http());
+        assert!(FlowerDialect::TransitionalHttp.control_over_http());
+        assert!(!FlowerDialect::Unified.fleet_on_own_port());
+    }
+
+    #[test]
+    fn superexec_flags_follow_the_release() {
+        // --appio-api-address up to 1.35, --runtime-api-address from 1.36; --plugin-type until
+        // 1.38 (each release's own --help, NOTES.md).
+        let a = "127.0.0.1:9091";
         assert_eq!(
-            FlowerDialect::supported(v(1, 25, 0)),
-            Some(FlowerDialect::Classic)
+            superexec_connect_args(v(1, 25, 0), "serverapp", a),
+            [
+                "--plugin-type=serverapp",
+                "--appio-api-address=127.0.0.1:9091"
+            ]
         );
         assert_eq!(
-            FlowerDialect::supported(v(1, 34, 9)),
-            Some(FlowerDialect::Classic)
-        );
-        assert_eq!(FlowerDialect::supported(v(1, 35, 0)), None);
-        assert_eq!(FlowerDialect::supported(v(1, 39, 9)), None);
-        assert_eq!(
-            FlowerDialect::supported(v(1, 40, 0)),
-            Some(FlowerDialect::Unified)
+            superexec_connect_args(v(1, 35, 0), "clientapp", a),
+            [
+                "--plugin-type=clientapp",
+                "--appio-api-address=127.0.0.1:9091"
+            ]
         );
         assert_eq!(
-            FlowerDialect::supported(v(1, 42, 0)),
-            Some(FlowerDialect::Unified)
+            superexec_connect_args(v(1, 38, 0), "serverapp", a),
+            [
+                "--plugin-type=serverapp",
+                "--runtime-api-address=127.0.0.1:9091"
+            ]
         );
-        let err = FlowerDialect::select(Some("1.36.0"), "flwr/superlink:1.36.0")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("spec.version: Flower 1.36.0 is a transitional release"),
-            "{err}"
+        assert_eq!(
+            superexec_connect_args(v(1, 39, 0), "serverapp", a),
+            ["--runtime-api-address=127.0.0.1:9091"]
+        );
+        assert_eq!(
+            superexec_connect_args(v(1, 42, 0), "clientapp", a),
+            ["--runtime-api-address=127.0.0.1:9091"]
         );
     }
 

@@ -205,6 +205,8 @@ pub struct SuperNodePoolInput<'a> {
     pub pool: &'a SuperNodePoolSpec,
     /// Flower argument dialect ([`FlowerDialect::select`]).
     pub dialect: FlowerDialect,
+    /// The Flower release (the SuperExec's flags change within a dialect).
+    pub version: FlowerVersion,
     /// Fleet API address SuperNodes dial, `host:port` (the real Service or external port).
     pub fleet_address: &'a str,
     /// Secret with the SuperLink CA bundle under `ca.crt` (used when `spec.insecure` is false).

@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use super::dialect::{FlowerDialect, classic_ports, unified_ports};
+use super::dialect::{
+    FlowerDialect, FlowerVersion, classic_ports, superexec_connect_args, unified_ports,
+};
 use super::merge::{append_mounts, append_volumes, merge_env, merge_pod_template, non_empty};
 use super::node_config::encode_node_config;
 use super::placeholders::{
@@ -131,32 +133,26 @@ fn supernode_args(
 
 /// The SuperNode's ClientAppIO / Runtime API binding on `127.0.0.1:port`, per dialect.
 fn runtime_binding(dialect: FlowerDialect, port: impl std::fmt::Display) -> Vec<String> {
-    match dialect {
-        FlowerDialect::Classic => vec![format!("--clientappio-api-address=127.0.0.1:{port}")],
-        FlowerDialect::Unified => vec!["--host=127.0.0.1".to_owned(), format!("--port={port}")],
+    if dialect.supernode_host_port() {
+        vec!["--host=127.0.0.1".to_owned(), format!("--port={port}")]
+    } else {
+        vec![format!("--clientappio-api-address=127.0.0.1:{port}")]
     }
 }
 
 /// ClientApp SuperExec arguments. The hop to the SuperNode is always plaintext on localhost (it
-/// has no TLS option in the classic dialect), hence `--insecure` in both dialects.
-fn clientapp_superexec_args(dialect: FlowerDialect, port: impl std::fmt::Display) -> Vec<String> {
-    match dialect {
-        FlowerDialect::Classic => vec![
-            "--plugin-type=clientapp".to_owned(),
-            format!("--appio-api-address=127.0.0.1:{port}"),
-            "--insecure".to_owned(),
-        ],
-        FlowerDialect::Unified => vec![
-            format!("--runtime-api-address=127.0.0.1:{port}"),
-            "--insecure".to_owned(),
-        ],
-    }
+/// has no TLS option in the classic dialect), hence `--insecure` in every dialect.
+fn clientapp_superexec_args(version: FlowerVersion, port: impl std::fmt::Display) -> Vec<String> {
+    let mut args = superexec_connect_args(version, "clientapp", &format!("127.0.0.1:{port}"));
+    args.push("--insecure".to_owned());
+    args
 }
 
 fn runtime_port(dialect: FlowerDialect) -> i32 {
-    match dialect {
-        FlowerDialect::Classic => classic_ports::CLIENTAPPIO,
-        FlowerDialect::Unified => unified_ports::SUPERNODE_RUNTIME,
+    if dialect.supernode_host_port() {
+        unified_ports::SUPERNODE_RUNTIME
+    } else {
+        classic_ports::CLIENTAPPIO
     }
 }
 
@@ -191,8 +187,8 @@ pub fn supernode_argv(
 
 /// Arguments of `flower-superexec` serving ClientApps for one process replica (process
 /// isolation only; it dials the replica's runtime API).
-pub fn superexec_clientapp_argv(dialect: FlowerDialect, runtime_port: u16) -> Vec<String> {
-    clientapp_superexec_args(dialect, runtime_port)
+pub fn superexec_clientapp_argv(version: FlowerVersion, runtime_port: u16) -> Vec<String> {
+    clientapp_superexec_args(version, runtime_port)
 }
 
 // === Kubernetes ===
@@ -292,9 +288,10 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
         privileged: Some(true),
         ..SecurityContext::default()
     });
-    let port_name = match input.dialect {
-        FlowerDialect::Classic => "clientappio",
-        FlowerDialect::Unified => "runtime",
+    let port_name = if input.dialect.supernode_host_port() {
+        "runtime"
+    } else {
+        "clientappio"
     };
     let mut containers = vec![Container {
         name: "supernode".to_owned(),
@@ -331,7 +328,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
             name: "superexec-clientapp".to_owned(),
             image: Some(image),
             args: Some(clientapp_superexec_args(
-                input.dialect,
+                input.version,
                 runtime_port(input.dialect),
             )),
             env: non_empty(env),

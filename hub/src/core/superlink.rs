@@ -4,7 +4,7 @@
 //! [`SuperLinkLayout`] they pass: where the files are and where it listens.
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::dialect::{
-    FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, unified_ports,
+    FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, superexec_connect_args, unified_ports,
 };
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, isolation_arg};
 
@@ -43,10 +43,16 @@ impl SuperLinkPorts {
                 front: true,
             },
             FlowerDialect::Unified => Self::single(port(unified_ports::SUPERLINK)),
-            FlowerDialect::Classic => Self {
+            FlowerDialect::Classic | FlowerDialect::Transitional => Self {
                 fleet: port(classic_ports::FLEET),
                 control: port(classic_ports::CONTROL),
                 serverappio: Some(port(classic_ports::SERVERAPPIO)),
+                front: false,
+            },
+            FlowerDialect::TransitionalHttp => Self {
+                fleet: port(classic_ports::FLEET),
+                control: port(classic_ports::CONTROL),
+                serverappio: None,
                 front: false,
             },
         }
@@ -65,10 +71,16 @@ impl SuperLinkPorts {
                 front: true,
             },
             FlowerDialect::Unified => Self::single(port(ports.grpc)),
-            FlowerDialect::Classic => Self {
+            FlowerDialect::Classic | FlowerDialect::Transitional => Self {
                 fleet: port(ports.grpc),
                 control: port(ports.extra),
                 serverappio: Some(port(ports.server_app_io)),
+                front: false,
+            },
+            FlowerDialect::TransitionalHttp => Self {
+                fleet: port(ports.grpc),
+                control: port(ports.extra),
+                serverappio: None,
                 front: false,
             },
         }
@@ -137,6 +149,9 @@ pub fn superlink_argv(
     }
     let host = &layout.bind_host;
     let ports = layout.ports;
+    let serverappio = ports
+        .serverappio
+        .unwrap_or(port(classic_ports::SERVERAPPIO));
     match dialect {
         FlowerDialect::Unified => {
             let host = if ports.front {
@@ -147,13 +162,24 @@ pub fn superlink_argv(
             args.push(format!("--host={host}"));
             args.push(format!("--port={}", ports.control));
         }
-        FlowerDialect::Classic => {
+        FlowerDialect::TransitionalHttp => {
+            // Control (and Runtime) on the HTTP(S) server; Fleet still gRPC on its own port.
+            args.push(format!("--host={}", layout.control_host));
+            args.push(format!("--port={}", ports.control));
+            args.push(format!("--fleet-api-address={host}:{}", ports.fleet));
+        }
+        FlowerDialect::Transitional => {
+            // The plain-HTTP server is the Runtime API only (ServerAppIO's successor): loopback.
+            args.push("--host=127.0.0.1".into());
+            args.push(format!("--port={serverappio}"));
+            args.push(format!("--fleet-api-address={host}:{}", ports.fleet));
             args.push(format!(
-                "--serverappio-api-address=127.0.0.1:{}",
-                ports
-                    .serverappio
-                    .unwrap_or(port(classic_ports::SERVERAPPIO))
+                "--control-api-address={}:{}",
+                layout.control_host, ports.control
             ));
+        }
+        FlowerDialect::Classic => {
+            args.push(format!("--serverappio-api-address=127.0.0.1:{serverappio}"));
             args.push(format!("--fleet-api-address={host}:{}", ports.fleet));
             args.push(format!(
                 "--control-api-address={}:{}",
@@ -169,34 +195,43 @@ pub fn superlink_argv(
     args
 }
 
-/// The ServerApp SuperExec's arguments (process isolation). Classic: the ServerAppIO hop is
-/// loopback plaintext by design, so `--insecure` always. Unified: it dials the SuperLink's own
-/// TLS port and trusts its CA.
+/// The ServerApp SuperExec's arguments (process isolation). Classic and transitional: it dials
+/// the loopback plaintext ServerAppIO/Runtime API, so `--insecure` always. From 1.37 the
+/// Runtime API shares the SuperLink's TLS server, so it trusts its CA. The flag names follow
+/// the release ([`superexec_connect_args`]).
 pub fn serverapp_superexec_argv(
     fed: &Federation,
+    version: FlowerVersion,
     dialect: FlowerDialect,
     layout: &SuperLinkLayout,
 ) -> Vec<String> {
     match dialect {
-        FlowerDialect::Classic => vec![
-            "--insecure".into(),
-            "--plugin-type=serverapp".into(),
-            format!(
-                "--appio-api-address=127.0.0.1:{}",
-                layout
-                    .ports
-                    .serverappio
-                    .unwrap_or(port(classic_ports::SERVERAPPIO))
-            ),
-        ],
-        FlowerDialect::Unified => vec![
-            format!("--runtime-api-address=127.0.0.1:{}", layout.ports.control),
-            if fed.spec.insecure {
+        FlowerDialect::Classic | FlowerDialect::Transitional => {
+            let serverappio = layout
+                .ports
+                .serverappio
+                .unwrap_or(port(classic_ports::SERVERAPPIO));
+            let mut args = vec!["--insecure".to_owned()];
+            args.extend(superexec_connect_args(
+                version,
+                "serverapp",
+                &format!("127.0.0.1:{serverappio}"),
+            ));
+            args
+        }
+        FlowerDialect::TransitionalHttp | FlowerDialect::Unified => {
+            let mut args = superexec_connect_args(
+                version,
+                "serverapp",
+                &format!("127.0.0.1:{}", layout.ports.control),
+            );
+            args.push(if fed.spec.insecure {
                 "--insecure".into()
             } else {
                 format!("--root-certificates={}", layout.tls_files[0])
-            },
-        ],
+            });
+            args
+        }
     }
 }
 
@@ -350,8 +385,94 @@ spec:
         assert!(argv.contains(&"--control-api-address=0.0.0.0:19093".to_owned()));
         assert!(argv.contains(&"--serverappio-api-address=127.0.0.1:19091".to_owned()));
         let superexec =
-            serverapp_superexec_argv(&f, FlowerDialect::Classic, &layout(process, false));
-        assert!(superexec.contains(&"--appio-api-address=127.0.0.1:19091".to_owned()));
+            serverapp_superexec_argv(&f, v, FlowerDialect::Classic, &layout(process, false));
+        assert_eq!(
+            superexec,
+            [
+                "--insecure",
+                "--plugin-type=serverapp",
+                "--appio-api-address=127.0.0.1:19091"
+            ]
+        );
+    }
+
+    #[test]
+    fn transitional_superlinks_keep_fleet_on_grpc_and_move_runtime_then_control_to_http() {
+        // NOTES.md, run on the real releases: 1.35-1.36 put only the Runtime API on the plain
+        // HTTP --host/--port (loopback here), Fleet and Control stay gRPC; 1.37-1.39 serve
+        // Control (and Runtime) on the TLS --host/--port, Fleet stays gRPC. Neither needs a
+        // Fleet front: Fleet has a port of its own.
+        let f = fed(FED);
+        let standalone = |ports| SuperLinkLayout {
+            control_host: "127.0.0.1".into(),
+            ..layout(ports, true)
+        };
+        let v136 = FlowerVersion::parse("1.36.0").unwrap();
+        let ports = SuperLinkPorts::from_spec(&f, FlowerDialect::Transitional);
+        assert!(!ports.front);
+        let argv = superlink_argv(&f, v136, FlowerDialect::Transitional, &standalone(ports));
+        assert_eq!(
+            argv,
+            [
+                "--isolation=subprocess",
+                "--ssl-ca-certfile=/t/ca.crt",
+                "--ssl-certfile=/t/tls.crt",
+                "--ssl-keyfile=/t/tls.key",
+                "--enable-supernode-auth",
+                "--host=127.0.0.1",
+                "--port=19091",
+                "--fleet-api-address=0.0.0.0:19092",
+                "--control-api-address=127.0.0.1:19093",
+                "--database=/s/superlink.db",
+                "--disable-runtime-dependency-installation",
+            ]
+        );
+        assert_eq!(
+            serverapp_superexec_argv(&f, v136, FlowerDialect::Transitional, &standalone(ports)),
+            [
+                "--insecure",
+                "--plugin-type=serverapp",
+                "--runtime-api-address=127.0.0.1:19091"
+            ]
+        );
+        let container = SuperLinkPorts::container(&f, FlowerDialect::Transitional);
+        assert_eq!(
+            (container.fleet, container.control, container.serverappio),
+            (9092, 9093, Some(9091))
+        );
+
+        let v139 = FlowerVersion::parse("1.39.0").unwrap();
+        let ports = SuperLinkPorts::from_spec(&f, FlowerDialect::TransitionalHttp);
+        assert_eq!(ports.serverappio, None);
+        assert!(!ports.front);
+        let argv = superlink_argv(
+            &f,
+            v139,
+            FlowerDialect::TransitionalHttp,
+            &standalone(ports),
+        );
+        assert_eq!(
+            argv[5..],
+            [
+                "--host=127.0.0.1",
+                "--port=19093",
+                "--fleet-api-address=0.0.0.0:19092",
+                "--database=/s/superlink.db",
+                "--disable-runtime-dependency-installation",
+            ]
+        );
+        assert_eq!(
+            serverapp_superexec_argv(
+                &f,
+                v139,
+                FlowerDialect::TransitionalHttp,
+                &standalone(ports)
+            ),
+            [
+                "--runtime-api-address=127.0.0.1:19093",
+                "--root-certificates=/t/ca.crt"
+            ]
+        );
     }
 
     #[test]
@@ -378,7 +499,7 @@ spec:
         let argv = superlink_argv(&f, v, FlowerDialect::Unified, &standalone);
         assert!(argv.contains(&"--host=127.0.0.1".to_owned()), "{argv:?}");
         assert!(argv.contains(&"--port=19093".to_owned()), "{argv:?}");
-        let superexec = serverapp_superexec_argv(&f, FlowerDialect::Unified, &standalone);
+        let superexec = serverapp_superexec_argv(&f, v, FlowerDialect::Unified, &standalone);
         assert!(superexec.contains(&"--runtime-api-address=127.0.0.1:19093".to_owned()));
         let container = SuperLinkPorts::container(&f, FlowerDialect::Unified);
         assert_eq!((container.fleet, container.control), (FRONT_PORT, 8000));

@@ -141,13 +141,14 @@ impl ControlClient {
             )),
             None => None,
         };
-        let transport = match endpoint.dialect {
-            FlowerDialect::Classic => Transport::Grpc(grpc_client(&endpoint.address, tls)?),
-            FlowerDialect::Unified => Transport::Http(HttpTransport {
+        let transport = if endpoint.dialect.control_over_http() {
+            Transport::Http(HttpTransport {
                 address: endpoint.address.clone(),
                 tls,
                 idle: Mutex::new(Vec::new()),
-            }),
+            })
+        } else {
+            Transport::Grpc(grpc_client(&endpoint.address, tls)?)
         };
         Ok(Self {
             endpoint,
@@ -320,9 +321,10 @@ fn tls_config(
         .map_err(|e| ControlError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = match dialect {
-        FlowerDialect::Classic => vec![b"h2".to_vec()],
-        FlowerDialect::Unified => vec![b"http/1.1".to_vec()],
+    config.alpn_protocols = if dialect.control_over_http() {
+        vec![b"http/1.1".to_vec()]
+    } else {
+        vec![b"h2".to_vec()]
     };
     Ok(Arc::new(config))
 }

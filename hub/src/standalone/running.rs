@@ -137,7 +137,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 Supervised::start(ProcessSpec {
                     name: format!("superexec-serverapp/{}/{}", key.0, key.1),
                     program: self.flower_program("flower-superexec"),
-                    args: serverapp_superexec_argv(fed, dialect, &layout),
+                    args: serverapp_superexec_argv(fed, version, dialect, &layout),
                     env: self.flower_env(),
                     cwd: Some(paths.dir.clone()),
                     log_file: paths.log.with_extension("superexec.log"),

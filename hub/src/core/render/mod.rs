@@ -176,8 +176,8 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
             None => problems.push((String::new(), text)),
         }
     };
-    let dialect = match federation_dialect(fed) {
-        Ok((_, dialect)) => dialect,
+    let (version, dialect) = match federation_dialect(fed) {
+        Ok(found) => found,
         Err(err) => {
             push(err);
             return problems;
@@ -187,7 +187,13 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
         push(err);
     }
     let ports = crate::core::superlink::SuperLinkPorts::from_spec(fed, dialect);
-    if ports.front && ports.fleet == ports.control {
+    if dialect.fleet_on_own_port() && ports.fleet == ports.control {
+        // Flower < 1.40 serves Fleet (gRPC) and Control on servers of their own.
+        push(HubRenderError::PortClash(format!(
+            "grpc and extra are both {}: Flower {} serves the Fleet API (grpc) and the Control API (extra) on separate servers; give them different ports",
+            ports.fleet, version
+        )));
+    } else if ports.front && ports.fleet == ports.control {
         // Standalone binds both on the hub machine; the rule holds in both modes alike.
         push(HubRenderError::PortClash(format!(
             "grpc and extra are both {}: the Fleet API (grpc, what SuperNodes dial) and the Control API (extra, kept off the Fleet endpoint) need their own ports unless exposeControl is set",
@@ -220,6 +226,7 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
             spec: &fed.spec,
             pool: &pool.spec,
             dialect,
+            version,
             fleet_address: &fleet,
             ca_secret_name: "check",
             cluster: &context,

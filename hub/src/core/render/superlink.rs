@@ -82,12 +82,12 @@ pub fn render_superlink(
     let meta_labels = object_labels(fed_name, "superlink", "superlink", None);
 
     let ports = match dialect {
-        FlowerDialect::Classic => {
+        FlowerDialect::Classic | FlowerDialect::Transitional | FlowerDialect::TransitionalHttp => {
             let mut ports = vec![
                 port("fleet", classic_ports::FLEET),
                 port("control", classic_ports::CONTROL),
             ];
-            if process {
+            if process && dialect != FlowerDialect::TransitionalHttp {
                 ports.push(port("serverappio", classic_ports::SERVERAPPIO));
             }
             ports
@@ -176,7 +176,8 @@ pub fn render_superlink(
             .filter(|s| !s.is_empty())
             .ok_or(HubRenderError::MissingSuperExecImage)?;
         let mut sidecar_mounts = Vec::new();
-        if !spec.insecure && dialect == FlowerDialect::Unified {
+        // From 1.37 the sidecar dials the SuperLink's TLS server and trusts its CA.
+        if !spec.insecure && dialect.control_over_http() {
             sidecar_mounts.push(tls_mount);
         }
         let user_mounts = if superlink.superexec_volume_mounts.is_empty() {
@@ -188,7 +189,7 @@ pub fn render_superlink(
         containers.push(Container {
             name: "superexec-serverapp".to_owned(),
             image: Some(image),
-            args: Some(serverapp_superexec_argv(fed, dialect, &layout)),
+            args: Some(serverapp_superexec_argv(fed, version, dialect, &layout)),
             env: non_empty(superlink.env.clone()),
             resources: superlink.superexec_resources.clone(),
             volume_mounts: non_empty(sidecar_mounts),
