@@ -11,11 +11,14 @@
 #        SMOKE_KEEP=1         keep the work directory (logs) after exit
 #        SMOKE_NEGATIVE=0     skip the unregistered-key / wrong-CA checks
 #        SMOKE_ROUNDS=3       num-server-rounds
+#        SMOKE_APPIO_TLS=1    1.35-1.36 only: also pass --appio-ssl-certfile/-keyfile/-ca-certfile (same
+#                             server cert + CA) so the --port Runtime HTTP API is HTTPS as in >= 1.37
 # Exits non-zero on any failure; everything it starts is stopped by pid (trap).
 #
 # Dialects (see NOTES.md):
 #   daemons:  <= 1.34   classic  (--serverappio/--fleet/--control-api-address, --clientappio-api-address)
-#             1.35-1.39 transitional (refused here, exit 2)
+#             1.35-1.39 transitional: Fleet gRPC on --fleet-api-address, Runtime HTTP API on --host/--port,
+#                       Control gRPC on --control-api-address (1.35-1.36) or HTTPS on --port (1.37-1.39)
 #             >= 1.40.0 unified  (--host/--port; one HTTPS server with GET /health)
 #   flwr CLI: < 1.26.0  pyproject `[tool.flwr.federations.NAME]` in the app dir: flwr CMD APP NAME
 #             >= 1.26.0 $FLWR_HOME/config.toml `[superlink.NAME]`: flwr CMD [APP] NAME
@@ -36,12 +39,13 @@ vercmp_ge() { # vercmp_ge A B  -> true if A >= B
   [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]
 }
 
-if vercmp_ge "$VERSION" 1.40.0; then DAEMONS=unified
+CONTROL_PROTO=grpc
+if vercmp_ge "$VERSION" 1.40.0; then DAEMONS=unified; CONTROL_PROTO=https
 elif vercmp_ge "$VERSION" 1.35.0; then
   # 1.35-1.36: Runtime API on --host/--port (plain HTTP) but Fleet + Control still gRPC on
-  # --fleet-api-address/--control-api-address; 1.37-1.39: Control moved to HTTP, Fleet still gRPC.
-  echo "smoke.sh: Flower $VERSION is a transitional dialect (1.35-1.39), not supported; see NOTES.md" >&2
-  exit 2
+  # --fleet-api-address/--control-api-address; 1.37-1.39: Control on HTTPS --port, Fleet still gRPC.
+  DAEMONS=transitional
+  if vercmp_ge "$VERSION" 1.37.0; then CONTROL_PROTO=https; fi
 else DAEMONS=classic; fi
 if vercmp_ge "$VERSION" 1.26.0; then CLI=configtoml; else CLI=pyproject; fi
 
@@ -80,7 +84,7 @@ export PATH="$VENV/bin:$PATH"          # Flower starts its helpers by bare name
 export FLWR_HOME="$WORK/flwr-home"       # flwr CLI config (config.toml) + installed apps
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 mkdir -p "$FLWR_HOME"
-say "venv $VENV; daemons=$DAEMONS cli=$CLI; work $WORK"
+say "venv $VENV; daemons=$DAEMONS control=$CONTROL_PROTO cli=$CLI; work $WORK"
 
 # ---- free loopback ports -------------------------------------------------------------
 read -r -a PORTS <<<"$(python3 - <<'EOF'
@@ -116,6 +120,22 @@ if [[ $DAEMONS == unified ]]; then
   SL_PORT=${PORTS[0]}
   CONTROL_ADDR="127.0.0.1:$SL_PORT"; FLEET_ADDR="127.0.0.1:$SL_PORT"
   SL_NET=(--host 127.0.0.1 --port "$SL_PORT")
+elif [[ $DAEMONS == transitional ]]; then
+  # Every listener explicit on loopback: Fleet (default 0.0.0.0:9092) and, in 1.35-1.36,
+  # Control (default 0.0.0.0:9093) would otherwise bind all interfaces.
+  SL_PORT=${PORTS[0]}; FLEET=${PORTS[1]}; CONTROL=${PORTS[2]}; SL_HEALTH=${PORTS[3]}
+  FLEET_ADDR="127.0.0.1:$FLEET"
+  SL_NET=(--host 127.0.0.1 --port "$SL_PORT" --fleet-api-address "$FLEET_ADDR"
+          --health-server-address "127.0.0.1:$SL_HEALTH")
+  if [[ $CONTROL_PROTO == grpc ]]; then
+    CONTROL_ADDR="127.0.0.1:$CONTROL"; SL_NET+=(--control-api-address "$CONTROL_ADDR")
+    if [[ "${SMOKE_APPIO_TLS:-0}" == 1 ]]; then
+      SL_NET+=(--appio-ssl-certfile "$PKI/server.crt" --appio-ssl-keyfile "$PKI/server.key"
+               --appio-ssl-ca-certfile "$PKI/ca.crt")
+    fi
+  else
+    CONTROL_ADDR="127.0.0.1:$SL_PORT"   # --control-api-address is deprecated (warning only) in 1.37-1.39
+  fi
 else
   SAPPIO=${PORTS[0]}; FLEET=${PORTS[1]}; CONTROL=${PORTS[2]}; SL_HEALTH=${PORTS[3]}
   CONTROL_ADDR="127.0.0.1:$CONTROL"; FLEET_ADDR="127.0.0.1:$FLEET"
@@ -142,8 +162,12 @@ sys.exit(0 if r.status == health_pb2.HealthCheckResponse.SERVING else 1)
 EOF
 }
 superlink_ready() {
-  if [[ $DAEMONS == unified ]]; then
+  if [[ $DAEMONS == unified || ( $DAEMONS == transitional && ( $CONTROL_PROTO == https || "${SMOKE_APPIO_TLS:-0}" == 1 ) ) ]]; then
     [[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$PKI/ca.crt" "https://127.0.0.1:$SL_PORT/health")" == 200 ]]
+  elif [[ $DAEMONS == transitional ]]; then
+    # 1.35-1.36: the Runtime HTTP API is plain HTTP (TLS only with --appio-ssl-*). /health answers
+    # only after the lifespan started the Fleet and Control gRPC servers.
+    [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$SL_PORT/health")" == 200 ]]
   else
     grpc_health "127.0.0.1:$SL_HEALTH"
   fi
@@ -156,6 +180,13 @@ for _ in $(seq 1 300); do
 done
 superlink_ready || die "SuperLink not ready after 30 s"
 T_SL=$(echo "$(date +%s.%N) - $t" | bc)
+if [[ $DAEMONS == transitional ]]; then
+  grpc_health "127.0.0.1:$SL_HEALTH" || die "SuperLink gRPC health not SERVING"
+  # nothing may listen on all interfaces
+  if ss -Hltnp 2>/dev/null | grep "pid=$SL_PID," | awk '{print $4}' | grep -qvE '^(127\.0\.0\.1|\[::ffff:127\.0\.0\.1\]):'; then
+    die "SuperLink listens beyond loopback: $(ss -Hltnp | grep "pid=$SL_PID,")"
+  fi
+fi
 say "SuperLink ready in ${T_SL}s: ${SL_ARGV[*]}"
 
 # ---- flwr CLI connection -----------------------------------------------------------------
@@ -208,6 +239,8 @@ supernode_argv() { # supernode_argv IDX KEY CA PORT_A PORT_B
            --auth-supernode-private-key "$2" --isolation subprocess)
   if [[ $DAEMONS == unified ]]; then
     a+=(--host 127.0.0.1 --port "$4")
+  elif [[ $DAEMONS == transitional ]]; then
+    a+=(--host 127.0.0.1 --port "$4" --health-server-address "127.0.0.1:$5")
   else
     a+=(--clientappio-api-address "127.0.0.1:$4" --health-server-address "127.0.0.1:$5")
   fi
@@ -227,6 +260,8 @@ supernode_health() { # supernode_health IDX
   local pa=${SN_PORTS[$1]%%:*} pb=${SN_PORTS[$1]##*:}
   if [[ $DAEMONS == unified ]]; then
     [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$pa/health")" == 200 ]]
+  elif [[ $DAEMONS == transitional ]]; then
+    [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$pa/health")" == 200 ]] && grpc_health "127.0.0.1:$pb"
   else
     grpc_health "127.0.0.1:$pb"
   fi
@@ -254,12 +289,25 @@ if [[ "${SMOKE_NEGATIVE:-1}" == 1 ]]; then
     read -r pa pb <<<"$(python3 -c 'import socket;a=socket.socket();b=socket.socket();a.bind(("127.0.0.1",0));b.bind(("127.0.0.1",0));print(a.getsockname()[1],b.getsockname()[1])')"
     mapfile -d '' argv < <(supernode_argv 0 "$2" "$3" "$pa" "$pb")
     # classic SuperNodes retry a TLS failure forever: bound them with --max-retries
-    [[ $DAEMONS == classic ]] && argv+=(--max-retries 2)
-    local t1 rc=0; t1=$(date +%s.%N)
-    timeout 60 "${argv[@]}" >"$WORK/$1.log" 2>&1 || rc=$?
-    [[ $rc != 0 && $rc != 124 ]] || die "$1: expected a quick non-zero exit, got rc=$rc"
+    [[ $DAEMONS != unified ]] && argv+=(--max-retries 2)
+    local t1 rc="" how="exited"; t1=$(date +%s.%N)
+    "${argv[@]}" >"$WORK/$1.log" 2>&1 &
+    local pid=$!; PIDS+=("$pid")
+    for _ in $(seq 1 600); do
+      if ! kill -0 "$pid" 2>/dev/null; then wait "$pid" && rc=0 || rc=$?; break; fi
+      # 1.35-1.37: the failed connection is logged (traceback ending in "generator didn't yield")
+      # but the process keeps running (its Runtime HTTP API thread is not a daemon): stop it.
+      if [[ $DAEMONS == transitional ]] && ! vercmp_ge "$VERSION" 1.38.0 \
+          && grep -q "generator didn't yield" "$WORK/$1.log" && grep -qE "$4" "$WORK/$1.log"; then
+        how="logged the failure but kept running (1.35-1.37), SIGTERM"
+        kill -TERM "$pid"; wait "$pid" || true; rc=hung; break
+      fi
+      sleep 0.1
+    done
+    [[ -n $rc ]] || die "$1: still running after 60 s"
+    [[ $rc != 0 ]] || die "$1: expected a quick non-zero exit, got rc=$rc"
     grep -qE "$4" "$WORK/$1.log" || die "$1: log lacks /$4/"
-    say "$1 refused: rc=$rc after $(echo "$(date +%s.%N) - $t1" | bc)s, log: $(grep -oE "$4" "$WORK/$1.log" | head -1)"
+    say "$1 refused: rc=$rc ($how) after $(echo "$(date +%s.%N) - $t1" | bc)s, log: $(grep -oE "$4" "$WORK/$1.log" | head -1)"
   }
   neg unregistered-key "$PKI/rogue.key" "$PKI/ca.crt" "No SuperNode found with the given public key|Failed to activate SuperNode"
   neg wrong-ca "$PKI/node0.key" "$PKI/other/ca.crt" "CERTIFICATE_VERIFY_FAILED"
@@ -289,4 +337,9 @@ say "run $RUN_ID finished:completed in ${T_RUN}s (flwr run + flwr ls): $metric"
 
 rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
 say "RSS superlink $(rss "$SL_PID"), supernode0 $(rss "${SN_PIDS[0]}"), supernode1 $(rss "${SN_PIDS[1]}")"
-say "OK: superlink_ready=${T_SL}s nodes_connected=${T_SN}s run_${ROUNDS}_rounds=${T_RUN}s"
+# SIGTERM the SuperLink while both SuperNodes are still connected (cleanup stops the rest).
+t=$(date +%s.%N); kill -TERM "$SL_PID"
+for _ in $(seq 1 300); do kill -0 "$SL_PID" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$SL_PID" 2>/dev/null && die "SuperLink still running 15 s after SIGTERM"
+T_STOP=$(echo "$(date +%s.%N) - $t" | bc)
+say "OK: superlink_ready=${T_SL}s nodes_connected=${T_SN}s run_${ROUNDS}_rounds=${T_RUN}s superlink_sigterm=${T_STOP}s"
