@@ -6,7 +6,8 @@
 # Usage: ./demo.sh [--keep]
 #   --keep   leave the federation running and print the flwr connection for your own app
 # Environment:
-#   FLOWER_VERSION     Flower release to use (default 1.42.0; 1.25.0 exercises the classic dialect)
+#   FLOWER_VERSION     Flower release to use, 1.25.0 to 1.42.x (default 1.42.0; 1.39.0 and 1.35.0
+#                      exercise the transitional dialects, 1.30.0 and 1.25.0 the classic one)
 #   FLOWER_ADDON_CACHE cache root (default ~/.cache/flower-addon): venvs live there
 #   DEMO_ROUNDS        FedAvg rounds (default 3)
 #   DEMO_WORK          work directory (default: a new temp dir)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole flower-addon test suite: formatting, lints, unit and golden tests, tests on real
 # kube-apiservers (built from Go modules), the work channel over real TLS, and the quickstart with
-# real Flower from PyPI for both Flower argument dialects (1.42.0 and 1.25.0).
+# real Flower from PyPI for every Flower argument dialect (1.42.0, 1.39.0, 1.35.0, 1.30.0, 1.25.0).
 #
 # Installs what it needs and caches the expensive parts in ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon}:
 # the Kubernetes binaries (first build 20-35 min on 2 cores), the Flower venvs (~30 s each), the
@@ -39,9 +39,15 @@ FLOWER_ADDON_HELM="$(e2e/helm/build.sh)"
 export FLOWER_ADDON_HELM
 echo "    $FLOWER_ADDON_HELM ($((SECONDS - t_helm)) s)"
 
-step "Flower venvs from PyPI: flwr 1.42.0 and 1.25.0 (cached)"
-e2e/flower/venv.sh 1.42.0 | tail -n 1 | sed 's/^/    /'
-e2e/flower/venv.sh 1.25.0 | tail -n 1 | sed 's/^/    /'
+# The quickstart runs once per Flower release of the matrix: the unified (1.42.0), transitional
+# (1.39.0 with HTTPS Control, 1.35.0 with gRPC Control) and classic (1.30.0 with flwr's
+# config.toml, 1.25.0 with the app's pyproject.toml) argument dialects. 1.42.0 and 1.25.0 run the
+# full 3 rounds; the others one round, to keep the suite's time.
+FLOWER_MATRIX=(1.42.0 1.39.0 1.35.0 1.30.0 1.25.0)
+step "Flower venvs from PyPI: flwr ${FLOWER_MATRIX[*]} (cached; ~30-60 s each when new)"
+for version in "${FLOWER_MATRIX[@]}"; do
+  e2e/flower/venv.sh "$version" | tail -n 1 | sed 's/^/    /'
+done
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -70,11 +76,12 @@ PASSED=$((PASSED + cargo_passed))
 # times out). Only for that exact signature the demo is run once more from scratch, saying so;
 # any other failure fails at once.
 FLOWER_125_BUG='Both bytes_sent and bytes_recv cannot be zero'
-for version in 1.42.0 1.25.0; do
+for version in "${FLOWER_MATRIX[@]}"; do
+  case "$version" in 1.42.0 | 1.25.0) rounds=3 ;; *) rounds=1 ;; esac
   for attempt in 1 2; do
-    step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run)"
+    step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run, $rounds rounds)"
     work="$LOG_DIR/demo-$version-$attempt"
-    if FLOWER_VERSION="$version" DEMO_WORK="$work" ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log" \
+    if FLOWER_VERSION="$version" DEMO_ROUNDS="$rounds" DEMO_WORK="$work" ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log" \
       && grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"; then
       break
     fi

@@ -36,7 +36,7 @@ pub const FIRST_RUNTIME_API_SUPEREXEC_VERSION: FlowerVersion = FlowerVersion {
 /// the Runtime API it dials).
 pub const FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION: FlowerVersion = FlowerVersion {
     major: 1,
-    minor: 39,
+    minor: 38,
     patch: 0,
 };
 
@@ -237,7 +237,7 @@ impl FlowerDialect {
 
 /// `flower-superexec` arguments that connect it to the Runtime (or AppIO) API at `address` for
 /// `plugin` (`serverapp` or `clientapp`), by release: `--appio-api-address` before 1.36, then
-/// `--runtime-api-address`; `--plugin-type` before 1.39. TLS arguments are the caller's.
+/// `--runtime-api-address`; `--plugin-type` before 1.38. TLS arguments are the caller's.
 pub fn superexec_connect_args(version: FlowerVersion, plugin: &str, address: &str) -> Vec<String> {
     let mut args = Vec::with_capacity(2);
     if version < FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION {
@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn superexec_flags_follow_the_release() {
         // --appio-api-address up to 1.35, --runtime-api-address from 1.36; --plugin-type until
-        // 1.38 (each release's own --help, NOTES.md).
+        // 1.37 (each release's own --help, NOTES.md).
         let a = "127.0.0.1:9091";
         assert_eq!(
             superexec_connect_args(v(1, 25, 0), "serverapp", a),
@@ -356,14 +356,14 @@ mod tests {
             ]
         );
         assert_eq!(
-            superexec_connect_args(v(1, 38, 0), "serverapp", a),
+            superexec_connect_args(v(1, 37, 0), "serverapp", a),
             [
                 "--plugin-type=serverapp",
                 "--runtime-api-address=127.0.0.1:9091"
             ]
         );
         assert_eq!(
-            superexec_connect_args(v(1, 39, 0), "serverapp", a),
+            superexec_connect_args(v(1, 38, 0), "serverapp", a),
             ["--runtime-api-address=127.0.0.1:9091"]
         );
         assert_eq!(
