@@ -11,6 +11,32 @@
 //! `SuperNode ID: <n>` line (the SuperNode is connected to the SuperLink).
 /// Kept here for callers of the process runtime's key files; made in [`crate::node_key`].
 pub use crate::node_key::ensure_node_key;
+
+/// Removes the key at `key_file` when its public key is one the SuperLink refuses for ever
+/// (`retired`: unregistered once; Flower never takes it back), so [`ensure_node_key`] makes a new
+/// one. A key that cannot be read is left for `ensure_node_key` to report.
+fn retire_node_key(key_file: &std::path::Path, retired: &[String]) {
+    if retired.is_empty() {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(key_file) else {
+        return;
+    };
+    let Ok(public) = crate::node_key::public_key_of(&text, &key_file.display().to_string()) else {
+        return;
+    };
+    let body = |line: &str| {
+        line.split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if retired.iter().any(|r| body(r) == body(&public)) {
+        tracing::info!(key = %key_file.display(), "the SuperLink will not take this SuperNode's key back (unregistered before): making a new one");
+        let _ = std::fs::remove_file(key_file);
+        let _ = std::fs::remove_file(key_file.with_extension("key.pub"));
+    }
+}
 use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNodePoolInput};
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
@@ -202,7 +228,10 @@ impl ProcessRuntime {
                         port,
                         input_owned(&input, &pool_plan.cluster),
                         (plan.spec.insecure, plan.spec.supernode_auth()),
-                        plan.registered_node_keys.clone(),
+                        (
+                            plan.registered_node_keys.clone(),
+                            plan.retired_node_keys.clone(),
+                        ),
                         env,
                     ));
                 }
@@ -211,7 +240,7 @@ impl ProcessRuntime {
         }
         // Second pass: ports (existing replicas keep theirs) and argv.
         let mut next = self.config.port_base;
-        for (key, port, owned, (insecure, auth), registered_keys, env) in fresh {
+        for (key, port, owned, (insecure, auth), (registered_keys, retired_keys), env) in fresh {
             let port = match port {
                 Some(p) => p,
                 None => {
@@ -245,6 +274,7 @@ impl ProcessRuntime {
                 let key_file = fed_dir
                     .join("keys")
                     .join(format!("{}-{}.key", key.pool, key.index));
+                retire_node_key(&key_file, &retired_keys);
                 public_key = Some(
                     ensure_node_key(&key_file).map_err(|e| RuntimeError::Apply(e.to_string()))?,
                 );
@@ -343,10 +373,21 @@ impl Runtime for ProcessRuntime {
                 if let Some(existing) = state.replicas.get(&d.key)
                     && existing.argv == d.argv
                     && existing.env == d.env
+                    && existing.public_key == d.public_key
                 {
                     continue;
                 }
-                if !d.registered && !state.replicas.contains_key(&d.key) {
+                // A new key (the old one retired by the SuperLink) waits for its registration
+                // like a new replica; the process with the old key is refused anyway.
+                let rekeyed = state
+                    .replicas
+                    .get(&d.key)
+                    .is_some_and(|r| r.public_key != d.public_key);
+                if !d.registered && (rekeyed || !state.replicas.contains_key(&d.key)) {
+                    if let Some(old) = state.replicas.remove(&d.key) {
+                        tracing::info!(replica = %d.key.slug(), "SuperNode key replaced: stopped until the hub registers the new one");
+                        stop_replica(old).await;
+                    }
                     if let Some(public_key) = d.public_key {
                         tracing::info!(replica = %d.key.slug(), "waiting for the hub to register this SuperNode's key");
                         state.pending.insert(d.key, public_key);

@@ -86,6 +86,8 @@ pub struct FederationPlan {
     pub ca_bundle_pem: Option<String>,
     /// Public keys the SuperLink has registered (a SuperNode starts once its key is here).
     pub registered_node_keys: Vec<String>,
+    /// Public keys the SuperLink refuses for ever: a SuperNode holding one gets a new key.
+    pub retired_node_keys: Vec<String>,
     /// The pools this cluster runs, in the Federation's order.
     pub pools: Vec<PoolPlan>,
 }
@@ -157,6 +159,7 @@ pub fn decode_federation(
         spec,
         fleet_address: fed.superlink_fleet_address.clone(),
         registered_node_keys: fed.registered_node_keys.clone(),
+        retired_node_keys: fed.retired_node_keys.clone(),
         pools,
     })
 }
@@ -211,6 +214,7 @@ mod tests {
                 cluster_index: 1,
                 cluster_count: 2,
                 registered_node_keys: vec!["k".into()],
+                retired_node_keys: vec!["r".into()],
                 pools: vec![PoolWork {
                     name: "a".into(),
                     partition_offset: 3,
@@ -236,6 +240,10 @@ mod tests {
         assert_eq!(plan.id(), "team/fed");
         assert_eq!(plan.dialect, FlowerDialect::Unified);
         assert_eq!(plan.ca_bundle_pem.as_deref(), Some("CA"));
+        assert_eq!(
+            (plan.registered_node_keys, plan.retired_node_keys),
+            (vec!["k".to_owned()], vec!["r".to_owned()])
+        );
         assert_eq!(
             plan.pools[0].cluster,
             ClusterContext {

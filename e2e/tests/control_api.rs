@@ -105,6 +105,17 @@ async fn exercise(version: &str) -> Result<()> {
     // The SuperLink refuses the running SuperNode whose key was removed: it exits.
     let (status, after) = wait_exit(&mut nodes, "supernode-k2").await?;
     println!("{version}: SuperNode k2 exited {status} {after:.1} s after its key was unregistered");
+    // EXPERIMENT: re-registering a key that was unregistered.
+    let again = client.register_node(&k2).await;
+    println!(
+        "{version}: re-register an unregistered key: {again:?}; listed {:?}",
+        client
+            .list_nodes()
+            .await?
+            .iter()
+            .map(|n| (n.node_id, n.status.clone()))
+            .collect::<Vec<_>>()
+    );
     // Idempotent removal; runs listed (none yet).
     client.unregister_node(id1.wrapping_add(12345)).await?;
     ensure!(client.list_runs().await?.is_empty());

@@ -1001,6 +1001,42 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
         unregistered.as_secs_f64(),
         t.elapsed().as_secs_f64()
     );
+    // Accepted again, edge-1 runs its SuperNodes again. Flower never registers an unregistered
+    // key a second time, so the hub marks the old keys retired and the agent makes new ones.
+    let old_keys: Vec<String> = (0..3)
+        .map(|i| std::fs::read_to_string(w.key(0, "site-a", i)))
+        .collect::<std::io::Result<_>>()?;
+    w.hub(&["accept", "edge-1"])?;
+    let t = Instant::now();
+    let online_with_new_keys = || -> Result<bool> {
+        let mut new_keys = Vec::new();
+        for (i, old) in old_keys.iter().enumerate() {
+            let path = w.key(0, "site-a", i as u32);
+            match std::fs::read_to_string(&path) {
+                Ok(now) if now != *old => {
+                    let line = std::fs::read_to_string(path.with_extension("key.pub"))?;
+                    new_keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+                }
+                _ => return Ok(false),
+            }
+        }
+        let nodes = rt.block_on(client.list_nodes())?;
+        Ok(new_keys.iter().all(|k| {
+            nodes
+                .iter()
+                .any(|n| n.online() && n.public_key_der.as_ref() == Some(k))
+        }))
+    };
+    Wait::new(
+        "edge-1's SuperNodes online again with new keys",
+        Duration::from_secs(120),
+    )
+    .detail(|| w.logs())
+    .until_blocking(online_with_new_keys)?;
+    eprintln!(
+        "  edge-1 accepted again: its retired keys replaced, 3 SuperNodes online with new keys after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -1039,7 +1075,7 @@ fn standalone_hub_agents_and_real_flower() {
             false,
         ),
         (
-            "7 revoked cluster: keys unregistered, SuperNodes stop",
+            "7 revoked cluster: keys unregistered, SuperNodes stop; accepted again: new keys",
             s7_revoked_cluster_keys_leave_the_superlink,
             false,
         ),

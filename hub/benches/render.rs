@@ -71,6 +71,7 @@ fn main() {
         fleet_address: "hub.example:30092",
         ca_pem: "CA",
         registered_node_keys: &[],
+        retired_node_keys: &[],
     };
 
     // The hub: the SuperLink objects and every cluster's work message.

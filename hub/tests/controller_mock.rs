@@ -301,6 +301,7 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
         &labels,
         "CA PEM",
         &[],
+        &[],
     )
     .expect("work");
     assert_eq!(works.len(), 1);
@@ -401,6 +402,7 @@ async fn the_embedded_runtime_sends_only_what_changed() {
             &[HUB_CLUSTER.to_owned()],
             &labels,
             "",
+            &[],
             &[],
         )
         .expect("work");

@@ -222,6 +222,7 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         &clusters,
         ca.cert_pem(),
         &all,
+        &[],
     )
     .expect("kube work");
     assert_eq!(kube.len(), 2);

@@ -118,6 +118,7 @@ proptest! {
                 fleet_address: "hub.example:30092",
                 ca_pem: "",
                 registered_node_keys: &[],
+                retired_node_keys: &[],
             },
         )
         .expect("work");

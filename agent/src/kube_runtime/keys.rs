@@ -14,7 +14,9 @@
 //! that restarts and briefly sends fewer keys never stops running SuperNodes; only a lower
 //! desired count (scale-down, removed pool or Federation) does, and it drops those keys.
 //!
-//! Keys are never regenerated: the Secret is read first and written with optimistic concurrency
+//! Keys are never regenerated, except one the hub lists as retired (`retired_node_keys`: the
+//! SuperLink unregistered it once and never takes it back), which gets a new key pair. The
+//! Secret is read first and written with optimistic concurrency
 //! (create, or replace at the read `resourceVersion`), so a concurrent writer's keys are never
 //! overwritten — on a conflict the Secret is read again.
 
@@ -218,21 +220,23 @@ pub struct MergedKeys {
     pub keys: PoolKeys,
 }
 
-/// Merges `existing` Secret data with the `desired` names: stored keys are kept byte for byte,
-/// missing ones made with `generate`, others dropped; a name is registered if it was recorded
-/// so before (and its key kept) or its public key is in `registered_public` (the hub's list).
-/// `what` names the Secret in errors.
+/// Merges `existing` Secret data with the `desired` names: stored keys are kept byte for byte
+/// unless their public key is in `retired_public` (the SuperLink refuses it for ever), missing
+/// and retired ones made with `generate`, others dropped; a name is registered if it was
+/// recorded so before (and its key kept) or its public key is in `registered_public` (the hub's
+/// list). `what` names the Secret in errors.
 pub fn merge_pool_keys(
     existing: Option<&Secret>,
     what: &str,
     desired: &[String],
-    registered_public: &[String],
+    (registered_public, retired_public): (&[String], &[String]),
     mut generate: impl FnMut() -> Result<NodeKey, NodeKeyError>,
 ) -> Result<MergedKeys, KubeRuntimeError> {
     let empty = BTreeMap::new();
     let stored = existing.and_then(|s| s.data.as_ref()).unwrap_or(&empty);
     let recorded = existing.map(recorded_registered).unwrap_or_default();
     let registered_public: BTreeSet<&str> = registered_public.iter().map(|k| key_body(k)).collect();
+    let retired_public: BTreeSet<&str> = retired_public.iter().map(|k| key_body(k)).collect();
     let key_err = |name: &str| {
         let what = format!("{what} data key {name:?}");
         move |source| KubeRuntimeError::NodeKey { what, source }
@@ -242,12 +246,21 @@ pub fn merge_pool_keys(
         keys: PoolKeys::default(),
     };
     for name in desired {
-        let (bytes, public, fresh) = match stored.get(name) {
+        let kept = match stored.get(name) {
             Some(bytes) => {
                 let text = String::from_utf8_lossy(&bytes.0);
                 let public = public_key_of(&text, "stored key").map_err(key_err(name))?;
-                (bytes.clone(), public, false)
+                if retired_public.contains(key_body(&public)) {
+                    tracing::info!(secret = %what, key = %name, "the SuperLink will not take this SuperNode's key back (unregistered before): making a new one");
+                    None
+                } else {
+                    Some((bytes.clone(), public))
+                }
             }
+            None => None,
+        };
+        let (bytes, public, fresh) = match kept {
+            Some((bytes, public)) => (bytes, public, false),
             None => {
                 let key = generate().map_err(key_err(name))?;
                 let bytes = ByteString(key.private_openssh.into_bytes());
@@ -361,7 +374,7 @@ pub(super) async fn ensure_pool_keys(
             existing.as_ref(),
             &what,
             names,
-            &plan.registered_node_keys,
+            (&plan.registered_node_keys, &plan.retired_node_keys),
             generate_node_key,
         )?;
         let mut secret = key_secret(plan, pool, existing.as_ref(), &merged);

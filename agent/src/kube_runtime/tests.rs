@@ -245,7 +245,7 @@ fn a_key_the_hub_did_not_register_never_starts_its_pod() {
         None,
         "Secret team/k",
         &desired,
-        &[],
+        (&[], &[]),
         crate::node_key::generate_node_key,
     )
     .unwrap();
@@ -255,7 +255,7 @@ fn a_key_the_hub_did_not_register_never_starts_its_pod() {
         Some(&existing),
         "Secret team/k",
         &desired,
-        &[other],
+        (&[other], &[]),
         no_new_keys,
     )
     .unwrap();
@@ -277,7 +277,7 @@ fn a_key_the_hub_did_not_register_never_starts_its_pod() {
         Some(&existing),
         "Secret team/k",
         &desired,
-        &[own],
+        (&[own], &[]),
         no_new_keys,
     )
     .unwrap();
@@ -294,7 +294,7 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
         None,
         "Secret team/k",
         &desired,
-        &[],
+        (&[], &[]),
         crate::node_key::generate_node_key,
     )
     .unwrap();
@@ -305,7 +305,7 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
         Some(&secret),
         "Secret team/k",
         &desired,
-        &hub_list,
+        (&hub_list, &[]),
         no_new_keys,
     )
     .unwrap();
@@ -319,8 +319,14 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
         secret.metadata.annotations.as_ref().unwrap()[REGISTERED_ANNOTATION],
         "fed-supernode-a-0"
     );
-    let after_restart =
-        merge_pool_keys(Some(&secret), "Secret team/k", &desired, &[], no_new_keys).unwrap();
+    let after_restart = merge_pool_keys(
+        Some(&secret),
+        "Secret team/k",
+        &desired,
+        (&[], &[]),
+        no_new_keys,
+    )
+    .unwrap();
     assert_eq!(after_restart, seen);
     assert_eq!(
         key_secret(&plan, "a", Some(&secret), &after_restart),
@@ -338,18 +344,25 @@ fn scale_down_removes_keys_and_their_registration() {
         "fed-supernode-a-1",
         "fed-supernode-a-2",
     ]);
-    let made = merge_pool_keys(None, "s", &three, &[], crate::node_key::generate_node_key).unwrap();
+    let made = merge_pool_keys(
+        None,
+        "s",
+        &three,
+        (&[], &[]),
+        crate::node_key::generate_node_key,
+    )
+    .unwrap();
     let all: Vec<String> = made.keys.public.values().cloned().collect();
     let registered = merge_pool_keys(
         Some(&key_secret(&plan, "a", None, &made)),
         "s",
         &three,
-        &all,
+        (&all, &[]),
         no_new_keys,
     )
     .unwrap();
     let secret = key_secret(&plan, "a", None, &registered);
-    let two = merge_pool_keys(Some(&secret), "s", &three[..2], &[], no_new_keys).unwrap();
+    let two = merge_pool_keys(Some(&secret), "s", &three[..2], (&[], &[]), no_new_keys).unwrap();
     assert_eq!(two.data.len(), 2);
     assert_eq!(two.keys.registered.len(), 2);
     let secret = key_secret(&plan, "a", Some(&secret), &two);
@@ -364,7 +377,7 @@ fn scale_down_removes_keys_and_their_registration() {
         Some(&secret),
         "s",
         &three,
-        &[],
+        (&[], &[]),
         crate::node_key::generate_node_key,
     )
     .unwrap();
@@ -378,12 +391,67 @@ fn scale_down_removes_keys_and_their_registration() {
         Some(&damaged),
         "s",
         &three[..2],
-        &[],
+        (&[], &[]),
         crate::node_key::generate_node_key,
     )
     .unwrap();
     assert_eq!(
         remade.keys.registered,
+        BTreeSet::from(["fed-supernode-a-0".to_owned()])
+    );
+}
+
+#[test]
+fn a_key_the_superlink_retired_is_replaced_and_waits_for_its_new_registration() {
+    // Flower never registers a key again once it was unregistered: a stored key the hub lists
+    // as retired gets a new key pair (its name loses the sticky registration), the others stay.
+    let plan = plan(&work(false));
+    let two = names(&["fed-supernode-a-0", "fed-supernode-a-1"]);
+    let made = merge_pool_keys(
+        None,
+        "s",
+        &two,
+        (&[], &[]),
+        crate::node_key::generate_node_key,
+    )
+    .unwrap();
+    let all: Vec<String> = made.keys.public.values().cloned().collect();
+    let registered = merge_pool_keys(
+        Some(&key_secret(&plan, "a", None, &made)),
+        "s",
+        &two,
+        (&all, &[]),
+        no_new_keys,
+    )
+    .unwrap();
+    assert_eq!(registered.keys.registered.len(), 2);
+    let secret = key_secret(&plan, "a", None, &registered);
+    let retired = vec![format!(
+        "{} a comment",
+        made.keys.public["fed-supernode-a-1"]
+    )];
+    let replaced = merge_pool_keys(
+        Some(&secret),
+        "s",
+        &two,
+        (&all, &retired),
+        crate::node_key::generate_node_key,
+    )
+    .unwrap();
+    assert_eq!(
+        replaced.data["fed-supernode-a-0"],
+        made.data["fed-supernode-a-0"]
+    );
+    assert_ne!(
+        replaced.data["fed-supernode-a-1"],
+        made.data["fed-supernode-a-1"]
+    );
+    assert_ne!(
+        replaced.keys.public["fed-supernode-a-1"],
+        made.keys.public["fed-supernode-a-1"]
+    );
+    assert_eq!(
+        replaced.keys.registered,
         BTreeSet::from(["fed-supernode-a-0".to_owned()])
     );
 }
@@ -402,7 +470,7 @@ fn a_corrupt_stored_key_is_an_error_naming_the_secret_and_key() {
         Some(&secret),
         "Secret team/fed-supernode-a-node-keys",
         &names(&["fed-supernode-a-0"]),
-        &[],
+        (&[], &[]),
         no_new_keys,
     )
     .unwrap_err();
@@ -418,7 +486,7 @@ fn a_corrupt_stored_key_is_an_error_naming_the_secret_and_key() {
 fn the_key_secret_is_pruned_with_its_federation() {
     // Pruning selects on managed-by + applied-by and keeps Federations by their instance label.
     let plan = plan(&work(false));
-    let merged = merge_pool_keys(None, "s", &[], &[], no_new_keys).unwrap();
+    let merged = merge_pool_keys(None, "s", &[], (&[], &[]), no_new_keys).unwrap();
     let secret = key_secret(&plan, "a", None, &merged);
     assert_eq!(
         secret.metadata.name.as_deref(),

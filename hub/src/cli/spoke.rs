@@ -171,6 +171,7 @@ fn cluster_objects(
             fleet_address: fleet,
             ca_pem: "",
             registered_node_keys: &[],
+            retired_node_keys: &[],
         },
     )?;
     let Some((_, work)) = works

@@ -96,12 +96,26 @@ pub struct KeyPlan {
     pub registered: BTreeSet<String>,
     /// Wanted keys whose SuperNode the SuperLink lists `online`.
     pub online: BTreeSet<String>,
+    /// Wanted keys the SuperLink lists as `unregistered`: Flower refuses to register a key
+    /// again once it was unregistered (code 23, "already in use", in every release 1.25-1.42),
+    /// so their SuperNodes need new keys (sent to the agents as `retired_node_keys`).
+    pub retired: BTreeSet<String>,
 }
 
 /// The plan from the wanted keys (DER → OpenSSH line) and the SuperLink's node list.
 pub fn plan(wanted: &BTreeMap<Vec<u8>, String>, listed: &[ListedNode]) -> KeyPlan {
     let mut out = KeyPlan::default();
     let mut held: BTreeSet<&[u8]> = BTreeSet::new();
+    for node in listed.iter().filter(|n| n.status == "unregistered") {
+        if let Some((der, line)) = node
+            .public_key_der
+            .as_deref()
+            .and_then(|der| wanted.get(der).map(|line| (der, line)))
+        {
+            held.insert(der);
+            out.retired.insert(line.clone());
+        }
+    }
     for node in listed.iter().filter(|n| n.status != "unregistered") {
         match node
             .public_key_der
@@ -163,8 +177,14 @@ mod tests {
 
     #[test]
     fn plan_registers_missing_and_unregisters_unwanted() {
-        let wanted: BTreeMap<Vec<u8>, String> =
-            [(vec![1], "one".into()), (vec![2], "two".into())].into();
+        // Key two was unregistered before: Flower never registers it again (it answers "already
+        // in use"), so it is retired for a new key instead of registered in vain.
+        let wanted: BTreeMap<Vec<u8>, String> = [
+            (vec![1], "one".into()),
+            (vec![2], "two".into()),
+            (vec![4], "four".into()),
+        ]
+        .into();
         let listed = vec![
             ListedNode {
                 node_id: 7,
@@ -188,7 +208,8 @@ mod tests {
             },
         ];
         let p = plan(&wanted, &listed);
-        assert_eq!(p.register, vec!["two".to_owned()]);
+        assert_eq!(p.register, vec!["four".to_owned()]);
+        assert_eq!(p.retired, BTreeSet::from(["two".to_owned()]));
         assert_eq!(p.unregister, vec![5, 9]);
         assert_eq!(p.registered, BTreeSet::from(["one".to_owned()]));
         assert_eq!(p.online, BTreeSet::from(["one".to_owned()]));

@@ -222,6 +222,8 @@ pub struct WorkInputs<'a> {
     pub ca_pem: &'a str,
     /// SuperNode public keys registered with the Federation's SuperLink.
     pub registered_node_keys: &'a [String],
+    /// SuperNode public keys the SuperLink refuses for ever (to be replaced by the agents).
+    pub retired_node_keys: &'a [String],
 }
 
 /// A Federation's work, per selected cluster.
@@ -257,9 +259,20 @@ pub fn federation_work(
         .map(|p| p.name.clone())
         .collect();
     let spec_json = serde_json::to_string(spec)?;
-    let mut keys = inputs.registered_node_keys.to_vec();
-    keys.sort();
-    keys.dedup();
+    let sorted = |keys: &[String]| {
+        let mut keys = keys.to_vec();
+        keys.sort();
+        keys.dedup();
+        keys
+    };
+    let (keys, retired) = if spec.supernode_auth() {
+        (
+            sorted(inputs.registered_node_keys),
+            sorted(inputs.retired_node_keys),
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut per_cluster = Vec::with_capacity(shares.len());
     for share in shares {
         let pools = share
@@ -289,11 +302,8 @@ pub fn federation_work(
             federation_spec_json: spec_json.clone(),
             cluster_index: share.cluster_index,
             cluster_count: share.clusters,
-            registered_node_keys: if spec.supernode_auth() {
-                keys.clone()
-            } else {
-                Vec::new()
-            },
+            registered_node_keys: keys.clone(),
+            retired_node_keys: retired.clone(),
         };
         per_cluster.push((share.cluster, work));
     }

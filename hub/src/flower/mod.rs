@@ -25,6 +25,8 @@ pub struct KeySync {
     pub unregistered: usize,
     /// Keys that could not be registered or unregistered, with why (retried next sync).
     pub failed: Vec<String>,
+    /// Wanted keys the SuperLink will never register again ([`KeyPlan::retired`]).
+    pub retired: BTreeSet<String>,
 }
 
 /// Makes the SuperLink behind `client` hold exactly `wanted` (OpenSSH public key lines): lists
@@ -62,6 +64,7 @@ pub async fn sync_keys_with(
         mut unregister,
         mut registered,
         online,
+        retired,
     } = nodekeys::plan(&by_der, &listed);
     if !prune {
         unregister.clear();
@@ -103,6 +106,7 @@ pub async fn sync_keys_with(
         newly_registered,
         unregistered,
         failed,
+        retired,
     })
 }
 

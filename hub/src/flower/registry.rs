@@ -43,6 +43,9 @@ pub struct FederationKeys {
     pub registered: BTreeSet<String>,
     /// Wanted keys whose SuperNode the SuperLink lists online.
     pub online: BTreeSet<String>,
+    /// Wanted keys the SuperLink refuses for ever (unregistered once): their SuperNodes need new
+    /// keys (sent to the agents as `retired_node_keys`).
+    pub retired: BTreeSet<String>,
     /// Whether the SuperLink has been listed at least once.
     pub listed: bool,
     /// The last sync's error, if it failed.
@@ -115,6 +118,14 @@ impl NodeKeyRegistry {
             .unwrap_or_default()
     }
 
+    /// The wanted keys the Federation's SuperLink will never register again (empty when unknown).
+    pub fn retired(&self, federation: &FedKey) -> Vec<String> {
+        self.entries
+            .get(federation)
+            .map(|e| e.keys.retired.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Everything known of the Federation's SuperLink (`None` before its first sync attempt).
     pub fn get(&self, federation: &FedKey) -> Option<FederationKeys> {
         self.entries.get(federation).map(|e| e.keys.clone())
@@ -176,6 +187,9 @@ impl NodeKeyRegistry {
                 if sync.newly_registered > 0 || sync.unregistered > 0 {
                     tracing::info!(namespace = %fed.0, federation = %fed.1, registered = sync.newly_registered, unregistered = sync.unregistered, held = sync.registered.len(), "SuperNode keys synced with the SuperLink");
                 }
+                if !sync.retired.is_empty() && sync.retired != before.retired {
+                    tracing::info!(namespace = %fed.0, federation = %fed.1, keys = sync.retired.len(), "SuperNode keys the SuperLink unregistered before and will not take back: their agents make new ones");
+                }
                 for failure in &sync.failed {
                     tracing::warn!(namespace = %fed.0, federation = %fed.1, %failure, "a SuperNode key could not be synced; will retry");
                 }
@@ -184,6 +198,7 @@ impl NodeKeyRegistry {
                 entry.keys = FederationKeys {
                     registered: sync.registered,
                     online: sync.online,
+                    retired: sync.retired,
                     listed: true,
                     // Failed keys are retried after RETRY.
                     error: (!sync.failed.is_empty()).then(|| sync.failed.join("; ")),
@@ -197,6 +212,8 @@ impl NodeKeyRegistry {
                 entry.keys.error = Some(error.to_string());
             }
         }
-        entry.keys.registered != before.registered || entry.keys.online != before.online
+        entry.keys.registered != before.registered
+            || entry.keys.online != before.online
+            || entry.keys.retired != before.retired
     }
 }

@@ -301,7 +301,15 @@ impl State {
                 c != HUB_CLUSTER && labels.contains_key(c)
             });
             let registered = self.registry.registered(&key);
-            let works = match federation_work(&fed, &selected, &labels, &self.ca_pem, &registered) {
+            let retired = self.registry.retired(&key);
+            let works = match federation_work(
+                &fed,
+                &selected,
+                &labels,
+                &self.ca_pem,
+                &registered,
+                &retired,
+            ) {
                 Ok(works) => {
                     self.last_good.insert(key.clone(), works.clone());
                     works
@@ -524,6 +532,7 @@ pub fn federation_work(
     labels: &BTreeMap<String, BTreeMap<String, String>>,
     ca_pem: &str,
     registered_node_keys: &[String],
+    retired_node_keys: &[String],
 ) -> Result<Vec<(String, FederationWork)>, String> {
     let problems = crate::core::problems::problems(fed);
     if !problems.is_empty() {
@@ -541,6 +550,7 @@ pub fn federation_work(
         fleet_address: &fleet,
         ca_pem,
         registered_node_keys,
+        retired_node_keys,
     };
     crate::core::work::federation_work(fed, version, &inputs)
         .map(|w| w.per_cluster)

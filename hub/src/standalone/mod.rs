@@ -344,6 +344,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .map(|v| (v.name.clone(), v.labels.clone()))
             .collect();
         let registered = self.keys.registered(&key);
+        let retired = self.keys.retired(&key);
         let works = crate::core::work::federation_work(
             fed,
             version,
@@ -353,6 +354,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 fleet_address: &fleet,
                 ca_pem: &ca_pem,
                 registered_node_keys: &registered,
+                retired_node_keys: &retired,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -37,7 +37,7 @@ fn pools_split_over_the_decided_clusters_with_global_partitions() {
         ),
     ]);
     let works =
-        federation_work(&fed, &["s1".into(), "s2".into()], &labels, "CA", &[]).expect("work");
+        federation_work(&fed, &["s1".into(), "s2".into()], &labels, "CA", &[], &[]).expect("work");
     assert_eq!(works.len(), 2);
     let (c1, w1) = &works[0];
     let (c2, w2) = &works[1];
@@ -140,7 +140,7 @@ fn an_invalid_federation_yields_no_new_work() {
     // work) instead of an empty list that would prune running SuperNodes.
     let mut fed = federation("[{name: a, replicas: 1, images: {}}]");
     fed.spec.superlink.external_address = None;
-    assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA", &[]).is_err());
+    assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA", &[], &[]).is_err());
 }
 
 /// Stores filled as the reflectors would after their first list.
