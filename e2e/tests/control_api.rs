@@ -105,16 +105,23 @@ async fn exercise(version: &str) -> Result<()> {
     // The SuperLink refuses the running SuperNode whose key was removed: it exits.
     let (status, after) = wait_exit(&mut nodes, "supernode-k2").await?;
     println!("{version}: SuperNode k2 exited {status} {after:.1} s after its key was unregistered");
-    // EXPERIMENT: re-registering a key that was unregistered.
-    let again = client.register_node(&k2).await;
-    println!(
-        "{version}: re-register an unregistered key: {again:?}; listed {:?}",
-        client
-            .list_nodes()
-            .await?
+    // Flower never takes an unregistered key back: registering k2 again answers "already in
+    // use" and its node stays unregistered. So the hub must retire such a key (the agent makes a
+    // new one) instead of counting it as registered (`core::nodekeys::plan`).
+    ensure!(client.register_node(&k2).await? == Registration::AlreadyRegistered);
+    let listed = client.list_nodes().await?;
+    ensure!(
+        listed
             .iter()
-            .map(|n| (n.node_id, n.status.clone()))
-            .collect::<Vec<_>>()
+            .filter(|n| n.public_key_der.as_ref() == Some(&k2_der))
+            .all(|n| n.status == "unregistered"),
+        "k2 came back: {listed:?}"
+    );
+    let plan =
+        flower_addon_hub::core::nodekeys::plan(&[(k2_der.clone(), k2.clone())].into(), &listed);
+    ensure!(
+        plan.retired == BTreeSet::from([k2.clone()]) && plan.register.is_empty(),
+        "{plan:?}"
     );
     // Idempotent removal; runs listed (none yet).
     client.unregister_node(id1.wrapping_add(12345)).await?;
