@@ -76,6 +76,10 @@ pub struct Elector {
     api: Api<Lease>,
     config: LeaderConfig,
     observed: Mutex<Option<(Observed, Instant)>>,
+    /// The Lease as this replica last wrote it while holding it, and when: the next renewal
+    /// replaces it at that resourceVersion without reading it first (client-go's fast path); a
+    /// conflict means someone else wrote, and the slow path reads it.
+    written: Mutex<Option<(Lease, Instant)>>,
 }
 
 impl Elector {
@@ -85,6 +89,7 @@ impl Elector {
             api: Api::namespaced(client, &config.namespace),
             config,
             observed: Mutex::new(None),
+            written: Mutex::new(None),
         }
     }
 
@@ -144,6 +149,9 @@ impl Elector {
     /// Gives the Lease up (holder cleared), so a standby takes over at its next try instead of
     /// after a lease duration. Only when this replica still holds it.
     pub async fn release(&self) {
+        if let Ok(mut written) = self.written.lock() {
+            *written = None;
+        }
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
             return;
         };
@@ -180,8 +188,58 @@ impl Elector {
             .unwrap_or_default()
     }
 
+    /// The fast path of a renewal: while this replica's last write is younger than the lease
+    /// duration, replace that very Lease (its resourceVersion) with a new renew time: one
+    /// request. `None` when it does not apply or did not succeed (the slow path decides).
+    async fn renew_written(&self) -> Option<bool> {
+        let (mut lease, at) = self
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        if at.elapsed() >= self.config.lease_duration {
+            return None;
+        }
+        lease.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(now());
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                self.remember(written);
+                Some(true)
+            }
+            Err(error) => {
+                tracing::debug!(%error, "leader Lease changed since this replica wrote it; reading it");
+                None
+            }
+        }
+    }
+
+    /// Records the Lease this replica just wrote as its holder.
+    fn remember(&self, written: Lease) {
+        let renew_time = written.spec.as_ref().and_then(|s| s.renew_time.clone());
+        if let Ok(mut observed) = self.observed.lock() {
+            *observed = Some((
+                Observed {
+                    holder: self.config.identity.clone(),
+                    renew_time,
+                    duration: self.config.lease_duration,
+                },
+                Instant::now(),
+            ));
+        }
+        if let Ok(mut last) = self.written.lock() {
+            *last = Some((written, Instant::now()));
+        }
+    }
+
     /// One round: `Ok(true)` when this replica holds the Lease after it.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+        if let Some(held) = self.renew_written().await {
+            return Ok(held);
+        }
         let name = &self.config.name;
         let me = &self.config.identity;
         let duration = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
@@ -202,8 +260,9 @@ impl Elector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => {
+                Ok(written) => {
                     tracing::info!(lease = %name, identity = %me, "became the leader (new Lease)");
+                    self.remember(written);
                     Ok(true)
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -250,17 +309,7 @@ impl Elector {
                 if !mine {
                     tracing::info!(lease = %name, identity = %me, previous = %record.holder, "became the leader");
                 }
-                let spec = written.spec.unwrap_or_default();
-                if let Ok(mut observed) = self.observed.lock() {
-                    *observed = Some((
-                        Observed {
-                            holder: me.clone(),
-                            renew_time: spec.renew_time,
-                            duration: self.config.lease_duration,
-                        },
-                        Instant::now(),
-                    ));
-                }
+                self.remember(written);
                 Ok(true)
             }
             // Someone else wrote first (renewed, or won the race for a free Lease).
