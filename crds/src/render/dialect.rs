@@ -10,61 +10,33 @@ use std::fmt;
 
 /// The first Flower release after the classic dialect: the first of
 /// [`FlowerDialect::Transitional`] (verified by running the releases, e2e/flower/NOTES.md).
-pub const FIRST_TRANSITIONAL_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 35,
-    patch: 0,
-};
+pub const FIRST_TRANSITIONAL_VERSION: FlowerVersion = FlowerVersion::new(1, 35, 0);
 
 /// The first release of [`FlowerDialect::TransitionalHttp`]: the Control API moved to the
 /// `--host`/`--port` HTTP server (its gRPC `--control-api-address` is "Deprecated").
-pub const FIRST_HTTP_CONTROL_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 37,
-    patch: 0,
-};
+pub const FIRST_HTTP_CONTROL_VERSION: FlowerVersion = FlowerVersion::new(1, 37, 0);
 
 /// The first release whose `flower-superexec` takes `--runtime-api-address` (1.35 still had
 /// `--appio-api-address`).
-pub const FIRST_RUNTIME_API_SUPEREXEC_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 36,
-    patch: 0,
-};
+pub const FIRST_RUNTIME_API_SUPEREXEC_VERSION: FlowerVersion = FlowerVersion::new(1, 36, 0);
 
 /// The first release whose `flower-superexec` has no `--plugin-type` (it learns the plugin from
 /// the Runtime API it dials).
-pub const FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 38,
-    patch: 0,
-};
+pub const FIRST_SUPEREXEC_WITHOUT_PLUGIN_TYPE_VERSION: FlowerVersion = FlowerVersion::new(1, 38, 0);
 
 /// The first Flower release of the [`FlowerDialect::Unified`] dialect (verified on 1.40.0 and
 /// 1.42.0, e2e/flower/NOTES.md).
-pub const FIRST_UNIFIED_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 40,
-    patch: 0,
-};
+pub const FIRST_UNIFIED_VERSION: FlowerVersion = FlowerVersion::new(1, 40, 0);
 
 /// The newest Flower release line flower-addon is verified with (`e2e/flower/NOTES.md`, the
 /// quickstart matrix of `test.sh`). A later release is rendered in the newest dialect, with a
 /// warning ([`FlowerVersion::unverified_warning`]) instead of an error: Flower keeps its flags
 /// across releases more often than not, and a user should not wait for us to try it.
-pub const NEWEST_VERIFIED_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 42,
-    patch: 0,
-};
+pub const NEWEST_VERIFIED_VERSION: FlowerVersion = FlowerVersion::new(1, 42, 0);
 
 /// The first release with `flower-superlink --disable-runtime-dependency-installation` (1.32;
 /// 1.29–1.31 only had an opt-in flag and 1.25 never installs; NOTES.md).
-pub const FIRST_DISABLE_RUNTIME_DEPS_VERSION: FlowerVersion = FlowerVersion {
-    major: 1,
-    minor: 32,
-    patch: 0,
-};
+pub const FIRST_DISABLE_RUNTIME_DEPS_VERSION: FlowerVersion = FlowerVersion::new(1, 32, 0);
 
 /// Fixed container ports of the classic dialect (flower-operator's constants).
 pub mod classic_ports {
@@ -99,6 +71,15 @@ pub struct FlowerVersion {
 }
 
 impl FlowerVersion {
+    /// `major.minor.patch`.
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+        }
+    }
+
     /// Reads `1.42`, `1.42.0`, `v1.42.0` or a tag that starts with one (`1.25.0-py3.11-ubuntu24.04`).
     /// Returns `None` for anything else (`latest`, `nightly`, a digest).
     pub fn parse(text: &str) -> Option<Self> {
