@@ -84,6 +84,38 @@ fn public_line(key: &PrivateKey) -> Result<String, NodeKeyError> {
     key.public_key().to_openssh().map_err(NodeKeyError::Encode)
 }
 
+/// `<algorithm> <base64>` of an OpenSSH public key line: two lines name the same key when these
+/// agree (a comment or surrounding whitespace does not count).
+pub fn key_body(line: &str) -> &str {
+    let line = line.trim();
+    let mut ends = line.match_indices(char::is_whitespace).map(|(i, _)| i);
+    match (ends.next(), ends.next()) {
+        (Some(_), Some(second)) => &line[..second],
+        _ => line,
+    }
+}
+
+/// Removes the key at `path` (and its `.pub`) when its public key is in `retired` (keys the
+/// SuperLink refuses for ever: unregistered once, and Flower never takes a key back), so
+/// [`ensure_node_key`] makes a new one. A key that cannot be read is left for
+/// `ensure_node_key` to report.
+pub fn retire_node_key(path: &Path, retired: &[String]) {
+    if retired.is_empty() {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let Ok(public) = public_key_of(&text, &path.display().to_string()) else {
+        return;
+    };
+    if retired.iter().any(|r| key_body(r) == key_body(&public)) {
+        tracing::info!(key = %path.display(), "the SuperLink will not take this SuperNode's key back (unregistered before): making a new one");
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(path.with_extension("key.pub"));
+    }
+}
+
 /// Creates the key file `path` (0600, atomically) unless it exists, writes its public key to
 /// `<path>.pub` and returns the public key line. An existing key is read, never replaced.
 pub fn ensure_node_key(path: &Path) -> Result<String, NodeKeyError> {
@@ -134,6 +166,26 @@ mod tests {
             key.public_openssh
         );
         assert_ne!(generate_node_key().unwrap(), key);
+    }
+
+    #[test]
+    fn a_retired_key_file_is_replaced_and_others_are_kept() {
+        // The process runtime's side of retired keys: the listed key (with a comment, as the
+        // hub may send it) makes way for a new one; an unrelated retired key changes nothing.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys/pool-0.key");
+        let first = ensure_node_key(&path).unwrap();
+        let other = generate_node_key().unwrap().public_openssh;
+        retire_node_key(&path, std::slice::from_ref(&other));
+        assert_eq!(ensure_node_key(&path).unwrap(), first);
+        retire_node_key(&path, &[format!("{first} pool-0\n")]);
+        assert!(!path.exists());
+        let second = ensure_node_key(&path).unwrap();
+        assert_ne!(key_body(&second), key_body(&first));
+        assert_eq!(
+            std::fs::read_to_string(path.with_extension("key.pub")).unwrap(),
+            format!("{second}\n")
+        );
     }
 
     #[test]

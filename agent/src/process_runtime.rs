@@ -12,31 +12,6 @@
 /// Kept here for callers of the process runtime's key files; made in [`crate::node_key`].
 pub use crate::node_key::ensure_node_key;
 
-/// Removes the key at `key_file` when its public key is one the SuperLink refuses for ever
-/// (`retired`: unregistered once; Flower never takes it back), so [`ensure_node_key`] makes a new
-/// one. A key that cannot be read is left for `ensure_node_key` to report.
-fn retire_node_key(key_file: &std::path::Path, retired: &[String]) {
-    if retired.is_empty() {
-        return;
-    }
-    let Ok(text) = std::fs::read_to_string(key_file) else {
-        return;
-    };
-    let Ok(public) = crate::node_key::public_key_of(&text, &key_file.display().to_string()) else {
-        return;
-    };
-    let body = |line: &str| {
-        line.split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    if retired.iter().any(|r| body(r) == body(&public)) {
-        tracing::info!(key = %key_file.display(), "the SuperLink will not take this SuperNode's key back (unregistered before): making a new one");
-        let _ = std::fs::remove_file(key_file);
-        let _ = std::fs::remove_file(key_file.with_extension("key.pub"));
-    }
-}
 use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNodePoolInput};
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
@@ -274,7 +249,7 @@ impl ProcessRuntime {
                 let key_file = fed_dir
                     .join("keys")
                     .join(format!("{}-{}.key", key.pool, key.index));
-                retire_node_key(&key_file, &retired_keys);
+                crate::node_key::retire_node_key(&key_file, &retired_keys);
                 public_key = Some(
                     ensure_node_key(&key_file).map_err(|e| RuntimeError::Apply(e.to_string()))?,
                 );

@@ -34,7 +34,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use super::{KubeRuntimeError, Workload, kube_err};
-use crate::node_key::{NodeKey, NodeKeyError, generate_node_key, public_key_of};
+use crate::node_key::{NodeKey, NodeKeyError, generate_node_key, key_body, public_key_of};
 use crate::render::component_labels;
 use crate::work::FederationPlan;
 
@@ -274,16 +274,6 @@ pub fn merge_pool_keys(
         out.data.insert(name.clone(), bytes);
     }
     Ok(out)
-}
-
-/// `<algorithm> <base64>` of an OpenSSH public key line (a trailing comment is ignored).
-fn key_body(line: &str) -> &str {
-    let line = line.trim();
-    let mut ends = line.match_indices(char::is_whitespace).map(|(i, _)| i);
-    match (ends.next(), ends.next()) {
-        (Some(_), Some(second)) => &line[..second],
-        _ => line,
-    }
 }
 
 fn recorded_registered(secret: &Secret) -> BTreeSet<String> {
