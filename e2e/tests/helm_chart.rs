@@ -135,6 +135,89 @@ where
         .collect())
 }
 
+/// Our CustomResourceDefinitions among `list`.
+fn our_crds(list: Vec<CustomResourceDefinition>) -> usize {
+    list.into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n.ends_with(".flower-addon.io"))
+        .count()
+}
+
+/// The first container's args of a Deployment.
+fn container_args(d: &Deployment) -> Vec<String> {
+    d.spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default()
+}
+
+/// Installs the agent release into the spoke and checks its bootstrap Secret and Deployment,
+/// and that it brought no hub parts (no hub Deployment, no CRDs).
+async fn install_agent_side(spoke_kc: &Path, spoke_client: &kube::Client) -> Result<()> {
+    e2e::helm::install_agent(
+        spoke_kc,
+        &[
+            ("token", "abcdef.0123456789abcdef"),
+            ("hub", "198.18.0.1:30443"),
+            ("caHash", "sha256:00"),
+            ("clusterName", "spoke-1"),
+        ],
+    )?;
+    let secret = Api::<Secret>::namespaced(spoke_client.clone(), AGENT_NS)
+        .get("flower-agent-bootstrap")
+        .await?;
+    let value = |k: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    ensure!(
+        value("clusterName").as_deref() == Some("spoke-1")
+            && value("hub").as_deref() == Some("198.18.0.1:30443"),
+        "bootstrap Secret {:?}",
+        secret.data
+    );
+    Api::<Deployment>::namespaced(spoke_client.clone(), AGENT_NS)
+        .get("flower-agent")
+        .await?;
+    ensure!(
+        Api::<Deployment>::namespaced(spoke_client.clone(), AGENT_NS)
+            .get_opt("flower-hub")
+            .await?
+            .is_none()
+            && our_crds(
+                Api::<CustomResourceDefinition>::all(spoke_client.clone())
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+            ) == 0,
+        "the agent release installed hub parts"
+    );
+    Ok(())
+}
+
+/// Our objects of every kind the chart installs still present in `clusters` (client, namespace).
+async fn left_behind(clusters: &[(&kube::Client, &str)]) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    for &(client, ns) in clusters {
+        let c = || client.clone();
+        left.extend(ours_left("Deployment", Api::<Deployment>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("Service", Api::<Service>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("ServiceAccount", Api::<ServiceAccount>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("Secret", Api::<Secret>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("Role", Api::<Role>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("RoleBinding", Api::<RoleBinding>::namespaced(c(), ns)).await?);
+        left.extend(ours_left("ClusterRole", Api::<ClusterRole>::all(c())).await?);
+        left.extend(ours_left("ClusterRoleBinding", Api::<ClusterRoleBinding>::all(c())).await?);
+    }
+    Ok(left)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
     // Invariant: the chart installs the hub into a hub cluster and the agent into a spoke on real
@@ -162,31 +245,16 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
     )?;
     let hub_client = hub.client.clone();
     let crds = Api::<CustomResourceDefinition>::all(hub_client.clone());
-    let ours = |list: Vec<CustomResourceDefinition>| {
-        list.into_iter()
-            .filter_map(|c| c.metadata.name)
-            .filter(|n| n.ends_with(".flower-addon.io"))
-            .count()
-    };
     ensure!(
-        ours(crds.list(&ListParams::default()).await?.items) == 4,
+        our_crds(crds.list(&ListParams::default()).await?.items) == 4,
         "CRDs not installed"
     );
     let deployments = Api::<Deployment>::namespaced(hub_client.clone(), HUB_NS);
-    let args = |d: &Deployment| -> Vec<String> {
-        d.spec
-            .template
-            .spec
-            .as_ref()
-            .and_then(|p| p.containers.first())
-            .and_then(|c| c.args.clone())
-            .unwrap_or_default()
-    };
     let d = deployments.get("flower-hub").await?;
     ensure!(
-        args(&d).contains(&"--leader-elect".to_owned()),
+        container_args(&d).contains(&"--leader-elect".to_owned()),
         "hub args {:?}",
-        args(&d)
+        container_args(&d)
     );
     Api::<Service>::namespaced(hub_client.clone(), HUB_NS)
         .get("flower-hub")
@@ -202,48 +270,8 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
         .await?;
 
     // The agent side into the spoke, with its bootstrap Secret from values.
-    e2e::helm::install_agent(
-        spoke_kc,
-        &[
-            ("token", "abcdef.0123456789abcdef"),
-            ("hub", "198.18.0.1:30443"),
-            ("caHash", "sha256:00"),
-            ("clusterName", "spoke-1"),
-        ],
-    )?;
     let spoke_client = spoke.client.clone();
-    let secret = Api::<Secret>::namespaced(spoke_client.clone(), AGENT_NS)
-        .get("flower-agent-bootstrap")
-        .await?;
-    let value = |k: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-    };
-    ensure!(
-        value("clusterName").as_deref() == Some("spoke-1")
-            && value("hub").as_deref() == Some("198.18.0.1:30443"),
-        "bootstrap Secret {:?}",
-        secret.data
-    );
-    Api::<Deployment>::namespaced(spoke_client.clone(), AGENT_NS)
-        .get("flower-agent")
-        .await?;
-    ensure!(
-        Api::<Deployment>::namespaced(spoke_client.clone(), AGENT_NS)
-            .get_opt("flower-hub")
-            .await?
-            .is_none()
-            && ours(
-                Api::<CustomResourceDefinition>::all(spoke_client.clone())
-                    .list(&ListParams::default())
-                    .await?
-                    .items
-            ) == 0,
-        "the agent release installed hub parts"
-    );
+    install_agent_side(spoke_kc, &spoke_client).await?;
 
     // Upgrade with changed values: two replicas, JSON logs, auto-accept.
     run_helm(
@@ -264,7 +292,7 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
         ],
     )?;
     let d = deployments.get("flower-hub").await?;
-    let upgraded = args(&d);
+    let upgraded = container_args(&d);
     ensure!(
         d.spec.replicas == Some(2)
             && upgraded.contains(&"--log-format=json".to_owned())
@@ -293,24 +321,13 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
             "--wait",
         ],
     )?;
-    let mut left = Vec::new();
-    for (client, ns) in [(&hub_client, HUB_NS), (&spoke_client, AGENT_NS)] {
-        let c = || client.clone();
-        left.extend(ours_left("Deployment", Api::<Deployment>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("Service", Api::<Service>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("ServiceAccount", Api::<ServiceAccount>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("Secret", Api::<Secret>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("Role", Api::<Role>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("RoleBinding", Api::<RoleBinding>::namespaced(c(), ns)).await?);
-        left.extend(ours_left("ClusterRole", Api::<ClusterRole>::all(c())).await?);
-        left.extend(ours_left("ClusterRoleBinding", Api::<ClusterRoleBinding>::all(c())).await?);
-    }
+    let left = left_behind(&[(&hub_client, HUB_NS), (&spoke_client, AGENT_NS)]).await?;
     ensure!(
         left.is_empty(),
         "left behind after helm uninstall: {left:?}"
     );
     ensure!(
-        ours(crds.list(&ListParams::default()).await?.items) == 4,
+        our_crds(crds.list(&ListParams::default()).await?.items) == 4,
         "helm uninstall removed the CRDs (Helm keeps them: Federations would be lost)"
     );
     eprintln!(

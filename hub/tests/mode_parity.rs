@@ -68,6 +68,57 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Registers `clusters` (name → labels) as accepted in `store`.
+async fn register(store: &FileStore, clusters: &BTreeMap<String, BTreeMap<String, String>>) {
+    for (name, l) in clusters {
+        let registration = ClusterRegistration {
+            name: name.clone(),
+            labels: l.clone(),
+            claims: BTreeMap::new(),
+            key_fingerprint: format!("sha256:{name}"),
+            agent_version: "test".into(),
+            token_id: "t".into(),
+            created_unix: 1,
+        };
+        store
+            .create_cluster(&registration, true)
+            .await
+            .expect("cluster");
+    }
+}
+
+/// Feeds `work` the agents' reports: SuperNode keys of pool `a`, 2 from s1 and 1 from s2.
+fn report_keys(work: &InMemoryWorkSource) -> BTreeMap<&'static str, Vec<String>> {
+    let mut keys: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (cluster, count) in [("s1", 2), ("s2", 1)] {
+        let lines: Vec<String> = (0..count)
+            .map(|_| {
+                flower_addon_agent::node_key::generate_node_key()
+                    .expect("key")
+                    .public_openssh
+            })
+            .collect();
+        work.on_status(
+            cluster,
+            &flower_addon_proto::Status {
+                cluster_name: cluster.into(),
+                federations: vec![flower_addon_proto::FederationStatus {
+                    namespace: "team".into(),
+                    name: "fed".into(),
+                    pools: vec![flower_addon_proto::PoolStatus {
+                        name: "a".into(),
+                        node_public_keys: lines.clone(),
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            },
+        );
+        keys.insert(cluster, lines);
+    }
+    keys
+}
+
 #[tokio::test]
 async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -105,52 +156,12 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         ("s1".to_string(), labels(&[("gpu", "yes")])),
         ("s2".to_string(), labels(&[])),
     ]);
-    for (name, l) in &clusters {
-        let registration = ClusterRegistration {
-            name: name.clone(),
-            labels: l.clone(),
-            claims: BTreeMap::new(),
-            key_fingerprint: format!("sha256:{name}"),
-            agent_version: "test".into(),
-            token_id: "t".into(),
-            created_unix: 1,
-        };
-        store
-            .create_cluster(&registration, true)
-            .await
-            .expect("cluster");
-    }
+    register(store.as_ref(), &clusters).await;
 
     // Standalone: the real controller, with the agents' reports (SuperNode keys of pool a)
     // already in.
     let work = Arc::new(InMemoryWorkSource::new());
-    let mut keys: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (cluster, count) in [("s1", 2), ("s2", 1)] {
-        let lines: Vec<String> = (0..count)
-            .map(|_| {
-                flower_addon_agent::node_key::generate_node_key()
-                    .expect("key")
-                    .public_openssh
-            })
-            .collect();
-        work.on_status(
-            cluster,
-            &flower_addon_proto::Status {
-                cluster_name: cluster.into(),
-                federations: vec![flower_addon_proto::FederationStatus {
-                    namespace: "team".into(),
-                    name: "fed".into(),
-                    pools: vec![flower_addon_proto::PoolStatus {
-                        name: "a".into(),
-                        node_public_keys: lines.clone(),
-                        ..Default::default()
-                    }],
-                }],
-                ..Default::default()
-            },
-        );
-        keys.insert(cluster, lines);
-    }
+    let keys = report_keys(&work);
     let hub = StandaloneHub::new(
         store.clone(),
         work.clone(),
