@@ -387,11 +387,11 @@ async fn write_cluster_statuses(
             .collect();
         let decisions = stores.decisions.state();
         let federations = stores.federations.state();
-        written.retain(|(namespace, name), _| {
-            federations
-                .iter()
-                .any(|f| f.namespace().as_deref() == Some(namespace) && f.name_any() == *name)
-        });
+        let live: BTreeSet<(String, String)> = federations
+            .iter()
+            .map(|f| (f.namespace().unwrap_or_default(), f.name_any()))
+            .collect();
+        written.retain(|key, _| live.contains(key));
         for fed in federations {
             let namespace = fed.namespace().unwrap_or_default();
             let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
