@@ -12,6 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export FLOWER_ADDON_CACHE="${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}"
+# A whole-suite run gains nothing from incremental compilation state (~5 GB in target/).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 T0=$SECONDS
 step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
 LOG_DIR="$(mktemp -d /tmp/flower-addon-test.XXXXXX)"
