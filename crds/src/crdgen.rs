@@ -5,18 +5,23 @@ use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
 use crate::cluster::ManagedCluster;
+use crate::clusterset::{ManagedClusterSet, ManagedClusterSetBinding};
 use crate::federation::Federation;
 use crate::placement::{Placement, PlacementDecision};
 use crate::rules::FEDERATION_SPEC_RULES;
 
 /// Every flower-addon CRD, in a fixed order: Federation, Placement, PlacementDecision,
-/// ManagedCluster.
+/// ManagedCluster, ManagedClusterSet, ManagedClusterSetBinding.
 pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut binding = finish(ManagedClusterSetBinding::crd(), false);
+    add_root_rule(&mut binding, BINDING_NAME_RULE, BINDING_NAME_MESSAGE);
     [
         finish(Federation::crd(), true),
         finish(Placement::crd(), false),
         finish(PlacementDecision::crd(), false),
         finish(ManagedCluster::crd(), false),
+        finish(ManagedClusterSet::crd(), false),
+        binding,
     ]
     .into_iter()
     .collect()
@@ -63,6 +68,33 @@ fn finish(crd: CustomResourceDefinition, federation_rules: bool) -> CustomResour
         }
     }
     serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// A ManagedClusterSetBinding is named after its set (OCM's rule; `validate_cluster_set_binding`
+/// says the same).
+const BINDING_NAME_RULE: &str = "self.metadata.name == self.spec.clusterSet";
+const BINDING_NAME_MESSAGE: &str =
+    "metadata.name must equal spec.clusterSet: a binding is named after its ManagedClusterSet";
+
+/// Adds a CEL rule at the root of every version's schema (where `self.metadata.name` is visible).
+fn add_root_rule(crd: &mut CustomResourceDefinition, rule: &str, message: &str) {
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            let mut rules = schema.x_kubernetes_validations.take().unwrap_or_default();
+            rules.push(
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ValidationRule {
+                    rule: rule.to_owned(),
+                    message: Some(message.to_owned()),
+                    ..Default::default()
+                },
+            );
+            schema.x_kubernetes_validations = Some(rules);
+        }
+    }
 }
 
 /// Puts every rule of [`FEDERATION_SPEC_RULES`] into `x-kubernetes-validations` at its location.

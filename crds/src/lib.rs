@@ -1,10 +1,12 @@
-//! flower-addon API types: `Federation`, `Placement`, `PlacementDecision` and `ManagedCluster`
+//! flower-addon API types: `Federation`, `Placement`, `PlacementDecision`, `ManagedCluster`,
+//! `ManagedClusterSet` and `ManagedClusterSetBinding`
 //! (group `flower-addon.io`, version `v1alpha1`), their validation and CRD generation, and the pure
 //! SuperNode renderer ([`render`]) that the agent's runtimes, the hub and `flower-hub render` share.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
 pub mod cluster;
+pub mod clusterset;
 pub mod crdgen;
 pub mod federation;
 pub mod parse;
@@ -16,12 +18,16 @@ mod schema_helpers;
 pub mod validate;
 
 pub use cluster::*;
+pub use clusterset::*;
 pub use crdgen::{crd_file_name, crd_yaml, crds, crds_yaml};
 pub use federation::*;
 pub use parse::{Object, ParseError, parse_documents};
 pub use placement::*;
 pub use quantity::parse_quantity;
-pub use validate::{FieldError, dns_label, validate_federation, validate_placement};
+pub use validate::{
+    FieldError, dns_label, validate_cluster_set, validate_cluster_set_binding, validate_federation,
+    validate_placement,
+};
 
 /// API group of every flower-addon resource.
 pub const GROUP: &str = "flower-addon.io";

@@ -6,15 +6,18 @@ use serde_json::Value;
 
 use crate::API_VERSION;
 use crate::cluster::ManagedCluster;
+use crate::clusterset::{ManagedClusterSet, ManagedClusterSetBinding};
 use crate::federation::Federation;
 use crate::placement::{Placement, PlacementDecision};
 
 /// The kinds `parse_documents` accepts, as `apiVersion`/`kind` pairs.
-pub const SUPPORTED_KINDS: [&str; 4] = [
+pub const SUPPORTED_KINDS: [&str; 6] = [
     "Federation",
     "Placement",
     "PlacementDecision",
     "ManagedCluster",
+    "ManagedClusterSet",
+    "ManagedClusterSetBinding",
 ];
 
 /// One parsed resource.
@@ -29,6 +32,10 @@ pub enum Object {
     PlacementDecision(PlacementDecision),
     /// A `ManagedCluster`.
     ManagedCluster(ManagedCluster),
+    /// A `ManagedClusterSet`.
+    ManagedClusterSet(ManagedClusterSet),
+    /// A `ManagedClusterSetBinding`.
+    ManagedClusterSetBinding(ManagedClusterSetBinding),
 }
 
 impl Object {
@@ -39,6 +46,8 @@ impl Object {
             Self::Placement(_) => "Placement",
             Self::PlacementDecision(_) => "PlacementDecision",
             Self::ManagedCluster(_) => "ManagedCluster",
+            Self::ManagedClusterSet(_) => "ManagedClusterSet",
+            Self::ManagedClusterSetBinding(_) => "ManagedClusterSetBinding",
         }
     }
 
@@ -49,6 +58,8 @@ impl Object {
             Self::Placement(o) => &o.metadata,
             Self::PlacementDecision(o) => &o.metadata,
             Self::ManagedCluster(o) => &o.metadata,
+            Self::ManagedClusterSet(o) => &o.metadata,
+            Self::ManagedClusterSetBinding(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or("")
     }
@@ -143,6 +154,10 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             "Federation" => Object::Federation(typed_doc(&doc).map_err(typed)?),
             "Placement" => Object::Placement(typed_doc(&doc).map_err(typed)?),
             "PlacementDecision" => Object::PlacementDecision(typed_doc(&doc).map_err(typed)?),
+            "ManagedClusterSet" => Object::ManagedClusterSet(typed_doc(&doc).map_err(typed)?),
+            "ManagedClusterSetBinding" => {
+                Object::ManagedClusterSetBinding(typed_doc(&doc).map_err(typed)?)
+            }
             _ => Object::ManagedCluster(typed_doc(&doc).map_err(typed)?),
         };
         objects.push(object);

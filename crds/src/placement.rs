@@ -30,6 +30,11 @@ pub const MAX_DECISIONS_PER_OBJECT: usize = 100;
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementSpec {
+    /// ManagedClusterSets to select from, among those bound to the Placement's namespace by a
+    /// `ManagedClusterSetBinding`; empty: every bound set. No bound set → nothing is selected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 32))]
+    pub cluster_sets: Vec<String>,
     /// Cluster predicates, ORed; empty selects every cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 32))]

@@ -530,5 +530,7 @@ fn check_host_port(addr: &str) -> Result<(), String> {
     Ok(())
 }
 
+mod clusterset;
 mod placement;
+pub use clusterset::{validate_cluster_set, validate_cluster_set_binding};
 pub use placement::validate_placement;

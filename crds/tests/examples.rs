@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use flower_addon_crds::{Object, parse_documents, validate_federation, validate_placement};
+use flower_addon_crds::{
+    Object, parse_documents, validate_cluster_set, validate_cluster_set_binding,
+    validate_federation, validate_placement,
+};
 
 fn examples_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
@@ -22,6 +25,8 @@ fn messages(obj: &Object) -> Vec<String> {
     let errors = match obj {
         Object::Federation(f) => validate_federation(f),
         Object::Placement(p) => validate_placement(p),
+        Object::ManagedClusterSet(s) => validate_cluster_set(s),
+        Object::ManagedClusterSetBinding(b) => validate_cluster_set_binding(b),
         _ => Vec::new(),
     };
     errors.into_iter().map(|e| e.message).collect()

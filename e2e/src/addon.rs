@@ -123,6 +123,30 @@ impl OpsAddresses {
     }
 }
 
+/// The ManagedClusterSet `global` of every cluster (`labelSelector: {}`, like OCM's), and
+/// its ManagedClusterSetBinding into `namespace`, as the platform admin would apply them: without
+/// a binding a Placement in `namespace` selects nothing.
+pub const EVERY_CLUSTER_SET: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: global}
+spec:
+  clusterSelector: {selectorType: LabelSelector, labelSelector: {}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata: {name: global}
+spec: {clusterSet: global}
+"#;
+
+/// Applies [`EVERY_CLUSTER_SET`] with its binding in `namespace` (as the admin).
+pub async fn bind_every_cluster(client: &kube::Client, namespace: &str) -> Result<()> {
+    crate::apply_yaml(client, EVERY_CLUSTER_SET, namespace)
+        .await
+        .with_context(|| format!("binding ManagedClusterSet global to namespace {namespace}"))?;
+    Ok(())
+}
+
 /// A control plane with one cluster, `hub`, holding the CRDs, namespace `user_namespace` for the
 /// user's objects and the hub's least-privilege ServiceAccount from `manifests/hub`: what the
 /// hub's controllers act with when a test runs them in-process.

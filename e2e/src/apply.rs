@@ -181,14 +181,15 @@ pub async fn install_crds(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// Installs the hub as the README says: the CRDs, then `manifests/hub/` (namespace, RBAC,
-/// Deployment, Service) into `flower-addon-system`.
+/// Installs the hub as the README says: the CRDs, then `manifests/hub/` (namespace, RBAC, the
+/// cluster-set binding policy, Deployment, Service) into `flower-addon-system`.
 pub async fn install_hub_manifests(client: &Client) -> Result<()> {
     install_crds(client).await?;
     let manifests = crate::repo_root().join("manifests/hub");
     for file in [
         "namespace.yaml",
         "rbac.yaml",
+        "clusterset-binding-policy.yaml",
         "deployment.yaml",
         "service.yaml",
     ] {

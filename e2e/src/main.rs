@@ -135,6 +135,24 @@ kind: Namespace
 metadata:
   name: demo
 ---
+# Every cluster, bound to namespace demo: without a binding its Placement selects nothing.
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata:
+  name: global
+spec:
+  clusterSelector:
+    selectorType: LabelSelector
+    labelSelector: {}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata:
+  name: global
+  namespace: demo
+spec:
+  clusterSet: global
+---
 apiVersion: flower-addon.io/v1alpha1
 kind: Placement
 metadata:

@@ -69,6 +69,9 @@ async fn real_control_plane() {
                 Box::pin(manifests_accepted_dry_run(cp))
             }),
             ("roles_for_people", |cp| Box::pin(roles_for_people(cp))),
+            ("binding_a_cluster_set_needs_bind", |cp| {
+                Box::pin(binding_a_cluster_set_needs_bind(cp))
+            }),
         ],
     )
     .await;
@@ -199,6 +202,13 @@ async fn hub_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
         &[
             (true, a("list", g, "federations", None)),
             (true, a("watch", g, "placements", None)),
+            (true, a("watch", g, "managedclustersets", None)),
+            (true, a("list", g, "managedclustersetbindings", None)),
+            (
+                false,
+                a("create", g, "managedclustersetbindings", Some("team-a")),
+            ),
+            (false, a("create", g, "managedclustersets", None)),
             (true, status),
             (true, mc_status),
             (true, a("create", g, "placementdecisions", Some("team-a"))),
@@ -502,5 +512,181 @@ async fn manifests_accepted_dry_run(cp: &ControlPlane) -> Result<()> {
 
 async fn apply_namespace(c: &Cluster, rel: &str) -> Result<()> {
     e2e::apply_file(&c.client, &manifest(rel), "default").await?;
+    Ok(())
+}
+
+/// Tenancy (manifests/hub/clusterset-binding-policy.yaml): a namespace admin may create
+/// ManagedClusterSetBindings by RBAC, but the apiserver's ValidatingAdmissionPolicy refuses one
+/// for a set the admin holds no `create` on `managedclustersets/bind` for, naming the user, the
+/// set and the fix; once the platform admin grants bind on that set (by name), the binding is
+/// accepted, and a binding to another set is still refused. An editor may not create bindings
+/// at all; a binding not named after its set is refused by the CRD's rule.
+async fn binding_a_cluster_set_needs_bind(cp: &ControlPlane) -> Result<()> {
+    let hub = cp.cluster("hub")?;
+    e2e::install_crds(&hub.client).await?;
+    e2e::apply_file(&hub.client, &manifest("hub/roles.yaml"), "default").await?;
+    e2e::apply_file(
+        &hub.client,
+        &manifest("hub/clusterset-binding-policy.yaml"),
+        "default",
+    )
+    .await?;
+    let setup = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-bind}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: lead, namespace: team-bind}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: dev, namespace: team-bind}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: lead-admin, namespace: team-bind}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{kind: ServiceAccount, name: lead, namespace: team-bind}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: dev-edit, namespace: team-bind}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+subjects: [{kind: ServiceAccount, name: dev, namespace: team-bind}]
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: team-sites}
+spec: {clusterSelector: {selectorType: ExclusiveClusterSetLabel}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: other-sites}
+spec: {clusterSelector: {selectorType: ExclusiveClusterSetLabel}}
+"#;
+    e2e::apply_yaml(&hub.client, setup, "team-bind").await?;
+    let lead = e2e::service_account_token(hub, "team-bind", "lead", 600).await?;
+    let dev = e2e::service_account_token(hub, "team-bind", "dev", 600).await?;
+    let g = "flower-addon.io";
+    let ns = Some("team-bind");
+    // RBAC: the admin may create bindings (aggregated into `admin`), the editor may not.
+    e2e::wait_until(
+        "bindings aggregated into admin",
+        Duration::from_secs(60),
+        || async {
+            can_i(
+                &hub.client,
+                &lead,
+                &a("create", g, "managedclustersetbindings", ns),
+            )
+            .await
+        },
+    )
+    .await?;
+    check(
+        hub,
+        &dev,
+        &[
+            (true, a("list", g, "managedclustersetbindings", ns)),
+            (false, a("create", g, "managedclustersetbindings", ns)),
+        ],
+    )
+    .await?;
+    let bindings: Api<flower_addon_crds::ManagedClusterSetBinding> =
+        Api::namespaced(lead.client.clone(), "team-bind");
+    let binding = |set: &str| -> Result<flower_addon_crds::ManagedClusterSetBinding> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "ManagedClusterSetBinding",
+            "metadata": {"name": set, "namespace": "team-bind"},
+            "spec": {"clusterSet": set},
+        }))?)
+    };
+    let refused = |res: std::result::Result<_, kube::Error>, set: &str| -> Result<()> {
+        match res {
+            Err(kube::Error::Api(s))
+                if s.code == 403
+                    && s.message
+                        .contains(&format!("may not bind ManagedClusterSet {set}"))
+                    && s.message.contains("managedclustersets/bind") =>
+            {
+                Ok(())
+            }
+            other => {
+                bail!("binding {set} without bind: expected 403 from the policy, got {other:?}")
+            }
+        }
+    };
+    // The policy takes effect once the apiserver has loaded it: probe with dry runs (admission
+    // runs, nothing is stored).
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let took = e2e::wait_until(
+        "the ValidatingAdmissionPolicy refuses an unauthorised binding",
+        Duration::from_secs(60),
+        || async {
+            Ok(bindings
+                .create(&dry, &binding("team-sites")?)
+                .await
+                .is_err())
+        },
+    )
+    .await?;
+    eprintln!("  policy active in {:.1}s", took.as_secs_f64());
+    refused(
+        bindings
+            .create(&PostParams::default(), &binding("team-sites")?)
+            .await,
+        "team-sites",
+    )?;
+    // The platform admin grants bind on team-sites only.
+    let grant = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: bind-team-sites}
+rules:
+  - apiGroups: [flower-addon.io]
+    resources: [managedclustersets/bind]
+    resourceNames: [team-sites]
+    verbs: [create]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: lead-binds-team-sites}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: bind-team-sites}
+subjects: [{kind: ServiceAccount, name: lead, namespace: team-bind}]
+"#;
+    e2e::apply_yaml(&hub.client, grant, "default").await?;
+    e2e::wait_until(
+        "the bound set is accepted",
+        Duration::from_secs(30),
+        || async {
+            Ok(bindings
+                .create(&PostParams::default(), &binding("team-sites")?)
+                .await
+                .is_ok())
+        },
+    )
+    .await?;
+    refused(
+        bindings
+            .create(&PostParams::default(), &binding("other-sites")?)
+            .await,
+        "other-sites",
+    )?;
+    // A binding not named after its set: the CRD's rule (before any policy).
+    let mut misnamed = binding("team-sites")?;
+    misnamed.metadata.name = Some("nickname".into());
+    match bindings.create(&PostParams::default(), &misnamed).await {
+        Err(kube::Error::Api(s))
+            if s.code == 422
+                && s.message
+                    .contains("metadata.name must equal spec.clusterSet") => {}
+        other => bail!("a misnamed binding: expected 422, got {other:?}"),
+    }
     Ok(())
 }

@@ -197,6 +197,7 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
     // free clusters (Steady under numberOfClusters, expiring tolerations honoured, 100 per page,
     // owned by the Placement), and the Placement status says how many and why others are out.
     let (_cp, client, hub_sa) = hub_with_rbac().await?;
+    e2e::addon::bind_every_cluster(&client, NS).await?;
     let controller = PlacementController::start(&hub_sa.client);
     let t0 = Instant::now();
     let prod = accepted_matching_clusters_are_decided(&client).await?;
@@ -207,6 +208,7 @@ async fn placement_controller_writes_decisions_on_a_real_hub() -> Result<()> {
     decisions_are_paginated_at_100(&client).await?;
     no_match_keeps_one_empty_page(&client).await?;
     prioritizers_pick_by_reported_capacity(&client).await?;
+    placements_select_only_from_bound_cluster_sets(&client).await?;
     eprintln!("placement scenario took {:.1}s", t0.elapsed().as_secs_f64());
     controller.stop().await
 }
@@ -457,6 +459,111 @@ async fn prioritizers_pick_by_reported_capacity(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// 9. Tenancy: in a namespace without a ManagedClusterSetBinding a Placement selects nothing and
+///    names no cluster (`NoManagedClusterSetBindings`); bound to the exclusive set `red` it
+///    selects only red's member; unbound again, nothing.
+async fn placements_select_only_from_bound_cluster_sets(client: &Client) -> Result<()> {
+    const TEAM_B: &str = "team-b";
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": TEAM_B}}))?,
+        )
+        .await?;
+    let placements = Api::<Placement>::namespaced(client.clone(), TEAM_B);
+    let decisions = Api::<PlacementDecision>::namespaced(client.clone(), TEAM_B);
+    placements
+        .patch(
+            "scoped",
+            &PatchParams::apply(USER).force(),
+            &Patch::Apply(&serde_json::json!({
+                "apiVersion": "flower-addon.io/v1alpha1",
+                "kind": "Placement",
+                "metadata": {"name": "scoped"},
+                "spec": {"tolerations": [{"operator": "Exists"}]},
+            })),
+        )
+        .await?;
+    // (reason of PlacementSatisfied, decided clusters, clusters named in unselectedClusters)
+    let state = || async {
+        let p = placements.get("scoped").await?;
+        let status = p.status.unwrap_or_default();
+        let reason = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "PlacementSatisfied")
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
+        let mut decided: Vec<String> = decisions
+            .list(&ListParams::default().labels(&format!("{PLACEMENT_LABEL}=scoped")))
+            .await?
+            .items
+            .into_iter()
+            .flat_map(|d| d.status.map(|s| s.decisions).unwrap_or_default())
+            .map(|d| d.cluster_name)
+            .collect();
+        decided.sort();
+        let named: Vec<String> = status
+            .unselected_clusters
+            .into_iter()
+            .map(|u| u.cluster_name)
+            .collect();
+        anyhow::Ok((reason, decided, named))
+    };
+    let unbound = || async {
+        let (reason, decided, named) = state().await?;
+        Ok(reason == "NoManagedClusterSetBindings" && decided.is_empty() && named.is_empty())
+    };
+    e2e::wait_until(
+        "team-b's Placement selects nothing without a binding",
+        WAIT,
+        unbound,
+    )
+    .await?;
+    let red = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: red}
+spec: {clusterSelector: {selectorType: ExclusiveClusterSetLabel}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata: {name: red}
+spec: {clusterSet: red}
+"#;
+    e2e::apply_yaml(client, red, TEAM_B).await?;
+    apply_cluster(
+        client,
+        "small",
+        &[
+            ("tier", "cpu"),
+            (flower_addon_crds::CLUSTERSET_LABEL, "red"),
+        ],
+        true,
+        serde_json::json!([]),
+    )
+    .await?;
+    e2e::wait_until(
+        "team-b's Placement selects red's member only",
+        WAIT,
+        || async {
+            let (reason, decided, named) = state().await?;
+            Ok(reason == "AllDecisionsScheduled" && decided == ["small"] && named.is_empty())
+        },
+    )
+    .await?;
+    Api::<flower_addon_crds::ManagedClusterSetBinding>::namespaced(client.clone(), TEAM_B)
+        .delete("red", &DeleteParams::default())
+        .await?;
+    e2e::wait_until(
+        "team-b's Placement selects nothing once unbound",
+        WAIT,
+        unbound,
+    )
+    .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -> Result<()> {
     // Invariant: the Kubernetes ClusterStore (under the hub's RBAC) keeps one CA, hashed tokens
@@ -464,6 +571,7 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
     // status, taints unavailable clusters (so Placements drop them), keeps the admin's edits, and
     // announces admin-side changes on changes().
     let (_cp, client, hub_sa) = hub_with_rbac().await?;
+    e2e::addon::bind_every_cluster(&client, NS).await?;
     let store = KubeStore::new(hub_sa.client.clone(), HUB_NS);
     let mut changes = store.changes();
     let t0 = Instant::now();
@@ -754,6 +862,7 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
     // decided it, with their pools; it follows relabelling and spec changes, and an invalid
     // Federation keeps the work it had (nothing is pruned while the spec is broken).
     let (_cp, client, hub_sa) = hub_with_rbac().await?;
+    e2e::addon::bind_every_cluster(&client, NS).await?;
     let none = serde_json::json!([]);
     apply_cluster(&client, "s1", &[("env", "prod")], true, none.clone()).await?;
     apply_cluster(&client, "s2", &[("env", "prod")], true, none.clone()).await?;
@@ -989,7 +1098,8 @@ async fn two_spokes_running() -> Result<World> {
         addon.joined_in.as_secs_f64()
     );
 
-    // Federation + Placement selecting both spokes.
+    // Federation + Placement selecting both spokes (of the set bound to the namespace).
+    e2e::addon::bind_every_cluster(&client, NS).await?;
     apply_placement(
         &client,
         "both",

@@ -231,6 +231,17 @@ kind: Namespace
 metadata: {name: fl}
 ---
 apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: global}
+spec:
+  clusterSelector: {selectorType: LabelSelector, labelSelector: {}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata: {name: global, namespace: fl}
+spec: {clusterSet: global}
+---
+apiVersion: flower-addon.io/v1alpha1
 kind: Placement
 metadata: {name: spokes, namespace: fl}
 spec:

@@ -56,6 +56,17 @@ spec:
       env: [{name: MODE, value: gpu}]
 ---
 apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: global}
+spec:
+  clusterSelector: {selectorType: LabelSelector, labelSelector: {}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata: {name: global, namespace: team}
+spec: {clusterSet: global}
+---
+apiVersion: flower-addon.io/v1alpha1
 kind: Placement
 metadata: {name: all, namespace: team}
 spec: {}

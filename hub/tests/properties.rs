@@ -211,6 +211,9 @@ fn policy() -> impl Strategy<Value = PlacementPolicy> {
                 })
                 .collect(),
             number_of_clusters,
+            cluster_sets: vec![
+                flower_addon_hub::core::clustersets::ClusterSetView::every_cluster("global"),
+            ],
             ..PlacementPolicy::default()
         })
 }

@@ -6,6 +6,17 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
     let spec = &placement.spec;
     let mut errors = Vec::new();
     check_object_names(&mut errors, &placement.metadata);
+    if spec.cluster_sets.len() > 32 {
+        errors.push(FieldError::new(
+            "spec.clusterSets",
+            "must have at most 32 items",
+        ));
+    }
+    for (i, set) in spec.cluster_sets.iter().enumerate() {
+        if let Err(why) = check_dns_label(set) {
+            errors.push(FieldError::new(format!("spec.clusterSets[{i}]"), why));
+        }
+    }
     if spec.predicates.len() > 32 {
         errors.push(FieldError::new(
             "spec.predicates",
@@ -128,7 +139,7 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
     errors
 }
 
-fn check_selector_requirement(
+pub(super) fn check_selector_requirement(
     errors: &mut Vec<FieldError>,
     at: &str,
     operator: &str,

@@ -415,6 +415,7 @@ async fn kubernetes(args: &Args) -> Result<bool> {
         }
     }
 
+    e2e::addon::bind_every_cluster(&client, NS).await?;
     let placement = serde_json::json!({
         "apiVersion": "flower-addon.io/v1alpha1",
         "kind": "Placement",

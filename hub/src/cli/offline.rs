@@ -105,6 +105,16 @@ pub fn object_problems(object: &Object) -> Vec<(String, String)> {
             .into_iter()
             .map(|e| (e.path, e.message))
             .collect(),
+        Object::ManagedClusterSet(set) => flower_addon_crds::validate_cluster_set(set)
+            .into_iter()
+            .map(|e| (e.path, e.message))
+            .collect(),
+        Object::ManagedClusterSetBinding(binding) => {
+            flower_addon_crds::validate_cluster_set_binding(binding)
+                .into_iter()
+                .map(|e| (e.path, e.message))
+                .collect()
+        }
         Object::PlacementDecision(_) | Object::ManagedCluster(_) => Vec::new(),
     }
 }

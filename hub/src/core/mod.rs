@@ -1,9 +1,10 @@
 //! The hub's pure core, shared by both adapters (Kubernetes controllers; standalone files and
-//! processes): which clusters a Placement selects ([`placement`]), what each selected cluster
+//! processes): which clusters a Placement may select ([`clustersets`]) and selects ([`placement`]), what each selected cluster
 //! runs ([`work`]), the SuperLink's arguments ([`superlink`]) and objects ([`render`]), and what
 //! keeps a Federation from being applied ([`problems`]). Nothing here
 //! does I/O; every function is unit-tested without a cluster or a process.
 pub mod certs;
+pub mod clustersets;
 pub mod nodekeys;
 pub mod placement;
 pub mod problems;

@@ -2,6 +2,8 @@
 //!
 //! - predicates are ORed; inside one predicate the label and claim selectors are ANDed; no
 //!   predicate at all selects every eligible cluster;
+//! - only clusters in the Placement's usable cluster sets are considered
+//!   ([`super::clustersets`]); the others are not named in the outcome;
 //! - only accepted clusters are eligible;
 //! - taints with effect `NoSelect` drop a cluster unless a toleration matches (and, with
 //!   `tolerationSeconds`, only until that many seconds after the taint was added);
@@ -153,6 +155,9 @@ pub struct PredicateView {
 /// The parts of a Placement that decide the selection.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlacementPolicy {
+    /// The cluster sets the Placement may select from ([`super::clustersets::usable_sets`]);
+    /// empty: nothing is selected.
+    pub cluster_sets: Vec<super::clustersets::ClusterSetView>,
     /// ORed predicates; empty selects every eligible cluster.
     pub predicates: Vec<PredicateView>,
     /// Upper bound on the selection; None: every qualifying cluster.
@@ -211,6 +216,8 @@ pub struct PlacementOutcome {
     pub satisfied: bool,
     /// Seconds from `now` until a toleration expires and the result may change.
     pub requeue_after_secs: Option<i64>,
+    /// Set when the cluster sets leave nothing to select from.
+    pub scope: Option<super::clustersets::ScopeProblem>,
 }
 
 /// Evaluates `policy` against `clusters`. `previous` holds the clusters selected by the last
@@ -228,6 +235,13 @@ pub fn evaluate(
     let mut sorted: Vec<&ClusterView> = clusters.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     sorted.dedup_by(|a, b| a.name == b.name);
+    // Clusters outside every usable set are not considered, nor named.
+    sorted.retain(|c| policy.cluster_sets.iter().any(|s| s.contains(&c.labels)));
+    if policy.cluster_sets.is_empty() {
+        out.scope = Some(super::clustersets::ScopeProblem::NoBindings);
+    } else if sorted.is_empty() {
+        out.scope = Some(super::clustersets::ScopeProblem::AllSetsEmpty);
+    }
 
     for cluster in sorted {
         if !cluster.accepted {
@@ -476,7 +490,27 @@ pub fn allocatable_view(allocatable: &BTreeMap<String, String>) -> (Option<i64>,
     (parse("cpu", 1000.0), parse("memory", 1.0))
 }
 
-/// The selection policy of a `Placement` spec (API types → the pure view used here).
+/// The selection policy of `placement` (API types → the pure view used here), its cluster sets
+/// resolved from every ManagedClusterSet and the `(namespace, set)` of every valid binding.
+pub fn placement_policy(
+    placement: &flower_addon_crds::Placement,
+    sets: &[super::clustersets::ClusterSetView],
+    bindings: &[(String, String)],
+) -> PlacementPolicy {
+    let namespace = placement.metadata.namespace.as_deref().unwrap_or("default");
+    PlacementPolicy {
+        cluster_sets: super::clustersets::usable_sets(
+            namespace,
+            &placement.spec.cluster_sets,
+            sets,
+            bindings,
+        ),
+        ..policy_from_spec(&placement.spec)
+    }
+}
+
+/// The selection policy of a `Placement` spec without its cluster sets (see
+/// [`placement_policy`]).
 pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPolicy {
     use flower_addon_crds::{TaintEffect as ApiEffect, TolerationOperator};
     let effect = |e: ApiEffect| match e {
@@ -485,6 +519,7 @@ pub fn policy_from_spec(spec: &flower_addon_crds::PlacementSpec) -> PlacementPol
         ApiEffect::NoSelectIfNew => TaintEffect::NoSelectIfNew,
     };
     PlacementPolicy {
+        cluster_sets: Vec::new(),
         predicates: spec
             .predicates
             .iter()

@@ -1,9 +1,10 @@
-//! Federations and Placements read from a directory of YAML files, re-read when a file changes.
+//! Federations, Placements, ManagedClusterSets and ManagedClusterSetBindings read from a directory
+//! of YAML files, re-read when a file changes.
 //!
 //! An invalid file is reported (file, field path, message) and ignored, and it does not stop the
 //! other files: the objects it held before keep their last valid version, so a typo never tears
 //! a running federation down.
-use flower_addon_crds::{Federation, Placement};
+use flower_addon_crds::{Federation, ManagedClusterSet, ManagedClusterSetBinding, Placement};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -23,6 +24,8 @@ pub struct Manifests {
 struct FileObjects {
     federations: Vec<Federation>,
     placements: Vec<Placement>,
+    cluster_sets: Vec<ManagedClusterSet>,
+    bindings: Vec<ManagedClusterSetBinding>,
 }
 
 impl Manifests {
@@ -94,6 +97,26 @@ impl Manifests {
             .flat_map(|o| o.placements.iter())
             .find(|p| key(&p.metadata) == (namespace.to_owned(), name.to_owned()))
     }
+
+    /// Every valid ManagedClusterSet, sorted by name (the last file wins for a name).
+    pub fn cluster_sets(&self) -> Vec<crate::core::clustersets::ClusterSetView> {
+        let mut all: BTreeMap<String, &ManagedClusterSet> = BTreeMap::new();
+        for objects in self.by_file.values() {
+            for set in &objects.cluster_sets {
+                all.insert(set.metadata.name.clone().unwrap_or_default(), set);
+            }
+        }
+        all.into_values()
+            .map(crate::core::clustersets::ClusterSetView::from_api)
+            .collect()
+    }
+
+    /// `(namespace, set)` of every valid ManagedClusterSetBinding.
+    pub fn cluster_set_bindings(&self) -> Vec<(String, String)> {
+        crate::core::clustersets::binding_pairs(
+            self.by_file.values().flat_map(|o| o.bindings.iter()),
+        )
+    }
 }
 
 fn key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Key {
@@ -159,8 +182,35 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
                     );
                 }
             }
+            flower_addon_crds::Object::ManagedClusterSet(set) => {
+                let errors = flower_addon_crds::validate_cluster_set(&set);
+                if errors.is_empty() {
+                    out.cluster_sets.push(set);
+                } else {
+                    problems.extend(
+                        errors
+                            .iter()
+                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
+                    );
+                }
+            }
+            flower_addon_crds::Object::ManagedClusterSetBinding(mut binding) => {
+                if binding.metadata.namespace.is_none() {
+                    binding.metadata.namespace = Some("default".into());
+                }
+                let errors = flower_addon_crds::validate_cluster_set_binding(&binding);
+                if errors.is_empty() {
+                    out.bindings.push(binding);
+                } else {
+                    problems.extend(
+                        errors
+                            .iter()
+                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
+                    );
+                }
+            }
             _ => problems.push(format!(
-                "{name}: only Federation and Placement objects belong in the manifests directory"
+                "{name}: only Federation, Placement, ManagedClusterSet and ManagedClusterSetBinding objects belong in the manifests directory"
             )),
         }
     }

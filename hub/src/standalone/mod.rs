@@ -20,8 +20,8 @@ use crate::core::superlink::SuperLinkPorts;
 use crate::core::work::WorkInputs;
 use crate::registration::ca::HubCa;
 use crate::registration::store::{ClusterRecord, ClusterStore};
+use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
-use flower_addon_crds::{Federation, Placement};
 use flower_addon_proto::{ClusterWork, FederationWork};
 use manifests::Manifests;
 use running::{RunningSuperLink, stop_superlink};
@@ -177,9 +177,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 result.as_ref().err().map(|_| "reconcile"),
             );
             match result {
-                Ok((selected, unplaced)) => {
-                    summary.selected = selected;
-                    summary.unplaced_pools = unplaced;
+                Ok(placed) => {
+                    summary.selected = placed.selected;
+                    summary.unplaced_pools = placed.unplaced;
+                    summary.placement = placed.placement_problem;
                 }
                 Err(message) => summary.error = Some(message),
             }
@@ -286,7 +287,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         views: &[ClusterView],
         now: i64,
         per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
-    ) -> Result<(Vec<String>, Vec<String>), String> {
+    ) -> Result<Placed, String> {
         let key = fed_key(fed);
         let (version, dialect) = federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
@@ -300,6 +301,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
 
         // Without placementRef the pools run on this machine, next to the SuperLink (the
         // standalone counterpart of "in the hub cluster"): the virtual cluster HUB_CLUSTER.
+        let mut placement_problem = None;
         let selected: Vec<String> = match &fed.spec.placement_ref {
             None => vec![HUB_CLUSTER.to_owned()],
             Some(placement_ref) => {
@@ -313,7 +315,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
                             key.0, placement_ref.name
                         )
                     })?;
-                let policy = placement_policy(&placement);
+                let policy = placement::placement_policy(
+                    &placement,
+                    &self.manifests.cluster_sets(),
+                    &self.manifests.cluster_set_bindings(),
+                );
                 let previous = self.selections.get(&key).cloned().unwrap_or_default();
                 // Balance: how many other Federations' selections each cluster is in.
                 let mut views = views.to_vec();
@@ -327,6 +333,15 @@ impl<S: ClusterStore> StandaloneHub<S> {
                         .unwrap_or(u32::MAX);
                 }
                 let outcome = placement::evaluate(&policy, &views, &previous, now);
+                placement_problem = outcome.scope.map(|scope| {
+                    format!(
+                        "Placement {}/{}: {}: {}",
+                        key.0,
+                        placement_ref.name,
+                        scope.reason(),
+                        scope.message(&key.0, &placement.spec.cluster_sets)
+                    )
+                });
                 self.selections
                     .insert(key.clone(), outcome.selected.iter().cloned().collect());
                 outcome.selected
@@ -361,8 +376,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
         for (cluster, work) in works.per_cluster {
             per_cluster.entry(cluster).or_default().push(work);
         }
-        let unplaced = works.unplaced_pools;
-        Ok((selected, unplaced))
+        Ok(Placed {
+            selected,
+            unplaced: works.unplaced_pools,
+            placement_problem,
+        })
     }
 
     /// Where the Federation's SuperLink process is reached: hub-local pools dial loopback;
@@ -479,7 +497,12 @@ fn cluster_view(record: &ClusterRecord) -> ClusterView {
     }
 }
 
-/// The parts of a Placement's spec that decide its selection.
-pub fn placement_policy(p: &Placement) -> placement::PlacementPolicy {
-    crate::core::placement::policy_from_spec(&p.spec)
+/// Where a Federation's pools go, from [`StandaloneHub::reconcile_federation`].
+struct Placed {
+    /// Selected clusters.
+    selected: Vec<String>,
+    /// Pools no selected cluster runs.
+    unplaced: Vec<String>,
+    /// Why the Placement's cluster sets leave nothing to select from.
+    placement_problem: Option<String>,
 }

@@ -67,6 +67,10 @@ pub struct FederationSummary {
     pub control: Option<String>,
     /// Per cluster and pool: `cluster/pool` → `ready/desired`.
     pub pools: BTreeMap<String, String>,
+    /// Why the Placement selects nothing because of its cluster sets (reason and message of
+    /// `PlacementSatisfied=False` on the Placement in Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     /// Pools that no selected cluster runs (no available cluster matches their selector).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced_pools: Vec<String>,
@@ -108,9 +112,14 @@ impl FederationSummary {
             .copied()
             .unwrap_or(false);
         let mut missing: Vec<String> = self
-            .unplaced_pools
+            .placement
             .iter()
-            .map(|p| format!("pool {p}: no available cluster matches its clusterSelector"))
+            .cloned()
+            .chain(
+                self.unplaced_pools
+                    .iter()
+                    .map(|p| format!("pool {p}: no available cluster matches its clusterSelector")),
+            )
             .collect();
         let now = crate::registration::tokens::unix_now() as i64;
         for cluster in &self.selected {

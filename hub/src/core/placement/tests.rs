@@ -50,7 +50,7 @@ fn predicates_are_ored_and_selectors_anded() {
             },
             label_pred("env", "dev"),
         ],
-        ..Default::default()
+        ..every_cluster()
     };
     let out = evaluate(&policy, &[a, b, c], &BTreeSet::new(), 0);
     assert_eq!(out.selected, vec!["a", "b"]);
@@ -62,7 +62,7 @@ fn unaccepted_clusters_are_never_selected() {
     // Registration gates placement: a pending cluster gets no work.
     let mut a = cluster("a", &[]);
     a.accepted = false;
-    let out = evaluate(&PlacementPolicy::default(), &[a], &BTreeSet::new(), 0);
+    let out = evaluate(&every_cluster(), &[a], &BTreeSet::new(), 0);
     assert!(out.selected.is_empty());
     assert!(!out.satisfied);
     assert_eq!(out.excluded["a"], Exclusion::NotAccepted);
@@ -71,7 +71,21 @@ fn unaccepted_clusters_are_never_selected() {
 fn policy_yaml(yaml: &str) -> PlacementPolicy {
     let spec: flower_addon_crds::PlacementSpec =
         serde_saphyr::from_str(yaml).expect("test placement spec");
-    policy_from_spec(&spec)
+    PlacementPolicy {
+        cluster_sets: every_cluster().cluster_sets,
+        ..policy_from_spec(&spec)
+    }
+}
+
+/// A policy whose cluster set holds every cluster (these tests are about what happens inside
+/// the sets; `clustersets_*` tests are about the sets).
+fn every_cluster() -> PlacementPolicy {
+    PlacementPolicy {
+        cluster_sets: vec![crate::core::clustersets::ClusterSetView::every_cluster(
+            "global",
+        )],
+        ..PlacementPolicy::default()
+    }
 }
 
 fn sized(name: &str, cpu_millis: i64, memory: i64, others: u32) -> ClusterView {
@@ -169,7 +183,7 @@ fn number_of_clusters_caps_and_steady_keeps_previous() {
     let clusters = [cluster("a", &[]), cluster("b", &[]), cluster("c", &[])];
     let policy = PlacementPolicy {
         number_of_clusters: Some(1),
-        ..Default::default()
+        ..every_cluster()
     };
     let first = evaluate(&policy, &clusters, &BTreeSet::new(), 0);
     assert_eq!(first.selected, vec!["a"]);
@@ -188,7 +202,7 @@ fn untolerated_taint_drops_cluster_and_room_goes_to_another() {
     let clusters = [a, cluster("b", &[])];
     let policy = PlacementPolicy {
         number_of_clusters: Some(1),
-        ..Default::default()
+        ..every_cluster()
     };
     let prev: BTreeSet<String> = ["a".to_string()].into();
     let out = evaluate(&policy, &clusters, &prev, 200);
@@ -208,7 +222,7 @@ fn toleration_seconds_count_from_time_added() {
             toleration_seconds: Some(300),
             ..Default::default()
         }],
-        ..Default::default()
+        ..every_cluster()
     };
     let within = evaluate(&policy, std::slice::from_ref(&a), &BTreeSet::new(), 1100);
     assert_eq!(within.selected, vec!["a"]);
@@ -237,7 +251,7 @@ fn equal_toleration_needs_the_same_value_and_effect() {
     let run = |t: TolerationView| {
         let policy = PlacementPolicy {
             tolerations: vec![t],
-            ..Default::default()
+            ..every_cluster()
         };
         evaluate(&policy, std::slice::from_ref(&a), &BTreeSet::new(), 0).selected
     };
@@ -257,14 +271,14 @@ fn no_select_if_new_keeps_but_never_adds() {
         time_added: None,
     });
     let fresh = evaluate(
-        &PlacementPolicy::default(),
+        &every_cluster(),
         std::slice::from_ref(&a),
         &BTreeSet::new(),
         0,
     );
     assert!(fresh.selected.is_empty());
     let prev: BTreeSet<String> = ["a".to_string()].into();
-    let kept = evaluate(&PlacementPolicy::default(), &[a], &prev, 0);
+    let kept = evaluate(&every_cluster(), &[a], &prev, 0);
     assert_eq!(kept.selected, vec!["a"]);
 }
 
@@ -280,7 +294,7 @@ fn prefer_no_select_is_taken_last() {
     });
     let policy = PlacementPolicy {
         number_of_clusters: Some(1),
-        ..Default::default()
+        ..every_cluster()
     };
     let out = evaluate(
         &policy,
@@ -319,4 +333,86 @@ fn decisions_paginate_at_100() {
     assert_eq!(pages[0].0, "p-decision-1");
     assert_eq!(pages[0].1.len(), 100);
     assert_eq!(pages[2].1.len(), 50);
+}
+
+#[test]
+fn clustersets_clusters_outside_the_usable_sets_are_neither_selected_nor_named() {
+    use crate::core::clustersets::{ClusterSetView, ScopeProblem, SetSelector};
+    let label = flower_addon_crds::CLUSTERSET_LABEL;
+    let red = cluster("red-1", &[(label, "red")]);
+    let blue = cluster("blue-1", &[(label, "blue")]);
+    let red_set = ClusterSetView {
+        name: "red".into(),
+        selector: SetSelector::Exclusive,
+    };
+    let policy = PlacementPolicy {
+        cluster_sets: vec![red_set.clone()],
+        ..PlacementPolicy::default()
+    };
+    let out = evaluate(&policy, &[red.clone(), blue.clone()], &BTreeSet::new(), 0);
+    assert_eq!(out.selected, ["red-1"]);
+    assert!(out.excluded.is_empty(), "{:?}", out.excluded);
+    assert_eq!(out.scope, None);
+    // A cluster selected before and moved out of the set is dropped.
+    let prev: BTreeSet<String> = ["blue-1".to_string()].into();
+    assert_eq!(
+        evaluate(&policy, &[red.clone(), blue.clone()], &prev, 0).selected,
+        ["red-1"]
+    );
+
+    // No usable set: nothing selected, nothing named, the reason says why.
+    let none = evaluate(
+        &PlacementPolicy::default(),
+        &[red.clone(), blue.clone()],
+        &BTreeSet::new(),
+        0,
+    );
+    assert!(none.selected.is_empty() && none.excluded.is_empty() && !none.satisfied);
+    assert_eq!(none.scope, Some(ScopeProblem::NoBindings));
+
+    // A usable set without clusters.
+    let empty = evaluate(
+        &PlacementPolicy {
+            cluster_sets: vec![ClusterSetView {
+                name: "green".into(),
+                selector: SetSelector::Exclusive,
+            }],
+            ..PlacementPolicy::default()
+        },
+        &[red, blue],
+        &BTreeSet::new(),
+        0,
+    );
+    assert!(empty.selected.is_empty());
+    assert_eq!(empty.scope, Some(ScopeProblem::AllSetsEmpty));
+}
+
+#[test]
+fn clustersets_placement_policy_uses_the_namespace_bindings_and_spec_cluster_sets() {
+    use crate::core::clustersets::ClusterSetView;
+    let placement: flower_addon_crds::Placement = serde_saphyr::from_str(
+        "apiVersion: flower-addon.io/v1alpha1\nkind: Placement\nmetadata: {name: p, namespace: team-a}\nspec: {clusterSets: [red]}\n",
+    )
+    .expect("placement");
+    let sets = [
+        ClusterSetView::every_cluster("red"),
+        ClusterSetView::every_cluster("blue"),
+    ];
+    let bindings = [
+        ("team-a".to_string(), "red".to_string()),
+        ("team-a".to_string(), "blue".to_string()),
+    ];
+    let policy = placement_policy(&placement, &sets, &bindings);
+    let names: Vec<&str> = policy
+        .cluster_sets
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["red"]);
+    let other_ns = [("team-b".to_string(), "red".to_string())];
+    assert!(
+        placement_policy(&placement, &sets, &other_ns)
+            .cluster_sets
+            .is_empty()
+    );
 }

@@ -1,7 +1,8 @@
 //! The hub's Kubernetes-mode Placement controller (kube-runtime).
 //!
-//! A `Placement` is evaluated with the pure [`crate::core::placement::evaluate`] against every
-//! `ManagedCluster` (labels: `metadata.labels`, the admin's — from the token, `flower-hub accept
+//! A `Placement` is evaluated with the pure [`crate::core::placement::evaluate`] against the
+//! `ManagedCluster`s of the `ManagedClusterSet`s bound to its namespace by
+//! `ManagedClusterSetBinding`s ([`crate::core::clustersets`]; labels: `metadata.labels`, the admin's — from the token, `flower-hub accept
 //! --label` or `kubectl label managedcluster`; claims, what the agent asserts, from
 //! `status.clusterClaims`; only
 //! `spec.hubAcceptsClient` clusters are eligible; taints from `spec.taints` with `timeAdded`).
@@ -21,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flower_addon_crds::{
-    API_VERSION, ClusterDecision, ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision,
-    PlacementStatus, UnselectedCluster, validate_placement,
+    API_VERSION, ClusterDecision, ManagedCluster, ManagedClusterSet, ManagedClusterSetBinding,
+    PLACEMENT_LABEL, Placement, PlacementDecision, PlacementStatus, UnselectedCluster,
+    validate_placement,
 };
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -34,9 +36,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::{Error, HUB_FIELD_MANAGER, RESYNC, Result};
+use crate::core::clustersets::{ClusterSetView, binding_pairs};
 use crate::core::placement::{
     ClusterView, DECISIONS_PER_PAGE, PlacementOutcome, TaintEffect, TaintView, evaluate, paginate,
-    policy_from_spec,
+    placement_policy,
 };
 
 /// Condition type: the selection has every cluster the Placement asks for.
@@ -55,6 +58,22 @@ pub struct PlacementContext {
     /// Every PlacementDecision (label-selected), kept by the watch that also triggers the
     /// reconcile of their Placement (no list per reconcile).
     pub decisions: Store<PlacementDecision>,
+    /// Every ManagedClusterSet.
+    pub sets: Store<ManagedClusterSet>,
+    /// Every ManagedClusterSetBinding.
+    pub bindings: Store<ManagedClusterSetBinding>,
+}
+
+/// The reflector stores the Placement controller reads.
+pub struct PlacementStores {
+    /// Every ManagedCluster.
+    pub clusters: Store<ManagedCluster>,
+    /// Every PlacementDecision (label-selected).
+    pub decisions: Store<PlacementDecision>,
+    /// Every ManagedClusterSet.
+    pub sets: Store<ManagedClusterSet>,
+    /// Every ManagedClusterSetBinding.
+    pub bindings: Store<ManagedClusterSetBinding>,
 }
 
 /// The placement-relevant view of every cluster seen on the watch, to tell changes that matter
@@ -108,18 +127,16 @@ impl ClusterViews {
 }
 
 impl PlacementContext {
-    /// A context for `client`, reading clusters and decisions from these stores.
-    pub fn new(
-        client: Client,
-        clusters: Store<ManagedCluster>,
-        decisions: Store<PlacementDecision>,
-    ) -> Self {
+    /// A context for `client`, reading clusters, decisions and cluster sets from `stores`.
+    pub fn new(client: Client, stores: PlacementStores) -> Self {
         let recorder = super::apply::recorder(client.clone());
         Self {
             client,
             recorder,
-            clusters,
-            decisions,
+            clusters: stores.clusters,
+            decisions: stores.decisions,
+            sets: stores.sets,
+            bindings: stores.bindings,
         }
     }
 
@@ -130,7 +147,8 @@ impl PlacementContext {
 
 /// Runs the Placement controller until `shutdown` resolves. A ManagedCluster change that
 /// matters to placement ([`ClusterViews`]) reconciles every Placement (placement is cheap;
-/// writes happen only on change); heartbeats do not.
+/// writes happen only on change); heartbeats do not. So does every change of a
+/// ManagedClusterSet or ManagedClusterSetBinding.
 /// `health` gets the check [`READY_CHECK`], passing once the ManagedClusters and decisions have
 /// listed.
 pub async fn run(
@@ -141,7 +159,12 @@ pub async fn run(
     let listed = crate::kube::listed::Listed::new(
         health,
         READY_CHECK,
-        &["managedclusters", "placementdecisions"],
+        &[
+            "managedclusters",
+            "placementdecisions",
+            "managedclustersets",
+            "managedclustersetbindings",
+        ],
     );
     let controller = Controller::new(
         Api::<Placement>::all(client.clone()),
@@ -181,14 +204,49 @@ pub async fn run(
         )
         .reflect(decision_writer)
         .touched_objects();
+    let (sets, set_writer) = reflector::store::<ManagedClusterSet>();
+    let set_changes = listed
+        .watch(
+            "managedclustersets",
+            watcher(
+                Api::<ManagedClusterSet>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        )
+        .reflect(set_writer)
+        .touched_objects()
+        .filter_map(|r| std::future::ready(r.ok().map(|_| ())));
+    let (bindings, binding_writer) = reflector::store::<ManagedClusterSetBinding>();
+    let binding_changes = listed
+        .watch(
+            "managedclustersetbindings",
+            watcher(
+                Api::<ManagedClusterSetBinding>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        )
+        .reflect(binding_writer)
+        .touched_objects()
+        .filter_map(|r| std::future::ready(r.ok().map(|_| ())));
+    let stores = PlacementStores {
+        clusters,
+        decisions,
+        sets,
+        bindings,
+    };
     controller
         .owns_stream(decision_events)
-        .reconcile_all_on(cluster_changes)
+        .reconcile_all_on(futures::stream::select(
+            cluster_changes,
+            futures::stream::select(set_changes, binding_changes),
+        ))
         .graceful_shutdown_on(shutdown)
         .run(
             |placement, ctx| super::measured("placement", reconcile(placement, ctx)),
             error_policy,
-            Arc::new(PlacementContext::new(client, clusters, decisions)),
+            Arc::new(PlacementContext::new(client, stores)),
         )
         .for_each(|result| async move {
             match result {
@@ -333,6 +391,10 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         || crate::kube::listed::until_listed(&ctx.decisions)
             .await
             .is_err()
+        || crate::kube::listed::until_listed(&ctx.sets).await.is_err()
+        || crate::kube::listed::until_listed(&ctx.bindings)
+            .await
+            .is_err()
     {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -374,8 +436,15 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         .map(|d| d.cluster_name.clone())
         .collect();
 
+    let sets: Vec<ClusterSetView> = ctx
+        .sets
+        .state()
+        .iter()
+        .map(|s| ClusterSetView::from_api(s))
+        .collect();
+    let bindings = binding_pairs(ctx.bindings.state().iter().map(|b| b.as_ref()));
     let outcome = evaluate(
-        &policy_from_spec(&placement.spec),
+        &placement_policy(&placement, &sets, &bindings),
         &clusters,
         &previous,
         now,
@@ -503,7 +572,14 @@ pub fn placement_status(
         .spec
         .number_of_clusters
         .map_or_else(|| "at least 1".to_owned(), |n| n.to_string());
-    let (state, reason, message) = if outcome.satisfied {
+    let namespace = placement.namespace().unwrap_or_default();
+    let (state, reason, message) = if let Some(scope) = outcome.scope {
+        (
+            "False",
+            scope.reason(),
+            scope.message(&namespace, &placement.spec.cluster_sets),
+        )
+    } else if outcome.satisfied {
         (
             "True",
             "AllDecisionsScheduled",
