@@ -46,6 +46,8 @@ pub const AGENT_FIELD_MANAGER: &str = "flower-addon-agent";
 pub const WORKLOAD_MISSING: &str = "WorkloadMissing";
 /// Label marking objects the agent applied (value [`AGENT_FIELD_MANAGER`]); pruning selects on it.
 pub const APPLIED_BY_LABEL: &str = "flower-addon.io/applied-by";
+/// Label with the agent's installation id ([`Applier::with_installation`]); pruning selects on it.
+pub const INSTALLATION_LABEL: &str = "flower-addon.io/installation";
 
 /// Kind of an applied object, for the desired set and pruning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -129,6 +131,7 @@ impl Rendered {
 mod applier;
 mod error;
 pub mod keys;
+mod policy;
 mod recorder;
 mod render;
 pub mod sent;
@@ -138,6 +141,7 @@ pub use applier::{Applier, OwnerFn};
 pub use error::KubeRuntimeError;
 use error::kube_err;
 pub use keys::{FederationKeys, PoolKeys};
+pub use policy::{Allowance, PodPolicy, PodSecurityLevel};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
 use status::WorkloadCache;
@@ -160,6 +164,8 @@ pub struct KubeRuntime {
     /// Events on the workloads it applies, prunes or fails to apply (reporting controller: the
     /// applier's field manager).
     recorder: events::Recorder,
+    /// What the pods of received work may do here ([`PodPolicy`]).
+    policy: PodPolicy,
 }
 
 /// How long a node sum is reused before the nodes are listed again.
@@ -172,12 +178,21 @@ impl Debug for KubeRuntime {
 }
 
 impl KubeRuntime {
-    /// A runtime applying with `client` (the agent's ServiceAccount in its cluster).
+    /// A runtime applying with `client` (the agent's ServiceAccount in its cluster), under a
+    /// spoke's default policy ([`PodPolicy::spoke_default`]).
     pub fn new(client: Client) -> Self {
-        Self::with_applier(client, Applier::agent())
+        Self::with_applier(client, Applier::agent()).with_policy(PodPolicy::spoke_default())
     }
 
-    /// A runtime applying with `client` as `applier`.
+    /// The same runtime under `policy`.
+    pub fn with_policy(mut self, policy: PodPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// A runtime applying with `client` as `applier`, without a pod policy
+    /// ([`PodPolicy::unrestricted`]: the hub's own cluster; give one with
+    /// [`KubeRuntime::with_policy`]).
     pub fn with_applier(client: Client, applier: Applier) -> Self {
         let reporter = events::Reporter {
             controller: applier.manager().to_owned(),
@@ -194,6 +209,7 @@ impl KubeRuntime {
             sent: Mutex::new(sent::Sent::default()),
             workloads: None,
             allocatable: tokio::sync::Mutex::new(None),
+            policy: PodPolicy::unrestricted(),
         }
     }
 
@@ -379,9 +395,20 @@ impl KubeRuntime {
         desired: &mut BTreeSet<ObjectKey>,
     ) -> Result<Rendered, KubeRuntimeError> {
         let ns = plan.namespace.as_str();
+        // The policy first: a refused Federation writes nothing, not even its keys.
+        let violations = self.policy.violations(base);
+        if !violations.is_empty() {
+            return Err(KubeRuntimeError::Policy {
+                federation: format!("{ns}/{}", plan.name),
+                violations,
+            });
+        }
         if !self.sent().has_namespace(ns) {
-            ensure_namespace(&self.client, ns).await?;
+            ensure_namespace(&self.client, ns, self.policy.namespace_labels()).await?;
             self.sent().namespace_exists(ns);
+        }
+        if self.policy.refuse_foreign_objects {
+            self.check_ownership(plan, base).await?;
         }
         let mut pool_keys = FederationKeys::new();
         if plan.secure() {
@@ -480,6 +507,74 @@ impl KubeRuntime {
         Ok(rendered)
     }
 
+    /// Refuses the Federation when an object of a name it would write exists and is not this
+    /// runtime's ([`Applier::owns`]); checked before anything is written, for the objects not
+    /// applied since the last full apply (one GET each).
+    async fn check_ownership(
+        &self,
+        plan: &FederationPlan,
+        base: &Rendered,
+    ) -> Result<(), KubeRuntimeError> {
+        use k8s_openapi::api::core::v1::Service;
+        let ns = plan.namespace.as_str();
+        let mut keys: Vec<ObjectKey> = Vec::new();
+        if let Some(secret) = &base.secret {
+            keys.push((
+                Kind::Secret,
+                ns.to_owned(),
+                secret.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+        for service in &base.services {
+            keys.push((
+                Kind::Service,
+                ns.to_owned(),
+                service.metadata.name.clone().unwrap_or_default(),
+            ));
+        }
+        for (pool, _) in &base.workloads {
+            keys.push((pool.kind, ns.to_owned(), pool.workload.clone()));
+            if plan.secure() {
+                keys.push((
+                    Kind::Secret,
+                    ns.to_owned(),
+                    node_key_secret_name(&plan.name, &pool.name),
+                ));
+            }
+        }
+        for key in keys {
+            if self.sent().has_body(&key) {
+                continue;
+            }
+            let what = format!("{} {}/{}", key.0.name(), key.1, key.2);
+            let action = format!("get {what}");
+            let client = self.client.clone();
+            let meta = match key.0 {
+                Kind::StatefulSet => Api::<StatefulSet>::namespaced(client, ns)
+                    .get_metadata_opt(&key.2)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+                Kind::DaemonSet => Api::<DaemonSet>::namespaced(client, ns)
+                    .get_metadata_opt(&key.2)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+                Kind::Secret => Api::<Secret>::namespaced(client, ns)
+                    .get_metadata_opt(&key.2)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+                Kind::Service => Api::<Service>::namespaced(client, ns)
+                    .get_metadata_opt(&key.2)
+                    .await
+                    .map(|o| o.map(|m| m.metadata)),
+            }
+            .map_err(kube_err(action))?;
+            if meta.is_some_and(|m| !self.applier.owns(&m)) {
+                return Err(KubeRuntimeError::NotOwned { what });
+            }
+        }
+        Ok(())
+    }
+
     /// Marks every rendered object as this runtime's ([`Applier::stamp`]).
     fn stamp(&self, rendered: &mut Rendered, plan: &FederationPlan) {
         let (ns, name) = (plan.namespace.as_str(), plan.name.as_str());
@@ -513,17 +608,18 @@ impl KubeRuntime {
         desired: &BTreeSet<ObjectKey>,
         keep: &BTreeSet<(String, String)>,
     ) -> Result<Vec<ObjectKey>, KubeRuntimeError> {
-        let (client, manager) = (&self.client, self.applier.manager());
+        let (client, selector) = (&self.client, self.applier.selector());
+        let selector = selector.as_str();
         let mut pruned =
-            prune_kind::<StatefulSet>(client, manager, Kind::StatefulSet, desired, keep).await?;
+            prune_kind::<StatefulSet>(client, selector, Kind::StatefulSet, desired, keep).await?;
         pruned.extend(
-            prune_kind::<DaemonSet>(client, manager, Kind::DaemonSet, desired, keep).await?,
+            prune_kind::<DaemonSet>(client, selector, Kind::DaemonSet, desired, keep).await?,
         );
-        pruned.extend(prune_kind::<Secret>(client, manager, Kind::Secret, desired, keep).await?);
+        pruned.extend(prune_kind::<Secret>(client, selector, Kind::Secret, desired, keep).await?);
         pruned.extend(
             prune_kind::<k8s_openapi::api::core::v1::Service>(
                 client,
-                manager,
+                selector,
                 Kind::Service,
                 desired,
                 keep,

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use e2e::ControlPlane;
-use flower_addon_agent::kube_runtime::{AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, KubeRuntime};
+use flower_addon_agent::kube_runtime::{
+    AGENT_FIELD_MANAGER, APPLIED_BY_LABEL, Allowance, Applier, KubeRuntime, PodPolicy,
+};
 use flower_addon_proto::{ClusterWork, FederationStatus, FederationWork, PoolWork};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -276,6 +278,8 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     let nodes = spoke.nodes.clone();
     a_mode_switch_prunes_the_old_kind(&client, &runtime, &nodes).await?;
     a_removed_federation_is_pruned(&client, &runtime).await?;
+    the_spoke_policy_refuses_what_its_admin_did_not_allow(&client, &runtime, &agent.client).await?;
+    installations_keep_to_their_own_objects(&client, &agent.client).await?;
     eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
@@ -642,5 +646,171 @@ async fn a_removed_federation_is_pruned(client: &Client, runtime: &KubeRuntime) 
             .is_some(),
         "the agent must never delete namespaces"
     );
+    Ok(())
+}
+
+/// 8. The spoke's pod policy (#13 item 5): the namespace the runtime created carries the Pod
+///    Security `baseline` labels; a Federation whose pods want the host network and a foreign
+///    service account is refused as a whole (no key Secret, no workload), naming each violation
+///    and the flag that allows it; allowed by the admin, it applies. An object of the pool's name
+///    that the agent did not create is refused and left unchanged.
+async fn the_spoke_policy_refuses_what_its_admin_did_not_allow(
+    client: &Client,
+    runtime: &KubeRuntime,
+    agent: &Client,
+) -> Result<()> {
+    let labels = Api::<Namespace>::all(client.clone())
+        .get(NS)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    ensure!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str)
+            == Some("baseline"),
+        "namespace {NS} created without the baseline label: {labels:?}"
+    );
+    let mut hostnet = federation(NS, "hostnet", "StatefulSet", &[("a", 1)]);
+    let mut spec: serde_json::Value = serde_json::from_str(&hostnet.federation_spec_json)?;
+    let template = serde_json::json!({"spec": {"hostNetwork": true, "serviceAccountName": "ops-admin", "containers": []}});
+    spec["supernodes"]["pools"][0]["podTemplate"] = template.clone();
+    hostnet.federation_spec_json = spec.to_string();
+    let mut pool: serde_json::Value = serde_json::from_str(&hostnet.pools[0].spec_json)?;
+    pool["podTemplate"] = template;
+    hostnet.pools[0].spec_json = pool.to_string();
+    let work = snapshot(20, vec![hostnet]);
+    let error = runtime
+        .apply_work(&work)
+        .await
+        .expect_err("hostNetwork and a foreign service account must be refused");
+    let message = error.to_string();
+    for part in [
+        "pod policy",
+        "hostNetwork",
+        "--allow host-network",
+        "serviceAccountName ops-admin",
+        "--allow-service-account ops-admin",
+    ] {
+        ensure!(message.contains(part), "{part:?} not in {message}");
+    }
+    ensure!(
+        !exists::<StatefulSet>(client, "hostnet-supernode-a").await?
+            && !exists::<Secret>(client, "hostnet-supernode-a-node-keys").await?,
+        "a refused Federation wrote objects"
+    );
+    let reported = runtime.observe().await;
+    ensure!(
+        reported
+            .iter()
+            .filter(|f| f.name == "hostnet")
+            .flat_map(|f| f.pools.iter())
+            .flat_map(|p| p.conditions.iter())
+            .any(|c| c.message.contains("pod policy")),
+        "the refusal is not reported to the hub: {reported:?}"
+    );
+    // The admin allows both: the same work applies.
+    let mut policy = PodPolicy::spoke_default();
+    policy.allowed = [Allowance::HostNetwork].into();
+    policy.service_accounts = ["ops-admin".to_string()].into();
+    let allowing = KubeRuntime::new(agent.clone()).with_policy(policy);
+    allowing.apply_work(&work).await?;
+    ensure!(
+        exists::<StatefulSet>(client, "hostnet-supernode-a").await?,
+        "allowed by the admin, the pool was not applied"
+    );
+
+    // A StatefulSet of the pool's name created by someone else: refused, left as it was.
+    let foreign: StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "own-supernode-a", "namespace": NS, "labels": {"team": "other"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "other"}},
+            "template": {
+                "metadata": {"labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "c", "image": "example.org/other:1"}]}
+            }
+        }
+    }))?;
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), NS);
+    let created = sts.create(&Default::default(), &foreign).await?;
+    let error = runtime
+        .apply_work(&snapshot(
+            21,
+            vec![federation(NS, "own", "StatefulSet", &[("a", 1)])],
+        ))
+        .await
+        .expect_err("a foreign object of the same name must be refused");
+    ensure!(
+        error.to_string().contains(
+            "StatefulSet team-a/own-supernode-a exists and was not created by this agent"
+        ),
+        "{error}"
+    );
+    let after = sts.get("own-supernode-a").await?;
+    // (Its status is the controller's; its spec and labels must be as created.)
+    ensure!(
+        after.metadata.generation == created.metadata.generation
+            && after.metadata.labels == created.metadata.labels,
+        "the foreign StatefulSet was changed: {:?}",
+        after.metadata
+    );
+    ensure!(
+        !exists::<Secret>(client, "own-supernode-a-node-keys").await?,
+        "a refused Federation wrote its key Secret"
+    );
+    sts.delete("own-supernode-a", &Default::default()).await?;
+    allowing.apply_work(&snapshot(22, Vec::new())).await?;
+    wait_gone::<StatefulSet>(client, "hostnet-supernode-a").await?;
+    Ok(())
+}
+
+/// 9. Two agents in one cluster (installation ids `x` and `y`): each prunes and takes over only
+///    its own objects.
+async fn installations_keep_to_their_own_objects(client: &Client, agent: &Client) -> Result<()> {
+    let runtime = |id: &str| {
+        KubeRuntime::with_applier(agent.clone(), Applier::agent().with_installation(id))
+            .with_policy(PodPolicy::spoke_default())
+    };
+    let (x, y) = (runtime("x"), runtime("y"));
+    x.apply_work(&snapshot(
+        1,
+        vec![federation(NS, "fx", "StatefulSet", &[("a", 1)])],
+    ))
+    .await?;
+    // y's first apply is a full one: it prunes everything of its own not wanted, not x's.
+    y.apply_work(&snapshot(
+        1,
+        vec![federation(NS, "fy", "StatefulSet", &[("a", 1)])],
+    ))
+    .await?;
+    ensure!(
+        exists::<StatefulSet>(client, "fx-supernode-a").await?
+            && exists::<StatefulSet>(client, "fy-supernode-a").await?,
+        "one installation pruned the other's pool"
+    );
+    let taken = y
+        .apply_work(&snapshot(
+            2,
+            vec![
+                federation(NS, "fx", "StatefulSet", &[("a", 1)]),
+                federation(NS, "fy", "StatefulSet", &[("a", 1)]),
+            ],
+        ))
+        .await
+        .expect_err("y must not take over x's objects");
+    ensure!(
+        taken.to_string().contains("was not created by this agent"),
+        "{taken}"
+    );
+    ensure!(
+        exists::<StatefulSet>(client, "fy-supernode-a").await?,
+        "y's own pool did not survive the refused one"
+    );
+    x.apply_work(&snapshot(3, Vec::new())).await?;
+    y.apply_work(&snapshot(3, Vec::new())).await?;
+    wait_gone::<StatefulSet>(client, "fx-supernode-a").await?;
+    wait_gone::<StatefulSet>(client, "fy-supernode-a").await?;
     Ok(())
 }

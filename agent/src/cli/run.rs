@@ -1,7 +1,7 @@
 //! `flower-agent run`.
 use super::join::{JoinSourceArgs, KubeContext, StoreArgs, join_options, open_store};
 use crate::channel::{RunOptions, run as run_channel};
-use crate::kube_runtime::KubeRuntime;
+use crate::kube_runtime::{Allowance, Applier, KubeRuntime, PodPolicy, PodSecurityLevel};
 use crate::process_runtime::{ProcessRuntime, ProcessRuntimeConfig};
 use crate::runtime::{MemoryRuntime, Runtime};
 use anyhow::Context;
@@ -47,10 +47,74 @@ pub struct RunArgs {
     /// How often the observed status is checked (sent only when it changed), e.g. `5s`.
     #[arg(long, default_value = "3s", value_parser = super::join::parse_duration)]
     pub status_interval: std::time::Duration,
+    /// The spoke admin's pod policy (Kubernetes runtime).
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// `/metrics`, `/healthz` and `/readyz` (ready once credentials are loaded and the runtime
     /// is up).
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
+}
+
+/// What the pods of the work this cluster receives may do (Kubernetes runtime). A Federation
+/// whose pods do more is refused here, with the flag that would allow it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PolicyArgs {
+    /// Allow pods to use this (comma-separated or repeated): host-path, host-network, host-pid,
+    /// host-ipc, privileged, host-port. Default: none (e.g. AMD GPU pools need
+    /// `--allow privileged,host-path`).
+    #[arg(long = "allow", value_enum, value_delimiter = ',')]
+    pub allow: Vec<Allowance>,
+    /// A service account pods may name besides `default` (repeatable).
+    #[arg(long = "allow-service-account", value_name = "NAME")]
+    pub allow_service_account: Vec<String>,
+    /// Pod Security Standards level labelled on namespaces the agent creates (`enforce`,
+    /// `audit`, `warn`); `none` leaves them unlabelled. Existing namespaces are not changed.
+    #[arg(long, value_enum, default_value = "baseline")]
+    pub namespace_pod_security: PodSecurityLevel,
+    /// Marks the objects this agent applies (label `flower-addon.io/installation`); it prunes
+    /// and updates only objects with it. Default: derived from where its credentials are kept,
+    /// so two agents in one cluster (joined to two hubs) never touch each other's objects.
+    #[arg(long, value_name = "ID")]
+    pub installation_id: Option<String>,
+}
+
+impl PolicyArgs {
+    /// The policy these flags describe.
+    pub fn policy(&self) -> anyhow::Result<PodPolicy> {
+        for name in &self.allow_service_account {
+            flower_addon_crds::dns_label(name).map_err(|why| {
+                anyhow::anyhow!("--allow-service-account {name:?}: {why} (a ServiceAccount name)")
+            })?;
+        }
+        let mut policy = PodPolicy::spoke_default();
+        policy.allowed = self.allow.iter().copied().collect();
+        policy.service_accounts = self.allow_service_account.iter().cloned().collect();
+        policy.namespace_level = self.namespace_pod_security;
+        Ok(policy)
+    }
+
+    /// `--installation-id`, or the first 16 hex digits of the SHA-256 of `store` (where the
+    /// credentials are kept).
+    pub fn installation_id(&self, store: &str) -> anyhow::Result<String> {
+        use sha2::Digest;
+        let id = match &self.installation_id {
+            Some(id) => id.clone(),
+            None => hex::encode(sha2::Sha256::digest(store.as_bytes()))[..16].to_owned(),
+        };
+        let valid = !id.is_empty()
+            && id.len() <= 63
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && id.as_bytes()[0].is_ascii_alphanumeric()
+            && id.as_bytes()[id.len() - 1].is_ascii_alphanumeric();
+        anyhow::ensure!(
+            valid,
+            "--installation-id {id:?}: must be a label value (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+        );
+        Ok(id)
+    }
 }
 
 /// `flower-agent run`.
@@ -141,7 +205,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             RuntimeKind::Kubernetes => {
                 let (client, _) = kube.get(args.store.namespace.as_deref()).await?;
-                Arc::new(KubeRuntime::new(client))
+                let id = args.policy.installation_id(&store.describe())?;
+                let policy = args.policy.policy()?;
+                tracing::info!(installation = %id, ?policy, "pod policy");
+                Arc::new(
+                    KubeRuntime::with_applier(client, Applier::agent().with_installation(id))
+                        .with_policy(policy),
+                )
             }
         };
         health.set("runtime", true);
@@ -165,4 +235,52 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         result.map_err(anyhow::Error::from)
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(id: Option<&str>, accounts: &[&str]) -> PolicyArgs {
+        PolicyArgs {
+            allow: vec![Allowance::Privileged],
+            allow_service_account: accounts.iter().map(|a| a.to_string()).collect(),
+            namespace_pod_security: PodSecurityLevel::Restricted,
+            installation_id: id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn the_installation_id_is_stable_per_store_and_checked_as_a_label_value() {
+        let a = args(None, &[]);
+        let id = a
+            .installation_id("secret flower-addon-agent/flower-agent-credentials")
+            .expect("id");
+        assert_eq!(id.len(), 16);
+        assert_eq!(
+            a.installation_id("secret flower-addon-agent/flower-agent-credentials")
+                .expect("id"),
+            id
+        );
+        assert_ne!(
+            a.installation_id("directory /var/lib/agent").expect("id"),
+            id
+        );
+        assert_eq!(
+            args(Some("hub-a"), &[]).installation_id("x").expect("id"),
+            "hub-a"
+        );
+        let bad = args(Some("-no/"), &[]).installation_id("x").unwrap_err();
+        assert!(bad.to_string().contains("--installation-id"), "{bad}");
+    }
+
+    #[test]
+    fn the_flags_make_the_policy_and_bad_names_are_refused() {
+        let policy = args(None, &["trainer"]).policy().expect("policy");
+        assert!(policy.allowed.contains(&Allowance::Privileged));
+        assert!(policy.service_accounts.contains("trainer"));
+        assert_eq!(policy.namespace_level, PodSecurityLevel::Restricted);
+        let bad = args(None, &["Not_A_Name"]).policy().unwrap_err();
+        assert!(bad.to_string().contains("--allow-service-account"), "{bad}");
+    }
 }

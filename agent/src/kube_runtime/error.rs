@@ -39,6 +39,22 @@ pub enum KubeRuntimeError {
         /// The Secret.
         what: String,
     },
+    /// The pods of the Federation break this cluster's pod policy ([`super::PodPolicy`]).
+    #[error("federation {federation} is refused by this cluster's pod policy: {}", violations.join("; "))]
+    Policy {
+        /// `<namespace>/<name>` of the Federation.
+        federation: String,
+        /// Each violation, naming the pool, the field and the flag that allows it.
+        violations: Vec<String>,
+    },
+    /// An object of the name the agent would apply exists and is not the agent's.
+    #[error(
+        "{what} exists and was not created by this agent: it is left alone and the Federation is not applied here; rename or delete it, or remove the Federation from this cluster"
+    )]
+    NotOwned {
+        /// The object, e.g. `StatefulSet ns/name`.
+        what: String,
+    },
     /// An object could not be serialized for the apply body.
     #[error("serialize {what}: {source}")]
     Serialize {
@@ -61,6 +77,8 @@ impl KubeRuntimeError {
             Self::NodeKey { .. } => "node_key",
             Self::Conflict { .. } => "conflict",
             Self::Serialize { .. } => "serialize",
+            Self::Policy { .. } => "policy",
+            Self::NotOwned { .. } => "not_owned",
         }
     }
 }

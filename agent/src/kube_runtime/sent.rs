@@ -102,6 +102,12 @@ impl Sent {
         self.bodies.get(key) == Some(&hash(body))
     }
 
+    /// Whether some body was applied to `key` since the last full apply (so it is this
+    /// runtime's).
+    pub fn has_body(&self, key: &ObjectKey) -> bool {
+        self.bodies.contains_key(key)
+    }
+
     /// `body` was applied to `key`.
     pub fn body_applied(&mut self, key: ObjectKey, body: &serde_json::Value) {
         self.bodies.insert(key, hash(body));

@@ -11,12 +11,14 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{APPLIED_BY_LABEL, Kind, KubeRuntimeError, ObjectKey, kube_err};
+use super::{Kind, KubeRuntimeError, ObjectKey, kube_err};
 
-/// Creates `namespace` unless it exists (never deleted by the agent: it may hold user data).
+/// Creates `namespace` with `labels` unless it exists (never deleted by the agent: it may hold
+/// user data; an existing one is not relabelled).
 pub(super) async fn ensure_namespace(
     client: &Client,
     namespace: &str,
+    labels: Vec<(String, String)>,
 ) -> Result<(), KubeRuntimeError> {
     let api = Api::<Namespace>::all(client.clone());
     let action = format!("get Namespace {namespace}");
@@ -31,6 +33,7 @@ pub(super) async fn ensure_namespace(
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(namespace.to_owned()),
+            labels: (!labels.is_empty()).then(|| labels.into_iter().collect()),
             ..ObjectMeta::default()
         },
         ..Namespace::default()
@@ -107,11 +110,11 @@ pub(super) async fn delete_object(
     }
 }
 
-/// Deletes objects of one kind that carry `manager`'s applied-by label and are not desired;
+/// Deletes objects of one kind that match `selector` (the applier's labels) and are not desired;
 /// returns those it deleted.
 pub(super) async fn prune_kind<K>(
     client: &Client,
-    manager: &str,
+    selector: &str,
     kind: Kind,
     desired: &BTreeSet<ObjectKey>,
     keep: &BTreeSet<(String, String)>,
@@ -120,13 +123,9 @@ where
     K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
 {
-    let selector = format!(
-        "app.kubernetes.io/managed-by={},{APPLIED_BY_LABEL}={manager}",
-        crate::render::MANAGED_BY
-    );
     let all = Api::<K>::all(client.clone());
     let list = all
-        .list_metadata(&ListParams::default().labels(&selector))
+        .list_metadata(&ListParams::default().labels(selector))
         .await
         .map_err(kube_err(format!("list {}", kind.name())))?;
     let mut pruned = Vec::new();
