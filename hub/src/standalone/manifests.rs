@@ -4,7 +4,10 @@
 //! An invalid file is reported (file, field path, message) and ignored, and it does not stop the
 //! other files: the objects it held before keep their last valid version, so a typo never tears
 //! a running federation down.
-use flower_addon_crds::{Federation, ManagedClusterSet, ManagedClusterSetBinding, Placement};
+use flower_addon_crds::{
+    Federation, ManagedClusterSet, ManagedClusterSetBinding, Placement, validate_cluster_set,
+    validate_cluster_set_binding, validate_federation, validate_placement,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -142,6 +145,33 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Keeps `object` of file `file` in `into` when `validate` finds nothing wrong (a namespaced
+/// object without a namespace is in `default`); otherwise adds one problem per field.
+fn keep<T: kube::Resource>(
+    file: &str,
+    mut object: T,
+    namespaced: bool,
+    validate: fn(&T) -> Vec<flower_addon_crds::FieldError>,
+    into: &mut Vec<T>,
+    problems: &mut Vec<String>,
+) {
+    if namespaced && object.meta().namespace.is_none() {
+        object.meta_mut().namespace = Some("default".into());
+    }
+    let errors = validate(&object);
+    if errors.is_empty() {
+        into.push(object);
+    } else {
+        problems.extend(
+            errors
+                .iter()
+                .map(|e| format!("{file}: {}: {}", e.path, e.message)),
+        );
+    }
+}
+
+const ONLY_THESE_KINDS: &str = "only Federation, Placement, ManagedClusterSet and ManagedClusterSetBinding objects belong in the manifests directory";
+
 /// Reads and validates one file; all or nothing.
 fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
     let name = path.display().to_string();
@@ -151,67 +181,32 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
     let mut out = FileObjects::default();
     let mut problems = Vec::new();
     for object in objects {
+        use flower_addon_crds::Object;
+        let p = &mut problems;
         match object {
-            flower_addon_crds::Object::Federation(mut f) => {
-                let errors = flower_addon_crds::validate_federation(&f);
-                if errors.is_empty() {
-                    if f.metadata.namespace.is_none() {
-                        f.metadata.namespace = Some("default".into());
-                    }
-                    out.federations.push(f);
-                } else {
-                    problems.extend(
-                        errors
-                            .iter()
-                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
-                    );
-                }
+            Object::Federation(f) => {
+                keep(&name, f, true, validate_federation, &mut out.federations, p)
             }
-            flower_addon_crds::Object::Placement(mut p) => {
-                let errors = flower_addon_crds::validate_placement(&p);
-                if errors.is_empty() {
-                    if p.metadata.namespace.is_none() {
-                        p.metadata.namespace = Some("default".into());
-                    }
-                    out.placements.push(p);
-                } else {
-                    problems.extend(
-                        errors
-                            .iter()
-                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
-                    );
-                }
+            Object::Placement(pl) => {
+                keep(&name, pl, true, validate_placement, &mut out.placements, p)
             }
-            flower_addon_crds::Object::ManagedClusterSet(set) => {
-                let errors = flower_addon_crds::validate_cluster_set(&set);
-                if errors.is_empty() {
-                    out.cluster_sets.push(set);
-                } else {
-                    problems.extend(
-                        errors
-                            .iter()
-                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
-                    );
-                }
-            }
-            flower_addon_crds::Object::ManagedClusterSetBinding(mut binding) => {
-                if binding.metadata.namespace.is_none() {
-                    binding.metadata.namespace = Some("default".into());
-                }
-                let errors = flower_addon_crds::validate_cluster_set_binding(&binding);
-                if errors.is_empty() {
-                    out.bindings.push(binding);
-                } else {
-                    problems.extend(
-                        errors
-                            .iter()
-                            .map(|e| format!("{name}: {}: {}", e.path, e.message)),
-                    );
-                }
-            }
-            _ => problems.push(format!(
-                "{name}: only Federation, Placement, ManagedClusterSet and ManagedClusterSetBinding objects belong in the manifests directory"
-            )),
+            Object::ManagedClusterSet(set) => keep(
+                &name,
+                set,
+                false,
+                validate_cluster_set,
+                &mut out.cluster_sets,
+                p,
+            ),
+            Object::ManagedClusterSetBinding(b) => keep(
+                &name,
+                b,
+                true,
+                validate_cluster_set_binding,
+                &mut out.bindings,
+                p,
+            ),
+            _ => p.push(format!("{name}: {ONLY_THESE_KINDS}")),
         }
     }
     if problems.is_empty() {

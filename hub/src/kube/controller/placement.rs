@@ -204,32 +204,10 @@ pub async fn run(
         )
         .reflect(decision_writer)
         .touched_objects();
-    let (sets, set_writer) = reflector::store::<ManagedClusterSet>();
-    let set_changes = listed
-        .watch(
-            "managedclustersets",
-            watcher(
-                Api::<ManagedClusterSet>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
-        )
-        .reflect(set_writer)
-        .touched_objects()
-        .filter_map(|r| std::future::ready(r.ok().map(|_| ())));
-    let (bindings, binding_writer) = reflector::store::<ManagedClusterSetBinding>();
-    let binding_changes = listed
-        .watch(
-            "managedclustersetbindings",
-            watcher(
-                Api::<ManagedClusterSetBinding>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
-        )
-        .reflect(binding_writer)
-        .touched_objects()
-        .filter_map(|r| std::future::ready(r.ok().map(|_| ())));
+    let (sets, set_changes) =
+        reflect_all::<ManagedClusterSet>(&listed, "managedclustersets", &client);
+    let (bindings, binding_changes) =
+        reflect_all::<ManagedClusterSetBinding>(&listed, "managedclustersetbindings", &client);
     let stores = PlacementStores {
         clusters,
         decisions,
@@ -256,6 +234,34 @@ pub async fn run(
         })
         .await;
     tracing::info!("placement controller stopped");
+}
+
+/// A reflector of every `K` (recorded in `listed` as watch `name`): its store, and a stream with
+/// one item per change (for `reconcile_all_on`).
+fn reflect_all<K>(
+    listed: &Arc<crate::kube::listed::Listed>,
+    name: &'static str,
+    client: &Client,
+) -> (Store<K>, impl futures::Stream<Item = ()> + Send + use<K>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let changes = listed
+        .watch(
+            name,
+            watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
+        )
+        .reflect(writer)
+        .touched_objects()
+        .filter_map(|r| std::future::ready(r.ok().map(|_| ())));
+    (store, changes)
 }
 
 /// The readiness check of the Placement controller.
