@@ -17,6 +17,7 @@ pub mod ops;
 pub mod process_runtime;
 pub use flower_addon_crds::render;
 pub mod runtime;
+pub mod sandbox;
 pub mod supervise;
 pub mod tls;
 pub mod work;

@@ -37,6 +37,9 @@ pub struct ProcessRuntimeConfig {
     pub port_base: u16,
     /// `{node}`: this device's name.
     pub node_name: String,
+    /// A directory (containing `state_dir`) hidden from the SuperNodes but for their
+    /// Federation's own directory ([`crate::sandbox`]); None: not hidden.
+    pub hide: Option<PathBuf>,
 }
 
 /// Identity of one replica.
@@ -123,6 +126,23 @@ impl ProcessRuntime {
             )));
         }
         Ok(runtime)
+    }
+
+    /// What a replica's processes do not see: [`ProcessRuntimeConfig::hide`] but for its
+    /// Federation's directory.
+    fn sandbox(&self, key: &ReplicaKey) -> Option<crate::sandbox::Sandbox> {
+        self.config
+            .hide
+            .as_ref()
+            .map(|hide| crate::sandbox::Sandbox {
+                hide: hide.clone(),
+                keep: self
+                    .config
+                    .state_dir
+                    .join("federations")
+                    .join(&key.namespace)
+                    .join(&key.federation),
+            })
     }
 
     fn program(&self, name: &str) -> PathBuf {
@@ -398,6 +418,7 @@ impl Runtime for ProcessRuntime {
                     env: env.clone(),
                     cwd: Some(self.config.state_dir.clone()),
                     log_file: log_file.clone(),
+                    sandbox: self.sandbox(&d.key),
                 });
                 let superexec = d.superexec_argv.map(|args| {
                     Supervised::start(ProcessSpec {
@@ -407,6 +428,7 @@ impl Runtime for ProcessRuntime {
                         env: env.clone(),
                         cwd: Some(self.config.state_dir.clone()),
                         log_file: log_dir.join(format!("{name}.superexec.log")),
+                        sandbox: self.sandbox(&d.key),
                     })
                 });
                 tracing::info!(replica = %d.key.slug(), port = d.port, "started SuperNode");

@@ -42,6 +42,8 @@ pub struct ProcessSpec {
     pub cwd: Option<PathBuf>,
     /// File that receives stdout and stderr (appended).
     pub log_file: PathBuf,
+    /// A directory hidden from the process, but for one subdirectory ([`crate::sandbox`]).
+    pub sandbox: Option<crate::sandbox::Sandbox>,
 }
 
 /// Observable state of a supervised process.
@@ -212,7 +214,21 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         cmd.current_dir(cwd);
     }
     die_with_parent(&mut cmd);
+    if let Some(sandbox) = &spec.sandbox {
+        let prepared = sandbox.prepare()?;
+        enter_sandbox(&mut cmd, prepared);
+    }
     cmd.spawn()
+}
+
+/// Makes the child enter `prepared` ([`crate::sandbox`]) before it runs the program.
+#[allow(unsafe_code)]
+fn enter_sandbox(cmd: &mut Command, prepared: crate::sandbox::Prepared) {
+    // SAFETY: `enter` makes only system calls on data prepared before fork (no allocation, no
+    // lock).
+    unsafe {
+        cmd.pre_exec(move || prepared.enter());
+    }
 }
 
 /// Asks the kernel to SIGTERM the child when the supervising thread's process dies, so a killed
@@ -269,6 +285,7 @@ mod tests {
             env: BTreeMap::new(),
             cwd: None,
             log_file: dir.join(format!("{name}.log")),
+            sandbox: None,
         }
     }
 
@@ -294,6 +311,51 @@ mod tests {
         sup.stop().await;
         let log = std::fs::read_to_string(dir.path().join("crash.log")).unwrap();
         assert!(log.matches("hello").count() >= 2, "log: {log}");
+    }
+
+    #[tokio::test]
+    async fn a_sandboxed_child_sees_only_its_own_directory_of_the_hidden_one() {
+        // The hidden directory's secret is gone for the child, its own directory is there and
+        // writable, and nothing is mounted on the host.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let own = state.join("federations/team/fed");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(state.join("ca.key"), "SECRET").unwrap();
+        std::fs::write(own.join("tls.key"), "OWN").unwrap();
+        let script = format!(
+            "cat {state}/ca.key || echo HIDDEN; cat {own}/tls.key; echo W > {own}/written; ls {state}; sleep 30",
+            state = state.display(),
+            own = own.display()
+        );
+        let mut spec = sh("boxed", dir.path(), &script);
+        spec.sandbox = Some(crate::sandbox::Sandbox {
+            hide: state.clone(),
+            keep: own.clone(),
+        });
+        let sup = Supervised::start(spec);
+        let log_file = dir.path().join("boxed.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let log = loop {
+            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+            if log.contains("federations") {
+                break log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no output: {log:?} {:?}",
+                sup.state()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        sup.stop().await;
+        assert!(!log.contains("SECRET"), "{log}");
+        assert!(log.contains("HIDDEN") && log.contains("OWN"), "{log}");
+        // `ls` of the state directory shows only the path to its own directory.
+        assert!(!log.contains("ca.key\n"), "{log}");
+        assert_eq!(std::fs::read_to_string(own.join("written")).unwrap(), "W\n");
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(&state.display().to_string()), "{mounts}");
     }
 
     #[tokio::test]

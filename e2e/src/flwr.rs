@@ -68,15 +68,27 @@ impl HostFlwr {
         min_nodes: u64,
         detail: impl Fn() -> String,
     ) -> Result<String> {
-        let app_s = app.display().to_string();
         let config = format!("num-server-rounds=2 min-nodes={min_nodes}");
+        self.run_with_config(app, federation, &config, detail)
+    }
+
+    /// `flwr run app federation --run-config config`, judged by `flwr ls` reaching
+    /// `finished:completed`; `detail` is added to a timeout's error. Returns the run id.
+    pub fn run_with_config(
+        &self,
+        app: &Path,
+        federation: &str,
+        config: &str,
+        detail: impl Fn() -> String,
+    ) -> Result<String> {
+        let app_s = app.display().to_string();
         // A SuperLink that was just (re)started may not listen yet: retry only that error.
         let args = [
             "run",
             &app_s,
             federation,
             "--run-config",
-            &config,
+            config,
             "--format",
             "json",
         ];

@@ -163,6 +163,40 @@ fn superlink_certificate_is_renewed(
         renewed_after.as_secs_f64(),
         t_run.elapsed().as_secs_f64()
     );
+    a_serverapp_cannot_read_the_hub_state(&flwr, state, hub_log)
+}
+
+/// #13 item 2: whoever reaches the Control API runs a ServerApp next to the SuperLink; that code
+/// sees the SuperLink's own directory but not the rest of the hub's state directory (the channel
+/// and Flower CA keys, tokens). The probe app fails its run if it can read the key.
+fn a_serverapp_cannot_read_the_hub_state(
+    flwr: &e2e::flwr::HostFlwr,
+    state: &Path,
+    hub_log: &Path,
+) -> Result<()> {
+    for secret in ["ca.json", "flower-ca.json"] {
+        let hidden = state.join(secret);
+        ensure!(hidden.is_file(), "no {} to probe", hidden.display());
+        let own = state.join("federations/default/quickstart/tls/tls.crt");
+        let config = format!(
+            "probe-hidden=\"{}\" probe-own=\"{}\"",
+            hidden.display(),
+            own.display()
+        );
+        let t = Instant::now();
+        let run = flwr
+            .run_with_config(
+                &e2e::repo_root().join("e2e/flower/probe"),
+                "quickstart",
+                &config,
+                || std::fs::read_to_string(hub_log).unwrap_or_default(),
+            )
+            .with_context(|| format!("a ServerApp reading {secret}"))?;
+        eprintln!(
+            "run {run}: a ServerApp could not read {secret}, but its SuperLink's own certificate ({:.1}s)",
+            t.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 

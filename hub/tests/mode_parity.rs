@@ -184,6 +184,7 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
             superlink_host: "127.0.0.1".into(),
             advertise: vec!["127.0.0.1".into()],
             superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            sandbox: true,
         },
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

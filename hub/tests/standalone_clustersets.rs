@@ -144,6 +144,7 @@ async fn a_placement_selects_only_from_the_sets_bound_to_its_namespace() {
             superlink_host: "127.0.0.1".into(),
             advertise: vec!["127.0.0.1".into()],
             superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            sandbox: true,
         },
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -44,6 +44,12 @@ pub struct RunArgs {
     /// Value of `{node}` (process runtime). Default: the host name.
     #[arg(long)]
     pub node_name: Option<String>,
+    /// Process runtime: run each SuperNode (and its ClientApps) in a mount namespace where the
+    /// state directory is empty but for its Federation's own directory, so code a ServerApp
+    /// sends cannot read this agent's key or other Federations' files. Needs root or
+    /// unprivileged user namespaces; `false` turns it off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub supernode_sandbox: bool,
     /// How often the observed status is checked (sent only when it changed), e.g. `5s`.
     #[arg(long, default_value = "3s", value_parser = super::join::parse_duration)]
     pub status_interval: std::time::Duration,
@@ -199,6 +205,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     flower_bin: args.flower_bin.as_deref().map(absolute).transpose()?,
                     port_base: args.port_base,
                     node_name,
+                    hide: args
+                        .supernode_sandbox
+                        .then(|| absolute(&state_dir))
+                        .transpose()?,
                 })?);
                 process = Some(rt.clone());
                 rt

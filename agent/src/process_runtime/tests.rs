@@ -24,6 +24,7 @@ fn a_missing_flower_install_is_a_clear_error() {
         flower_bin: Some(dir.path().join("nope")),
         port_base: 19000,
         node_name: "n".into(),
+        hide: None,
     })
     .err()
     .unwrap();
@@ -47,6 +48,7 @@ async fn work_names_that_are_not_dns_labels_never_become_paths() {
         flower_bin: Some(bin),
         port_base: 19000,
         node_name: "n".into(),
+        hide: Some(state.clone()),
     })
     .unwrap();
     for (namespace, name, pool) in [

@@ -46,6 +46,12 @@ pub struct ServeArgs {
     /// longer-lived certificates at once.
     #[arg(long, default_value = "90d", value_parser = parse_duration)]
     pub superlink_cert_validity: Duration,
+    /// Standalone: run each SuperLink (and its ServerApps) and the hub machine's own SuperNodes
+    /// in a mount namespace where the state directory is empty but for their own directory, so
+    /// code run through `flwr run` cannot read the CA keys or tokens. Needs root or unprivileged
+    /// user namespaces; `false` turns it off (then that code runs with the hub's file access).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub flower_sandbox: bool,
     /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
     /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule). In
     /// Kubernetes mode it is the `spec.leaseDurationSeconds` of ManagedClusters created on join;
@@ -239,6 +245,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
                 superlink_cert_validity: args.superlink_cert_validity,
+                sandbox: args.flower_sandbox,
             },
         )
         .with_health(health, STANDALONE_READY);

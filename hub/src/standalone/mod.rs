@@ -48,6 +48,9 @@ pub struct StandaloneConfig {
     pub advertise: Vec<String>,
     /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
     pub superlink_cert_validity: Duration,
+    /// Whether SuperLinks and the hub machine's SuperNodes run with `state_dir` hidden but for
+    /// their own directory ([`flower_addon_agent::sandbox`]).
+    pub sandbox: bool,
 }
 
 type FedKey = (String, String);

@@ -21,6 +21,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     flower_bin: self.config.flower_bin.clone(),
                     port_base: 19500,
                     node_name: "hub".into(),
+                    hide: self.config.sandbox.then(|| self.config.state_dir.clone()),
                 };
                 match flower_addon_agent::process_runtime::ProcessRuntime::new(config) {
                     Ok(rt) => {

@@ -34,6 +34,16 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
+    /// The state directory hidden from a SuperLink but for its own directory (#13 item 2).
+    fn sandbox(&self, paths: &SuperLinkPaths) -> Option<flower_addon_agent::sandbox::Sandbox> {
+        self.config
+            .sandbox
+            .then(|| flower_addon_agent::sandbox::Sandbox {
+                hide: self.config.state_dir.clone(),
+                keep: paths.dir.clone(),
+            })
+    }
+
     pub(super) fn flower_env(&self) -> BTreeMap<String, String> {
         flower_addon_agent::supervise::flower_env(self.config.flower_bin.as_deref())
     }
@@ -131,6 +141,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             },
             cwd: Some(paths.dir.clone()),
             log_file: paths.log.clone(),
+            sandbox: self.sandbox(paths),
         });
         let superexec = (fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process)
             .then(|| {
@@ -141,6 +152,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     env: self.flower_env(),
                     cwd: Some(paths.dir.clone()),
                     log_file: paths.log.with_extension("superexec.log"),
+                    sandbox: self.sandbox(paths),
                 })
             });
         tracing::info!(namespace = %key.0, federation = %key.1, "started the SuperLink");
