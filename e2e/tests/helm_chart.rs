@@ -246,7 +246,7 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
     let hub_client = hub.client.clone();
     let crds = Api::<CustomResourceDefinition>::all(hub_client.clone());
     ensure!(
-        our_crds(crds.list(&ListParams::default()).await?.items) == 4,
+        our_crds(crds.list(&ListParams::default()).await?.items) == flower_addon_crds::crds().len(),
         "CRDs not installed"
     );
     let deployments = Api::<Deployment>::namespaced(hub_client.clone(), HUB_NS);
@@ -327,11 +327,11 @@ async fn helm_installs_upgrades_and_uninstalls_both_sides() -> Result<()> {
         "left behind after helm uninstall: {left:?}"
     );
     ensure!(
-        our_crds(crds.list(&ListParams::default()).await?.items) == 4,
+        our_crds(crds.list(&ListParams::default()).await?.items) == flower_addon_crds::crds().len(),
         "helm uninstall removed the CRDs (Helm keeps them: Federations would be lost)"
     );
     eprintln!(
-        "helm_chart: install (hub, agent), upgrade (replicas 2, json logs, auto-accept), uninstall: only the 4 CRDs left"
+        "helm_chart: install (hub, agent), upgrade (replicas 2, json logs, auto-accept), uninstall: only the CRDs left"
     );
     Ok(())
 }
