@@ -46,6 +46,11 @@ struct Args {
     /// a reconnecting agent while they are held (0: no flood).
     #[arg(long, default_value_t = 0)]
     flood: usize,
+    /// Agents reconnect with the agent's own backoff (1 s doubling to 30 s, with jitter)
+    /// instead of the bench's quicker 0.5 s to 5 s: what a real fleet does in a connect storm
+    /// (`--batch` = `--agents` starts every agent at once).
+    #[arg(long)]
+    agent_backoff: bool,
     /// Internal: run as the hub child on this state dir.
     #[arg(long, hide = true)]
     serve_hub: Option<PathBuf>,
@@ -303,8 +308,10 @@ async fn driver(args: Args) -> anyhow::Result<()> {
             0,
             1 + (i % usize::from(args.source_ips.max(1))) as u8,
         )));
-        options.reconnect_min = Duration::from_millis(500);
-        options.reconnect_max = Duration::from_secs(5);
+        if !args.agent_backoff {
+            options.reconnect_min = Duration::from_millis(500);
+            options.reconnect_max = Duration::from_secs(5);
+        }
         options.status_interval = Duration::from_secs(3600);
         let runtime = Arc::new(MemoryRuntime::new());
         let stop = stop_rx.clone();
