@@ -159,7 +159,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?,
         FlwrFromTheHost::connect(hub, "1.25.0", "classic", 4)?,
     ];
-    runs_complete(&flwr, "the placed Federations").await?;
+    runs_complete(&flwr, "the placed Federations", &[spoke, spoke2]).await?;
     the_fleet_endpoint_serves_no_control_api(hub, &flwr).await?;
     let refused =
         e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
@@ -168,7 +168,12 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0]).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;
-    runs_complete(&flwr, "after the hub and agent pods were replaced").await?;
+    runs_complete(
+        &flwr,
+        "after the hub and agent pods were replaced",
+        &[spoke, spoke2],
+    )
+    .await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
 
@@ -1571,11 +1576,51 @@ impl FlwrFromTheHost {
     }
 }
 
-/// `flwr run` on both Flower releases at once (#9 6a and 6e).
-async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str) -> Result<()> {
+/// `flwr run` on both Flower releases at once (#9 6a and 6e). A 1.25.0 run that fails is run
+/// once more only when a SuperNode of it logged Flower 1.25's own bug (e2e/flower/NOTES.md,
+/// fact 9; test.sh does the same for the demo); any other failure fails at once.
+async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str, spokes: &[&Cluster]) -> Result<()> {
     let (a, b) = tokio::join!(flwr[0].run_completes(when), flwr[1].run_completes(when));
     a?;
-    b
+    match b {
+        Err(error) if flower_125_bug_seen(spokes, &flwr[1].federation).await? => {
+            eprintln!(
+                "real_node: {when}: run of {} failed with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more ({error:#})",
+                flwr[1].federation
+            );
+            flwr[1].run_completes(when).await
+        }
+        other => other,
+    }
+}
+
+/// What Flower 1.25.0's SuperLink answers a SuperNode's message pull with, sometimes.
+const FLOWER_125_BUG: &str = "Both bytes_sent and bytes_recv cannot be zero";
+
+/// Whether a SuperNode pod of Federation `federation` (namespace `fl`) in `spokes` logged
+/// [`FLOWER_125_BUG`].
+async fn flower_125_bug_seen(spokes: &[&Cluster], federation: &str) -> Result<bool> {
+    for spoke in spokes {
+        let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl");
+        let list = pods
+            .list(
+                &kube::api::ListParams::default()
+                    .labels(&format!("app.kubernetes.io/instance={federation}")),
+            )
+            .await?;
+        for pod in list.items {
+            let params = kube::api::LogParams {
+                container: Some("supernode".into()),
+                ..Default::default()
+            };
+            if let Ok(log) = pods.logs(&kube::ResourceExt::name_any(&pod), &params).await
+                && log.contains(FLOWER_125_BUG)
+            {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// #9 item 6b: the same on 1.42.0 with process isolation (the ServerApp and ClientApps in
