@@ -73,6 +73,7 @@ pub fn merge_pod_template(meta: &mut ObjectMeta, pod: &mut PodSpec, template: &P
         node_selector,
         affinity,
         service_account_name,
+        automount_service_account_token,
         priority_class_name,
         runtime_class_name,
         security_context,
@@ -122,6 +123,26 @@ mod tests {
             value: Some(value.into()),
             ..EnvVar::default()
         }
+    }
+
+    #[test]
+    fn a_pod_template_may_ask_for_the_api_token_we_leave_out() {
+        let mut pod = PodSpec {
+            automount_service_account_token: Some(false),
+            ..PodSpec::default()
+        };
+        let mut meta = ObjectMeta::default();
+        merge_pod_template(&mut meta, &mut pod, &PodTemplateSpec::default());
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let template = PodTemplateSpec {
+            spec: Some(PodSpec {
+                automount_service_account_token: Some(true),
+                ..PodSpec::default()
+            }),
+            ..PodTemplateSpec::default()
+        };
+        merge_pod_template(&mut meta, &mut pod, &template);
+        assert_eq!(pod.automount_service_account_token, Some(true));
     }
 
     #[test]

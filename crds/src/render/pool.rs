@@ -346,6 +346,8 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
     let mut pod = PodSpec {
         containers,
         volumes: non_empty(volumes),
+        // Code a ServerApp sends runs here: no API token unless the pod template asks for one.
+        automount_service_account_token: Some(false),
         runtime_class_name: (mount_all_vendor(gpu) == Some(GpuVendor::Nvidia))
             .then(|| "nvidia".to_owned()),
         ..PodSpec::default()

@@ -200,6 +200,9 @@ pub fn render_superlink(
     let mut pod = PodSpec {
         containers,
         volumes: non_empty(volumes),
+        // Whoever reaches Control runs code here: no API token unless the pod template asks
+        // for one (the pod holds only its own TLS Secret, #13 item 2).
+        automount_service_account_token: Some(false),
         ..PodSpec::default()
     };
     let mut pod_meta = ObjectMeta {
