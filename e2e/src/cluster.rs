@@ -169,8 +169,25 @@ impl ControlPlane {
         Self::start_with(names, Options::default()).await
     }
 
-    /// [`ControlPlane::start`] with explicit options.
+    /// [`ControlPlane::start`] with explicit options. A boot that fails only because a port
+    /// chosen free was taken before a component bound it (another test's process got it in
+    /// between) is retried from scratch, at most twice, saying so; any other failure fails.
     pub async fn start_with(names: &[&str], opts: Options) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(names, &opts).await {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!(
+                        "e2e: a port chosen free was taken before a component bound it; booting again ({e:#})"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(names: &[&str], opts: &Options) -> Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bins = Binaries::locate()?;
         // One boot at a time on this machine; the running control planes stay in parallel.
@@ -207,7 +224,7 @@ impl ControlPlane {
         if opts.keep_work_dir {
             cp.keep_work_dir();
         }
-        let booted = cp.boot(names, &opts).await;
+        let booted = cp.boot(names, opts).await;
         drop(lock);
         match booted {
             Ok(()) => {
