@@ -131,6 +131,7 @@ impl Rendered {
 mod applier;
 mod error;
 pub mod keys;
+mod owned;
 mod policy;
 mod recorder;
 mod render;
@@ -145,7 +146,7 @@ pub use policy::{Allowance, PodPolicy, PodSecurityLevel};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
 use status::WorkloadCache;
-use writes::{apply, delete_object, ensure_namespace, prune_kind};
+use writes::{apply, delete_object, ensure_namespace};
 
 // === impl KubeRuntime ===
 
@@ -507,91 +508,6 @@ impl KubeRuntime {
         Ok(rendered)
     }
 
-    /// Refuses the Federation when an object of a name it would write exists and is not this
-    /// runtime's ([`Applier::owns`]); checked before anything is written, for the objects not
-    /// applied since the last full apply (one GET each).
-    async fn check_ownership(
-        &self,
-        plan: &FederationPlan,
-        base: &Rendered,
-    ) -> Result<(), KubeRuntimeError> {
-        use k8s_openapi::api::core::v1::Service;
-        let ns = plan.namespace.as_str();
-        let mut keys: Vec<ObjectKey> = Vec::new();
-        if let Some(secret) = &base.secret {
-            keys.push((
-                Kind::Secret,
-                ns.to_owned(),
-                secret.metadata.name.clone().unwrap_or_default(),
-            ));
-        }
-        for service in &base.services {
-            keys.push((
-                Kind::Service,
-                ns.to_owned(),
-                service.metadata.name.clone().unwrap_or_default(),
-            ));
-        }
-        for (pool, _) in &base.workloads {
-            keys.push((pool.kind, ns.to_owned(), pool.workload.clone()));
-            if plan.secure() {
-                keys.push((
-                    Kind::Secret,
-                    ns.to_owned(),
-                    node_key_secret_name(&plan.name, &pool.name),
-                ));
-            }
-        }
-        for key in keys {
-            if self.sent().has_body(&key) {
-                continue;
-            }
-            let what = format!("{} {}/{}", key.0.name(), key.1, key.2);
-            let action = format!("get {what}");
-            let client = self.client.clone();
-            let meta = match key.0 {
-                Kind::StatefulSet => Api::<StatefulSet>::namespaced(client, ns)
-                    .get_metadata_opt(&key.2)
-                    .await
-                    .map(|o| o.map(|m| m.metadata)),
-                Kind::DaemonSet => Api::<DaemonSet>::namespaced(client, ns)
-                    .get_metadata_opt(&key.2)
-                    .await
-                    .map(|o| o.map(|m| m.metadata)),
-                Kind::Secret => Api::<Secret>::namespaced(client, ns)
-                    .get_metadata_opt(&key.2)
-                    .await
-                    .map(|o| o.map(|m| m.metadata)),
-                Kind::Service => Api::<Service>::namespaced(client, ns)
-                    .get_metadata_opt(&key.2)
-                    .await
-                    .map(|o| o.map(|m| m.metadata)),
-            }
-            .map_err(kube_err(action))?;
-            if meta.is_some_and(|m| !self.applier.owns(&m)) {
-                return Err(KubeRuntimeError::NotOwned { what });
-            }
-        }
-        Ok(())
-    }
-
-    /// Marks every rendered object as this runtime's ([`Applier::stamp`]).
-    fn stamp(&self, rendered: &mut Rendered, plan: &FederationPlan) {
-        let (ns, name) = (plan.namespace.as_str(), plan.name.as_str());
-        if let Some(secret) = &mut rendered.secret {
-            self.applier.stamp(&mut secret.metadata, ns, name);
-        }
-        for service in &mut rendered.services {
-            self.applier.stamp(&mut service.metadata, ns, name);
-        }
-        for (_, workload) in &mut rendered.workloads {
-            match workload {
-                Workload::StatefulSet(s) => self.applier.stamp(&mut s.metadata, ns, name),
-                Workload::DaemonSet(d) => self.applier.stamp(&mut d.metadata, ns, name),
-            }
-        }
-    }
-
     /// Every node of the cluster (DaemonSet pools have a key per node they may run on).
     async fn list_nodes(&self) -> Result<Vec<k8s_openapi::api::core::v1::Node>, KubeRuntimeError> {
         Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
@@ -599,34 +515,6 @@ impl KubeRuntime {
             .await
             .map(|list| list.items)
             .map_err(kube_err("list Nodes"))
-    }
-
-    /// Deletes every object of this runtime that is not desired (nor of a Federation in
-    /// `keep`); returns what it deleted.
-    async fn prune(
-        &self,
-        desired: &BTreeSet<ObjectKey>,
-        keep: &BTreeSet<(String, String)>,
-    ) -> Result<Vec<ObjectKey>, KubeRuntimeError> {
-        let (client, selector) = (&self.client, self.applier.selector());
-        let selector = selector.as_str();
-        let mut pruned =
-            prune_kind::<StatefulSet>(client, selector, Kind::StatefulSet, desired, keep).await?;
-        pruned.extend(
-            prune_kind::<DaemonSet>(client, selector, Kind::DaemonSet, desired, keep).await?,
-        );
-        pruned.extend(prune_kind::<Secret>(client, selector, Kind::Secret, desired, keep).await?);
-        pruned.extend(
-            prune_kind::<k8s_openapi::api::core::v1::Service>(
-                client,
-                selector,
-                Kind::Service,
-                desired,
-                keep,
-            )
-            .await?,
-        );
-        Ok(pruned)
     }
 }
 

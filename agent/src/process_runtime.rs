@@ -16,7 +16,7 @@ use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNo
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
-use flower_addon_proto::{ClusterWork, Condition, FederationStatus, PoolStatus};
+use flower_addon_proto::{ClusterWork, FederationStatus, PoolStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use tokio::sync::Mutex;
@@ -521,61 +521,6 @@ impl ProcessRuntime {
     }
 }
 
-fn ready_condition(
-    ready: u32,
-    desired: u32,
-    replicas: &[&Replica],
-    unenforced: &[&str],
-) -> Condition {
-    // Resource limits the pool asks for are not dropped silently: every message says so.
-    let note = if unenforced.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "; {} not enforced by the process runtime",
-            unenforced.join(" and ")
-        )
-    };
-    if ready >= desired {
-        return Condition {
-            r#type: "Ready".into(),
-            status: "True".into(),
-            reason: "SuperNodesConnected".into(),
-            message: format!("{ready}/{desired} SuperNodes connected{note}"),
-        };
-    }
-    let detail = replicas
-        .iter()
-        .filter(|r| !replica_ready(r))
-        .filter_map(|r| {
-            r.supernode
-                .state()
-                .last_exit
-                .map(|e| format!("last exit: {e}"))
-        })
-        .next()
-        .unwrap_or_else(|| "waiting for the SuperLink connection".into());
-    Condition {
-        r#type: "Ready".into(),
-        status: "False".into(),
-        reason: "SuperNodesNotConnected".into(),
-        message: format!("{ready}/{desired} SuperNodes connected; {detail}{note}"),
-    }
-}
-
-fn replica_ready(replica: &Replica) -> bool {
-    if replica.supernode.state().pid.is_none() {
-        return false;
-    }
-    // Only what was appended since the last look is read: a SuperNode's log grows as it runs.
-    let mut scan = replica.log_scan.lock().unwrap_or_else(|poisoned| {
-        let mut scan = poisoned.into_inner();
-        *scan = readiness::LogScan::default();
-        scan
-    });
-    scan.connected(&replica.log_file)
-}
-
 async fn stop_replica(replica: Replica) {
     if let Some(se) = replica.superexec {
         se.stop().await;
@@ -619,5 +564,6 @@ fn which(program: &Path) -> Option<PathBuf> {
 }
 
 mod readiness;
+use readiness::{ready_condition, replica_ready};
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
-//! Whether a SuperNode's log shows it connected since its last start, read incrementally.
+//! Whether a pool is ready: a SuperNode is when its log shows it connected since its last start
+//! (read incrementally), and the pool's `Ready` condition counts those.
 //!
 //! The log of a long-running SuperNode grows for as long as it runs; reading all of it on every
 //! status tick costs an allocation of the whole file per replica every few seconds (and leaves
@@ -10,7 +11,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::{CONNECTED_LINE, START_MARKER};
+use super::{CONNECTED_LINE, Replica, START_MARKER};
+use flower_addon_proto::Condition;
 
 /// Bytes read at a time.
 const CHUNK: usize = 16 * 1024;
@@ -94,6 +96,62 @@ fn find_all<'a>(haystack: &'a [u8], needle: &'a [u8]) -> impl Iterator<Item = us
         .enumerate()
         .filter(move |(_, w)| *w == needle)
         .map(move |(i, _)| i + needle.len())
+}
+
+/// The pool's `Ready` condition from its replicas (a not-ready one's last exit as the reason).
+pub(super) fn ready_condition(
+    ready: u32,
+    desired: u32,
+    replicas: &[&Replica],
+    unenforced: &[&str],
+) -> Condition {
+    // Resource limits the pool asks for are not dropped silently: every message says so.
+    let note = if unenforced.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} not enforced by the process runtime",
+            unenforced.join(" and ")
+        )
+    };
+    if ready >= desired {
+        return Condition {
+            r#type: "Ready".into(),
+            status: "True".into(),
+            reason: "SuperNodesConnected".into(),
+            message: format!("{ready}/{desired} SuperNodes connected{note}"),
+        };
+    }
+    let detail = replicas
+        .iter()
+        .filter(|r| !replica_ready(r))
+        .filter_map(|r| {
+            r.supernode
+                .state()
+                .last_exit
+                .map(|e| format!("last exit: {e}"))
+        })
+        .next()
+        .unwrap_or_else(|| "waiting for the SuperLink connection".into());
+    Condition {
+        r#type: "Ready".into(),
+        status: "False".into(),
+        reason: "SuperNodesNotConnected".into(),
+        message: format!("{ready}/{desired} SuperNodes connected; {detail}{note}"),
+    }
+}
+
+pub(super) fn replica_ready(replica: &Replica) -> bool {
+    if replica.supernode.state().pid.is_none() {
+        return false;
+    }
+    // Only what was appended since the last look is read: a SuperNode's log grows as it runs.
+    let mut scan = replica.log_scan.lock().unwrap_or_else(|poisoned| {
+        let mut scan = poisoned.into_inner();
+        *scan = LogScan::default();
+        scan
+    });
+    scan.connected(&replica.log_file)
 }
 
 #[cfg(test)]
