@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
 use flower_addon_crds::Federation;
+use flower_addon_hub::core::sans::SuperLinkNames;
 use flower_addon_hub::kube::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
 use flower_addon_hub::kube::local::LOCAL_POOLS_FIELD_MANAGER;
 use flower_addon_hub::registration::ca::HubCa;
@@ -145,11 +146,29 @@ struct Running {
     task: JoinHandle<()>,
 }
 
+/// The hub's settings here: its admin lets Federations name `hub.example` in their SuperLink
+/// certificates (`--superlink-name hub.example`), and nothing else.
+fn settings() -> controller::Settings {
+    controller::Settings {
+        superlink_names: SuperLinkNames::new([], &["hub.example".to_owned()])
+            .expect("a valid name"),
+        ..Default::default()
+    }
+}
+
+/// A reconcile context with [`settings`] and caches listed now.
+async fn context(hub_sa: &Client, ca: &Arc<HubCa>) -> Result<Context> {
+    let caches = controller::Caches::listed(hub_sa).await?;
+    let mut ctx = Context::new(hub_sa.clone(), ca.clone(), caches);
+    ctx.settings = settings();
+    Ok(ctx)
+}
+
 fn start_controller(client: &Client, ca: &Arc<HubCa>) -> Running {
     let (stop, rx) = oneshot::channel::<()>();
     let (client, ca) = (client.clone(), ca.clone());
     let task = tokio::spawn(async move {
-        flower_addon_hub::kube::run_hub_cluster(client, ca, None, async move {
+        flower_addon_hub::kube::run_hub_cluster(client, ca, settings(), async move {
             let _ = rx.await;
         })
         .await
@@ -387,8 +406,7 @@ async fn a_restarted_controller_changes_nothing(
     stop_controller(running).await?;
     let running = start_controller(hub_sa, ca);
     // Prove a reconcile ran against the running state, on top of the restarted controller's own.
-    let caches = controller::Caches::listed(hub_sa).await?;
-    let ctx = Arc::new(Context::new(hub_sa.clone(), ca.clone(), caches));
+    let ctx = Arc::new(context(hub_sa, ca).await?);
     controller::reconcile(Arc::new(get_fed(client).await?), ctx.clone()).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
@@ -419,9 +437,8 @@ async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
     let before = secrets.get("fed-superlink-tls").await?;
     let old_pod = pods.get("fed-superlink-0").await?.metadata.uid;
     let validity = Duration::from_secs(3600);
-    let caches = controller::Caches::listed(hub_sa).await?;
-    let mut ctx = Context::new(hub_sa.clone(), ca.clone(), caches);
-    ctx.superlink_cert_validity = validity;
+    let mut ctx = context(hub_sa, ca).await?;
+    ctx.settings.superlink_cert_validity = validity;
     controller::reconcile(Arc::new(get_fed(client).await?), Arc::new(ctx)).await?;
     let after = secrets.get("fed-superlink-tls").await?;
     let at = |s: &Secret, key: &str| -> Result<u64> {
@@ -467,12 +484,8 @@ async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
     // Not due again: the next reconcile (its caches listed afresh: `listed` is a snapshot)
     // issues nothing.
     let version = after.resource_version();
-    let mut ctx = Context::new(
-        hub_sa.clone(),
-        ca.clone(),
-        controller::Caches::listed(hub_sa).await?,
-    );
-    ctx.superlink_cert_validity = validity;
+    let mut ctx = context(hub_sa, ca).await?;
+    ctx.settings.superlink_cert_validity = validity;
     controller::reconcile(Arc::new(get_fed(client).await?), Arc::new(ctx)).await?;
     ensure!(
         secrets.get("fed-superlink-tls").await?.resource_version() == version,
@@ -485,7 +498,8 @@ async fn a_due_certificate_is_renewed_and_rolls_the_superlink(
     Ok(())
 }
 
-/// 5. Unmappable Flower version → Degraded naming spec.version; nothing touched.
+/// 5. Unmappable Flower version, then certificate names the hub may not issue → Degraded naming
+///    the field; nothing touched.
 async fn an_invalid_spec_is_degraded_without_side_effects(
     client: &Client,
     versions: &BTreeMap<String, String>,
@@ -497,19 +511,22 @@ async fn an_invalid_spec_is_degraded_without_side_effects(
         &federation("StatefulSet", "flwr/superlink:latest", &[("a", 3)], &[]),
     )
     .await?;
-    e2e::wait_until(
-        "Degraded=True naming spec.version",
-        Duration::from_secs(30),
-        || {
-            let client = client.clone();
-            async move {
-                let fed = get_fed(&client).await?;
-                Ok(fed.status.as_ref().and_then(|s| s.observed_generation)
-                    == fed.metadata.generation
-                    && condition(&fed, "Degraded")
-                        .is_some_and(|(s, m)| s == "True" && m.contains("spec.version")))
-            }
-        },
+    wait_degraded(client, &["spec.version"]).await?;
+    // 5b. #13 item 4: a certificate name the hub's admin did not allow (and another
+    //     Federation's Service name) → Degraded naming each field and the fix; no certificate
+    //     issued, nothing touched (checked below).
+    let mut fed = federation("StatefulSet", "flwr/superlink:1.42.0", &[("a", 3)], &[]);
+    fed["spec"]["tls"] = serde_json::json!({
+        "extraSANs": ["bank.example.com", "other-superlink.other.svc"]
+    });
+    apply_federation(client, &fed).await?;
+    wait_degraded(
+        client,
+        &[
+            "spec.tls.extraSANs[0]: \"bank.example.com\" is not one of the hub's names (hub.example)",
+            "--superlink-name bank.example.com",
+            "spec.tls.extraSANs[1]: \"other-superlink.other.svc\" is a cluster-internal name",
+        ],
     )
     .await?;
     let fed = get_fed(client).await?;
@@ -532,6 +549,27 @@ async fn an_invalid_spec_is_degraded_without_side_effects(
             .any(|r| r == "InvalidSpec"),
         "no InvalidSpec event"
     );
+    Ok(())
+}
+
+/// Waits until the Federation's current generation is Degraded with a message holding each of
+/// `parts`.
+async fn wait_degraded(client: &Client, parts: &[&str]) -> Result<()> {
+    e2e::wait_until(
+        &format!("Degraded=True naming {parts:?}"),
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let fed = get_fed(&client).await?;
+                Ok(fed.status.as_ref().and_then(|s| s.observed_generation)
+                    == fed.metadata.generation
+                    && condition(&fed, "Degraded")
+                        .is_some_and(|(s, m)| s == "True" && parts.iter().all(|p| m.contains(p))))
+            }
+        },
+    )
+    .await?;
     Ok(())
 }
 

@@ -277,6 +277,63 @@ async fn an_invalid_federation_applies_nothing_and_says_why() {
 }
 
 #[tokio::test]
+async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
+    // #13 item 4: a TLS Federation asking for a SAN outside the hub's names gets no certificate
+    // (no Secret, nothing applied): a Warning event and a Degraded condition name the field and
+    // the flag that would allow it. Allowed by the hub's admin, the same Federation is applied.
+    use flower_addon_hub::core::sans::SuperLinkNames;
+    let fed = VALID.replace(
+        "insecure: true",
+        "insecure: false\n  tls: {extraSANs: [flower.example.org]}",
+    );
+    let (client, calls) = mock_client(vec![
+        serde_json::to_value(federation(&fed).as_ref()).unwrap(),
+    ]);
+    let ca = Arc::new(HubCa::generate().expect("ca"));
+    let ctx = Arc::new(Context::new(
+        client,
+        ca,
+        Caches::fixed(vec![], vec![], vec![], vec![]),
+    ));
+    reconcile(federation(&fed), ctx).await.expect("reconcile");
+    let calls = calls.lock().expect("log").clone();
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        [
+            "POST /apis/events.k8s.io/v1/namespaces/team/events",
+            "PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status",
+        ],
+        "{calls:#?}"
+    );
+    let note = calls[0].body["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains(
+            "spec.tls.extraSANs[0]: \"flower.example.org\" is not one of the hub's names"
+        ) && note.contains("--superlink-name flower.example.org"),
+        "{note}"
+    );
+
+    let (client, calls) = mock_client(vec![
+        serde_json::to_value(federation(&fed).as_ref()).unwrap(),
+    ]);
+    let ca = Arc::new(HubCa::generate().expect("ca"));
+    let mut ctx = Context::new(client, ca, Caches::fixed(vec![], vec![], vec![], vec![]));
+    ctx.settings.superlink_names =
+        SuperLinkNames::new([], &["*.example.org".to_owned()]).expect("names");
+    reconcile(federation(&fed), Arc::new(ctx))
+        .await
+        .expect("reconcile");
+    let calls = calls.lock().expect("log").clone();
+    assert!(
+        calls.iter().any(|c| c.method == Method::PATCH
+            && c.path == "/api/v1/namespaces/team/secrets/fed-superlink-tls"),
+        "allowed, the certificate is issued: {:#?}",
+        calls.iter().map(Call::line).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
 async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters_work() {
     // Invariant (#10, one code path): a Federation without placementRef has its pools applied
     // exactly as an agent applies a spoke's — the work of the hub's own cluster, rendered and

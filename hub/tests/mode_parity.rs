@@ -185,6 +185,11 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
             advertise: vec!["127.0.0.1".into()],
             superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
             sandbox: true,
+            superlink_names: flower_addon_hub::core::sans::SuperLinkNames::new(
+                ["127.0.0.1"],
+                &["hub.example".to_owned()],
+            )
+            .unwrap(),
         },
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -1,6 +1,7 @@
 //! `flower-hub serve`: the long-running hub (Kubernetes mode or standalone).
 use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
 use crate::cli::registration::DEFAULT_PORT;
+use crate::core::sans::SuperLinkNames;
 use crate::registration::ca::{CaRole, HubCa};
 use crate::registration::store::file::FileStore;
 use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
@@ -34,6 +35,19 @@ pub struct ServeArgs {
     /// localhost are always included). The first one is printed in join commands.
     #[arg(long = "advertise-address")]
     pub advertise_address: Vec<String>,
+    /// Names a Federation may ask for in the SuperLink certificate the hub issues
+    /// (`spec.superlink.externalAddress`, `spec.tls.extraSANs`) besides the hub's own addresses
+    /// (`--advertise-address`, `--node-address`): a DNS name, `*.domain`, an IP address or a
+    /// CIDR range (repeatable or comma-separated). Every Federation's SuperNodes trust the one
+    /// Flower CA, so the hub signs only names its admin vouches for; `*` lets Federation authors
+    /// choose any name but another Service's cluster-internal one. A Federation asking for
+    /// another name is refused (status Degraded, the field named).
+    #[arg(
+        long = "superlink-name",
+        env = "FLOWER_HUB_SUPERLINK_NAMES",
+        value_delimiter = ','
+    )]
+    pub superlink_name: Vec<String>,
     /// Accept joining clusters whose labels include `key=value` (repeatable; all must match).
     #[arg(long = "auto-accept", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub auto_accept: Vec<(String, String)>,
@@ -246,6 +260,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 advertise: args.advertise_address.clone(),
                 superlink_cert_validity: args.superlink_cert_validity,
                 sandbox: args.flower_sandbox,
+                superlink_names: SuperLinkNames::new(
+                    args.advertise_address.iter().map(String::as_str),
+                    &args.superlink_name,
+                )?,
             },
         )
         .with_health(health, STANDALONE_READY);
@@ -440,11 +458,22 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             &args,
             kubernetes_advertise(&args.advertise_address, &args.namespace),
         );
+        let node_address = args.node_address.clone().filter(|a| !a.is_empty());
+        let superlink_names = SuperLinkNames::new(
+            args.advertise_address
+                .iter()
+                .chain(&node_address)
+                .map(String::as_str),
+            &args.superlink_name,
+        )?;
         let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
             flower_ca,
-            args.node_address.clone().filter(|a| !a.is_empty()),
-            args.superlink_cert_validity,
+            crate::kube::controller::Settings {
+                node_address,
+                superlink_cert_validity: args.superlink_cert_validity,
+                superlink_names,
+            },
             health.clone(),
             wait_stop(stop_rx.clone()),
         ));

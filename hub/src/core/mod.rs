@@ -9,6 +9,7 @@ pub mod nodekeys;
 pub mod placement;
 pub mod problems;
 pub mod render;
+pub mod sans;
 pub mod status;
 pub mod superlink;
 pub mod work;

@@ -21,7 +21,7 @@ use crate::registration::ca::HubCa;
 pub async fn run_hub_cluster(
     client: kube::Client,
     ca: Arc<HubCa>,
-    node_address: Option<String>,
+    settings: controller::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), work::KubeWorkError> {
     let work =
@@ -33,8 +33,7 @@ pub async fn run_hub_cluster(
     let federations = tokio::spawn(controller::run(
         client.clone(),
         ca,
-        node_address,
-        crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+        settings,
         flower_addon_agent::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));

@@ -51,6 +51,9 @@ pub struct StandaloneConfig {
     /// Whether SuperLinks and the hub machine's SuperNodes run with `state_dir` hidden but for
     /// their own directory ([`flower_addon_agent::sandbox`]).
     pub sandbox: bool,
+    /// Names a Federation may ask for in its SuperLink certificate
+    /// ([`crate::core::sans`]: `--advertise-address`es and `--superlink-name`).
+    pub superlink_names: crate::core::sans::SuperLinkNames,
 }
 
 type FedKey = (String, String);
@@ -184,6 +187,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     summary.selected = placed.selected;
                     summary.unplaced_pools = placed.unplaced;
                     summary.placement = placed.placement_problem;
+                    summary.error = placed.refused;
                 }
                 Err(message) => summary.error = Some(message),
             }
@@ -294,13 +298,19 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let key = fed_key(fed);
         let (version, dialect) = federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-        let certificate = if fed.spec.insecure {
-            String::new()
-        } else {
-            self.ensure_superlink_tls(fed, &paths)?
-        };
-        self.ensure_superlink(fed, version, dialect, &paths, certificate)
-            .await?;
+        // Certificate names the hub may not issue (#13 item 4): the SuperLink and its certificate
+        // are left as they are, as the Kubernetes controller leaves a Degraded Federation's
+        // objects, and the status says why; the pools follow the spec in both modes.
+        let refused = crate::core::sans::san_problems(fed, &self.config.superlink_names);
+        if refused.is_empty() {
+            let certificate = if fed.spec.insecure {
+                String::new()
+            } else {
+                self.ensure_superlink_tls(fed, &paths)?
+            };
+            self.ensure_superlink(fed, version, dialect, &paths, certificate)
+                .await?;
+        }
 
         // Without placementRef the pools run on this machine, next to the SuperLink (the
         // standalone counterpart of "in the hub cluster"): the virtual cluster HUB_CLUSTER.
@@ -352,6 +362,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
         };
         let ca_pem = if fed.spec.insecure {
             String::new()
+        } else if !refused.is_empty() {
+            self.ca.cert_pem().to_owned()
         } else {
             std::fs::read_to_string(&paths.ca)
                 .map_err(|e| format!("{}: {e}", paths.ca.display()))?
@@ -383,6 +395,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             selected,
             unplaced: works.unplaced_pools,
             placement_problem,
+            refused: (!refused.is_empty()).then(|| crate::core::problems::joined(&refused)),
         })
     }
 
@@ -508,4 +521,6 @@ struct Placed {
     unplaced: Vec<String>,
     /// Why the Placement's cluster sets leave nothing to select from.
     placement_problem: Option<String>,
+    /// The certificate names the hub refused ([`crate::core::sans`]), shown as the error.
+    refused: Option<String>,
 }

@@ -45,6 +45,7 @@ use crate::core::render::{
     ExternalAddressError, ExternalEndpoints, HubRenderError, external_endpoints,
     federation_dialect, render_hub, superlink_tls_secret_name,
 };
+use crate::core::sans::SuperLinkNames;
 use crate::registration::ca::{CaError, HubCa};
 use flower_addon_agent::ops::Health;
 
@@ -117,13 +118,10 @@ pub struct Context {
     pub ca: Arc<HubCa>,
     /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
     pub recorder: Recorder,
-    /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
-    /// Fleet address of NodePort Federations without `externalAddress`.
-    pub node_address: Option<String>,
+    /// Node address, certificate validity and names ([`Settings`]).
+    pub settings: Settings,
     /// What the controller reads instead of asking the apiserver.
     pub caches: Caches,
-    /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
-    pub superlink_cert_validity: Duration,
     /// The status last written per Federation (by uid), with the resourceVersion it was computed
     /// from ([`write_status`]).
     written: std::sync::Mutex<HashMap<String, (Option<String>, FederationStatus)>>,
@@ -140,8 +138,7 @@ impl Context {
             client,
             ca,
             recorder,
-            node_address: None,
-            superlink_cert_validity: crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            settings: Settings::default(),
             caches,
             written: Default::default(),
         }
@@ -152,25 +149,26 @@ impl Context {
     }
 }
 
-/// Runs the Federation controller until `shutdown` resolves (graceful: running reconciles end).
-/// `health` gets the check [`READY_CHECK`], passing once every cache has listed.
-pub async fn run(
-    client: Client,
-    ca: Arc<HubCa>,
-    node_address: Option<String>,
-    superlink_cert_validity: Duration,
-    health: Arc<Health>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    run_with(
-        client,
-        ca,
-        node_address,
-        superlink_cert_validity,
-        health,
-        shutdown,
-    )
-    .await;
+/// How the Federation controller issues SuperLink certificates and reaches the hub's nodes.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
+    /// Fleet address of NodePort Federations without `externalAddress`.
+    pub node_address: Option<String>,
+    /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
+    pub superlink_cert_validity: Duration,
+    /// Names a Federation may ask for in its SuperLink certificate ([`crate::core::sans`]).
+    pub superlink_names: SuperLinkNames,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            node_address: None,
+            superlink_cert_validity: crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            superlink_names: SuperLinkNames::default(),
+        }
+    }
 }
 
 /// The readiness check of the Federation controller.
@@ -191,13 +189,14 @@ fn reconcile_inputs(fed: &Federation) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// [`run`], spelled out: the Federation watch (filtered by [`reconcile_inputs`]), the watches of
-/// what the hub applied and of Placements, each feeding a cache ([`Caches`]) the reconcile reads.
-pub async fn run_with(
+/// Runs the Federation controller until `shutdown` resolves (graceful: running reconciles end):
+/// the Federation watch (filtered by [`reconcile_inputs`]), the watches of what the hub applied
+/// and of Placements, each feeding a cache ([`Caches`]) the reconcile reads. `health` gets the
+/// check [`READY_CHECK`], passing once every cache has listed.
+pub async fn run(
     client: Client,
     ca: Arc<HubCa>,
-    node_address: Option<String>,
-    superlink_cert_validity: Duration,
+    settings: Settings,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -266,8 +265,7 @@ pub async fn run_with(
             placements,
         },
     );
-    context.node_address = node_address;
-    context.superlink_cert_validity = superlink_cert_validity;
+    context.settings = settings;
     let referencing = federations.clone();
     Controller::for_stream(feds, federations)
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
@@ -346,7 +344,10 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     ctx.caches.ready().await?;
-    let problems = problems(&fed);
+    let mut problems = problems(&fed);
+    if problems.is_empty() {
+        problems = crate::core::sans::san_problems(&fed, &ctx.settings.superlink_names);
+    }
     let mut renew_in = None;
     let outcome = if problems.is_empty() {
         let (outcome, renew) = apply_federation(&fed, &ctx, &namespace).await?;
@@ -476,10 +477,14 @@ fn external_of(
     service: &Service,
     ctx: &Context,
 ) -> Option<Result<ExternalEndpoints, ExternalAddressError>> {
-    fed.spec
-        .placement_ref
-        .as_ref()
-        .map(|_| external_endpoints(fed, dialect, Some(service), ctx.node_address.as_deref()))
+    fed.spec.placement_ref.as_ref().map(|_| {
+        external_endpoints(
+            fed,
+            dialect,
+            Some(service),
+            ctx.settings.node_address.as_deref(),
+        )
+    })
 }
 
 /// Issues the SuperLink TLS Secret unless the stored one is the Federation's, still valid and
@@ -514,7 +519,7 @@ async fn ensure_certificate(
             .any(|r| Some(&r.uid) == fed.uid().as_ref())
     });
     let now = SystemTime::now();
-    let validity = ctx.superlink_cert_validity;
+    let validity = ctx.settings.superlink_cert_validity;
     if let Some(existing) = existing.as_ref()
         && owned
         && tls::still_valid(existing, &sans, &ctx.ca, now, validity)

@@ -1,0 +1,263 @@
+//! What a standalone hub lets a Federation do, as in Kubernetes mode:
+//!
+//! - tenancy (`kube_multicluster` step 9): a Placement selects only from the ManagedClusterSets
+//!   bound to its namespace. Without a binding nothing is selected, no cluster gets work and
+//!   `status.json` says why; a binding to the exclusive set `red` sends work to red's member
+//!   only; removing the binding withdraws it;
+//! - certificate names (`kube_hub` step 5b, `controller_mock`): a SAN the hub's admin did not
+//!   allow gets no certificate and `status.json` names the field and the fix; allowed, the
+//!   certificate is issued for it.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
+use flower_addon_hub::registration::store::file::FileStore;
+use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore};
+use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
+
+const MANIFESTS: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSet
+metadata: {name: red}
+spec: {clusterSelector: {selectorType: ExclusiveClusterSetLabel}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: fed, namespace: team}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: true
+  placementRef: {name: all}
+  superlink:
+    image: "flwr/superlink:1.42.0"
+    service: {ports: {grpc: FLEET, serverAppIO: APPIO, extra: CONTROL}}
+  supernodes:
+    image: "flwr/supernode:1.42.0"
+    pools: [{name: a, replicas: 1}]
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Placement
+metadata: {name: all, namespace: team}
+spec: {}
+"#;
+
+const BINDING: &str = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: ManagedClusterSetBinding
+metadata: {name: red, namespace: team}
+spec: {clusterSet: red}
+"#;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// The Federation's entry of `status.json`, once it exists.
+fn federation_status(state: &std::path::Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(state.join("status.json")).ok()?;
+    let status: serde_json::Value = serde_json::from_str(&text).ok()?;
+    status["federations"]
+        .as_array()?
+        .iter()
+        .find(|f| f["name"] == "fed")
+        .cloned()
+}
+
+/// Waits up to 20 s for `check` over (status entry, federations in red-1's work, in blue-1's).
+async fn wait(
+    what: &str,
+    state: &std::path::Path,
+    work: &InMemoryWorkSource,
+    check: impl Fn(&serde_json::Value, usize, usize) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (red, blue) = (
+            work.snapshot("red-1").federations.len(),
+            work.snapshot("blue-1").federations.len(),
+        );
+        let status = federation_status(state);
+        if status.as_ref().is_some_and(|s| check(s, red, blue)) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within 20 s; status {status:?}, work red-1 {red}, blue-1 {blue}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A standalone hub running on `manifests_text` (ports filled in) with two accepted clusters,
+/// `red-1` in set red and `blue-1` in set blue, its admin allowing `allowed` certificate names.
+struct Hub {
+    _dir: tempfile::TempDir,
+    state: std::path::PathBuf,
+    manifests: std::path::PathBuf,
+    work: Arc<InMemoryWorkSource>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl Hub {
+    async fn start(manifests_text: &str, allowed: &[String]) -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (state, manifests, bin) = (
+            dir.path().join("state"),
+            dir.path().join("manifests"),
+            dir.path().join("bin"),
+        );
+        for d in [&state, &manifests, &bin] {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        let text = manifests_text
+            .replace("FLEET", &free_port().to_string())
+            .replace("APPIO", &free_port().to_string())
+            .replace("CONTROL", &free_port().to_string());
+        std::fs::write(manifests.join("fed.yaml"), text).expect("manifests");
+        let superlink = bin.join("flower-superlink");
+        std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
+        std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+
+        let store = Arc::new(FileStore::open(&state).expect("store"));
+        let ca = Arc::new(
+            flower_addon_hub::registration::store::load_or_create_flower_ca(store.as_ref())
+                .await
+                .expect("ca"),
+        );
+        for (name, set) in [("red-1", "red"), ("blue-1", "blue")] {
+            let registration = ClusterRegistration {
+                name: name.into(),
+                labels: BTreeMap::from([(
+                    flower_addon_crds::CLUSTERSET_LABEL.to_string(),
+                    set.into(),
+                )]),
+                claims: BTreeMap::new(),
+                key_fingerprint: format!("sha256:{name}"),
+                agent_version: "test".into(),
+                token_id: "t".into(),
+                created_unix: 1,
+            };
+            store
+                .create_cluster(&registration, true)
+                .await
+                .expect("cluster");
+        }
+        let work = Arc::new(InMemoryWorkSource::new());
+        let hub = StandaloneHub::new(
+            store.clone(),
+            work.clone(),
+            ca,
+            StandaloneConfig {
+                state_dir: state.clone(),
+                manifests_dir: manifests.clone(),
+                flower_bin: Some(bin.clone()),
+                superlink_host: "127.0.0.1".into(),
+                advertise: vec!["127.0.0.1".into()],
+                superlink_cert_validity:
+                    flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+                sandbox: true,
+                superlink_names: flower_addon_hub::core::sans::SuperLinkNames::new(
+                    ["127.0.0.1"],
+                    allowed,
+                )
+                .expect("names"),
+            },
+        );
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(hub.run(async {
+            let _ = stop_rx.await;
+        }));
+        Self {
+            _dir: dir,
+            state,
+            manifests,
+            work,
+            stop,
+            running,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.running.await.expect("controller stops");
+    }
+}
+
+#[tokio::test]
+async fn a_placement_selects_only_from_the_sets_bound_to_its_namespace() {
+    let hub = Hub::start(MANIFESTS, &[]).await;
+    let (state, manifests, work) = (&hub.state, &hub.manifests, &hub.work);
+
+    // No binding: nothing selected, no work, and the reason with the fix in status.json.
+    wait("no binding", state, work, |s, red, blue| {
+        let placement = s["placement"].as_str().unwrap_or_default();
+        s["selected"].as_array().is_some_and(Vec::is_empty)
+            && placement.contains("NoManagedClusterSetBindings")
+            && placement.contains("namespace team")
+            && red == 0
+            && blue == 0
+    })
+    .await;
+
+    // Bound to red: red's member gets the work, blue's does not.
+    std::fs::write(manifests.join("binding.yaml"), BINDING).expect("binding");
+    wait("bound to red", state, work, |s, red, blue| {
+        s["selected"] == serde_json::json!(["red-1"])
+            && s.get("placement").is_none()
+            && red == 1
+            && blue == 0
+    })
+    .await;
+
+    // Unbound again: the work is withdrawn.
+    std::fs::remove_file(manifests.join("binding.yaml")).expect("unbind");
+    wait("unbound", state, work, |s, red, blue| {
+        s["selected"].as_array().is_some_and(Vec::is_empty)
+            && s["placement"]
+                .as_str()
+                .is_some_and(|p| p.contains("NoManagedClusterSetBindings"))
+            && red == 0
+            && blue == 0
+    })
+    .await;
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_certificate_name_the_hub_does_not_have_is_refused() {
+    let text = MANIFESTS.replace(
+        "insecure: true",
+        "insecure: false\n  tls: {extraSANs: [flower.example.org]}",
+    );
+    let cert = |state: &std::path::Path| state.join("federations/team/fed/tls/tls.crt");
+    let hub = Hub::start(&text, &[]).await;
+    wait("refused", &hub.state, &hub.work, |s, _, _| {
+        s["message"].as_str().is_some_and(|m| {
+            m.contains("spec.tls.extraSANs[0]: \"flower.example.org\" is not one of the hub's names (127.0.0.1)")
+                && m.contains("--superlink-name flower.example.org")
+        })
+    })
+    .await;
+    assert!(!cert(&hub.state).exists(), "a certificate was issued");
+    hub.stop().await;
+
+    let hub = Hub::start(&text, &["*.example.org".to_owned()]).await;
+    wait("allowed", &hub.state, &hub.work, |_, _, _| {
+        cert(&hub.state).exists()
+    })
+    .await;
+    let sans =
+        std::fs::read_to_string(hub.state.join("federations/team/fed/tls/sans")).expect("sans");
+    assert!(sans.lines().any(|l| l == "flower.example.org"), "{sans}");
+    hub.stop().await;
+}
