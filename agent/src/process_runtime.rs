@@ -215,9 +215,13 @@ impl ProcessRuntime {
                     if let Some(p) = port {
                         used.insert(p);
                     }
-                    let env = render::process_env(&plan.spec, pool, index).map_err(|e| {
+                    let mut env = render::process_env(&plan.spec, pool, index).map_err(|e| {
                         RuntimeError::Apply(format!("federation {}: {e}", plan.id()))
                     })?;
+                    // A new CA bundle restarts the SuperNode (it reads it once, at start).
+                    if let Some(digest) = plan.ca_digest() {
+                        env.insert(crate::work::CA_DIGEST_ENV.to_owned(), digest);
+                    }
                     fresh.push((
                         key,
                         port,

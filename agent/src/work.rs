@@ -92,10 +92,44 @@ pub struct FederationPlan {
     pub pools: Vec<PoolPlan>,
 }
 
+/// Pod template annotation (Kubernetes) and environment variable (processes) holding
+/// [`FederationPlan::ca_digest`]: SuperNodes read their root certificates once, at start, so a
+/// changed CA bundle (a CA rotation, #13 item 4) must restart them.
+pub const CA_DIGEST_ANNOTATION: &str = "flower-addon.io/ca-bundle-sha256";
+/// The environment variable of [`CA_DIGEST_ANNOTATION`].
+pub const CA_DIGEST_ENV: &str = "FLOWER_ADDON_CA_BUNDLE_SHA256";
+
 impl FederationPlan {
     /// `namespace/name`.
     pub fn id(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// SHA-256 (hex) of the set of CA certificates the SuperNodes trust, whatever their order
+    /// (a promoted rotation puts the new CA first; the SuperNodes trust the same two, so they
+    /// keep running); `None` without TLS or when the CA is not known (`flower-hub render`
+    /// without the hub's CA).
+    pub fn ca_digest(&self) -> Option<String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        use sha2::Digest;
+        let pem = self.ca_bundle_pem.as_deref().filter(|p| !p.is_empty())?;
+        let mut certs: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .map(|c| c.map(|c| c.to_vec()))
+            .collect::<Result<_, _>>()
+            .unwrap_or_default();
+        if certs.is_empty() {
+            // Not PEM certificates (the agent refuses those elsewhere): the bytes as they are.
+            certs.push(pem.as_bytes().to_vec());
+        }
+        certs.sort();
+        certs.dedup();
+        let mut hasher = sha2::Sha256::new();
+        for cert in &certs {
+            hasher.update((cert.len() as u64).to_be_bytes());
+            hasher.update(cert);
+        }
+        Some(hex::encode(hasher.finalize()))
     }
 
     /// Whether SuperNodes authenticate with hub-registered keys
@@ -230,6 +264,43 @@ mod tests {
             "superlink": {"image": "flwr/superlink:1.42.0"},
             "supernodes": {"image": "flwr/supernode:1.42.0", "pools": [{"name": "a", "replicas": 2}]},
         })
+    }
+
+    fn test_cert() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        rcgen::CertificateParams::new(vec!["ca.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .pem()
+    }
+
+    #[test]
+    fn the_ca_digest_follows_the_bundle_and_is_absent_without_one() {
+        // A CA rotation changes the bundle, and with it the digest that restarts SuperNodes.
+        let w = work(spec(false), serde_json::json!({"name": "a", "replicas": 2}));
+        let mut plan = decode_federation(&w, &w.federations[0]).expect("decodes");
+        let one = plan.ca_digest().expect("TLS: a digest");
+        assert_eq!(one.len(), 64);
+        plan.ca_bundle_pem = Some("CA\nNEXT".into());
+        assert_ne!(plan.ca_digest().as_deref(), Some(one.as_str()));
+        // The same CAs in another order (a promoted rotation) keep the digest.
+        let (a, b) = (test_cert(), test_cert());
+        plan.ca_bundle_pem = Some(format!("{a}{b}"));
+        let ab = plan.ca_digest();
+        plan.ca_bundle_pem = Some(format!("{b}{a}"));
+        assert_eq!(plan.ca_digest(), ab);
+        plan.ca_bundle_pem = Some(a.clone());
+        assert_ne!(
+            plan.ca_digest(),
+            ab,
+            "one CA fewer (retired): another digest"
+        );
+        plan.ca_bundle_pem = Some(String::new());
+        assert_eq!(plan.ca_digest(), None, "unknown CA (offline render): none");
+        let w = work(spec(true), serde_json::json!({"name": "a", "replicas": 2}));
+        let plan = decode_federation(&w, &w.federations[0]).expect("decodes");
+        assert_eq!(plan.ca_digest(), None, "insecure: none");
     }
 
     #[test]

@@ -231,7 +231,80 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
     let clusters: Api<ManagedCluster> = Api::all(h.client.clone());
     ensure!(clusters.get_opt("spoke-1").await?.is_none());
 
+    flower_ca_rotation_steps_edit_the_ca_secret(&h).await?;
     unreachable_api_and_mixed_modes_are_refused(&h, hub, cp.work_dir()).await
+}
+
+/// 7. #13 item 4: `flower-hub ca` on the hub cluster's API. Before the hub made the Flower CA
+///    there is nothing to rotate; then stage → promote → retire edit its Secret (next CA beside
+///    the current one; the next one signing and the old one still trusted; the old one gone),
+///    and a step out of order is refused naming the step to take.
+async fn flower_ca_rotation_steps_edit_the_ca_secret(h: &HubUnderTest) -> Result<()> {
+    use flower_addon_hub::kube::store::FLOWER_CA_SECRET;
+    let cli = &h.cli;
+    let stderr = cli.fails(&["ca", "status"]).await?;
+    ensure!(stderr.contains("no Flower CA yet"), "{stderr}");
+    // What `serve` does on its first start.
+    let first = flower_addon_hub::cli::serve::load_or_create_ca_secret_for(
+        h.client.clone(),
+        HUB_NS,
+        flower_addon_hub::registration::ca::CaRole::Flower,
+    )
+    .await?;
+    let data = |secret: &Secret, key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), HUB_NS);
+    let stderr = cli.fails(&["ca", "rotate", "promote"]).await?;
+    ensure!(stderr.contains("`stage` a next CA first"), "{stderr}");
+
+    let out = cli.ok(&["ca", "rotate", "stage"]).await?;
+    ensure!(
+        out.contains("rollout restart deployment flower-hub") && out.contains("rotation:   staged"),
+        "{out}"
+    );
+    let staged = secrets.get(FLOWER_CA_SECRET).await?;
+    ensure!(data(&staged, "ca.crt").as_deref() == Some(first.cert_pem()));
+    let next = data(&staged, "next.crt").context("next.crt")?;
+    ensure!(data(&staged, "next.key").is_some(), "next.key");
+    let status = cli.ok(&["ca", "status"]).await?;
+    let next_hash = flower_addon_agent::tls::bundle_hashes(&next)[0].clone();
+    ensure!(
+        status.contains(&format!("trusted:    {}, {next_hash}", first.hash())),
+        "{status}"
+    );
+
+    cli.ok(&["ca", "rotate", "promote"]).await?;
+    let promoted = secrets.get(FLOWER_CA_SECRET).await?;
+    ensure!(
+        data(&promoted, "ca.crt") == Some(next.clone()),
+        "the next CA signs"
+    );
+    ensure!(data(&promoted, "previous.crt").as_deref() == Some(first.cert_pem()));
+    ensure!(data(&promoted, "next.crt").is_none());
+    let stderr = cli.fails(&["ca", "rotate", "stage"]).await?;
+    ensure!(
+        stderr.contains("`retire` the replaced CA first"),
+        "{stderr}"
+    );
+
+    cli.ok(&["ca", "rotate", "retire"]).await?;
+    let retired = secrets.get(FLOWER_CA_SECRET).await?;
+    ensure!(data(&retired, "ca.crt") == Some(next), "the new CA stays");
+    ensure!(
+        data(&retired, "previous.crt").is_none(),
+        "the old CA is gone"
+    );
+    let status = cli.ok(&["ca", "status"]).await?;
+    ensure!(
+        status.contains("rotation:   idle") && status.contains(&format!("signing CA: {next_hash}")),
+        "{status}"
+    );
+    Ok(())
 }
 
 /// 1. token create -o json before any hub ran: creates the CA Secret and the token Secret,

@@ -215,6 +215,9 @@ async fn hub_controller_runs_a_federation_in_the_hub_cluster() -> Result<()> {
     an_invalid_spec_is_degraded_without_side_effects(&client, &versions, &pods).await?;
     a_mode_switch_prunes_the_statefulset(&client, &uid, cp.cluster("hub")?.nodes.len()).await?;
     a_due_certificate_is_renewed_and_rolls_the_superlink(&client, &hub_sa, &ca).await?;
+    let running =
+        a_rotated_flower_ca_reaches_the_secret_and_the_supernodes(&client, &hub_sa, &ca, running)
+            .await?;
     stop_controller(running).await?;
     eprintln!("hub controller scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
@@ -618,4 +621,114 @@ async fn a_mode_switch_prunes_the_statefulset(
         "Federation being deleted"
     );
     Ok(())
+}
+
+/// The CA digest on the pod templates of the hub's own pools (one per pool).
+async fn pool_ca_digests(client: &Client) -> Result<Vec<String>> {
+    let selector = format!("{APPLIED_BY_LABEL}={LOCAL_POOLS_FIELD_MANAGER}");
+    let params = ListParams::default().labels(&selector);
+    let digest = |template: &k8s_openapi::api::core::v1::PodTemplateSpec| {
+        template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(flower_addon_agent::work::CA_DIGEST_ANNOTATION))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut digests: Vec<String> = Api::<StatefulSet>::namespaced(client.clone(), NS)
+        .list(&params)
+        .await?
+        .items
+        .iter()
+        .map(|s| digest(&s.spec.template))
+        .collect();
+    for d in Api::<DaemonSet>::namespaced(client.clone(), NS)
+        .list(&params)
+        .await?
+        .items
+    {
+        digests.push(digest(&d.spec.template));
+    }
+    ensure!(
+        !digests.is_empty() && digests.iter().all(|d| !d.is_empty()),
+        "pools and their CA digests: {digests:?}"
+    );
+    Ok(digests)
+}
+
+/// 8. #13 item 4: the Flower CA rotated (what `flower-hub ca rotate` stores, the hub restarted
+///    after each step). Staged: the SuperLink Secret's `ca.crt` holds both CAs, its certificate
+///    is kept, the pools roll (new CA digest). Promoted: a certificate of the new CA, both still
+///    trusted, the pools do not roll (same CAs). Retired: only the new CA, the pools roll.
+async fn a_rotated_flower_ca_reaches_the_secret_and_the_supernodes(
+    client: &Client,
+    hub_sa: &Client,
+    ca: &Arc<HubCa>,
+    mut running: Running,
+) -> Result<Running> {
+    use flower_addon_hub::kube::controller::tls::CA_HASH_ANNOTATION;
+    use flower_addon_hub::registration::ca::CaRole;
+    use flower_addon_hub::registration::rotation::{RotationStep, rotate};
+    let secrets = Api::<Secret>::namespaced(client.clone(), NS);
+    let mut material = ca.material().clone();
+    let mut digests = pool_ca_digests(client).await?;
+    for (step, rolls) in [
+        (RotationStep::Stage, true),
+        (RotationStep::Promote, false),
+        (RotationStep::Retire, true),
+    ] {
+        material = rotate(CaRole::Flower, &material, step)?;
+        let now = Arc::new(HubCa::from_material(material.clone())?);
+        stop_controller(running).await?;
+        running = start_controller(hub_sa, &now);
+        let t = Instant::now();
+        let what = format!(
+            "{}: the Secret's ca.crt is the bundle, signed by the CA in force",
+            step.as_str()
+        );
+        e2e::wait_until(&what, Duration::from_secs(30), || {
+            let (secrets, now) = (secrets.clone(), now.clone());
+            async move {
+                let s = secrets.get("fed-superlink-tls").await?;
+                let ca_crt = s
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("ca.crt"))
+                    .map(|b| b.0.clone());
+                Ok(ca_crt.as_deref() == Some(now.bundle_pem().as_bytes())
+                    && s.annotations().get(CA_HASH_ANNOTATION).map(String::as_str)
+                        == Some(now.hash()))
+            }
+        })
+        .await?;
+        if rolls {
+            let before = digests.clone();
+            digests = e2e::wait_for(
+                &format!("{}: the pools' CA digest to change", step.as_str()),
+                Duration::from_secs(30),
+                || {
+                    let before = before.clone();
+                    async move {
+                        let now = pool_ca_digests(client).await?;
+                        Ok(now.iter().all(|d| !before.contains(d)).then_some(now))
+                    }
+                },
+            )
+            .await?;
+        } else {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            ensure!(
+                pool_ca_digests(client).await? == digests,
+                "{}: the pools rolled though they trust the same CAs",
+                step.as_str()
+            );
+        }
+        eprintln!(
+            "CA rotation {}: Secret and pools followed in {:.1}s",
+            step.as_str(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(running)
 }

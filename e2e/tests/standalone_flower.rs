@@ -1040,6 +1040,171 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
     Ok(())
 }
 
+/// #13 item 4 on real Flower: the Flower CA rotated in three steps, the hub restarted after
+/// each (`flower-hub ca rotate` says so). Staged, both CAs are trusted and edge-1's SuperNodes
+/// restart on the new bundle; promoted, the SuperLink serves a certificate of the new CA and
+/// the SuperNodes, trusting both, come back online and a run completes; retired, only the new
+/// CA is left and the SuperNodes restart on it. A client trusting only the old CA is refused.
+fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
+    use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    fn control(w: &World, ca_pem: String) -> Result<ControlClient> {
+        Ok(ControlClient::new(ControlEndpoint {
+            dialect: flower_addon_crds::render::FlowerDialect::Unified,
+            address: format!("127.0.0.1:{}", w.extra_port),
+            server_name: "127.0.0.1".into(),
+            ca_pem: Some(ca_pem),
+        })?)
+    }
+    fn pids(w: &World) -> Vec<u32> {
+        (0..3)
+            .flat_map(|i| supernode_pids(&w.key(0, "site-a", i)))
+            .collect()
+    }
+    fn bundle(w: &World) -> Result<Vec<String>> {
+        let pem = std::fs::read_to_string(w.hub_ca())?;
+        Ok(pem
+            .split_inclusive("-----END CERTIFICATE-----")
+            .map(str::trim)
+            .filter(|c| c.starts_with("-----BEGIN"))
+            .map(|c| format!("{c}\n"))
+            .collect())
+    }
+    fn online(rt: &tokio::runtime::Runtime, client: &ControlClient) -> usize {
+        rt.block_on(client.list_nodes())
+            .map(|nodes| nodes.iter().filter(|n| n.online()).count())
+            .unwrap_or(0)
+    }
+    // Three SuperNodes, none of them `before`, online at the SuperLink (asked trusting `ca`).
+    let online_again = |w: &World, what: &str, before: &[u32], ca: String| -> Result<Vec<u32>> {
+        let client = control(w, ca)?;
+        Wait::new(
+            format!("{what}: edge-1's 3 SuperNodes restarted and online"),
+            Duration::from_secs(120),
+        )
+        .detail(|| w.logs())
+        .for_value_blocking(|| {
+            let now = pids(w);
+            let fresh = now.len() == 3 && !now.iter().any(|p| before.contains(p));
+            Ok((fresh && online(&rt, &client) == 3).then_some(now))
+        })
+    };
+    let restart_hub = |w: &mut World| -> Result<()> {
+        w.procs.stop("hub")?;
+        start_hub(w)
+    };
+    let old = bundle(w)?;
+    ensure!(old.len() == 1, "one CA before the rotation: {old:?}");
+    let before = pids(w);
+    ensure!(before.len() == 3, "edge-1's SuperNodes: {before:?}");
+
+    let t = Instant::now();
+    let out = w.hub(&["ca", "rotate", "stage"])?;
+    ensure!(
+        String::from_utf8_lossy(&out.stdout).contains("restart `flower-hub serve`"),
+        "stage did not say to restart the hub: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    restart_hub(w)?;
+    let staged = Wait::new(
+        "the staged bundle in the SuperLink's CA file",
+        Duration::from_secs(30),
+    )
+    .detail(|| w.logs())
+    .for_value_blocking(|| Ok(bundle(w).ok().filter(|b| b.len() == 2)))?;
+    ensure!(
+        staged[0] == old[0],
+        "staged: the old CA still signs first: {staged:?}"
+    );
+    let next = staged[1].clone();
+    let after_stage = online_again(w, "staged", &before, staged.concat())?;
+    eprintln!(
+        "  staged: both CAs trusted, SuperNodes restarted and online after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let t = Instant::now();
+    w.hub(&["ca", "rotate", "promote"])?;
+    restart_hub(w)?;
+    Wait::new(
+        "the promoted bundle (new CA first)",
+        Duration::from_secs(30),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| Ok(bundle(w).is_ok_and(|b| b == [next.clone(), old[0].clone()])))?;
+    // The SuperLink now serves a certificate of the new CA: a client trusting only it works,
+    // one trusting only the old CA is refused at the handshake.
+    let only_new = control(w, next.clone())?;
+    Wait::new(
+        "the SuperLink on a certificate of the new CA",
+        Duration::from_secs(60),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| Ok(rt.block_on(only_new.list_nodes()).is_ok()))?;
+    let refused = rt.block_on(control(w, old[0].clone())?.list_nodes());
+    ensure!(
+        refused.is_err(),
+        "a client trusting only the old CA was served: {refused:?}"
+    );
+    // The SuperNodes kept running (the bundle did not change) and reconnected.
+    let client = control(w, next.clone())?;
+    Wait::new(
+        "edge-1's 3 SuperNodes online on the new certificate",
+        Duration::from_secs(120),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| {
+        Ok(rt
+            .block_on(client.list_nodes())
+            .is_ok_and(|nodes| nodes.iter().filter(|n| n.online()).count() == 3))
+    })?;
+    // flwr users take the new CA file from `flower-hub connect`.
+    let flwr_home = w.dir.join("flwr-home").display().to_string();
+    let ca_file = w.dir.join("quickstart-ca.crt").display().to_string();
+    w.hub(&[
+        "connect",
+        FED,
+        "--flwr-home",
+        &flwr_home,
+        "--ca-file",
+        &ca_file,
+    ])?;
+    let run = w.flwr_run(3)?;
+    // The SuperNodes trust the same two CAs (the new one now first): none restarted.
+    ensure!(
+        pids(w) == after_stage,
+        "promote restarted SuperNodes whose CAs did not change"
+    );
+    eprintln!(
+        "  promoted: new CA signs, SuperNodes online and run {run} completed after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let t = Instant::now();
+    w.hub(&["ca", "rotate", "retire"])?;
+    restart_hub(w)?;
+    Wait::new(
+        "the retired bundle (the new CA only)",
+        Duration::from_secs(30),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| Ok(bundle(w).is_ok_and(|b| b == [next.clone()])))?;
+    online_again(w, "retired", &after_stage, next.clone())?;
+    let out = w.hub(&["ca", "status"])?;
+    let status = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        status.contains("rotation:   idle"),
+        "ca status after retire: {status}"
+    );
+    eprintln!(
+        "  retired: the old CA left every bundle, SuperNodes restarted on the new one and online after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 type Scenario = fn(&mut World) -> Result<()>;
 
 #[test]
@@ -1055,7 +1220,7 @@ fn standalone_hub_agents_and_real_flower() {
         w.dir.display(),
         w.venv.display()
     );
-    let scenarios: [(&str, Scenario, bool); 7] = [
+    let scenarios: [(&str, Scenario, bool); 8] = [
         (
             "1 quickstart: 4/4 ready, flwr run completes",
             s1_quickstart,
@@ -1077,6 +1242,11 @@ fn standalone_hub_agents_and_real_flower() {
         (
             "7 revoked cluster: keys unregistered, SuperNodes stop; accepted again: new keys",
             s7_revoked_cluster_keys_leave_the_superlink,
+            false,
+        ),
+        (
+            "8 Flower CA rotated: staged, promoted, retired; SuperNodes and runs follow",
+            s8_flower_ca_rotation,
             false,
         ),
     ];
@@ -1105,7 +1275,7 @@ fn standalone_hub_agents_and_real_flower() {
         .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n}: {e:#}")))
         .collect();
     assert!(
-        failures.is_empty() && results.len() == 7,
+        failures.is_empty() && results.len() == 8,
         "failed scenarios:\n{}",
         failures.join("\n\n")
     );

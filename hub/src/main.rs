@@ -38,6 +38,12 @@ enum Command {
         after_help = "Examples:\n  flower-hub token create --cluster-name spoke-1 --label env=prod -o secret > spoke-1-bootstrap.yaml\n  flower-hub token create --state-dir /var/lib/flower-hub --ttl 24h\n  flower-hub token list"
     )]
     Token(registration::TokenCommand),
+    /// Show or rotate the Flower CA (what SuperNodes and `flwr` trust for SuperLinks).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  flower-hub ca status\n  flower-hub ca rotate stage --state-dir /var/lib/flower-hub"
+    )]
+    Ca(registration::CaCommand),
     /// Accept a cluster that asked to join (sets hubAcceptsClient=true).
     #[command(after_help = "Example:\n  flower-hub accept spoke-1")]
     Accept(registration::AcceptArgs),
@@ -94,6 +100,7 @@ fn main() -> ExitCode {
         Command::Render(args) => offline::render(args),
         Command::Serve(args) => serve::serve(args),
         Command::Token(cmd) => registration::token(cmd),
+        Command::Ca(cmd) => registration::ca(cmd),
         Command::Accept(args) => registration::accept(args),
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),

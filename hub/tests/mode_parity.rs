@@ -276,9 +276,14 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         selected: selected.clone(),
         labels: clusters.clone(),
     };
-    let printed = spoke_objects(fed, &selection, &s1.superlink_fleet_address)
-        .expect("render")
-        .expect("s1 runs pools");
+    let printed = spoke_objects(
+        fed,
+        &selection,
+        &s1.superlink_fleet_address,
+        ca.bundle_pem(),
+    )
+    .expect("render")
+    .expect("s1 runs pools");
     let snapshot = &standalone["s1"];
     let applied =
         render_federation(&decode_federation(snapshot, &snapshot.federations[0]).expect("decode"))

@@ -92,7 +92,7 @@ fn spokes_dial_the_external_address_with_a_real_port() {
     f.spec.superlink.service.ports.grpc = 31000;
     let selection = SpokeSelection::positional("c", 0, 1, &Default::default());
     let fleet = flower_addon_hub::core::render::spoke_fleet_address(&f, None).expect("fleet");
-    let rendered = spoke_objects(&f, &selection, &fleet)
+    let rendered = spoke_objects(&f, &selection, &fleet, "")
         .expect("renders")
         .expect("c runs the pool");
     let Workload::StatefulSet(sts) = &rendered.workloads[0].1 else {

@@ -31,6 +31,19 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
             federation: plan.id(),
             source,
         })?;
+        // A new CA bundle rolls the SuperNodes (they read it once, at start).
+        if let Some(digest) = plan.ca_digest() {
+            let template = match &mut workload {
+                Workload::StatefulSet(s) => &mut s.spec.template,
+                Workload::DaemonSet(d) => &mut d.spec.template,
+            };
+            template
+                .metadata
+                .get_or_insert_with(Default::default)
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(crate::work::CA_DIGEST_ANNOTATION.to_owned(), digest);
+        }
         if plan.secure() {
             mount_node_keys(
                 &mut workload,

@@ -67,6 +67,27 @@ fn insecure_work_has_no_ca_secret() {
 }
 
 #[test]
+fn a_new_ca_bundle_rolls_the_supernodes() {
+    // SuperNodes read their root certificates once: a rotated bundle changes the pod template.
+    let digest = |w: &ClusterWork| {
+        let Workload::StatefulSet(s) = render(w).unwrap().workloads.remove(0).1 else {
+            panic!("StatefulSet mode renders a StatefulSet");
+        };
+        let meta = s.spec.template.metadata.unwrap_or_default();
+        meta.annotations
+            .unwrap_or_default()
+            .get(crate::work::CA_DIGEST_ANNOTATION)
+            .cloned()
+    };
+    let mut w = work(false);
+    let before = digest(&w).expect("TLS: the bundle's digest");
+    w.federations[0].ca_bundle_pem = "PEM\nNEXT".into();
+    let after = digest(&w).expect("TLS: the bundle's digest");
+    assert_ne!(before, after);
+    assert_eq!(digest(&work(true)), None, "insecure: no CA, no digest");
+}
+
+#[test]
 fn rendering_is_deterministic() {
     // The same snapshot gives byte-identical objects, so re-applying changes nothing.
     let w = work(false);

@@ -242,7 +242,7 @@ pub fn render_stream(
                             )
                         });
                 let rendered = match fleet {
-                    Some(fleet) => spoke_objects(fed, &selection, &fleet)
+                    Some(fleet) => spoke_objects(fed, &selection, &fleet, "")
                         .with_context(|| format!("Federation {name}"))?,
                     None => None,
                 };

@@ -444,7 +444,7 @@ fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let work = Arc::new(
             crate::kube::work::KubeWorkSource::start(
                 client.clone(),
-                flower_ca.cert_pem().to_string(),
+                flower_ca.bundle_pem().to_string(),
             )
             .await?,
         );

@@ -94,17 +94,19 @@ fn cluster_labels(mc: &ManagedCluster) -> (String, BTreeMap<String, String>) {
 }
 
 /// What `selection.cluster`'s agent applies for `fed` when the hub sends `fleet` as the Fleet
-/// address; `None` when the cluster runs nothing of it. The CA Secret is left out (its content
-/// is the running hub's CA).
+/// address and `ca_pem` as the CA bundle; `None` when the cluster runs nothing of it. The CA
+/// Secret is left out (its content is the running hub's CA), and with `ca_pem` empty (offline,
+/// the CA unknown) so is the pod templates' CA digest.
 pub fn spoke_objects(
     fed: &Federation,
     selection: &SpokeSelection,
     fleet: &str,
+    ca_pem: &str,
 ) -> anyhow::Result<Option<Rendered>> {
     if fed.spec.placement_ref.is_none() {
         return Ok(None);
     }
-    cluster_objects(fed, selection, fleet)
+    cluster_objects(fed, selection, fleet, ca_pem)
 }
 
 /// The objects of `rendered` as `render` prints them: each workload, then the headless Services.
@@ -130,7 +132,7 @@ pub fn hub_local_objects(fed: &Federation) -> anyhow::Result<Option<Rendered>> {
     let hub = crate::core::HUB_CLUSTER;
     let selection = SpokeSelection::positional(hub, 0, 1, &BTreeMap::new());
     let fleet = crate::core::render::in_cluster_fleet_address(fed);
-    let Some(mut rendered) = cluster_objects(fed, &selection, &fleet)? else {
+    let Some(mut rendered) = cluster_objects(fed, &selection, &fleet, "")? else {
         return Ok(None);
     };
     let applier = crate::kube::local::offline_applier();
@@ -155,11 +157,12 @@ pub fn hub_local_objects(fed: &Federation) -> anyhow::Result<Option<Rendered>> {
 }
 
 /// What `selection.cluster`'s runtime applies for `fed` when the hub sends `fleet` as the Fleet
-/// address (the CA Secret left out).
+/// address and `ca_pem` as the CA bundle (the CA Secret left out).
 fn cluster_objects(
     fed: &Federation,
     selection: &SpokeSelection,
     fleet: &str,
+    ca_pem: &str,
 ) -> anyhow::Result<Option<Rendered>> {
     let (version, _) = federation_dialect(fed)?;
     let works = federation_work(
@@ -169,7 +172,7 @@ fn cluster_objects(
             selected: &selection.selected,
             labels: &selection.labels,
             fleet_address: fleet,
-            ca_pem: "",
+            ca_pem,
             registered_node_keys: &[],
             retired_node_keys: &[],
         },

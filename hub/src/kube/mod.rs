@@ -25,7 +25,7 @@ pub async fn run_hub_cluster(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), work::KubeWorkError> {
     let work =
-        Arc::new(work::KubeWorkSource::start(client.clone(), ca.cert_pem().to_string()).await?);
+        Arc::new(work::KubeWorkSource::start(client.clone(), ca.bundle_pem().to_string()).await?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -267,6 +267,33 @@ impl ClusterStore for KubeStore {
             .transpose()
     }
 
+    async fn replace_ca_for(
+        &self,
+        role: CaRole,
+        current: &CaMaterial,
+        new: &CaMaterial,
+    ) -> Result<(), StoreError> {
+        let name = ca_secret_name(role);
+        let mut secret = self
+            .secrets()
+            .get(name)
+            .await
+            .map_err(kube_err(format!("get Secret {name}")))?;
+        if ca_of(&secret)? != *current {
+            return Err(StoreError::Io {
+                path: format!("Secret {name}"),
+                source: std::io::Error::other("the CA changed meanwhile; run the command again"),
+            });
+        }
+        // Replaced with the resourceVersion read: a concurrent change fails instead of being lost.
+        secret.data = Some(ca_data(new));
+        self.secrets()
+            .replace(name, &PostParams::default(), &secret)
+            .await
+            .map_err(kube_err(format!("replace Secret {name}")))?;
+        Ok(())
+    }
+
     async fn create_ca_for(&self, role: CaRole, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
         let name = ca_secret_name(role);
         let secret = Secret {
@@ -275,16 +302,7 @@ impl ClusterStore for KubeStore {
                 namespace: Some(self.namespace.clone()),
                 ..Default::default()
             },
-            data: Some(BTreeMap::from([
-                (
-                    "ca.crt".to_owned(),
-                    ByteString(ca.cert_pem.clone().into_bytes()),
-                ),
-                (
-                    "ca.key".to_owned(),
-                    ByteString(ca.key_pem.clone().into_bytes()),
-                ),
-            ])),
+            data: Some(ca_data(ca)),
             ..Default::default()
         };
         match self.secrets().create(&PostParams::default(), &secret).await {

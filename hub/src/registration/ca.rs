@@ -39,13 +39,21 @@ pub enum CaError {
     InvalidName(String),
 }
 
-/// The persisted form of the CA: PEM certificate and PEM (PKCS#8) private key.
-#[derive(Clone, Serialize, Deserialize)]
+/// The persisted form of the CA: PEM certificate and PEM (PKCS#8) private key of the CA that
+/// signs, and, while a rotation is under way ([`crate::registration::rotation`]), the CA staged
+/// to sign next or the one it replaced: both are trusted beside it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaMaterial {
     /// PEM of the self-signed CA certificate.
     pub cert_pem: String,
     /// PEM of the CA private key. Secret.
     pub key_pem: String,
+    /// The CA that signs after the next `promote` (trusted already; its key kept for then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<Box<CaMaterial>>,
+    /// PEM of the CA this one replaced, trusted until `retire`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_cert_pem: Option<String>,
 }
 
 impl std::fmt::Debug for CaMaterial {
@@ -125,6 +133,7 @@ impl CaRole {
 /// The hub CA, ready to sign.
 pub struct HubCa {
     material: CaMaterial,
+    bundle_pem: String,
     cert_der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
     hash: String,
@@ -169,6 +178,8 @@ impl HubCa {
         Self::from_material(CaMaterial {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            next: None,
+            previous_cert_pem: None,
         })
     }
 
@@ -184,8 +195,21 @@ impl HubCa {
         let key = KeyPair::from_pem(&material.key_pem)?;
         let issuer = Issuer::from_ca_cert_der(&cert_der, key)?;
         let hash = ca_cert_hash(&cert_der)?;
+        let mut bundle_pem = String::new();
+        for pem in std::iter::once(&material.cert_pem)
+            .chain(material.next.as_ref().map(|n| &n.cert_pem))
+            .chain(material.previous_cert_pem.as_ref())
+        {
+            CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| CaError::Parse {
+                what: "trusted CA certificate PEM",
+                detail: e.to_string(),
+            })?;
+            bundle_pem.push_str(pem.trim_end());
+            bundle_pem.push('\n');
+        }
         Ok(Self {
             material,
+            bundle_pem,
             cert_der,
             issuer,
             hash,
@@ -197,9 +221,15 @@ impl HubCa {
         &self.material
     }
 
-    /// PEM of the CA certificate (the CA bundle agents and SuperNodes trust).
+    /// PEM of the certificate of the CA that signs.
     pub fn cert_pem(&self) -> &str {
         &self.material.cert_pem
+    }
+
+    /// PEM of every CA certificate to trust, the signing one first: with a rotation under way
+    /// also the next or the previous CA. What SuperNodes, `flwr` and agents are given.
+    pub fn bundle_pem(&self) -> &str {
+        &self.bundle_pem
     }
 
     /// DER of the CA certificate.

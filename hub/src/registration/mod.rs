@@ -1,6 +1,7 @@
 //! What both hub modes use to let clusters join: the hub CA ([`ca`]), bootstrap tokens
 //! ([`tokens`]) and the cluster store ([`store`]: the trait, and the file store of the
-//! standalone hub).
+//! standalone hub), and CA rotation ([`rotation`]).
 pub mod ca;
+pub mod rotation;
 pub mod store;
 pub mod tokens;

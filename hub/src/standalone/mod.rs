@@ -363,7 +363,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let ca_pem = if fed.spec.insecure {
             String::new()
         } else if !refused.is_empty() {
-            self.ca.cert_pem().to_owned()
+            self.ca.bundle_pem().to_owned()
         } else {
             std::fs::read_to_string(&paths.ca)
                 .map_err(|e| format!("{}: {e}", paths.ca.display()))?

@@ -61,9 +61,12 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let want = sans.join("\n");
         let current = std::fs::read_to_string(&sans_file).ok();
         // Re-issued when the SANs or the signing CA changed (a hub upgraded to separate CAs
-        // re-issues certificates its channel CA signed).
-        let same_ca =
-            std::fs::read_to_string(&paths.ca).ok().as_deref() == Some(self.ca.cert_pem());
+        // re-issues certificates its channel CA signed; a promoted rotation, those the old CA
+        // signed). The CA file's first certificate is the signer of the certificate in force.
+        let ca_file = std::fs::read_to_string(&paths.ca).ok();
+        let same_ca = ca_file
+            .as_deref()
+            .is_some_and(|pem| first_certificate(pem) == first_certificate(self.ca.cert_pem()));
         let validity = self.config.superlink_cert_validity;
         let in_force = std::fs::read_to_string(&paths.cert)
             .ok()
@@ -79,6 +82,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 std::time::SystemTime::now(),
             )
         {
+            // A staged or retired rotation changes what to trust, not the certificate.
+            if ca_file.as_deref() != Some(self.ca.bundle_pem()) {
+                write_file(&paths.ca, self.ca.bundle_pem().as_bytes())?;
+            }
             return Ok(validity_marker(not_before, not_after));
         }
         let issued = self
@@ -87,7 +94,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .map_err(|e| format!("cannot issue the SuperLink certificate: {e}"))?;
         write_private(&paths.key, issued.key_pem.as_bytes())?;
         write_file(&paths.cert, issued.cert_pem.as_bytes())?;
-        write_file(&paths.ca, self.ca.cert_pem().as_bytes())?;
+        write_file(&paths.ca, self.ca.bundle_pem().as_bytes())?;
         write_file(&sans_file, want.as_bytes())?;
         tracing::info!(federation = %fed_key(fed).1, sans = %sans.join(","), "issued the SuperLink certificate");
         let (not_before, not_after) = certificate_validity(&issued.cert_pem)
@@ -262,4 +269,14 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
     flower_addon_agent::files::write_atomic(path, bytes, flower_addon_agent::files::PRIVATE)
         .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The DER of the first certificate of a PEM bundle.
+fn first_certificate(pem: &str) -> Option<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()?
+        .ok()
+        .map(|c| c.to_vec())
 }

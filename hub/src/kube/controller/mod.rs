@@ -524,6 +524,10 @@ async fn ensure_certificate(
         && owned
         && tls::still_valid(existing, &sans, &ctx.ca, now, validity)
     {
+        if let Some(updated) = tls::with_current_bundle(existing, &ctx.ca) {
+            apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
+            tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
+        }
         return Ok(tls::certificate_of(existing, validity, now));
     }
     let secret = tls::issue_secret(fed, &ctx.ca, &sans, validity)?;

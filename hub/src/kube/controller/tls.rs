@@ -103,6 +103,33 @@ pub fn still_valid(
     same_sans && same_ca && fresh && complete
 }
 
+/// `existing` with `ca.crt` set to the CA bundle in force, when it holds another (a CA rotation
+/// was staged or retired: the bundle changed, the signer did not, so the certificate stays).
+pub fn with_current_bundle(existing: &Secret, ca: &HubCa) -> Option<Secret> {
+    let data = existing.data.as_ref()?;
+    if data.get("ca.crt").map(|b| b.0.as_slice()) == Some(ca.bundle_pem().as_bytes()) {
+        return None;
+    }
+    let mut data = data.clone();
+    data.insert(
+        "ca.crt".to_owned(),
+        ByteString(ca.bundle_pem().as_bytes().to_vec()),
+    );
+    Some(Secret {
+        metadata: ObjectMeta {
+            name: existing.metadata.name.clone(),
+            namespace: existing.metadata.namespace.clone(),
+            labels: existing.metadata.labels.clone(),
+            annotations: existing.metadata.annotations.clone(),
+            owner_references: existing.metadata.owner_references.clone(),
+            ..ObjectMeta::default()
+        },
+        type_: existing.type_.clone(),
+        data: Some(data),
+        ..Secret::default()
+    })
+}
+
 /// A new SuperLink TLS Secret for `fed`, valid for `validity`, signed by `ca`, owned by the
 /// Federation.
 pub fn issue_secret(
@@ -141,7 +168,7 @@ pub fn issue_secret(
         data: Some(BTreeMap::from([
             ("tls.crt".to_owned(), bytes(&issued.cert_pem)),
             ("tls.key".to_owned(), bytes(&issued.key_pem)),
-            ("ca.crt".to_owned(), bytes(ca.cert_pem())),
+            ("ca.crt".to_owned(), bytes(ca.bundle_pem())),
         ])),
         ..Secret::default()
     })

@@ -214,8 +214,61 @@ pub(super) fn ca_of(secret: &Secret) -> Result<CaMaterial, StoreError> {
                 detail: format!("no {k}"),
             })
     };
+    let optional = |k: &str| {
+        data.get(k)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let next = match (optional(NEXT_CERT_KEY), optional(NEXT_KEY_KEY)) {
+        (Some(cert_pem), Some(key_pem)) => Some(Box::new(CaMaterial {
+            cert_pem,
+            key_pem,
+            next: None,
+            previous_cert_pem: None,
+        })),
+        _ => None,
+    };
     Ok(CaMaterial {
         cert_pem: get("ca.crt")?,
         key_pem: get("ca.key")?,
+        next,
+        previous_cert_pem: optional(PREVIOUS_CERT_KEY),
     })
+}
+
+/// Key of a CA Secret holding the next CA's certificate while a rotation is staged.
+pub const NEXT_CERT_KEY: &str = "next.crt";
+/// Key of a CA Secret holding the next CA's private key while a rotation is staged.
+pub const NEXT_KEY_KEY: &str = "next.key";
+/// Key of a CA Secret holding the replaced CA's certificate until it is retired.
+pub const PREVIOUS_CERT_KEY: &str = "previous.crt";
+
+/// The data of the Secret holding `ca`.
+pub(super) fn ca_data(ca: &CaMaterial) -> BTreeMap<String, ByteString> {
+    let mut data = BTreeMap::from([
+        (
+            "ca.crt".to_owned(),
+            ByteString(ca.cert_pem.clone().into_bytes()),
+        ),
+        (
+            "ca.key".to_owned(),
+            ByteString(ca.key_pem.clone().into_bytes()),
+        ),
+    ]);
+    if let Some(next) = &ca.next {
+        data.insert(
+            NEXT_CERT_KEY.to_owned(),
+            ByteString(next.cert_pem.clone().into_bytes()),
+        );
+        data.insert(
+            NEXT_KEY_KEY.to_owned(),
+            ByteString(next.key_pem.clone().into_bytes()),
+        );
+    }
+    if let Some(previous) = &ca.previous_cert_pem {
+        data.insert(
+            PREVIOUS_CERT_KEY.to_owned(),
+            ByteString(previous.clone().into_bytes()),
+        );
+    }
+    data
 }

@@ -209,6 +209,28 @@ impl ClusterStore for FileStore {
         Ok(stored)
     }
 
+    async fn replace_ca_for(
+        &self,
+        role: CaRole,
+        current: &CaMaterial,
+        new: &CaMaterial,
+    ) -> Result<(), StoreError> {
+        let (material, cert) = ca_files(role);
+        let path = self.dir.join(material);
+        let stored: Option<CaMaterial> = read_json(&path)?;
+        if stored.as_ref() != Some(current) {
+            return Err(StoreError::Io {
+                path: path.display().to_string(),
+                source: std::io::Error::other("the CA changed meanwhile; run the command again"),
+            });
+        }
+        let body = serde_json::to_vec_pretty(new).map_err(|e| corrupt(&path, e))?;
+        write_atomic(&path, &body, 0o600)?;
+        // The public file is what to trust: the whole bundle.
+        let bundle = crate::registration::ca::HubCa::from_material(new.clone())?;
+        write_atomic(&self.dir.join(cert), bundle.bundle_pem().as_bytes(), 0o644)
+    }
+
     async fn put_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
         let path = self.dir.join("tokens").join(format!("{}.json", token.id));
         let body = serde_json::to_vec_pretty(token).map_err(|e| corrupt(&path, e))?;

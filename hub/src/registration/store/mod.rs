@@ -212,6 +212,15 @@ pub trait ClusterStore: Send + Sync + 'static {
         ca: &CaMaterial,
     ) -> impl Future<Output = Result<CaMaterial, StoreError>> + Send;
 
+    /// Replaces the CA of `role` with `new` if the stored one is still `current` (a concurrent
+    /// change is [`StoreError::Conflict`]-like: nothing is written).
+    fn replace_ca_for(
+        &self,
+        role: CaRole,
+        current: &CaMaterial,
+        new: &CaMaterial,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Stores a new token record.
     fn put_token(&self, token: &TokenRecord)
     -> impl Future<Output = Result<(), StoreError>> + Send;
