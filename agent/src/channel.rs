@@ -331,7 +331,12 @@ async fn session(
     state.emit(AgentEvent::Connected);
     crate::metrics::agent().connected(true);
     let _closed = Disconnect;
-    let renewer = AbortOnDrop(tokio::spawn(renew_loop(state.clone(), channel)));
+    let renew_now = Arc::new(tokio::sync::Notify::new());
+    let renewer = AbortOnDrop(tokio::spawn(renew_loop(
+        state.clone(),
+        channel,
+        renew_now.clone(),
+    )));
     let mut status_tick = tokio::time::interval(state.options.status_interval);
     let mut last_status: Option<(Vec<FederationStatus>, Allocatable)> = None;
     let mut observed = 0u64;
@@ -363,8 +368,16 @@ async fn session(
                             let _ = tx.send(report).await;
                         }
                     }
-                    Some(HubKind::Ping(_)) => {
+                    Some(HubKind::Ping(ping)) => {
                         let _ = tx.send(message(AgentKind::Heartbeat(Heartbeat { cluster_name: name.clone() }))).await;
+                        // Another CA bundle at the hub (a CA rotation): renew now, which brings
+                        // it and a certificate of the CA that signs now.
+                        if !ping.ca_bundle_sha256.is_empty()
+                            && ping.ca_bundle_sha256 != bundle_sha256(&state.credentials().ca_pem)
+                        {
+                            tracing::info!(cluster = %name, "the hub's CA bundle changed; renewing the client certificate now");
+                            renew_now.notify_one();
+                        }
                     }
                     None => {}
                 },
@@ -431,9 +444,16 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Renews the client certificate at `renew_at` of its life over `channel` (the stream's own
-/// connection), retrying every minute (or sooner near expiry) on failure.
-async fn renew_loop(state: Arc<State>, channel: Channel) {
+/// Hex SHA-256 of a CA bundle's PEM text (what the hub's `Ping` carries).
+fn bundle_sha256(pem: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(pem.as_bytes()))
+}
+
+/// Renews the client certificate at `renew_at` of its life, or when `renew_now` is notified (the
+/// hub's CA bundle changed), over `channel` (the stream's own connection), retrying every minute
+/// (or sooner near expiry) on failure.
+async fn renew_loop(state: Arc<State>, channel: Channel, renew_now: Arc<tokio::sync::Notify>) {
     loop {
         let creds = state.credentials();
         let name = creds.config.cluster_name.clone();
@@ -451,7 +471,10 @@ async fn renew_loop(state: Arc<State>, channel: Channel) {
             .duration_since(SystemTime::now())
             .unwrap_or_default()
             .max(Duration::from_secs(1));
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = renew_now.notified() => {}
+        }
         match renew_once(&state, &creds, channel.clone()).await {
             Ok(not_after) => {
                 tracing::info!(cluster = %name, ?not_after, "client certificate renewed");
@@ -487,7 +510,8 @@ async fn renew_once(
     let (_, not_after) =
         credentials::cert_validity(&response.client_cert_pem).map_err(|e| e.to_string())?;
     let mut renewed = state.credentials();
-    // A renewal never widens trust: the new bundle holds only CAs trusted already.
+    // The new bundle must hold a CA trusted already (it came over a connection verified against
+    // one); a CA beside it is the hub rotating its CA.
     tls::check_ca_bundle(
         &response.ca_bundle_pem,
         &tls::bundle_hashes(&renewed.ca_pem),

@@ -194,8 +194,8 @@ async fn attempt(
                             "accepted without a certificate or CA bundle".into(),
                         ));
                     }
-                    // The hub's CA bundle becomes the agent's trust root: it must be the CA
-                    // pinned with --ca-hash and nothing else.
+                    // The hub's CA bundle becomes the agent's trust root: it must hold the CA
+                    // pinned with --ca-hash (beside it, a rotation's other CA).
                     tls::check_ca_bundle(
                         &response.ca_bundle_pem,
                         std::slice::from_ref(&options.ca_hash),

@@ -64,25 +64,30 @@ pub fn spki_hash(cert: &CertificateDer<'_>) -> Option<String> {
     Some(spki_fingerprint(parsed.tbs_certificate.subject_pki.raw))
 }
 
-/// Checks that every certificate of the CA bundle `pem` a hub sent is one of `allowed` (by
-/// [`spki_hash`]): at join the CA pinned with `--ca-hash`, at renewal the CAs trusted already. A
-/// hub (or something holding a certificate it signed) can therefore never make the agent trust
-/// another CA. The error says what was received.
-pub fn check_ca_bundle(pem: &str, allowed: &[String]) -> Result<(), String> {
+/// Checks the CA bundle `pem` a hub sent before it becomes the agent's trust root: PEM
+/// certificates only, and one of them `trusted` (by [`spki_hash`]): at join the CA pinned with
+/// `--ca-hash`, at renewal a CA trusted already. The bundle arrives over a connection whose
+/// server certificate was verified against that CA, so it is the hub's word; other CAs in it are
+/// the hub publishing the next CA of a rotation, or still trusting the one it replaced. A
+/// bundle without any CA the agent trusts would hand its trust to someone else and is refused.
+/// The error says what was received.
+pub fn check_ca_bundle(pem: &str, trusted: &[String]) -> Result<(), String> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| format!("the CA bundle is not PEM certificates: {e}"))?;
     if certs.is_empty() {
         return Err("the CA bundle holds no certificate".into());
     }
+    let mut hashes = Vec::with_capacity(certs.len());
     for cert in &certs {
-        let hash = spki_hash(cert).ok_or("a CA bundle certificate does not parse")?;
-        if !allowed.contains(&hash) {
-            return Err(format!(
-                "the hub sent a CA bundle with {hash}, not the CA this agent trusts ({}): refused",
-                allowed.join(", ")
-            ));
-        }
+        hashes.push(spki_hash(cert).ok_or("a CA bundle certificate does not parse")?);
+    }
+    if !hashes.iter().any(|h| trusted.contains(h)) {
+        return Err(format!(
+            "the hub sent a CA bundle with {}, none of them a CA this agent trusts ({}): refused",
+            hashes.join(", "),
+            trusted.join(", ")
+        ));
     }
     Ok(())
 }
@@ -321,21 +326,26 @@ mod bundle_tests {
     }
 
     #[test]
-    fn a_ca_bundle_holds_only_the_pinned_ca() {
-        // #13 item 4: what a hub sends becomes the agent's trust root, so it must be exactly the
-        // CA the agent pinned (join) or already trusts (renewal); anything else is refused.
+    fn a_ca_bundle_must_hold_the_pinned_or_trusted_ca() {
+        // #13 item 4: what a hub sends becomes the agent's trust root, so it must hold the CA
+        // the agent pinned (join) or already trusts (renewal); a bundle of other CAs only is
+        // refused. A rotation's next CA beside the trusted one is the hub's word and accepted.
         let pinned = ca_pem("hub");
         let other = ca_pem("other");
         let hash = bundle_hashes(&pinned);
         assert_eq!(hash.len(), 1);
         assert_eq!(check_ca_bundle(&pinned, &hash), Ok(()));
         let err = check_ca_bundle(&other, &hash).unwrap_err();
-        assert!(err.contains("not the CA this agent trusts"), "{err}");
-        let both = format!("{pinned}{other}");
-        assert!(
-            check_ca_bundle(&both, &hash).is_err(),
-            "an extra CA slipped in"
+        assert!(err.contains("none of them a CA this agent trusts"), "{err}");
+        let both = format!("{other}{pinned}");
+        assert_eq!(check_ca_bundle(&both, &hash), Ok(()), "a rotation's bundle");
+        let after_rotation = bundle_hashes(&other);
+        assert_eq!(
+            check_ca_bundle(&other, &bundle_hashes(&both)),
+            Ok(()),
+            "retired"
         );
+        assert!(check_ca_bundle(&pinned, &after_rotation).is_err());
         assert!(check_ca_bundle("", &hash).is_err());
         assert!(check_ca_bundle("not pem", &hash).is_err());
     }

@@ -38,7 +38,8 @@ enum Command {
         after_help = "Examples:\n  flower-hub token create --cluster-name spoke-1 --label env=prod -o secret > spoke-1-bootstrap.yaml\n  flower-hub token create --state-dir /var/lib/flower-hub --ttl 24h\n  flower-hub token list"
     )]
     Token(registration::TokenCommand),
-    /// Show or rotate the Flower CA (what SuperNodes and `flwr` trust for SuperLinks).
+    /// Show or rotate a hub CA: the Flower CA (what SuperNodes and `flwr` trust for SuperLinks)
+    /// or the work-channel CA (what agents pin).
     #[command(
         subcommand,
         after_help = "Examples:\n  flower-hub ca status\n  flower-hub ca rotate stage --state-dir /var/lib/flower-hub"

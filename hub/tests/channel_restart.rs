@@ -225,3 +225,132 @@ async fn a_cluster_whose_agent_died_while_no_hub_ran_becomes_unknown_after_the_g
     );
     hub.stop().await;
 }
+
+/// Applies `step` of a work-channel CA rotation to the hub's store (what `flower-hub ca rotate
+/// STEP --ca channel` does) and restarts the hub on it (same state dir and port).
+async fn rotate_and_restart(
+    hub: Hub,
+    step: flower_addon_hub::registration::rotation::RotationStep,
+) -> Hub {
+    use flower_addon_hub::registration::ca::CaRole;
+    let (dir, addr, store) = (hub.dir.clone(), hub.addr, hub.store.clone());
+    let current = store.load_ca().await.expect("load").expect("a CA");
+    let next = flower_addon_hub::registration::rotation::rotate(CaRole::Channel, &current, step)
+        .expect("the step follows");
+    store
+        .replace_ca_for(CaRole::Channel, &current, &next)
+        .await
+        .expect("stored");
+    hub.stop().await;
+    Hub::start_in(&dir, addr, config()).await
+}
+
+/// Whether `cert_pem` was signed by `ca` (a client verifier trusting only it accepts it).
+fn signed_by(cert_pem: &str, ca: &flower_addon_hub::registration::ca::HubCa) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, UnixTime};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der().clone()).expect("root");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .expect("verifier");
+    let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).expect("pem");
+    verifier
+        .verify_client_cert(&cert, &[], UnixTime::now())
+        .is_ok()
+}
+
+#[tokio::test]
+async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off() {
+    // #13 item 4: stage → the agent stores both CAs (renewing at the first heartbeat); promote →
+    // the hub serves a certificate of the new CA, the agent (trusting both) reconnects and renews
+    // from the new CA; retire → only the new CA is left and the agent keeps working. An agent
+    // that was away for the whole rotation holds only the old CA and an old certificate: it can
+    // no longer connect (neither side trusts the other), and its work is never sent to it.
+    use flower_addon_hub::registration::rotation::RotationStep;
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let old = hub.ca.clone();
+    let (a_dir, away_dir) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
+    let creds = hub.join_accepted("edge-1", a_dir.path()).await;
+    let away = hub.join_accepted("edge-away", away_dir.path()).await;
+    let runtime = Arc::new(MemoryRuntime::new());
+    let (stop, _events, task) = agent(creds, a_dir.path(), runtime.clone());
+    let stored = || Credentials::load(a_dir.path()).expect("stored credentials");
+
+    for step in [
+        RotationStep::Stage,
+        RotationStep::Promote,
+        RotationStep::Retire,
+    ] {
+        hub = rotate_and_restart(hub, step).await;
+        let ca = hub.ca.clone();
+        eventually(
+            &format!("{}: the agent stores the hub's bundle", step.as_str()),
+            Duration::from_secs(10),
+            async || stored().ca_pem == ca.bundle_pem(),
+        )
+        .await;
+        let want_signer = if step == RotationStep::Stage {
+            &old
+        } else {
+            &ca
+        };
+        eventually(
+            &format!(
+                "{}: the agent's certificate is the signing CA's",
+                step.as_str()
+            ),
+            Duration::from_secs(10),
+            async || signed_by(&stored().cert_pem, want_signer),
+        )
+        .await;
+        let version = hub.work.set("edge-1", ClusterWork::default());
+        let work = hub.work.clone();
+        eventually(
+            &format!("{}: work acked over the rotated channel", step.as_str()),
+            Duration::from_secs(10),
+            async || work.acked("edge-1") == Some(version),
+        )
+        .await;
+    }
+    assert_ne!(hub.ca.hash(), old.hash(), "a new CA signs");
+    assert_eq!(
+        flower_addon_agent::tls::bundle_hashes(&stored().ca_pem),
+        [hub.ca.hash()],
+        "the old CA is gone from the agent's trust"
+    );
+
+    // The agent that missed the rotation cannot connect any more.
+    let away_runtime = Arc::new(MemoryRuntime::new());
+    let (away_stop, mut away_events, away_task) =
+        agent(away, away_dir.path(), away_runtime.clone());
+    let version = hub.work.set("edge-away", ClusterWork::default());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut disconnects = 0;
+    while let Ok(event) = away_events.try_recv() {
+        assert!(
+            !matches!(event, AgentEvent::Connected),
+            "an agent of the retired CA connected"
+        );
+        disconnects += usize::from(matches!(event, AgentEvent::Disconnected { .. }));
+    }
+    assert!(disconnects >= 1, "the away agent tried and was refused");
+    assert_ne!(hub.work.acked("edge-away"), Some(version));
+    assert!(
+        away_runtime.current().is_none(),
+        "work reached the away agent"
+    );
+
+    for (stop, task) in [(stop, task), (away_stop, away_task)] {
+        let _ = stop.send(true);
+        task.await.expect("agent");
+    }
+    hub.stop().await;
+}

@@ -112,6 +112,8 @@ pub(crate) struct Shared<S, W> {
     pub(crate) store: Arc<S>,
     pub(crate) work: Arc<W>,
     pub(crate) ca: Arc<HubCa>,
+    /// [`HubCa::bundle_sha256`], sent in every `Ping`.
+    pub(crate) ca_bundle_sha256: String,
     pub(crate) config: ChannelConfig,
     pub(crate) limiter: limits::RateLimiter,
     /// The open stream of each cluster.
@@ -234,6 +236,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
             shared: Arc::new(Shared {
                 store,
                 work,
+                ca_bundle_sha256: ca.bundle_sha256(),
                 ca,
                 config,
                 limiter,

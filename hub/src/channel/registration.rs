@@ -290,7 +290,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         Ok(JoinResponse {
             status: JoinStatus::Accepted as i32,
             client_cert_pem: issued.cert_pem,
-            ca_bundle_pem: shared.ca.cert_pem().to_string(),
+            ca_bundle_pem: shared.ca.bundle_pem().to_string(),
             valid_until: Some(timestamp(issued.not_after)),
             message: String::new(),
         })
@@ -322,7 +322,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         tracing::info!(cluster = %name, not_after, "client certificate renewed");
         Ok(RenewResponse {
             client_cert_pem: issued.cert_pem,
-            ca_bundle_pem: shared.ca.cert_pem().to_string(),
+            ca_bundle_pem: shared.ca.bundle_pem().to_string(),
             valid_until: Some(timestamp(issued.not_after)),
         })
     }

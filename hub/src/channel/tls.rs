@@ -118,10 +118,12 @@ pub fn server_config(
     server: &IssuedKeyPair,
 ) -> Result<Arc<rustls::ServerConfig>, ChannelError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // Client certificates of every trusted CA: after a rotation's `promote`, agents still hold
+    // certificates of the replaced CA until they renew.
     let mut roots = RootCertStore::empty();
-    roots
-        .add(ca.cert_der().clone())
-        .map_err(ChannelError::Tls)?;
+    for cert in ca.bundle_der() {
+        roots.add(cert).map_err(ChannelError::Tls)?;
+    }
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
         .build()

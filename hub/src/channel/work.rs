@@ -106,8 +106,18 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
     let send_timeout = Duration::from_secs(30);
     let snapshot = shared.work.snapshot(&name);
     let mut last_sent = Some(snapshot.version);
+    // Every Ping carries the CA bundle's digest: an agent holding another bundle (a CA rotation
+    // under way) renews at once. The first goes right after the first work.
+    let ping_message = || {
+        HubKind::Ping(Ping {
+            ca_bundle_sha256: shared.ca_bundle_sha256.clone(),
+        })
+    };
     let end: Option<Status> = 'stream: {
         if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
+            break 'stream None;
+        }
+        if !send(&tx, ping_message(), send_timeout).await {
             break 'stream None;
         }
         loop {
@@ -148,7 +158,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                     }
                 },
                 _ = ping.tick() => {
-                    if !send(&tx, HubKind::Ping(Ping {}), send_timeout).await {
+                    if !send(&tx, ping_message(), send_timeout).await {
                         break 'stream None;
                     }
                 }

@@ -596,7 +596,7 @@ mod connect;
 pub use connect::{ConnectArgs, connect};
 
 mod ca;
-pub use ca::{CaCommand, RotateArgs, ca};
+pub use ca::{CaArgs, CaCommand, RotateArgs, WhichCa, ca};
 
 fn rfc3339(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()

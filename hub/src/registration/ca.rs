@@ -232,6 +232,20 @@ impl HubCa {
         &self.bundle_pem
     }
 
+    /// Hex SHA-256 of [`Self::bundle_pem`] (what a work-channel `Ping` carries, so agents
+    /// notice a changed bundle).
+    pub fn bundle_sha256(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(self.bundle_pem.as_bytes()))
+    }
+
+    /// DER of every certificate of [`Self::bundle_pem`].
+    pub fn bundle_der(&self) -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_slice_iter(self.bundle_pem.as_bytes())
+            .filter_map(Result::ok)
+            .collect()
+    }
+
     /// DER of the CA certificate.
     pub fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert_der

@@ -1,5 +1,6 @@
-//! `flower-hub ca`: where the Flower CA's rotation stands, and its steps
-//! ([`crate::registration::rotation`]).
+//! `flower-hub ca`: where a hub CA's rotation stands, and its steps
+//! ([`crate::registration::rotation`]), for the Flower CA (SuperLinks, SuperNodes, `flwr`) and
+//! the work-channel CA (the hub and its agents).
 use std::process::ExitCode;
 
 use crate::registration::ca::{CaRole, HubCa};
@@ -11,17 +12,40 @@ use super::{Hub, HubArgs, block_on, explain};
 /// `flower-hub ca …`.
 #[derive(clap::Subcommand, Debug)]
 pub enum CaCommand {
-    /// Show the Flower CA: the one that signs SuperLink certificates, the ones trusted beside it,
-    /// and the next rotation step.
-    #[command(after_help = "Example:\n  flower-hub ca status --state-dir /var/lib/flower-hub")]
-    Status(HubArgs),
-    /// Rotate the Flower CA, one step at a time (each takes effect when the hub next starts):
-    /// `stage` a new CA that everything trusts beside the current one, `promote` it to sign
-    /// SuperLink certificates, `retire` the old one.
+    /// Show a hub CA: the one that signs, the ones trusted beside it, and the next rotation
+    /// step.
+    #[command(
+        after_help = "Examples:\n  flower-hub ca status --state-dir /var/lib/flower-hub\n  flower-hub ca status --ca channel"
+    )]
+    Status(CaArgs),
+    /// Rotate a hub CA, one step at a time (each takes effect when the hub next starts): `stage`
+    /// a new CA that everything trusts beside the current one, `promote` it to sign, `retire`
+    /// the old one. The Flower CA's SuperNodes restart on each new bundle; the work-channel CA
+    /// reaches agents by their next heartbeat, and they renew their certificates from it.
     #[command(
         after_help = "A rotation, in Kubernetes mode:\n  flower-hub ca rotate stage\n  kubectl -n flower-addon-system rollout restart deployment flower-hub\n  # wait until every Federation is Ready again (SuperNodes restarted on both CAs)\n  flower-hub ca rotate promote\n  kubectl -n flower-addon-system rollout restart deployment flower-hub\n  # wait until every Federation is Ready again (SuperLinks restarted on new certificates);\n  # give flwr users the new CA file (flower-hub connect)\n  flower-hub ca rotate retire\n  kubectl -n flower-addon-system rollout restart deployment flower-hub"
     )]
     Rotate(RotateArgs),
+}
+
+/// Which hub CA.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhichCa {
+    /// The Flower CA: SuperLink certificates, what SuperNodes and `flwr` trust.
+    Flower,
+    /// The work-channel CA: the hub's server certificate and agents' client certificates (what
+    /// `flower-agent join --ca-hash` pins).
+    Channel,
+}
+
+/// Arguments naming a hub and one of its CAs.
+#[derive(clap::Args, Debug)]
+pub struct CaArgs {
+    /// Which CA.
+    #[arg(long = "ca", value_enum, default_value = "flower")]
+    pub which: WhichCa,
+    #[command(flatten)]
+    pub hub_args: HubArgs,
 }
 
 /// Arguments of `flower-hub ca rotate`.
@@ -31,7 +55,7 @@ pub struct RotateArgs {
     #[arg(value_enum)]
     pub step: RotationStep,
     #[command(flatten)]
-    pub hub_args: HubArgs,
+    pub ca_args: CaArgs,
 }
 
 /// `flower-hub ca …`.
@@ -39,15 +63,19 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let (args, step) = match &cmd {
             CaCommand::Status(args) => (args, None),
-            CaCommand::Rotate(rotate) => (&rotate.hub_args, Some(rotate.step)),
+            CaCommand::Rotate(rotate) => (&rotate.ca_args, Some(rotate.step)),
         };
-        let hub = Hub::open(args).await?;
-        let role = CaRole::Flower;
+        let hub = Hub::open(&args.hub_args).await?;
+        let role = match args.which {
+            WhichCa::Flower => CaRole::Flower,
+            WhichCa::Channel => CaRole::Channel,
+        };
+        let label = role_label(role);
         let stored =
             with_store!(&hub, s => s.load_ca_for(role).await).map_err(|e| explain(e, &hub))?;
         let Some(material) = stored else {
             anyhow::bail!(
-                "this hub has no Flower CA yet: it is made when `flower-hub serve` first starts"
+                "this hub has no {label} yet: it is made when `flower-hub serve` first starts"
             );
         };
         let material = match step {
@@ -56,16 +84,23 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                 let rotated = rotate(role, &material, step)?;
                 with_store!(&hub, s => s.replace_ca_for(role, &material, &rotated).await)
                     .map_err(|e| explain(e, &hub))?;
-                println!("Flower CA: {} done", step.as_str());
+                println!("{label}: {} done", step.as_str());
                 rotated
             }
         };
-        print_status(&HubCa::from_material(material)?, &hub, step.is_some());
+        print_status(role, &HubCa::from_material(material)?, &hub, step.is_some());
         Ok(ExitCode::SUCCESS)
     })
 }
 
-fn print_status(ca: &HubCa, hub: &Hub, changed: bool) {
+fn role_label(role: CaRole) -> &'static str {
+    match role {
+        CaRole::Flower => "Flower CA",
+        CaRole::Channel => "work-channel CA",
+    }
+}
+
+fn print_status(role: CaRole, ca: &HubCa, hub: &Hub, changed: bool) {
     let phase = RotationPhase::of(ca.material());
     println!("signing CA: {}", ca.hash());
     let trusted = flower_addon_agent::tls::bundle_hashes(ca.bundle_pem());
@@ -80,16 +115,26 @@ fn print_status(ca: &HubCa, hub: &Hub, changed: bool) {
         };
         println!("The hub uses this when it next starts: {restart}");
     }
-    let next = match phase {
-        RotationPhase::Idle => "none (`flower-hub ca rotate stage` starts a rotation)",
-        RotationPhase::Staged => {
+    let next = match (role, phase) {
+        (_, RotationPhase::Idle) => "none (`flower-hub ca rotate stage` starts a rotation)",
+        (CaRole::Flower, RotationPhase::Staged) => {
             "once every Federation is Ready again after the hub restarted (its SuperNodes \
              restart on both CAs): `flower-hub ca rotate promote`"
         }
-        RotationPhase::Promoted => {
+        (CaRole::Flower, RotationPhase::Promoted) => {
             "once every Federation is Ready again after the hub restarted (SuperLinks restart on \
              certificates of the new CA) and `flwr` users have the new CA file (`flower-hub \
              connect`): `flower-hub ca rotate retire`"
+        }
+        (CaRole::Channel, RotationPhase::Staged) => {
+            "once every agent connected again after the hub restarted (each renews and stores \
+             both CAs at its first heartbeat): `flower-hub ca rotate promote --ca channel`; new \
+             joins keep pinning the current hash until then"
+        }
+        (CaRole::Channel, RotationPhase::Promoted) => {
+            "once every agent connected again after the hub restarted (each renews its \
+             certificate from the new CA at its first heartbeat): `flower-hub ca rotate retire \
+             --ca channel`; new joins pin the new hash (`flower-hub token create` prints it)"
         }
     };
     println!("next step:  {next}");
