@@ -10,6 +10,8 @@
 //! hub's decisions, not Flower; the e2e tests run real Flower in both modes). The agents' reports
 //! carry SuperNode keys, so the work compared includes `registered_node_keys`.
 mod fake_control;
+mod standalone_support;
+use standalone_support::register;
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -21,9 +23,7 @@ use flower_addon_crds::{Federation, Object};
 use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
 use flower_addon_hub::registration::store::file::FileStore;
-use flower_addon_hub::registration::store::{
-    ClusterRegistration, ClusterStore, load_or_create_flower_ca,
-};
+use flower_addon_hub::registration::store::load_or_create_flower_ca;
 use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
 use flower_addon_proto::ClusterWork;
 
@@ -77,25 +77,6 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-/// Registers `clusters` (name → labels) as accepted in `store`.
-async fn register(store: &FileStore, clusters: &BTreeMap<String, BTreeMap<String, String>>) {
-    for (name, l) in clusters {
-        let registration = ClusterRegistration {
-            name: name.clone(),
-            labels: l.clone(),
-            claims: BTreeMap::new(),
-            key_fingerprint: format!("sha256:{name}"),
-            agent_version: "test".into(),
-            token_id: "t".into(),
-            created_unix: 1,
-        };
-        store
-            .create_cluster(&registration, true)
-            .await
-            .expect("cluster");
-    }
 }
 
 /// Feeds `work` the agents' reports: SuperNode keys of pool `a`, 2 from s1 and 1 from s2.

@@ -13,9 +13,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod standalone_support;
+use standalone_support::register;
+
 use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::registration::store::file::FileStore;
-use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore};
 use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
 
 const MANIFESTS: &str = r#"
@@ -134,24 +136,18 @@ impl Hub {
                 .await
                 .expect("ca"),
         );
-        for (name, set) in [("red-1", "red"), ("blue-1", "blue")] {
-            let registration = ClusterRegistration {
-                name: name.into(),
-                labels: BTreeMap::from([(
-                    flower_addon_crds::CLUSTERSET_LABEL.to_string(),
-                    set.into(),
-                )]),
-                claims: BTreeMap::new(),
-                key_fingerprint: format!("sha256:{name}"),
-                agent_version: "test".into(),
-                token_id: "t".into(),
-                created_unix: 1,
-            };
-            store
-                .create_cluster(&registration, true)
-                .await
-                .expect("cluster");
-        }
+        let clusters: BTreeMap<String, BTreeMap<String, String>> =
+            [("red-1", "red"), ("blue-1", "blue")]
+                .into_iter()
+                .map(|(name, set)| {
+                    let label = (
+                        flower_addon_crds::CLUSTERSET_LABEL.to_string(),
+                        set.to_string(),
+                    );
+                    (name.to_string(), BTreeMap::from([label]))
+                })
+                .collect();
+        register(store.as_ref(), &clusters).await;
         let work = Arc::new(InMemoryWorkSource::new());
         let hub = StandaloneHub::new(
             store.clone(),
