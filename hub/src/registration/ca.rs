@@ -204,8 +204,13 @@ impl HubCa {
                 what: "trusted CA certificate PEM",
                 detail: e.to_string(),
             })?;
-            bundle_pem.push_str(pem.trim_end());
-            bundle_pem.push('\n');
+            // As stored: without a rotation the bundle is the CA certificate's PEM byte for
+            // byte, so agents that stored it before rotations existed see no change (a changed
+            // bundle makes every agent renew).
+            bundle_pem.push_str(pem);
+            if !pem.ends_with('\n') {
+                bundle_pem.push('\n');
+            }
         }
         Ok(Self {
             material,
@@ -227,7 +232,8 @@ impl HubCa {
     }
 
     /// PEM of every CA certificate to trust, the signing one first: with a rotation under way
-    /// also the next or the previous CA. What SuperNodes, `flwr` and agents are given.
+    /// also the next or the previous CA. What SuperNodes, `flwr` and agents are given; without a
+    /// rotation exactly [`Self::cert_pem`].
     pub fn bundle_pem(&self) -> &str {
         &self.bundle_pem
     }

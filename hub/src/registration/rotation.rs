@@ -155,6 +155,9 @@ mod tests {
         let role = CaRole::Flower;
         let old = HubCa::generate_for(role).unwrap();
         assert_eq!(hashes(&old), [old.hash()]);
+        // Without a rotation the bundle is the CA certificate as stored, byte for byte: what
+        // agents and SuperNodes held before rotations existed is unchanged.
+        assert_eq!(old.bundle_pem(), old.cert_pem());
 
         let staged = rotate(role, old.material(), RotationStep::Stage).unwrap();
         let staged = HubCa::from_material(staged).unwrap();
