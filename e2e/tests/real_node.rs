@@ -236,17 +236,6 @@ kind: Namespace
 metadata: {name: fl}
 ---
 apiVersion: flower-addon.io/v1alpha1
-kind: ManagedClusterSet
-metadata: {name: global}
-spec:
-  clusterSelector: {selectorType: LabelSelector, labelSelector: {}}
----
-apiVersion: flower-addon.io/v1alpha1
-kind: ManagedClusterSetBinding
-metadata: {name: global, namespace: fl}
-spec: {clusterSet: global}
----
-apiVersion: flower-addon.io/v1alpha1
 kind: Placement
 metadata: {name: spokes, namespace: fl}
 spec:
@@ -297,6 +286,8 @@ spec:
         "fl",
     )
     .await?;
+    // The platform admin binds every cluster to namespace fl (without it nothing is selected).
+    e2e::addon::bind_every_cluster(&hub.client, "fl").await?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
     let statuses = wait_for(
         "each spoke's SuperNodes online in their SuperLink's node list (Federation status): 3 of auth, 2 of classic",

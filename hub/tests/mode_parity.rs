@@ -11,9 +11,8 @@
 //! carry SuperNode keys, so the work compared includes `registered_node_keys`.
 mod fake_control;
 mod standalone_support;
-use standalone_support::register;
+use standalone_support::{Dirs, register};
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::load_or_create_flower_ca;
-use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
+use flower_addon_hub::standalone::StandaloneHub;
 use flower_addon_proto::ClusterWork;
 
 const MANIFESTS: &str = r#"
@@ -113,15 +112,8 @@ fn report_keys(work: &InMemoryWorkSource) -> BTreeMap<&'static str, Vec<String>>
 
 #[tokio::test]
 async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let (state, manifests, bin) = (
-        dir.path().join("state"),
-        dir.path().join("manifests"),
-        dir.path().join("bin"),
-    );
-    for d in [&state, &manifests, &bin] {
-        std::fs::create_dir_all(d).expect("dir");
-    }
+    let dirs = Dirs::new();
+    let (state, manifests) = (&dirs.state, &dirs.manifests);
     // The SuperLink's Control port (on loopback), where the stand-in Control API listens; the
     // hub's Fleet front takes a free port of its own.
     let control = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -137,11 +129,8 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         .replace("PORT", &port.to_string())
         .replace("FLEET", &fleet.to_string());
     std::fs::write(manifests.join("fed.yaml"), &manifests_text).expect("manifests");
-    let superlink = bin.join("flower-superlink");
-    std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
-    std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 
-    let store = Arc::new(FileStore::open(&state).expect("store"));
+    let store = Arc::new(FileStore::open(state).expect("store"));
     // SuperLink certificates and the CA bundle in the work come from the Flower CA.
     let ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await.expect("ca"));
     let clusters = BTreeMap::from([
@@ -158,26 +147,13 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
         store.clone(),
         work.clone(),
         ca.clone(),
-        StandaloneConfig {
-            state_dir: state.clone(),
-            manifests_dir: manifests.clone(),
-            flower_bin: Some(bin.clone()),
-            superlink_host: "127.0.0.1".into(),
-            advertise: vec!["127.0.0.1".into()],
-            superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
-            sandbox: true,
-            superlink_names: flower_addon_hub::core::sans::SuperLinkNames::new(
-                ["127.0.0.1"],
-                &["hub.example".to_owned()],
-            )
-            .unwrap(),
-        },
+        dirs.config(&["hub.example"]),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(hub.run(async {
         let _ = stop_rx.await;
     }));
-    let paths = flower_addon_hub::standalone::superlink::SuperLinkPaths::new(&state, "team", "fed");
+    let paths = flower_addon_hub::standalone::superlink::SuperLinkPaths::new(state, "team", "fed");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !(paths.cert.is_file() && paths.key.is_file()) {
         assert!(

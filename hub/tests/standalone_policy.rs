@@ -9,16 +9,15 @@
 //!   certificate is issued for it.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod standalone_support;
-use standalone_support::register;
+use standalone_support::{Dirs, register};
 
 use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::registration::store::file::FileStore;
-use flower_addon_hub::standalone::{StandaloneConfig, StandaloneHub};
+use flower_addon_hub::standalone::StandaloneHub;
 
 const MANIFESTS: &str = r#"
 apiVersion: flower-addon.io/v1alpha1
@@ -101,36 +100,22 @@ async fn wait(
 /// A standalone hub running on `manifests_text` (ports filled in) with two accepted clusters,
 /// `red-1` in set red and `blue-1` in set blue, its admin allowing `allowed` certificate names.
 struct Hub {
-    _dir: tempfile::TempDir,
-    state: std::path::PathBuf,
-    manifests: std::path::PathBuf,
+    dirs: Dirs,
     work: Arc<InMemoryWorkSource>,
     stop: tokio::sync::oneshot::Sender<()>,
     running: tokio::task::JoinHandle<()>,
 }
 
 impl Hub {
-    async fn start(manifests_text: &str, allowed: &[String]) -> Self {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (state, manifests, bin) = (
-            dir.path().join("state"),
-            dir.path().join("manifests"),
-            dir.path().join("bin"),
-        );
-        for d in [&state, &manifests, &bin] {
-            std::fs::create_dir_all(d).expect("dir");
-        }
+    async fn start(manifests_text: &str, allowed: &[&str]) -> Self {
+        let dirs = Dirs::new();
         let text = manifests_text
             .replace("FLEET", &free_port().to_string())
             .replace("APPIO", &free_port().to_string())
             .replace("CONTROL", &free_port().to_string());
-        std::fs::write(manifests.join("fed.yaml"), text).expect("manifests");
-        let superlink = bin.join("flower-superlink");
-        std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
-        std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::write(dirs.manifests.join("fed.yaml"), text).expect("manifests");
 
-        let store = Arc::new(FileStore::open(&state).expect("store"));
+        let store = Arc::new(FileStore::open(&dirs.state).expect("store"));
         let ca = Arc::new(
             flower_addon_hub::registration::store::load_or_create_flower_ca(store.as_ref())
                 .await
@@ -149,34 +134,13 @@ impl Hub {
                 .collect();
         register(store.as_ref(), &clusters).await;
         let work = Arc::new(InMemoryWorkSource::new());
-        let hub = StandaloneHub::new(
-            store.clone(),
-            work.clone(),
-            ca,
-            StandaloneConfig {
-                state_dir: state.clone(),
-                manifests_dir: manifests.clone(),
-                flower_bin: Some(bin.clone()),
-                superlink_host: "127.0.0.1".into(),
-                advertise: vec!["127.0.0.1".into()],
-                superlink_cert_validity:
-                    flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
-                sandbox: true,
-                superlink_names: flower_addon_hub::core::sans::SuperLinkNames::new(
-                    ["127.0.0.1"],
-                    allowed,
-                )
-                .expect("names"),
-            },
-        );
+        let hub = StandaloneHub::new(store.clone(), work.clone(), ca, dirs.config(allowed));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(hub.run(async {
             let _ = stop_rx.await;
         }));
         Self {
-            _dir: dir,
-            state,
-            manifests,
+            dirs,
             work,
             stop,
             running,
@@ -192,7 +156,7 @@ impl Hub {
 #[tokio::test]
 async fn a_placement_selects_only_from_the_sets_bound_to_its_namespace() {
     let hub = Hub::start(MANIFESTS, &[]).await;
-    let (state, manifests, work) = (&hub.state, &hub.manifests, &hub.work);
+    let (state, manifests, work) = (&hub.dirs.state, &hub.dirs.manifests, &hub.work);
 
     // No binding: nothing selected, no work, and the reason with the fix in status.json.
     wait("no binding", state, work, |s, red, blue| {
@@ -237,23 +201,23 @@ async fn a_certificate_name_the_hub_does_not_have_is_refused() {
     );
     let cert = |state: &std::path::Path| state.join("federations/team/fed/tls/tls.crt");
     let hub = Hub::start(&text, &[]).await;
-    wait("refused", &hub.state, &hub.work, |s, _, _| {
+    wait("refused", &hub.dirs.state, &hub.work, |s, _, _| {
         s["message"].as_str().is_some_and(|m| {
             m.contains("spec.tls.extraSANs[0]: \"flower.example.org\" is not one of the hub's names (127.0.0.1)")
                 && m.contains("--superlink-name flower.example.org")
         })
     })
     .await;
-    assert!(!cert(&hub.state).exists(), "a certificate was issued");
+    assert!(!cert(&hub.dirs.state).exists(), "a certificate was issued");
     hub.stop().await;
 
-    let hub = Hub::start(&text, &["*.example.org".to_owned()]).await;
-    wait("allowed", &hub.state, &hub.work, |_, _, _| {
-        cert(&hub.state).exists()
+    let hub = Hub::start(&text, &["*.example.org"]).await;
+    wait("allowed", &hub.dirs.state, &hub.work, |_, _, _| {
+        cert(&hub.dirs.state).exists()
     })
     .await;
-    let sans =
-        std::fs::read_to_string(hub.state.join("federations/team/fed/tls/sans")).expect("sans");
+    let sans = std::fs::read_to_string(hub.dirs.state.join("federations/team/fed/tls/sans"))
+        .expect("sans");
     assert!(sans.lines().any(|l| l == "flower.example.org"), "{sans}");
     hub.stop().await;
 }

@@ -1,8 +1,62 @@
-//! What the standalone-hub tests share: accepted clusters in a file store.
+//! What the standalone-hub tests share: a state, manifests and bin directory with a stand-in
+//! `flower-superlink`, the hub's configuration on them, and accepted clusters in a file store.
+#![allow(dead_code)]
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 
+use flower_addon_hub::core::sans::SuperLinkNames;
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore};
+use flower_addon_hub::standalone::StandaloneConfig;
+
+/// A temporary `state/`, `manifests/` and `bin/`; `bin/flower-superlink` only stays alive (these
+/// tests are about the hub's decisions, not Flower).
+pub struct Dirs {
+    pub _dir: tempfile::TempDir,
+    pub state: PathBuf,
+    pub manifests: PathBuf,
+    pub bin: PathBuf,
+}
+
+impl Dirs {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (state, manifests, bin) = (
+            dir.path().join("state"),
+            dir.path().join("manifests"),
+            dir.path().join("bin"),
+        );
+        for d in [&state, &manifests, &bin] {
+            std::fs::create_dir_all(d).expect("dir");
+        }
+        let superlink = bin.join("flower-superlink");
+        std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
+        std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        Self {
+            _dir: dir,
+            state,
+            manifests,
+            bin,
+        }
+    }
+
+    /// The hub on these directories, on loopback, its admin allowing `allowed` certificate names.
+    pub fn config(&self, allowed: &[&str]) -> StandaloneConfig {
+        let allowed: Vec<String> = allowed.iter().map(|s| s.to_string()).collect();
+        StandaloneConfig {
+            state_dir: self.state.clone(),
+            manifests_dir: self.manifests.clone(),
+            flower_bin: Some(self.bin.clone()),
+            superlink_host: "127.0.0.1".into(),
+            advertise: vec!["127.0.0.1".into()],
+            superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            sandbox: true,
+            superlink_names: SuperLinkNames::new(["127.0.0.1"], &allowed).expect("names"),
+        }
+    }
+}
 
 /// Registers `clusters` (name → labels) as accepted in `store`.
 pub async fn register(store: &FileStore, clusters: &BTreeMap<String, BTreeMap<String, String>>) {
