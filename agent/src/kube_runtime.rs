@@ -437,12 +437,19 @@ impl KubeRuntime {
         }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
         self.stamp(&mut rendered, plan);
+        // Everything of the Federation is applied at once, the workloads among the first
+        // requests: each object is its own request, and a pod that starts before the Secret or
+        // Service it uses exists waits for it. On the first error the rest is dropped (what was
+        // not applied is applied again next time).
+        let mut supporting: Vec<BoxFuture<'_, Result<(), KubeRuntimeError>>> = Vec::new();
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
             let key = (Kind::Secret, ns.to_owned(), name);
             desired.insert(key.clone());
             let api = Api::<Secret>::namespaced(self.client.clone(), ns);
-            self.send(&api, key, secret).await?;
+            supporting.push(Box::pin(async move {
+                self.send(&api, key, secret).await.map(drop)
+            }));
         }
         for service in &rendered.services {
             let name = service.metadata.name.clone().unwrap_or_default();
@@ -450,25 +457,37 @@ impl KubeRuntime {
             desired.insert(key.clone());
             let api =
                 Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns);
-            self.send(&api, key, service).await?;
+            supporting.push(Box::pin(async move {
+                self.send(&api, key, service).await.map(drop)
+            }));
         }
+        let mut workloads = Vec::with_capacity(rendered.workloads.len());
         for (pool, workload) in &rendered.workloads {
             let key = (pool.kind, ns.to_owned(), pool.workload.clone());
             desired.insert(key.clone());
-            let stored = match workload {
-                Workload::StatefulSet(s) => {
-                    let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
-                    self.send(&api, key.clone(), s)
-                        .await?
-                        .map(|s| (s.metadata.uid.clone(), status::statefulset_counts(&s)))
-                }
-                Workload::DaemonSet(d) => {
-                    let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
-                    self.send(&api, key.clone(), d)
-                        .await?
-                        .map(|d| (d.metadata.uid.clone(), status::daemonset_counts(&d)))
-                }
-            };
+            workloads.push(async move {
+                let stored = match workload {
+                    Workload::StatefulSet(s) => {
+                        let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
+                        self.send(&api, key.clone(), s)
+                            .await?
+                            .map(|s| (s.metadata.uid.clone(), status::statefulset_counts(&s)))
+                    }
+                    Workload::DaemonSet(d) => {
+                        let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
+                        self.send(&api, key.clone(), d)
+                            .await?
+                            .map(|d| (d.metadata.uid.clone(), status::daemonset_counts(&d)))
+                    }
+                };
+                Ok::<_, KubeRuntimeError>((pool, key, stored))
+            });
+        }
+        let (stored, _) = futures::try_join!(
+            futures::future::try_join_all(workloads),
+            futures::future::try_join_all(supporting)
+        )?;
+        for (pool, key, stored) in stored {
             let Some((uid, counts)) = stored else {
                 continue;
             };

@@ -72,6 +72,21 @@ struct Args {
     /// Seconds a StatefulSet may take to appear or change before the setup counts as broken.
     #[arg(long, default_value_t = 15)]
     timeout: u64,
+    /// Print each timed operation's start (UTC, to match the hub's log with
+    /// FLOWER_ADDON_E2E_HUB_LOG and FLOWER_ADDON_E2E_KEEP=1) and latency.
+    #[arg(long)]
+    trace: bool,
+}
+
+/// `at` as the hub's log writes times (UTC, microseconds).
+fn rfc3339(at: std::time::SystemTime) -> String {
+    let micros = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as i128;
+    k8s_openapi::jiff::Timestamp::from_microsecond(micros as i64)
+        .map(|t| format!("{t:.6}"))
+        .unwrap_or_default()
 }
 
 /// Namespace of the user's Federations.
@@ -162,6 +177,7 @@ struct Report {
     superlink_latency: Vec<Duration>,
     pool_latency: Vec<Duration>,
     change_latency: Vec<Duration>,
+    change_call: Vec<Duration>,
     creates: Phase,
     changes: Phase,
     idle: Phase,
@@ -250,12 +266,18 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
     for i in 0..args.federations {
         let name = format!("bench-{i:02}");
         let fed = federation(&name)?;
-        let t0 = Instant::now();
+        let (t0, at) = (Instant::now(), std::time::SystemTime::now());
         feds.create(&PostParams::default(), &fed)
             .await
             .with_context(|| format!("creating Federation {name}"))?;
         create_call.push(t0.elapsed());
         let (superlink, pool) = wait_created(&mut rx, &name, t0, timeout).await?;
+        if args.trace {
+            println!(
+                "trace: create {name} at {}: SuperLink {superlink:?}, pool {pool:?}",
+                rfc3339(at)
+            );
+        }
         create_latency.push(superlink.max(pool));
         superlink_latency.push(superlink);
         pool_latency.push(pool);
@@ -269,16 +291,24 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
     // Replica changes, round-robin over the timed Federations.
     let start = mark(&admin, &rx, hub_pid).await?;
     let mut replicas: HashMap<String, i32> = names.iter().map(|n| (n.clone(), 2)).collect();
-    let mut change_latency = Vec::new();
+    let (mut change_latency, mut change_call) = (Vec::new(), Vec::new());
     for j in 0..args.changes {
         let name = &names[j % names.len()];
         let want = if replicas[name] == 2 { 3 } else { 2 };
         let patch = json!({"spec": {"supernodes": {"pools": [{"name": "a", "replicas": want}]}}});
-        let t0 = Instant::now();
+        let (t0, at) = (Instant::now(), std::time::SystemTime::now());
         feds.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .with_context(|| format!("patching Federation {name}"))?;
-        change_latency.push(wait_replicas(&mut rx, &pool_sts(name), want, t0, timeout).await?);
+        change_call.push(t0.elapsed());
+        let took = wait_replicas(&mut rx, &pool_sts(name), want, t0, timeout).await?;
+        if args.trace {
+            println!(
+                "trace: change {name} → {want} at {} took {took:?}",
+                rfc3339(at)
+            );
+        }
+        change_latency.push(took);
         cp.processes().check_alive()?;
         replicas.insert(name.clone(), want);
         tokio::time::sleep(pause).await;
@@ -299,6 +329,7 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
         superlink_latency,
         pool_latency,
         change_latency,
+        change_call,
         creates,
         changes,
         idle,
@@ -1080,6 +1111,15 @@ impl Report {
                 ms(percentile(&change, 1.0)),
                 format!("p50 ≤ {}", TARGET_CHANGE_P50.as_millis()),
                 verdict(p50_change <= TARGET_CHANGE_P50)
+            );
+            let mut call = self.change_call.clone();
+            call.sort();
+            println!(
+                "{:<46} {:>8} {:>8} {:>8}",
+                "  the patch call returned",
+                ms(percentile(&call, 0.5)),
+                ms(percentile(&call, 0.95)),
+                ms(percentile(&call, 1.0)),
             );
         }
         println!();

@@ -171,6 +171,7 @@ impl KubeWorkSource {
                 registry: task_registry,
                 sent: BTreeMap::new(),
                 last_good: BTreeMap::new(),
+                memo: BTreeMap::new(),
             };
             let mut ready = false;
             let mut last_pass: Option<tokio::time::Instant> = None;
@@ -275,6 +276,43 @@ struct State {
     registry: Arc<NodeKeyRegistry>,
     sent: BTreeMap<String, ClusterWork>,
     last_good: BTreeMap<FedKey, Vec<(String, FederationWork)>>,
+    /// Each Federation's last computed work and the fingerprint of what it was computed from
+    /// ([`work_inputs`]): a pass renders only the Federations whose inputs changed, so its cost
+    /// grows with what changed, not with how many Federations there are.
+    memo: BTreeMap<FedKey, (u64, Rendered)>,
+}
+
+/// The work of one Federation per cluster, or why there is none.
+type Rendered = Result<Vec<(String, FederationWork)>, String>;
+
+/// Fingerprint of everything [`federation_work`] reads besides the CA (fixed for a source's
+/// life): the Federation's identity and spec (its `generation`), its Fleet address, the clusters
+/// selected, their labels and the SuperLink's node keys. `None` when the Federation has no
+/// generation (never from an apiserver): it is then computed every pass.
+fn work_inputs(
+    fed: &Federation,
+    selected: &[String],
+    labels: &BTreeMap<String, BTreeMap<String, String>>,
+    registered: &[String],
+    retired: &[String],
+) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let generation = fed.metadata.generation?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    fed.metadata.uid.hash(&mut hasher);
+    generation.hash(&mut hasher);
+    fed.status
+        .as_ref()
+        .and_then(|s| s.endpoints.as_ref())
+        .and_then(|e| e.fleet.as_deref())
+        .hash(&mut hasher);
+    for cluster in selected {
+        cluster.hash(&mut hasher);
+        labels.get(cluster).hash(&mut hasher);
+    }
+    registered.hash(&mut hasher);
+    retired.hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 impl State {
@@ -302,20 +340,37 @@ impl State {
             });
             let registered = self.registry.registered(&key);
             let retired = self.registry.retired(&key);
-            let works = match federation_work(
-                &fed,
-                &selected,
-                &labels,
-                &self.ca_pem,
-                &registered,
-                &retired,
-            ) {
+            let inputs = work_inputs(&fed, &selected, &labels, &registered, &retired);
+            let memo = self
+                .memo
+                .get(&key)
+                .filter(|(at, _)| inputs == Some(*at))
+                .map(|(_, result)| result.clone());
+            let fresh = memo.is_none();
+            let result = memo.unwrap_or_else(|| {
+                federation_work(
+                    &fed,
+                    &selected,
+                    &labels,
+                    &self.ca_pem,
+                    &registered,
+                    &retired,
+                )
+            });
+            if let Some(inputs) = inputs.filter(|_| fresh) {
+                self.memo.insert(key.clone(), (inputs, result.clone()));
+            }
+            let works = match result {
                 Ok(works) => {
-                    self.last_good.insert(key.clone(), works.clone());
+                    if fresh {
+                        self.last_good.insert(key.clone(), works.clone());
+                    }
                     works
                 }
                 Err(error) => {
-                    tracing::warn!(namespace = %key.0, federation = %key.1, %error, "no new work for this Federation; keeping what runs");
+                    if fresh {
+                        tracing::warn!(namespace = %key.0, federation = %key.1, %error, "no new work for this Federation; keeping what runs");
+                    }
                     self.last_good.get(&key).cloned().unwrap_or_default()
                 }
             };
@@ -324,6 +379,7 @@ impl State {
             }
         }
         self.last_good.retain(|k, _| live.contains(k));
+        self.memo.retain(|k, _| live.contains(k));
 
         let names: BTreeSet<String> = labels
             .keys()

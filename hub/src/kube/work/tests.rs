@@ -385,5 +385,64 @@ fn fresh_state() -> State {
         registry: Arc::new(NodeKeyRegistry::new()),
         sent: BTreeMap::new(),
         last_good: BTreeMap::new(),
+        memo: BTreeMap::new(),
     }
+}
+
+#[test]
+fn a_pass_renders_only_the_federations_whose_inputs_changed() {
+    // #15: the work of a Federation is rendered again only when what it is computed from
+    // changed (spec generation, selected clusters and their labels, node keys); otherwise the
+    // last result is reused, so a pass costs what changed, not the number of Federations.
+    let mut fed = federation(
+        r#"[{name: a, replicas: 1, images: {}},
+            {name: gpu, replicas: 1, images: {}, clusterSelector: {matchLabels: {gpu: "yes"}}}]"#,
+    );
+    fed.metadata.uid = Some("u1".into());
+    fed.metadata.generation = Some(1);
+    let work = InMemoryWorkSource::new();
+    let mut state = fresh_state();
+    let both = decision("both", &["s1", "s2"]);
+    let with = |fed: &Federation, s2: &[(&str, &str)]| {
+        stores(
+            vec![fed.clone()],
+            vec![both.clone()],
+            vec![managed("s1", &[]), managed("s2", s2)],
+        )
+    };
+    state.recompute(&with(&fed, &[]), &work);
+    let pools = |c: &str| {
+        work.snapshot(c).federations[0]
+            .pools
+            .iter()
+            .map(|p| p.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(pools("s2"), ["a"]);
+    assert_eq!(state.memo.len(), 1);
+
+    // The same generation with another spec cannot come from an apiserver; it shows that the
+    // remembered work is what is sent.
+    let mut same_generation = fed.clone();
+    same_generation.spec.supernodes.pools.truncate(1);
+    same_generation.spec.supernodes.pools[0].name = "renamed".into();
+    state.recompute(&with(&same_generation, &[]), &work);
+    assert_eq!(pools("s1"), ["a"]);
+
+    // A label of a selected cluster is an input: s2 now runs the gpu pool.
+    state.recompute(&with(&fed, &[("gpu", "yes")]), &work);
+    assert_eq!(pools("s2"), ["a", "gpu"]);
+
+    // A new generation is rendered.
+    let mut edited = same_generation.clone();
+    edited.metadata.generation = Some(2);
+    state.recompute(&with(&edited, &[("gpu", "yes")]), &work);
+    assert_eq!(pools("s1"), ["renamed"]);
+
+    // A deleted Federation is forgotten.
+    state.recompute(
+        &stores(vec![], vec![both.clone()], vec![managed("s1", &[])]),
+        &work,
+    );
+    assert!(state.memo.is_empty());
 }
