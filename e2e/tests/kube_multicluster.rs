@@ -2008,9 +2008,9 @@ async fn a_stopped_agent_is_dropped_until_it_is_back(
     Ok(())
 }
 
-/// Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats
-/// (persisted every half lease, 2.5 s) stop reaching the hub, and its agent stops the
-/// SuperNodes it ran (the hub no longer trusts the cluster to run the Federations' code).
+/// Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats stop
+/// reaching the hub, and its agent stops the SuperNodes it ran (the hub no longer trusts the
+/// cluster to run the Federations' code).
 async fn revoking_a_cluster_cuts_its_stream(
     cp: &ControlPlane,
     client: &Client,

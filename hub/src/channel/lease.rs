@@ -31,10 +31,26 @@ pub(super) async fn lease_of<S: ClusterStore, W: super::WorkSource>(
     }
 }
 
-/// Renews the cluster lease; persists the heartbeat when the cluster becomes available and at
-/// most every half lease after that (so 10,000 agents do not turn into 10,000 writes a second).
-/// Only the cluster's current stream renews: a message that raced a revocation must not make
-/// the revoked cluster Available again.
+/// How often, at least, the last heartbeat of a connected cluster is written to the store
+/// besides each change of its availability: a coarse "last seen". Availability itself is the
+/// lease the hub keeps in memory (and a restarted hub gives every cluster a fresh grace), so
+/// 10,000 connected clusters cost under 20 store writes a second, not one per heartbeat.
+pub const LAST_SEEN_EVERY: Duration = Duration::from_secs(600);
+
+/// When cluster `name`'s last-seen time is written again after `persisted`: half a lease, but
+/// no sooner than [`LAST_SEEN_EVERY`] plus a share of it fixed per cluster (up to half of it),
+/// so that clusters which connected together do not all write at once ever after.
+fn last_seen_due(name: &str, lease_duration: Duration) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut hasher);
+    let spread = LAST_SEEN_EVERY.mul_f64((hasher.finish() % 1000) as f64 / 2000.0);
+    (lease_duration / 2).max(LAST_SEEN_EVERY + spread)
+}
+
+/// Renews the cluster lease; persists the heartbeat when the cluster becomes available and then
+/// only as a coarse last-seen ([`last_seen_due`]). Only the cluster's current stream renews: a
+/// message that raced a revocation must not make the revoked cluster Available again.
 pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
@@ -45,7 +61,7 @@ pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
         return;
     }
     let now = Instant::now();
-    let persist_every = lease_duration / 2;
+    let persist_every = last_seen_due(name, lease_duration);
     let must_persist = {
         let mut lease = shared.leases.entry(name.to_string()).or_insert(Lease {
             last_heartbeat: now,
@@ -173,6 +189,43 @@ async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W
         tracing::info!(
             clusters = seeded,
             "leases started for the known clusters; those not heard from within the grace become unavailable"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_seen_time_is_written_coarsely_and_spread_over_clusters() {
+        // #12 item 4: a connected cluster's heartbeat is persisted at most every 10–15 minutes
+        // (not every half lease), each cluster at its own offset, so 10,000 clusters stay under
+        // 20 writes a second; a lease longer than that still writes every half lease.
+        let lease = Duration::from_secs(60);
+        let dues: Vec<Duration> = (0..10_000)
+            .map(|i| last_seen_due(&format!("cluster-{i}"), lease))
+            .collect();
+        let (min, max) = (
+            dues.iter().min().copied().unwrap_or_default(),
+            dues.iter().max().copied().unwrap_or_default(),
+        );
+        assert!(min >= LAST_SEEN_EVERY, "{min:?}");
+        assert!(max <= LAST_SEEN_EVERY.mul_f64(1.5), "{max:?}");
+        assert!(
+            max - min >= LAST_SEEN_EVERY / 3,
+            "not spread: {min:?}..{max:?}"
+        );
+        let writes_per_second: f64 = dues.iter().map(|d| 1.0 / d.as_secs_f64()).sum();
+        assert!(writes_per_second <= 20.0, "{writes_per_second}");
+        assert_eq!(
+            last_seen_due("c", lease),
+            last_seen_due("c", lease),
+            "stable per cluster"
+        );
+        assert_eq!(
+            last_seen_due("c", Duration::from_secs(3600)),
+            Duration::from_secs(1800)
         );
     }
 }

@@ -82,7 +82,7 @@ fn cluster_json(clusters: &[ClusterRecord]) -> Vec<serde_json::Value> {
 fn print_cluster_table(clusters: &[ClusterRecord]) {
     println!(
         "{:<24} {:<9} {:<10} {:<22} LABELS",
-        "CLUSTER", "ACCEPTED", "AVAILABLE", "LAST HEARTBEAT"
+        "CLUSTER", "ACCEPTED", "AVAILABLE", "LAST SEEN"
     );
     for c in clusters {
         let available = c

@@ -377,9 +377,10 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
 
 /// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes; each apply is
 /// skipped when the cached object already holds it ([`cache::apply`]). The Services go first
-/// when the hub issues the certificate: a placed Federation's external address (and so the
-/// certificate's SANs) may come from the node port or load balancer the Service gets, and the
-/// SuperLink pod mounts the Secret. Otherwise all three applies run at once.
+/// when the hub issues the certificate of a placed Federation: its external address (and so the
+/// certificate's SANs) may come from the node port or load balancer the Service gets. Otherwise
+/// the Services and the SuperLink go at once (the SuperLink after its certificate, which its
+/// pod mounts).
 ///
 /// With the hub's certificate, the SuperLink's pod template carries the certificate's end of
 /// validity ([`tls::NOT_AFTER_ANNOTATION`]): a renewed certificate rolls the SuperLink pod, so
@@ -416,20 +417,26 @@ async fn apply_federation(
     let cached_superlink = cache::cached(&caches.statefulsets, namespace, &superlink_name);
     let issues_tls = tls::hub_issues_tls(fed);
     let mut renew_in = None;
-    let (service, superlink) = if issues_tls {
+    let (service, superlink) = if issues_tls && fed.spec.placement_ref.is_none() {
+        // A hub-local SuperLink's certificate names only in-cluster names: nothing of it waits
+        // for the Services, so the certificate and the SuperLink go alongside them.
+        let mut superlink = std::mem::take(&mut objects.superlink);
+        let certified_superlink = async {
+            let certificate = ensure_certificate(fed, ctx, namespace, None).await?;
+            annotate_not_after(&mut superlink, certificate.not_after);
+            let applied = cache::apply(&sts_api, &superlink, cached_superlink).await?;
+            Ok::<_, Error>((applied, certificate.renew_in))
+        };
+        let (service, _, (superlink, renew)) =
+            tokio::try_join!(apply_service, apply_control, certified_superlink)?;
+        renew_in = Some(renew);
+        (service, superlink)
+    } else if issues_tls {
         let (service, _) = tokio::try_join!(apply_service, apply_control)?;
         let external = external_of(fed, dialect, &service, ctx);
         let certificate = ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
         renew_in = Some(certificate.renew_in);
-        objects
-            .superlink
-            .spec
-            .template
-            .metadata
-            .get_or_insert_with(Default::default)
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(tls::NOT_AFTER_ANNOTATION.to_owned(), certificate.not_after);
+        annotate_not_after(&mut objects.superlink, certificate.not_after);
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
         (service, superlink)
     } else {
@@ -461,6 +468,19 @@ async fn apply_federation(
         external,
     };
     Ok((outcome, renew_in))
+}
+
+/// Marks the SuperLink's pod template with its certificate's end of validity (a renewed
+/// certificate rolls the pod).
+fn annotate_not_after(superlink: &mut StatefulSet, not_after: String) {
+    superlink
+        .spec
+        .template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(tls::NOT_AFTER_ANNOTATION.to_owned(), not_after);
 }
 
 /// The SuperLink certificate in force: its end of validity (the Secret's
