@@ -14,6 +14,10 @@ pub(crate) struct Lease {
     last_heartbeat: Instant,
     persisted: Instant,
     available: bool,
+    /// The stream whose heartbeat was last written (None: a lease started at hub start by
+    /// [`seed_leases`]): the first heartbeat of each new stream is written at once, so the store
+    /// shows a cluster is back after its agent or the hub restarted.
+    stream: Option<u64>,
     /// The cluster's lease duration (its `leaseDurationSeconds`, else the hub's).
     duration: Duration,
 }
@@ -48,8 +52,9 @@ fn last_seen_due(name: &str, lease_duration: Duration) -> Duration {
     (lease_duration / 2).max(LAST_SEEN_EVERY + spread)
 }
 
-/// Renews the cluster lease; persists the heartbeat when the cluster becomes available and then
-/// only as a coarse last-seen ([`last_seen_due`]). Only the cluster's current stream renews: a
+/// Renews the cluster lease; persists the heartbeat when the cluster becomes available, on the
+/// first message of each stream (a reconnection, also after a hub restart), and then only as a
+/// coarse last-seen ([`last_seen_due`]). Only the cluster's current stream renews: a
 /// message that raced a revocation must not make the revoked cluster Available again.
 pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
     shared: &Shared<S, W>,
@@ -67,13 +72,17 @@ pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
             last_heartbeat: now,
             persisted: now,
             available: false,
+            stream: None,
             duration: lease_duration,
         });
         lease.last_heartbeat = now;
         lease.duration = lease_duration;
-        let due = !lease.available || now.duration_since(lease.persisted) >= persist_every;
+        let due = !lease.available
+            || lease.stream != Some(stream)
+            || now.duration_since(lease.persisted) >= persist_every;
         if due {
             lease.available = true;
+            lease.stream = Some(stream);
             lease.persisted = now;
         }
         due
@@ -178,6 +187,7 @@ async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W
                         last_heartbeat: now,
                         persisted: now,
                         available: true,
+                        stream: None,
                         duration: record
                             .lease_duration
                             .unwrap_or(shared.config.lease_duration),

@@ -303,10 +303,12 @@ pub fn evaluate(
         .prioritizers
         .as_deref()
         .unwrap_or(&DEFAULT_PRIORITIZERS);
+    let by_name: BTreeMap<&str, &ClusterView> =
+        clusters.iter().map(|c| (c.name.as_str(), c)).collect();
     let qualifying: Vec<&ClusterView> = kept
         .iter()
         .chain(&fresh)
-        .filter_map(|name| clusters.iter().find(|c| &c.name == name))
+        .filter_map(|name| by_name.get(name.as_str()).copied())
         .collect();
     let scores = weighted_scores(prioritizers, &qualifying, previous);
     let rank = |names: Vec<String>| {
@@ -339,7 +341,8 @@ pub fn evaluate(
     out
 }
 
-/// The weighted score of each of `candidates` (see the module doc for each prioritizer).
+/// The weighted score of each of `candidates` (see the module doc for each prioritizer). Each
+/// prioritizer's extremes over the candidates are found once, so this is linear in them.
 fn weighted_scores(
     prioritizers: &[(Prioritizer, i32)],
     candidates: &[&ClusterView],
@@ -347,33 +350,29 @@ fn weighted_scores(
 ) -> BTreeMap<String, i64> {
     let mut total: BTreeMap<String, i64> = candidates.iter().map(|c| (c.name.clone(), 0)).collect();
     for &(prioritizer, weight) in prioritizers {
-        let score = |c: &ClusterView| -> i64 {
-            match prioritizer {
-                Prioritizer::Steady => {
-                    if previous.contains(&c.name) {
-                        100
-                    } else {
-                        0
-                    }
-                }
-                Prioritizer::Balance => {
-                    let max = candidates
-                        .iter()
-                        .map(|c| c.other_decisions)
-                        .max()
-                        .unwrap_or(0);
+        let score: Box<dyn Fn(&ClusterView) -> i64> = match prioritizer {
+            Prioritizer::Steady => Box::new(|c| if previous.contains(&c.name) { 100 } else { 0 }),
+            Prioritizer::Balance => {
+                let max = candidates
+                    .iter()
+                    .map(|c| c.other_decisions)
+                    .max()
+                    .unwrap_or(0);
+                Box::new(move |c| {
                     if max == 0 {
                         100
                     } else {
                         100 - 200 * i64::from(c.other_decisions) / i64::from(max)
                     }
-                }
-                Prioritizer::ResourceAllocatableCpu => {
-                    normalized(candidates, c, |c| c.allocatable_cpu_millis)
-                }
-                Prioritizer::ResourceAllocatableMemory => {
-                    normalized(candidates, c, |c| c.allocatable_memory_bytes)
-                }
+                })
+            }
+            Prioritizer::ResourceAllocatableCpu => {
+                let range = range_of(candidates, |c| c.allocatable_cpu_millis);
+                Box::new(move |c| normalized(range, c.allocatable_cpu_millis))
+            }
+            Prioritizer::ResourceAllocatableMemory => {
+                let range = range_of(candidates, |c| c.allocatable_memory_bytes);
+                Box::new(move |c| normalized(range, c.allocatable_memory_bytes))
             }
         };
         for c in candidates {
@@ -385,15 +384,23 @@ fn weighted_scores(
     total
 }
 
-/// `value` of `c` scaled to -100 (smallest among `candidates`, or unknown) … 100 (largest).
-fn normalized(
+/// The smallest and largest known `value` among `candidates` (None: none is known).
+fn range_of(
     candidates: &[&ClusterView],
-    c: &ClusterView,
     value: impl Fn(&ClusterView) -> Option<i64>,
-) -> i64 {
-    let known: Vec<i64> = candidates.iter().filter_map(|c| value(c)).collect();
-    let (Some(&min), Some(&max), Some(v)) = (known.iter().min(), known.iter().max(), value(c))
-    else {
+) -> Option<(i64, i64)> {
+    candidates
+        .iter()
+        .filter_map(|c| value(c))
+        .fold(None, |range, v| match range {
+            None => Some((v, v)),
+            Some((min, max)) => Some((min.min(v), max.max(v))),
+        })
+}
+
+/// `value` scaled to -100 (the smallest of `range`, or unknown) … 100 (the largest).
+fn normalized(range: Option<(i64, i64)>, value: Option<i64>) -> i64 {
+    let (Some((min, max)), Some(v)) = (range, value) else {
         return -100;
     };
     if max == min {

@@ -283,10 +283,12 @@ pub fn error_policy(
 
 /// The placement view of a ManagedCluster.
 pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
-    let status = cluster.status.clone().unwrap_or_default();
+    let status = cluster.status.as_ref();
+    // Only what placement reads is copied (not the conditions or the rest of the status).
     let allocatable: BTreeMap<String, String> = status
-        .allocatable
-        .iter()
+        .into_iter()
+        .flat_map(|s| &s.allocatable)
+        .filter(|(k, _)| *k == "cpu" || *k == "memory")
         .map(|(k, v)| (k.clone(), v.0.clone()))
         .collect();
     let (allocatable_cpu_millis, allocatable_memory_bytes) =
@@ -296,9 +298,9 @@ pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
         // The admin's labels only (#13 item 7); what the agent asserts is in the claims.
         labels: cluster.labels().clone(),
         claims: status
-            .cluster_claims
             .into_iter()
-            .map(|c| (c.name, c.value))
+            .flat_map(|s| &s.cluster_claims)
+            .map(|c| (c.name.clone(), c.value.clone()))
             .collect(),
         accepted: cluster.spec.hub_accepts_client,
         taints: cluster
