@@ -1077,6 +1077,18 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank - 1]
 }
 
+/// One line per part of a latency: its p50, p95 and worst (each list sorted).
+fn print_parts(parts: &[(&str, &Vec<Duration>)]) {
+    for (what, sorted) in parts {
+        println!(
+            "{what:<46} {:>8} {:>8} {:>8}",
+            ms(percentile(sorted, 0.5)),
+            ms(percentile(sorted, 0.95)),
+            ms(percentile(sorted, 1.0)),
+        );
+    }
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
@@ -1153,21 +1165,14 @@ impl Report {
         superlink.sort();
         let mut pool = self.pool_latency.clone();
         pool.sort();
-        for (what, sorted) in [
+        print_parts(&[
             ("  the create call returned", &call),
             (
                 "  SuperLink StatefulSet (Federation controller)",
                 &superlink,
             ),
             ("  pool StatefulSet (embedded runtime)", &pool),
-        ] {
-            println!(
-                "{what:<46} {:>8} {:>8} {:>8}",
-                ms(percentile(sorted, 0.5)),
-                ms(percentile(sorted, 0.95)),
-                ms(percentile(sorted, 1.0)),
-            );
-        }
+        ]);
         if !change.is_empty() {
             println!(
                 "{:<46} {:>8} {:>8} {:>8}   {:<10} {}",
@@ -1182,17 +1187,10 @@ impl Report {
             call.sort();
             let mut floor = self.floor_apply.clone();
             floor.sort();
-            for (what, sorted) in [
+            print_parts(&[
                 ("  the patch call returned", &call),
                 ("  floor: one StatefulSet apply, no hub", &floor),
-            ] {
-                println!(
-                    "{what:<46} {:>8} {:>8} {:>8}",
-                    ms(percentile(sorted, 0.5)),
-                    ms(percentile(sorted, 0.95)),
-                    ms(percentile(sorted, 1.0)),
-                );
-            }
+            ]);
             println!(
                 "  floor of a replica change here (patch call + StatefulSet apply, p50): {} ms",
                 ms(percentile(&call, 0.5) + percentile(&floor, 0.5))
