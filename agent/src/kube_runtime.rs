@@ -437,10 +437,10 @@ impl KubeRuntime {
         }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
         self.stamp(&mut rendered, plan);
-        // Everything of the Federation is applied at once, the workloads among the first
-        // requests: each object is its own request, and a pod that starts before the Secret or
-        // Service it uses exists waits for it. On the first error the rest is dropped (what was
-        // not applied is applied again next time).
+        // The workloads first, all at once (their pods are what takes long to start), then the
+        // Secret and Services they use, all at once: on a busy apiserver a write shared with
+        // others lands later, and a pod that starts before its Secret or Service exists waits
+        // for it. On the first error the rest is dropped (applied again next time).
         let mut supporting: Vec<BoxFuture<'_, Result<(), KubeRuntimeError>>> = Vec::new();
         if let Some(secret) = &rendered.secret {
             let name = secret.metadata.name.clone().unwrap_or_default();
@@ -483,10 +483,8 @@ impl KubeRuntime {
                 Ok::<_, KubeRuntimeError>((pool, key, stored))
             });
         }
-        let (stored, _) = futures::try_join!(
-            futures::future::try_join_all(workloads),
-            futures::future::try_join_all(supporting)
-        )?;
+        let stored = futures::future::try_join_all(workloads).await?;
+        futures::future::try_join_all(supporting).await?;
         for (pool, key, stored) in stored {
             let Some((uid, counts)) = stored else {
                 continue;

@@ -376,16 +376,17 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
         .filter(|c| !c.path.ends_with("/namespaces") && !c.is_event())
         .collect();
     let mut paths: Vec<String> = writes.iter().map(|c| c.line()).collect();
-    // The key Secret is written first; the rest of the Federation is applied at once (#15), in
-    // no fixed order.
-    paths[1..].sort();
+    // The key Secret is written first, then the workload, then what it uses (#15: the
+    // workload's pods take longest to start).
+    // The Secret and the Service go together, in no fixed order.
+    paths[2..].sort();
     assert_eq!(
         paths,
         [
             "POST /api/v1/namespaces/team/secrets",
+            "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
             "PATCH /api/v1/namespaces/team/secrets/fed-superlink-ca",
             "PATCH /api/v1/namespaces/team/services/fed-supernode-a",
-            "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
         ],
         "{calls:#?}"
     );

@@ -440,9 +440,10 @@ async fn apply_federation(
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
         (service, superlink)
     } else {
-        let apply_superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink);
-        let (service, _, superlink) =
-            tokio::try_join!(apply_service, apply_control, apply_superlink)?;
+        // The SuperLink first (its pod is what takes long to start), the Services right after:
+        // on a busy apiserver a write shared with two others lands later.
+        let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
+        let (service, _) = tokio::try_join!(apply_service, apply_control)?;
         (service, superlink)
     };
     let external = external_of(fed, dialect, &service, ctx);
