@@ -129,6 +129,32 @@ where
     store.get(&ObjectRef::new(name).within(namespace))
 }
 
+/// How long a reconcile waits at most for its writes to reach the caches ([`caught_up`]).
+const CATCH_UP: Duration = Duration::from_millis(250);
+
+/// Waits until `store` holds `object` at its resourceVersion or a later one, for at most
+/// [`CATCH_UP`]. Returns at once for an object without a numeric resourceVersion (e.g. one
+/// that was not written).
+pub(super) async fn caught_up<K>(store: &Store<K>, object: &K)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let version = |k: &K| k.meta().resource_version.as_deref()?.parse::<u64>().ok();
+    let (Some(written), Some(namespace)) = (version(object), object.meta().namespace.as_deref())
+    else {
+        return;
+    };
+    let name = name_of(object);
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    while cached(store, namespace, &name)
+        .and_then(|k| version(&k))
+        .is_none_or(|seen| seen < written)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// `object` as the JSON body the hub applies: with [`APPLIED_HASH_ANNOTATION`] set to the hash of
 /// the rest.
 pub(super) fn body<K: Resource<DynamicType = ()> + Serialize>(object: &K) -> Result<Value, Error> {

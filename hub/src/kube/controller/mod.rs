@@ -417,7 +417,7 @@ async fn apply_federation(
     let cached_superlink = cache::cached(&caches.statefulsets, namespace, &superlink_name);
     let issues_tls = tls::hub_issues_tls(fed);
     let mut renew_in = None;
-    let (service, superlink) = if issues_tls && fed.spec.placement_ref.is_none() {
+    let (service, control, superlink) = if issues_tls && fed.spec.placement_ref.is_none() {
         // A hub-local SuperLink's certificate names only in-cluster names: nothing of it waits
         // for the Services, so the certificate and the SuperLink go alongside them.
         let mut superlink = std::mem::take(&mut objects.superlink);
@@ -427,25 +427,33 @@ async fn apply_federation(
             let applied = cache::apply(&sts_api, &superlink, cached_superlink).await?;
             Ok::<_, Error>((applied, certificate.renew_in))
         };
-        let (service, _, (superlink, renew)) =
+        let (service, control, (superlink, renew)) =
             tokio::try_join!(apply_service, apply_control, certified_superlink)?;
         renew_in = Some(renew);
-        (service, superlink)
+        (service, control, superlink)
     } else if issues_tls {
-        let (service, _) = tokio::try_join!(apply_service, apply_control)?;
+        let (service, control) = tokio::try_join!(apply_service, apply_control)?;
         let external = external_of(fed, dialect, &service, ctx);
         let certificate = ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
         renew_in = Some(certificate.renew_in);
         annotate_not_after(&mut objects.superlink, certificate.not_after);
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
-        (service, superlink)
+        (service, control, superlink)
     } else {
         // The SuperLink first (its pod is what takes long to start), the Services right after:
         // on a busy apiserver a write shared with two others lands later.
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
-        let (service, _) = tokio::try_join!(apply_service, apply_control)?;
-        (service, superlink)
+        let (service, control) = tokio::try_join!(apply_service, apply_control)?;
+        (service, control, superlink)
     };
+    // The write of one object triggers the next reconcile (owned objects are watched) while the
+    // others may still be on their way to the caches: wait for them, so that reconcile reads
+    // what was just written instead of writing it again.
+    tokio::join!(
+        cache::caught_up(&caches.services, &service),
+        cache::caught_up(&caches.services, &control),
+        cache::caught_up(&caches.statefulsets, &superlink),
+    );
     let external = external_of(fed, dialect, &service, ctx);
 
     // The pools of a Federation without placementRef are the hub cluster's work, applied by
