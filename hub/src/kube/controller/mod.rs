@@ -379,8 +379,8 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
 /// skipped when the cached object already holds it ([`cache::apply`]). The Services go first
 /// when the hub issues the certificate of a placed Federation: its external address (and so the
 /// certificate's SANs) may come from the node port or load balancer the Service gets. Otherwise
-/// the Services and the SuperLink go at once (the SuperLink after its certificate, which its
-/// pod mounts).
+/// the SuperLink does not wait for them: with a hub certificate it goes (after the certificate,
+/// which its pod mounts) alongside them; without one it goes first and they follow.
 ///
 /// With the hub's certificate, the SuperLink's pod template carries the certificate's end of
 /// validity ([`tls::NOT_AFTER_ANNOTATION`]): a renewed certificate rolls the SuperLink pod, so
