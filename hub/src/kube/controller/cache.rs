@@ -272,4 +272,44 @@ mod tests {
         assert!(!holds(&a, &b));
         assert!(holds(&b, &b));
     }
+
+    #[tokio::test]
+    async fn a_reconcile_waits_for_its_writes_to_reach_the_cache_but_not_for_ever() {
+        // #15: the reconcile that a write triggers must read that write; a cache that never
+        // catches up costs at most CATCH_UP, and an object that was not written costs nothing.
+        let service = |version: Option<&str>| {
+            let mut s = Service::default();
+            s.metadata.name = Some("s".into());
+            s.metadata.namespace = Some("ns".into());
+            s.metadata.resource_version = version.map(str::to_owned);
+            s
+        };
+        let (reader, mut writer) = store::<Service>();
+        writer.apply_watcher_event(&watcher::Event::Apply(service(Some("5"))));
+        let waited = |object: Service| {
+            let reader = reader.clone();
+            async move {
+                let t = tokio::time::Instant::now();
+                caught_up(&reader, &object).await;
+                t.elapsed()
+            }
+        };
+        // Already cached at that version or later, or no version: no wait (far less than the bound).
+        for version in [Some("5"), Some("4"), None] {
+            let took = waited(service(version)).await;
+            assert!(took < CATCH_UP / 5, "{version:?}: {took:?}");
+        }
+        // Never cached: bounded.
+        let took = waited(service(Some("9"))).await;
+        assert!(took >= CATCH_UP && took < CATCH_UP * 4, "{took:?}");
+        // Cached a little later: waits until then.
+        let pending = tokio::spawn(waited(service(Some("7"))));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        writer.apply_watcher_event(&watcher::Event::Apply(service(Some("7"))));
+        let took = pending.await.expect("joined");
+        assert!(
+            took >= Duration::from_millis(20) && took < CATCH_UP,
+            "{took:?}"
+        );
+    }
 }
