@@ -111,7 +111,7 @@ pub struct ManagedClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<ManagedClusterVersion>,
     /// When the hub last heard from the cluster, coarsely: written when the cluster becomes
-    /// available and then every 10–15 minutes while it stays connected (availability itself is
+    /// available and then every 15 minutes while it stays connected (availability itself is
     /// the hub's lease, kept in memory; see the `Available` condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<Time>,
