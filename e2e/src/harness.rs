@@ -420,6 +420,17 @@ impl BootLock {
     }
 }
 
+/// The load average (1, 5, 15 min) and the CPU count, for a bench's report.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+        + &format!(
+            " ({} CPUs)",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

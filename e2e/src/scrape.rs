@@ -100,6 +100,14 @@ impl Samples {
         (!matching.is_empty()).then(|| matching.iter().sum())
     }
 
+    /// Every sample of `name`: its labels and value (none when the series does not exist).
+    pub fn series(&self, name: &str) -> Vec<(&BTreeMap<String, String>, f64)> {
+        self.samples
+            .get(name)
+            .map(|s| s.iter().map(|(l, v)| (l, *v)).collect())
+            .unwrap_or_default()
+    }
+
     /// Like [`Samples::value`], 0 when the series does not exist (a counter never incremented).
     pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.value(name, labels).unwrap_or(0.0)

@@ -84,18 +84,13 @@ pub struct FederationSample {
 }
 
 impl FederationSample {
-    /// The figures of a Federation status (`status.clusters[].online` summed when any cluster
-    /// has it), the same in both modes.
-    pub fn of(desired: i32, ready: i32, clusters: &[flower_addon_crds::ClusterStatus]) -> Self {
-        let online = clusters
-            .iter()
-            .filter_map(|c| c.online)
-            .map(i64::from)
-            .reduce(|a, b| a + b);
+    /// The figures of a Federation status (online: the clusters' totals,
+    /// [`crate::core::status::cluster_totals`]), the same in both modes.
+    pub fn of(desired: i32, ready: i32, totals: &flower_addon_crds::ClusterTotals) -> Self {
         Self {
             desired: desired.into(),
             ready: ready.into(),
-            online,
+            online: totals.online.map(i64::from),
             superlink_restarts: None,
         }
     }
@@ -345,20 +340,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from {text}");
         }
-    }
-
-    #[test]
-    fn a_sample_sums_online_only_where_known() {
-        // Invariant: clusters without an online count do not turn a known count into 0, and no
-        // cluster with one means the SuperLink's view is unknown.
-        let cluster = |online| flower_addon_crds::ClusterStatus {
-            online,
-            ..Default::default()
-        };
-        assert_eq!(
-            FederationSample::of(4, 3, &[cluster(Some(2)), cluster(None), cluster(Some(1))]).online,
-            Some(3)
-        );
-        assert_eq!(FederationSample::of(4, 3, &[cluster(None)]).online, None);
     }
 }

@@ -28,9 +28,14 @@ pub struct FederationStatus {
     /// Per-pool readiness summed over clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<PoolStatus>,
-    /// Per-cluster readiness (multi-cluster Federations).
+    /// Per-cluster readiness (multi-cluster Federations): at most 100 clusters, those with
+    /// something wrong first; `clusterTotals` counts them all, so that a Federation over
+    /// thousands of clusters stays a small object.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterStatus>,
+    /// Totals over every selected cluster, of which `clusters` lists at most 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_totals: Option<ClusterTotals>,
     /// `Ready`, `Reconciling`, `PlacementSatisfied`, `Degraded`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -73,6 +78,44 @@ pub struct PoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// Totals over every cluster a Federation runs in.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTotals {
+    /// Clusters selected.
+    #[serde(default)]
+    pub selected: i32,
+    /// Clusters whose agent is connected to the hub.
+    #[serde(default)]
+    pub connected: i32,
+    /// Clusters with something wrong (an entry of `clusters` with a `message`).
+    #[serde(default)]
+    pub with_problems: i32,
+    /// Entries in `clusters`.
+    #[serde(default)]
+    pub listed: i32,
+    /// SuperNodes the SuperLink lists online, over the clusters where that is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub online: Option<i32>,
+    /// Each pool of the spec summed over the clusters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolTotal>,
+}
+
+/// One pool summed over clusters.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolTotal {
+    /// Pool name.
+    pub name: String,
+    /// SuperNodes wanted.
+    #[serde(default)]
+    pub desired: i32,
+    /// SuperNodes ready (in each cluster at most as many as it wants).
+    #[serde(default)]
+    pub ready: i32,
 }
 
 /// Readiness of the pools in one cluster.

@@ -142,7 +142,7 @@ async fn main() -> Result<()> {
          `cargo build --release --bins`"
     );
     ensure!(args.federations > 0, "--federations must be at least 1");
-    let load_start = loadavg();
+    let load_start = e2e::harness::loadavg();
     let hub_bin = e2e::binary("flower-hub")?;
     ensure_fresh(&hub_bin)?;
     println!("hub binary: {}", describe_binary(&hub_bin));
@@ -166,7 +166,7 @@ async fn main() -> Result<()> {
     }
     drop(cp);
     let report = result?;
-    report.print(&args, &load_start, &loadavg());
+    report.print(&args, &load_start, &e2e::harness::loadavg());
     Ok(())
 }
 
@@ -970,16 +970,6 @@ fn cpu_time(pid: u32) -> Result<Duration> {
     let ticks = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
     // utime and stime are fields 14 and 15 of stat; here 0-based after the state (field 3).
     Ok(Duration::from_millis((ticks(11) + ticks(12)) * 10))
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-        + &format!(
-            " ({} CPUs)",
-            std::thread::available_parallelism().map_or(0, |n| n.get())
-        )
 }
 
 /// Path, size and age of the hub binary.

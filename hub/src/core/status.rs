@@ -1,6 +1,10 @@
 //! Status roll-up, the same in both hub modes: a Federation's entry for one cluster from that
-//! cluster's last agent report, and per-pool totals over the selected clusters.
-use flower_addon_crds::{ClusterStatus, Federation, PoolStatus};
+//! cluster's last agent report, per-pool totals over the selected clusters, and which entries
+//! a status lists one by one (a bounded number, so that a Federation over 10,000 clusters stays
+//! far below etcd's 1.5 MiB object limit).
+use flower_addon_crds::{
+    ClusterStatus, ClusterTotals, Federation, FederationStatus, PoolStatus, PoolTotal,
+};
 use flower_addon_proto::Status as AgentStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -104,33 +108,35 @@ fn pool_online(
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// Readiness of one pool summed over clusters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolTotal {
-    /// Pool name.
-    pub name: String,
-    /// SuperNodes wanted over all clusters.
-    pub desired: i32,
-    /// SuperNodes ready over all clusters (at most `desired` per cluster).
-    pub ready: i32,
-}
-
 /// Each pool of `fed`'s spec summed over `clusters` (a pool no cluster runs is 0/0).
 pub fn pool_totals(fed: &Federation, clusters: &[ClusterStatus]) -> Vec<PoolTotal> {
+    pool_totals_of(&spec_pools(fed), clusters)
+}
+
+/// The names of `fed`'s pools, in spec order.
+pub fn spec_pools(fed: &Federation) -> Vec<String> {
     fed.spec
         .supernodes
         .pools
+        .iter()
+        .map(|p| p.name.clone())
+        .collect()
+}
+
+/// Each of `pools` summed over `clusters`.
+fn pool_totals_of(pools: &[String], clusters: &[ClusterStatus]) -> Vec<PoolTotal> {
+    pools
         .iter()
         .map(|pool| {
             let (desired, ready) = clusters
                 .iter()
                 .flat_map(|c| c.pools.iter())
-                .filter(|p| p.name == pool.name)
+                .filter(|p| p.name == *pool)
                 .fold((0, 0), |(d, r), p| {
                     (d + p.desired, r + p.ready.min(p.desired))
                 });
             PoolTotal {
-                name: pool.name.clone(),
+                name: pool.clone(),
                 desired,
                 ready,
             }
@@ -138,9 +144,156 @@ pub fn pool_totals(fed: &Federation, clusters: &[ClusterStatus]) -> Vec<PoolTota
         .collect()
 }
 
+/// Most clusters a Federation's status lists one by one (`status.clusters`, and the standalone
+/// hub's `clusters` of each Federation); [`cluster_totals`] covers every cluster.
+pub const LISTED_CLUSTERS: usize = 100;
+
+/// Most problems a `Ready` message names; the rest are counted.
+pub const LISTED_PROBLEMS: usize = 10;
+
+/// Totals over `all` (every selected cluster's entry) for `fed`, listing `listed` of them.
+pub fn cluster_totals(fed: &Federation, all: &[ClusterStatus], listed: usize) -> ClusterTotals {
+    cluster_totals_of(&spec_pools(fed), all, listed)
+}
+
+/// [`cluster_totals`] for the spec pools `pools`.
+pub fn cluster_totals_of(pools: &[String], all: &[ClusterStatus], listed: usize) -> ClusterTotals {
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    ClusterTotals {
+        selected: count(all.len()),
+        connected: count(all.iter().filter(|c| c.connected).count()),
+        with_problems: count(all.iter().filter(|c| c.message.is_some()).count()),
+        listed: count(listed),
+        online: all
+            .iter()
+            .filter_map(|c| c.online)
+            .reduce(|a, b| a.saturating_add(b)),
+        pools: pool_totals_of(pools, all),
+    }
+}
+
+/// The totals of a Federation status: its `clusterTotals`, or, in a status written before
+/// those existed, the totals of the clusters it lists.
+pub fn totals_of(fed: &Federation, status: &FederationStatus) -> ClusterTotals {
+    status
+        .cluster_totals
+        .clone()
+        .unwrap_or_else(|| cluster_totals(fed, &status.clusters, status.clusters.len()))
+}
+
+/// The entries a status lists: all of them when at most [`LISTED_CLUSTERS`]; otherwise those
+/// with something wrong first, then the others, each group in the given order, up to
+/// [`LISTED_CLUSTERS`], and then back in the given order.
+pub fn listed_clusters(all: Vec<ClusterStatus>) -> Vec<ClusterStatus> {
+    if all.len() <= LISTED_CLUSTERS {
+        return all;
+    }
+    let mut indexed: Vec<(usize, ClusterStatus)> = all.into_iter().enumerate().collect();
+    indexed.sort_by_key(|(i, c)| (c.message.is_none(), *i));
+    indexed.truncate(LISTED_CLUSTERS);
+    indexed.sort_by_key(|(i, _)| *i);
+    indexed.into_iter().map(|(_, c)| c).collect()
+}
+
+/// `problems` joined with "; ", the first [`LISTED_PROBLEMS`] of them and a count of the rest
+/// (`unlisted` more that are not in `problems` at all are added to that count).
+pub fn join_problems(problems: &[String], unlisted: usize) -> String {
+    let shown = problems.len().min(LISTED_PROBLEMS);
+    let mut parts: Vec<String> = problems[..shown].to_vec();
+    let more = problems.len() - shown + unlisted;
+    if more > 0 {
+        parts.push(format!("and {more} more"));
+    }
+    parts.join("; ")
+}
+
+/// `names` for a log line or an Event (whose note must stay under 1 KiB): the first
+/// [`LISTED_PROBLEMS`] joined with ", ", and a count of the rest.
+pub fn name_few(names: &[String]) -> String {
+    let shown = names.len().min(LISTED_PROBLEMS);
+    let mut text = names[..shown].join(", ");
+    if names.len() > shown {
+        text.push_str(&format!(" and {} more", names.len() - shown));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(name: &str, problem: bool) -> ClusterStatus {
+        ClusterStatus {
+            name: name.into(),
+            connected: !problem,
+            message: problem.then(|| "agent not connected".to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_status_lists_a_bounded_number_of_clusters_the_troubled_ones_first() {
+        // #12 item 4: 10,000 entries made the Federation status larger than etcd accepts.
+        let few: Vec<ClusterStatus> = (0..3).map(|i| entry(&format!("c{i}"), i == 1)).collect();
+        assert_eq!(listed_clusters(few.clone()), few, "all of them, in order");
+        let many: Vec<ClusterStatus> = (0..10_000)
+            .map(|i| entry(&format!("c{i:05}"), i % 1000 == 999))
+            .collect();
+        let listed = listed_clusters(many.clone());
+        assert_eq!(listed.len(), LISTED_CLUSTERS);
+        let troubled: Vec<&str> = listed
+            .iter()
+            .filter(|c| c.message.is_some())
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(troubled.len(), 10, "every troubled cluster is listed");
+        assert!(
+            listed.windows(2).all(|w| w[0].name < w[1].name),
+            "in the given order"
+        );
+        let totals = cluster_totals_of(&["a".to_owned()], &many, listed.len());
+        assert_eq!(
+            (
+                totals.selected,
+                totals.connected,
+                totals.with_problems,
+                totals.listed
+            ),
+            (10_000, 9_990, 10, 100)
+        );
+        let size = serde_json::to_string(&(listed, totals))
+            .expect("json")
+            .len();
+        assert!(size < 64 * 1024, "{size} bytes");
+    }
+
+    #[test]
+    fn totals_sum_online_only_where_known() {
+        // Invariant: clusters without an online count do not turn a known count into 0, and no
+        // cluster with one means the SuperLink's view is unknown.
+        let cluster = |online| ClusterStatus {
+            online,
+            ..Default::default()
+        };
+        let all = [cluster(Some(2)), cluster(None), cluster(Some(1))];
+        assert_eq!(cluster_totals_of(&[], &all, 3).online, Some(3));
+        assert_eq!(cluster_totals_of(&[], &[cluster(None)], 1).online, None);
+    }
+
+    #[test]
+    fn a_message_names_a_bounded_number_of_problems() {
+        let problems: Vec<String> = (0..25).map(|i| format!("p{i}")).collect();
+        let message = join_problems(&problems, 5);
+        assert!(message.starts_with("p0; p1;"), "{message}");
+        assert!(message.ends_with("p9; and 20 more"), "{message}");
+        assert_eq!(join_problems(&problems[..2], 0), "p0; p1");
+        assert_eq!(join_problems(&[], 3), "and 3 more");
+        let names: Vec<String> = (0..10_000).map(|i| format!("cluster-{i:05}")).collect();
+        let few = name_few(&names);
+        assert!(few.starts_with("cluster-00000, cluster-00001"), "{few}");
+        assert!(few.ends_with("cluster-00009 and 9990 more"), "{few}");
+        assert_eq!(name_few(&names[..2]), "cluster-00000, cluster-00001");
+    }
     use flower_addon_proto::{Condition, FederationStatus, PoolStatus as WirePool};
 
     fn report(ready: u32, why: &str) -> AgentStatus {

@@ -71,7 +71,7 @@ fn record(federations: &Store<Federation>, clusters: &Store<ManagedCluster>, pod
         let mut sample = FederationSample::of(
             status.desired_supernodes,
             status.ready_supernodes,
-            &status.clusters,
+            &crate::core::status::totals_of(fed, &status),
         );
         sample.superlink_restarts = Some(restarts.get(&key).copied().unwrap_or(0));
         let labels = FederationLabels {

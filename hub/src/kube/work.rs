@@ -394,12 +394,14 @@ impl State {
                 federations: per_cluster.remove(&name).unwrap_or_default(),
             };
             if self.sent.get(&name) != Some(&content) {
-                tracing::info!(cluster = %name, federations = content.federations.len(), "work changed: sending a new snapshot");
+                tracing::debug!(cluster = %name, federations = content.federations.len(), "work changed: sending a new snapshot");
                 self.sent.insert(name.clone(), content.clone());
                 changed.push((name, content));
             }
         }
         if !changed.is_empty() {
+            let names: Vec<String> = changed.iter().map(|(n, _)| n.clone()).collect();
+            tracing::info!(clusters = names.len(), changed = %crate::core::status::name_few(&names), "work changed: sending new snapshots");
             work.set_many(changed);
         }
     }
@@ -410,6 +412,14 @@ impl State {
 pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
 /// How often the per-cluster status is refreshed without new reports (connectivity changes).
 const STATUS_RESYNC: Duration = Duration::from_secs(10);
+
+/// What the status writer last wrote for a Federation: the resourceVersion of the cached object
+/// it was computed from, the listed clusters and the totals.
+type WrittenStatus = (
+    Option<String>,
+    Vec<flower_addon_crds::ClusterStatus>,
+    flower_addon_crds::ClusterTotals,
+);
 
 /// Keeps `status.clusters` of every Federation current from the agents' reports (and the hub's
 /// own pools' report, cluster [`HUB_CLUSTER`], for a Federation without `placementRef`): per
@@ -425,10 +435,7 @@ async fn write_cluster_statuses(
     // What was last written per Federation, and the resourceVersion of the cached object it
     // was computed from: while the reflector has not yet seen that write, the cache still shows
     // the old status, and the same write is not sent again.
-    let mut written: BTreeMap<
-        (String, String),
-        (Option<String>, Vec<flower_addon_crds::ClusterStatus>),
-    > = BTreeMap::new();
+    let mut written: BTreeMap<(String, String), WrittenStatus> = BTreeMap::new();
     loop {
         tokio::select! {
             changed = reported.changed() => if changed.is_err() { return },
@@ -456,7 +463,7 @@ async fn write_cluster_statuses(
             let keys = registry
                 .get(&(namespace.clone(), fed.name_any()))
                 .filter(|k| k.listed);
-            let want: Vec<flower_addon_crds::ClusterStatus> = selected
+            let all: Vec<flower_addon_crds::ClusterStatus> = selected
                 .iter()
                 .map(|name| {
                     cluster_status(
@@ -468,16 +475,29 @@ async fn write_cluster_statuses(
                     )
                 })
                 .collect();
+            // A bounded list and the totals over all (etcd refuses objects over 1.5 MiB).
+            let want = crate::core::status::listed_clusters(all.clone());
+            let totals = crate::core::status::cluster_totals(&fed, &all, want.len());
             let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
+            let current_totals = fed.status.as_ref().and_then(|s| s.cluster_totals.as_ref());
             let key = (namespace.clone(), fed.name_any());
             let version = fed.resource_version();
-            if !needs_status_write(current, &want, written.get(&key), &version) {
+            let last = written.get(&key);
+            let totals_written = current_totals == Some(&totals)
+                || last.is_some_and(|(at, _, t)| *at == version && *t == totals);
+            let listed_written = !needs_status_write(
+                current,
+                &want,
+                last.map(|(at, listed, _)| (at, listed)),
+                &version,
+            );
+            if totals_written && listed_written {
                 continue;
             }
             let body = serde_json::json!({
                 "apiVersion": flower_addon_crds::API_VERSION,
                 "kind": "Federation",
-                "status": {"clusters": want},
+                "status": {"clusters": want, "clusterTotals": totals},
             });
             let name = fed.name_any();
             let result = Api::<Federation>::namespaced(client.clone(), &namespace)
@@ -489,7 +509,7 @@ async fn write_cluster_statuses(
                 .await;
             match result {
                 Ok(_) => {
-                    written.insert(key, (version, want));
+                    written.insert(key, (version, want, totals));
                 }
                 Err(error) => {
                     tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
@@ -505,7 +525,7 @@ async fn write_cluster_statuses(
 fn needs_status_write(
     current: &[flower_addon_crds::ClusterStatus],
     want: &[flower_addon_crds::ClusterStatus],
-    written: Option<&(Option<String>, Vec<flower_addon_crds::ClusterStatus>)>,
+    written: Option<(&Option<String>, &Vec<flower_addon_crds::ClusterStatus>)>,
     version: &Option<String>,
 ) -> bool {
     !same_but_fresh(current, want)

@@ -262,7 +262,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let mut sample = crate::metrics::FederationSample::of(
                 i32::try_from(f.desired_supernodes).unwrap_or(i32::MAX),
                 i32::try_from(f.ready_supernodes).unwrap_or(i32::MAX),
-                &f.clusters,
+                &f.cluster_totals,
             );
             sample.superlink_restarts = self
                 .superlinks
@@ -464,9 +464,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
         }
         if !changed.is_empty() {
-            for (name, _) in &changed {
-                tracing::info!(cluster = %name, "work changed: sending a new snapshot");
-            }
+            let names: Vec<String> = changed.iter().map(|(n, _)| n.clone()).collect();
+            tracing::info!(clusters = names.len(), changed = %crate::core::status::name_few(&names), "work changed: sending new snapshots");
             self.work.set_many(changed);
         }
     }

@@ -65,7 +65,7 @@ pub struct FederationSummary {
     /// Control address `flwr` dials (`status.endpoints.control` in Kubernetes mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<String>,
-    /// Per cluster and pool: `cluster/pool` → `ready/desired`.
+    /// Per listed cluster (those of `clusters`) and pool: `cluster/pool` → `ready/desired`.
     pub pools: BTreeMap<String, String>,
     /// Why the Placement selects nothing because of its cluster sets (reason and message of
     /// `PlacementSatisfied=False` on the Placement in Kubernetes mode).
@@ -74,9 +74,16 @@ pub struct FederationSummary {
     /// Pools that no selected cluster runs (no available cluster matches their selector).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unplaced_pools: Vec<String>,
-    /// Per selected cluster, the same entries as `status.clusters` in Kubernetes mode.
+    /// Per selected cluster (at most [`crate::core::status::LISTED_CLUSTERS`], those with
+    /// something wrong first), the same entries as `status.clusters` in Kubernetes mode.
     #[serde(default)]
     pub clusters: Vec<flower_addon_crds::ClusterStatus>,
+    /// Totals over every selected cluster (`status.clusterTotals` in Kubernetes mode).
+    #[serde(default)]
+    pub cluster_totals: flower_addon_crds::ClusterTotals,
+    /// The spec's pools, in order (for the totals).
+    #[serde(skip)]
+    spec_pools: Vec<String>,
 }
 
 impl FederationSummary {
@@ -92,6 +99,7 @@ impl FederationSummary {
                 flower_addon_crds::IsolationMode::Subprocess => "subprocess".into(),
             },
             warning: crate::core::render::version_warning(fed),
+            spec_pools: crate::core::status::spec_pools(fed),
             ..Self::default()
         }
     }
@@ -122,6 +130,7 @@ impl FederationSummary {
             )
             .collect();
         let now = crate::registration::tokens::unix_now() as i64;
+        let mut entries = Vec::with_capacity(self.selected.len());
         for cluster in &self.selected {
             let report = work.last_status(cluster);
             let entry = crate::core::status::cluster_status(
@@ -135,21 +144,32 @@ impl FederationSummary {
             for pool in &entry.pools {
                 self.ready_supernodes += u32::try_from(pool.ready.min(pool.desired)).unwrap_or(0);
                 self.desired_supernodes += u32::try_from(pool.desired).unwrap_or(0);
+            }
+            entries.push(entry);
+        }
+        let listed = crate::core::status::listed_clusters(entries.clone());
+        self.cluster_totals =
+            crate::core::status::cluster_totals_of(&self.spec_pools, &entries, listed.len());
+        let mut unlisted_problems = usize::try_from(self.cluster_totals.with_problems).unwrap_or(0);
+        for entry in &listed {
+            for pool in &entry.pools {
                 self.pools.insert(
-                    format!("{cluster}/{}", pool.name),
+                    format!("{}/{}", entry.name, pool.name),
                     format!("{}/{}", pool.ready, pool.desired),
                 );
             }
             if let Some(message) = &entry.message {
-                missing.push(format!("{cluster}: {message}"));
+                missing.push(format!("{}: {message}", entry.name));
+                unlisted_problems = unlisted_problems.saturating_sub(1);
             }
-            self.clusters.push(entry);
         }
+        self.clusters = listed;
         self.supernodes = format!("{}/{}", self.ready_supernodes, self.desired_supernodes);
         self.ready = self.error.is_none()
             && self.superlink_running
             && !self.selected.is_empty()
             && missing.is_empty()
+            && unlisted_problems == 0
             && self.ready_supernodes >= self.desired_supernodes;
         self.message = if let Some(e) = &self.error {
             Some(e.clone())
@@ -158,7 +178,10 @@ impl FederationSummary {
         } else if self.selected.is_empty() {
             Some("no cluster selected by the Placement".into())
         } else if !missing.is_empty() {
-            Some(missing.join("; "))
+            Some(crate::core::status::join_problems(
+                &missing,
+                unlisted_problems,
+            ))
         } else {
             self.warning.clone()
         };

@@ -175,14 +175,17 @@ impl Default for Settings {
 pub const READY_CHECK: &str = "federation-controller";
 
 /// What triggers a reconcile of a Federation: its spec (generation), its deletion, and the
-/// per-cluster status the work source writes (the controller sums it). The controller's own
+/// per-cluster status and totals the work source writes (the controller sums them up). The controller's own
 /// status writes change none of these, so they trigger nothing.
 fn reconcile_inputs(fed: &Federation) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     fed.metadata.generation.hash(&mut hasher);
     fed.metadata.deletion_timestamp.is_some().hash(&mut hasher);
-    let clusters = fed.status.as_ref().map(|s| &s.clusters);
+    let clusters = fed
+        .status
+        .as_ref()
+        .map(|s| (&s.clusters, &s.cluster_totals));
     serde_json::to_string(&clusters)
         .unwrap_or_default()
         .hash(&mut hasher);
@@ -590,6 +593,7 @@ async fn write_status(
     // `status.clusters` is the work source's (its own field manager); compare the rest.
     let current = fed.status.clone().map(|mut s| {
         s.clusters.clear();
+        s.cluster_totals = None;
         s
     });
     if current.as_ref() == Some(&status) {

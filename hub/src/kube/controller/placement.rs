@@ -459,11 +459,12 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     let status = placement_status(&placement, &outcome, now);
     write_status(&placement, &ctx, &namespace, status).await?;
     if outcome.selected.iter().collect::<BTreeSet<_>>() != previous.iter().collect() {
-        tracing::info!(placement = %name, %namespace, selected = %outcome.selected.join(","), "decisions updated");
+        let named = crate::core::status::name_few(&outcome.selected);
+        tracing::info!(placement = %name, %namespace, clusters = outcome.selected.len(), selected = %named, "decisions updated");
         let note = if outcome.selected.is_empty() {
             "no cluster selected".to_owned()
         } else {
-            format!("selected: {}", outcome.selected.join(", "))
+            format!("selected: {named}")
         };
         ctx.publish(&placement, EventType::Normal, "DecisionUpdate", note)
             .await;

@@ -7,7 +7,7 @@
 //! own status updates.
 
 use flower_addon_crds::{
-    ClusterStatus, DeploymentMode, Federation, FederationEndpoints, FederationStatus, PoolStatus,
+    ClusterTotals, DeploymentMode, Federation, FederationEndpoints, FederationStatus, PoolStatus,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -220,24 +220,20 @@ pub fn federation_status(
             ));
         }
         Outcome::Applied { superlink, .. } => {
-            // `status.clusters` is written from the clusters' reports by the work source (its
-            // own field manager): the spokes' agents, or the hub's own pools
-            // ([`crate::kube::local`]); the totals and Ready are computed here from it.
+            // `status.clusters` (a bounded list) and `status.clusterTotals` are written from the
+            // clusters' reports by the work source (its own field manager): the spokes' agents,
+            // or the hub's own pools ([`crate::kube::local`]); the totals and Ready are computed
+            // here from them.
             let clusters = previous.clusters.clone();
-            let mut desired: i32 = 0;
-            let mut ready: i32 = 0;
-            for cluster in &clusters {
-                for p in &cluster.pools {
-                    desired += p.desired;
-                    ready += p.ready.min(p.desired);
-                }
-            }
+            let totals = crate::core::status::totals_of(fed, &previous);
+            let pool_totals = pool_totals_over_clusters(fed, &totals);
+            let desired: i32 = pool_totals.iter().map(|p| p.desired).sum();
+            let ready: i32 = pool_totals.iter().map(|p| p.ready).sum();
             status.desired_supernodes = desired;
             status.ready_supernodes = ready;
             status.supernodes = Some(format!("{ready}/{desired}"));
-            status.selected_clusters = i32::try_from(clusters.len()).unwrap_or(i32::MAX);
+            status.selected_clusters = totals.selected;
             // Each pool summed over the clusters that reported it, in spec order.
-            let pool_totals = pool_totals_over_clusters(fed, &clusters);
             status.pools = pool_totals
                 .iter()
                 .map(|p| PoolStatus {
@@ -271,14 +267,17 @@ pub fn federation_status(
             if let Some(Err(why)) = external {
                 not_ready.push(why.to_string());
             }
-            if clusters.is_empty() {
+            if totals.selected == 0 {
                 not_ready.push(if fed.spec.placement_ref.is_some() {
                     "no cluster selected by the Placement (yet)".to_owned()
                 } else {
                     "no report from the hub cluster's pools yet".to_owned()
                 });
             }
+            // Problems of the listed clusters by name; those of the others are counted.
+            let mut troubled_listed = 0;
             for cluster in &clusters {
+                let before = not_ready.len();
                 if !cluster.connected {
                     not_ready.push(format!("cluster {}: agent not connected", cluster.name));
                 }
@@ -288,7 +287,13 @@ pub fn federation_status(
                         cluster.name, p.name, p.ready, p.desired
                     ));
                 }
+                if not_ready.len() > before || cluster.message.is_some() {
+                    troubled_listed += 1;
+                }
             }
+            let unlisted_troubled = usize::try_from(totals.with_problems)
+                .unwrap_or(0)
+                .saturating_sub(troubled_listed);
             match external {
                 // Valid in general, but in Kubernetes mode nothing outside reaches the SuperLink.
                 Some(Err(why @ ExternalAddressError::NotExposed)) => conditions.push(cond(
@@ -299,7 +304,7 @@ pub fn federation_status(
                 )),
                 _ => conditions.push(cond("Degraded", "False", "Valid", "the spec is valid")),
             }
-            if not_ready.is_empty() {
+            if not_ready.is_empty() && unlisted_troubled == 0 {
                 let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
                 conditions.push(cond("Ready", "True", "AllReady", &message));
                 conditions.push(cond(
@@ -309,7 +314,7 @@ pub fn federation_status(
                     "every object is applied and ready",
                 ));
             } else {
-                let message = not_ready.join("; ");
+                let message = crate::core::status::join_problems(&not_ready, unlisted_troubled);
                 conditions.push(cond("Ready", "False", "NotReady", &message));
                 conditions.push(cond("Reconciling", "True", "Progressing", &message));
             }
@@ -359,23 +364,25 @@ fn endpoints(
 }
 
 /// Per-pool readiness of a placed Federation: each pool of the spec summed over the clusters'
-/// reports ([`crate::core::status::pool_totals`]).
-fn pool_totals_over_clusters(
-    fed: &Federation,
-    clusters: &[ClusterStatus],
-) -> Vec<WorkloadReadiness> {
+/// reports ([`crate::core::status::cluster_totals`]; a pool they do not count yet is 0/0).
+fn pool_totals_over_clusters(fed: &Federation, totals: &ClusterTotals) -> Vec<WorkloadReadiness> {
     let kind = match fed.spec.mode {
         DeploymentMode::StatefulSet => "StatefulSet",
         DeploymentMode::DaemonSet => "DaemonSet",
     };
-    crate::core::status::pool_totals(fed, clusters)
-        .into_iter()
-        .map(|t| WorkloadReadiness {
-            name: t.name,
-            kind,
-            desired: t.desired,
-            ready: t.ready,
-            stale: false,
+    fed.spec
+        .supernodes
+        .pools
+        .iter()
+        .map(|pool| {
+            let total = totals.pools.iter().find(|t| t.name == pool.name);
+            WorkloadReadiness {
+                name: pool.name.clone(),
+                kind,
+                desired: total.map_or(0, |t| t.desired),
+                ready: total.map_or(0, |t| t.ready),
+                stale: false,
+            }
         })
         .collect()
 }

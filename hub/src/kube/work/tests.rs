@@ -116,17 +116,17 @@ fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
     let want = vec![st.clone()];
     let v5 = Some("5".to_owned());
     assert!(needs_status_write(&old, &want, None, &v5));
-    let written = (v5.clone(), want.clone());
-    assert!(!needs_status_write(&old, &want, Some(&written), &v5));
+    let written = (&v5, &want);
+    assert!(!needs_status_write(&old, &want, Some(written), &v5));
     assert!(needs_status_write(
         &old,
         &want,
-        Some(&written),
+        Some(written),
         &Some("6".to_owned())
     ));
     let mut other = st.clone();
     other.connected = false;
-    assert!(needs_status_write(&old, &[other], Some(&written), &v5));
+    assert!(needs_status_write(&old, &[other], Some(written), &v5));
     assert!(!needs_status_write(&want, &want, None, &v5));
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use flower_addon_crds::ClusterStatus;
 
 fn fed() -> Federation {
     let mut f: Federation = serde_saphyr::from_str(
@@ -319,5 +320,64 @@ fn a_release_newer_than_the_verified_ones_is_a_warning_not_an_error() {
             .starts_with("spec.version: Flower 1.50.0 is newer"),
         "{}",
         warning.message
+    );
+}
+
+#[test]
+fn over_thousands_of_clusters_the_totals_count_and_the_message_stays_short() {
+    // #12 item 4: `status.clusters` lists at most 100 clusters; the totals the work source
+    // writes beside them (`clusterTotals`) are what the SuperNode counts, the selected clusters
+    // and Ready come from, and Ready's message names a few problems and counts the rest.
+    let listed: Vec<ClusterStatus> = (0..100)
+        .map(|i| {
+            let mut c = reported(&format!("s{i:05}"), &[("a", 2, if i < 30 { 0 } else { 2 })]);
+            if i < 30 {
+                c.message = Some("0/2 SuperNodes ready".into());
+            }
+            c
+        })
+        .collect();
+    let mut f = placed(listed);
+    f.status.as_mut().unwrap().cluster_totals = Some(flower_addon_crds::ClusterTotals {
+        selected: 10_000,
+        connected: 10_000,
+        with_problems: 500,
+        listed: 100,
+        online: None,
+        pools: vec![flower_addon_crds::PoolTotal {
+            name: "a".into(),
+            desired: 20_000,
+            ready: 19_000,
+        }],
+    });
+    let outcome = Outcome::Applied {
+        superlink: w("superlink", 1, 1),
+        external: Some(Ok(ExternalEndpoints {
+            fleet: "198.18.0.1:30092".into(),
+            control: None,
+        })),
+    };
+    let s = federation_status(&f, &outcome, &PlacementState::NotReferenced, &at(10));
+    assert_eq!(s.selected_clusters, 10_000);
+    assert_eq!(s.supernodes.as_deref(), Some("19000/20000"));
+    assert_eq!((s.pools[0].desired, s.pools[0].ready), (20_000, 19_000));
+    let ready = find(&s, "Ready");
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .starts_with("cluster s00000 pool a: 0/2 ready; cluster s00001"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        ready.message.ends_with("; and 490 more"),
+        "30 listed problems, 10 named, 20 + 470 unlisted counted: {}",
+        ready.message
+    );
+    assert!(ready.message.len() < 1000, "{}", ready.message);
+    assert!(
+        s.clusters.is_empty() && s.cluster_totals.is_none(),
+        "the work source's fields"
     );
 }

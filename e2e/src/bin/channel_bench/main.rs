@@ -1,13 +1,17 @@
 //! Work-channel scale benchmark: N simulated agents (real mTLS streams, all in this process)
 //! against one standalone hub running as a child process (so its RSS is its own).
 //!
-//! `cargo run --release -p e2e --bin channel_bench -- --agents 10000`
+//! `cargo run --release -p e2e --bin channel_bench -- --agents 10000 [--store kube]`
 //!
-//! Steps: provision N accepted clusters and their client certificates directly in a fresh state
-//! directory (joining is not what is measured), start the hub child, connect the agents in
-//! batches, then change every cluster's work `--rounds` times and measure, in the hub, the time
-//! from the change to each agent's ack (fan-out latency). Prints held connections, hub RSS and
+//! `--store file` (the default): provision N accepted clusters and their client certificates
+//! directly in a fresh state directory (joining is not what is measured), start the hub child
+//! (this binary, the file store and an in-memory work source), connect the agents in batches,
+//! then change every cluster's work `--rounds` times and measure, in the hub, the time from the
+//! change to each agent's ack (fan-out latency). Prints held connections, hub RSS and
 //! p50/p99/max fan-out.
+//!
+//! `--store kube`: the same agents against `flower-hub serve` in Kubernetes mode on a real
+//! kube-apiserver (see [`kube`]).
 use anyhow::{Context, bail};
 use clap::Parser;
 use flower_addon_agent::channel::{RunOptions, run};
@@ -26,12 +30,34 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, watch};
 
+mod kube;
+
+/// Where the hub keeps its clusters.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Store {
+    /// The standalone hub's state directory, the work from an in-memory source.
+    File,
+    /// `flower-hub serve` on a real kube-apiserver: ManagedClusters, and the work of a
+    /// Federation placed on every cluster.
+    Kube,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "flower-addon work channel scale benchmark")]
 struct Args {
     /// Number of simulated agents.
     #[arg(long, default_value_t = 1000)]
     agents: usize,
+    /// The hub's store.
+    #[arg(long, value_enum, default_value_t = Store::File)]
+    store: Store,
+    /// `--store kube`: seconds of steady state over which the apiserver's write requests are
+    /// counted, once every cluster's first heartbeat after connecting is written.
+    #[arg(long, default_value_t = 120)]
+    steady_seconds: u64,
+    /// `--store kube`: the hub's `--lease-duration` (its default: 60s).
+    #[arg(long, default_value = "60s")]
+    lease: String,
     /// Work changes to measure.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -75,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match args.serve_hub.clone() {
         Some(dir) => runtime.block_on(hub_child(dir, args.listen)),
+        None if args.store == Store::Kube => runtime.block_on(kube::driver(args)),
         None => runtime.block_on(driver(args)),
     }
 }
@@ -298,30 +325,10 @@ async fn driver(args: Args) -> anyhow::Result<()> {
     let idle_rss = ask("stats").await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let t = Instant::now();
-    let mut tasks = Vec::with_capacity(n);
-    for (i, mut c) in creds.into_iter().enumerate() {
-        c.config.hub = addr.clone();
-        let mut options = RunOptions::new(c, None);
-        options.local_ip = Some(IpAddr::V4(Ipv4Addr::new(
-            127,
-            0,
-            0,
-            1 + (i % usize::from(args.source_ips.max(1))) as u8,
-        )));
-        if !args.agent_backoff {
-            options.reconnect_min = Duration::from_millis(500);
-            options.reconnect_max = Duration::from_secs(5);
-        }
-        options.status_interval = Duration::from_secs(3600);
-        let runtime = Arc::new(MemoryRuntime::new());
-        let stop = stop_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let _ = run(options, runtime, stop).await;
-        }));
-        if (i + 1) % args.batch == 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    let (tasks, tally) = spawn_agents(creds, &addr, &args, &stop_rx, |_| {
+        Arc::new(MemoryRuntime::new())
+    })
+    .await;
     let mut connected = 0;
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
@@ -339,6 +346,7 @@ async fn driver(args: Args) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let held = ask("stats").await?;
     println!("agents={n} connected={connected} connect_all_s={connect_secs:.1}");
+    println!("agents: {}", tally.summary());
     println!("hub idle (no agents): {idle_rss}");
     println!("hub holding streams:  {held}");
     let mut results = Vec::new();
@@ -366,6 +374,101 @@ async fn driver(args: Args) -> anyhow::Result<()> {
         bail!("not every agent connected");
     }
     Ok(())
+}
+
+/// What the agents went through: which ever held a stream, and why streams ended.
+#[derive(Default)]
+struct Tally {
+    connected: Vec<std::sync::atomic::AtomicBool>,
+    ended: Mutex<std::collections::BTreeMap<String, usize>>,
+}
+
+impl Tally {
+    /// Agents that never held a stream, and the commonest reasons streams ended.
+    fn summary(&self) -> String {
+        let never = self
+            .connected
+            .iter()
+            .filter(|c| !c.load(std::sync::atomic::Ordering::Relaxed))
+            .count();
+        let ended = self.ended.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut reasons: Vec<(String, usize)> = ended.into_iter().collect();
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
+        let total: usize = reasons.iter().map(|(_, n)| n).sum();
+        let top: Vec<String> = reasons
+            .iter()
+            .take(3)
+            .map(|(why, n)| format!("{n}× {why}"))
+            .collect();
+        format!(
+            "{never} agents never held a stream; {total} streams or attempts ended{}{}",
+            if top.is_empty() { "" } else { ": " },
+            top.join("; ")
+        )
+    }
+}
+
+/// Starts one agent per credential against the hub at `addr`, `args.batch` every 100 ms, each
+/// on the runtime `runtime(i)` made.
+async fn spawn_agents(
+    creds: Vec<Credentials>,
+    addr: &str,
+    args: &Args,
+    stop: &watch::Receiver<bool>,
+    runtime: impl Fn(usize) -> Arc<dyn flower_addon_agent::runtime::Runtime>,
+) -> (Vec<tokio::task::JoinHandle<()>>, Arc<Tally>) {
+    let tally = Arc::new(Tally {
+        connected: (0..creds.len())
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect(),
+        ..Tally::default()
+    });
+    let mut tasks = Vec::with_capacity(creds.len());
+    for (i, mut c) in creds.into_iter().enumerate() {
+        c.config.hub = addr.to_owned();
+        let mut options = RunOptions::new(c, None);
+        options.local_ip = Some(IpAddr::V4(Ipv4Addr::new(
+            127,
+            0,
+            0,
+            1 + (i % usize::from(args.source_ips.max(1))) as u8,
+        )));
+        if !args.agent_backoff {
+            options.reconnect_min = Duration::from_millis(500);
+            options.reconnect_max = Duration::from_secs(5);
+        }
+        options.status_interval = Duration::from_secs(3600);
+        let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        options.events = Some(events);
+        let runtime = runtime(i);
+        let stop = stop.clone();
+        let seen = tally.clone();
+        tasks.push(tokio::spawn(async move {
+            let watch_events = async move {
+                use flower_addon_agent::channel::AgentEvent;
+                while let Some(event) = rx.recv().await {
+                    match event {
+                        AgentEvent::Connected => {
+                            seen.connected[i].store(true, std::sync::atomic::Ordering::Relaxed)
+                        }
+                        AgentEvent::Disconnected { code, message } => {
+                            let why: String =
+                                format!("{code:?}: {message}").chars().take(160).collect();
+                            if let Ok(mut ended) = seen.ended.lock() {
+                                *ended.entry(why).or_default() += 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            };
+            let _ = tokio::join!(run(options, runtime, stop), watch_events);
+        }));
+        if (i + 1) % args.batch.max(1) == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    (tasks, tally)
 }
 
 /// Holds `args.flood` TCP connections that never start TLS, spread over 127.0.1.1 … 127.0.1.250,
@@ -458,37 +561,52 @@ fn field(line: &str, key: &str) -> Option<u64> {
 /// Creates the CA, N accepted clusters and their client certificates.
 async fn provision(dir: PathBuf, n: usize) -> anyhow::Result<Vec<Credentials>> {
     let store = FileStore::open(&dir)?;
-    let ca = load_or_create_ca(&store).await?;
-    let mut creds = Vec::with_capacity(n);
-    for i in 0..n {
-        let name = format!("bench-{i:05}");
-        let key = rcgen::KeyPair::generate()?;
-        let csr = make_csr(&key, &name)?;
-        let issued = ca.sign_client_csr(&csr, &name, Duration::from_secs(86400))?;
-        store
-            .create_cluster(
-                &ClusterRegistration {
-                    name: name.clone(),
-                    labels: Default::default(),
-                    claims: Default::default(),
-                    key_fingerprint: issued.key_fingerprint.clone(),
-                    agent_version: "bench".into(),
-                    token_id: String::new(),
-                    created_unix: 0,
+    provision_into(&store, n, 1).await
+}
+
+/// Creates (or loads) the CA in `store` and N accepted clusters `bench-00000`… with their client
+/// certificates, `parallel` at a time.
+async fn provision_into<S: ClusterStore>(
+    store: &S,
+    n: usize,
+    parallel: usize,
+) -> anyhow::Result<Vec<Credentials>> {
+    use futures::{StreamExt, TryStreamExt};
+    let ca = load_or_create_ca(store).await?;
+    let ca = &ca;
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            let name = format!("bench-{i:05}");
+            let key = rcgen::KeyPair::generate()?;
+            let csr = make_csr(&key, &name)?;
+            let issued = ca.sign_client_csr(&csr, &name, Duration::from_secs(86400))?;
+            store
+                .create_cluster(
+                    &ClusterRegistration {
+                        name: name.clone(),
+                        labels: Default::default(),
+                        claims: Default::default(),
+                        key_fingerprint: issued.key_fingerprint.clone(),
+                        agent_version: "bench".into(),
+                        token_id: String::new(),
+                        created_unix: 0,
+                    },
+                    true,
+                )
+                .await
+                .with_context(|| format!("creating cluster {name}"))?;
+            anyhow::Ok(Credentials {
+                config: AgentConfig {
+                    cluster_name: name,
+                    hub: String::new(),
+                    server_name: "127.0.0.1".into(),
                 },
-                true,
-            )
-            .await?;
-        creds.push(Credentials {
-            config: AgentConfig {
-                cluster_name: name,
-                hub: String::new(),
-                server_name: "127.0.0.1".into(),
-            },
-            ca_pem: ca.cert_pem().to_string(),
-            cert_pem: issued.cert_pem,
-            key_pem: key.serialize_pem(),
-        });
-    }
-    Ok(creds)
+                ca_pem: ca.cert_pem().to_string(),
+                cert_pem: issued.cert_pem,
+                key_pem: key.serialize_pem(),
+            })
+        })
+        .buffered(parallel.max(1))
+        .try_collect()
+        .await
 }
