@@ -127,7 +127,8 @@ impl KubeWorkSource {
         let mcs = changes::relevant(
             reflector::reflector(
                 mc_writer,
-                watcher(Api::<ManagedCluster>::all(client), Default::default()),
+                watcher(Api::<ManagedCluster>::all(client), Default::default())
+                    .modify(strip_managed_fields),
             )
             .default_backoff(),
             changes::cluster_inputs,
@@ -271,11 +272,28 @@ fn is_ready(stores: &Stores) -> bool {
 
 type FedKey = (String, String);
 
+/// Drops `metadata.managedFields` from a cached object: nothing the hub does reads them, and
+/// over 10,000 ManagedClusters they are most of the cache.
+pub(crate) fn strip_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// A hash of `work`'s encoding (what tells whether a cluster's work changed).
+fn work_hash(work: &ClusterWork) -> u64 {
+    use prost::Message;
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    work.encode_to_vec().hash(&mut hasher);
+    hasher.finish()
+}
+
 struct State {
     ca_pem: String,
     registry: Arc<NodeKeyRegistry>,
-    sent: BTreeMap<String, ClusterWork>,
-    last_good: BTreeMap<FedKey, Vec<(String, FederationWork)>>,
+    /// A hash of the work last sent to each cluster (the work itself is the inner source's):
+    /// 10,000 clusters' work is held once, not once more here.
+    sent: BTreeMap<String, u64>,
+    last_good: BTreeMap<FedKey, Arc<Vec<(String, FederationWork)>>>,
     /// Each Federation's last computed work and the fingerprint of what it was computed from
     /// ([`work_inputs`]): a pass renders only the Federations whose inputs changed, so its cost
     /// grows with what changed, not with how many Federations there are.
@@ -283,7 +301,7 @@ struct State {
 }
 
 /// The work of one Federation per cluster, or why there is none.
-type Rendered = Result<Vec<(String, FederationWork)>, String>;
+type Rendered = Result<Arc<Vec<(String, FederationWork)>>, String>;
 
 /// Fingerprint of everything [`federation_work`] reads besides the CA (fixed for a source's
 /// life): the Federation's identity and spec (its `generation`), its Fleet address, the clusters
@@ -356,6 +374,7 @@ impl State {
                     &registered,
                     &retired,
                 )
+                .map(Arc::new)
             });
             if let Some(inputs) = inputs.filter(|_| fresh) {
                 self.memo.insert(key.clone(), (inputs, result.clone()));
@@ -374,8 +393,11 @@ impl State {
                     self.last_good.get(&key).cloned().unwrap_or_default()
                 }
             };
-            for (cluster, fw) in works {
-                per_cluster.entry(cluster).or_default().push(fw);
+            for (cluster, fw) in works.iter() {
+                per_cluster
+                    .entry(cluster.clone())
+                    .or_default()
+                    .push(fw.clone());
             }
         }
         self.last_good.retain(|k, _| live.contains(k));
@@ -393,9 +415,10 @@ impl State {
                 cluster_name: name.clone(),
                 federations: per_cluster.remove(&name).unwrap_or_default(),
             };
-            if self.sent.get(&name) != Some(&content) {
+            let hash = work_hash(&content);
+            if self.sent.get(&name) != Some(&hash) {
                 tracing::debug!(cluster = %name, federations = content.federations.len(), "work changed: sending a new snapshot");
-                self.sent.insert(name.clone(), content.clone());
+                self.sent.insert(name.clone(), hash);
                 changed.push((name, content));
             }
         }
@@ -476,8 +499,9 @@ async fn write_cluster_statuses(
                 })
                 .collect();
             // A bounded list and the totals over all (etcd refuses objects over 1.5 MiB).
-            let want = crate::core::status::listed_clusters(all.clone());
-            let totals = crate::core::status::cluster_totals(&fed, &all, want.len());
+            let listed = all.len().min(crate::core::status::LISTED_CLUSTERS);
+            let totals = crate::core::status::cluster_totals(&fed, &all, listed);
+            let want = crate::core::status::listed_clusters(all);
             let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
             let current_totals = fed.status.as_ref().and_then(|s| s.cluster_totals.as_ref());
             let key = (namespace.clone(), fed.name_any());

@@ -147,9 +147,10 @@ impl FederationSummary {
             }
             entries.push(entry);
         }
-        let listed = crate::core::status::listed_clusters(entries.clone());
+        let listed_count = entries.len().min(crate::core::status::LISTED_CLUSTERS);
         self.cluster_totals =
-            crate::core::status::cluster_totals_of(&self.spec_pools, &entries, listed.len());
+            crate::core::status::cluster_totals_of(&self.spec_pools, &entries, listed_count);
+        let listed = crate::core::status::listed_clusters(entries);
         let mut unlisted_problems = usize::try_from(self.cluster_totals.with_problems).unwrap_or(0);
         for entry in &listed {
             for pool in &entry.pools {

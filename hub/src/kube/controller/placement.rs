@@ -177,6 +177,7 @@ pub async fn run(
                 Api::<ManagedCluster>::all(client.clone()),
                 watcher::Config::default(),
             )
+            .modify(crate::kube::work::strip_managed_fields)
             .default_backoff(),
         )
         .reflect(writer)
