@@ -196,11 +196,12 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
         lock.lock_owned().await
     }
 
-    /// Read-modify-write of a cluster's status, serialized per cluster.
+    /// Read-modify-write of a cluster's status, serialized per cluster
+    /// ([`ClusterStore::update_status`]).
     pub(crate) async fn update_status(
         &self,
         name: &str,
-        update: impl FnOnce(&mut ClusterStatus),
+        update: impl FnMut(&mut ClusterStatus) + Send,
     ) -> Result<(), StoreError> {
         let lock = self
             .status_locks
@@ -208,12 +209,7 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
             .clone();
         let _guard = lock.lock().await;
-        let Some(record) = self.store.get_cluster(name).await? else {
-            return Ok(());
-        };
-        let mut status = record.status;
-        update(&mut status);
-        self.store.put_status(name, &status).await
+        self.store.update_status(name, update).await
     }
 }
 

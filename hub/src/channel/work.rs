@@ -246,7 +246,7 @@ async fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
     }
     let stored = wanted.clone();
     match shared
-        .update_status(name, move |st| st.allocatable = stored)
+        .update_status(name, move |st| st.allocatable = stored.clone())
         .await
     {
         Ok(()) => {

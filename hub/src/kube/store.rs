@@ -251,6 +251,49 @@ impl KubeStore {
     }
 }
 
+/// The spec and metadata that follow the observed status: the availability taints and the
+/// client certificate's end of validity; whether anything changed.
+fn sync_spec_with_status(mc: &mut ManagedCluster, status: &ClusterStatus) -> bool {
+    let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
+    let mut changed = sync_availability_taints(&mut mc.spec, status);
+    let annotations = mc.annotations_mut();
+    if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
+        match &not_after {
+            Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
+            None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
+        };
+        changed = true;
+    }
+    changed
+}
+
+/// Writes `status` into the ManagedCluster's status subresource fields it maps to.
+fn set_observed(observed: &mut ManagedClusterStatus, status: &ClusterStatus) {
+    observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
+    observed.allocatable = status
+        .allocatable
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+            )
+        })
+        .collect();
+    observed.conditions = status
+        .conditions
+        .iter()
+        .map(|c| Condition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            observed_generation: None,
+            last_transition_time: time_of(c.last_transition_unix),
+        })
+        .collect();
+}
+
 mod mapping;
 use mapping::*;
 pub use mapping::{hub_service_dns_names, hub_service_server_name, record_of};
@@ -472,46 +515,58 @@ impl ClusterStore for KubeStore {
     }
 
     async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
-        let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
-        self.modify(name, |mc| {
-            let mut changed = sync_availability_taints(&mut mc.spec, status);
-            let annotations = mc.annotations_mut();
-            if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
-                match &not_after {
-                    Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
-                    None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
-                };
-                changed = true;
+        self.modify(name, |mc| sync_spec_with_status(mc, status))
+            .await?;
+        self.modify_status(name, |observed| set_observed(observed, status))
+            .await
+    }
+
+    async fn update_status<F>(&self, name: &str, mut update: F) -> Result<(), StoreError>
+    where
+        F: FnMut(&mut ClusterStatus) + Send,
+    {
+        // One read and one write (two when the taints or annotations follow): the channel
+        // writes a status for every cluster that connects, 10,000 at a hub restart.
+        let api = self.clusters();
+        for _ in 0..CONFLICT_RETRIES {
+            let Some(mut mc) = api
+                .get_opt(name)
+                .await
+                .map_err(kube_err(format!("get ManagedCluster {name}")))?
+            else {
+                return Ok(());
+            };
+            let before = record_of(&mc).status;
+            let mut status = before.clone();
+            update(&mut status);
+            if status == before {
+                return Ok(());
             }
-            changed
-        })
-        .await?;
-        self.modify_status(name, |observed| {
-            observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
-            observed.allocatable = status
-                .allocatable
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
-                    )
-                })
-                .collect();
-            observed.conditions = status
-                .conditions
-                .iter()
-                .map(|c| Condition {
-                    type_: c.type_.clone(),
-                    status: c.status.clone(),
-                    reason: c.reason.clone(),
-                    message: c.message.clone(),
-                    observed_generation: None,
-                    last_transition_time: time_of(c.last_transition_unix),
-                })
-                .collect();
-        })
-        .await
+            if sync_spec_with_status(&mut mc, &status) {
+                match api.replace(name, &PostParams::default(), &mc).await {
+                    Ok(written) => mc = written,
+                    Err(e) if is_status(&e, 409) => continue,
+                    Err(e) if is_status(&e, 404) => return Ok(()),
+                    Err(e) => return Err(kube_err(format!("update ManagedCluster {name}"))(e)),
+                }
+            }
+            let observed_before = mc.status.clone();
+            set_observed(mc.status.get_or_insert_with(Default::default), &status);
+            if mc.status == observed_before {
+                return Ok(());
+            }
+            match api.replace_status(name, &PostParams::default(), &mc).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) if is_status(&e, 404) => return Ok(()),
+                Err(e) => {
+                    return Err(kube_err(format!("update status of ManagedCluster {name}"))(
+                        e,
+                    ));
+                }
+            }
+        }
+        Err(conflict(name))
     }
 
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRecord>, StoreError> {

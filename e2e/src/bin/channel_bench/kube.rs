@@ -105,6 +105,7 @@ struct Report {
     writes_by_resource: BTreeMap<String, f64>,
     steady_slices: Vec<f64>,
     agents: String,
+    connect_requests: String,
     rss_empty_kib: u64,
     rss_clusters_kib: u64,
     rss_connected_kib: u64,
@@ -165,6 +166,10 @@ impl Report {
             self.work_all.as_secs_f64()
         );
         println!("agents when all were connected (or not): {}", self.agents);
+        println!(
+            "apiserver requests per cluster while connecting: {}",
+            self.connect_requests
+        );
         for (i, r) in self.rounds.iter().enumerate() {
             println!(
                 "fan-out {}: replicas → {}: apply call {} ms; agents with the new pool {} of {n}: p50 {} ms, p99 {} ms, max {} ms",
@@ -419,10 +424,8 @@ async fn hub_samples(addr: SocketAddr) -> anyhow::Result<Samples> {
     tokio::task::spawn_blocking(move || Samples::scrape(addr)).await?
 }
 
-/// The apiserver's `apiserver_request_total`: write requests by verb, and by resource.
-async fn apiserver_writes(
-    admin: &Client,
-) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, f64>)> {
+/// The apiserver's `apiserver_request_total` summed by (verb, resource[/subresource]).
+async fn request_counts(admin: &Client) -> anyhow::Result<BTreeMap<(String, String), f64>> {
     let text = admin
         .request_text(http::Request::get("/metrics").body(Vec::new())?)
         .await
@@ -433,24 +436,57 @@ async fn apiserver_writes(
         !series.is_empty(),
         "the apiserver's /metrics has no apiserver_request_total"
     );
+    let mut out = BTreeMap::new();
+    for (labels, value) in series {
+        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        let resource = match labels.get("subresource").filter(|s| !s.is_empty()) {
+            Some(sub) => format!("{}/{sub}", get("resource")),
+            None => get("resource"),
+        };
+        *out.entry((get("verb"), resource)).or_insert(0.0) += value;
+    }
+    Ok(out)
+}
+
+/// The apiserver's write requests by verb, and by resource.
+async fn apiserver_writes(
+    admin: &Client,
+) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, f64>)> {
     let mut by_verb: BTreeMap<String, f64> =
         WRITE_VERBS.iter().map(|v| (v.to_string(), 0.0)).collect();
     let mut by_resource = BTreeMap::new();
-    for (labels, value) in series {
-        let verb = labels.get("verb").map(String::as_str).unwrap_or_default();
-        if let Some(n) = by_verb.get_mut(verb) {
+    for ((verb, resource), value) in request_counts(admin).await? {
+        if let Some(n) = by_verb.get_mut(&verb) {
             *n += value;
-            let resource = match labels.get("subresource").filter(|s| !s.is_empty()) {
-                Some(sub) => format!(
-                    "{}/{sub}",
-                    labels.get("resource").cloned().unwrap_or_default()
-                ),
-                None => labels.get("resource").cloned().unwrap_or_default(),
-            };
             *by_resource.entry(resource).or_insert(0.0) += value;
         }
     }
     Ok((by_verb, by_resource))
+}
+
+/// The requests between two [`request_counts`], the most frequent first, per cluster.
+fn requests_per_cluster(
+    after: &BTreeMap<(String, String), f64>,
+    before: &BTreeMap<(String, String), f64>,
+    clusters: usize,
+) -> String {
+    let mut counts: Vec<(String, f64)> = after
+        .iter()
+        .map(|((verb, resource), v)| {
+            let d = v - before
+                .get(&(verb.clone(), resource.clone()))
+                .copied()
+                .unwrap_or(0.0);
+            (format!("{verb} {resource}"), d)
+        })
+        .filter(|(_, d)| *d >= clusters as f64 / 10.0)
+        .collect();
+    counts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    counts
+        .iter()
+        .map(|(what, n)| format!("{what} {:.2}", n / clusters.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
@@ -510,6 +546,7 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<Report> {
     let fanout = Arc::new(Fanout::new());
     fanout.start(1);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let requests_before = request_counts(&admin).await?;
     let connect_unix = flower_addon_hub::registration::tokens::unix_now();
     let t = Instant::now();
     let (tasks, tally) = spawn_agents(creds, &addon.hub_address, args, &stop_rx, |_| {
@@ -543,6 +580,8 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<Report> {
     }
     report.connect_all = t.elapsed();
     report.agents = tally.summary();
+    report.connect_requests =
+        requests_per_cluster(&request_counts(&admin).await?, &requests_before, n);
     report.rss_connected_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
     report.load_connected = e2e::harness::loadavg();
     eprintln!(

@@ -261,6 +261,30 @@ pub trait ClusterStore: Send + Sync + 'static {
         name: &str,
         status: &ClusterStatus,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Read-modify-write of an existing cluster's observed status: `update` changes the status
+    /// as stored now (it may be called again after a conflicting write), and the result is
+    /// stored like [`ClusterStore::put_status`]; nothing is written when it did not change or
+    /// the cluster does not exist. A store may do this in fewer requests than a read and a put.
+    fn update_status<F>(
+        &self,
+        name: &str,
+        mut update: F,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send
+    where
+        F: FnMut(&mut ClusterStatus) + Send,
+    {
+        async move {
+            let Some(record) = self.get_cluster(name).await? else {
+                return Ok(());
+            };
+            let mut status = record.status.clone();
+            update(&mut status);
+            if status == record.status {
+                return Ok(());
+            }
+            self.put_status(name, &status).await
+        }
+    }
     /// The cluster with this name.
     fn get_cluster(
         &self,
