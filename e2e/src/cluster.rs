@@ -689,6 +689,14 @@ impl ControlPlane {
         &mut self.procs
     }
 
+    /// Prints the log tails of `names` on stderr when `result` is an error (a bench's failure
+    /// shows what the daemon said), before the control plane is stopped.
+    pub fn log_tails_on_error<T>(&mut self, result: &Result<T>, names: &[&str]) {
+        if result.is_err() {
+            eprintln!("log tails:\n{}", self.procs.log_tails(Some(names)));
+        }
+    }
+
     /// `(process name, RSS KiB)` of every running process.
     pub fn rss_kib(&self) -> Vec<(String, u64)> {
         self.procs

@@ -158,12 +158,7 @@ async fn main() -> Result<()> {
     };
     let mut cp = ControlPlane::start_with(&["hub"], options).await?;
     let result = bench(&mut cp, &args).await;
-    if result.is_err() {
-        eprintln!(
-            "hub log tail:\n{}",
-            cp.processes().log_tails(Some(&[HUB_PROC]))
-        );
-    }
+    cp.log_tails_on_error(&result, &[HUB_PROC]);
     drop(cp);
     let report = result?;
     report.print(&args, &load_start, &e2e::harness::loadavg());

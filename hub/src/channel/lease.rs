@@ -23,19 +23,6 @@ pub(crate) struct Lease {
     duration: Duration,
 }
 
-/// The lease duration of cluster `name`: its own (`spec.leaseDurationSeconds`) or the hub's.
-pub(super) async fn lease_of<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
-    name: &str,
-) -> Duration {
-    match shared.store.get_cluster(name).await {
-        Ok(Some(record)) => record
-            .lease_duration
-            .unwrap_or(shared.config.lease_duration),
-        _ => shared.config.lease_duration,
-    }
-}
-
 /// How often the last heartbeat of a connected cluster is written to the store besides each
 /// change of its availability: a coarse "last seen". Availability itself is the lease the hub
 /// keeps in memory (and a restarted hub gives every cluster a fresh grace), so 10,000 connected

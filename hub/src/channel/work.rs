@@ -1,7 +1,7 @@
 //! `Work.Connect`: one bidirectional stream per cluster. The hub sends the full snapshot of the
 //! cluster's work on connect and whenever it changes; the agent acks versions, reports status and
 //! heartbeats (which renew the cluster lease).
-use super::lease::{lease_of, renew_lease};
+use super::lease::renew_lease;
 use super::tls::PeerInfo;
 use super::{Shared, internal};
 use crate::registration::store::{
@@ -70,10 +70,14 @@ impl<S: ClusterStore, W: super::WorkSource> Work for WorkService<S, W> {
         }
         let (tx, rx) = mpsc::channel(16);
         let shared = self.shared.clone();
+        let lease = record
+            .lease_duration
+            .unwrap_or(self.shared.config.lease_duration);
         tokio::spawn(run_stream(
             shared,
             name,
             id,
+            lease,
             request.into_inner(),
             tx,
             stop_rx,
@@ -88,6 +92,7 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
     shared: Arc<Shared<S, W>>,
     name: String,
     id: u64,
+    lease: Duration,
     mut inbound: Streaming<AgentMessage>,
     tx: mpsc::Sender<Result<HubMessage, Status>>,
     mut stop: oneshot::Receiver<Status>,
@@ -99,8 +104,8 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
     // fan-out (the first snapshot of a stream is a reconnect, not a change).
     let mut changed_at: Option<(u64, Instant)> = None;
     let mut changes = shared.work.changes();
-    // Read once per stream: a changed leaseDurationSeconds applies from the next connection.
-    let lease = lease_of(&shared, &name).await;
+    // `lease` is read once per stream (from the record it was authorized with): a changed
+    // leaseDurationSeconds applies from the next connection.
     let ping_every = (lease / 3).max(Duration::from_millis(100));
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     let send_timeout = Duration::from_secs(30);

@@ -125,6 +125,60 @@ fn unix_of(time: &Time) -> u64 {
     u64::try_from(time.0.as_second()).unwrap_or(0)
 }
 
+/// Which ManagedCluster watch events [`ClusterStore::changes`] announces: a change of
+/// acceptance or of the bound key, a new cluster, a deletion (also one missed while the watch was
+/// down). The hub's own status writes (a heartbeat, 10,000 at a hub restart) change none of
+/// these and wake nobody.
+#[derive(Default)]
+struct ChangeFilter {
+    seen: std::collections::HashMap<String, (bool, Option<String>)>,
+    relisted: std::collections::HashSet<String>,
+}
+
+impl ChangeFilter {
+    /// The names to announce for `event`.
+    fn on_event(&mut self, event: &watcher::Event<ManagedCluster>) -> Vec<String> {
+        let key = |mc: &ManagedCluster| {
+            (
+                mc.spec.hub_accepts_client,
+                mc.annotations().get(ANN_KEY_FINGERPRINT).cloned(),
+            )
+        };
+        match event {
+            watcher::Event::Apply(mc) | watcher::Event::InitApply(mc) => {
+                let name = mc.name_any();
+                if matches!(event, watcher::Event::InitApply(_)) {
+                    self.relisted.insert(name.clone());
+                }
+                let changed = self.seen.insert(name.clone(), key(mc)) != Some(key(mc));
+                changed.then_some(name).into_iter().collect()
+            }
+            watcher::Event::Delete(mc) => {
+                let name = mc.name_any();
+                self.seen.remove(&name);
+                vec![name]
+            }
+            watcher::Event::Init => {
+                self.relisted.clear();
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let gone: Vec<String> = self
+                    .seen
+                    .keys()
+                    .filter(|n| !self.relisted.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in &gone {
+                    self.seen.remove(name);
+                }
+                self.relisted.clear();
+                gone
+            }
+        }
+    }
+}
+
 impl KubeStore {
     /// A store on `client` keeping tokens and the CA in `namespace`. Starts the ManagedCluster
     /// watch that feeds [`ClusterStore::changes`] (needs a Tokio runtime; stopped on drop).
@@ -136,15 +190,14 @@ impl KubeStore {
             let mut events = watcher(api, watcher::Config::default())
                 .default_backoff()
                 .boxed();
+            let mut filter = ChangeFilter::default();
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(watcher::Event::Apply(mc) | watcher::Event::Delete(mc)) => {
-                        let _ = tx.send(mc.name_any());
+                    Ok(event) => {
+                        for name in filter.on_event(&event) {
+                            let _ = tx.send(name);
+                        }
                     }
-                    Ok(watcher::Event::InitApply(mc)) => {
-                        let _ = tx.send(mc.name_any());
-                    }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
                     Err(error) => tracing::warn!(%error, "ManagedCluster watch"),
                 }
             }

@@ -79,12 +79,7 @@ pub(super) async fn driver(args: Args) -> anyhow::Result<()> {
     eprintln!("starting the control plane (etcd, kube-apiserver, controller-manager, kwok)…");
     let mut cp = ControlPlane::start_with(&["hub"], options).await?;
     let result = bench(&mut cp, &args).await;
-    if result.is_err() {
-        eprintln!(
-            "hub log tail:\n{}",
-            cp.processes().log_tails(Some(&[HUB_PROC]))
-        );
-    }
+    cp.log_tails_on_error(&result, &[HUB_PROC]);
     drop(cp);
     let report = result?;
     report.print(&args);

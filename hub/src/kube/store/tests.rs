@@ -124,3 +124,67 @@ fn token_secrets_hold_only_the_hash_and_announce_expiry() {
     assert!(secret.annotations()[ANN_TOKEN_EXPIRES].ends_with('Z'));
     assert_eq!(token_of(&secret).expect("record"), token.record);
 }
+
+#[test]
+fn changes_are_announced_for_acceptance_key_and_existence_not_for_status_writes() {
+    // Revocation (hubAcceptsClient=false, another key, a delete) must reach the channel at once;
+    // the hub's own status writes must not make it re-read every cluster (10,000 at a restart).
+    use kube::runtime::watcher::Event;
+    let mc = |name: &str, accepted: bool, key: &str, heartbeat: Option<u64>| {
+        let mut mc = ManagedCluster::new(
+            name,
+            ManagedClusterSpec {
+                hub_accepts_client: accepted,
+                ..Default::default()
+            },
+        );
+        mc.metadata.annotations = Some(
+            [(ANN_KEY_FINGERPRINT.to_owned(), key.to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        mc.status = Some(ManagedClusterStatus {
+            last_heartbeat: heartbeat.map(time_of),
+            ..Default::default()
+        });
+        mc
+    };
+    let mut f = ChangeFilter::default();
+    assert!(f.on_event(&Event::Init).is_empty());
+    assert_eq!(
+        f.on_event(&Event::InitApply(mc("a", true, "k1", None))),
+        ["a"]
+    );
+    assert_eq!(
+        f.on_event(&Event::InitApply(mc("b", true, "k1", None))),
+        ["b"]
+    );
+    assert!(f.on_event(&Event::InitDone).is_empty());
+    // A heartbeat written: nothing.
+    assert!(
+        f.on_event(&Event::Apply(mc("a", true, "k1", Some(5))))
+            .is_empty()
+    );
+    // Revoked, re-keyed, deleted: announced.
+    assert_eq!(
+        f.on_event(&Event::Apply(mc("a", false, "k1", Some(5)))),
+        ["a"]
+    );
+    assert_eq!(
+        f.on_event(&Event::Apply(mc("a", false, "k2", Some(5)))),
+        ["a"]
+    );
+    assert_eq!(
+        f.on_event(&Event::Delete(mc("a", false, "k2", Some(5)))),
+        ["a"]
+    );
+    // A new cluster: announced.
+    assert_eq!(f.on_event(&Event::Apply(mc("c", false, "k3", None))), ["c"]);
+    // The watch restarts and b was deleted meanwhile: announced at the end of the new list.
+    assert!(f.on_event(&Event::Init).is_empty());
+    assert!(
+        f.on_event(&Event::InitApply(mc("c", false, "k3", Some(9))))
+            .is_empty()
+    );
+    assert_eq!(f.on_event(&Event::InitDone), ["b"]);
+}
