@@ -55,14 +55,34 @@ impl SpacedPorts {
 
     /// Another free port, away from every port handed out before.
     pub fn take(&mut self) -> Result<u16> {
+        self.take_run(1)
+    }
+
+    /// Another free port whose next `len - 1` ports are free too (all bound at once to check),
+    /// away from every port handed out before: for a program given a base port that also
+    /// listens on the ports after it (`--metrics-bind-address` P and `--health-probe-bind-address`
+    /// P+1, the process runtime's `--port-base`). An ephemeral port held by some connection
+    /// would otherwise make it fail with "address already in use".
+    pub fn take_run(&mut self, len: u16) -> Result<u16> {
         for _ in 0..200 {
             let port = free_port()?;
-            if port < 60000 && self.given.iter().all(|g| g.abs_diff(port) > self.spacing) {
+            let away = self.given.iter().all(|g| g.abs_diff(port) > self.spacing);
+            if !away || port >= 60000 - len {
+                continue;
+            }
+            let held: std::io::Result<Vec<TcpListener>> = (port..port + len)
+                .map(|p| TcpListener::bind(("127.0.0.1", p)))
+                .collect();
+            if held.is_ok() {
                 self.given.push(port);
                 return Ok(port);
             }
         }
-        bail!("no free port {} away from {:?}", self.spacing, self.given)
+        bail!(
+            "no {len} free ports {} away from {:?}",
+            self.spacing,
+            self.given
+        )
     }
 }
 

@@ -114,8 +114,9 @@ impl World {
         let mut ports = SpacedPorts::new(12);
         let (hub_port, grpc_port, extra_port, serverappio_port) =
             (ports.take()?, ports.take()?, ports.take()?, ports.take()?);
-        let port_bases = [ports.take()?, ports.take()?];
-        let ops_ports = [ports.take()?, ports.take()?, ports.take()?];
+        let port_bases = [ports.take_run(12)?, ports.take_run(12)?];
+        // Metrics on the port, probes on the next one.
+        let ops_ports = [ports.take_run(2)?, ports.take_run(2)?, ports.take_run(2)?];
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         std::fs::create_dir_all(dir.join("flwr-home"))?;
