@@ -92,6 +92,13 @@ pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
             .await;
         if let Err(error) = result {
             let _ = internal("recording the heartbeat", error);
+            // Not written: the stream's next message tries again (else the store would show
+            // the cluster's old state until its next last-seen slot, 15 minutes on).
+            if let Some(mut lease) = shared.leases.get_mut(name)
+                && lease.stream == Some(stream)
+            {
+                lease.stream = None;
+            }
         }
     }
 }

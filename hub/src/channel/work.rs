@@ -68,6 +68,13 @@ impl<S: ClusterStore, W: super::WorkSource> Work for WorkService<S, W> {
                 "replaced by a newer stream from the same cluster",
             ));
         }
+        // A revocation announced between the authorization above and this registration found
+        // no stream to close: check again now that the stream is registered (from the cache:
+        // the cache has a change before it is announced).
+        if let Err(status) = self.shared.authorize(identity.as_deref()).await {
+            self.shared.streams.remove_if(&name, |_, e| e.id == id);
+            return Err(status);
+        }
         let (tx, rx) = mpsc::channel(16);
         let shared = self.shared.clone();
         let lease = record
@@ -306,40 +313,25 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
                 if fingerprint.is_none() && !shared.leases.contains_key(&name) {
                     continue;
                 }
-                let (reason, revoked) = match shared.store.get_cluster(&name).await {
-                    Ok(None) => (
-                        Some((
-                            flower_addon_proto::CLUSTER_DELETED,
-                            format!("cluster {name:?} was deleted on the hub"),
-                        )),
-                        false,
-                    ),
-                    Ok(Some(r)) if !r.hub_accepts_client => (
-                        Some((
-                            flower_addon_proto::CLUSTER_NOT_ACCEPTED,
-                            format!(
-                                "cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"
-                            ),
-                        )),
-                        true,
-                    ),
-                    Ok(Some(r))
-                        if fingerprint
-                            .as_ref()
-                            .is_some_and(|f| *f != r.registration.key_fingerprint) =>
-                    {
-                        (
-                            Some((
-                                flower_addon_proto::CLUSTER_REKEYED,
-                                format!("cluster {name:?} was re-registered with another key"),
-                            )),
-                            false,
-                        )
-                    }
-                    Ok(Some(_)) => (None, false),
-                    Err(error) => {
-                        tracing::warn!(cluster = %name, %error, "cannot check revocation");
-                        (None, false)
+                // The cache answers "nothing to do"; anything else is confirmed by a fresh read.
+                let cached_fine = shared
+                    .store
+                    .cached_cluster(&name)
+                    .is_some_and(|r| distrust(&name, Some(&r), fingerprint.as_deref()).is_none());
+                let (reason, revoked) = if cached_fine {
+                    (None, false)
+                } else {
+                    match shared.store.get_cluster(&name).await {
+                        Ok(record) => {
+                            match distrust(&name, record.as_ref(), fingerprint.as_deref()) {
+                                Some((state, reason, revoked)) => (Some((state, reason)), revoked),
+                                None => (None, false),
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(cluster = %name, %error, "cannot check revocation");
+                            (None, false)
+                        }
                     }
                 };
                 let Some((state, reason)) = reason else {
@@ -358,6 +350,34 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
             }
         }
     });
+}
+
+/// Why the hub no longer trusts cluster `name` as stored in `record` (`None`: deleted), whose
+/// open stream (if any) holds the key `fingerprint`: the refusal's state, its message, and
+/// whether it is a revocation (the cluster is kept, unavailable). `None`: still trusted.
+fn distrust(
+    name: &str,
+    record: Option<&crate::registration::store::ClusterRecord>,
+    fingerprint: Option<&str>,
+) -> Option<(&'static str, String, bool)> {
+    match record {
+        None => Some((
+            flower_addon_proto::CLUSTER_DELETED,
+            format!("cluster {name:?} was deleted on the hub"),
+            false,
+        )),
+        Some(r) if !r.hub_accepts_client => Some((
+            flower_addon_proto::CLUSTER_NOT_ACCEPTED,
+            format!("cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"),
+            true,
+        )),
+        Some(r) if fingerprint.is_some_and(|f| f != r.registration.key_fingerprint) => Some((
+            flower_addon_proto::CLUSTER_REKEYED,
+            format!("cluster {name:?} was re-registered with another key"),
+            false,
+        )),
+        Some(_) => None,
+    }
 }
 
 /// Reason of `HubAcceptedManagedCluster=False` once an accepted cluster is revoked.
@@ -410,6 +430,10 @@ pub fn acceptance_conditions(
 /// Writes [`acceptance_conditions`] for cluster `name` when they change anything (so the
 /// write's own change event finds nothing to do).
 async fn sync_acceptance<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+    // The cache holds the change that was announced (it is filled first).
+    if let Some(record) = shared.store.cached_cluster(name) {
+        return sync_acceptance_of(shared, record).await;
+    }
     match shared.store.get_cluster(name).await {
         Ok(Some(record)) => sync_acceptance_of(shared, record).await,
         Ok(None) => {}

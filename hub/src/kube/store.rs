@@ -17,9 +17,16 @@
 //! Writes are read-modify-write with the object's resourceVersion (retried on conflict), so the
 //! admin's concurrent edits (labels, taints, acceptance) are never lost. [`ClusterStore::changes`]
 //! is fed by a watch on ManagedClusters, so `kubectl patch … hubAcceptsClient=false` or a delete
-//! closes the cluster's stream at once.
+//! closes the cluster's stream at once. The same watch keeps a cache of every ManagedCluster
+//! ([`ClusterStore::cached_cluster`]): a connecting agent is authorized, and its status
+//! written, without a read per connection (10,000 at once after a hub restart). A status
+//! write from the cache carries the cached resourceVersion, so a stale cache costs a conflict
+//! and a fresh read, never a lost update.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use dashmap::DashMap;
 
 use flower_addon_crds::{
     ClusterClaim, ManagedCluster, ManagedClusterSpec, ManagedClusterStatus, ManagedClusterVersion,
@@ -81,6 +88,8 @@ pub struct KubeStore {
     client: Client,
     namespace: String,
     changes: broadcast::Sender<String>,
+    /// Every ManagedCluster as the watch last saw it (without `managedFields`).
+    cache: Arc<DashMap<String, Arc<ManagedCluster>>>,
     watch: Option<JoinHandle<()>>,
     /// `spec.leaseDurationSeconds` of the ManagedClusters this store creates.
     lease_seconds: i32,
@@ -185,16 +194,36 @@ impl KubeStore {
     pub fn new(client: Client, namespace: impl Into<String>) -> Self {
         let (changes, _) = broadcast::channel(1024);
         let tx = changes.clone();
+        let cache: Arc<DashMap<String, Arc<ManagedCluster>>> = Arc::new(DashMap::new());
+        let filled = cache.clone();
         let api = Api::<ManagedCluster>::all(client.clone());
         let watch = tokio::spawn(async move {
             let mut events = watcher(api, watcher::Config::default())
+                .modify(crate::kube::work::strip_managed_fields)
                 .default_backoff()
                 .boxed();
             let mut filter = ChangeFilter::default();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
-                        for name in filter.on_event(&event) {
+                        let announced = filter.on_event(&event);
+                        // The cache first: whoever hears of a change finds it there.
+                        match &event {
+                            watcher::Event::Apply(mc) | watcher::Event::InitApply(mc) => {
+                                filled.insert(mc.name_any(), Arc::new(mc.clone()));
+                            }
+                            watcher::Event::Delete(mc) => {
+                                filled.remove(&mc.name_any());
+                            }
+                            // Deleted while the watch was down.
+                            watcher::Event::InitDone => {
+                                for name in &announced {
+                                    filled.remove(name);
+                                }
+                            }
+                            watcher::Event::Init => {}
+                        }
+                        for name in announced {
                             let _ = tx.send(name);
                         }
                     }
@@ -206,6 +235,7 @@ impl KubeStore {
             client,
             namespace: namespace.into(),
             changes,
+            cache,
             watch: Some(watch),
             lease_seconds: flower_addon_crds::DEFAULT_LEASE_DURATION_SECONDS,
         }
@@ -219,6 +249,7 @@ impl KubeStore {
             client,
             namespace: namespace.into(),
             changes,
+            cache: Arc::new(DashMap::new()),
             watch: None,
             lease_seconds: flower_addon_crds::DEFAULT_LEASE_DURATION_SECONDS,
         }
@@ -578,21 +609,32 @@ impl ClusterStore for KubeStore {
     where
         F: FnMut(&mut ClusterStatus) + Send,
     {
-        // One read and one write (two when the taints or annotations follow): the channel
-        // writes a status for every cluster that connects, 10,000 at a hub restart.
+        // One write (two when the taints or annotations follow), from the cached object: the
+        // channel writes a status for every cluster that connects, 10,000 at a hub restart. A
+        // conflict (the cache was behind) reads the object afresh.
         let api = self.clusters();
+        let mut cached = self.cache.get(name).map(|mc| ManagedCluster::clone(&mc));
         for _ in 0..CONFLICT_RETRIES {
-            let Some(mut mc) = api
-                .get_opt(name)
-                .await
-                .map_err(kube_err(format!("get ManagedCluster {name}")))?
-            else {
-                return Ok(());
+            let from_cache = cached.is_some();
+            let mut mc = match cached.take() {
+                Some(mc) => mc,
+                None => match api
+                    .get_opt(name)
+                    .await
+                    .map_err(kube_err(format!("get ManagedCluster {name}")))?
+                {
+                    Some(mc) => mc,
+                    None => return Ok(()),
+                },
             };
             let before = record_of(&mc).status;
             let mut status = before.clone();
             update(&mut status);
             if status == before {
+                if from_cache {
+                    // Nothing to write, by a cache that may be behind: confirm it.
+                    continue;
+                }
                 return Ok(());
             }
             if sync_spec_with_status(&mut mc, &status) {
@@ -630,6 +672,10 @@ impl ClusterStore for KubeStore {
             .map_err(kube_err(format!("get ManagedCluster {name}")))?
             .as_ref()
             .map(record_of))
+    }
+
+    fn cached_cluster(&self, name: &str) -> Option<ClusterRecord> {
+        self.cache.get(name).map(|mc| record_of(&mc))
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {

@@ -290,6 +290,16 @@ pub trait ClusterStore: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<ClusterRecord>, StoreError>> + Send;
+    /// The cluster as the store's own cache last saw it, without a request; `None` when the
+    /// store keeps no cache or the cache does not hold the cluster (the default: no cache). The
+    /// cache may be one change behind the store, and [`ClusterStore::changes`] announces a change
+    /// only once the cache holds it. So a cached record may answer "yes" (the change that
+    /// revokes it will still be announced), while a "no" must be confirmed with
+    /// [`ClusterStore::get_cluster`] (the cluster may just have been accepted or re-keyed).
+    fn cached_cluster(&self, name: &str) -> Option<ClusterRecord> {
+        let _ = name;
+        None
+    }
     /// Every cluster, sorted by name.
     fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterRecord>, StoreError>> + Send;
     /// Deletes a cluster; false if it did not exist.

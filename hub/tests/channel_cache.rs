@@ -1,0 +1,426 @@
+//! A store with a cache (like the Kubernetes store's ManagedCluster watch): the channel takes a
+//! cached "yes" without reading the store, confirms every "no" with a fresh read, closes a stream
+//! the cached "yes" let in once the revoking change is announced, and writes again a heartbeat
+//! whose write failed. Real mTLS on loopback, the file store underneath.
+mod channel_support;
+
+use channel_support::{any_port, config, eventually};
+use flower_addon_agent::channel::{AgentEvent, RunOptions, run};
+use flower_addon_agent::credentials::Credentials;
+use flower_addon_agent::join::{JoinOptions, join};
+use flower_addon_agent::runtime::MemoryRuntime;
+use flower_addon_hub::channel::{ChannelServer, InMemoryWorkSource};
+use flower_addon_hub::registration::ca::{CaMaterial, CaRole};
+use flower_addon_hub::registration::store::file::FileStore;
+use flower_addon_hub::registration::store::{
+    CONDITION_AVAILABLE, ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore,
+    StoreError, load_or_create_ca,
+};
+use flower_addon_hub::registration::tokens::{self, TokenRecord};
+use flower_addon_proto::{ClusterWork, FederationWork};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tonic::Code;
+
+/// The file store behind a cache that changes only when the test delivers a change, and that
+/// announces a change only after caching it (the contract of `ClusterStore::cached_cluster`).
+struct CachedStore {
+    inner: FileStore,
+    cache: Mutex<HashMap<String, ClusterRecord>>,
+    changes: broadcast::Sender<String>,
+    /// Fresh reads of a cluster.
+    gets: AtomicUsize,
+    /// While set, status writes fail (and are counted in `failed_writes`).
+    fail_status_writes: AtomicBool,
+    failed_writes: AtomicUsize,
+}
+
+impl CachedStore {
+    fn open(dir: &std::path::Path) -> Self {
+        Self {
+            inner: FileStore::open(dir).expect("open store"),
+            cache: Mutex::new(HashMap::new()),
+            changes: broadcast::channel(64).0,
+            gets: AtomicUsize::new(0),
+            fail_status_writes: AtomicBool::new(false),
+            failed_writes: AtomicUsize::new(0),
+        }
+    }
+
+    /// The cache takes the stored record of `name`, then the change is announced.
+    async fn deliver(&self, name: &str) {
+        let record = self.inner.get_cluster(name).await.expect("get");
+        {
+            let mut cache = self.cache.lock().expect("cache");
+            match record {
+                Some(record) => cache.insert(name.to_owned(), record),
+                None => cache.remove(name),
+            };
+        }
+        let _ = self.changes.send(name.to_owned());
+    }
+
+    fn status_write(&self) -> Result<(), StoreError> {
+        if self.fail_status_writes.load(Ordering::SeqCst) {
+            self.failed_writes.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Io {
+                path: "status".into(),
+                source: std::io::Error::other("injected failure"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ClusterStore for CachedStore {
+    async fn load_ca_for(&self, role: CaRole) -> Result<Option<CaMaterial>, StoreError> {
+        self.inner.load_ca_for(role).await
+    }
+    async fn create_ca_for(&self, role: CaRole, ca: &CaMaterial) -> Result<CaMaterial, StoreError> {
+        self.inner.create_ca_for(role, ca).await
+    }
+    async fn replace_ca_for(
+        &self,
+        role: CaRole,
+        current: &CaMaterial,
+        new: &CaMaterial,
+    ) -> Result<(), StoreError> {
+        self.inner.replace_ca_for(role, current, new).await
+    }
+    async fn put_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        self.inner.put_token(token).await
+    }
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRecord>, StoreError> {
+        self.inner.get_token(id).await
+    }
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        self.inner.list_tokens().await
+    }
+    async fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.delete_token(id).await
+    }
+    async fn use_token(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.use_token(id).await
+    }
+    async fn create_cluster(
+        &self,
+        registration: &ClusterRegistration,
+        hub_accepts_client: bool,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .create_cluster(registration, hub_accepts_client)
+            .await
+    }
+    async fn update_registration(
+        &self,
+        registration: &ClusterRegistration,
+    ) -> Result<(), StoreError> {
+        self.inner.update_registration(registration).await
+    }
+    async fn set_accepted(&self, name: &str, accepted: bool) -> Result<(), StoreError> {
+        self.inner.set_accepted(name, accepted).await
+    }
+    async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
+        self.status_write()?;
+        self.inner.put_status(name, status).await
+    }
+    async fn update_status<F>(&self, name: &str, update: F) -> Result<(), StoreError>
+    where
+        F: FnMut(&mut ClusterStatus) + Send,
+    {
+        self.status_write()?;
+        self.inner.update_status(name, update).await
+    }
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRecord>, StoreError> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.inner.get_cluster(name).await
+    }
+    fn cached_cluster(&self, name: &str) -> Option<ClusterRecord> {
+        self.cache.lock().expect("cache").get(name).cloned()
+    }
+    async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
+        self.inner.list_clusters().await
+    }
+    async fn delete_cluster(&self, name: &str) -> Result<bool, StoreError> {
+        self.inner.delete_cluster(name).await
+    }
+    fn changes(&self) -> broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+}
+
+struct Hub {
+    store: Arc<CachedStore>,
+    work: Arc<InMemoryWorkSource>,
+    ca_hash: String,
+    addr: std::net::SocketAddr,
+    connected: Box<dyn Fn() -> usize + Send + Sync>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_hub() -> Hub {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = Arc::new(CachedStore::open(dir.path()));
+    let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
+    let work = Arc::new(InMemoryWorkSource::new());
+    let listener = tokio::net::TcpListener::bind(any_port())
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = ChannelServer::new(store.clone(), work.clone(), ca.clone(), config());
+    let connected = Box::new(server.connected_counter());
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        server
+            .serve(vec![listener], async {
+                let _ = stop_rx.await;
+            })
+            .await
+            .expect("serve");
+    });
+    Hub {
+        store,
+        work,
+        ca_hash: ca.hash().to_string(),
+        addr,
+        connected,
+        stop,
+        task,
+        _dir: dir,
+    }
+}
+
+impl Hub {
+    /// Joins `name` and accepts it (in the store; the cache has not heard of it yet).
+    async fn join_accepted(&self, name: &str, state_dir: &std::path::Path) -> Credentials {
+        let new = tokens::generate_scoped(
+            Duration::from_secs(3600),
+            "test",
+            tokens::TokenScope::default(),
+        );
+        self.store.put_token(&new.record).await.expect("token");
+        let mut options = JoinOptions::new(
+            &self.addr.to_string(),
+            &new.token,
+            &self.ca_hash,
+            name,
+            state_dir.to_path_buf(),
+        );
+        options.max_wait = Some(Duration::from_secs(20));
+        options.max_backoff = Duration::from_millis(200);
+        let store = self.store.clone();
+        let accept = name.to_owned();
+        let accepter = tokio::spawn(async move {
+            for _ in 0..200 {
+                if store.set_accepted(&accept, true).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let creds = join(&options, &mut |_| {}).await.expect("join");
+        accepter.await.expect("accepter");
+        creds
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("hub stops")
+            .expect("hub task");
+    }
+}
+
+struct Agent {
+    stop: watch::Sender<bool>,
+    events: mpsc::UnboundedReceiver<AgentEvent>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn spawn_agent(creds: Credentials) -> Agent {
+    let (stop, stop_rx) = watch::channel(false);
+    let (ev_tx, events) = mpsc::unbounded_channel();
+    let mut options = RunOptions::new(creds, None);
+    options.reconnect_min = Duration::from_millis(50);
+    options.reconnect_max = Duration::from_millis(300);
+    options.status_interval = Duration::from_millis(200);
+    options.events = Some(ev_tx);
+    let runtime = Arc::new(MemoryRuntime::new());
+    let task = tokio::spawn(async move {
+        run(options, runtime, stop_rx).await.expect("agent run");
+    });
+    Agent { stop, events, task }
+}
+
+impl Agent {
+    /// The code the next disconnection ends with.
+    async fn disconnected(&mut self, within: Duration) -> Option<Code> {
+        loop {
+            match tokio::time::timeout(within, self.events.recv())
+                .await
+                .expect("a disconnection in time")
+                .expect("events open")
+            {
+                AgentEvent::Disconnected { code, .. } => return code,
+                _ => continue,
+            }
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        self.task.await.expect("agent");
+    }
+}
+
+fn some_work() -> ClusterWork {
+    ClusterWork {
+        federations: vec![FederationWork {
+            namespace: "default".into(),
+            name: "fed".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_cached_yes_costs_no_read_and_the_announced_revocation_closes_the_stream() {
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    hub.store.deliver("edge-1").await;
+    // Revoked in the store, not yet in the cache (the watch is behind).
+    hub.store
+        .set_accepted("edge-1", false)
+        .await
+        .expect("revoke");
+    let v1 = hub.work.set("edge-1", some_work());
+    let gets = hub.store.gets.load(Ordering::SeqCst);
+    let mut agent = spawn_agent(creds);
+    let work = hub.work.clone();
+    eventually(
+        "the stream authorized by the cache gets its work",
+        Duration::from_secs(5),
+        async || work.acked("edge-1") == Some(v1),
+    )
+    .await;
+    assert_eq!(
+        hub.store.gets.load(Ordering::SeqCst),
+        gets,
+        "a connection the cache authorizes costs no read"
+    );
+    // The watch catches up: the stream closes at once, and reconnects are refused.
+    let announced = std::time::Instant::now();
+    hub.store.deliver("edge-1").await;
+    assert_eq!(
+        agent.disconnected(Duration::from_secs(3)).await,
+        Some(Code::PermissionDenied)
+    );
+    assert!(announced.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        agent.disconnected(Duration::from_secs(3)).await,
+        Some(Code::PermissionDenied),
+        "refused again on reconnect"
+    );
+    assert_eq!((hub.connected)(), 0);
+    agent.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_cached_no_is_confirmed_with_a_fresh_read() {
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    // The cache saw the cluster before it was accepted; the store has it accepted.
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    hub.store
+        .set_accepted("edge-1", false)
+        .await
+        .expect("unaccept");
+    hub.store.deliver("edge-1").await;
+    hub.store
+        .set_accepted("edge-1", true)
+        .await
+        .expect("accept");
+    let v1 = hub.work.set("edge-1", some_work());
+    let agent = spawn_agent(creds.clone());
+    let work = hub.work.clone();
+    eventually(
+        "a stale cached refusal does not keep an accepted cluster out",
+        Duration::from_secs(5),
+        async || work.acked("edge-1") == Some(v1),
+    )
+    .await;
+    agent.stop().await;
+    // Negative: refused in the store as in the cache.
+    hub.store
+        .set_accepted("edge-1", false)
+        .await
+        .expect("revoke");
+    hub.store.deliver("edge-1").await;
+    let mut agent = spawn_agent(creds.clone());
+    assert_eq!(
+        agent.disconnected(Duration::from_secs(5)).await,
+        Some(Code::PermissionDenied)
+    );
+    agent.stop().await;
+    // Negative: a cluster the cache does not hold is read, and a deleted one refused.
+    hub.store
+        .set_accepted("edge-1", true)
+        .await
+        .expect("accept");
+    hub.store.deliver("edge-1").await;
+    assert!(hub.store.delete_cluster("edge-1").await.expect("delete"));
+    hub.store.cache.lock().expect("cache").clear();
+    let mut agent = spawn_agent(creds);
+    assert_eq!(
+        agent.disconnected(Duration::from_secs(5)).await,
+        Some(Code::PermissionDenied),
+        "a cluster missing from the cache is read, and a deleted one refused"
+    );
+    agent.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn a_heartbeat_whose_write_failed_is_written_with_a_later_message() {
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    hub.store.deliver("edge-1").await;
+    hub.store.fail_status_writes.store(true, Ordering::SeqCst);
+    let agent = spawn_agent(creds);
+    let store = hub.store.clone();
+    eventually(
+        "the first heartbeat's write failed",
+        Duration::from_secs(5),
+        async || store.failed_writes.load(Ordering::SeqCst) > 0,
+    )
+    .await;
+    hub.store.fail_status_writes.store(false, Ordering::SeqCst);
+    eventually(
+        "Available=True written once the store works again",
+        Duration::from_secs(5),
+        async || {
+            store
+                .inner
+                .get_cluster("edge-1")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.status.condition(CONDITION_AVAILABLE).cloned())
+                .is_some_and(|c| c.status == "True")
+        },
+    )
+    .await;
+    assert_eq!((hub.connected)(), 1, "the stream stayed open meanwhile");
+    agent.stop().await;
+    hub.stop().await;
+}
