@@ -13,8 +13,8 @@ use flower_addon_hub::channel::{ChannelServer, InMemoryWorkSource};
 use flower_addon_hub::registration::ca::{CaMaterial, CaRole};
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::{
-    CONDITION_AVAILABLE, ClusterRecord, ClusterRegistration, ClusterStatus, ClusterStore,
-    StoreError, load_or_create_ca,
+    CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterRecord, ClusterRegistration, ClusterStatus,
+    ClusterStore, StoreError, load_or_create_ca,
 };
 use flower_addon_hub::registration::tokens::{self, TokenRecord};
 use flower_addon_proto::{ClusterWork, FederationWork};
@@ -140,6 +140,16 @@ impl ClusterStore for CachedStore {
     }
     fn cached_cluster(&self, name: &str) -> Option<ClusterRecord> {
         self.cache.lock().expect("cache").get(name).cloned()
+    }
+    fn cached_clusters(&self) -> Option<Vec<ClusterRecord>> {
+        Some(
+            self.cache
+                .lock()
+                .expect("cache")
+                .values()
+                .cloned()
+                .collect(),
+        )
     }
     async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
         self.inner.list_clusters().await
@@ -422,5 +432,81 @@ async fn a_heartbeat_whose_write_failed_is_written_with_a_later_message() {
     .await;
     assert_eq!((hub.connected)(), 1, "the stream stayed open meanwhile");
     agent.stop().await;
+    hub.stop().await;
+}
+
+/// Drops the HubAcceptedManagedCluster condition Join wrote, as for a cluster created accepted
+/// by an admin (or the benchmark) rather than through Join.
+async fn forget_acceptance(store: &CachedStore, name: &str) {
+    store
+        .inner
+        .update_status(name, |st| {
+            st.conditions.retain(|c| c.type_ != CONDITION_HUB_ACCEPTED)
+        })
+        .await
+        .expect("status");
+}
+
+/// The `(Available, HubAcceptedManagedCluster)` statuses stored for `name`.
+async fn conditions(store: &CachedStore, name: &str) -> (Option<String>, Option<String>) {
+    let Some(record) = store.inner.get_cluster(name).await.ok().flatten() else {
+        return (None, None);
+    };
+    let of = |t: &str| record.status.condition(t).map(|c| c.status.clone());
+    (of(CONDITION_AVAILABLE), of(CONDITION_HUB_ACCEPTED))
+}
+
+#[tokio::test]
+async fn the_first_heartbeat_write_records_the_acceptance_too() {
+    // Accepted in the store, never announced: the stream's first write carries
+    // HubAcceptedManagedCluster=True with Available=True.
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    forget_acceptance(&hub.store, "edge-1").await;
+    assert_eq!(conditions(&hub.store, "edge-1").await.1, None);
+    let agent = spawn_agent(creds);
+    let store = hub.store.clone();
+    let both = (Some("True".to_string()), Some("True".to_string()));
+    eventually(
+        "Available=True and HubAcceptedManagedCluster=True",
+        Duration::from_secs(5),
+        async || conditions(&store, "edge-1").await == both,
+    )
+    .await;
+    agent.stop().await;
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn changes_missed_in_a_burst_are_made_up_for_every_cluster() {
+    // A burst of announcements larger than the channel (64 here) while the hub is busy: the
+    // watcher misses some, and checks every cluster the cache holds instead, also those with
+    // no stream (here: an accepted cluster whose agent never connected).
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let _creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    forget_acceptance(&hub.store, "edge-1").await;
+    // Let the watcher finish its start-up pass, so only the burst below can record acceptance.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(conditions(&hub.store, "edge-1").await.1, None);
+    // One runtime thread: nothing reads the channel until this burst is sent.
+    let record = hub.store.inner.get_cluster("edge-1").await.expect("get");
+    hub.store
+        .cache
+        .lock()
+        .expect("cache")
+        .insert("edge-1".into(), record.expect("joined"));
+    let _ = hub.store.changes.send("edge-1".into());
+    for i in 0..200 {
+        let _ = hub.store.changes.send(format!("ghost-{i}"));
+    }
+    let store = hub.store.clone();
+    eventually(
+        "HubAcceptedManagedCluster=True after the missed announcement",
+        Duration::from_secs(5),
+        async || conditions(&store, "edge-1").await.1.as_deref() == Some("True"),
+    )
+    .await;
     hub.stop().await;
 }

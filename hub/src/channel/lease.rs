@@ -88,6 +88,9 @@ pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
                 if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
                     tracing::info!(cluster = %name, "cluster available");
                 }
+                // The stream was authorized, so the cluster is accepted: a HubAccepted condition
+                // the revocation watcher has not written yet goes with this write.
+                super::work::acceptance_conditions(st, true, at);
             })
             .await;
         if let Err(error) = result {

@@ -293,16 +293,19 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
             Err(error) => tracing::warn!(%error, "cannot list clusters to check acceptance"),
         }
         loop {
-            let names: Vec<String> = tokio::select! {
+            let event = tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
-                event = events.recv() => match event {
-                    Ok(name) => vec![name],
-                    // Missed events: check every open stream.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        shared.streams.iter().map(|e| e.key().clone()).collect()
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                },
+                event = events.recv() => event,
+            };
+            let names: Vec<String> = match event {
+                Ok(name) => vec![name],
+                // Missed events (a burst of new clusters): check every cluster, from the cache
+                // when the store keeps one, and every open stream.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::info!(missed, "cluster changes missed; checking every cluster");
+                    every_cluster(&shared).await
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             };
             for name in names {
                 // Every cluster's conditions follow hubAcceptsClient, also for clusters without
@@ -350,6 +353,27 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
             }
         }
     });
+}
+
+/// The names of every stored cluster and every open stream, sorted, without duplicates.
+async fn every_cluster<S: ClusterStore, W: super::WorkSource>(
+    shared: &Shared<S, W>,
+) -> Vec<String> {
+    let stored = match shared.store.cached_clusters() {
+        Some(records) => records,
+        None => shared.store.list_clusters().await.unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot list clusters; checking the open streams only");
+            Vec::new()
+        }),
+    };
+    let mut names: Vec<String> = stored
+        .into_iter()
+        .map(|r| r.registration.name)
+        .chain(shared.streams.iter().map(|e| e.key().clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Why the hub no longer trusts cluster `name` as stored in `record` (`None`: deleted), whose

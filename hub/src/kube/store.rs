@@ -678,6 +678,10 @@ impl ClusterStore for KubeStore {
         self.cache.get(name).map(|mc| record_of(&mc))
     }
 
+    fn cached_clusters(&self) -> Option<Vec<ClusterRecord>> {
+        Some(self.cache.iter().map(|mc| record_of(mc.value())).collect())
+    }
+
     async fn list_clusters(&self) -> Result<Vec<ClusterRecord>, StoreError> {
         let mut out: Vec<ClusterRecord> = self
             .clusters()

@@ -300,6 +300,12 @@ pub trait ClusterStore: Send + Sync + 'static {
         let _ = name;
         None
     }
+    /// Every cluster the store's cache holds, in no order, without a request; `None` when the
+    /// store keeps no cache (the default). What [`ClusterStore::cached_cluster`] says of one
+    /// cluster holds for each.
+    fn cached_clusters(&self) -> Option<Vec<ClusterRecord>> {
+        None
+    }
     /// Every cluster, sorted by name.
     fn list_clusters(&self) -> impl Future<Output = Result<Vec<ClusterRecord>, StoreError>> + Send;
     /// Deletes a cluster; false if it did not exist.
