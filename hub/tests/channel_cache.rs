@@ -36,6 +36,8 @@ struct CachedStore {
     /// While set, status writes fail (and are counted in `failed_writes`).
     fail_status_writes: AtomicBool,
     failed_writes: AtomicUsize,
+    /// While set, status writes wait (a store that has stopped answering).
+    hold_status_writes: AtomicBool,
 }
 
 impl CachedStore {
@@ -47,6 +49,7 @@ impl CachedStore {
             gets: AtomicUsize::new(0),
             fail_status_writes: AtomicBool::new(false),
             failed_writes: AtomicUsize::new(0),
+            hold_status_writes: AtomicBool::new(false),
         }
     }
 
@@ -63,7 +66,10 @@ impl CachedStore {
         let _ = self.changes.send(name.to_owned());
     }
 
-    fn status_write(&self) -> Result<(), StoreError> {
+    async fn status_write(&self) -> Result<(), StoreError> {
+        while self.hold_status_writes.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if self.fail_status_writes.load(Ordering::SeqCst) {
             self.failed_writes.fetch_add(1, Ordering::SeqCst);
             return Err(StoreError::Io {
@@ -124,14 +130,14 @@ impl ClusterStore for CachedStore {
         self.inner.set_accepted(name, accepted).await
     }
     async fn put_status(&self, name: &str, status: &ClusterStatus) -> Result<(), StoreError> {
-        self.status_write()?;
+        self.status_write().await?;
         self.inner.put_status(name, status).await
     }
     async fn update_status<F>(&self, name: &str, update: F) -> Result<(), StoreError>
     where
         F: FnMut(&mut ClusterStatus) + Send,
     {
-        self.status_write()?;
+        self.status_write().await?;
         self.inner.update_status(name, update).await
     }
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRecord>, StoreError> {
@@ -508,5 +514,47 @@ async fn changes_missed_in_a_burst_are_made_up_for_every_cluster() {
         async || conditions(&store, "edge-1").await.1.as_deref() == Some("True"),
     )
     .await;
+    hub.stop().await;
+}
+
+#[tokio::test]
+async fn work_reaches_the_stream_while_the_store_does_not_answer() {
+    // Status writes hang (an apiserver swamped by 10,000 first heartbeats): the stream still
+    // gets its work, and every new version of it.
+    let hub = start_hub().await;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    hub.store.deliver("edge-1").await;
+    hub.store.hold_status_writes.store(true, Ordering::SeqCst);
+    let v1 = hub.work.set("edge-1", some_work());
+    let agent = spawn_agent(creds);
+    let work = hub.work.clone();
+    eventually("v1 acked", Duration::from_secs(5), async || {
+        work.acked("edge-1") == Some(v1)
+    })
+    .await;
+    // Heartbeats keep coming and their writes keep hanging; a new version still goes out.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut next = some_work();
+    next.federations[0].name = "fed-2".into();
+    let v2 = hub.work.set("edge-1", next);
+    eventually("v2 acked", Duration::from_secs(5), async || {
+        work.acked("edge-1") == Some(v2)
+    })
+    .await;
+    assert_eq!(
+        conditions(&hub.store, "edge-1").await.0,
+        None,
+        "nothing was written meanwhile"
+    );
+    hub.store.hold_status_writes.store(false, Ordering::SeqCst);
+    let store = hub.store.clone();
+    eventually(
+        "Available=True once the store answers",
+        Duration::from_secs(5),
+        async || conditions(&store, "edge-1").await.0.as_deref() == Some("True"),
+    )
+    .await;
+    agent.stop().await;
     hub.stop().await;
 }

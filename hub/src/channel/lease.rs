@@ -46,8 +46,8 @@ fn last_seen_slot(name: &str, lease_duration: Duration, unix: u64) -> u64 {
 /// first message of each stream (a reconnection, also after a hub restart), and then only as a
 /// coarse last-seen ([`last_seen_slot`]). Only the cluster's current stream renews: a
 /// message that raced a revocation must not make the revoked cluster Available again.
-pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
+pub(super) fn renew_lease<S: ClusterStore, W: super::WorkSource>(
+    shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
     lease_duration: Duration,
@@ -76,33 +76,40 @@ pub(super) async fn renew_lease<S: ClusterStore, W: super::WorkSource>(
         due
     };
     if must_persist {
-        let at = unix_now();
-        let result = shared
-            .update_status(name, |st| {
-                // Checked again under the status lock: the revocation watcher removes the stream
-                // before it records Available=False under the same lock.
-                if !is_current(shared, name, stream) {
-                    return;
+        // Written beside the stream, not in it: the stream goes on delivering work while the
+        // store is slow (10,000 first heartbeats after a connect storm or a hub restart).
+        let shared = shared.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            let _permit = shared.store_writes.acquire().await;
+            let at = unix_now();
+            let result = shared
+                .update_status(&name, |st| {
+                    // Checked again under the status lock: the revocation watcher removes the
+                    // stream before it records Available=False under the same lock.
+                    if !is_current(&shared, &name, stream) {
+                        return;
+                    }
+                    st.last_heartbeat_unix = Some(at);
+                    if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
+                        tracing::info!(cluster = %name, "cluster available");
+                    }
+                    // The stream was authorized, so the cluster is accepted: a HubAccepted
+                    // condition the revocation watcher has not written yet goes with this write.
+                    super::work::acceptance_conditions(st, true, at);
+                })
+                .await;
+            if let Err(error) = result {
+                let _ = internal("recording the heartbeat", error);
+                // Not written: the stream's next message tries again (else the store would
+                // show the cluster's old state until its next last-seen slot, 15 minutes on).
+                if let Some(mut lease) = shared.leases.get_mut(&name)
+                    && lease.stream == Some(stream)
+                {
+                    lease.stream = None;
                 }
-                st.last_heartbeat_unix = Some(at);
-                if st.set_condition(CONDITION_AVAILABLE, "True", "ClusterAvailable", "", at) {
-                    tracing::info!(cluster = %name, "cluster available");
-                }
-                // The stream was authorized, so the cluster is accepted: a HubAccepted condition
-                // the revocation watcher has not written yet goes with this write.
-                super::work::acceptance_conditions(st, true, at);
-            })
-            .await;
-        if let Err(error) = result {
-            let _ = internal("recording the heartbeat", error);
-            // Not written: the stream's next message tries again (else the store would show
-            // the cluster's old state until its next last-seen slot, 15 minutes on).
-            if let Some(mut lease) = shared.leases.get_mut(name)
-                && lease.stream == Some(stream)
-            {
-                lease.stream = None;
             }
-        }
+        });
     }
 }
 

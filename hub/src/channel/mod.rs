@@ -127,7 +127,13 @@ pub(crate) struct Shared<S, W> {
     pub(crate) known_allocatable: DashMap<String, std::collections::BTreeMap<String, String>>,
     /// Serializes joins per cluster name, so two keys cannot both adopt a pre-created cluster.
     join_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Bounds the status writes that streams start beside themselves (heartbeats, allocatable
+    /// resources), so 10,000 connecting clusters queue here rather than at the store.
+    pub(crate) store_writes: tokio::sync::Semaphore,
 }
+
+/// Status writes started by streams that run at once ([`Shared::store_writes`]).
+const CONCURRENT_STORE_WRITES: usize = 32;
 
 /// `PERMISSION_DENIED` for a cluster the hub no longer trusts, with
 /// [`flower_addon_proto::CLUSTER_STATE_KEY`] = `state` so the agent stops its SuperNodes.
@@ -264,6 +270,7 @@ impl<S: ClusterStore, W: WorkSource> ChannelServer<S, W> {
                 status_locks: DashMap::new(),
                 known_allocatable: DashMap::new(),
                 join_locks: DashMap::new(),
+                store_writes: tokio::sync::Semaphore::new(CONCURRENT_STORE_WRITES),
             }),
         }
     }

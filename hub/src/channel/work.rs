@@ -198,7 +198,7 @@ async fn send(
 
 /// Checks that a message speaks only for the stream's own cluster, then records it.
 async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
+    shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
     lease: Duration,
@@ -226,18 +226,19 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
         }
         Some(AgentKind::Status(status)) => {
             shared.work.on_status(name, &status);
-            record_allocatable(shared, name, &status.allocatable).await;
+            record_allocatable(shared, name, &status.allocatable);
         }
         _ => {}
     }
-    renew_lease(shared, name, stream, lease).await;
+    renew_lease(shared, name, stream, lease);
     Ok(())
 }
 
 /// Stores the allocatable resources a cluster reports (for the `ResourceAllocatable*`
-/// prioritizers) when they changed; bounded to the two keys placement reads.
-async fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
-    shared: &Shared<S, W>,
+/// prioritizers) when they changed; bounded to the two keys placement reads. Written beside the
+/// stream, like the heartbeat.
+fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
+    shared: &Arc<Shared<S, W>>,
     name: &str,
     reported: &std::collections::HashMap<String, String>,
 ) {
@@ -256,18 +257,23 @@ async fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
     if known {
         return;
     }
-    let stored = wanted.clone();
-    match shared
-        .update_status(name, move |st| st.allocatable = stored.clone())
-        .await
-    {
-        Ok(()) => {
-            shared.known_allocatable.insert(name.to_owned(), wanted);
+    let shared = shared.clone();
+    let name = name.to_owned();
+    tokio::spawn(async move {
+        let _permit = shared.store_writes.acquire().await;
+        let stored = wanted.clone();
+        match shared
+            .update_status(&name, move |st| st.allocatable = stored.clone())
+            .await
+        {
+            Ok(()) => {
+                shared.known_allocatable.insert(name, wanted);
+            }
+            Err(error) => {
+                tracing::warn!(cluster = %name, %error, "cannot store the reported allocatable resources")
+            }
         }
-        Err(error) => {
-            tracing::warn!(cluster = %name, %error, "cannot store the reported allocatable resources")
-        }
-    }
+    });
 }
 
 /// Whether `stream` is still the registered stream of `name` (not revoked, replaced or closed).
