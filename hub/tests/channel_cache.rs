@@ -7,22 +7,20 @@ mod channel_support;
 use channel_support::{any_port, config, eventually};
 use flower_addon_agent::channel::{AgentEvent, RunOptions, run};
 use flower_addon_agent::credentials::Credentials;
-use flower_addon_agent::join::{JoinOptions, join};
 use flower_addon_agent::runtime::MemoryRuntime;
-use flower_addon_hub::channel::{ChannelServer, InMemoryWorkSource};
 use flower_addon_hub::registration::ca::{CaMaterial, CaRole};
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::{
     CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterRecord, ClusterRegistration, ClusterStatus,
-    ClusterStore, StoreError, load_or_create_ca,
+    ClusterStore, StoreError,
 };
-use flower_addon_hub::registration::tokens::{self, TokenRecord};
+use flower_addon_hub::registration::tokens::TokenRecord;
 use flower_addon_proto::{ClusterWork, FederationWork};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tonic::Code;
 
 /// The file store behind a cache that changes only when the test delivers a change, and that
@@ -168,89 +166,14 @@ impl ClusterStore for CachedStore {
     }
 }
 
-struct Hub {
-    store: Arc<CachedStore>,
-    work: Arc<InMemoryWorkSource>,
-    ca_hash: String,
-    addr: std::net::SocketAddr,
-    connected: Box<dyn Fn() -> usize + Send + Sync>,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
+type Hub = channel_support::Hub<CachedStore>;
 
-async fn start_hub() -> Hub {
+/// A hub on a [`CachedStore`] in a new directory (kept while the returned guard lives).
+async fn start_hub() -> (Hub, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tmp");
     let store = Arc::new(CachedStore::open(dir.path()));
-    let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
-    let work = Arc::new(InMemoryWorkSource::new());
-    let listener = tokio::net::TcpListener::bind(any_port())
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let server = ChannelServer::new(store.clone(), work.clone(), ca.clone(), config());
-    let connected = Box::new(server.connected_counter());
-    let (stop, stop_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        server
-            .serve(vec![listener], async {
-                let _ = stop_rx.await;
-            })
-            .await
-            .expect("serve");
-    });
-    Hub {
-        store,
-        work,
-        ca_hash: ca.hash().to_string(),
-        addr,
-        connected,
-        stop,
-        task,
-        _dir: dir,
-    }
-}
-
-impl Hub {
-    /// Joins `name` and accepts it (in the store; the cache has not heard of it yet).
-    async fn join_accepted(&self, name: &str, state_dir: &std::path::Path) -> Credentials {
-        let new = tokens::generate_scoped(
-            Duration::from_secs(3600),
-            "test",
-            tokens::TokenScope::default(),
-        );
-        self.store.put_token(&new.record).await.expect("token");
-        let mut options = JoinOptions::new(
-            &self.addr.to_string(),
-            &new.token,
-            &self.ca_hash,
-            name,
-            state_dir.to_path_buf(),
-        );
-        options.max_wait = Some(Duration::from_secs(20));
-        options.max_backoff = Duration::from_millis(200);
-        let store = self.store.clone();
-        let accept = name.to_owned();
-        let accepter = tokio::spawn(async move {
-            for _ in 0..200 {
-                if store.set_accepted(&accept, true).await.is_ok() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        let creds = join(&options, &mut |_| {}).await.expect("join");
-        accepter.await.expect("accepter");
-        creds
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("hub stops")
-            .expect("hub task");
-    }
+    let hub = Hub::start_with(store, dir.path(), any_port(), config()).await;
+    (hub, dir)
 }
 
 struct Agent {
@@ -308,7 +231,7 @@ fn some_work() -> ClusterWork {
 
 #[tokio::test]
 async fn a_cached_yes_costs_no_read_and_the_announced_revocation_closes_the_stream() {
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
     hub.store.deliver("edge-1").await;
@@ -352,7 +275,7 @@ async fn a_cached_yes_costs_no_read_and_the_announced_revocation_closes_the_stre
 
 #[tokio::test]
 async fn a_cached_no_is_confirmed_with_a_fresh_read() {
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     // The cache saw the cluster before it was accepted; the store has it accepted.
     let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
@@ -407,7 +330,7 @@ async fn a_cached_no_is_confirmed_with_a_fresh_read() {
 
 #[tokio::test]
 async fn a_heartbeat_whose_write_failed_is_written_with_a_later_message() {
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
     hub.store.deliver("edge-1").await;
@@ -466,7 +389,7 @@ async fn conditions(store: &CachedStore, name: &str) -> (Option<String>, Option<
 async fn the_first_heartbeat_write_records_the_acceptance_too() {
     // Accepted in the store, never announced: the stream's first write carries
     // HubAcceptedManagedCluster=True with Available=True.
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
     forget_acceptance(&hub.store, "edge-1").await;
@@ -489,7 +412,7 @@ async fn changes_missed_in_a_burst_are_made_up_for_every_cluster() {
     // A burst of announcements larger than the channel (64 here) while the hub is busy: the
     // watcher misses some, and checks every cluster the cache holds instead, also those with
     // no stream (here: an accepted cluster whose agent never connected).
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     let _creds = hub.join_accepted("edge-1", agent_dir.path()).await;
     forget_acceptance(&hub.store, "edge-1").await;
@@ -521,7 +444,7 @@ async fn changes_missed_in_a_burst_are_made_up_for_every_cluster() {
 async fn work_reaches_the_stream_while_the_store_does_not_answer() {
     // Status writes hang (an apiserver swamped by 10,000 first heartbeats): the stream still
     // gets its work, and every new version of it.
-    let hub = start_hub().await;
+    let (hub, _dir) = start_hub().await;
     let agent_dir = tempfile::tempdir().expect("tmp");
     let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
     hub.store.deliver("edge-1").await;

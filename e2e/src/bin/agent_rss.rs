@@ -528,13 +528,8 @@ fn main() -> Result<()> {
             .build()?;
         ok &= runtime.block_on(kubernetes(&args))?;
     }
-    println!(
-        "agent_rss: {}",
-        if ok {
-            "all targets met"
-        } else {
-            "a target was missed"
-        }
-    );
+    // A missed target fails the run, as in channel_bench: a script cannot miss it.
+    ensure!(ok, "agent_rss: a target was missed (see OVER above)");
+    println!("agent_rss: all targets met");
     Ok(())
 }

@@ -15,10 +15,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A running hub.
-pub struct Hub {
+/// A running hub, on the file store unless a test brings its own store.
+pub struct Hub<S = FileStore> {
     pub dir: PathBuf,
-    pub store: Arc<FileStore>,
+    pub store: Arc<S>,
     pub work: Arc<InMemoryWorkSource>,
     pub ca: Arc<HubCa>,
     pub addr: SocketAddr,
@@ -31,6 +31,18 @@ impl Hub {
     /// Starts a hub in `dir` on `addr` (port 0: any).
     pub async fn start_in(dir: &Path, addr: SocketAddr, config: ChannelConfig) -> Hub {
         let store = Arc::new(FileStore::open(dir).expect("open store"));
+        Hub::start_with(store, dir, addr, config).await
+    }
+}
+
+impl<S: ClusterStore> Hub<S> {
+    /// Starts a hub on `store` (kept in `dir`) on `addr` (port 0: any).
+    pub async fn start_with(
+        store: Arc<S>,
+        dir: &Path,
+        addr: SocketAddr,
+        config: ChannelConfig,
+    ) -> Hub<S> {
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
         let work = Arc::new(InMemoryWorkSource::new());
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
