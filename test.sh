@@ -97,5 +97,11 @@ for version in "${FLOWER_MATRIX[@]}"; do
   PASSED=$((PASSED + 1))
 done
 
-step "done in $((SECONDS - T0)) s (logs in $LOG_DIR)"
+# Logs stay only after a failure (above), or when asked for: a passing run leaves nothing in /tmp.
+if [[ "${FLOWER_ADDON_KEEP_LOGS:-0}" == 1 ]]; then
+  step "done in $((SECONDS - T0)) s (logs kept in $LOG_DIR)"
+else
+  rm -rf "$LOG_DIR"
+  step "done in $((SECONDS - T0)) s (FLOWER_ADDON_KEEP_LOGS=1 keeps the logs)"
+fi
 echo "test.sh: $PASSED passed, 0 failed"

@@ -161,7 +161,8 @@ pub struct Processes {
 }
 
 impl Processes {
-    /// Starts `program args…` with stdout and stderr appended to `log`; it dies with the harness.
+    /// Starts `program args…` with stdout and stderr to `log` (a previous run's log is kept as
+    /// `log.1`, `log.2`, …); it dies with the harness.
     pub fn start(&mut self, name: &str, program: &Path, args: &[String], log: &Path) -> Result<()> {
         let mut cmd = Command::new(program);
         cmd.args(args);
@@ -183,6 +184,7 @@ impl Processes {
     }
 
     fn spawn(&mut self, name: &str, mut cmd: Command, log: &Path, group: bool) -> Result<()> {
+        keep_previous_log(log);
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
@@ -297,6 +299,23 @@ impl Processes {
         let mut procs = std::mem::take(&mut self.procs);
         procs.reverse();
         end_all(procs);
+    }
+}
+
+/// Moves an earlier process's `log` (a restarted daemon's) to the first free `log.N`, so every
+/// instance's log is left to read after a failure.
+fn keep_previous_log(log: &Path) {
+    if !std::fs::metadata(log).is_ok_and(|m| m.len() > 0) {
+        return;
+    }
+    let Some(name) = log.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return;
+    };
+    if let Some(free) = (1..1000)
+        .map(|n| log.with_file_name(format!("{name}.{n}")))
+        .find(|p| !p.exists())
+    {
+        let _ = std::fs::rename(log, free);
     }
 }
 
