@@ -390,7 +390,9 @@ impl Drop for World {
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             }
         }
-        if std::thread::panicking()
+        // Kept after a failure, or when asked for (as the cluster tests do).
+        let asked = std::env::var("FLOWER_ADDON_E2E_KEEP").is_ok_and(|v| v == "1");
+        if (std::thread::panicking() || asked)
             && let Some(work) = self.work.take()
         {
             eprintln!("standalone_flower: keeping {}", work.keep().display());
@@ -1048,7 +1050,12 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
 /// CA is left and the SuperNodes restart on it. A client trusting only the old CA is refused.
 fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
     use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // A runtime that keeps running between `block_on`s: the Control clients' pooled keep-alive
+    // connections must answer the SuperLink's TLS close when the hub restarts it, as a live
+    // client's would. Unpolled (a current-thread runtime), they kept each stopping SuperLink
+    // "waiting for connections to close" until the hub SIGKILLed it 5 s later.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     fn control(w: &World, ca_pem: String) -> Result<ControlClient> {

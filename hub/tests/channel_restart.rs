@@ -104,6 +104,72 @@ async fn after_a_hub_restart_agents_reconnect_and_resync_without_duplicates() {
 }
 
 #[tokio::test]
+async fn an_agent_keeps_its_work_until_a_restarted_hub_has_decided_it() {
+    // Invariant: a restarted standalone hub (a gated work source) sends a reconnecting agent
+    // nothing, not an empty list that would stop its SuperNodes, until it has computed that
+    // cluster's work; then it sends it at once.
+    use flower_addon_hub::channel::InMemoryWorkSource;
+    use flower_addon_hub::registration::store::file::FileStore;
+    use flower_addon_proto::FederationWork;
+    let dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let addr = hub.addr;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    let runtime = Arc::new(MemoryRuntime::new());
+    let (stop, _events, task) = agent(creds, agent_dir.path(), runtime.clone());
+    let running = ClusterWork {
+        federations: vec![FederationWork {
+            namespace: "default".into(),
+            name: "quickstart".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let v1 = hub.work.set("edge-1", running.clone());
+    let work = hub.work.clone();
+    eventually("v1 applied", Duration::from_secs(5), async || {
+        work.acked("edge-1") == Some(v1)
+    })
+    .await;
+    hub.stop().await;
+
+    let store = Arc::new(FileStore::open(dir.path()).expect("store"));
+    let hub = Hub::start_with_work(
+        store,
+        dir.path(),
+        addr,
+        config(),
+        InMemoryWorkSource::gated(),
+    )
+    .await;
+    eventually("reconnected", Duration::from_secs(10), async || {
+        (hub.connected)() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let kept = runtime.current().expect("applied before");
+    assert_eq!(
+        kept.version, v1,
+        "the agent was sent work before the hub decided it"
+    );
+    assert_eq!(kept.federations.len(), 1);
+
+    let v2 = hub.work.set("edge-1", running);
+    let work = hub.work.clone();
+    eventually(
+        "v2 applied once decided",
+        Duration::from_secs(5),
+        async || work.acked("edge-1") == Some(v2),
+    )
+    .await;
+    assert_eq!(runtime.current().expect("applied").federations.len(), 1);
+    let _ = stop.send(true);
+    task.await.expect("agent");
+    hub.stop().await;
+}
+
+#[tokio::test]
 async fn a_restarted_agent_reuses_its_identity_without_joining_again() {
     // An agent restarted from its state dir connects with the stored certificate even after its
     // bootstrap token is gone; the cluster record keeps the same key.

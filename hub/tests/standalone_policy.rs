@@ -101,6 +101,8 @@ async fn wait(
 /// `red-1` in set red and `blue-1` in set blue, its admin allowing `allowed` certificate names.
 struct Hub {
     dirs: Dirs,
+    /// The manifests as written, ports filled in.
+    text: String,
     work: Arc<InMemoryWorkSource>,
     stop: tokio::sync::oneshot::Sender<()>,
     running: tokio::task::JoinHandle<()>,
@@ -108,12 +110,26 @@ struct Hub {
 
 impl Hub {
     async fn start(manifests_text: &str, allowed: &[&str]) -> Self {
-        let dirs = Dirs::new();
+        Self::start_in(
+            Dirs::new(),
+            manifests_text,
+            allowed,
+            InMemoryWorkSource::new(),
+        )
+        .await
+    }
+
+    async fn start_in(
+        dirs: Dirs,
+        manifests_text: &str,
+        allowed: &[&str],
+        work: InMemoryWorkSource,
+    ) -> Self {
         let text = manifests_text
             .replace("FLEET", &free_port().to_string())
             .replace("APPIO", &free_port().to_string())
             .replace("CONTROL", &free_port().to_string());
-        std::fs::write(dirs.manifests.join("fed.yaml"), text).expect("manifests");
+        std::fs::write(dirs.manifests.join("fed.yaml"), &text).expect("manifests");
 
         let store = Arc::new(FileStore::open(&dirs.state).expect("store"));
         let ca = Arc::new(
@@ -133,7 +149,7 @@ impl Hub {
                 })
                 .collect();
         register(store.as_ref(), &clusters).await;
-        let work = Arc::new(InMemoryWorkSource::new());
+        let work = Arc::new(work);
         let hub = StandaloneHub::new(store.clone(), work.clone(), ca, dirs.config(allowed));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(hub.run(async {
@@ -141,6 +157,7 @@ impl Hub {
         }));
         Self {
             dirs,
+            text,
             work,
             stop,
             running,
@@ -219,5 +236,101 @@ async fn a_certificate_name_the_hub_does_not_have_is_refused() {
     let sans = std::fs::read_to_string(hub.dirs.state.join("federations/team/fed/tls/sans"))
         .expect("sans");
     assert!(sans.lines().any(|l| l == "flower.example.org"), "{sans}");
+    hub.stop().await;
+}
+
+/// The replicas of red-1's pool `a` in its current work, if it has any.
+fn replicas(work: &InMemoryWorkSource) -> Option<u32> {
+    let snapshot = work.snapshot("red-1");
+    let fed = snapshot.federations.first()?;
+    let pool: serde_json::Value = serde_json::from_str(&fed.pools.first()?.spec_json).ok()?;
+    pool["replicas"]
+        .as_u64()
+        .and_then(|r| u32::try_from(r).ok())
+}
+
+/// Waits up to 10 s for `check`, failing with `what`.
+async fn until(what: &str, check: impl Fn() -> bool) -> Duration {
+    let started = tokio::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn a_federations_work_waits_until_its_superlink_listens() {
+    // Invariant: SuperNodes are not (re)started while their SuperLink cannot take them: a
+    // restarted SuperNode whose SuperLink was down could not deactivate, and Flower refuses its
+    // successor for about a minute. The stand-in SuperLink listens only once `bin/hold` goes.
+    let dirs = Dirs::new();
+    let hold = dirs.bin.join("hold");
+    std::fs::write(&hold, "").expect("hold");
+    let manifests = format!("{MANIFESTS}---{BINDING}");
+    let hub = Hub::start_in(dirs, &manifests, &[], InMemoryWorkSource::gated()).await;
+    let (state, work) = (hub.dirs.state.clone(), hub.work.clone());
+
+    // The pass ran (red-1 selected, status written), but red-1 was never sent anything: it has
+    // no work at all, not an empty list; blue-1, which runs nothing, has its (empty) work.
+    wait("selected", &state, &work, |s, _, _| {
+        s["selected"] == serde_json::json!(["red-1"])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !work.decided("red-1"),
+        "red-1 got work before its SuperLink listened"
+    );
+    assert!(
+        work.decided("blue-1"),
+        "blue-1's empty work was held back too"
+    );
+    assert_eq!(work.snapshot("blue-1").federations.len(), 0);
+
+    std::fs::remove_file(&hold).expect("release");
+    let took = until("red-1's work once the SuperLink listens", || {
+        work.decided("red-1") && replicas(&work) == Some(1)
+    })
+    .await;
+    assert!(
+        took < Duration::from_secs(2),
+        "sent {took:?} after the SuperLink listened"
+    );
+
+    // A change that restarts the SuperLink (its arguments) together with the pool: while the new
+    // SuperLink does not listen, red-1 keeps the Federation's work as it was sent.
+    std::fs::write(&hold, "").expect("hold");
+    let changed = hub
+        .text
+        .replace(
+            "pools: [{name: a, replicas: 1}]",
+            "pools: [{name: a, replicas: 2}]",
+        )
+        .replace(
+            "    image: \"flwr/superlink:1.42.0\"",
+            "    image: \"flwr/superlink:1.42.0\"\n    extraArgs: [\"--restarted\"]",
+        );
+    std::fs::write(hub.dirs.manifests.join("fed.yaml"), changed).expect("change");
+    let starts = hub.dirs.bin.join("starts");
+    until("the SuperLink restarted with its new arguments", || {
+        std::fs::read_to_string(&starts).is_ok_and(|s| s.contains("--restarted"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        replicas(&work),
+        Some(1),
+        "the pool changed while its SuperLink was down"
+    );
+
+    std::fs::remove_file(&hold).expect("release");
+    until("the changed pool once the SuperLink listens", || {
+        replicas(&work) == Some(2)
+    })
+    .await;
     hub.stop().await;
 }

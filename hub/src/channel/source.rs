@@ -16,6 +16,12 @@ use tokio::sync::watch;
 pub trait WorkSource: Send + Sync + 'static {
     /// The complete current work of `cluster` (an empty list of federations if none).
     fn snapshot(&self, cluster: &str) -> ClusterWork;
+    /// Whether `cluster`'s work is decided: a stream sends no work, not even an empty list,
+    /// until it is (a list the hub has not computed yet would stop the agent's SuperNodes).
+    fn decided(&self, cluster: &str) -> bool {
+        let _ = cluster;
+        true
+    }
     /// A receiver whose value changes whenever any cluster's work may have changed.
     fn changes(&self) -> watch::Receiver<u64>;
     /// `cluster` applied the snapshot with `version`.
@@ -38,6 +44,8 @@ pub struct InMemoryWorkSource {
     changes: watch::Sender<u64>,
     acks: DashMap<String, u64>,
     statuses: DashMap<String, AgentStatus>,
+    /// Only clusters given work are decided ([`InMemoryWorkSource::gated`]).
+    gated: bool,
 }
 
 impl Default for InMemoryWorkSource {
@@ -63,6 +71,18 @@ impl InMemoryWorkSource {
             changes: watch::channel(base).0,
             acks: DashMap::new(),
             statuses: DashMap::new(),
+            gated: false,
+        }
+    }
+
+    /// A source whose clusters have no work, not even an empty list, until [`Self::set`] gives
+    /// them some: the standalone hub's, so an agent that connects to a restarted hub keeps what
+    /// it runs until the hub has decided what it should run (the Kubernetes work source is
+    /// ready only after its first pass for the same reason).
+    pub fn gated() -> Self {
+        Self {
+            gated: true,
+            ..Self::new()
         }
     }
 
@@ -119,6 +139,10 @@ impl WorkSource for InMemoryWorkSource {
                 cluster_name: cluster.to_string(),
                 ..Default::default()
             })
+    }
+
+    fn decided(&self, cluster: &str) -> bool {
+        !self.gated || self.works.read().is_ok_and(|w| w.contains_key(cluster))
     }
 
     fn changes(&self) -> watch::Receiver<u64> {

@@ -116,8 +116,13 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
     let ping_every = (lease / 3).max(Duration::from_millis(100));
     let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     let send_timeout = Duration::from_secs(30);
-    let snapshot = shared.work.snapshot(&name);
-    let mut last_sent = Some(snapshot.version);
+    // Nothing is sent until the cluster's work is decided (a restarted standalone hub's first
+    // pass); the agent keeps what it runs meanwhile.
+    let first = shared
+        .work
+        .decided(&name)
+        .then(|| shared.work.snapshot(&name));
+    let mut last_sent = first.as_ref().map(|s| s.version);
     // Every Ping carries the CA bundle's digest: an agent holding another bundle (a CA rotation
     // under way) renews at once. The first goes right after the first work.
     let ping_message = || {
@@ -126,7 +131,9 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
         })
     };
     let end: Option<Status> = 'stream: {
-        if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
+        if let Some(snapshot) = first
+            && !send(&tx, HubKind::Work(snapshot), send_timeout).await
+        {
             break 'stream None;
         }
         if !send(&tx, ping_message(), send_timeout).await {
@@ -139,10 +146,16 @@ async fn run_stream<S: ClusterStore, W: super::WorkSource>(
                     if changed.is_err() {
                         break 'stream Some(Status::unavailable("the hub is shutting down"));
                     }
+                    if !shared.work.decided(&name) {
+                        continue;
+                    }
                     let snapshot = shared.work.snapshot(&name);
                     if last_sent != Some(snapshot.version) {
+                        // The first work of a stream is not a fan-out of a change.
+                        if last_sent.is_some() {
+                            changed_at = Some((snapshot.version, Instant::now()));
+                        }
                         last_sent = Some(snapshot.version);
-                        changed_at = Some((snapshot.version, Instant::now()));
                         tracing::debug!(cluster = %name, version = snapshot.version, "sending work");
                         if !send(&tx, HubKind::Work(snapshot), send_timeout).await {
                             break 'stream None;

@@ -227,7 +227,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             });
         }
         let config = channel_config(&args, args.advertise_address.clone());
-        let work = Arc::new(InMemoryWorkSource::new());
+        let work = Arc::new(InMemoryWorkSource::gated());
         let manifests_dir = args
             .manifests
             .clone()

@@ -195,6 +195,25 @@ pub fn superlink_argv(
     args
 }
 
+/// Where the SuperLink process itself takes its SuperNodes' requests, as a loopback-dialable
+/// `(host, port)`: the unified server (behind the Fleet front, if any) or the Fleet API. Once it
+/// accepts a connection there, SuperNodes can activate and deactivate.
+pub fn fleet_listen_address(dialect: FlowerDialect, layout: &SuperLinkLayout) -> (String, u16) {
+    let (host, port) = match dialect {
+        FlowerDialect::Unified if layout.ports.front => {
+            (layout.control_host.as_str(), layout.ports.control)
+        }
+        FlowerDialect::Unified => (layout.bind_host.as_str(), layout.ports.control),
+        _ => (layout.bind_host.as_str(), layout.ports.fleet),
+    };
+    let host = match host {
+        "" | "0.0.0.0" => "127.0.0.1",
+        "::" => "::1",
+        h => h,
+    };
+    (host.to_owned(), port)
+}
+
 /// The ServerApp SuperExec's arguments (process isolation). Classic and transitional: it dials
 /// the loopback plaintext ServerAppIO/Runtime API, so `--insecure` always. From 1.37 the
 /// Runtime API shares the SuperLink's TLS server, so it trusts its CA. The flag names follow

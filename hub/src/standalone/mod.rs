@@ -80,6 +80,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
     /// The readiness check passed after the first pass.
     ready: Option<(Arc<flower_addon_agent::ops::Health>, &'static str)>,
+    /// Federations whose work the last pass held back ([`hold`]).
+    held: BTreeSet<FedKey>,
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -104,6 +106,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             keys: crate::flower::registry::NodeKeyRegistry::new(),
             local: None,
             ready: None,
+            held: BTreeSet::new(),
         }
     }
 
@@ -125,10 +128,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // While work is held back for a starting SuperLink, look again soon.
+            let soon = async {
+                if self.held.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(HOLD_POLL).await;
+            };
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = tick.tick() => {}
                 _ = store_changes.recv() => {}
+                _ = soon => {}
             }
             self.reconcile().await;
             if let Some((health, check)) = self.ready.take() {
@@ -208,6 +219,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             self.selections.remove(&key);
         }
 
+        self.update_held(&live).await;
         let local_work = per_cluster.remove(HUB_CLUSTER);
         self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
@@ -444,6 +456,34 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
+    /// Which Federations' work is held back this pass: those whose SuperLink was started and
+    /// does not listen yet ([`RunningSuperLink::holding`]).
+    async fn update_held(&mut self, live: &BTreeSet<FedKey>) {
+        let mut held = BTreeSet::new();
+        for key in live {
+            if let Some(sl) = self.superlinks.get_mut(key)
+                && sl.holding().await
+            {
+                held.insert(key.clone());
+            }
+        }
+        for key in held.difference(&self.held) {
+            tracing::info!(namespace = %key.0, federation = %key.1, "holding back this Federation's work until its SuperLink listens (at most {} s): SuperNodes restarted before could not deactivate", running::LISTEN_HOLD.as_secs());
+        }
+        for key in self.held.difference(&held) {
+            match self.superlinks.get(key) {
+                Some(sl) if sl.listening => {
+                    tracing::info!(namespace = %key.0, federation = %key.1, after_ms = sl.started.elapsed().as_millis() as u64, "the SuperLink listens: sending its Federation's work");
+                }
+                Some(_) => {
+                    tracing::warn!(namespace = %key.0, federation = %key.1, "the SuperLink does not listen after {} s: sending its Federation's work anyway", running::LISTEN_HOLD.as_secs());
+                }
+                None => {}
+            }
+        }
+        self.held = held;
+    }
+
     fn send_work(
         &mut self,
         clusters: &[ClusterRecord],
@@ -452,7 +492,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let mut changed = Vec::new();
         for cluster in clusters {
             let name = &cluster.registration.name;
-            let federations = per_cluster.get(name).cloned().unwrap_or_default();
+            let wanted = per_cluster.get(name).cloned().unwrap_or_default();
+            let Some(federations) = hold(wanted, self.sent.get(name), &self.held) else {
+                continue;
+            };
             let content = ClusterWork {
                 version: 0,
                 cluster_name: name.clone(),
@@ -473,6 +516,54 @@ impl<S: ClusterStore> StandaloneHub<S> {
 
 fn fed_key(fed: &Federation) -> FedKey {
     crate::core::federation_key(fed)
+}
+
+/// How often a pass runs while work is held back for a starting SuperLink.
+const HOLD_POLL: Duration = Duration::from_millis(200);
+
+/// A cluster's work with the Federations in `held` as they were last sent (`sent`): a changed
+/// CA bundle or spec restarts SuperNodes, and a SuperNode restarted while its SuperLink is down
+/// cannot deactivate, so Flower refuses its successor until the old one times out (about a
+/// minute, seen after a CA rotation's hub restart). None: nothing was sent to the cluster yet
+/// and it runs a held Federation, so it gets no work until the SuperLink listens (the agent keeps
+/// what it runs).
+fn hold(
+    wanted: Vec<FederationWork>,
+    sent: Option<&ClusterWork>,
+    held: &BTreeSet<FedKey>,
+) -> Option<Vec<FederationWork>> {
+    let is_held = |w: &FederationWork| held.contains(&(w.namespace.clone(), w.name.clone()));
+    let Some(sent) = sent else {
+        return (!wanted.iter().any(is_held)).then_some(wanted);
+    };
+    let previous = |w: &FederationWork| {
+        sent.federations
+            .iter()
+            .find(|s| s.namespace == w.namespace && s.name == w.name)
+            .cloned()
+    };
+    let mut federations: Vec<FederationWork> = wanted
+        .iter()
+        .filter_map(|w| {
+            if is_held(w) {
+                previous(w)
+            } else {
+                Some(w.clone())
+            }
+        })
+        .collect();
+    federations.extend(
+        sent.federations
+            .iter()
+            .filter(|s| is_held(s))
+            .filter(|s| {
+                !wanted
+                    .iter()
+                    .any(|w| w.namespace == s.namespace && w.name == s.name)
+            })
+            .cloned(),
+    );
+    Some(federations)
 }
 
 /// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);
@@ -522,4 +613,65 @@ struct Placed {
     placement_problem: Option<String>,
     /// The certificate names the hub refused ([`crate::core::sans`]), shown as the error.
     refused: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(name: &str, fleet: &str) -> FederationWork {
+        FederationWork {
+            namespace: "default".into(),
+            name: name.into(),
+            superlink_fleet_address: fleet.into(),
+            ..Default::default()
+        }
+    }
+
+    fn sent(federations: Vec<FederationWork>) -> ClusterWork {
+        ClusterWork {
+            federations,
+            ..Default::default()
+        }
+    }
+
+    fn held(names: &[&str]) -> BTreeSet<FedKey> {
+        names
+            .iter()
+            .map(|n| ("default".to_owned(), (*n).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn nothing_held_sends_what_is_wanted() {
+        let wanted = vec![work("a", "new"), work("b", "new")];
+        let before = sent(vec![work("a", "old")]);
+        assert_eq!(
+            hold(wanted.clone(), Some(&before), &held(&[])),
+            Some(wanted.clone())
+        );
+        assert_eq!(hold(wanted.clone(), None, &held(&[])), Some(wanted));
+    }
+
+    #[test]
+    fn a_held_federation_stays_as_it_was_sent_and_the_others_change() {
+        // a: changed but held (old kept); b: changed, not held (new); c: held and gone from the
+        // wanted work (kept until its SuperLink listens); d: held and new here (not sent yet).
+        let wanted = vec![work("a", "new"), work("b", "new"), work("d", "new")];
+        let before = sent(vec![work("a", "old"), work("b", "old"), work("c", "old")]);
+        assert_eq!(
+            hold(wanted, Some(&before), &held(&["a", "c", "d"])),
+            Some(vec![work("a", "old"), work("b", "new"), work("c", "old")])
+        );
+    }
+
+    #[test]
+    fn a_cluster_sent_nothing_yet_waits_for_its_held_federations() {
+        // After a hub restart nothing was sent: the agent keeps what it runs (no work at all)
+        // rather than a list without the held Federation, which would stop its SuperNodes.
+        let wanted = vec![work("a", "new"), work("b", "new")];
+        assert_eq!(hold(wanted.clone(), None, &held(&["a"])), None);
+        assert_eq!(hold(wanted.clone(), None, &held(&["z"])), Some(wanted));
+        assert_eq!(hold(Vec::new(), None, &held(&["a"])), Some(Vec::new()));
+    }
 }

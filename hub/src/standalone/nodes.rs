@@ -9,7 +9,13 @@ impl<S: ClusterStore> StandaloneHub<S> {
     pub(super) async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
         use crate::channel::WorkSource;
         use flower_addon_agent::runtime::Runtime;
-        let federations = federations.unwrap_or_default();
+        let Some(federations) = hold(
+            federations.unwrap_or_default(),
+            self.sent.get(HUB_CLUSTER),
+            &self.held,
+        ) else {
+            return;
+        };
         if federations.is_empty() && self.local.is_none() {
             return;
         }

@@ -3,7 +3,9 @@
 //! the Control API on loopback. What they run with comes from [`crate::core::superlink`].
 use super::superlink::SuperLinkPaths;
 use super::{StandaloneHub, fed_key};
-use crate::core::superlink::{serverapp_superexec_argv, superlink_argv, superlink_sans};
+use crate::core::superlink::{
+    fleet_listen_address, serverapp_superexec_argv, superlink_argv, superlink_sans,
+};
 use crate::registration::store::ClusterStore;
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::Federation;
@@ -19,11 +21,44 @@ pub(super) struct RunningSuperLink {
     pub(super) certificate: String,
     pub(super) superlink: Supervised,
     pub(super) superexec: Option<Supervised>,
+    /// Where it takes SuperNodes' requests ([`fleet_listen_address`]), when it started, and
+    /// whether it has accepted a connection there since: until then (at most
+    /// [`LISTEN_HOLD`]) the work of its Federation is held back ([`super::hold`]).
+    pub(super) fleet: (String, u16),
+    pub(super) started: std::time::Instant,
+    pub(super) listening: bool,
     /// The Fleet front task (unified dialect, Control kept on loopback) and its stop signal.
     pub(super) front: Option<(
         tokio::sync::oneshot::Sender<()>,
         tokio::task::JoinHandle<std::io::Result<()>>,
     )>,
+}
+
+/// How long a started SuperLink's work is held back at most while it does not listen yet (a
+/// SuperLink that never comes up must not freeze its clusters' work for ever).
+pub(super) const LISTEN_HOLD: Duration = Duration::from_secs(30);
+
+/// How long a probe of a loopback port may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+
+impl RunningSuperLink {
+    /// Whether its Federation's work is held back: started, not listening yet (probed now, a
+    /// loopback connect that is accepted or refused at once), for less than [`LISTEN_HOLD`].
+    pub(super) async fn holding(&mut self) -> bool {
+        if self.listening || self.started.elapsed() >= LISTEN_HOLD {
+            return false;
+        }
+        let (host, port) = (self.fleet.0.as_str(), self.fleet.1);
+        let accepted =
+            tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
+                .await
+                .is_ok_and(|c| c.is_ok());
+        if accepted {
+            self.listening = true;
+            tracing::debug!(%host, port, after_ms = self.started.elapsed().as_millis() as u64, "the SuperLink listens");
+        }
+        !accepted
+    }
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -170,6 +205,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 certificate,
                 superlink,
                 superexec,
+                fleet: fleet_listen_address(dialect, &layout),
+                started: std::time::Instant::now(),
+                listening: false,
                 front,
             },
         );

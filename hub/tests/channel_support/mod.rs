@@ -43,8 +43,19 @@ impl<S: ClusterStore> Hub<S> {
         addr: SocketAddr,
         config: ChannelConfig,
     ) -> Hub<S> {
+        Hub::start_with_work(store, dir, addr, config, InMemoryWorkSource::new()).await
+    }
+
+    /// [`Hub::start_with`] serving from `work` (e.g. [`InMemoryWorkSource::gated`]).
+    pub async fn start_with_work(
+        store: Arc<S>,
+        dir: &Path,
+        addr: SocketAddr,
+        config: ChannelConfig,
+        work: InMemoryWorkSource,
+    ) -> Hub<S> {
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await.expect("ca"));
-        let work = Arc::new(InMemoryWorkSource::new());
+        let work = Arc::new(work);
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let server = ChannelServer::new(store.clone(), work.clone(), ca.clone(), config);

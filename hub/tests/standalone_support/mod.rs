@@ -10,7 +10,36 @@ use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::{ClusterRegistration, ClusterStore};
 use flower_addon_hub::standalone::StandaloneConfig;
 
-/// A temporary `state/`, `manifests/` and `bin/`; `bin/flower-superlink` only stays alive (these
+/// A stand-in `flower-superlink`: it listens where SuperNodes would reach it (the unified
+/// `--host`/`--port`, else `--fleet-api-address`), as the hub checks before it sends the
+/// Federation's work, and does nothing else. While a file `hold` sits next to it, it waits
+/// before it listens (a SuperLink that is slow to start). Each start appends its arguments to
+/// `starts` there.
+const STAND_IN_SUPERLINK: &str = r#"#!/usr/bin/env python3
+import os, socket, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "starts"), "a") as starts:
+    starts.write(" ".join(sys.argv[1:]) + "\n")
+while os.path.exists(os.path.join(here, "hold")):
+    time.sleep(0.05)
+host, port = "127.0.0.1", None
+for arg in sys.argv[1:]:
+    name, _, value = arg.partition("=")
+    if name == "--host":
+        host = value
+    elif name == "--port":
+        port = int(value)
+    elif name == "--fleet-api-address" and port is None:
+        host, _, p = value.rpartition(":")
+        port = int(p)
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port))
+s.listen()
+time.sleep(600)
+"#;
+
+/// A temporary `state/`, `manifests/` and `bin/`; `bin/flower-superlink` only listens (these
 /// tests are about the hub's decisions, not Flower).
 pub struct Dirs {
     pub _dir: tempfile::TempDir,
@@ -31,7 +60,7 @@ impl Dirs {
             std::fs::create_dir_all(d).expect("dir");
         }
         let superlink = bin.join("flower-superlink");
-        std::fs::write(&superlink, "#!/bin/sh\nexec sleep 600\n").expect("script");
+        std::fs::write(&superlink, STAND_IN_SUPERLINK).expect("script");
         std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
         Self {
