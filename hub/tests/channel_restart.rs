@@ -420,3 +420,57 @@ async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off(
     }
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn an_agent_comes_back_at_once_after_a_restart_even_when_its_delays_had_grown() {
+    // The hub was down long enough for the agent's reconnect delay to grow to its cap (2 s
+    // here); it came back for a short while and restarted again: the stream it closes for the
+    // shutdown (UNAVAILABLE) starts the delays afresh, so the agent is back within its first
+    // delays, not after the cap (in CI the carried-over delay outlasted a lease's grace).
+    let dir = tempfile::tempdir().expect("tmp");
+    let hub = Hub::start_in(dir.path(), any_port(), config()).await;
+    let addr = hub.addr;
+    let agent_dir = tempfile::tempdir().expect("tmp");
+    let creds = hub.join_accepted("edge-1", agent_dir.path()).await;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut options = RunOptions::new(creds, Some(agent_dir.path().to_path_buf()));
+    options.reconnect_min = Duration::from_millis(100);
+    options.reconnect_max = Duration::from_secs(2);
+    let task = tokio::spawn(async move {
+        run(options, Arc::new(MemoryRuntime::new()), stop_rx)
+            .await
+            .expect("run")
+    });
+    let connected = |hub: &Hub| (hub.connected)() == 1;
+    eventually("connected", Duration::from_secs(5), async || {
+        connected(&hub)
+    })
+    .await;
+    hub.stop().await;
+    // Down for 4 s: delays 0.1, 0.2, 0.4, 0.8, 1.6, then 2 s (each with jitter).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let hub = Hub::start_in(dir.path(), addr, config()).await;
+    eventually(
+        "back after the outage",
+        Duration::from_secs(10),
+        async || connected(&hub),
+    )
+    .await;
+    hub.stop().await;
+    let hub = Hub::start_in(dir.path(), addr, config()).await;
+    let restarted = std::time::Instant::now();
+    eventually(
+        "back after the restart",
+        Duration::from_secs(10),
+        async || connected(&hub),
+    )
+    .await;
+    assert!(
+        restarted.elapsed() < Duration::from_millis(1500),
+        "back {:?} after the restart: the delays grown during the outage carried over",
+        restarted.elapsed()
+    );
+    let _ = stop_tx.send(true);
+    task.await.expect("agent");
+    hub.stop().await;
+}
