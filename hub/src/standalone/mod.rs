@@ -468,7 +468,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
         }
         for key in held.difference(&self.held) {
-            tracing::info!(namespace = %key.0, federation = %key.1, "holding back this Federation's work until its SuperLink listens (at most {} s): SuperNodes restarted before could not deactivate", running::LISTEN_HOLD.as_secs());
+            tracing::info!(namespace = %key.0, federation = %key.1, "holding back this Federation's work until its SuperLink listens (at most {} s): no SuperNode is started or restarted while it cannot reach it", running::LISTEN_HOLD.as_secs());
         }
         for key in self.held.difference(&held) {
             match self.superlinks.get(key) {
