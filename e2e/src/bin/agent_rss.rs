@@ -5,7 +5,7 @@
 //! Federations in both modes. Every daemon is a child process, so each figure is its own.
 //!
 //! `cargo build --release --bins && cargo run --release -p e2e --bin agent_rss -- [--settle 15s]
-//! [--skip-standalone] [--skip-kube]`. The binaries measured are the ones of
+//! [--skip-standalone] [--skip-kube] [--mappings]`. The binaries measured are the ones of
 //! the bench's own profile (`target/release` with `--release`); the profile is printed. Targets
 //! (#15 item 5): agent ≤ 15 MiB in (b) and (c), hub ≤ 20 MiB idle.
 //!
@@ -44,6 +44,42 @@ struct Args {
     /// Skip the Kubernetes case (c).
     #[arg(long)]
     skip_kube: bool,
+    /// Also print where each process's file-backed RSS lies (its largest mappings, from
+    /// `/proc/<pid>/smaps`).
+    #[arg(long)]
+    mappings: bool,
+}
+
+/// Set from `--mappings`.
+static MAPPINGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The resident KiB of `pid`'s file mappings, by path, largest first.
+fn file_mappings(pid: u32) -> Vec<(String, u64)> {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return Vec::new();
+    };
+    let mut by_path: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut path: Option<String> = None;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: "start-end perms offset dev inode [path]".
+            path = line
+                .split_whitespace()
+                .nth(5)
+                .filter(|p| p.starts_with('/'))
+                .map(str::to_owned);
+        } else if first == "Rss:"
+            && let Some(p) = &path
+        {
+            let kib: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            *by_path.entry(p.clone()).or_default() += kib;
+        }
+    }
+    let mut sorted: Vec<(String, u64)> = by_path.into_iter().filter(|(_, k)| *k > 0).collect();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1));
+    sorted
 }
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
@@ -98,6 +134,16 @@ fn settle_and_measure(pids: &[(String, u32)], settle: Duration) -> Result<Vec<(S
             *p = (*p).max(m.rss);
         }
         if start.elapsed() >= settle {
+            if MAPPINGS.load(std::sync::atomic::Ordering::Relaxed) {
+                for (name, pid) in pids {
+                    let shown: Vec<String> = file_mappings(*pid)
+                        .into_iter()
+                        .take(4)
+                        .map(|(p, k)| format!("{p} {:.1} MiB", mib(k)))
+                        .collect();
+                    println!("    {name}: file-backed {}", shown.join(", "));
+                }
+            }
             return Ok(pids
                 .iter()
                 .zip(now)
@@ -500,6 +546,7 @@ async fn kubernetes(args: &Args) -> Result<bool> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    MAPPINGS.store(args.mappings, std::sync::atomic::Ordering::Relaxed);
     let agent = binary("flower-agent")?;
     let bin_dir: PathBuf = agent.parent().map(Path::to_path_buf).unwrap_or_default();
     let profile = bin_dir
