@@ -78,7 +78,7 @@ fn file_mappings(pid: u32) -> Vec<(String, u64)> {
         }
     }
     let mut sorted: Vec<(String, u64)> = by_path.into_iter().filter(|(_, k)| *k > 0).collect();
-    sorted.sort_by(|a, b| b.1.cmp(&a.1));
+    sorted.sort_by_key(|m| std::cmp::Reverse(m.1));
     sorted
 }
 
