@@ -170,10 +170,7 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
     }
 
     /// [`Shared::authorize`] from a fresh read of the store.
-    pub(crate) async fn authorize_fresh(
-        &self,
-        identity: &tls::PeerIdentity,
-    ) -> Result<ClusterRecord, Status> {
+    async fn authorize_fresh(&self, identity: &tls::PeerIdentity) -> Result<ClusterRecord, Status> {
         let name = &identity.cluster_name;
         let record = self
             .store
