@@ -68,3 +68,68 @@ async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_mar
     registry.sync(vec![target]).await;
     assert_eq!(held_count(), 1);
 }
+
+/// Whatever strings an agent reports as keys (multibyte characters, control characters, cut
+/// base64, huge lines), the key sync ends: the well-formed key is registered, every other string
+/// is reported as failed (by a char-safe short form) and none is registered.
+#[test]
+fn arbitrary_key_strings_go_through_the_key_sync_without_panicking() {
+    use proptest::prelude::*;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+    let pair = ca
+        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
+        .expect("cert");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
+    std::fs::write(&key, &pair.key_pem).expect("key file");
+    let (held, address) = runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("addr").to_string();
+        let (held, _server) = fake_control::serve(listener, &cert, &key);
+        (held, address)
+    });
+    let client = flower_addon_hub::flower::control::ControlClient::new(ControlEndpoint {
+        dialect: FlowerDialect::Unified,
+        address,
+        server_name: "127.0.0.1".into(),
+        ca_pem: Some(ca.cert_pem().to_owned()),
+    })
+    .expect("client");
+    let line = prop_oneof![
+        any::<String>(),
+        "ecdsa-sha2-nistp384 [A-Za-z0-9+/=é日\u{0}]{0,40}( [^ ]{0,8})?",
+        "[\u{80}-\u{10ffff}]{1,16} [\u{80}-\u{10ffff}]{1,16}",
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&prop::collection::vec(line, 1..6), |lines| {
+            held.lock().expect("held").clear();
+            let mut wanted: BTreeSet<String> = lines.into_iter().collect();
+            wanted.insert(KEY.to_owned());
+            let sync = runtime
+                .block_on(flower_addon_hub::flower::sync_keys(&client, &wanted))
+                .expect("the listing works");
+            prop_assert!(sync.registered.contains(KEY));
+            prop_assert_eq!(
+                held.lock().expect("held").len(),
+                1,
+                "only the well-formed key"
+            );
+            let bad = wanted.iter().filter(|l| l.as_str() != KEY).count();
+            prop_assert_eq!(sync.failed.len(), bad, "every other string is reported");
+            Ok(())
+        })
+        .expect("property");
+}

@@ -23,12 +23,12 @@ pub mod conns;
 mod lease;
 pub mod limits;
 mod registration;
-pub mod source;
+pub mod report;
 pub mod tls;
 pub mod work;
 
+use crate::core::source::WorkSource;
 pub(crate) use registration::validate_cluster_name;
-pub use source::{InMemoryWorkSource, WorkSource};
 
 /// Errors starting or running the channel server.
 #[derive(Debug, thiserror::Error)]

@@ -42,7 +42,7 @@ pub(crate) struct WorkService<S, W> {
 }
 
 #[tonic::async_trait]
-impl<S: ClusterStore, W: super::WorkSource> Work for WorkService<S, W> {
+impl<S: ClusterStore, W: crate::core::source::WorkSource> Work for WorkService<S, W> {
     type ConnectStream = ReceiverStream<Result<HubMessage, Status>>;
 
     async fn connect(
@@ -95,7 +95,7 @@ impl<S: ClusterStore, W: super::WorkSource> Work for WorkService<S, W> {
 
 /// Drives one cluster's stream until the agent leaves, the stream is replaced or revoked, or the
 /// hub stops.
-async fn run_stream<S: ClusterStore, W: super::WorkSource>(
+async fn run_stream<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     name: String,
     id: u64,
@@ -210,7 +210,7 @@ async fn send(
 }
 
 /// Checks that a message speaks only for the stream's own cluster, then records it.
-async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
+async fn handle_agent_message<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
@@ -238,6 +238,12 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
             shared.work.on_ack(name, ack.version);
         }
         Some(AgentKind::Status(status)) => {
+            if let Err(why) = super::report::check_status(&status) {
+                tracing::warn!(cluster = %name, %why, "refused a status report");
+                return Err(Status::invalid_argument(format!(
+                    "status report refused: {why}"
+                )));
+            }
             shared.work.on_status(name, &status);
             record_allocatable(shared, name, &status.allocatable);
         }
@@ -250,7 +256,7 @@ async fn handle_agent_message<S: ClusterStore, W: super::WorkSource>(
 /// Stores the allocatable resources a cluster reports (for the `ResourceAllocatable*`
 /// prioritizers) when they changed; bounded to the two keys placement reads. Written beside the
 /// stream, like the heartbeat.
-fn record_allocatable<S: ClusterStore, W: super::WorkSource>(
+fn record_allocatable<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     reported: &std::collections::HashMap<String, String>,
@@ -296,7 +302,7 @@ pub(super) fn is_current<S, W>(shared: &Shared<S, W>, name: &str, stream: u64) -
 
 /// Closes the stream of any cluster that is deleted, no longer accepted or re-bound to another
 /// key, as soon as the store announces the change.
-pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
+pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -375,7 +381,7 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: super::WorkSource>(
 }
 
 /// The names of every stored cluster and every open stream, sorted, without duplicates.
-async fn every_cluster<S: ClusterStore, W: super::WorkSource>(
+async fn every_cluster<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: &Shared<S, W>,
 ) -> Vec<String> {
     let stored = match shared.store.cached_clusters() {
@@ -472,7 +478,10 @@ pub fn acceptance_conditions(
 
 /// Writes [`acceptance_conditions`] for cluster `name` when they change anything (so the
 /// write's own change event finds nothing to do).
-async fn sync_acceptance<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+async fn sync_acceptance<S: ClusterStore, W: crate::core::source::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+) {
     // The cache holds the change that was announced (it is filled first).
     if let Some(record) = shared.store.cached_cluster(name) {
         return sync_acceptance_of(shared, record).await;
@@ -485,7 +494,7 @@ async fn sync_acceptance<S: ClusterStore, W: super::WorkSource>(shared: &Shared<
 }
 
 /// [`sync_acceptance`] of a record already read (no read when nothing changes).
-async fn sync_acceptance_of<S: ClusterStore, W: super::WorkSource>(
+async fn sync_acceptance_of<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: &Shared<S, W>,
     record: crate::registration::store::ClusterRecord,
 ) {
@@ -511,7 +520,10 @@ async fn sync_acceptance_of<S: ClusterStore, W: super::WorkSource>(
 
 /// Records `Available=False` (reason [`REASON_REVOKED`]) on a cluster whose acceptance the
 /// admin withdrew.
-async fn mark_revoked<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>, name: &str) {
+async fn mark_revoked<S: ClusterStore, W: crate::core::source::WorkSource>(
+    shared: &Shared<S, W>,
+    name: &str,
+) {
     let at = unix_now();
     let result = shared
         .update_status(name, |st| {

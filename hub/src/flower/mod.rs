@@ -110,10 +110,34 @@ pub async fn sync_keys_with(
     })
 }
 
-/// A key shortened for messages: its type and the last 12 characters of its data.
-fn short(line: &str) -> String {
+/// A key shortened for messages: its type and the last 12 characters of its data (characters,
+/// not bytes: a reported line may hold anything).
+pub fn short(line: &str) -> String {
     let mut parts = line.split_whitespace();
-    let kind = parts.next().unwrap_or_default();
+    let kind: String = parts.next().unwrap_or_default().chars().take(32).collect();
     let data = parts.next().unwrap_or_default();
-    format!("{kind} …{}", &data[data.len().saturating_sub(12)..])
+    let tail: String = {
+        let mut tail: Vec<char> = data.chars().rev().take(12).collect();
+        tail.reverse();
+        tail.into_iter().collect()
+    };
+    format!("{kind} …{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short;
+
+    #[test]
+    fn short_cuts_by_characters_whatever_the_line_holds() {
+        assert_eq!(
+            short("ecdsa-sha2-nistp384 AAAAabcdefghijkl node0"),
+            "ecdsa-sha2-nistp384 …abcdefghijkl"
+        );
+        // Multibyte characters where a byte index would fall inside one.
+        assert_eq!(short("k ééééééééééééé"), "k …éééééééééééé");
+        assert_eq!(short("k 日本語のキー"), "k …日本語のキー");
+        assert_eq!(short(""), " …");
+        assert_eq!(short("only-a-type"), "only-a-type …");
+    }
 }
