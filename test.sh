@@ -18,6 +18,11 @@ T0=$SECONDS
 step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - T0))" "$*"; }
 LOG_DIR="$(mktemp -d /tmp/flower-addon-test.XXXXXX)"
 PASSED=0
+# Every retry a test allows itself (Flower 1.25's known bug, a port taken between choosing and
+# binding it, a failed image import) is appended here, one "KIND<TAB>WHAT" line each, and
+# counted in the summary: a count that rises from run to run is a problem to look at.
+export FLOWER_ADDON_RETRY_LOG="$LOG_DIR/retries.log"
+: > "$FLOWER_ADDON_RETRY_LOG"
 
 step "checking the toolchain (cargo, go, python3)"
 for tool in cargo go python3; do
@@ -89,6 +94,7 @@ for version in "${FLOWER_MATRIX[@]}"; do
     fi
     if (( attempt == 1 )) && grep -rqs "$FLOWER_125_BUG" "$work"; then
       echo "test.sh: Flower $version's SuperLink hit its known bug ($FLOWER_125_BUG); running the demo once more" >&2
+      printf 'flower-1.25-bug\tdemo.sh with Flower %s\n' "$version" >> "$FLOWER_ADDON_RETRY_LOG"
       continue
     fi
     echo "test.sh: the demo with Flower $version failed (logs in $work)" >&2
@@ -97,6 +103,13 @@ for version in "${FLOWER_MATRIX[@]}"; do
   PASSED=$((PASSED + 1))
 done
 
+retries="$(wc -l < "$FLOWER_ADDON_RETRY_LOG")"
+if (( retries > 0 )); then
+  step "retries: $retries ($(cut -f1 "$FLOWER_ADDON_RETRY_LOG" | sort | uniq -c | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}'))"
+  sed 's/^/    /' "$FLOWER_ADDON_RETRY_LOG"
+else
+  step "retries: 0"
+fi
 # Logs stay only after a failure (above), or when asked for: a passing run leaves nothing in /tmp.
 if [[ "${FLOWER_ADDON_KEEP_LOGS:-0}" == 1 ]]; then
   step "done in $((SECONDS - T0)) s (logs kept in $LOG_DIR)"
@@ -104,4 +117,5 @@ else
   rm -rf "$LOG_DIR"
   step "done in $((SECONDS - T0)) s (FLOWER_ADDON_KEEP_LOGS=1 keeps the logs)"
 fi
+echo "test.sh: retries: $retries"
 echo "test.sh: $PASSED passed, 0 failed"

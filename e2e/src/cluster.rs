@@ -177,8 +177,11 @@ impl ControlPlane {
         loop {
             match Self::start_once(names, &opts).await {
                 Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
-                    eprintln!(
-                        "e2e: a port chosen free was taken before a component bound it; booting again ({e:#})"
+                    crate::harness::retried(
+                        "port-race",
+                        format_args!(
+                            "a port chosen free was taken before a component bound it; booting again ({e:#})"
+                        ),
                     );
                     attempt += 1;
                 }

@@ -17,6 +17,31 @@ pub use crate::process::{Proc, Processes, excerpt, tail};
 /// How often a wait probes.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+// === retries ===
+
+/// Records that a test retried something it allows to fail once (a known Flower bug, a port
+/// race): prints it, and appends one line `KIND\tWHAT` to the file `FLOWER_ADDON_RETRY_LOG`
+/// names (`test.sh` sets it and counts the lines in its summary, so a rising count is visible
+/// although passing tests' output is captured).
+pub fn retried(kind: &str, what: impl std::fmt::Display) {
+    let line = format!("{kind}\t{what}");
+    eprintln!("e2e: retry ({kind}): {what}");
+    if let Some(path) = std::env::var_os("FLOWER_ADDON_RETRY_LOG") {
+        use std::io::Write;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{}", line.replace('\n', " ")));
+        if let Err(e) = written {
+            eprintln!(
+                "e2e: cannot record the retry in {}: {e}",
+                path.to_string_lossy()
+            );
+        }
+    }
+}
+
 // === ports ===
 
 /// A free loopback port (the listener that found it is dropped before it returns).

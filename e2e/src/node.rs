@@ -597,9 +597,12 @@ impl RealNode {
                 match self.ctr(&["images", "import", &file]) {
                     Ok(_) => break,
                     Err(e) if attempt < 3 => {
-                        eprintln!(
-                            "e2e: {}: retrying the import of {}: {e:#}",
-                            self.name, img.reference
+                        crate::harness::retried(
+                            "image-import",
+                            format_args!(
+                                "{}: the import of {} failed: {e:#}",
+                                self.name, img.reference
+                            ),
                         );
                     }
                     Err(e) => {

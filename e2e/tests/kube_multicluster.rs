@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result, ensure};
 use e2e::ControlPlane;
 use e2e::addon::{AGENT_NS, Addon, AddonOptions, Bootstrap, Spoke, hub_cli};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
-use flower_addon_hub::channel::WorkSource;
+use flower_addon_hub::core::source::WorkSource;
 use flower_addon_hub::core::placement::TAINT_UNREACHABLE;
 use flower_addon_hub::kube::controller::placement;
 use flower_addon_hub::kube::store::{self as kube_store, KubeStore};

@@ -397,8 +397,11 @@ async fn flwr_run_once(
         && !last
         && flower_125_bug_logged(&pods, &format!("{name}-supernode-")).await
     {
-        eprintln!(
-            "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more"
+        e2e::harness::retried(
+            "flower-1.25-bug",
+            format_args!(
+                "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more"
+            ),
         );
         return Ok(None);
     }

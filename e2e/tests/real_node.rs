@@ -1575,9 +1575,14 @@ async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str, spokes: &[&Clust
     a?;
     match b {
         Err(error) if flower_125_bug_seen(spokes, &flwr[1].federation).await? => {
-            eprintln!(
-                "real_node: {when}: run of {} failed with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more ({error:#})",
-                flwr[1].federation
+            // The failed run was stopped if it was still running (`HostFlwr::follow`), so the
+            // retry is a fresh run on SuperNodes that serve nothing else.
+            e2e::harness::retried(
+                "flower-1.25-bug",
+                format_args!(
+                    "real_node: {when}: run of {} failed with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more ({error:#})",
+                    flwr[1].federation
+                ),
             );
             flwr[1].run_completes(when).await
         }

@@ -77,6 +77,17 @@ async fn tls_from(
         .await
 }
 
+/// Whether the hub serves HTTP/2 on `stream` within `within`: its first frames (SETTINGS)
+/// arrive, which the hub sends only once the connection has its place under the caps. False
+/// when the stream closes first or nothing comes.
+async fn served<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    matches!(
+        tokio::time::timeout(within, stream.read(&mut buf)).await,
+        Ok(Ok(n)) if n > 0
+    )
+}
+
 /// Whether the hub closes `stream` within `within` (EOF or an error on read).
 async fn closed<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> bool {
     let mut buf = [0u8; 256];
@@ -104,15 +115,18 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     for _ in 0..8 {
         held.push(tcp_from(2, hub.addr).await);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Closed at once; held, it would stay open until the first-byte timeout (30 s), so 10 s (for
+    // a loaded runner) tells the two apart.
+    let mut ninth = tcp_from(2, hub.addr).await;
+    assert!(
+        closed(&mut ninth, Duration::from_secs(10)).await,
+        "the 9th connection from one address is closed at once"
+    );
+    // The hub takes connections in the order they came and closes one over the cap as it takes
+    // it: the 9th closed means it has taken the 8 before, and closed none of them.
     for stream in &mut held {
         assert!(!closed(stream, Duration::from_millis(20)).await, "held");
     }
-    let mut ninth = tcp_from(2, hub.addr).await;
-    assert!(
-        closed(&mut ninth, Duration::from_secs(1)).await,
-        "the 9th connection from one address is closed at once"
-    );
 
     // Joins from another address go on.
     let other_dir = tempfile::tempdir().expect("tmp");
@@ -124,7 +138,14 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     for last in [3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4] {
         anonymous.push(tls_from(last, &hub, None).await.expect("anonymous TLS"));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The client's handshake ends before the hub's: wait until the hub has counted each one
+    // in the pool, which it does before it serves HTTP/2 on it (its SETTINGS frame arrives).
+    for stream in &mut anonymous {
+        assert!(
+            served(stream, Duration::from_secs(10)).await,
+            "an anonymous connection within the cap is served"
+        );
+    }
     let mut over = tls_from(5, &hub, None).await.expect("handshake");
     assert!(
         closed(&mut over, Duration::from_secs(1)).await,
@@ -145,6 +166,11 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     // One cluster's certificate: its cap (2) with the agent's own connection counted.
     let cert = (creds.cert_pem.as_str(), creds.key_pem.as_str());
     let mut second = tls_from(6, &hub, Some(cert)).await.expect("second");
+    // Counted by the hub (served) before the third one comes, as above.
+    assert!(
+        served(&mut second, Duration::from_secs(10)).await,
+        "within the cluster's cap"
+    );
     let mut third = tls_from(6, &hub, Some(cert))
         .await
         .expect("third handshake");

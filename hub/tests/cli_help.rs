@@ -1,7 +1,13 @@
 //! Every `flower-hub` subcommand's `--help` shows an example, and `completions` prints scripts
 //! the shells accept.
+//!
+//! The subcommands are read from the binary's own `--help` (recursively: `token create`,
+//! `ca rotate`, …), so a new one is checked without editing this file; a floor of subcommands
+//! known to exist keeps a parsing slip from turning the checks into no checks.
 
 use std::process::Command;
+
+const BIN: &str = "flower-hub";
 
 fn hub(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_flower-hub"))
@@ -10,42 +16,109 @@ fn hub(args: &[&str]) -> std::process::Output {
         .expect("flower-hub runs")
 }
 
-const SUBCOMMANDS: [&str; 9] = [
+/// Subcommands that exist (as `flower-hub` words): whatever `--help` lists must include them.
+const KNOWN: [&str; 17] = [
     "crds",
     "validate",
     "render",
     "serve",
     "token",
+    "token create",
+    "token list",
+    "token delete",
+    "ca",
+    "ca status",
+    "ca rotate",
     "accept",
     "revoke",
     "status",
+    "connect",
+    "fleet-front",
     "completions",
 ];
 
+/// The `--help` text of `flower-hub <path>`, which must succeed.
+fn help(path: &[&str]) -> String {
+    let mut args = path.to_vec();
+    args.push("--help");
+    let out = hub(&args);
+    assert!(
+        out.status.success(),
+        "{BIN} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The subcommands a clap `--help` lists under `Commands:` (each on a line of its own, indented
+/// by two spaces; wrapped descriptions are indented further), without clap's own `help`.
+fn listed_subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| line.trim_end() != "Commands:")
+        .skip(1)
+        .take_while(|line| line.starts_with(' '))
+        .filter_map(|line| line.strip_prefix("  "))
+        .filter(|rest| !rest.starts_with(' '))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every subcommand of `flower-hub`, nested ones too, as space-separated paths with their
+/// `--help` text, read from the help itself; checked against [`KNOWN`].
+fn every_subcommand() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut pending: Vec<Vec<String>> = listed_subcommands(&help(&[]))
+        .into_iter()
+        .map(|name| vec![name])
+        .collect();
+    while let Some(path) = pending.pop() {
+        let words: Vec<&str> = path.iter().map(String::as_str).collect();
+        let text = help(&words);
+        for child in listed_subcommands(&text) {
+            let mut nested = path.clone();
+            nested.push(child);
+            pending.push(nested);
+        }
+        found.push((path.join(" "), text));
+    }
+    found.sort();
+    let names: Vec<&str> = found.iter().map(|(path, _)| path.as_str()).collect();
+    assert!(!names.is_empty(), "no subcommand found in `{BIN} --help`");
+    let missing: Vec<&str> = KNOWN
+        .iter()
+        .copied()
+        .filter(|known| !names.contains(known))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "`{BIN} --help` (read recursively) does not list {missing:?}; found {names:?}"
+    );
+    found
+}
+
 #[test]
 fn every_subcommand_help_has_an_example() {
-    for sub in SUBCOMMANDS {
-        let out = hub(&[sub, "--help"]);
-        assert!(out.status.success(), "{sub} --help failed");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("Example") && text.contains("flower-hub "),
-            "{sub} --help has no example:\n{text}"
-        );
+    // An example is a line of the help that runs the subcommand itself, e.g.
+    // `  flower-hub token create --cluster-name spoke-1`; the `Usage:` line does not count.
+    for (path, text) in every_subcommand() {
+        let command = format!("{BIN} {path}");
+        let example = text.lines().map(str::trim_start).any(|line| {
+            line.strip_prefix(&command)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(' '))
+        });
+        assert!(example, "`{command} --help` has no example of it:\n{text}");
     }
 }
 
 #[test]
-fn token_subcommands_have_examples_too() {
-    for sub in ["create", "list", "delete"] {
-        let out = hub(&["token", sub, "--help"]);
-        assert!(out.status.success(), "token {sub} --help failed");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            text.contains("Example") && text.contains("flower-hub token "),
-            "token {sub} --help has no example:\n{text}"
-        );
-    }
+fn subcommands_are_read_from_the_help() {
+    // The reading itself, on a help text with a wrapped description and clap's `help`.
+    let text = "About.\n\nUsage: x <COMMAND>\n\nCommands:\n  one    First,\n         wrapped\n  two-words  Second\n  help   Print this message\n\nOptions:\n  -h, --help  Print help\n";
+    assert_eq!(listed_subcommands(text), ["one", "two-words"]);
+    assert!(listed_subcommands("Usage: x\n\nOptions:\n  -h  Help\n").is_empty());
 }
 
 #[test]
@@ -53,10 +126,17 @@ fn bash_completion_names_every_subcommand_and_parses() {
     let out = hub(&["completions", "bash"]);
     assert!(out.status.success());
     let script = String::from_utf8_lossy(&out.stdout).into_owned();
-    for sub in SUBCOMMANDS {
+    // The words the script offers after each command (its `opts="…"` lists).
+    let offered: std::collections::BTreeSet<&str> = script
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("opts=\""))
+        .flat_map(|rest| rest.trim_end_matches('"').split_whitespace())
+        .collect();
+    for (path, _) in every_subcommand() {
+        let name = path.rsplit(' ').next().expect("a name");
         assert!(
-            script.contains(sub),
-            "{sub} missing from the bash completion"
+            offered.contains(name),
+            "{path} missing from the bash completion, which offers {offered:?}"
         );
     }
     let dir = tempfile::tempdir().expect("tempdir");

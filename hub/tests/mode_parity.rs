@@ -1,8 +1,14 @@
-//! The two hub modes give the same result for the same input: a Federation (pools narrowed by
-//! `clusterSelector`, `clusterOverrides`) over the same clusters gets byte-identical per-cluster
-//! work from the standalone hub (manifests directory, file store, SuperLink process) and from the
-//! Kubernetes-mode work source's function, and `flower-hub render --cluster` prints exactly what
-//! the agent applies from what the hub sent.
+//! The standalone hub's work for a Federation (pools narrowed by `clusterSelector`,
+//! `clusterOverrides`, SuperNode keys registered with its SuperLink) equals what the Kubernetes
+//! mode's work function, `kube::work::federation_work`, makes of the same Federation, selected
+//! clusters, labels, CA and keys: the standalone hub hands the shared core the same Fleet address,
+//! CA bundle and keys. And `flower-hub render --cluster` prints exactly what the agent applies
+//! from what the hub sent.
+//!
+//! The Kubernetes side's inputs (which clusters are selected) are chosen here, so this says
+//! nothing about placement or the Kubernetes work source; `e2e/tests/mode_parity.rs` compares
+//! both modes' real work sources (Placement controller + `KubeWorkSource` on a real apiserver
+//! against the standalone hub) on the same manifests.
 //!
 //! The standalone hub runs its SuperLink as a process; here `flower-superlink` is a script that
 //! only stays alive, and a stand-in Control API ([`fake_control`]) on the SuperLink's port, with
@@ -19,8 +25,8 @@ use std::time::Duration;
 use flower_addon_agent::kube_runtime::render_federation;
 use flower_addon_agent::work::decode_federation;
 use flower_addon_crds::{Federation, Object};
-use flower_addon_hub::channel::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::cli::spoke::{SpokeSelection, spoke_objects};
+use flower_addon_hub::core::source::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::load_or_create_flower_ca;
 use flower_addon_hub::standalone::StandaloneHub;
@@ -111,7 +117,8 @@ fn report_keys(work: &InMemoryWorkSource) -> BTreeMap<&'static str, Vec<String>>
 }
 
 #[tokio::test]
-async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
+async fn standalone_work_equals_the_kube_work_function_on_its_selection_and_render_prints_what_is_applied()
+ {
     let dirs = Dirs::new();
     let (state, manifests) = (&dirs.state, &dirs.manifests);
     // The SuperLink's Control port (on loopback), where the stand-in Control API listens; the
@@ -191,7 +198,8 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     let _ = stop_tx.send(());
     running.await.expect("controller stops");
 
-    // Kubernetes mode: the work source's function on the same Federation, clusters and CA.
+    // The Kubernetes work source's function on the same Federation, the clusters the
+    // standalone hub selected (both: the Placement selects all), the same CA and keys.
     let objects = flower_addon_crds::parse_documents("fed.yaml", &manifests_text).expect("parse");
     let fed: &Federation = objects
         .iter()
@@ -214,7 +222,10 @@ async fn both_hub_modes_send_the_same_work_and_render_prints_what_is_applied() {
     for (cluster, fw) in &kube {
         let sent = &standalone[cluster].federations;
         assert_eq!(sent.len(), 1, "{cluster}");
-        assert_eq!(&sent[0], fw, "work for {cluster} differs between the modes");
+        assert_eq!(
+            &sent[0], fw,
+            "the standalone hub's work for {cluster} differs from kube::work::federation_work's"
+        );
     }
     // The overrides and selectors took effect (s1: a×3 + gpu×1; s2: a×2), numbered across both.
     let s1 = &standalone["s1"].federations[0];

@@ -1,6 +1,8 @@
 //! Golden files: every example (`examples/*.yaml`) and test fixture (`hub/tests/fixtures/*.yaml`)
 //! rendered for the hub and for one spoke, compared byte for byte with `hub/tests/golden/`.
-//! `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` rewrites them.
+//! `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` rewrites them and
+//! then fails on purpose, so that a bless run can never pass (in CI or anywhere): review the diff
+//! of `hub/tests/golden/` and run again without the variable.
 
 use std::path::{Path, PathBuf};
 
@@ -48,11 +50,14 @@ fn golden_text(path: &Path) -> String {
 #[test]
 fn rendered_examples_match_golden_files() {
     // Rendering changes only on purpose: any byte of difference in any example fails here.
-    let bless = std::env::var_os("FLOWER_ADDON_BLESS").is_some();
+    // Only `1` blesses (like `crds/tests/crd_files.rs`): `FLOWER_ADDON_BLESS=0` or an empty
+    // value compares as usual.
+    let bless = std::env::var("FLOWER_ADDON_BLESS").is_ok_and(|v| v == "1");
     let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let inputs = inputs();
     assert!(!inputs.is_empty(), "no examples or fixtures found");
     let mut failures = Vec::new();
+    let mut blessed = Vec::new();
     for input in inputs {
         let name = input
             .file_name()
@@ -63,6 +68,7 @@ fn rendered_examples_match_golden_files() {
         let actual = golden_text(&input);
         if bless {
             std::fs::write(&golden, &actual).expect("write golden");
+            blessed.push(name);
             continue;
         }
         let expected = std::fs::read_to_string(&golden).unwrap_or_default();
@@ -81,9 +87,17 @@ fn rendered_examples_match_golden_files() {
             ));
         }
     }
+    // A bless run writes every golden and then fails loudly: it must never count as a pass.
+    assert!(
+        !bless,
+        "goldens re-blessed ({} files: {}); review the diff of hub/tests/golden/ and run again \
+         without FLOWER_ADDON_BLESS",
+        blessed.len(),
+        blessed.join(", ")
+    );
     assert!(
         failures.is_empty(),
-        "{}\nIf the change is intended, run `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` and review the diff of hub/tests/golden/.",
+        "{}\nIf the change is intended, run `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` (it rewrites hub/tests/golden/ and fails), review the diff and run again without it.",
         failures.join("\n")
     );
 }

@@ -46,7 +46,7 @@ fn last_seen_slot(name: &str, lease_duration: Duration, unix: u64) -> u64 {
 /// first message of each stream (a reconnection, also after a hub restart), and then only as a
 /// coarse last-seen ([`last_seen_slot`]). Only the cluster's current stream renews: a
 /// message that raced a revocation must not make the revoked cluster Available again.
-pub(super) fn renew_lease<S: ClusterStore, W: super::WorkSource>(
+pub(super) fn renew_lease<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
@@ -117,7 +117,7 @@ pub(super) fn renew_lease<S: ClusterStore, W: super::WorkSource>(
 /// [`LEASE_GRACE_TIMES`] × the lease. Clusters the store says are available when the hub starts
 /// get a fresh grace period from the start, so one whose agent died while no hub ran does not
 /// stay `Available=True` for ever.
-pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
+pub(crate) fn spawn_lease_checker<S: ClusterStore, W: crate::core::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -167,7 +167,7 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: super::WorkSource>(
 
 /// Starts a grace period now for every accepted cluster the store records as available (or
 /// never saw), unless its stream already renewed the lease.
-async fn seed_leases<S: ClusterStore, W: super::WorkSource>(shared: &Shared<S, W>) {
+async fn seed_leases<S: ClusterStore, W: crate::core::source::WorkSource>(shared: &Shared<S, W>) {
     let clusters = match shared.store.list_clusters().await {
         Ok(clusters) => clusters,
         Err(error) => {

@@ -1,7 +1,8 @@
 //! `flower-hub serve`: the long-running hub (Kubernetes mode or standalone).
-use crate::channel::{ChannelConfig, ChannelServer, InMemoryWorkSource};
+use crate::channel::{ChannelConfig, ChannelServer};
 use crate::cli::registration::DEFAULT_PORT;
 use crate::core::sans::SuperLinkNames;
+use crate::core::source::InMemoryWorkSource;
 use crate::registration::ca::{CaRole, HubCa};
 use crate::registration::store::file::FileStore;
 use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
@@ -311,7 +312,7 @@ fn channel_config(args: &ServeArgs, advertise: Vec<String>) -> ChannelConfig {
 /// stop through `stop`.
 async fn serve_until_signal<
     S: crate::registration::store::ClusterStore + 'static,
-    W: crate::channel::WorkSource + 'static,
+    W: crate::core::source::WorkSource + 'static,
 >(
     server: ChannelServer<S, W>,
     listeners: Vec<tokio::net::TcpListener>,

@@ -195,6 +195,67 @@ pub fn listed_clusters(all: Vec<ClusterStatus>) -> Vec<ClusterStatus> {
     indexed.into_iter().map(|(_, c)| c).collect()
 }
 
+/// Whether a Federation is ready: the one rule of both hub modes. It is ready when its SuperLink
+/// runs (`superlink`), nothing keeps it from being placed or reached (`problems`: its Placement,
+/// its external address, pools that no selected cluster can run), at least one cluster is
+/// selected, and no selected cluster has a problem ([`cluster_status`]'s message: no report yet,
+/// agent not connected, SuperNodes not ready or not connected to the SuperLink). `listed` are
+/// the entries the status lists ([`listed_clusters`]), named in the message; the other troubled
+/// clusters are counted from `totals`. `Err` is the `Ready=False` message.
+pub fn readiness(
+    superlink: Result<(), String>,
+    problems: &[String],
+    placed: bool,
+    listed: &[ClusterStatus],
+    totals: &ClusterTotals,
+) -> Result<(), String> {
+    let mut not_ready: Vec<String> = Vec::new();
+    if let Err(why) = superlink {
+        not_ready.push(why);
+    }
+    not_ready.extend(problems.iter().cloned());
+    if totals.selected == 0 {
+        not_ready.push(if placed {
+            "no cluster selected by the Placement (yet)".to_owned()
+        } else {
+            "no report from the hub cluster's pools yet".to_owned()
+        });
+    }
+    let mut listed_troubled = 0usize;
+    for cluster in listed {
+        // The entry's message says it all; an entry without one is still checked (an older
+        // status, a hand-written one).
+        let why = match &cluster.message {
+            Some(message) => {
+                listed_troubled += 1;
+                vec![message.clone()]
+            }
+            None => (!cluster.connected)
+                .then(|| "agent not connected".to_owned())
+                .into_iter()
+                .chain(
+                    cluster
+                        .pools
+                        .iter()
+                        .filter(|p| p.ready < p.desired)
+                        .map(|p| format!("pool {}: {}/{} ready", p.name, p.ready, p.desired)),
+                )
+                .collect(),
+        };
+        if !why.is_empty() {
+            not_ready.push(format!("cluster {}: {}", cluster.name, why.join(", ")));
+        }
+    }
+    let unlisted = usize::try_from(totals.with_problems)
+        .unwrap_or(0)
+        .saturating_sub(listed_troubled);
+    if not_ready.is_empty() && unlisted == 0 {
+        Ok(())
+    } else {
+        Err(join_problems(&not_ready, unlisted))
+    }
+}
+
 /// `problems` joined with "; ", the first [`LISTED_PROBLEMS`] of them and a count of the rest
 /// (`unlisted` more that are not in `problems` at all are added to that count).
 pub fn join_problems(problems: &[String], unlisted: usize) -> String {
@@ -265,6 +326,58 @@ mod tests {
             .expect("json")
             .len();
         assert!(size < 64 * 1024, "{size} bytes");
+    }
+
+    #[test]
+    fn readiness_names_what_is_missing_and_counts_unlisted_clusters() {
+        let totals = |selected: usize, all: &[ClusterStatus]| ClusterTotals {
+            selected: i32::try_from(selected).expect("small"),
+            with_problems: i32::try_from(all.iter().filter(|c| c.message.is_some()).count())
+                .expect("small"),
+            ..Default::default()
+        };
+        let fine = [entry("a", false), entry("b", false)];
+        assert_eq!(
+            readiness(Ok(()), &[], true, &fine, &totals(2, &fine)),
+            Ok(())
+        );
+        // A cluster with no report for the Federation yet is not ready, in both modes.
+        let unreported = ClusterStatus {
+            name: "c".into(),
+            connected: true,
+            message: Some("no status report for this Federation from the agent yet".into()),
+            ..Default::default()
+        };
+        let all = [entry("a", false), unreported];
+        assert_eq!(
+            readiness(Ok(()), &[], true, &all, &totals(2, &all)),
+            Err("cluster c: no status report for this Federation from the agent yet".into())
+        );
+        assert_eq!(
+            readiness(
+                Err("SuperLink not running".into()),
+                &["pool g: no available cluster matches its clusterSelector".into()],
+                true,
+                &fine,
+                &totals(2, &fine)
+            ),
+            Err(
+                "SuperLink not running; pool g: no available cluster matches its clusterSelector"
+                    .into()
+            )
+        );
+        assert_eq!(
+            readiness(Ok(()), &[], true, &[], &totals(0, &[])),
+            Err("no cluster selected by the Placement (yet)".into())
+        );
+        // Troubled clusters beyond the listed ones are counted.
+        let mut many = totals(200, &fine);
+        many.with_problems = 3;
+        let listed = [entry("x", true)];
+        assert_eq!(
+            readiness(Ok(()), &[], true, &listed, &many),
+            Err("cluster x: agent not connected; and 2 more".into())
+        );
     }
 
     #[test]

@@ -24,16 +24,19 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::channel::{InMemoryWorkSource, WorkSource};
 use crate::core::HUB_CLUSTER;
 use crate::core::render::in_cluster_fleet_address;
 use crate::core::render::{federation_dialect, spoke_fleet_address};
+use crate::core::source::{InMemoryWorkSource, WorkSource};
 use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::controller::placement::cluster_view;
 
 mod changes;
+mod hold;
 mod keys;
+
+pub use hold::HOLD_MAX;
 
 /// The least time between two recomputes during a burst of events (coalesces them).
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -91,6 +94,8 @@ struct Stores {
     federations: Store<Federation>,
     decisions: Store<PlacementDecision>,
     clusters: Store<ManagedCluster>,
+    /// The SuperLink StatefulSets the hub applied (their rollout holds work, [`hold`]).
+    superlinks: Store<k8s_openapi::api::apps::v1::StatefulSet>,
 }
 
 impl KubeWorkSource {
@@ -102,6 +107,8 @@ impl KubeWorkSource {
         let (federations, fed_writer) = reflector::store::<Federation>();
         let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
         let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
+        let (superlinks, sts_writer) =
+            reflector::store::<k8s_openapi::api::apps::v1::StatefulSet>();
         // Each reflector wakes the recompute only for what can change the work (`changes`).
         let feds = changes::relevant(
             reflector::reflector(
@@ -127,18 +134,40 @@ impl KubeWorkSource {
         let mcs = changes::relevant(
             reflector::reflector(
                 mc_writer,
-                watcher(Api::<ManagedCluster>::all(client), Default::default())
-                    .modify(strip_managed_fields),
+                watcher(
+                    Api::<ManagedCluster>::all(client.clone()),
+                    Default::default(),
+                )
+                .modify(strip_managed_fields),
             )
             .default_backoff(),
             changes::cluster_inputs,
         )
         .boxed();
-        let mut events = futures::stream::select_all([feds, decs, mcs]);
+        let applied = format!(
+            "{}={}",
+            crate::kube::controller::APPLIED_BY_LABEL,
+            crate::kube::controller::HUB_FIELD_MANAGER
+        );
+        let stss = changes::relevant(
+            reflector::reflector(
+                sts_writer,
+                watcher(
+                    Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(client),
+                    watcher::Config::default().labels(&applied),
+                )
+                .modify(strip_managed_fields),
+            )
+            .default_backoff(),
+            hold::statefulset_inputs,
+        )
+        .boxed();
+        let mut events = futures::stream::select_all([feds, decs, mcs, stss]);
         let stores = Stores {
             federations,
             decisions,
             clusters,
+            superlinks,
         };
         let inner = Arc::new(InMemoryWorkSource::new());
         let (ready_tx, mut ready_rx) = watch::channel(false);
@@ -173,14 +202,24 @@ impl KubeWorkSource {
                 sent: BTreeMap::new(),
                 last_good: BTreeMap::new(),
                 memo: BTreeMap::new(),
+                holds: hold::Holds::default(),
             };
+            let mut hold_ends: Option<tokio::time::Instant> = None;
             let mut ready = false;
             let mut last_pass: Option<tokio::time::Instant> = None;
             loop {
                 // A reflector event, or SuperLinks now holding other keys (work carries them).
+                // … or a hold running out ([`hold::HOLD_MAX`]).
+                let hold_end = async {
+                    match hold_ends {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let next = tokio::select! {
                     event = events.next() => event.is_some(),
                     changed = keys_rx.changed() => changed.is_ok(),
+                    () = hold_end => true,
                 };
                 if !next {
                     break;
@@ -207,7 +246,7 @@ impl KubeWorkSource {
                     }
                 }
                 let started = std::time::Instant::now();
-                state.recompute(&stores, &work);
+                hold_ends = state.recompute(&stores, &work);
                 tracing::debug!(
                     took_us = started.elapsed().as_micros() as u64,
                     "work recomputed"
@@ -265,6 +304,7 @@ fn is_ready(stores: &Stores) -> bool {
         stores.federations.wait_until_ready().boxed().now_or_never(),
         stores.decisions.wait_until_ready().boxed().now_or_never(),
         stores.clusters.wait_until_ready().boxed().now_or_never(),
+        stores.superlinks.wait_until_ready().boxed().now_or_never(),
     ]
     .iter()
     .all(|r| matches!(r, Some(Ok(()))))
@@ -298,6 +338,8 @@ struct State {
     /// ([`work_inputs`]): a pass renders only the Federations whose inputs changed, so its cost
     /// grows with what changed, not with how many Federations there are.
     memo: BTreeMap<FedKey, (u64, Rendered)>,
+    /// Federations whose work is held while their SuperLink rolls out.
+    holds: hold::Holds,
 }
 
 /// The work of one Federation per cluster, or why there is none.
@@ -334,7 +376,12 @@ fn work_inputs(
 }
 
 impl State {
-    fn recompute(&mut self, stores: &Stores, work: &InMemoryWorkSource) {
+    /// Recomputes every cluster's work; returns when a hold runs out (recompute again then).
+    fn recompute(
+        &mut self,
+        stores: &Stores,
+        work: &InMemoryWorkSource,
+    ) -> Option<tokio::time::Instant> {
         let clusters: Vec<Arc<ManagedCluster>> = stores.clusters.state();
         let mut labels: BTreeMap<String, BTreeMap<String, String>> = clusters
             .iter()
@@ -349,7 +396,13 @@ impl State {
         let decisions = stores.decisions.state();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut live = BTreeSet::new();
-        for fed in stores.federations.state() {
+        let federations = stores.federations.state();
+        let (held, hold_ends) = self.holds.update(
+            &federations,
+            &stores.superlinks,
+            tokio::time::Instant::now(),
+        );
+        for fed in federations {
             let namespace = fed.namespace().unwrap_or_default();
             let key = (namespace.clone(), fed.name_any());
             live.insert(key.clone());
@@ -410,10 +463,15 @@ impl State {
             .collect();
         let mut changed = Vec::new();
         for name in names {
+            let wanted = per_cluster.remove(&name).unwrap_or_default();
+            let sent = self.sent.contains_key(&name).then(|| work.snapshot(&name));
+            let Some(federations) = crate::core::hold::hold(wanted, sent.as_ref(), &held) else {
+                continue;
+            };
             let content = ClusterWork {
                 version: 0,
                 cluster_name: name.clone(),
-                federations: per_cluster.remove(&name).unwrap_or_default(),
+                federations,
             };
             let hash = work_hash(&content);
             if self.sent.get(&name) != Some(&hash) {
@@ -427,6 +485,7 @@ impl State {
             tracing::info!(clusters = names.len(), changed = %crate::core::status::name_few(&names), "work changed: sending new snapshots");
             work.set_many(changed);
         }
+        hold_ends
     }
 }
 

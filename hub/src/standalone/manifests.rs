@@ -95,10 +95,19 @@ impl Manifests {
 
     /// The Placement `namespace/name`, if a valid one exists.
     pub fn placement(&self, namespace: &str, name: &str) -> Option<&Placement> {
-        self.by_file
-            .values()
-            .flat_map(|o| o.placements.iter())
+        self.placements()
             .find(|p| key(&p.metadata) == (namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Every valid Placement, sorted by namespace/name (the last file wins for a name).
+    pub fn placements(&self) -> impl Iterator<Item = &Placement> {
+        let mut all: BTreeMap<Key, &Placement> = BTreeMap::new();
+        for objects in self.by_file.values() {
+            for p in &objects.placements {
+                all.insert(key(&p.metadata), p);
+            }
+        }
+        all.into_values()
     }
 
     /// Every valid ManagedClusterSet, sorted by name (the last file wins for a name).

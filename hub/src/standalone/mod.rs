@@ -9,13 +9,14 @@
 //! node keys registered → status.
 pub mod manifests;
 mod nodes;
+mod placements;
 mod running;
 pub mod status;
 pub mod superlink;
 
-use crate::channel::InMemoryWorkSource;
 use crate::core::HUB_CLUSTER;
 use crate::core::placement::{self, ClusterView, TaintEffect, TaintView};
+use crate::core::source::InMemoryWorkSource;
 use crate::core::superlink::SuperLinkPorts;
 use crate::core::work::WorkInputs;
 use crate::registration::ca::HubCa;
@@ -72,7 +73,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     config: StandaloneConfig,
     manifests: Manifests,
     superlinks: BTreeMap<FedKey, RunningSuperLink>,
-    selections: BTreeMap<FedKey, BTreeSet<String>>,
+    /// What each Placement selected last ([`placements`]).
+    selections: BTreeMap<placements::PlacementKey, BTreeSet<String>>,
     sent: BTreeMap<String, ClusterWork>,
     /// The SuperNode keys each SuperLink holds and lists online.
     keys: crate::flower::registry::NodeKeyRegistry,
@@ -80,7 +82,7 @@ pub struct StandaloneHub<S: ClusterStore> {
     local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
     /// The readiness check passed after the first pass.
     ready: Option<(Arc<flower_addon_agent::ops::Health>, &'static str)>,
-    /// Federations whose work the last pass held back ([`hold`]).
+    /// Federations whose work the last pass held back ([`crate::core::hold`]).
     held: BTreeSet<FedKey>,
 }
 
@@ -171,6 +173,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let now = crate::registration::tokens::unix_now() as i64;
         let views: Vec<ClusterView> = clusters.iter().map(cluster_view).collect();
 
+        let decisions = self.decide_placements(&views, now);
         let federations: Vec<Federation> = self.manifests.federations().cloned().collect();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut summaries = Vec::new();
@@ -186,7 +189,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
             let started = std::time::Instant::now();
             let result = self
-                .reconcile_federation(fed, &views, now, &mut per_cluster)
+                .reconcile_federation(fed, &views, &decisions, &mut per_cluster)
                 .await;
             crate::metrics::hub().reconciled(
                 "federation",
@@ -204,7 +207,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
             summaries.push(summary);
         }
-        // Federations removed from the manifests: stop their SuperLinks, forget selections.
+        // Federations removed from the manifests: stop their SuperLinks.
         let gone: Vec<FedKey> = self
             .superlinks
             .keys()
@@ -216,7 +219,6 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 tracing::info!(namespace = %key.0, federation = %key.1, "Federation removed: stopping its SuperLink");
                 stop_superlink(sl).await;
             }
-            self.selections.remove(&key);
         }
 
         self.update_held(&live).await;
@@ -304,7 +306,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         &mut self,
         fed: &Federation,
         views: &[ClusterView],
-        now: i64,
+        decisions: &BTreeMap<placements::PlacementKey, placements::Decision>,
         per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
     ) -> Result<Placed, String> {
         let key = fed_key(fed);
@@ -330,46 +332,15 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let selected: Vec<String> = match &fed.spec.placement_ref {
             None => vec![HUB_CLUSTER.to_owned()],
             Some(placement_ref) => {
-                let placement = self
-                    .manifests
-                    .placement(&key.0, &placement_ref.name)
-                    .cloned()
-                    .ok_or_else(|| {
-                        format!(
-                            "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
-                            key.0, placement_ref.name
-                        )
-                    })?;
-                let policy = placement::placement_policy(
-                    &placement,
-                    &self.manifests.cluster_sets(),
-                    &self.manifests.cluster_set_bindings(),
-                );
-                let previous = self.selections.get(&key).cloned().unwrap_or_default();
-                // Balance: how many other Federations' selections each cluster is in.
-                let mut views = views.to_vec();
-                for view in &mut views {
-                    view.other_decisions = self
-                        .selections
-                        .iter()
-                        .filter(|(k, selected)| **k != key && selected.contains(&view.name))
-                        .count()
-                        .try_into()
-                        .unwrap_or(u32::MAX);
-                }
-                let outcome = placement::evaluate(&policy, &views, &previous, now);
-                placement_problem = outcome.scope.map(|scope| {
+                let placed = (key.0.clone(), placement_ref.name.clone());
+                let decision = decisions.get(&placed).ok_or_else(|| {
                     format!(
-                        "Placement {}/{}: {}: {}",
-                        key.0,
-                        placement_ref.name,
-                        scope.reason(),
-                        scope.message(&key.0, &placement.spec.cluster_sets)
+                        "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
+                        key.0, placement_ref.name
                     )
-                });
-                self.selections
-                    .insert(key.clone(), outcome.selected.iter().cloned().collect());
-                outcome.selected
+                })?;
+                placement_problem = decision.problem.clone();
+                decision.selected.clone()
             }
         };
         let ca_pem = if fed.spec.insecure {
@@ -493,7 +464,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
         for cluster in clusters {
             let name = &cluster.registration.name;
             let wanted = per_cluster.get(name).cloned().unwrap_or_default();
-            let Some(federations) = hold(wanted, self.sent.get(name), &self.held) else {
+            let Some(federations) =
+                crate::core::hold::hold(wanted, self.sent.get(name), &self.held)
+            else {
                 continue;
             };
             let content = ClusterWork {
@@ -520,51 +493,6 @@ fn fed_key(fed: &Federation) -> FedKey {
 
 /// How often a pass runs while work is held back for a starting SuperLink.
 const HOLD_POLL: Duration = Duration::from_millis(200);
-
-/// A cluster's work with the Federations in `held` as they were last sent (`sent`): a changed
-/// CA bundle or spec restarts SuperNodes, and a SuperNode restarted while its SuperLink is down
-/// cannot deactivate, so Flower refuses its successor until the old one times out (about a
-/// minute, seen after a CA rotation's hub restart). None: nothing was sent to the cluster yet
-/// and it runs a held Federation, so it gets no work until the SuperLink listens (the agent keeps
-/// what it runs).
-fn hold(
-    wanted: Vec<FederationWork>,
-    sent: Option<&ClusterWork>,
-    held: &BTreeSet<FedKey>,
-) -> Option<Vec<FederationWork>> {
-    let is_held = |w: &FederationWork| held.contains(&(w.namespace.clone(), w.name.clone()));
-    let Some(sent) = sent else {
-        return (!wanted.iter().any(is_held)).then_some(wanted);
-    };
-    let previous = |w: &FederationWork| {
-        sent.federations
-            .iter()
-            .find(|s| s.namespace == w.namespace && s.name == w.name)
-            .cloned()
-    };
-    let mut federations: Vec<FederationWork> = wanted
-        .iter()
-        .filter_map(|w| {
-            if is_held(w) {
-                previous(w)
-            } else {
-                Some(w.clone())
-            }
-        })
-        .collect();
-    federations.extend(
-        sent.federations
-            .iter()
-            .filter(|s| is_held(s))
-            .filter(|s| {
-                !wanted
-                    .iter()
-                    .any(|w| w.namespace == s.namespace && w.name == s.name)
-            })
-            .cloned(),
-    );
-    Some(federations)
-}
 
 /// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);
 /// versions without a supported dialect are refused with the field to fix.
@@ -613,65 +541,4 @@ struct Placed {
     placement_problem: Option<String>,
     /// The certificate names the hub refused ([`crate::core::sans`]), shown as the error.
     refused: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn work(name: &str, fleet: &str) -> FederationWork {
-        FederationWork {
-            namespace: "default".into(),
-            name: name.into(),
-            superlink_fleet_address: fleet.into(),
-            ..Default::default()
-        }
-    }
-
-    fn sent(federations: Vec<FederationWork>) -> ClusterWork {
-        ClusterWork {
-            federations,
-            ..Default::default()
-        }
-    }
-
-    fn held(names: &[&str]) -> BTreeSet<FedKey> {
-        names
-            .iter()
-            .map(|n| ("default".to_owned(), (*n).to_owned()))
-            .collect()
-    }
-
-    #[test]
-    fn nothing_held_sends_what_is_wanted() {
-        let wanted = vec![work("a", "new"), work("b", "new")];
-        let before = sent(vec![work("a", "old")]);
-        assert_eq!(
-            hold(wanted.clone(), Some(&before), &held(&[])),
-            Some(wanted.clone())
-        );
-        assert_eq!(hold(wanted.clone(), None, &held(&[])), Some(wanted));
-    }
-
-    #[test]
-    fn a_held_federation_stays_as_it_was_sent_and_the_others_change() {
-        // a: changed but held (old kept); b: changed, not held (new); c: held and gone from the
-        // wanted work (kept until its SuperLink listens); d: held and new here (not sent yet).
-        let wanted = vec![work("a", "new"), work("b", "new"), work("d", "new")];
-        let before = sent(vec![work("a", "old"), work("b", "old"), work("c", "old")]);
-        assert_eq!(
-            hold(wanted, Some(&before), &held(&["a", "c", "d"])),
-            Some(vec![work("a", "old"), work("b", "new"), work("c", "old")])
-        );
-    }
-
-    #[test]
-    fn a_cluster_sent_nothing_yet_waits_for_its_held_federations() {
-        // After a hub restart nothing was sent: the agent keeps what it runs (no work at all)
-        // rather than a list without the held Federation, which would stop its SuperNodes.
-        let wanted = vec![work("a", "new"), work("b", "new")];
-        assert_eq!(hold(wanted.clone(), None, &held(&["a"])), None);
-        assert_eq!(hold(wanted.clone(), None, &held(&["z"])), Some(wanted));
-        assert_eq!(hold(Vec::new(), None, &held(&["a"])), Some(Vec::new()));
-    }
 }

@@ -7,9 +7,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// Runs the pools of Federations without `placementRef` on this machine and records their
     /// status like an agent's report.
     pub(super) async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
-        use crate::channel::WorkSource;
+        use crate::core::source::WorkSource;
         use flower_addon_agent::runtime::Runtime;
-        let Some(federations) = hold(
+        let Some(federations) = crate::core::hold::hold(
             federations.unwrap_or_default(),
             self.sent.get(HUB_CLUSTER),
             &self.held,
@@ -86,7 +86,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 continue;
             };
             let placed_on: BTreeSet<String> = match fed.spec.placement_ref {
-                Some(_) => self.selections.get(&key).cloned().unwrap_or_default(),
+                Some(ref placement) => self
+                    .selections
+                    .get(&(key.0.clone(), placement.name.clone()))
+                    .cloned()
+                    .unwrap_or_default(),
                 None => [HUB_CLUSTER.to_owned()].into(),
             };
             let wanted =

@@ -1,7 +1,7 @@
 //! Status of the standalone hub, written to `<state>/status.json` after every reconcile pass and
 //! printed by `flower-hub status` (a table like `kubectl get federation`, or JSON).
-use crate::channel::InMemoryWorkSource;
 use crate::core::placement::ClusterView;
+use crate::core::source::InMemoryWorkSource;
 use crate::registration::store::{CONDITION_AVAILABLE, ClusterRecord};
 use flower_addon_crds::Federation;
 use serde::{Deserialize, Serialize};
@@ -46,7 +46,8 @@ pub struct FederationSummary {
     pub desired_supernodes: u32,
     /// Whether the SuperLink process runs.
     pub superlink_running: bool,
-    /// True when every desired SuperNode is ready and the SuperLink runs.
+    /// The one readiness rule of both modes ([`crate::core::status::readiness`]): the SuperLink
+    /// runs, the Federation is placed, and every selected cluster runs its SuperNodes.
     pub ready: bool,
     /// Why it is not ready (or an error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +85,9 @@ pub struct FederationSummary {
     /// The spec's pools, in order (for the totals).
     #[serde(skip)]
     spec_pools: Vec<String>,
+    /// Whether the spec names a Placement (else its pools run on the hub machine).
+    #[serde(skip)]
+    placed: bool,
 }
 
 impl FederationSummary {
@@ -100,6 +104,7 @@ impl FederationSummary {
             },
             warning: crate::core::render::version_warning(fed),
             spec_pools: crate::core::status::spec_pools(fed),
+            placed: fed.spec.placement_ref.is_some(),
             ..Self::default()
         }
     }
@@ -119,7 +124,8 @@ impl FederationSummary {
             .get(&(self.namespace.clone(), self.name.clone()))
             .copied()
             .unwrap_or(false);
-        let mut missing: Vec<String> = self
+        // What keeps it from being placed: the Placement, pools no selected cluster can run.
+        let problems: Vec<String> = self
             .placement
             .iter()
             .cloned()
@@ -151,7 +157,6 @@ impl FederationSummary {
         self.cluster_totals =
             crate::core::status::cluster_totals_of(&self.spec_pools, &entries, listed_count);
         let listed = crate::core::status::listed_clusters(entries);
-        let mut unlisted_problems = usize::try_from(self.cluster_totals.with_problems).unwrap_or(0);
         for entry in &listed {
             for pool in &entry.pools {
                 self.pools.insert(
@@ -159,32 +164,27 @@ impl FederationSummary {
                     format!("{}/{}", pool.ready, pool.desired),
                 );
             }
-            if let Some(message) = &entry.message {
-                missing.push(format!("{}: {message}", entry.name));
-                unlisted_problems = unlisted_problems.saturating_sub(1);
-            }
         }
-        self.clusters = listed;
         self.supernodes = format!("{}/{}", self.ready_supernodes, self.desired_supernodes);
-        self.ready = self.error.is_none()
-            && self.superlink_running
-            && !self.selected.is_empty()
-            && missing.is_empty()
-            && unlisted_problems == 0
-            && self.ready_supernodes >= self.desired_supernodes;
-        self.message = if let Some(e) = &self.error {
-            Some(e.clone())
-        } else if !self.superlink_running {
-            Some("SuperLink not running".into())
-        } else if self.selected.is_empty() {
-            Some("no cluster selected by the Placement".into())
-        } else if !missing.is_empty() {
-            Some(crate::core::status::join_problems(
-                &missing,
-                unlisted_problems,
-            ))
-        } else {
-            self.warning.clone()
+        // The same rule as Kubernetes mode's Ready condition ([`crate::core::status::readiness`]);
+        // a spec the hub refused (`error`) is not ready, as a Degraded Federation there.
+        let readiness = crate::core::status::readiness(
+            if self.superlink_running {
+                Ok(())
+            } else {
+                Err("SuperLink not running".into())
+            },
+            &problems,
+            self.placed,
+            &listed,
+            &self.cluster_totals,
+        );
+        self.clusters = listed;
+        self.ready = self.error.is_none() && readiness.is_ok();
+        self.message = match (&self.error, readiness) {
+            (Some(e), _) => Some(e.clone()),
+            (None, Err(message)) => Some(message),
+            (None, Ok(())) => self.warning.clone(),
         };
         self
     }
@@ -327,10 +327,10 @@ mod tests {
             warning.starts_with("spec.version: Flower 1.50.0 is newer"),
             "{warning}"
         );
-        // Not ready here only because nothing is selected; that message comes first.
+        // Not ready here only because nothing ran yet; that message comes first.
         assert_eq!(
             newer.message.as_deref(),
-            Some("no cluster selected by the Placement")
+            Some("no report from the hub cluster's pools yet")
         );
         let json = serde_json::to_value(&newer).unwrap();
         assert_eq!(json["warning"].as_str(), Some(warning.as_str()));

@@ -277,6 +277,10 @@ mod tests {
     async fn a_reconcile_waits_for_its_writes_to_reach_the_cache_but_not_for_ever() {
         // #15: the reconcile that a write triggers must read that write; a cache that never
         // catches up costs at most CATCH_UP, and an object that was not written costs nothing.
+        // No upper bound below is a small wall-clock one (#32: they flaked on loaded runners):
+        // "no wait" is checked by polling once, and the bounds that remain are either lower
+        // bounds (tokio timers never fire early) or far from what the code needs.
+        use futures::FutureExt;
         let service = |version: Option<&str>| {
             let mut s = Service::default();
             s.metadata.name = Some("s".into());
@@ -286,30 +290,50 @@ mod tests {
         };
         let (reader, mut writer) = store::<Service>();
         writer.apply_watcher_event(&watcher::Event::Apply(service(Some("5"))));
-        let waited = |object: Service| {
-            let reader = reader.clone();
-            async move {
-                let t = tokio::time::Instant::now();
-                caught_up(&reader, &object).await;
-                t.elapsed()
-            }
-        };
-        // Already cached at that version or later, or no version: no wait (far less than the bound).
+        // Already cached at that version or later, or no version: done at the first poll, without
+        // waiting for any timer.
         for version in [Some("5"), Some("4"), None] {
-            let took = waited(service(version)).await;
-            assert!(took < CATCH_UP / 5, "{version:?}: {took:?}");
+            assert!(
+                caught_up(&reader, &service(version))
+                    .now_or_never()
+                    .is_some(),
+                "{version:?}: waited although nothing was missing"
+            );
         }
-        // Never cached: bounded.
-        let took = waited(service(Some("9"))).await;
-        assert!(took >= CATCH_UP && took < CATCH_UP * 4, "{took:?}");
-        // Cached a little later: waits until then.
-        let pending = tokio::spawn(waited(service(Some("7"))));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        writer.apply_watcher_event(&watcher::Event::Apply(service(Some("7"))));
-        let took = pending.await.expect("joined");
+        // Never cached: waits, for CATCH_UP at least (a lower bound: timers never fire early)
+        // and not for ever. The hang guard is CATCH_UP x 20 (5 s): the wait itself is CATCH_UP
+        // plus one 2 ms poll, so only a wait without its bound reaches it.
+        let never = service(Some("9"));
+        let started = tokio::time::Instant::now();
+        let mut waiting = std::pin::pin!(caught_up(&reader, &never));
         assert!(
-            took >= Duration::from_millis(20) && took < CATCH_UP,
-            "{took:?}"
+            (&mut waiting).now_or_never().is_none(),
+            "returned at once for a version the cache never saw"
+        );
+        tokio::time::timeout(CATCH_UP * 20, waiting)
+            .await
+            .expect("a cache that never catches up is waited for CATCH_UP, not for ever");
+        let took = started.elapsed();
+        assert!(took >= CATCH_UP, "gave up before CATCH_UP: {took:?}");
+        // Cached a little later: waits until then, and no longer. Version 7 reaches the cache
+        // right after the first check; the waiter sees it at its next poll (2 ms), so it ends
+        // far before the CATCH_UP deadline (250 ms, x100 that poll, for a loaded runner), which
+        // a waiter that misses the change reaches (at least CATCH_UP, as above).
+        let later = service(Some("7"));
+        let started = tokio::time::Instant::now();
+        let mut waiting = std::pin::pin!(caught_up(&reader, &later));
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "returned before version 7 was cached"
+        );
+        writer.apply_watcher_event(&watcher::Event::Apply(service(Some("7"))));
+        tokio::time::timeout(CATCH_UP * 20, waiting)
+            .await
+            .expect("bounded");
+        let took = started.elapsed();
+        assert!(
+            took < CATCH_UP,
+            "waited {took:?}: the catch-up was missed and the deadline ended the wait"
         );
     }
 }

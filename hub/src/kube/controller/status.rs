@@ -257,43 +257,25 @@ pub fn federation_status(
                     )],
                 })
                 .collect();
-            let mut not_ready: Vec<String> = Vec::new();
-            if !superlink.is_ready() {
-                not_ready.push(superlink.summary("SuperLink"));
-            }
+            let mut problems: Vec<String> = Vec::new();
             if let Some((_, Some(reason))) = &placement {
-                not_ready.push(reason.clone());
+                problems.push(reason.clone());
             }
             if let Some(Err(why)) = external {
-                not_ready.push(why.to_string());
+                problems.push(why.to_string());
             }
-            if totals.selected == 0 {
-                not_ready.push(if fed.spec.placement_ref.is_some() {
-                    "no cluster selected by the Placement (yet)".to_owned()
-                } else {
-                    "no report from the hub cluster's pools yet".to_owned()
-                });
-            }
-            // Problems of the listed clusters by name; those of the others are counted.
-            let mut troubled_listed = 0;
-            for cluster in &clusters {
-                let before = not_ready.len();
-                if !cluster.connected {
-                    not_ready.push(format!("cluster {}: agent not connected", cluster.name));
-                }
-                for p in cluster.pools.iter().filter(|p| p.ready < p.desired) {
-                    not_ready.push(format!(
-                        "cluster {} pool {}: {}/{} ready",
-                        cluster.name, p.name, p.ready, p.desired
-                    ));
-                }
-                if not_ready.len() > before || cluster.message.is_some() {
-                    troubled_listed += 1;
-                }
-            }
-            let unlisted_troubled = usize::try_from(totals.with_problems)
-                .unwrap_or(0)
-                .saturating_sub(troubled_listed);
+            let superlink_ready = if superlink.is_ready() {
+                Ok(())
+            } else {
+                Err(superlink.summary("SuperLink"))
+            };
+            let readiness = crate::core::status::readiness(
+                superlink_ready,
+                &problems,
+                fed.spec.placement_ref.is_some(),
+                &clusters,
+                &totals,
+            );
             match external {
                 // Valid in general, but in Kubernetes mode nothing outside reaches the SuperLink.
                 Some(Err(why @ ExternalAddressError::NotExposed)) => conditions.push(cond(
@@ -304,19 +286,21 @@ pub fn federation_status(
                 )),
                 _ => conditions.push(cond("Degraded", "False", "Valid", "the spec is valid")),
             }
-            if not_ready.is_empty() && unlisted_troubled == 0 {
-                let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
-                conditions.push(cond("Ready", "True", "AllReady", &message));
-                conditions.push(cond(
-                    "Reconciling",
-                    "False",
-                    "Converged",
-                    "every object is applied and ready",
-                ));
-            } else {
-                let message = crate::core::status::join_problems(&not_ready, unlisted_troubled);
-                conditions.push(cond("Ready", "False", "NotReady", &message));
-                conditions.push(cond("Reconciling", "True", "Progressing", &message));
+            match readiness {
+                Ok(()) => {
+                    let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
+                    conditions.push(cond("Ready", "True", "AllReady", &message));
+                    conditions.push(cond(
+                        "Reconciling",
+                        "False",
+                        "Converged",
+                        "every object is applied and ready",
+                    ));
+                }
+                Err(message) => {
+                    conditions.push(cond("Ready", "False", "NotReady", &message));
+                    conditions.push(cond("Reconciling", "True", "Progressing", &message));
+                }
             }
         }
     }

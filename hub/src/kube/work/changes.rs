@@ -1,7 +1,8 @@
 //! Which reflector events can change the work: the recompute loop wakes only for those.
 //!
-//! The work of a cluster is a function of each Federation's spec, name and Fleet address
-//! (`status.endpoints.fleet`), of the PlacementDecisions' content and of the ManagedClusters'
+//! The work of a cluster is a function of each Federation's spec, name, Fleet address
+//! (`status.endpoints.fleet`) and, while its SuperLink rolls out, `status.observedGeneration` and
+//! the SuperLink StatefulSet's rollout, of the PlacementDecisions' content and of the ManagedClusters'
 //! names and labels. Everything else these objects carry changes far more often: the Federation
 //! controller's and the work source's own status writes, ManagedCluster heartbeats. Waking the
 //! loop for those costs a recompute and, during a burst, delays the next real change by the
@@ -22,6 +23,11 @@ pub(super) fn federation_inputs(fed: &Federation) -> u64 {
     fed.metadata.uid.hash(&mut hasher);
     fed.metadata.generation.hash(&mut hasher);
     fed.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    // The controller catching up with a new spec ends a hold ([`super::hold`]).
+    fed.status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .hash(&mut hasher);
     fed.status
         .as_ref()
         .and_then(|s| s.endpoints.as_ref())

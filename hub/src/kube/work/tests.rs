@@ -149,6 +149,16 @@ pub(super) fn stores(
     decisions: Vec<PlacementDecision>,
     clusters: Vec<ManagedCluster>,
 ) -> Stores {
+    stores_with(feds, decisions, clusters, Vec::new())
+}
+
+/// [`stores`] with the SuperLink StatefulSets the hub applied.
+pub(super) fn stores_with(
+    feds: Vec<Federation>,
+    decisions: Vec<PlacementDecision>,
+    clusters: Vec<ManagedCluster>,
+    superlinks: Vec<k8s_openapi::api::apps::v1::StatefulSet>,
+) -> Stores {
     use kube::runtime::watcher::Event;
     fn fill<K>(items: Vec<K>) -> Store<K>
     where
@@ -167,6 +177,7 @@ pub(super) fn stores(
         federations: fill(feds),
         decisions: fill(decisions),
         clusters: fill(clusters),
+        superlinks: fill(superlinks),
     }
 }
 
@@ -386,6 +397,7 @@ fn fresh_state() -> State {
         sent: BTreeMap::new(),
         last_good: BTreeMap::new(),
         memo: BTreeMap::new(),
+        holds: hold::Holds::default(),
     }
 }
 
@@ -445,4 +457,158 @@ fn a_pass_renders_only_the_federations_whose_inputs_changed() {
         &work,
     );
     assert!(state.memo.is_empty());
+}
+
+/// A SuperLink StatefulSet `fed-superlink` in `team` whose rollout is `done` or still running.
+fn superlink_sts(done: bool) -> k8s_openapi::api::apps::v1::StatefulSet {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "fed-superlink", "namespace": "team", "generation": 2},
+        "spec": {"replicas": 1, "selector": {}, "template": {}},
+        "status": {
+            "observedGeneration": 2,
+            "replicas": 1,
+            "readyReplicas": if done { 1 } else { 0 },
+            "updatedReplicas": 1,
+            "currentRevision": if done { "r2" } else { "r1" },
+            "updateRevision": "r2",
+        },
+    }))
+    .expect("statefulset")
+}
+
+#[test]
+fn a_federations_work_waits_while_its_superlink_rolls_out() {
+    // A Federation edit that restarts the SuperLink and changes a pool: each cluster keeps the
+    // Federation's old work until the controller has applied the spec and the SuperLink
+    // StatefulSet has rolled out and is ready (the same rule as the standalone hub's probe).
+    let with = |replicas: u32, generation: i64, observed: i64| {
+        let mut fed = federation(&format!(
+            "[{{name: a, replicas: {replicas}, images: {{}}}}]"
+        ));
+        fed.metadata.generation = Some(generation);
+        fed.status = Some(flower_addon_crds::FederationStatus {
+            observed_generation: Some(observed),
+            ..Default::default()
+        });
+        fed
+    };
+    let replicas = |work: &InMemoryWorkSource| -> String {
+        let snap = work.snapshot("s1");
+        snap.federations[0].pools[0].spec_json.clone()
+    };
+    let work = InMemoryWorkSource::new();
+    let mut state = fresh_state();
+    let both = decision("both", &["s1"]);
+    let clusters = || vec![managed("s1", &[])];
+    let ends = state.recompute(
+        &stores_with(
+            vec![with(2, 1, 1)],
+            vec![both.clone()],
+            clusters(),
+            vec![superlink_sts(true)],
+        ),
+        &work,
+    );
+    assert_eq!(ends, None, "nothing held");
+    let before = replicas(&work);
+    assert!(before.contains("\"replicas\":2"), "{before}");
+
+    // Edited: the controller has not applied generation 2 yet.
+    let ends = state.recompute(
+        &stores_with(
+            vec![with(3, 2, 1)],
+            vec![both.clone()],
+            clusters(),
+            vec![superlink_sts(true)],
+        ),
+        &work,
+    );
+    assert!(ends.is_some(), "a hold runs out at some point");
+    assert_eq!(
+        replicas(&work),
+        before,
+        "held: the controller has not applied the spec"
+    );
+
+    // Applied; the SuperLink StatefulSet rolls.
+    state.recompute(
+        &stores_with(
+            vec![with(3, 2, 2)],
+            vec![both.clone()],
+            clusters(),
+            vec![superlink_sts(false)],
+        ),
+        &work,
+    );
+    assert_eq!(
+        replicas(&work),
+        before,
+        "held: the SuperLink is rolling out"
+    );
+
+    // Rolled out and ready: the new work goes out.
+    let ends = state.recompute(
+        &stores_with(
+            vec![with(3, 2, 2)],
+            vec![both],
+            clusters(),
+            vec![superlink_sts(true)],
+        ),
+        &work,
+    );
+    assert_eq!(ends, None);
+    assert!(
+        replicas(&work).contains("\"replicas\":3"),
+        "{}",
+        replicas(&work)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hold_runs_out_after_hold_max() {
+    // A SuperLink that never rolls out must not freeze its clusters' work for ever.
+    let with = |replicas: u32| {
+        let mut fed = federation(&format!(
+            "[{{name: a, replicas: {replicas}, images: {{}}}}]"
+        ));
+        // A new spec is a new generation, applied by the controller.
+        fed.metadata.generation = Some(i64::from(replicas));
+        fed.status = Some(flower_addon_crds::FederationStatus {
+            observed_generation: Some(i64::from(replicas)),
+            ..Default::default()
+        });
+        fed
+    };
+    let work = InMemoryWorkSource::new();
+    let mut state = fresh_state();
+    let both = decision("both", &["s1"]);
+    state.recompute(
+        &stores_with(
+            vec![with(2)],
+            vec![both.clone()],
+            vec![managed("s1", &[])],
+            vec![superlink_sts(true)],
+        ),
+        &work,
+    );
+    let rolling = stores_with(
+        vec![with(3)],
+        vec![both],
+        vec![managed("s1", &[])],
+        vec![superlink_sts(false)],
+    );
+    let ends = state.recompute(&rolling, &work).expect("held");
+    assert!(
+        work.snapshot("s1").federations[0].pools[0]
+            .spec_json
+            .contains("\"replicas\":2")
+    );
+    tokio::time::advance(HOLD_MAX).await;
+    assert!(tokio::time::Instant::now() >= ends);
+    assert_eq!(state.recompute(&rolling, &work), None, "the hold ran out");
+    assert!(
+        work.snapshot("s1").federations[0].pools[0]
+            .spec_json
+            .contains("\"replicas\":3")
+    );
 }

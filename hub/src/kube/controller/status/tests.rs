@@ -68,7 +68,7 @@ fn not_ready_names_what_is_missing() {
     assert!(
         find(&s, "Ready")
             .message
-            .contains("cluster local-cluster pool a: 1/2 ready"),
+            .contains("cluster local-cluster: pool a: 1/2 ready"),
         "{:?}",
         find(&s, "Ready")
     );
@@ -366,7 +366,7 @@ fn over_thousands_of_clusters_the_totals_count_and_the_message_stays_short() {
     assert!(
         ready
             .message
-            .starts_with("cluster s00000 pool a: 0/2 ready; cluster s00001"),
+            .starts_with("cluster s00000: 0/2 SuperNodes ready; cluster s00001"),
         "{}",
         ready.message
     );
