@@ -140,14 +140,17 @@ T_READY=$(elapsed)
 CA="$WORK/hub/federations/default/quickstart/tls/ca.crt"
 APP="$WORK/app"; cp -r examples/fedavg "$APP"; rm -rf "$APP/.flwr"
 MINOR="$(cut -d. -f2 <<<"$FLOWER_VERSION")"
-if (( MINOR >= 35 )); then CONTROL=19092; else CONTROL=19093; fi
+# Flower < 1.26 reads the connection from the app: the classic Control API port of the demo's hub.
+CONTROL=19093
 if (( MINOR >= 26 )); then
   # The hub writes the entry itself: Control address from its status, the SuperLink's CA.
   "$HUB" connect quickstart --state-dir "$WORK/hub" --flwr-home "$WORK/flwr-home" \
     --ca-file "$WORK/quickstart-ca.crt" >/dev/null || die "flower-hub connect failed"
   CONN=(quickstart)
+  # What --keep prints is this file, the one every flwr call below uses.
+  ENTRY_FILE="$WORK/flwr-home/config.toml"
 else
-  cat >>"$APP/pyproject.toml" <<EOF
+  cat >"$WORK/connection.toml" <<EOF
 
 [tool.flwr.federations]
 default = "quickstart"
@@ -156,7 +159,9 @@ default = "quickstart"
 address = "127.0.0.1:$CONTROL"
 root-certificates = "$CA"
 EOF
+  cat "$WORK/connection.toml" >>"$APP/pyproject.toml"
   CONN=("$APP" quickstart)
+  ENTRY_FILE="$WORK/connection.toml"
 fi
 export FLWR_HOME="$WORK/flwr-home" PATH="$VENV/bin:$PATH"
 
@@ -197,20 +202,43 @@ rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null ||
 printf 'demo: ready=%.1fs first_round=%.1fs all_rounds=%.1fs rss_hub=%s rss_agent1=%s rss_agent2=%s (debug build)\n' \
   "$T_READY" "${T_FIRST:-0}" "$T_DONE" "$(rss "${PIDS[0]}")" "$(rss "${PIDS[1]}")" "$(rss "${PIDS[2]}")"
 
+if (( MINOR >= 26 )); then
+  # The entry printed below, checked on its own: flwr with a FLWR_HOME that holds only it.
+  mkdir -p "$WORK/entry-check"
+  cp "$ENTRY_FILE" "$WORK/entry-check/config.toml"
+  FLWR_HOME="$WORK/entry-check" flwr ls quickstart --format json >"$WORK/entry-check.log" 2>&1 \
+    && grep -q '"success": true' "$WORK/entry-check.log" \
+    || die "flwr ls with the connection entry alone failed (see $WORK/entry-check.log)"
+fi
+
 if (( KEEP )); then
-  cat <<EOF
+  if (( MINOR >= 26 )); then
+    cat <<EOF
 
 The federation keeps running (hub pid ${PIDS[0]}, agents ${PIDS[1]} ${PIDS[2]}; state in $WORK).
-Add this to ~/.flwr/config.toml (or use FLWR_HOME=$WORK/flwr-home) and run your own app:
+flower-hub connect wrote this flwr connection to $ENTRY_FILE:
 
-[superlink.quickstart]
-address = "127.0.0.1:$CONTROL"
-root-certificates = "$CA"
+$(cat "$ENTRY_FILE")
 
+Use it with FLWR_HOME=$WORK/flwr-home, or let the hub write it into your own flwr home:
+    $HUB connect quickstart --state-dir $WORK/hub --flwr-home ~/.flwr
+then run your own app:
     flwr run ./your-app quickstart --stream
-(or let the hub write it: $HUB connect quickstart --state-dir $WORK/hub --flwr-home ~/.flwr)
 Stop everything with: kill ${PIDS[*]}
 EOF
+  else
+    cat <<EOF
+
+The federation keeps running (hub pid ${PIDS[0]}, agents ${PIDS[1]} ${PIDS[2]}; state in $WORK).
+Flower $FLOWER_VERSION reads connections from the app's pyproject.toml: add this (the entry the
+run above used) to your app's pyproject.toml:
+$(cat "$ENTRY_FILE")
+
+then run it:
+    flwr run ./your-app quickstart --stream
+Stop everything with: kill ${PIDS[*]}
+EOF
+  fi
   trap - EXIT INT TERM
 else
   step "stopping everything the demo started"
