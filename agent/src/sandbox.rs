@@ -1,13 +1,12 @@
 //! A directory hidden from a child process: the child runs in a mount namespace of its own where
 //! the directory is an empty tmpfs, except one subdirectory of it, mounted back.
 //!
-//! The standalone hub runs each SuperLink this way (#13 item 2): whoever reaches a SuperLink's
-//! Control API runs a ServerApp next to it, and that code must not read the hub's state directory
-//! (the CA keys, tokens, other Federations) — only the SuperLink's own directory (its TLS key and
-//! database). As root the namespace is a plain mount namespace; otherwise an unprivileged user
-//! namespace maps the user to itself. Where neither is possible (a container without
-//! `CAP_SYS_ADMIN` and with user namespaces blocked) the child does not start, and the error says
-//! how to opt out.
+//! The standalone hub runs each SuperLink this way: whoever reaches a SuperLink's Control API runs
+//! a ServerApp next to it, and that code must not read the hub's state directory (the CA keys,
+//! tokens, other Federations) — only the SuperLink's own directory (its TLS key and database). As
+//! root the namespace is a plain mount namespace; otherwise an unprivileged user namespace maps the
+//! user to itself. Where neither is possible (a container without `CAP_SYS_ADMIN` and with user
+//! namespaces blocked) the child does not start, and the error says how to opt out.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

@@ -327,9 +327,9 @@ mod bundle_tests {
 
     #[test]
     fn a_ca_bundle_must_hold_the_pinned_or_trusted_ca() {
-        // #13 item 4: what a hub sends becomes the agent's trust root, so it must hold the CA
-        // the agent pinned (join) or already trusts (renewal); a bundle of other CAs only is
-        // refused. A rotation's next CA beside the trusted one is the hub's word and accepted.
+        // What a hub sends becomes the agent's trust root, so it must hold the CA the agent pinned
+        // (join) or already trusts (renewal); a bundle of other CAs only is refused. A rotation's
+        // next CA beside the trusted one is the hub's word and accepted.
         let pinned = ca_pem("hub");
         let other = ca_pem("other");
         let hash = bundle_hashes(&pinned);

@@ -94,7 +94,7 @@ pub struct FederationPlan {
 
 /// Pod template annotation (Kubernetes) and environment variable (processes) holding
 /// [`FederationPlan::ca_digest`]: SuperNodes read their root certificates once, at start, so a
-/// changed CA bundle (a CA rotation, #13 item 4) must restart them.
+/// changed CA bundle (a CA rotation) must restart them.
 pub const CA_DIGEST_ANNOTATION: &str = "flower-addon.io/ca-bundle-sha256";
 /// The environment variable of [`CA_DIGEST_ANNOTATION`].
 pub const CA_DIGEST_ENV: &str = "FLOWER_ADDON_CA_BUNDLE_SHA256";

@@ -234,8 +234,8 @@ impl Addon {
         let mut hub_command =
             ContainerCommand::from_manifest(&manifests.join("deployment.yaml"), "hub", HUB_NS)?;
         // The tests' placed Federations name `hub.example` as their external address: the
-        // hub's admin allows it in SuperLink certificates (#13 item 4; `kube_hub` step 5b is
-        // the refusal of a name not allowed).
+        // hub's admin allows it in SuperLink certificates (`kube_hub` step 5b is the refusal of a
+        // name not allowed).
         hub_command.set_flag("--listen", &hub_address)?.push_args(&[
             "--advertise-address",
             "127.0.0.1",

@@ -1,6 +1,6 @@
 //! Real SuperNode pods seen from outside: the node id a SuperNode logs, and SuperNode pods made by
-//! hand from a pool's own pod template to show the SuperLink refuses them (#9 item 6c), on any
-//! cluster (the hub's own or a spoke) and any Flower release.
+//! hand from a pool's own pod template to show the SuperLink refuses them, on any cluster (the
+//! hub's own or a spoke) and any Flower release.
 
 use std::time::{Duration, Instant};
 
@@ -74,9 +74,9 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// #9 item 6c: two SuperNode pods made by hand in `namespace` beside Federation `federation`'s
-/// pool `pool` (its StatefulSet's own pod template), each with a key pair made here, never
-/// reported, so never registered:
+/// SuperNode authentication against hand-made pods: two SuperNode pods made by hand in `namespace`
+/// beside Federation `federation`'s pool `pool` (its StatefulSet's own pod template), each with a
+/// key pair made here, never reported, so never registered:
 /// - `intruder-key` trusts the Federation's CA: the SuperLink refuses the key, the SuperNode exits
 ///   non-zero without a node id;
 /// - `intruder-ca` trusts another CA: the TLS handshake fails and it never gets a node id.

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use flower_addon_crds::Federation;
 use flower_addon_hub::core::sans::SuperLinkNames;
 use flower_addon_hub::kube::controller::{self, APPLIED_BY_LABEL, Context, HUB_FIELD_MANAGER};
-use flower_addon_hub::kube::local::LOCAL_POOLS_FIELD_MANAGER;
+use flower_addon_hub::kube::hub_pools::LOCAL_POOLS_FIELD_MANAGER;
 use flower_addon_hub::registration::ca::HubCa;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Secret, Service};

@@ -355,11 +355,11 @@ fn agent_key_fingerprint(dir: &std::path::Path) -> String {
 
 #[tokio::test]
 async fn a_pre_accepted_cluster_is_bound_to_the_first_joining_key_and_refuses_any_other() {
-    // An admin may create (and accept) a cluster before its agent joins, as in OCM: only a
-    // token bound to that name binds it (#13: any valid token used to take it over); the first
-    // join with one binds the name to its key and gets a certificate at once, the admin's
-    // labels stay and the agent's own go to claims, and a second key for the name is
-    // ALREADY_EXISTS afterwards.
+    // An admin may create (and accept) a cluster before its agent joins, as in OCM: only a token
+    // bound to that name binds it (before this rule any valid token could take it over); the first
+    // join with one binds the name to its key and gets a certificate at once, the admin's labels
+    // stay and the agent's own go to claims, and a second key for the name is ALREADY_EXISTS
+    // afterwards.
     let dir = tempfile::tempdir().expect("tmp");
     let first = tempfile::tempdir().expect("tmp");
     let second = tempfile::tempdir().expect("tmp");
@@ -502,9 +502,9 @@ async fn a_pre_created_unaccepted_cluster_binds_the_key_but_waits_for_acceptance
 
 #[tokio::test]
 async fn labels_are_the_admins_and_an_agent_cannot_relabel_itself_by_joining_again() {
-    // #13 item 7: a cluster's labels (placement, auto-accept) come from its token or the admin;
-    // labels the agent asserts are recorded as claims, on the first join and on every re-join
-    // (site=d -> site=a by re-joining used to move the cluster), and they never auto-accept.
+    // A cluster's labels (placement, auto-accept) come from its token or the admin; labels the
+    // agent asserts are recorded as claims, on the first join and on every re-join (site=d ->
+    // site=a by re-joining used to move the cluster), and they never auto-accept.
     let dir = tempfile::tempdir().expect("tmp");
     let agent = tempfile::tempdir().expect("tmp");
     let other = tempfile::tempdir().expect("tmp");
@@ -581,9 +581,8 @@ async fn labels_are_the_admins_and_an_agent_cannot_relabel_itself_by_joining_aga
 
 #[tokio::test]
 async fn a_token_bound_to_a_name_or_a_use_count_registers_nothing_else() {
-    // #13 item 7: `token create --cluster-name N` joins only as N; `--uses 1` registers one
-    // cluster (its own re-joins do not count); refusals are PERMISSION_DENIED naming the fix and
-    // record nothing.
+    // `token create --cluster-name N` joins only as N; `--uses 1` registers one cluster (its own
+    // re-joins do not count); refusals are PERMISSION_DENIED naming the fix and record nothing.
     let dir = tempfile::tempdir().expect("tmp");
     let hub = Hub::start_in(dir.path(), any_port(), config()).await;
     let a = tempfile::tempdir().expect("tmp");
@@ -631,9 +630,9 @@ async fn a_token_bound_to_a_name_or_a_use_count_registers_nothing_else() {
 
 #[tokio::test]
 async fn a_server_holding_a_superlink_certificate_cannot_pass_as_the_hub() {
-    // #13 item 4: SuperLink certificates come from the Flower CA, never from the CA agents pin.
-    // A fake hub built on what a SuperLink holds (a certificate of the Flower CA) is refused by
-    // an agent pinned to the real hub's CA before the token is sent.
+    // SuperLink certificates come from the Flower CA, never from the CA agents pin. A fake hub
+    // built on what a SuperLink holds (a certificate of the Flower CA) is refused by an agent
+    // pinned to the real hub's CA before the token is sent.
     let real = tempfile::tempdir().expect("tmp");
     let fake = tempfile::tempdir().expect("tmp");
     let agent_dir = tempfile::tempdir().expect("tmp");

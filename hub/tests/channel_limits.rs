@@ -1,7 +1,7 @@
-//! Connection caps of the work channel (#13 item 8), attacked over real TLS on loopback: a flood
-//! of connections without a client certificate is capped per address and overall and cut after
-//! its lifetime, while joins from other addresses and agents with certificates go on; one
-//! cluster's certificate opens at most its cap of connections.
+//! Connection caps of the work channel, attacked over real TLS on loopback: a flood of connections
+//! without a client certificate is capped per address and overall and cut after its lifetime, while
+//! joins from other addresses and agents with certificates go on; one cluster's certificate opens
+//! at most its cap of connections.
 mod channel_support;
 
 use channel_support::*;

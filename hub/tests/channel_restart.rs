@@ -331,11 +331,11 @@ fn signed_by(cert_pem: &str, ca: &flower_addon_hub::registration::ca::HubCa) -> 
 
 #[tokio::test]
 async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off() {
-    // #13 item 4: stage → the agent stores both CAs (renewing at the first heartbeat); promote →
+    // A CA rotation: stage → the agent stores both CAs (renewing at the first heartbeat); promote →
     // the hub serves a certificate of the new CA, the agent (trusting both) reconnects and renews
-    // from the new CA; retire → only the new CA is left and the agent keeps working. An agent
-    // that was away for the whole rotation holds only the old CA and an old certificate: it can
-    // no longer connect (neither side trusts the other), and its work is never sent to it.
+    // from the new CA; retire → only the new CA is left and the agent keeps working. An agent that
+    // was away for the whole rotation holds only the old CA and an old certificate: it can no
+    // longer connect (neither side trusts the other), and its work is never sent to it.
     use flower_addon_hub::registration::rotation::RotationStep;
     let dir = tempfile::tempdir().expect("tmp");
     let mut hub = Hub::start_in(dir.path(), any_port(), config()).await;

@@ -200,7 +200,8 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
             "Service"
         ]
     );
-    // The Control API's own ClusterIP Service (#13: Fleet and Control apart).
+    // The Control API's own ClusterIP Service (Fleet and Control apart: SuperNodes must not
+    // reach Control).
     assert_eq!(docs[2]["metadata"]["name"], "fed-superlink-control");
     assert_eq!(docs[2]["spec"]["type"], "ClusterIP");
     assert_eq!(docs[3]["metadata"]["name"], "fed-supernode-a");

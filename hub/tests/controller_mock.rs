@@ -73,7 +73,7 @@ async fn a_valid_federation_is_applied_then_its_status_written() {
     // Both Services and the SuperLink (applied at once: no certificate to issue first); every
     // write a server-side apply by the hub's manager; no LIST (orphans are found in the caches);
     // then one status patch. The pools are not the controller's: they are the hub cluster's
-    // work, applied by the embedded runtime (kube::local, its own manager).
+    // work, applied by the embedded runtime (kube::hub_pools, its own manager).
     let calls = run(federation(VALID)).await;
     let mut lines: Vec<String> = calls.iter().map(Call::line).collect();
     let status = lines.pop().expect("status");
@@ -124,8 +124,8 @@ async fn a_valid_federation_is_applied_then_its_status_written() {
 
 #[tokio::test]
 async fn a_converged_federation_costs_no_request() {
-    // Invariant (#15): when the caches hold what the build makes and the status is current, a
-    // reconcile (a resync) sends nothing at all: no apply, no LIST, no GET, no status write.
+    // Invariant: when the caches hold what the build makes and the status is current, a reconcile
+    // (a resync) sends nothing at all: no apply, no LIST, no GET, no status write.
     let fed = federation(VALID);
     let first = run(fed.clone()).await;
     let (statefulsets, services) = stored(&first);
@@ -282,9 +282,9 @@ async fn an_invalid_federation_applies_nothing_and_says_why() {
 
 #[tokio::test]
 async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
-    // #13 item 4: a TLS Federation asking for a SAN outside the hub's names gets no certificate
-    // (no Secret, nothing applied): a Warning event and a Degraded condition name the field and
-    // the flag that would allow it. Allowed by the hub's admin, the same Federation is applied.
+    // A TLS Federation asking for a SAN outside the hub's names gets no certificate (no Secret,
+    // nothing applied): a Warning event and a Degraded condition name the field and the flag that
+    // would allow it. Allowed by the hub's admin, the same Federation is applied.
     use flower_addon_hub::core::sans::SuperLinkNames;
     let fed = VALID.replace(
         "insecure: true",
@@ -330,15 +330,14 @@ async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
 
 #[tokio::test]
 async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters_work() {
-    // Invariant (#10, one code path): a Federation without placementRef has its pools applied
-    // exactly as an agent applies a spoke's — the work of the hub's own cluster, rendered and
-    // applied by the agent's KubeRuntime — but under the hub's own manager and label (so neither
-    // an agent nor the controller prunes them) and owned by the Federation. With SuperNode
-    // authentication a key Secret is made in the cluster and no SuperNode starts before its key
-    // is registered.
+    // Invariant (one code path): a Federation without placementRef has its pools applied exactly as
+    // an agent applies a spoke's — the work of the hub's own cluster, rendered and applied by the
+    // agent's KubeRuntime — but under the hub's own manager and label (so neither an agent nor the
+    // controller prunes them) and owned by the Federation. With SuperNode authentication a key
+    // Secret is made in the cluster and no SuperNode starts before its key is registered.
     use flower_addon_agent::kube_runtime::{APPLIED_BY_LABEL, KubeRuntime};
     use flower_addon_hub::core::HUB_CLUSTER;
-    use flower_addon_hub::kube::local::{LOCAL_POOLS_FIELD_MANAGER, applier};
+    use flower_addon_hub::kube::hub_pools::{LOCAL_POOLS_FIELD_MANAGER, applier};
     use flower_addon_proto::ClusterWork;
     use std::collections::BTreeMap;
 
@@ -376,8 +375,8 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
         .filter(|c| !c.path.ends_with("/namespaces") && !c.is_event())
         .collect();
     let mut paths: Vec<String> = writes.iter().map(|c| c.line()).collect();
-    // The key Secret is written first, then the workload, then what it uses (#15: the
-    // workload's pods take longest to start).
+    // The key Secret is written first, then the workload, then what it uses (the workload's
+    // pods take longest to start).
     // The Secret and the Service go together, in no fixed order.
     paths[2..].sort();
     assert_eq!(
@@ -445,12 +444,12 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
 
 #[tokio::test]
 async fn the_embedded_runtime_sends_only_what_changed() {
-    // Invariant (#15): after the first (full) apply, a snapshot costs requests only for what
-    // changed in it: the same work sends nothing, a replica change one apply of the pool's
-    // StatefulSet, a removed Federation one DELETE per object it had (no LIST).
+    // Invariant: after the first (full) apply, a snapshot costs requests only for what changed in
+    // it: the same work sends nothing, a replica change one apply of the pool's StatefulSet, a
+    // removed Federation one DELETE per object it had (no LIST).
     use flower_addon_agent::kube_runtime::KubeRuntime;
     use flower_addon_hub::core::HUB_CLUSTER;
-    use flower_addon_hub::kube::local::applier;
+    use flower_addon_hub::kube::hub_pools::applier;
     use flower_addon_proto::ClusterWork;
     use std::collections::BTreeMap;
 

@@ -1,8 +1,7 @@
-//! Property tests (#13 item 9) on the hub's decisions and the agent's decoding of what the hub
-//! sends: work messages decode without panicking whatever their bytes, the work the hub computes
-//! round-trips through the wire and decodes, partitions are numbered without gaps, and placement
-//! is deterministic, stable, and selects only accepted clusters that match, at most as many as
-//! asked.
+//! Property tests on the hub's decisions and the agent's decoding of what the hub sends: work
+//! messages decode without panicking whatever their bytes, the work the hub computes round-trips
+//! through the wire and decodes, partitions are numbered without gaps, and placement is
+//! deterministic, stable, and selects only accepted clusters that match, at most as many as asked.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -7,7 +7,7 @@
 //! `cargo build --release --bins && cargo run --release -p e2e --bin agent_rss -- [--settle 15s]
 //! [--skip-standalone] [--skip-kube] [--mappings]`. The binaries measured are the ones of
 //! the bench's own profile (`target/release` with `--release`); the profile is printed. Targets
-//! (#15 item 5): agent ≤ 15 MiB in (b) and (c), hub ≤ 20 MiB idle.
+//! (the memory budget of small devices): agent ≤ 15 MiB in (b) and (c), hub ≤ 20 MiB idle.
 //!
 //! RSS is `VmRSS` after `--settle` (sampled every second, the largest sample printed too), split
 //! into `RssAnon` (heap, stacks) and `RssFile` (mostly the binary's own code pages), with the

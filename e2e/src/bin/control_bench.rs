@@ -4,7 +4,7 @@
 //! 1,000 of them takes tens of minutes).
 //!
 //! `cargo run --release -p e2e --bin control_bench -- [--keys 1000] [--versions 1.42.0,1.25.0]
-//! [--cli-sample 5]`. Target (#12): 1,000 keys in ≤ 5 s.
+//! [--cli-sample 5]`. Target: 1,000 keys in ≤ 5 s.
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use e2e::superlink::TestSuperLink;

@@ -215,10 +215,10 @@ mod tests {
 
     #[test]
     fn the_last_seen_time_is_written_once_a_period_spread_evenly_over_clusters() {
-        // #12 item 4: 10,000 clusters connect in the same second (a storm, a hub restart) and
-        // their first heartbeats are written then; after that each is written once per
-        // LAST_SEEN_EVERY, and in no minute do they all come due together: every 60 s window
-        // stays under 20 writes a second from the start, not only on average.
+        // 10,000 clusters connect in the same second (a storm, a hub restart) and their first
+        // heartbeats are written then; after that each is written once per LAST_SEEN_EVERY, and in
+        // no minute do they all come due together: every 60 s window stays under 20 writes a second
+        // from the start, not only on average.
         let lease = Duration::from_secs(60);
         let period = LAST_SEEN_EVERY.as_secs();
         let t0 = 1_800_000_123u64;

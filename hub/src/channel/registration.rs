@@ -2,8 +2,9 @@
 use super::tls::PeerInfo;
 use super::{Shared, WorkSource, internal};
 use crate::registration::ca::csr_key_fingerprint;
+use crate::registration::join::{self, JoinDecision, JoinRefusal, Joining};
 use crate::registration::store::{
-    CONDITION_HUB_ACCEPTED, CONDITION_JOINED, ClusterRegistration, ClusterStore, StoreError,
+    CONDITION_HUB_ACCEPTED, CONDITION_JOINED, ClusterStore, StoreError,
 };
 use crate::registration::tokens::{self, unix_now};
 use flower_addon_proto::prost_types::Timestamp;
@@ -138,6 +139,13 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         // recorded as claims only (explicit claims win over labels of the same name).
         let mut claims: BTreeMap<String, String> = req.labels.into_iter().collect();
         claims.extend(req.claims);
+        let joining = Joining {
+            name: name.clone(),
+            key_fingerprint: fingerprint,
+            claims,
+            agent_version: req.agent_version.clone(),
+            token_id: token_id.to_string(),
+        };
 
         // One join per name at a time: the check below and the write that binds the key must
         // not interleave with another join of the same name.
@@ -147,17 +155,24 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             .get_cluster(&name)
             .await
             .map_err(|e| internal("reading the cluster", e))?;
-        // The registration this join makes (a new cluster, or an admin's pre-created one).
-        let new_registration =
-            |created_unix: u64, labels: BTreeMap<String, String>| ClusterRegistration {
-                name: name.clone(),
-                labels,
-                claims: claims.clone(),
-                key_fingerprint: fingerprint.clone(),
-                agent_version: req.agent_version.clone(),
-                token_id: token_id.to_string(),
-                created_unix,
-            };
+        let decision = join::decide(
+            &token,
+            existing.as_ref(),
+            &joining,
+            &shared.config.auto_accept,
+            unix_now(),
+        )
+        .map_err(|refusal| match refusal {
+            JoinRefusal::Token(error) => refuse(error),
+            JoinRefusal::NameTaken => {
+                tracing::warn!(cluster = %name, %remote, "join refused: name taken by another key");
+                Status::already_exists(format!(
+                    "cluster {name:?} is already registered with a different key. If that cluster \
+                     is gone, delete it on the hub with `flower-hub revoke {name} --delete` and join \
+                     again; otherwise choose another --cluster-name"
+                ))
+            }
+        })?;
         // Registering a cluster (new, or binding a pre-created one) uses the token once.
         let use_token = || async {
             match shared.store.use_token(token_id).await {
@@ -166,22 +181,15 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 Err(e) => Err(internal("counting the token's use", e)),
             }
         };
-        let accepted = match existing {
-            None => {
-                let auto = !shared.config.auto_accept.is_empty()
-                    && shared
-                        .config
-                        .auto_accept
-                        .iter()
-                        .all(|(k, v)| token.labels.get(k) == Some(v));
-                if !token.has_uses_left() {
-                    return Err(refuse(tokens::TokenError::UsedUp));
-                }
+        let accepted = match decision {
+            JoinDecision::Register {
+                registration,
+                auto_accepted: auto,
+            } => {
                 if !auto {
                     self.check_pending_room(&name).await?;
                 }
                 use_token().await?;
-                let registration = new_registration(unix_now(), token.labels.clone());
                 match shared.store.create_cluster(&registration, auto).await {
                     Ok(()) => {}
                     Err(StoreError::AlreadyExists(_)) => {
@@ -194,65 +202,51 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 tracing::info!(cluster = %name, token_id, %remote, auto_accepted = auto, "cluster registered");
                 auto
             }
-            // Created by an admin before the agent joined (e.g. `kubectl apply` of a
-            // ManagedCluster, possibly pre-accepted as in OCM): only a token bound to this name
-            // binds it to the joining key; the admin's labels and hubAcceptsClient stand.
-            Some(record) if record.registration.key_fingerprint.is_empty() => {
-                if token.cluster_name.as_deref() != Some(name.as_str()) {
-                    return Err(refuse(tokens::TokenError::NotBoundToPreCreated(
-                        name.clone(),
-                    )));
-                }
+            JoinDecision::BindPreCreated {
+                registration,
+                accepted,
+            } => {
                 use_token().await?;
-                let mut labels = token.labels.clone();
-                labels.extend(record.registration.labels.clone());
-                let registration = new_registration(
-                    match record.registration.created_unix {
-                        0 => unix_now(),
-                        t => t,
-                    },
-                    labels,
-                );
                 shared
                     .store
                     .update_registration(&registration)
                     .await
                     .map_err(|e| internal("binding the pre-created cluster to its key", e))?;
                 tracing::info!(
-                    cluster = %name, token_id, %remote, accepted = record.hub_accepts_client,
+                    cluster = %name, token_id, %remote, accepted,
                     "pre-created cluster bound to the joining key"
                 );
-                record.hub_accepts_client
+                accepted
             }
-            Some(record) if record.registration.key_fingerprint != fingerprint => {
-                tracing::warn!(cluster = %name, %remote, "join refused: name taken by another key");
-                return Err(Status::already_exists(format!(
-                    "cluster {name:?} is already registered with a different key. If that cluster \
-                     is gone, delete it on the hub with `flower-hub revoke {name} --delete` and join \
-                     again; otherwise choose another --cluster-name"
-                )));
-            }
-            // The same agent again: its claims and version are refreshed, its labels stay the
-            // admin's (re-joining cannot move a cluster into another placement).
-            Some(record) => {
-                let mut updated = record.registration.clone();
-                updated.claims = claims.clone();
-                updated.agent_version = req.agent_version.clone();
-                if updated != record.registration {
+            JoinDecision::Rejoin { update, accepted } => {
+                if let Some(updated) = update {
                     shared
                         .store
                         .update_registration(&updated)
                         .await
                         .map_err(|e| internal("updating the cluster", e))?;
                 }
-                record.hub_accepts_client
+                accepted
             }
         };
 
+        // Still under the join lock: the status and certificate follow this join's record.
+        self.answer(&name, accepted, &req.csr_pem).await
+    }
+
+    /// The answer to a join of cluster `name` once it is recorded: pending (the condition says
+    /// why) until an admin accepted it, else its client certificate signed from `csr_pem`.
+    async fn answer(
+        &self,
+        name: &str,
+        accepted: bool,
+        csr_pem: &str,
+    ) -> Result<JoinResponse, Status> {
+        let shared = &self.shared;
         let now = unix_now();
         if !accepted {
             shared
-                .update_status(&name, |st| {
+                .update_status(name, |st| {
                     st.set_condition(
                         CONDITION_HUB_ACCEPTED,
                         "False",
@@ -271,9 +265,9 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 ..Default::default()
             });
         }
-        let (issued, not_after) = issue(shared, &req.csr_pem, &name)?;
+        let (issued, not_after) = issue(shared, csr_pem, name)?;
         shared
-            .update_status(&name, |st| {
+            .update_status(name, |st| {
                 st.set_condition(
                     CONDITION_HUB_ACCEPTED,
                     "True",
@@ -328,7 +322,6 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
     }
 }
 
-/// A cluster name must be a DNS-1123 label: it becomes a file name, an object name and a CN.
 /// Signs `csr_pem` as cluster `name`'s client certificate; returns it and its end (Unix seconds).
 fn issue<S, W>(
     shared: &Shared<S, W>,
@@ -343,6 +336,7 @@ fn issue<S, W>(
     Ok((issued, not_after))
 }
 
+/// A cluster name must be a DNS-1123 label: it becomes a file name, an object name and a CN.
 /// [`crate::core::HUB_CLUSTER`] is the hub's own cluster and cannot be joined.
 pub(crate) fn validate_cluster_name(name: &str) -> Result<(), Status> {
     if let Err(why) = flower_addon_crds::dns_label(name) {

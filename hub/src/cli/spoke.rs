@@ -123,7 +123,7 @@ pub fn printed(rendered: &Rendered) -> Result<Vec<serde_json::Value>, serde_json
 
 /// What the hub cluster runs for `fed` when it has no `placementRef`: the work of
 /// [`crate::core::HUB_CLUSTER`] (SuperNodes dial the SuperLink Service in the cluster) rendered
-/// by the runtime the hub embeds, marked as [`crate::kube::local`] applies it. The CA Secret is
+/// by the runtime the hub embeds, marked as [`crate::kube::hub_pools`] applies it. The CA Secret is
 /// left out (its content is the running hub's CA). `None` for a placed Federation.
 pub fn hub_local_objects(fed: &Federation) -> anyhow::Result<Option<Rendered>> {
     if fed.spec.placement_ref.is_some() {
@@ -135,7 +135,7 @@ pub fn hub_local_objects(fed: &Federation) -> anyhow::Result<Option<Rendered>> {
     let Some(mut rendered) = cluster_objects(fed, &selection, &fleet, "")? else {
         return Ok(None);
     };
-    let applier = crate::kube::local::offline_applier();
+    let applier = crate::kube::hub_pools::offline_applier();
     let (ns, name) = (
         fed.metadata.namespace.as_deref().unwrap_or("default"),
         fed.metadata.name.as_deref().unwrap_or_default(),

@@ -1,16 +1,17 @@
 //! The hub's pure core, shared by both adapters (Kubernetes controllers; standalone files and
-//! processes): which clusters a Placement may select ([`clustersets`]) and selects ([`placement`]), what each selected cluster
-//! runs ([`work`]), the SuperLink's arguments ([`superlink`]) and objects ([`render`]), what
-//! keeps a Federation from being applied ([`problems`]), and the versioned index of each cluster's
-//! work that the work channel serves from ([`source`]). Nothing here
-//! does I/O; every function is unit-tested without a cluster or a process.
-pub mod certs;
+//! processes): which clusters a Placement may select ([`clustersets`]) and selects ([`placement`]),
+//! what each selected cluster runs ([`work`]), the SuperLink's arguments ([`superlink`]) and
+//! objects ([`render`]), what keeps a Federation from being applied ([`problems`]), the versioned
+//! index of each cluster's work that the work channel serves from ([`source`]), and when a
+//! SuperLink certificate is re-issued ([`renewal`]). Nothing here does I/O; every function is
+//! unit-tested without a cluster or a process.
 pub mod clustersets;
 pub mod hold;
 pub mod nodekeys;
 pub mod placement;
 pub mod problems;
 pub mod render;
+pub mod renewal;
 pub mod sans;
 pub mod source;
 pub mod status;

@@ -1,7 +1,7 @@
 //! Which SuperNode keys a Federation's SuperLink holds: exactly the keys that the clusters the
-//! Federation is placed on report for it (#13: a cluster not selected for a Federation cannot
-//! get a SuperNode into it; a dropped or revoked cluster's keys are unregistered). Both hub
-//! modes compute the wanted set here and hand the difference to the Control API client.
+//! Federation is placed on report for it (a cluster not selected for a Federation cannot get a
+//! SuperNode into it; a dropped or revoked cluster's keys are unregistered). Both hub modes compute
+//! the wanted set here and hand the difference to the Control API client.
 use flower_addon_proto::Status;
 use std::collections::{BTreeMap, BTreeSet};
 

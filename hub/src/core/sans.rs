@@ -1,4 +1,4 @@
-//! Which names a Federation may have in the SuperLink certificate the hub issues (#13 item 4).
+//! Which names a Federation may have in the SuperLink certificate the hub issues.
 //!
 //! Every SuperLink certificate is signed by the one Flower CA that every SuperNode and `flwr`
 //! of every Federation trusts. A name in it is a promise that whoever holds the key is the

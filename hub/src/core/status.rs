@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_status_lists_a_bounded_number_of_clusters_the_troubled_ones_first() {
-        // #12 item 4: 10,000 entries made the Federation status larger than etcd accepts.
+        // 10,000 entries made the Federation status larger than etcd accepts.
         let few: Vec<ClusterStatus> = (0..3).map(|i| entry(&format!("c{i}"), i == 1)).collect();
         assert_eq!(listed_clusters(few.clone()), few, "all of them, in order");
         let many: Vec<ClusterStatus> = (0..10_000)

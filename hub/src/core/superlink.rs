@@ -496,9 +496,10 @@ spec:
 
     #[test]
     fn control_stays_off_the_fleet_endpoint_unless_exposed() {
-        // #13 item 1. Unified (one server): a front on the Fleet port, the SuperLink on the
-        // Control port and control_host (loopback for a standalone process); its own SuperExec
-        // dials that server. Classic: Control on control_host. exposeControl: today's layout.
+        // Whoever reaches the Fleet port (every SuperNode) must not reach the Control API. Unified
+        // (one server): a front on the Fleet port, the SuperLink on the Control port and
+        // control_host (loopback for a standalone process); its own SuperExec dials that server.
+        // Classic: Control on control_host. exposeControl: today's layout.
         let f = fed(FED);
         let v = FlowerVersion::parse("1.42.0").unwrap();
         let ports = SuperLinkPorts::from_spec(&f, FlowerDialect::Unified);

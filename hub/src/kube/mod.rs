@@ -1,11 +1,13 @@
 //! Kubernetes mode: the Federation and Placement controllers ([`controller`]), the work source
 //! that turns Federations and PlacementDecisions into each cluster's work ([`work`]), and the
 //! cluster store on `ManagedCluster`s and Secrets ([`store`]), and the hub's own cluster run
-//! like a spoke by the embedded agent runtime ([`local`]).
+//! like a spoke by the embedded agent runtime ([`hub_pools`]). Around them: leader election
+//! ([`leader`]), the readiness gate that passes once the watches have listed ([`list_gate`]) and
+//! the scrape-time gauges ([`metrics`]).
 pub mod controller;
+pub mod hub_pools;
 pub mod leader;
-pub mod listed;
-pub mod local;
+pub mod list_gate;
 pub mod metrics;
 pub mod store;
 pub mod work;
@@ -37,7 +39,7 @@ pub async fn run_hub_cluster(
         flower_addon_agent::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));
-    let local_pools = tokio::spawn(local::run(client, work, stopped(stop_rx)));
+    let local_pools = tokio::spawn(hub_pools::run(client, work, stopped(stop_rx)));
     shutdown.await;
     let _ = stop_tx.send(true);
     let _ = federations.await;

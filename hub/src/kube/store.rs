@@ -16,10 +16,10 @@
 //!
 //! Writes are read-modify-write with the object's resourceVersion (retried on conflict), so the
 //! admin's concurrent edits (labels, taints, acceptance) are never lost. [`ClusterStore::changes`]
-//! is fed by a watch on ManagedClusters, so `kubectl patch … hubAcceptsClient=false` or a delete
-//! closes the cluster's stream at once. The same watch keeps a cache of every ManagedCluster
-//! ([`ClusterStore::cached_cluster`]): a connecting agent is authorized, and its status
-//! written, without a read per connection (10,000 at once after a hub restart). A status
+//! is fed by a watch on ManagedClusters (`watch`), so `kubectl patch … hubAcceptsClient=false`
+//! or a delete closes the cluster's stream at once. The same watch keeps a cache of every
+//! ManagedCluster ([`ClusterStore::cached_cluster`]): a connecting agent is authorized, and its
+//! status written, without a read per connection (10,000 at once after a hub restart). A status
 //! write from the cache carries the cached resourceVersion, so a stale cache costs a conflict
 //! and a fresh read, never a lost update.
 
@@ -32,12 +32,10 @@ use flower_addon_crds::{
     ClusterClaim, ManagedCluster, ManagedClusterSpec, ManagedClusterStatus, ManagedClusterVersion,
     Taint, TaintEffect,
 };
-use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -123,114 +121,13 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-fn time_of(unix: u64) -> Time {
-    Time(
-        k8s_openapi::jiff::Timestamp::from_second(i64::try_from(unix).unwrap_or(i64::MAX))
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-    )
-}
-
-fn unix_of(time: &Time) -> u64 {
-    u64::try_from(time.0.as_second()).unwrap_or(0)
-}
-
-/// Which ManagedCluster watch events [`ClusterStore::changes`] announces: a change of
-/// acceptance or of the bound key, a new cluster, a deletion (also one missed while the watch was
-/// down). The hub's own status writes (a heartbeat, 10,000 at a hub restart) change none of
-/// these and wake nobody.
-#[derive(Default)]
-struct ChangeFilter {
-    seen: std::collections::HashMap<String, (bool, Option<String>)>,
-    relisted: std::collections::HashSet<String>,
-}
-
-impl ChangeFilter {
-    /// The names to announce for `event`.
-    fn on_event(&mut self, event: &watcher::Event<ManagedCluster>) -> Vec<String> {
-        let key = |mc: &ManagedCluster| {
-            (
-                mc.spec.hub_accepts_client,
-                mc.annotations().get(ANN_KEY_FINGERPRINT).cloned(),
-            )
-        };
-        match event {
-            watcher::Event::Apply(mc) | watcher::Event::InitApply(mc) => {
-                let name = mc.name_any();
-                if matches!(event, watcher::Event::InitApply(_)) {
-                    self.relisted.insert(name.clone());
-                }
-                let changed = self.seen.insert(name.clone(), key(mc)) != Some(key(mc));
-                changed.then_some(name).into_iter().collect()
-            }
-            watcher::Event::Delete(mc) => {
-                let name = mc.name_any();
-                self.seen.remove(&name);
-                vec![name]
-            }
-            watcher::Event::Init => {
-                self.relisted.clear();
-                Vec::new()
-            }
-            watcher::Event::InitDone => {
-                let gone: Vec<String> = self
-                    .seen
-                    .keys()
-                    .filter(|n| !self.relisted.contains(*n))
-                    .cloned()
-                    .collect();
-                for name in &gone {
-                    self.seen.remove(name);
-                }
-                self.relisted.clear();
-                gone
-            }
-        }
-    }
-}
-
 impl KubeStore {
     /// A store on `client` keeping tokens and the CA in `namespace`. Starts the ManagedCluster
     /// watch that feeds [`ClusterStore::changes`] (needs a Tokio runtime; stopped on drop).
     pub fn new(client: Client, namespace: impl Into<String>) -> Self {
         let (changes, _) = broadcast::channel(1024);
-        let tx = changes.clone();
         let cache: Arc<DashMap<String, Arc<ManagedCluster>>> = Arc::new(DashMap::new());
-        let filled = cache.clone();
-        let api = Api::<ManagedCluster>::all(client.clone());
-        let watch = tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
-                .modify(crate::kube::work::strip_managed_fields)
-                .default_backoff()
-                .boxed();
-            let mut filter = ChangeFilter::default();
-            while let Some(event) = events.next().await {
-                match event {
-                    Ok(event) => {
-                        let announced = filter.on_event(&event);
-                        // The cache first: whoever hears of a change finds it there.
-                        match &event {
-                            watcher::Event::Apply(mc) | watcher::Event::InitApply(mc) => {
-                                filled.insert(mc.name_any(), Arc::new(mc.clone()));
-                            }
-                            watcher::Event::Delete(mc) => {
-                                filled.remove(&mc.name_any());
-                            }
-                            // Deleted while the watch was down.
-                            watcher::Event::InitDone => {
-                                for name in &announced {
-                                    filled.remove(name);
-                                }
-                            }
-                            watcher::Event::Init => {}
-                        }
-                        for name in announced {
-                            let _ = tx.send(name);
-                        }
-                    }
-                    Err(error) => tracing::warn!(%error, "ManagedCluster watch"),
-                }
-            }
-        });
+        let watch = watch::spawn(client.clone(), changes.clone(), cache.clone());
         Self {
             client,
             namespace: namespace.into(),
@@ -335,50 +232,8 @@ impl KubeStore {
     }
 }
 
-/// The spec and metadata that follow the observed status: the availability taints and the
-/// client certificate's end of validity; whether anything changed.
-fn sync_spec_with_status(mc: &mut ManagedCluster, status: &ClusterStatus) -> bool {
-    let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
-    let mut changed = sync_availability_taints(&mut mc.spec, status);
-    let annotations = mc.annotations_mut();
-    if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
-        match &not_after {
-            Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
-            None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
-        };
-        changed = true;
-    }
-    changed
-}
-
-/// Writes `status` into the ManagedCluster's status subresource fields it maps to.
-fn set_observed(observed: &mut ManagedClusterStatus, status: &ClusterStatus) {
-    observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
-    observed.allocatable = status
-        .allocatable
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
-            )
-        })
-        .collect();
-    observed.conditions = status
-        .conditions
-        .iter()
-        .map(|c| Condition {
-            type_: c.type_.clone(),
-            status: c.status.clone(),
-            reason: c.reason.clone(),
-            message: c.message.clone(),
-            observed_generation: None,
-            last_transition_time: time_of(c.last_transition_unix),
-        })
-        .collect();
-}
-
 mod mapping;
+mod watch;
 use mapping::*;
 pub use mapping::{hub_service_dns_names, hub_service_server_name, record_of};
 

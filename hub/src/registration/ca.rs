@@ -109,10 +109,10 @@ impl Validity {
     }
 }
 
-/// What a hub CA signs. The two never share a key (#13 item 4): the CA an agent pins with
-/// `--ca-hash` signs only the hub's work-channel server certificate and the agents' client
-/// certificates; SuperLink certificates (what SuperNodes and `flwr` trust) come from the Flower
-/// CA, so no certificate a SuperLink holds can pass as the hub.
+/// What a hub CA signs. The two never share a key: the CA an agent pins with `--ca-hash` signs only
+/// the hub's work-channel server certificate and the agents' client certificates; SuperLink
+/// certificates (what SuperNodes and `flwr` trust) come from the Flower CA, so no certificate a
+/// SuperLink holds can pass as the hub.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaRole {
     /// The work channel: hub server certificate, agent client certificates.

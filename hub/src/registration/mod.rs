@@ -1,7 +1,8 @@
 //! What both hub modes use to let clusters join: the hub CA ([`ca`]), bootstrap tokens
-//! ([`tokens`]) and the cluster store ([`store`]: the trait, and the file store of the
-//! standalone hub), and CA rotation ([`rotation`]).
+//! ([`tokens`]), what a join does ([`join`]) and the cluster store ([`store`]: the trait, and
+//! the file store of the standalone hub), and CA rotation ([`rotation`]).
 pub mod ca;
+pub mod join;
 pub mod rotation;
 pub mod store;
 pub mod tokens;

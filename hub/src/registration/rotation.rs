@@ -1,5 +1,6 @@
-//! CA rotation (#13 item 4), in three steps an admin takes with `flower-hub ca`, each stored in
-//! the CA record ([`CaMaterial`]) and in force when the hub next starts:
+//! CA rotation (replacing a CA without cutting off the agents and SuperNodes that trust it), in
+//! three steps an admin takes with `flower-hub ca`, each stored in the CA record ([`CaMaterial`])
+//! and in force when the hub next starts:
 //!
 //! 1. **stage**: a new CA is made and published beside the current one. It signs nothing yet;
 //!    every trust bundle the hub hands out ([`crate::registration::ca::HubCa::bundle_pem`]:

@@ -312,9 +312,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let key = fed_key(fed);
         let (version, dialect) = federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-        // Certificate names the hub may not issue (#13 item 4): the SuperLink and its certificate
-        // are left as they are, as the Kubernetes controller leaves a Degraded Federation's
-        // objects, and the status says why; the pools follow the spec in both modes.
+        // Certificate names the hub may not issue (every SuperNode trusts the one Flower CA, so a
+        // name is the admin's to allow, not the Federation author's): the SuperLink and its
+        // certificate are left as they are, as the Kubernetes controller leaves a Degraded
+        // Federation's objects, and the status says why; the pools follow the spec in both modes.
         let refused = crate::core::sans::san_problems(fed, &self.config.superlink_names);
         if refused.is_empty() {
             let certificate = if fed.spec.insecure {

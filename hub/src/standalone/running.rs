@@ -69,7 +69,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
-    /// The state directory hidden from a SuperLink but for its own directory (#13 item 2).
+    /// The state directory hidden from a SuperLink but for its own directory: code run through its
+    /// Control API must not read the CA keys, tokens or other Federations.
     fn sandbox(&self, paths: &SuperLinkPaths) -> Option<flower_addon_agent::sandbox::Sandbox> {
         self.config
             .sandbox
@@ -84,7 +85,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     }
 
     /// Issues the SuperLink certificate when there is none, its names or CA changed, or it is
-    /// due ([`crate::core::certs`]); returns its validity (`not_before..not_after`, Unix
+    /// due ([`crate::core::renewal`]); returns its validity (`not_before..not_after`, Unix
     /// seconds), which [`Self::ensure_superlink`] restarts the SuperLink on when it changes.
     pub(super) fn ensure_superlink_tls(
         &self,
@@ -110,7 +111,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             && current.as_deref() == Some(want.as_str())
             && same_ca
             && paths.key.exists()
-            && !crate::core::certs::needs_renewal(
+            && !crate::core::renewal::needs_renewal(
                 not_before,
                 not_after,
                 validity,

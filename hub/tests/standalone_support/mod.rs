@@ -80,7 +80,8 @@ impl Dirs {
             flower_bin: Some(self.bin.clone()),
             superlink_host: "127.0.0.1".into(),
             advertise: vec!["127.0.0.1".into()],
-            superlink_cert_validity: flower_addon_hub::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            superlink_cert_validity:
+                flower_addon_hub::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
             sandbox: true,
             superlink_names: SuperLinkNames::new(["127.0.0.1"], &allowed).expect("names"),
         }

@@ -1,4 +1,5 @@
-//! `--store kube`: the work channel at scale in Kubernetes mode (#12 items 4 and 5).
+//! `--store kube`: the work channel at scale in Kubernetes mode (the hub's memory and apiserver
+//! writes at 10,000 clusters, and a connection storm with `--batch N --agent-backoff`).
 //!
 //! A real kube-apiserver from the e2e harness; `flower-hub serve` installed as the README tells
 //! an admin (manifests, ServiceAccount, `--lease-duration`), as a child process with its own
@@ -54,7 +55,8 @@ const WRITE_VERBS: [&str; 6] = [
     "DELETECOLLECTION",
 ];
 
-/// Targets of #12 item 4 (and item 5 with `--batch N --agent-backoff`).
+/// Targets at scale: the hub's RSS, apiserver writes a second, fan-out p99 and how long a storm
+/// takes to settle (the storm with `--batch N --agent-backoff`).
 const RSS_TARGET_KIB: u64 = 1024 * 1024;
 const WRITES_TARGET: f64 = 20.0;
 const FANOUT_P99_TARGET: Duration = Duration::from_secs(5);

@@ -201,7 +201,7 @@ pub fn render_superlink(
         containers,
         volumes: non_empty(volumes),
         // Whoever reaches Control runs code here: no API token unless the pod template asks
-        // for one (the pod holds only its own TLS Secret, #13 item 2).
+        // for one (the pod holds only its own TLS Secret).
         automount_service_account_token: Some(false),
         ..PodSpec::default()
     };

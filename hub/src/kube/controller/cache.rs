@@ -96,7 +96,7 @@ impl Caches {
     pub(super) async fn ready(&self) -> Result<(), Error> {
         let all = async {
             // Reconciles of several Federations wait at once: see `until_listed`.
-            use crate::kube::listed::until_listed;
+            use crate::kube::list_gate::until_listed;
             until_listed(&self.statefulsets).await.ok();
             until_listed(&self.services).await.ok();
             until_listed(&self.secrets).await.ok();
@@ -275,11 +275,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_reconcile_waits_for_its_writes_to_reach_the_cache_but_not_for_ever() {
-        // #15: the reconcile that a write triggers must read that write; a cache that never
-        // catches up costs at most CATCH_UP, and an object that was not written costs nothing.
-        // No upper bound below is a small wall-clock one (#32: they flaked on loaded runners):
-        // "no wait" is checked by polling once, and the bounds that remain are either lower
-        // bounds (tokio timers never fire early) or far from what the code needs.
+        // The reconcile that a write triggers must read that write; a cache that never catches up
+        // costs at most CATCH_UP, and an object that was not written costs nothing. No upper bound
+        // below is a small wall-clock one (they flaked on loaded runners): "no wait" is checked by
+        // polling once, and the bounds that remain are either lower bounds (tokio timers never fire
+        // early) or far from what the code needs.
         use futures::FutureExt;
         let service = |version: Option<&str>| {
             let mut s = Service::default();

@@ -5,7 +5,7 @@
 //!   refuse; an invalid Federation gets `Degraded=True` naming the fields and nothing is applied
 //!   or deleted (running workloads keep running);
 //! - build: [`render_hub`] (SuperLink StatefulSet and Service) plus the SuperLink TLS Secret
-//!   issued by the hub CA when TLS is on;
+//!   issued by the hub CA when TLS is on ([`tls`]);
 //! - apply: server-side apply under one field manager ([`HUB_FIELD_MANAGER`]), every object
 //!   owned by the Federation (garbage-collected with it), labelled for pruning. Fields the build
 //!   stops setting (Service labels removed from the spec) vanish because one manager owns them;
@@ -14,7 +14,7 @@
 //! - status: written with server-side apply on the status subresource, only when it changed.
 //!
 //! Pools run where the work source puts them ([`crate::kube::work`]): in spoke clusters through
-//! the work channel, or, without `placementRef`, in the hub cluster by [`crate::kube::local`];
+//! the work channel, or, without `placementRef`, in the hub cluster by [`crate::kube::hub_pools`];
 //! this controller applies only the SuperLink side, and sums the per-cluster status into the
 //! totals and conditions.
 
@@ -27,7 +27,7 @@ pub mod tls;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use flower_addon_crds::{Federation, FederationStatus, Placement};
 use futures::StreamExt;
@@ -165,7 +165,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             node_address: None,
-            superlink_cert_validity: crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            superlink_cert_validity: crate::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
             superlink_names: SuperLinkNames::default(),
         }
     }
@@ -204,7 +204,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     use kube::runtime::{PredicateConfig, WatchStreamExt, reflector};
-    let listed = crate::kube::listed::Listed::new(
+    let listed = crate::kube::list_gate::ListGate::new(
         health,
         READY_CHECK,
         &[
@@ -425,8 +425,8 @@ async fn apply_federation(
         // for the Services, so the certificate and the SuperLink go alongside them.
         let mut superlink = std::mem::take(&mut objects.superlink);
         let certified_superlink = async {
-            let certificate = ensure_certificate(fed, ctx, namespace, None).await?;
-            annotate_not_after(&mut superlink, certificate.not_after);
+            let certificate = tls::ensure_certificate(fed, ctx, namespace, None).await?;
+            tls::annotate_not_after(&mut superlink, certificate.not_after);
             let applied = cache::apply(&sts_api, &superlink, cached_superlink).await?;
             Ok::<_, Error>((applied, certificate.renew_in))
         };
@@ -437,9 +437,9 @@ async fn apply_federation(
     } else if issues_tls {
         let (service, control) = tokio::try_join!(apply_service, apply_control)?;
         let external = external_of(fed, dialect, &service, ctx);
-        let certificate = ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
+        let certificate = tls::ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
         renew_in = Some(certificate.renew_in);
-        annotate_not_after(&mut objects.superlink, certificate.not_after);
+        tls::annotate_not_after(&mut objects.superlink, certificate.not_after);
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
         (service, control, superlink)
     } else {
@@ -460,7 +460,7 @@ async fn apply_federation(
     let external = external_of(fed, dialect, &service, ctx);
 
     // The pools of a Federation without placementRef are the hub cluster's work, applied by
-    // crate::kube::local under its own manager; this controller's objects are the SuperLink's.
+    // crate::kube::hub_pools under its own manager; this controller's objects are the SuperLink's.
     let statefulsets = BTreeSet::from([superlink_name]);
     let services = BTreeSet::from([service_name, control_name]);
     let secrets: BTreeSet<String> = issues_tls
@@ -482,26 +482,6 @@ async fn apply_federation(
     Ok((outcome, renew_in))
 }
 
-/// Marks the SuperLink's pod template with its certificate's end of validity (a renewed
-/// certificate rolls the pod).
-fn annotate_not_after(superlink: &mut StatefulSet, not_after: String) {
-    superlink
-        .spec
-        .template
-        .metadata
-        .get_or_insert_with(Default::default)
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(tls::NOT_AFTER_ANNOTATION.to_owned(), not_after);
-}
-
-/// The SuperLink certificate in force: its end of validity (the Secret's
-/// [`tls::NOT_AFTER_ANNOTATION`]) and how long until it is due for renewal.
-struct Certificate {
-    not_after: String,
-    renew_in: Duration,
-}
-
 /// The external endpoints of a placed Federation (spokes reach its SuperLink there).
 fn external_of(
     fed: &Federation,
@@ -517,64 +497,6 @@ fn external_of(
             ctx.settings.node_address.as_deref(),
         )
     })
-}
-
-/// Issues the SuperLink TLS Secret unless the stored one is the Federation's, still valid and
-/// for the same names. The stored one is read from the cache; a Secret not (yet) cached is read
-/// from the apiserver, so a lagging cache never re-issues a certificate.
-async fn ensure_certificate(
-    fed: &Federation,
-    ctx: &Context,
-    namespace: &str,
-    external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
-) -> Result<Certificate> {
-    let secret_name = superlink_tls_secret_name(fed);
-    let secrets_api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
-    let mut reached_at = crate::core::superlink::in_cluster_names(fed);
-    if let Some(Ok(endpoints)) = external {
-        reached_at.push(endpoints.fleet_host().to_owned());
-    }
-    let sans = crate::core::superlink::superlink_sans(fed, reached_at);
-    let existing = match cache::cached(&ctx.caches.secrets, namespace, &secret_name) {
-        Some(secret) => Some(secret.as_ref().clone()),
-        None => secrets_api
-            .get_opt(&secret_name)
-            .await
-            .map_err(|source| Error::Kube {
-                action: format!("get Secret {secret_name}"),
-                source,
-            })?,
-    };
-    let owned = existing.as_ref().is_some_and(|s| {
-        s.owner_references()
-            .iter()
-            .any(|r| Some(&r.uid) == fed.uid().as_ref())
-    });
-    let now = SystemTime::now();
-    let validity = ctx.settings.superlink_cert_validity;
-    if let Some(existing) = existing.as_ref()
-        && owned
-        && tls::still_valid(existing, &sans, &ctx.ca, now, validity)
-    {
-        if let Some(updated) = tls::with_current_bundle(existing, &ctx.ca) {
-            apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
-            tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
-        }
-        return Ok(tls::certificate_of(existing, validity, now));
-    }
-    let secret = tls::issue_secret(fed, &ctx.ca, &sans, validity)?;
-    let certificate = tls::certificate_of(&secret, validity, now);
-    let body = cache::body(&secret)?;
-    apply::apply_body(&secrets_api, &secret_name, &body).await?;
-    tracing::info!(federation = %fed.name_any(), %namespace, sans = %sans.join(","), "SuperLink certificate issued");
-    ctx.publish(
-        fed,
-        EventType::Normal,
-        "CertificateIssued",
-        format!("SuperLink certificate issued for {}", sans.join(", ")),
-    )
-    .await;
-    Ok(certificate)
 }
 
 /// Writes the status with server-side apply when it differs from the stored one.

@@ -154,7 +154,7 @@ pub async fn run(
     health: Arc<flower_addon_agent::ops::Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let listed = crate::kube::listed::Listed::new(
+    let listed = crate::kube::list_gate::ListGate::new(
         health,
         READY_CHECK,
         &[
@@ -238,7 +238,7 @@ pub async fn run(
 /// A reflector of every `K` (recorded in `listed` as watch `name`): its store, and a stream with
 /// one item per change (for `reconcile_all_on`).
 fn reflect_all<K>(
-    listed: &Arc<crate::kube::listed::Listed>,
+    listed: &Arc<crate::kube::list_gate::ListGate>,
     name: &'static str,
     client: &Client,
 ) -> (Store<K>, impl futures::Stream<Item = ()> + Send + use<K>)
@@ -296,7 +296,8 @@ pub fn cluster_view(cluster: &ManagedCluster) -> ClusterView {
         crate::core::placement::allocatable_view(&allocatable);
     ClusterView {
         name: cluster.name_any(),
-        // The admin's labels only (#13 item 7); what the agent asserts is in the claims.
+        // The admin's labels only (an agent must not place itself); what the agent asserts is in
+        // the claims.
         labels: cluster.labels().clone(),
         claims: status
             .into_iter()
@@ -392,14 +393,16 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
 
     // The first reconciles can come before the watches have listed once (and several
     // Placements' reconciles wait at once: see `until_listed`).
-    if crate::kube::listed::until_listed(&ctx.clusters)
+    if crate::kube::list_gate::until_listed(&ctx.clusters)
         .await
         .is_err()
-        || crate::kube::listed::until_listed(&ctx.decisions)
+        || crate::kube::list_gate::until_listed(&ctx.decisions)
             .await
             .is_err()
-        || crate::kube::listed::until_listed(&ctx.sets).await.is_err()
-        || crate::kube::listed::until_listed(&ctx.bindings)
+        || crate::kube::list_gate::until_listed(&ctx.sets)
+            .await
+            .is_err()
+        || crate::kube::list_gate::until_listed(&ctx.bindings)
             .await
             .is_err()
     {

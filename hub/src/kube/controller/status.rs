@@ -221,8 +221,8 @@ pub fn federation_status(
         }
         Outcome::Applied { superlink, .. } => {
             // `status.clusters` (a bounded list) and `status.clusterTotals` are written from the
-            // clusters' reports by the work source (its own field manager): the spokes' agents,
-            // or the hub's own pools ([`crate::kube::local`]); the totals and Ready are computed
+            // clusters' reports by the work source (its own field manager): the spokes' agents, or
+            // the hub's own pools ([`crate::kube::hub_pools`]); the totals and Ready are computed
             // here from them.
             let clusters = previous.clusters.clone();
             let totals = crate::core::status::totals_of(fed, &previous);

@@ -2,8 +2,10 @@
 //!
 //! Issued once and kept: a fresh certificate on every reconcile would change the Secret and roll
 //! the SuperLink. It is re-issued only when its SANs or the CA changed, or when it is due
-//! ([`crate::core::certs`]: 80 % of its life, or longer-lived than the configured validity);
-//! annotations record what it was issued for.
+//! ([`crate::core::renewal`]: 80 % of its life, or longer-lived than the configured validity);
+//! annotations record what it was issued for. `ensure_certificate` is the reconcile's step that
+//! keeps or re-issues it; the SuperLink's pod template carries its end of validity
+//! (`annotate_not_after`), so a renewed certificate rolls the pod.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,15 +13,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::component_labels;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::EventType;
 
-use crate::core::render::superlink_tls_secret_name;
+use crate::core::render::{ExternalAddressError, ExternalEndpoints, superlink_tls_secret_name};
 use crate::registration::ca::HubCa;
 
-use super::Error;
 use super::apply::own;
+use super::{Context, Error, Result, apply, cache};
 
 /// Lifetime of SuperLink certificates issued before the start of validity was recorded
 /// ([`NOT_BEFORE_ANNOTATION`]).
@@ -66,19 +71,15 @@ fn validity_of(secret: &Secret) -> (SystemTime, SystemTime) {
 
 /// What the controller needs of the certificate in `secret` under `validity`: its end of
 /// validity (marks the SuperLink pod template) and the time until renewal.
-pub(super) fn certificate_of(
-    secret: &Secret,
-    validity: Duration,
-    now: SystemTime,
-) -> super::Certificate {
+pub(super) fn certificate_of(secret: &Secret, validity: Duration, now: SystemTime) -> Certificate {
     let (not_before, not_after) = validity_of(secret);
-    super::Certificate {
+    Certificate {
         not_after: secret
             .annotations()
             .get(NOT_AFTER_ANNOTATION)
             .cloned()
             .unwrap_or_default(),
-        renew_in: crate::core::certs::until_renewal(not_before, not_after, validity, now),
+        renew_in: crate::core::renewal::until_renewal(not_before, not_after, validity, now),
     }
 }
 
@@ -94,7 +95,7 @@ pub fn still_valid(
     let same_sans = annotations.get(SANS_ANNOTATION) == Some(&sans.join(","));
     let same_ca = annotations.get(CA_HASH_ANNOTATION).map(String::as_str) == Some(ca.hash());
     let (not_before, not_after) = validity_of(existing);
-    let fresh = !crate::core::certs::needs_renewal(not_before, not_after, validity, now);
+    let fresh = !crate::core::renewal::needs_renewal(not_before, not_after, validity, now);
     let complete = existing.data.as_ref().is_some_and(|d| {
         ["tls.crt", "tls.key", "ca.crt"]
             .iter()
@@ -174,6 +175,84 @@ pub fn issue_secret(
     })
 }
 
+/// Marks the SuperLink's pod template with its certificate's end of validity (a renewed
+/// certificate rolls the pod).
+pub(super) fn annotate_not_after(superlink: &mut StatefulSet, not_after: String) {
+    superlink
+        .spec
+        .template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(NOT_AFTER_ANNOTATION.to_owned(), not_after);
+}
+
+/// The SuperLink certificate in force: its end of validity (the Secret's
+/// [`NOT_AFTER_ANNOTATION`]) and how long until it is due for renewal.
+pub(super) struct Certificate {
+    pub(super) not_after: String,
+    pub(super) renew_in: Duration,
+}
+
+/// Issues the SuperLink TLS Secret unless the stored one is the Federation's, still valid and
+/// for the same names. The stored one is read from the cache; a Secret not (yet) cached is read
+/// from the apiserver, so a lagging cache never re-issues a certificate.
+pub(super) async fn ensure_certificate(
+    fed: &Federation,
+    ctx: &Context,
+    namespace: &str,
+    external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
+) -> Result<Certificate> {
+    let secret_name = superlink_tls_secret_name(fed);
+    let secrets_api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
+    let mut reached_at = crate::core::superlink::in_cluster_names(fed);
+    if let Some(Ok(endpoints)) = external {
+        reached_at.push(endpoints.fleet_host().to_owned());
+    }
+    let sans = crate::core::superlink::superlink_sans(fed, reached_at);
+    let existing = match cache::cached(&ctx.caches.secrets, namespace, &secret_name) {
+        Some(secret) => Some(secret.as_ref().clone()),
+        None => secrets_api
+            .get_opt(&secret_name)
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("get Secret {secret_name}"),
+                source,
+            })?,
+    };
+    let owned = existing.as_ref().is_some_and(|s| {
+        s.owner_references()
+            .iter()
+            .any(|r| Some(&r.uid) == fed.uid().as_ref())
+    });
+    let now = SystemTime::now();
+    let validity = ctx.settings.superlink_cert_validity;
+    if let Some(existing) = existing.as_ref()
+        && owned
+        && still_valid(existing, &sans, &ctx.ca, now, validity)
+    {
+        if let Some(updated) = with_current_bundle(existing, &ctx.ca) {
+            apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
+            tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
+        }
+        return Ok(certificate_of(existing, validity, now));
+    }
+    let secret = issue_secret(fed, &ctx.ca, &sans, validity)?;
+    let certificate = certificate_of(&secret, validity, now);
+    let body = cache::body(&secret)?;
+    apply::apply_body(&secrets_api, &secret_name, &body).await?;
+    tracing::info!(federation = %fed.name_any(), %namespace, sans = %sans.join(","), "SuperLink certificate issued");
+    ctx.publish(
+        fed,
+        EventType::Normal,
+        "CertificateIssued",
+        format!("SuperLink certificate issued for {}", sans.join(", ")),
+    )
+    .await;
+    Ok(certificate)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,7 +283,7 @@ spec:
             &f,
             crate::core::superlink::in_cluster_names(&f),
         );
-        let validity = crate::core::certs::DEFAULT_SUPERLINK_CERT_VALIDITY;
+        let validity = crate::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY;
         let secret = issue_secret(&f, &ca, &sans, validity).unwrap();
         let now = SystemTime::now();
         assert!(still_valid(&secret, &sans, &ca, now, validity));

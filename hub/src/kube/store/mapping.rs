@@ -1,4 +1,5 @@
-//! How registration records, tokens and the CA map onto ManagedClusters and Secrets (pure).
+//! How registration records (with the observed status and the availability taints that follow
+//! it), tokens and the CA map onto ManagedClusters and Secrets (pure).
 use super::*;
 
 pub(super) fn not_found(kind: &'static str, name: &str) -> StoreError {
@@ -135,6 +136,62 @@ pub(super) fn sync_availability_taints(
         changed = true;
     }
     changed
+}
+
+/// The spec and metadata that follow the observed status: the availability taints and the
+/// client certificate's end of validity; whether anything changed.
+pub(super) fn sync_spec_with_status(mc: &mut ManagedCluster, status: &ClusterStatus) -> bool {
+    let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
+    let mut changed = sync_availability_taints(&mut mc.spec, status);
+    let annotations = mc.annotations_mut();
+    if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
+        match &not_after {
+            Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
+            None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
+        };
+        changed = true;
+    }
+    changed
+}
+
+/// Writes `status` into the ManagedCluster's status subresource fields it maps to.
+pub(super) fn set_observed(observed: &mut ManagedClusterStatus, status: &ClusterStatus) {
+    observed.last_heartbeat = status.last_heartbeat_unix.map(time_of);
+    observed.allocatable = status
+        .allocatable
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone()),
+            )
+        })
+        .collect();
+    observed.conditions = status
+        .conditions
+        .iter()
+        .map(|c| Condition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            observed_generation: None,
+            last_transition_time: time_of(c.last_transition_unix),
+        })
+        .collect();
+}
+
+/// `unix` (seconds) as a Kubernetes time (the epoch when out of range).
+pub(super) fn time_of(unix: u64) -> Time {
+    Time(
+        k8s_openapi::jiff::Timestamp::from_second(i64::try_from(unix).unwrap_or(i64::MAX))
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+/// A Kubernetes time as Unix seconds (0 before the epoch).
+pub(super) fn unix_of(time: &Time) -> u64 {
+    u64::try_from(time.0.as_second()).unwrap_or(0)
 }
 
 /// DNS names of the hub Service in `namespace`, shortest first (`flower-hub`, `flower-hub.<ns>`,

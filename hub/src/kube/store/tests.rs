@@ -1,3 +1,4 @@
+use super::watch::ChangeFilter;
 use super::*;
 use crate::registration::store::CONDITION_AVAILABLE;
 

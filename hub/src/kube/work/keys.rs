@@ -72,8 +72,8 @@ fn superlink_federation(sts: &StatefulSet) -> Option<FedKey> {
 }
 
 /// What each SuperLink should hold; nothing until every store has listed once (an unlisted
-/// decisions store reads as "placed nowhere", and such a target, complete, would unregister
-/// every running SuperNode: #9 6e saw it when a restarted hub synced before its reflectors).
+/// decisions store reads as "placed nowhere", and such a target, complete, would unregister every
+/// running SuperNode, as happened when a restarted hub synced before its reflectors had listed).
 fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> Vec<KeyTarget> {
     if !super::is_ready(stores) {
         return Vec::new();
@@ -147,9 +147,9 @@ mod tests {
 
     #[test]
     fn targets_hold_only_the_placed_clusters_keys_and_dial_the_service() {
-        // Invariant (#13): the SuperLink is asked to hold exactly the keys reported for this
-        // Federation by the clusters its Placement decided; a cluster not decided cannot get a
-        // key in. Federations without SuperNode authentication get no target.
+        // Invariant: the SuperLink is asked to hold exactly the keys reported for this Federation
+        // by the clusters its Placement decided; a cluster not decided cannot get a key in.
+        // Federations without SuperNode authentication get no target.
         let fed = federation("[{name: a, replicas: 1, images: {}}]");
         let mut open = fed.clone();
         open.metadata.name = Some("open".into());
@@ -175,8 +175,8 @@ mod tests {
 
     #[test]
     fn nothing_is_targeted_before_the_decisions_are_listed() {
-        // Invariant (#9 6e): a hub whose PlacementDecision reflector has not listed yet must not
-        // read "placed nowhere" (a complete empty target unregisters every SuperNode).
+        // Invariant: a hub whose PlacementDecision reflector has not listed yet must not read
+        // "placed nowhere" (a complete empty target unregisters every SuperNode).
         let fed = federation("[{name: a, replicas: 1, images: {}}]");
         let mut unlisted = stores(vec![fed], vec![], vec![managed("s1", &[])]);
         unlisted.decisions = kube::runtime::reflector::store::<PlacementDecision>().0;
@@ -187,9 +187,9 @@ mod tests {
 
     #[test]
     fn keys_are_unregistered_only_once_every_placed_cluster_has_reported() {
-        // Invariant (#9 6e): a restarted hub knows no cluster's keys until its agent reports;
-        // it must not unregister what the SuperLink holds meanwhile (that stops every running
-        // SuperNode), so a target is `complete` only when every placed cluster has reported.
+        // Invariant: a restarted hub knows no cluster's keys until its agent reports; it must not
+        // unregister what the SuperLink holds meanwhile (that stops every running SuperNode), so a
+        // target is `complete` only when every placed cluster has reported.
         let fed = federation("[{name: a, replicas: 1, images: {}}]");
         let stores = stores(
             vec![fed],

@@ -60,81 +60,6 @@ fn pools_split_over_the_decided_clusters_with_global_partitions() {
 }
 
 #[test]
-fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
-    // Invariant: a cluster's entry shows its pools' ready/desired from the agent's report,
-    // and says so when there is no report yet or the cluster is not Available.
-    let fed = federation("[{name: a, replicas: 2, images: {}}]");
-    let none = cluster_status(&fed, "s1", None, None, None);
-    assert_eq!(none.supernodes, None);
-    assert!(!none.connected);
-    assert!(none.message.is_some_and(|m| m.contains("no status report")));
-    let report = Report {
-        status: AgentStatus {
-            observed_version: 1,
-            cluster_name: "s1".into(),
-            federations: vec![flower_addon_proto::FederationStatus {
-                namespace: "team".into(),
-                name: "fed".into(),
-                pools: vec![flower_addon_proto::PoolStatus {
-                    name: "a".into(),
-                    desired: 2,
-                    ready: 1,
-                    ..Default::default()
-                }],
-            }],
-            ..Default::default()
-        },
-        at: 1_700_000_000,
-    };
-    let mut mc = ManagedCluster::new("s1", Default::default());
-    mc.status = Some(flower_addon_crds::ManagedClusterStatus {
-        conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: "Available".into(),
-            status: "True".into(),
-            reason: "ClusterLeaseRenewed".into(),
-            message: String::new(),
-            observed_generation: None,
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        }],
-        ..Default::default()
-    });
-    let st = cluster_status(&fed, "s1", Some(&mc), Some(&report), None);
-    assert_eq!(st.supernodes.as_deref(), Some("1/2"));
-    assert!(st.connected);
-    assert_eq!(st.message.as_deref(), Some("1/2 SuperNodes ready"));
-    let mut later = st.clone();
-    later.last_report = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::from_second(1_700_000_010).expect("time"),
-    ));
-    assert!(same_but_fresh(std::slice::from_ref(&st), &[later]));
-
-    // A status just written is not written again while the cache still shows the object as it
-    // was before that write (same resourceVersion); once anything moved, the rule applies anew.
-    let old = vec![none_status(&fed)];
-    let want = vec![st.clone()];
-    let v5 = Some("5".to_owned());
-    assert!(needs_status_write(&old, &want, None, &v5));
-    let written = (&v5, &want);
-    assert!(!needs_status_write(&old, &want, Some(written), &v5));
-    assert!(needs_status_write(
-        &old,
-        &want,
-        Some(written),
-        &Some("6".to_owned())
-    ));
-    let mut other = st.clone();
-    other.connected = false;
-    assert!(needs_status_write(&old, &[other], Some(written), &v5));
-    assert!(!needs_status_write(&want, &want, None, &v5));
-}
-
-fn none_status(fed: &Federation) -> flower_addon_crds::ClusterStatus {
-    cluster_status(fed, "s1", None, None, None)
-}
-
-#[test]
 fn an_invalid_federation_yields_no_new_work() {
     // Invariant: a Federation the renderer refuses gives an error (the caller keeps the old
     // work) instead of an empty list that would prune running SuperNodes.
@@ -271,97 +196,10 @@ fn the_work_source_sends_only_the_clusters_whose_work_changed() {
     assert_eq!(work.snapshot("s1").federations[0].partitions_total, 3);
 }
 
-#[path = "../../../tests/mock_api/mod.rs"]
-mod mock_api;
-
-#[tokio::test]
-async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
-    // A report from a decided cluster becomes that Federation's status.clusters entry, written
-    // by server-side apply under CLUSTER_STATUS_FIELD_MANAGER (the controller owns the rest of
-    // the status); clusters the Placement did not decide are not listed.
-    let fed = federation("[{name: a, replicas: 2, images: {}}]");
-    let (client, calls) = mock_api::mock_client(vec![serde_json::to_value(&fed).expect("json")]);
-    let mut available = managed("s1", &[]);
-    available.status = Some(flower_addon_crds::ManagedClusterStatus {
-        conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: "Available".into(),
-            status: "True".into(),
-            reason: "ClusterLeaseRenewed".into(),
-            message: String::new(),
-            observed_generation: None,
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        }],
-        ..Default::default()
-    });
-    let stores = stores(
-        vec![fed],
-        vec![decision("both", &["s1"])],
-        vec![available, managed("s2", &[])],
-    );
-    let reports: Arc<DashMap<String, Report>> = Arc::new(DashMap::new());
-    for cluster in ["s1", "s2"] {
-        reports.insert(
-            cluster.into(),
-            Report {
-                status: AgentStatus {
-                    cluster_name: cluster.into(),
-                    federations: vec![flower_addon_proto::FederationStatus {
-                        namespace: "team".into(),
-                        name: "fed".into(),
-                        pools: vec![flower_addon_proto::PoolStatus {
-                            name: "a".into(),
-                            desired: 2,
-                            ready: 1,
-                            ..Default::default()
-                        }],
-                    }],
-                    ..Default::default()
-                },
-                at: 1_700_000_000,
-            },
-        );
-    }
-    let (tx, rx) = watch::channel(0u64);
-    let writer = tokio::spawn(write_cluster_statuses(
-        client,
-        stores,
-        reports,
-        Arc::new(NodeKeyRegistry::new()),
-        rx,
-    ));
-    tx.send_modify(|n| *n += 1);
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    writer.abort();
-    let calls = calls.lock().expect("log").clone();
-    let lines: Vec<String> = calls.iter().map(mock_api::Call::line).collect();
-    assert_eq!(
-        lines,
-        ["PATCH /apis/flower-addon.io/v1alpha1/namespaces/team/federations/fed/status"],
-        "{calls:#?}"
-    );
-    assert!(
-        calls[0]
-            .query
-            .contains(&format!("fieldManager={CLUSTER_STATUS_FIELD_MANAGER}")),
-        "{:?}",
-        calls[0].query
-    );
-    let clusters = calls[0].body["status"]["clusters"]
-        .as_array()
-        .expect("clusters")
-        .clone();
-    assert_eq!(clusters.len(), 1, "{clusters:?}");
-    assert_eq!(clusters[0]["name"], "s1");
-    assert_eq!(clusters[0]["supernodes"], "1/2");
-    assert_eq!(clusters[0]["connected"], true);
-}
-
 #[test]
 fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_left() {
-    // #9 6f: spoke-1 relabelled out of the only Placement of a Federation: its work must become
-    // empty (so its agent prunes the SuperNodes), also when no cluster is left at all.
+    // spoke-1 relabelled out of the only Placement of a Federation: its work must become empty (so
+    // its agent prunes the SuperNodes), also when no cluster is left at all.
     let fed = federation("[{name: a, replicas: 1, images: {}}]");
     let work = InMemoryWorkSource::new();
     let mut state = fresh_state();
@@ -403,9 +241,9 @@ fn fresh_state() -> State {
 
 #[test]
 fn a_pass_renders_only_the_federations_whose_inputs_changed() {
-    // #15: the work of a Federation is rendered again only when what it is computed from
-    // changed (spec generation, selected clusters and their labels, node keys); otherwise the
-    // last result is reused, so a pass costs what changed, not the number of Federations.
+    // The work of a Federation is rendered again only when what it is computed from changed (spec
+    // generation, selected clusters and their labels, node keys); otherwise the last result is
+    // reused, so a pass costs what changed, not the number of Federations.
     let mut fed = federation(
         r#"[{name: a, replicas: 1, images: {}},
             {name: gpu, replicas: 1, images: {}, clusterSelector: {matchLabels: {gpu: "yes"}}}]"#,

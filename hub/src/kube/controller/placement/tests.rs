@@ -3,9 +3,9 @@ use flower_addon_crds::{ClusterClaim, ManagedClusterSpec, ManagedClusterStatus, 
 
 #[test]
 fn cluster_view_takes_the_admins_labels_and_the_agents_claims() {
-    // Invariant (#13 item 7): only metadata.labels (the admin's) are labels; labels an older hub
-    // kept from the agent in status.labels do not select anything; claims, acceptance and taints
-    // (with timeAdded) carry over.
+    // Invariant: only metadata.labels (the admin's) are labels; labels an older hub kept from the
+    // agent in status.labels do not select anything; claims, acceptance and taints (with timeAdded)
+    // carry over.
     let mut mc = ManagedCluster::new(
         "c1",
         ManagedClusterSpec {

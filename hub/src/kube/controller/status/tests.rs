@@ -325,9 +325,10 @@ fn a_release_newer_than_the_verified_ones_is_a_warning_not_an_error() {
 
 #[test]
 fn over_thousands_of_clusters_the_totals_count_and_the_message_stays_short() {
-    // #12 item 4: `status.clusters` lists at most 100 clusters; the totals the work source
-    // writes beside them (`clusterTotals`) are what the SuperNode counts, the selected clusters
-    // and Ready come from, and Ready's message names a few problems and counts the rest.
+    // A Federation over thousands of clusters must fit in etcd: `status.clusters` lists at most 100
+    // clusters; the totals the work source writes beside them (`clusterTotals`) are what the
+    // SuperNode counts, the selected clusters and Ready come from, and Ready's message names a few
+    // problems and counts the rest.
     let listed: Vec<ClusterStatus> = (0..100)
         .map(|i| {
             let mut c = reported(&format!("s{i:05}"), &[("a", 2, if i < 30 { 0 } else { 2 })]);

@@ -11,13 +11,13 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 /// Watches that have not listed yet, for one readiness check.
-pub struct Listed {
+pub struct ListGate {
     health: Arc<Health>,
     check: &'static str,
     pending: Mutex<BTreeSet<&'static str>>,
 }
 
-impl Listed {
+impl ListGate {
     /// Check `check` of `health` fails until every watch in `watches` has listed.
     pub fn new(health: Arc<Health>, check: &'static str, watches: &[&'static str]) -> Arc<Self> {
         health.set(check, watches.is_empty());
@@ -89,7 +89,7 @@ mod tests {
         // Invariant: the check passes after the last watch's first InitDone, not before, and a
         // later relist changes nothing.
         let health = Health::new(&[]);
-        let listed = Listed::new(health.clone(), "c", &["a", "b"]);
+        let listed = ListGate::new(health.clone(), "c", &["a", "b"]);
         assert!(!health.ready());
         let events = |n| {
             futures::stream::iter(

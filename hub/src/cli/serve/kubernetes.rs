@@ -1,0 +1,279 @@
+//! `flower-hub serve` in Kubernetes mode: the controllers, the work source, the hub's own pools
+//! and the work channel on the hub cluster's API, optionally behind leader election; and the
+//! CA Secrets they share with the registration commands.
+use super::{
+    CHANNEL_READY, ServeArgs, bind, channel_config, serve_ops, shutdown_signal, wait_stop,
+};
+use crate::channel::ChannelServer;
+use crate::core::sans::SuperLinkNames;
+use crate::registration::ca::{CaRole, HubCa};
+use anyhow::Context;
+use flower_addon_agent::ops::{Health, Refresh};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Readiness check: this replica leads (only with `--leader-elect`).
+const LEADER_READY: &str = "leader";
+/// Readiness check: the Kubernetes work source's reflectors listed.
+const WORK_SOURCE_READY: &str = "work-source";
+
+/// Name of the Secret holding the hub CA in Kubernetes mode.
+pub use crate::kube::store::CA_SECRET;
+
+/// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
+/// Federations without `placementRef`, the pools in this cluster), the Placement controller
+/// (PlacementDecisions from ManagedClusters), and the work channel on `--listen` (agents join
+/// into ManagedClusters, tokens are Secrets, work comes from Federations + PlacementDecisions),
+/// with the hub CA kept in the Secret `flower-hub-ca` of `--namespace`.
+pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    let leader = args
+        .leader_elect
+        .then(|| crate::kube::leader::LeaderConfig {
+            namespace: args.namespace.clone(),
+            name: args.leader_elect_resource_name.clone(),
+            identity: crate::kube::leader::identity(),
+            lease_duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+        });
+    if let Some(config) = &leader {
+        config.validate().map_err(anyhow::Error::msg)?;
+    }
+    runtime.block_on(async move {
+        let mut checks = vec![
+            CHANNEL_READY,
+            WORK_SOURCE_READY,
+            crate::kube::controller::READY_CHECK,
+            crate::kube::controller::placement::READY_CHECK,
+        ];
+        if leader.is_some() {
+            checks.push(LEADER_READY);
+        }
+        let health = Health::new(&checks);
+        // The scrape-time gauges read the work source's caches, which exist only once it has
+        // started: until then a scrape shows the counters alone.
+        let refresh: Arc<std::sync::OnceLock<Refresh>> = Arc::default();
+        let deferred: Refresh = {
+            let refresh = refresh.clone();
+            Arc::new(move || match refresh.get() {
+                Some(r) => r(),
+                None => Box::pin(async { crate::metrics::refresh_process() }),
+            })
+        };
+        serve_ops(&args, health.clone(), false, Some(deferred)).await?;
+        let client = kube::Client::try_default().await.context(
+            "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
+        )?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_tx = Arc::new(stop_tx);
+        {
+            let stop_tx = stop_tx.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("stopping");
+                let _ = stop_tx.send(true);
+            });
+        }
+        // A standby waits here, serving /healthz but not ready, until it holds the Lease.
+        let elector = leader.map(|config| Arc::new(crate::kube::leader::Elector::new(client.clone(), config)));
+        if let Some(elector) = &elector {
+            let config = elector.config();
+            println!(
+                "flower-hub: leader election on Lease {}/{} as {}: waiting to lead",
+                config.namespace, config.name, config.identity
+            );
+            if !elector.acquire(wait_stop(stop_rx.clone())).await {
+                return anyhow::Ok(());
+            }
+            println!("flower-hub: leading");
+            health.set(LEADER_READY, true);
+        }
+        let lost: Arc<std::sync::Mutex<Option<crate::kube::leader::LeadershipLost>>> =
+            Arc::default();
+        if let Some(elector) = &elector {
+            let (elector, lost, stop_tx) = (elector.clone(), lost.clone(), stop_tx.clone());
+            tokio::spawn(async move {
+                let why = elector.hold().await;
+                tracing::error!(error = %why, "no longer the leader: stopping");
+                if let Ok(mut lost) = lost.lock() {
+                    *lost = Some(why);
+                }
+                let _ = stop_tx.send(true);
+            });
+        }
+        let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
+        let flower_ca = Arc::new(
+            load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower).await?,
+        );
+        println!(
+            "flower-hub: Kubernetes mode, work-channel CA in secret {}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {}/{}",
+            args.namespace,
+            ca.hash(),
+            args.namespace,
+            crate::kube::store::FLOWER_CA_SECRET
+        );
+        let store = Arc::new(
+            crate::kube::store::KubeStore::new(client.clone(), args.namespace.clone())
+                .with_lease_duration(args.lease_duration),
+        );
+        let listeners = bind(&args.listen).await?;
+        health.set(CHANNEL_READY, true);
+        let work = Arc::new(
+            crate::kube::work::KubeWorkSource::start(
+                client.clone(),
+                flower_ca.bundle_pem().to_string(),
+            )
+            .await?,
+        );
+        health.set(WORK_SOURCE_READY, true);
+        let _ = refresh.set(crate::kube::metrics::refresh(
+            client.clone(),
+            work.federations(),
+            work.clusters(),
+        ));
+        let config = channel_config(
+            &args,
+            kubernetes_advertise(&args.advertise_address, &args.namespace),
+        );
+        let node_address = args.node_address.clone().filter(|a| !a.is_empty());
+        let superlink_names = SuperLinkNames::new(
+            args.advertise_address
+                .iter()
+                .chain(&node_address)
+                .map(String::as_str),
+            &args.superlink_name,
+        )?;
+        let federations = tokio::spawn(crate::kube::controller::run(
+            client.clone(),
+            flower_ca,
+            crate::kube::controller::Settings {
+                node_address,
+                superlink_cert_validity: args.superlink_cert_validity,
+                superlink_names,
+            },
+            health.clone(),
+            wait_stop(stop_rx.clone()),
+        ));
+        let local_pools = tokio::spawn(crate::kube::hub_pools::run(
+            client.clone(),
+            work.clone(),
+            wait_stop(stop_rx.clone()),
+        ));
+        let placements = tokio::spawn(crate::kube::controller::placement::run(
+            client,
+            health,
+            wait_stop(stop_rx.clone()),
+        ));
+        println!(
+            "flower-hub: serving the work channel on {}",
+            args.listen
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        ChannelServer::new(store, work, ca, config)
+            .serve(listeners, wait_stop(stop_rx.clone()))
+            .await?;
+        let _ = federations.await;
+        let _ = local_pools.await;
+        let _ = placements.await;
+        if let Some(lost) = lost.lock().ok().and_then(|mut l| l.take()) {
+            return Err(anyhow::Error::new(lost));
+        }
+        // Stopped on a signal: a standby takes over at its next try.
+        if let Some(elector) = &elector {
+            elector.release().await;
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Names in the hub's server certificate in Kubernetes mode: `--advertise-address` values, then
+/// the DNS names of the Service [`crate::kube::store::HUB_SERVICE`] in `namespace` (agents that
+/// dial a node or load-balancer address verify the certificate by `flower-hub.<ns>.svc`).
+pub fn kubernetes_advertise(advertise: &[String], namespace: &str) -> Vec<String> {
+    let mut names = advertise.to_vec();
+    for name in crate::kube::store::hub_service_dns_names(namespace) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// Loads the hub's work-channel CA from its Secret [`CA_SECRET`] in `namespace`, creating both
+/// on first start (create, not apply: two hubs starting at once end up with one CA).
+pub async fn load_or_create_ca_secret(
+    client: kube::Client,
+    namespace: &str,
+) -> anyhow::Result<HubCa> {
+    load_or_create_ca_secret_for(client, namespace, CaRole::Channel).await
+}
+
+/// The CA of `role` from its Secret in `namespace` (created on first start).
+pub async fn load_or_create_ca_secret_for(
+    client: kube::Client,
+    namespace: &str,
+    role: CaRole,
+) -> anyhow::Result<HubCa> {
+    let store = crate::kube::store::KubeStore::without_watch(client, namespace);
+    crate::registration::store::load_or_create_ca_for(&store, role)
+        .await
+        .with_context(|| {
+            format!(
+                "the CA Secret {namespace}/{}",
+                crate::kube::store::ca_secret_name(role)
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_kubernetes_server_certificate_names_the_hub_service() {
+        // Invariant: agents dialling the Service (or a node IP with serverName
+        // flower-hub.<ns>.svc) can verify the hub certificate; advertised names come first.
+        let names = kubernetes_advertise(&["hub.example".into(), "flower-hub".into()], "ns");
+        assert_eq!(
+            names,
+            [
+                "hub.example",
+                "flower-hub",
+                "flower-hub.ns",
+                "flower-hub.ns.svc",
+                "flower-hub.ns.svc.cluster.local"
+            ]
+        );
+        let ca = HubCa::generate().expect("ca");
+        let issued = ca
+            .issue_server_cert(&names, Duration::from_secs(3600))
+            .expect("cert");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(issued.cert_pem.as_bytes()).expect("pem");
+        let cert = pem.parse_x509().expect("x509");
+        let san = cert
+            .subject_alternative_name()
+            .expect("san")
+            .expect("present");
+        let dns: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect();
+        for name in &names {
+            assert!(dns.contains(name), "{name} missing from {dns:?}");
+        }
+    }
+}

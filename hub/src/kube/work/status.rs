@@ -1,0 +1,201 @@
+//! The status writer of the Kubernetes-mode work source: keeps `status.clusters` and
+//! `status.clusterTotals` of every Federation current from the agents' reports, under its own
+//! field manager ([`CLUSTER_STATUS_FIELD_MANAGER`]; the rest of the status is the Federation
+//! controller's). A status is written only when it changed beyond the time of the last report
+//! ([`same_but_fresh`]), and not again while the cache has not caught up with the last write
+//! ([`needs_status_write`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use flower_addon_crds::{Federation, ManagedCluster};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::{Report, Stores};
+use crate::core::HUB_CLUSTER;
+use crate::core::work::placed_on;
+use crate::flower::registry::NodeKeyRegistry;
+
+/// Field manager of the per-cluster part of the Federation status (`status.clusters`), which
+/// the work source owns; everything else in the status is the Federation controller's.
+pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
+/// How often the per-cluster status is refreshed without new reports (connectivity changes).
+const STATUS_RESYNC: Duration = Duration::from_secs(10);
+
+/// What the status writer last wrote for a Federation: the resourceVersion of the cached object
+/// it was computed from, the listed clusters and the totals.
+type WrittenStatus = (
+    Option<String>,
+    Vec<flower_addon_crds::ClusterStatus>,
+    flower_addon_crds::ClusterTotals,
+);
+
+/// Keeps `status.clusters` of every Federation current from the agents' reports (and the hub's
+/// own pools' report, cluster [`HUB_CLUSTER`], for a Federation without `placementRef`): per
+/// cluster its pools' `ready/desired`, whether it is connected (`Available=True`; always for the
+/// hub's own cluster), the time of its last report, and what is missing.
+pub(super) async fn write_cluster_statuses(
+    client: Client,
+    stores: Stores,
+    reports: Arc<DashMap<String, Report>>,
+    registry: Arc<NodeKeyRegistry>,
+    mut reported: watch::Receiver<u64>,
+) {
+    // What was last written per Federation, and the resourceVersion of the cached object it
+    // was computed from: while the reflector has not yet seen that write, the cache still shows
+    // the old status, and the same write is not sent again.
+    let mut written: BTreeMap<(String, String), WrittenStatus> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            changed = reported.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(STATUS_RESYNC) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let clusters: BTreeMap<String, Arc<ManagedCluster>> = stores
+            .clusters
+            .state()
+            .into_iter()
+            .map(|mc| (mc.name_any(), mc))
+            .collect();
+        let decisions = stores.decisions.state();
+        let federations = stores.federations.state();
+        let live: BTreeSet<(String, String)> = federations
+            .iter()
+            .map(|f| (f.namespace().unwrap_or_default(), f.name_any()))
+            .collect();
+        written.retain(|key, _| live.contains(key));
+        for fed in federations {
+            let namespace = fed.namespace().unwrap_or_default();
+            let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
+                clusters.contains_key(c)
+            });
+            let keys = registry
+                .get(&(namespace.clone(), fed.name_any()))
+                .filter(|k| k.listed);
+            let all: Vec<flower_addon_crds::ClusterStatus> = selected
+                .iter()
+                .map(|name| {
+                    cluster_status(
+                        &fed,
+                        name,
+                        clusters.get(name).map(AsRef::as_ref),
+                        reports.get(name).as_deref(),
+                        keys.as_ref().map(|k| &k.online),
+                    )
+                })
+                .collect();
+            // A bounded list and the totals over all (etcd refuses objects over 1.5 MiB).
+            let listed = all.len().min(crate::core::status::LISTED_CLUSTERS);
+            let totals = crate::core::status::cluster_totals(&fed, &all, listed);
+            let want = crate::core::status::listed_clusters(all);
+            let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
+            let current_totals = fed.status.as_ref().and_then(|s| s.cluster_totals.as_ref());
+            let key = (namespace.clone(), fed.name_any());
+            let version = fed.resource_version();
+            let last = written.get(&key);
+            let totals_written = current_totals == Some(&totals)
+                || last.is_some_and(|(at, _, t)| *at == version && *t == totals);
+            let listed_written = !needs_status_write(
+                current,
+                &want,
+                last.map(|(at, listed, _)| (at, listed)),
+                &version,
+            );
+            if totals_written && listed_written {
+                continue;
+            }
+            let body = serde_json::json!({
+                "apiVersion": flower_addon_crds::API_VERSION,
+                "kind": "Federation",
+                "status": {"clusters": want, "clusterTotals": totals},
+            });
+            let name = fed.name_any();
+            let result = Api::<Federation>::namespaced(client.clone(), &namespace)
+                .patch_status(
+                    &name,
+                    &kube::api::PatchParams::apply(CLUSTER_STATUS_FIELD_MANAGER),
+                    &kube::api::Patch::Apply(&body),
+                )
+                .await;
+            match result {
+                Ok(_) => {
+                    written.insert(key, (version, want, totals));
+                }
+                Err(error) => {
+                    tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
+                }
+            }
+        }
+    }
+}
+
+/// Whether `want` must be written over the cached `current` status (of the object at
+/// `version`): not when they agree, and not when `want` is what was last written (`written`)
+/// from this very `version`, i.e. the cache has not caught up with that write yet.
+fn needs_status_write(
+    current: &[flower_addon_crds::ClusterStatus],
+    want: &[flower_addon_crds::ClusterStatus],
+    written: Option<(&Option<String>, &Vec<flower_addon_crds::ClusterStatus>)>,
+    version: &Option<String>,
+) -> bool {
+    !same_but_fresh(current, want)
+        && !written.is_some_and(|(at, last)| at == version && same_but_fresh(last, want))
+}
+
+/// How stale `lastReport` may get before it alone causes a status write.
+const REPORT_TIME_SLACK: i64 = 60;
+
+/// True when `current` equals `want` up to `lastReport` times less than
+/// [`REPORT_TIME_SLACK`] apart (so periodic reports do not rewrite the status each time).
+fn same_but_fresh(
+    current: &[flower_addon_crds::ClusterStatus],
+    want: &[flower_addon_crds::ClusterStatus],
+) -> bool {
+    current.len() == want.len()
+        && current.iter().zip(want).all(|(c, w)| {
+            let close = match (&c.last_report, &w.last_report) {
+                (Some(a), Some(b)) => (a.0.as_second() - b.0.as_second()).abs() < REPORT_TIME_SLACK,
+                (None, None) => true,
+                _ => false,
+            };
+            close
+                && flower_addon_crds::ClusterStatus {
+                    last_report: None,
+                    ..c.clone()
+                } == flower_addon_crds::ClusterStatus {
+                    last_report: None,
+                    ..w.clone()
+                }
+        })
+}
+
+/// The status of Federation `fed` in cluster `name` ([`crate::core::status::cluster_status`];
+/// connected when the ManagedCluster is `Available=True`, or when it is the hub's own cluster).
+fn cluster_status(
+    fed: &Federation,
+    name: &str,
+    cluster: Option<&ManagedCluster>,
+    report: Option<&Report>,
+    online: Option<&BTreeSet<String>>,
+) -> flower_addon_crds::ClusterStatus {
+    let connected = name == HUB_CLUSTER
+        || cluster.and_then(|mc| mc.status.as_ref()).is_some_and(|st| {
+            st.conditions.iter().any(|c| {
+                c.type_ == crate::registration::store::CONDITION_AVAILABLE && c.status == "True"
+            })
+        });
+    crate::core::status::cluster_status(
+        &fed.namespace().unwrap_or_default(),
+        &fed.name_any(),
+        name,
+        connected,
+        report.map(|r| (&r.status, r.at)),
+        online,
+    )
+}
+
+#[cfg(test)]
+mod tests;
