@@ -11,8 +11,8 @@ use anyhow::{Context as _, Result, ensure};
 use e2e::ControlPlane;
 use e2e::addon::{AGENT_NS, Addon, AddonOptions, Bootstrap, Spoke, hub_cli};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, Placement, PlacementDecision};
-use flower_addon_hub::core::source::WorkSource;
 use flower_addon_hub::core::placement::TAINT_UNREACHABLE;
+use flower_addon_hub::core::source::WorkSource;
 use flower_addon_hub::kube::controller::placement;
 use flower_addon_hub::kube::store::{self as kube_store, KubeStore};
 use flower_addon_hub::kube::work::KubeWorkSource;
@@ -295,14 +295,29 @@ async fn number_of_clusters_is_steady(client: &Client, prod: &serde_json::Value)
     wait_decisions(client, "one", &["c1"]).await?;
     apply_cluster(client, "c0", &[("env", "prod")], true, none.clone()).await?;
     wait_decisions(client, "prod", &["c0", "c1", "c3"]).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    wait_decisions(client, "one", &["c1"]).await?;
-    let reasons = placement::unselected(&status_of(client, "one").await?);
+    // `one` has been evaluated with c0 once its status names c0 (left out for
+    // numberOfClusters); the decisions are written before that status.
+    e2e::wait_until(
+        "c0 left out of `one` for numberOfClusters",
+        WAIT,
+        || async {
+            let reasons = placement::unselected(&status_of(client, "one").await?);
+            Ok(reasons
+                .get("c0")
+                .is_some_and(|r| r.contains("numberOfClusters")))
+        },
+    )
+    .await
+    .with_context(|| "`one` never named c0 in its status".to_string())?;
+    let decided: Vec<String> = pages(client, "one")
+        .await?
+        .into_values()
+        .flatten()
+        .collect();
+    let selected = status_of(client, "one").await?.number_of_selected_clusters;
     ensure!(
-        reasons
-            .get("c0")
-            .is_some_and(|r| r.contains("numberOfClusters")),
-        "c0 left out of `one` for numberOfClusters: {reasons:?}"
+        decided == ["c1"] && selected == 1,
+        "`one` keeps c1 (Steady): decided {decided:?}, {selected} selected"
     );
     Ok(())
 }
@@ -965,22 +980,54 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
         "s1 alone: {s1:?}"
     );
 
-    // Invalid (no external address for the spokes) → s1 keeps its work.
-    let before = work.snapshot("s1");
+    // Invalid (no external address for the spokes) → s1 keeps its work. Federation `marker`,
+    // applied after the invalid spec, shows that the work source has processed that spec: both
+    // come through its one Federation watch in order, so the pass that gives s1 `marker`'s work
+    // computed from a store already holding the invalid `fed`.
+    let before = work.snapshot("s1").federations;
     apply_fed(fed(
         serde_json::json!([{"name": "a", "replicas": 5, "images": {}}]),
         None,
     ))
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut marker = fed(
+        serde_json::json!([{"name": "m", "replicas": 1, "images": {}}]),
+        Some("hub.example:30093"),
+    );
+    marker["metadata"]["name"] = serde_json::json!("marker");
+    feds.patch(
+        "marker",
+        &PatchParams::apply(USER).force(),
+        &Patch::Apply(&marker),
+    )
+    .await
+    .context("apply Federation marker")?;
+    e2e::wait_until(
+        "s1 gets the Federation applied after the invalid one",
+        WAIT,
+        || async {
+            Ok(work_of(&work, "s1")
+                .iter()
+                .any(|(name, _)| name == "marker"))
+        },
+    )
+    .await?;
+    let after: Vec<_> = work
+        .snapshot("s1")
+        .federations
+        .into_iter()
+        .filter(|f| f.name == "fed")
+        .collect();
     ensure!(
-        work.snapshot("s1") == before,
-        "an invalid Federation must not change the work"
+        after == before,
+        "an invalid Federation must not change the work: before {before:?}, after {after:?}"
     );
 
-    // Federation deleted → no work anywhere.
-    feds.delete("fed", &DeleteParams::default()).await?;
-    e2e::wait_until("work removed with the Federation", WAIT, || async {
+    // Federations deleted → no work anywhere.
+    for name in ["fed", "marker"] {
+        feds.delete(name, &DeleteParams::default()).await?;
+    }
+    e2e::wait_until("work removed with the Federations", WAIT, || async {
         Ok(work_of(&work, "s1").is_empty() && work_of(&work, "s2").is_empty())
     })
     .await?;
@@ -1189,6 +1236,8 @@ async fn scenario_5b_two_spokes_join_and_run_a_federation() -> Result<()> {
 }
 
 const FANOUT_COUNT: &str = "flower_addon_hub_work_fanout_seconds_count";
+/// Work snapshots an agent applied (label `result`: `ok`, `error`), since it started.
+const APPLIED_OK: &str = "flower_addon_agent_applies_total";
 
 /// Scrapes the `/metrics` of the addon's daemon `who` (`flower-hub`, `agent-<spoke>`).
 fn scrape(addon: &Addon, who: &str) -> Result<e2e::scrape::Samples> {
@@ -1828,7 +1877,12 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
         spoke_clients,
         addon,
     } = two_spokes_running().await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The identities below include the StatefulSet's resourceVersion: taken once the
+    // controller-manager has written its final status, so that a later change is the hub's or
+    // an agent's.
+    for c in &spoke_clients {
+        e2e::wait_statefulsets_settled(c, NS).await?;
+    }
     let before: Vec<(String, BTreeMap<String, String>)> = {
         let mut v = Vec::new();
         for c in &spoke_clients {
@@ -1848,7 +1902,7 @@ async fn scenarios_5efg_restarts_change_nothing_and_a_lost_lease_drops_the_clust
     .await?;
     a_stopped_agent_is_dropped_until_it_is_back(&mut cp, &addon, &client, &spoke_clients, &before)
         .await?;
-    revoking_a_cluster_cuts_its_stream(&cp, &client, &spoke_clients[0]).await?;
+    revoking_a_cluster_cuts_its_stream(&cp, &addon, &client, &spoke_clients[0]).await?;
     a_revocation_while_the_hub_is_down_is_recorded(&mut cp, &addon, &client).await
 }
 
@@ -1860,6 +1914,11 @@ async fn a_hub_restart_changes_nothing(
     spoke_clients: &[Client; 2],
     before: &[(String, BTreeMap<String, String>)],
 ) -> Result<()> {
+    const AGENTS: [&str; 2] = ["agent-spoke-1", "agent-spoke-2"];
+    let mut applied = Vec::new();
+    for agent in AGENTS {
+        applied.push(scrape(addon, agent)?.count(APPLIED_OK, &[("result", "ok")]));
+    }
     cp.processes().stop("flower-hub")?;
     let t = Instant::now();
     addon.start(cp, "flower-hub")?;
@@ -1892,7 +1951,18 @@ async fn a_hub_restart_changes_nothing(
         },
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Each agent has applied the restarted hub's work: whatever that changes has been written.
+    for (agent, before) in AGENTS.into_iter().zip(applied) {
+        wait_metric(
+            addon,
+            agent,
+            APPLIED_OK,
+            &[("result", "ok")],
+            "the restarted hub's work applied",
+            |v| v > before,
+        )
+        .await?;
+    }
     for (c, (identity, pods)) in spoke_clients.iter().zip(before) {
         ensure!(
             &pool_identity(c).await? == identity,
@@ -1942,6 +2012,16 @@ async fn an_agent_restart_without_tokens_changes_nothing(
         )
     };
     let seen_before = last_seen().await?;
+    // Heartbeats are recorded in whole seconds, and the hub-restart step's reconnect may have
+    // been recorded in this very second: restart in a later one, so that the new stream's first
+    // heartbeat shows as a change (a wait on the clock, not on the system under test).
+    if let Some(before) = seen_before {
+        let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+        let next_second_ms = (before + 1) * 1000;
+        if now_ms < next_second_ms {
+            tokio::time::sleep(Duration::from_millis((next_second_ms - now_ms) as u64)).await;
+        }
+    }
     cp.processes().stop("agent-spoke-1")?;
     let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
     addon.start(cp, "agent-spoke-1")?;
@@ -1956,7 +2036,17 @@ async fn an_agent_restart_without_tokens_changes_nothing(
         },
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The restarted agent (its counters start at 0) has applied the hub's work: whatever that
+    // changes has been written.
+    wait_metric(
+        addon,
+        "agent-spoke-1",
+        APPLIED_OK,
+        &[("result", "ok")],
+        "the restarted agent applied the hub's work",
+        |v| v >= 1.0,
+    )
+    .await?;
     ensure!(
         pool_identity(&spoke_clients[0]).await? == before[0].0,
         "a workload changed after the agent restart"
@@ -2017,11 +2107,12 @@ async fn a_stopped_agent_is_dropped_until_it_is_back(
     Ok(())
 }
 
-/// Revocation: hubAcceptsClient=false closes spoke-1's stream at once, so its heartbeats stop
-/// reaching the hub, and its agent stops the SuperNodes it ran (the hub no longer trusts the
-/// cluster to run the Federations' code).
+/// Revocation: hubAcceptsClient=false closes spoke-1's stream at once (the hub counts one
+/// connected agent, spoke-1's agent none, spoke-2's still one), and its agent stops the
+/// SuperNodes it ran (the hub no longer trusts the cluster to run the Federations' code).
 async fn revoking_a_cluster_cuts_its_stream(
     cp: &ControlPlane,
+    addon: &Addon,
     client: &Client,
     spoke_1: &Client,
 ) -> Result<()> {
@@ -2036,33 +2127,70 @@ async fn revoking_a_cluster_cuts_its_stream(
         applied().await? > 0,
         "spoke-1 runs SuperNodes before the revocation"
     );
+    // Both streams are open before (spoke-2's agent came back in the step before).
+    const HUB_CONNECTED: &str = "flower_addon_hub_connected_agents";
+    const AGENT_CONNECTED: &str = "flower_addon_agent_hub_connected";
+    wait_metric(
+        addon,
+        "flower-hub",
+        HUB_CONNECTED,
+        &[],
+        "2 agents connected",
+        |v| v == 2.0,
+    )
+    .await?;
+    for agent in ["agent-spoke-1", "agent-spoke-2"] {
+        wait_metric(addon, agent, AGENT_CONNECTED, &[], "stream open", |v| {
+            v == 1.0
+        })
+        .await?;
+    }
     let admin = cp.cluster("hub")?.kubeconfig.clone();
     hub_cli(&admin, &["revoke", "spoke-1"])?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let heartbeat = |c: ManagedCluster| c.status.and_then(|s| s.last_heartbeat);
-    let frozen = heartbeat(clusters.get("spoke-1").await?);
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    ensure!(
-        heartbeat(clusters.get("spoke-1").await?) == frozen,
-        "a revoked cluster's heartbeats still arrive"
-    );
-    ensure!(
-        heartbeat(clusters.get("spoke-2").await?) > frozen,
-        "spoke-2 keeps heartbeating"
-    );
-    let revoked = clusters.get("spoke-1").await?;
-    ensure!(
-        cluster_condition(&revoked, "Available") == Some(("False".into(), "ClusterRevoked".into()))
-            && cluster_condition(&revoked, "HubAcceptedManagedCluster")
-                == Some(("False".into(), "HubClusterAdminRevoked".into())),
-        "a revoked cluster is recorded unavailable and not accepted: {:?}",
-        revoked.status
-    );
-    let taints: Vec<&str> = revoked.spec.taints.iter().map(|t| t.key.as_str()).collect();
-    ensure!(
-        taints == [flower_addon_hub::core::placement::TAINT_UNAVAILABLE],
-        "a revoked cluster carries the unavailable taint (OCM: Available=False), got {taints:?}"
-    );
+    // The hub closes spoke-1's stream; its agent's retries are refused before a stream opens,
+    // so neither gauge counts them.
+    wait_metric(
+        addon,
+        "agent-spoke-1",
+        AGENT_CONNECTED,
+        &[],
+        "spoke-1's stream closed by the revocation",
+        |v| v == 0.0,
+    )
+    .await?;
+    wait_metric(
+        addon,
+        "flower-hub",
+        HUB_CONNECTED,
+        &[],
+        "the hub counts spoke-2's stream only",
+        |v| v == 1.0,
+    )
+    .await?;
+    let spoke_2 = scrape(addon, "agent-spoke-2")?.count(AGENT_CONNECTED, &[]);
+    ensure!(spoke_2 == 1.0, "spoke-2's stream stays open: {spoke_2}");
+    // Recorded beside the closing (the stream's end does not wait for these writes).
+    let recorded = |c: &ManagedCluster| {
+        let taints: Vec<&str> = c.spec.taints.iter().map(|t| t.key.as_str()).collect();
+        cluster_condition(c, "Available") == Some(("False".into(), "ClusterRevoked".into()))
+            && cluster_condition(c, "HubAcceptedManagedCluster")
+                == Some(("False".into(), "HubClusterAdminRevoked".into()))
+            // OCM: Available=False carries the unavailable taint.
+            && taints == [flower_addon_hub::core::placement::TAINT_UNAVAILABLE]
+    };
+    if let Err(error) = e2e::wait_until(
+        "spoke-1 recorded unavailable, not accepted and tainted unavailable",
+        WAIT,
+        || async { Ok(recorded(&clusters.get("spoke-1").await?)) },
+    )
+    .await
+    {
+        let c = clusters.get("spoke-1").await?;
+        return Err(error.context(format!(
+            "spoke-1: taints {:?}, status {:?}",
+            c.spec.taints, c.status
+        )));
+    }
     e2e::wait_until(
         "spoke-1's agent stops its SuperNodes after the revocation",
         Duration::from_secs(30),
@@ -2118,67 +2246,6 @@ async fn a_revocation_while_the_hub_is_down_is_recorded(
         },
     )
     .await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn measure_federation_change_to_workloads_on_both_spokes() -> Result<()> {
-    // Invariant: every one of 20 replica changes reaches both spokes; the latency (Federation
-    // applied → StatefulSet with the new replicas on both spokes) is printed as p50/p95, and the
-    // hub's and agents' RSS when idle.
-    let World {
-        mut cp,
-        client,
-        spoke_clients,
-        ..
-    } = two_spokes_running().await?;
-    let mut samples = Vec::new();
-    for i in 0..20 {
-        let replicas = 3 + (i % 2);
-        apply_fed(
-            &client,
-            &fed_with_pools(serde_json::json!([{"name": "a", "replicas": replicas, "images": {}}])),
-        )
-        .await?;
-        let took = e2e::wait_until(
-            &format!("replicas {replicas} on both spokes"),
-            WAIT,
-            || async {
-                let mut all = true;
-                for c in &spoke_clients {
-                    all &=
-                        Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.clone(), NS)
-                            .get("fed-supernode-a")
-                            .await?
-                            .spec
-                            .replicas
-                            == Some(replicas);
-                }
-                Ok(all)
-            },
-        )
-        .await?;
-        samples.push(took);
-    }
-    samples.sort();
-    let pct = |p: usize| samples[(samples.len() * p / 100).min(samples.len() - 1)];
-    eprintln!(
-        "Federation change → workloads on both spokes over {} changes: p50 {:?}, p95 {:?} \
-         (250 ms polling granularity)",
-        samples.len(),
-        pct(50),
-        pct(95)
-    );
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    for p in cp.processes().all() {
-        if p.name == "flower-hub" || p.name.starts_with("agent-") {
-            eprintln!(
-                "idle RSS {}: {} KiB",
-                p.name,
-                p.rss_kib().unwrap_or_default()
-            );
-        }
-    }
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 //! cargo build --release --bins
 //! FLOWER_ADDON_K8S_BIN=$(e2e/k8s/build.sh) cargo run --release -p e2e --bin reconcile_bench -- \
 //!     [--federations 20] [--changes 20] [--idle 50] [--idle-seconds 60]
+//! FLOWER_ADDON_K8S_BIN=$(e2e/k8s/build.sh) cargo run --release -p e2e --bin reconcile_bench -- \
+//!     --spokes [--changes 20]
 //! ```
 //!
 //! The hub RSS figure is meant for the binary that ships (profile `dist`, LTO): build it with
@@ -32,12 +34,19 @@
 //! election's Lease renewals, which are printed on a line of their own) by the second: 1.00
 //! means no read and no no-op write.
 //!
+//! With `--spokes`, the bench measures the multi-cluster path instead: two spoke clusters joined
+//! by agents (Kubernetes runtime, as `kube_multicluster` runs them), one Federation placed on both
+//! through a Placement; `--changes` replica changes, each timed from just before the patch until
+//! the pool StatefulSet on *both* spokes has the new `spec.replicas` (watches on the spokes), then
+//! the hub's and the agents' RSS once everything has settled. `--federations`, `--idle` and
+//! `--idle-seconds` do not apply there, and no request counting is done.
+//!
 //! A missed target is reported (MISS), not an error; a broken setup (no metric, a StatefulSet
 //! that never appears, a hub that exits) is.
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use e2e::ControlPlane;
-use e2e::addon::{Addon, AddonOptions, HUB_NS};
+use e2e::addon::{Addon, AddonOptions, Bootstrap, HUB_NS, Spoke};
 use flower_addon_crds::Federation;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -76,6 +85,11 @@ struct Args {
     /// FLOWER_ADDON_E2E_HUB_LOG and FLOWER_ADDON_E2E_KEEP=1) and latency.
     #[arg(long)]
     trace: bool,
+    /// Measure a Federation placed on two spokes instead: `--changes` replica changes, each
+    /// until both spokes' pool StatefulSets have the new replicas, and the settled RSS of the
+    /// hub and the agents (see the module doc).
+    #[arg(long)]
+    spokes: bool,
 }
 
 /// `at` as the hub's log writes times (UTC, microseconds).
@@ -144,10 +158,22 @@ async fn main() -> Result<()> {
     ensure!(args.federations > 0, "--federations must be at least 1");
     let load_start = e2e::harness::loadavg();
     let hub_bin = e2e::binary("flower-hub")?;
-    ensure_fresh(&hub_bin)?;
+    ensure_fresh(&hub_bin, &["hub", "agent", "crds", "proto"])?;
     println!("hub binary: {}", describe_binary(&hub_bin));
     println!("hub sources: {}", describe_sources());
     println!("load at start: {load_start}");
+    if args.spokes {
+        ensure!(args.changes > 0, "--changes must be at least 1");
+        let agent_bin = e2e::binary("flower-agent")?;
+        ensure_fresh(&agent_bin, &["agent", "crds", "proto"])?;
+        println!("agent binary: {}", describe_binary(&agent_bin));
+        let mut cp = ControlPlane::start(&SPOKE_CLUSTERS).await?;
+        let result = spokes_bench(&mut cp, &args).await;
+        cp.log_tails_on_error(&result, &[HUB_PROC, "agent-spoke-1", "agent-spoke-2"]);
+        drop(cp);
+        result?.print(&args, &load_start, &e2e::harness::loadavg());
+        return Ok(());
+    }
 
     // Pods: 3 per Federation (SuperLink and a pool of 2), one more per Federation scaled to 3;
     // a kwok node takes 110.
@@ -349,6 +375,224 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
         objects_per_federation: objects_per_federation(&admin, args.idle + args.federations)
             .await?,
     })
+}
+
+// === Two spokes (--spokes) ===
+
+/// The control plane of `--spokes`: the hub and two spoke clusters.
+const SPOKE_CLUSTERS: [&str; 3] = ["hub", "spoke-1", "spoke-2"];
+
+/// What `--spokes` measured.
+struct SpokesReport {
+    /// Patch → both spokes' pool StatefulSets have the new replicas.
+    change_latency: Vec<Duration>,
+    /// The patch call alone.
+    change_call: Vec<Duration>,
+    /// Patch → each spoke's pool StatefulSet has the new replicas.
+    per_spoke: [Vec<Duration>; 2],
+    /// How long the Federation took from create to its pool StatefulSet on both spokes.
+    first_placement: Duration,
+    /// Settled RSS (KiB) of the hub and each agent.
+    rss_kib: Vec<(&'static str, Option<u64>)>,
+}
+
+/// Installs the hub and two agents, places a Federation on both spokes and times `--changes`
+/// replica changes until both spokes have them.
+async fn spokes_bench(cp: &mut ControlPlane, args: &Args) -> Result<SpokesReport> {
+    const SPOKES: [&str; 2] = ["spoke-1", "spoke-2"];
+    let admin = cp.cluster("hub")?.client.clone();
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
+        )
+        .await
+        .context("creating the bench namespace")?;
+    let spokes: Vec<Spoke> = SPOKES
+        .iter()
+        .map(|name| Spoke::new(name, &[("env", "prod")], Bootstrap::Cli))
+        .collect();
+    let addon = Addon::install(cp, &spokes, &AddonOptions::default()).await?;
+    println!(
+        "both spokes joined in {:.1} s",
+        addon.joined_in.as_secs_f64()
+    );
+    e2e::addon::bind_every_cluster(&admin, NAMESPACE).await?;
+    let placement = json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Placement",
+        "metadata": {"name": "both", "namespace": NAMESPACE},
+        "spec": {"predicates": [
+            {"requiredClusterSelector": {"labelSelector": {"matchLabels": {"env": "prod"}}}}
+        ]},
+    });
+    Api::<flower_addon_crds::Placement>::namespaced(admin.clone(), NAMESPACE)
+        .patch(
+            "both",
+            &PatchParams::apply("reconcile-bench").force(),
+            &Patch::Apply(&placement),
+        )
+        .await
+        .context("applying Placement both")?;
+
+    // The bench's watches on each spoke.
+    let mut spoke_clients = Vec::new();
+    let mut rxs = Vec::new();
+    let mut tasks = Vec::new();
+    for name in SPOKES {
+        let client = cp.cluster(name)?.client.clone();
+        let (tx, rx) = watch::channel(Observed::default());
+        let tx = std::sync::Arc::new(tx);
+        tasks.push(spawn_watch::<StatefulSet>(
+            &client,
+            "StatefulSet",
+            sts_fingerprint,
+            track_sts,
+            &tx,
+        ));
+        spoke_clients.push(client);
+        rxs.push(rx);
+    }
+    let _watches = WatchTasks(tasks);
+
+    let feds = Api::<Federation>::namespaced(admin.clone(), NAMESPACE);
+    let name = "placed";
+    let pool = pool_sts(name);
+    let t0 = Instant::now();
+    feds.create(&PostParams::default(), &placed_federation(name)?)
+        .await
+        .context("creating the placed Federation")?;
+    for rx in &mut rxs {
+        wait_observed(
+            rx,
+            &format!("StatefulSet {pool} on the spoke"),
+            Duration::from_secs(90),
+            |o| o.statefulsets.get(&pool).map(|_| ()),
+        )
+        .await?;
+    }
+    let first_placement = t0.elapsed();
+    for client in &spoke_clients {
+        e2e::wait_statefulsets_settled(client, NAMESPACE).await?;
+    }
+    cp.processes().check_alive()?;
+
+    let timeout = Duration::from_secs(args.timeout);
+    let pause = Duration::from_millis(args.pause_ms);
+    let (mut change_latency, mut change_call) = (Vec::new(), Vec::new());
+    let mut per_spoke: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut replicas = 2;
+    for _ in 0..args.changes {
+        replicas = if replicas == 2 { 3 } else { 2 };
+        let patch =
+            json!({"spec": {"supernodes": {"pools": [{"name": "a", "replicas": replicas}]}}});
+        let (t0, at) = (Instant::now(), std::time::SystemTime::now());
+        feds.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .context("patching the placed Federation")?;
+        change_call.push(t0.elapsed());
+        let mut slowest = Duration::ZERO;
+        for (i, rx) in rxs.iter_mut().enumerate() {
+            let took = wait_replicas(rx, &pool, replicas, t0, timeout)
+                .await
+                .with_context(|| format!("on {}", SPOKES[i]))?;
+            per_spoke[i].push(took);
+            slowest = slowest.max(took);
+        }
+        if args.trace {
+            println!(
+                "trace: change → {replicas} at {} took {slowest:?}",
+                rfc3339(at)
+            );
+        }
+        change_latency.push(slowest);
+        cp.processes().check_alive()?;
+        tokio::time::sleep(pause).await;
+    }
+
+    // Settled: the spokes' StatefulSets final and the hub and agents idle.
+    for client in &spoke_clients {
+        e2e::wait_statefulsets_settled(client, NAMESPACE).await?;
+    }
+    let rss_kib = [HUB_PROC, "agent-spoke-1", "agent-spoke-2"]
+        .into_iter()
+        .map(|p| (p, cp.processes().get(p).and_then(|proc| proc.rss_kib())))
+        .collect();
+    Ok(SpokesReport {
+        change_latency,
+        change_call,
+        per_spoke,
+        first_placement,
+        rss_kib,
+    })
+}
+
+/// The Federation `--spokes` places on both spokes (as `kube_multicluster` runs it): StatefulSet
+/// mode, subprocess isolation, TLS without SuperNode authentication (kwok pods run no Flower, so
+/// no key could be registered), a NodePort SuperLink, one pool `a` of 2 per spoke.
+fn placed_federation(name: &str) -> Result<Federation> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "Federation",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "mode": "StatefulSet",
+            "isolationMode": "subprocess",
+            "insecure": false,
+            "supernodeAuthentication": false,
+            "placementRef": {"name": "both"},
+            "superlink": {"image": "flwr/superlink:1.42.0", "service": {"type": "NodePort"}},
+            "supernodes": {
+                "image": "flwr/supernode:1.42.0",
+                "pools": [{"name": "a", "replicas": 2}]
+            }
+        }
+    }))?)
+}
+
+impl SpokesReport {
+    fn print(&self, args: &Args, load_start: &str, load_end: &str) {
+        let sorted = |v: &Vec<Duration>| {
+            let mut v = v.clone();
+            v.sort();
+            v
+        };
+        println!();
+        println!(
+            "== flower-hub reconcile bench --spokes: {} replica changes of a Federation placed on 2 spokes ==",
+            args.changes
+        );
+        println!(
+            "Federation created → pool StatefulSet on both spokes: {} ms",
+            ms(self.first_placement)
+        );
+        println!(
+            "{:<46} {:>8} {:>8} {:>8}",
+            "latency (ms, no target)", "p50", "p95", "max"
+        );
+        print_parts(&[
+            (
+                "replica change → both spokes updated",
+                &sorted(&self.change_latency),
+            ),
+            ("  the patch call returned", &sorted(&self.change_call)),
+            ("  spoke-1", &sorted(&self.per_spoke[0])),
+            ("  spoke-2", &sorted(&self.per_spoke[1])),
+        ]);
+        let rss: Vec<String> = self
+            .rss_kib
+            .iter()
+            .map(|(who, kib)| match kib {
+                Some(kib) => format!("{who} {:.1} MiB", *kib as f64 / 1024.0),
+                None => format!("{who} unknown"),
+            })
+            .collect();
+        println!(
+            "settled RSS: {} (targets of what ships: agent_rss)",
+            rss.join(", ")
+        );
+        println!("load at start: {load_start}; at end: {load_end}");
+    }
 }
 
 // === Federations ===
@@ -980,9 +1224,9 @@ fn describe_binary(path: &std::path::Path) -> String {
     format!("{} ({age})", path.display())
 }
 
-/// Fails when a source file of the hub (its crate or one it builds from) is newer than the
-/// binary: the figures would be those of older code.
-fn ensure_fresh(binary: &std::path::Path) -> Result<()> {
+/// Fails when a source file of the crates `binary` builds from (`crates`: directories of the
+/// workspace) is newer than it: the figures would be those of older code.
+fn ensure_fresh(binary: &std::path::Path, crates: &[&str]) -> Result<()> {
     fn newest(
         dir: &std::path::Path,
         found: &mut Option<(std::time::SystemTime, std::path::PathBuf)>,
@@ -1004,7 +1248,7 @@ fn ensure_fresh(binary: &std::path::Path) -> Result<()> {
     let built = std::fs::metadata(binary)?.modified()?;
     let root = e2e::repo_root();
     let mut found = None;
-    for dir in ["hub", "agent", "crds", "proto"] {
+    for dir in crates {
         newest(&root.join(dir).join("src"), &mut found);
     }
     if let Some((modified, path)) = found {

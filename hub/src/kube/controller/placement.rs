@@ -216,7 +216,7 @@ pub async fn run(
     controller
         .owns_stream(decision_events)
         .reconcile_all_on(futures::stream::select(
-            cluster_changes,
+            futures::stream::select(cluster_changes, decided_elsewhere(&client)),
             futures::stream::select(set_changes, binding_changes),
         ))
         .graceful_shutdown_on(shutdown)
@@ -233,6 +233,47 @@ pub async fn run(
         })
         .await;
     tracing::info!("placement controller stopped");
+}
+
+/// One item whenever the clusters some Placement decided change (a new decision page, other
+/// clusters in one, a page deleted), not for the status writes around them. `Balance` spreads a
+/// Placement by how many *other* Placements selected each cluster, so another Placement's new
+/// decisions can change this one's: every Placement is then evaluated again, as the standalone
+/// hub evaluates every Placement on each pass, and both modes end on the same clusters whichever
+/// Placement decided first. A Placement whose result does not change writes nothing.
+fn decided_elsewhere(client: &Client) -> impl futures::Stream<Item = ()> + Send + use<> {
+    use kube::runtime::reflector::ObjectRef;
+    use std::hash::{Hash, Hasher};
+    let mut seen: std::collections::HashMap<ObjectRef<PlacementDecision>, u64> =
+        std::collections::HashMap::new();
+    let decided = |d: &PlacementDecision| {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        d.labels().get(PLACEMENT_LABEL).hash(&mut hasher);
+        for decision in d.status.iter().flat_map(|s| s.decisions.iter()) {
+            decision.cluster_name.hash(&mut hasher);
+        }
+        hasher.finish()
+    };
+    watcher(
+        Api::<PlacementDecision>::all(client.clone()),
+        watcher::Config::default().labels(PLACEMENT_LABEL),
+    )
+    .default_backoff()
+    .filter_map(move |event| {
+        let fire = match event {
+            Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
+                let hash = decided(&d);
+                seen.insert(ObjectRef::from_obj(&d), hash) != Some(hash)
+            }
+            Ok(watcher::Event::Delete(d)) => seen.remove(&ObjectRef::from_obj(&d)).is_some(),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => false,
+            Err(error) => {
+                tracing::warn!(%error, "PlacementDecision watch (other Placements' decisions)");
+                false
+            }
+        };
+        std::future::ready(fire.then_some(()))
+    })
 }
 
 /// A reflector of every `K` (recorded in `listed` as watch `name`): its store, and a stream with
