@@ -4,6 +4,9 @@
 //! subcommands of its own), so a new one is checked without editing this file; a floor of
 //! subcommands known to exist keeps a parsing slip from turning the checks into no checks.
 
+#[path = "../../hub/tests/help_support/mod.rs"]
+mod help_support;
+use help_support::listed_subcommands;
 use std::process::Command;
 
 const BIN: &str = "flower-agent";
@@ -18,73 +21,14 @@ fn agent(args: &[&str]) -> std::process::Output {
 /// Subcommands that exist: whatever `--help` lists must include them.
 const KNOWN: [&str; 3] = ["join", "run", "completions"];
 
-/// The `--help` text of `flower-agent <path>`, which must succeed.
-fn help(path: &[&str]) -> String {
-    let mut args = path.to_vec();
-    args.push("--help");
-    let out = agent(&args);
-    assert!(
-        out.status.success(),
-        "{BIN} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("help is UTF-8")
-}
-
-/// The subcommands a clap `--help` lists under `Commands:` (each on a line of its own, indented
-/// by two spaces; wrapped descriptions are indented further), without clap's own `help`.
-fn listed_subcommands(help: &str) -> Vec<String> {
-    help.lines()
-        .skip_while(|line| line.trim_end() != "Commands:")
-        .skip(1)
-        .take_while(|line| line.starts_with(' '))
-        .filter_map(|line| line.strip_prefix("  "))
-        .filter(|rest| !rest.starts_with(' '))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|name| *name != "help")
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Every subcommand of `flower-agent`, nested ones too, as space-separated paths with their
-/// `--help` text, read from the help itself; checked against [`KNOWN`].
-fn every_subcommand() -> Vec<(String, String)> {
-    let mut found = Vec::new();
-    let mut pending: Vec<Vec<String>> = listed_subcommands(&help(&[]))
-        .into_iter()
-        .map(|name| vec![name])
-        .collect();
-    while let Some(path) = pending.pop() {
-        let words: Vec<&str> = path.iter().map(String::as_str).collect();
-        let text = help(&words);
-        for child in listed_subcommands(&text) {
-            let mut nested = path.clone();
-            nested.push(child);
-            pending.push(nested);
-        }
-        found.push((path.join(" "), text));
-    }
-    found.sort();
-    let names: Vec<&str> = found.iter().map(|(path, _)| path.as_str()).collect();
-    assert!(!names.is_empty(), "no subcommand found in `{BIN} --help`");
-    let missing: Vec<&str> = KNOWN
-        .iter()
-        .copied()
-        .filter(|known| !names.contains(known))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "`{BIN} --help` (read recursively) does not list {missing:?}; found {names:?}"
-    );
-    found
-}
-
 #[test]
 fn every_subcommand_help_has_an_example_and_completions_work() {
     // An example is a line of the help that runs the subcommand itself, e.g.
     // `  flower-agent join --hub hub.example.org:7443 …`; the `Usage:` line does not count.
-    let subcommands = every_subcommand();
+    let subcommands = help_support::every_subcommand(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flower-agent")),
+        &KNOWN,
+    );
     for (path, text) in &subcommands {
         let command = format!("{BIN} {path}");
         let example = text.lines().map(str::trim_start).any(|line| {

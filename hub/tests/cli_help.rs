@@ -5,6 +5,9 @@
 //! `ca rotate`, …), so a new one is checked without editing this file; a floor of subcommands
 //! known to exist keeps a parsing slip from turning the checks into no checks.
 
+#[path = "help_support/mod.rs"]
+mod help_support;
+use help_support::listed_subcommands;
 use std::process::Command;
 
 const BIN: &str = "flower-hub";
@@ -37,73 +40,14 @@ const KNOWN: [&str; 17] = [
     "completions",
 ];
 
-/// The `--help` text of `flower-hub <path>`, which must succeed.
-fn help(path: &[&str]) -> String {
-    let mut args = path.to_vec();
-    args.push("--help");
-    let out = hub(&args);
-    assert!(
-        out.status.success(),
-        "{BIN} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("help is UTF-8")
-}
-
-/// The subcommands a clap `--help` lists under `Commands:` (each on a line of its own, indented
-/// by two spaces; wrapped descriptions are indented further), without clap's own `help`.
-fn listed_subcommands(help: &str) -> Vec<String> {
-    help.lines()
-        .skip_while(|line| line.trim_end() != "Commands:")
-        .skip(1)
-        .take_while(|line| line.starts_with(' '))
-        .filter_map(|line| line.strip_prefix("  "))
-        .filter(|rest| !rest.starts_with(' '))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .filter(|name| *name != "help")
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Every subcommand of `flower-hub`, nested ones too, as space-separated paths with their
-/// `--help` text, read from the help itself; checked against [`KNOWN`].
-fn every_subcommand() -> Vec<(String, String)> {
-    let mut found = Vec::new();
-    let mut pending: Vec<Vec<String>> = listed_subcommands(&help(&[]))
-        .into_iter()
-        .map(|name| vec![name])
-        .collect();
-    while let Some(path) = pending.pop() {
-        let words: Vec<&str> = path.iter().map(String::as_str).collect();
-        let text = help(&words);
-        for child in listed_subcommands(&text) {
-            let mut nested = path.clone();
-            nested.push(child);
-            pending.push(nested);
-        }
-        found.push((path.join(" "), text));
-    }
-    found.sort();
-    let names: Vec<&str> = found.iter().map(|(path, _)| path.as_str()).collect();
-    assert!(!names.is_empty(), "no subcommand found in `{BIN} --help`");
-    let missing: Vec<&str> = KNOWN
-        .iter()
-        .copied()
-        .filter(|known| !names.contains(known))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "`{BIN} --help` (read recursively) does not list {missing:?}; found {names:?}"
-    );
-    found
-}
-
 #[test]
 fn every_subcommand_help_has_an_example() {
     // An example is a line of the help that runs the subcommand itself, e.g.
     // `  flower-hub token create --cluster-name spoke-1`; the `Usage:` line does not count.
-    for (path, text) in every_subcommand() {
+    for (path, text) in help_support::every_subcommand(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flower-hub")),
+        &KNOWN,
+    ) {
         let command = format!("{BIN} {path}");
         let example = text.lines().map(str::trim_start).any(|line| {
             line.strip_prefix(&command)
@@ -132,7 +76,10 @@ fn bash_completion_names_every_subcommand_and_parses() {
         .filter_map(|line| line.trim().strip_prefix("opts=\""))
         .flat_map(|rest| rest.trim_end_matches('"').split_whitespace())
         .collect();
-    for (path, _) in every_subcommand() {
+    for (path, _) in help_support::every_subcommand(
+        std::path::Path::new(env!("CARGO_BIN_EXE_flower-hub")),
+        &KNOWN,
+    ) {
         let name = path.rsplit(' ').next().expect("a name");
         assert!(
             offered.contains(name),
