@@ -27,7 +27,10 @@ enum Cmd {
         keep: bool,
         /// Also install flower-addon as the README tells (hub in `hub`, an agent joined from a
         /// bootstrap Secret in every spoke, labelled env=demo) and apply a demo Federation +
-        /// Placement; needs `cargo build --bins` first. Pods are kwok's: no Flower runs.
+        /// Placement; needs `cargo build --bins` first. As root, each cluster gets a real node
+        /// (kubelet, containerd) so Flower runs and `flwr` can connect; it needs
+        /// `e2e/node/build.sh` and `e2e/images/build.sh` run once (it says so otherwise).
+        /// `FLOWER_ADDON_E2E_REAL_NODES=0` keeps kwok nodes only: nothing runs Flower then.
         #[arg(long)]
         with_addon: bool,
     },
@@ -47,7 +50,7 @@ async fn main() -> Result<()> {
                 .chain((1..clusters).map(|i| format!("spoke-{i}")))
                 .collect();
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            let opts = e2e::Options {
+            let mut opts = e2e::Options {
                 nodes_per_cluster: nodes,
                 keep_work_dir: keep,
                 ..Default::default()
@@ -60,6 +63,7 @@ async fn main() -> Result<()> {
                     clusters >= 2,
                     "--with-addon needs at least one spoke: --clusters 2 or more"
                 );
+                opts.real_nodes = real_nodes_for_the_addon()?;
             }
             let mut cp = e2e::ControlPlane::start_with(&names, opts).await?;
             println!(
@@ -108,6 +112,50 @@ async fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Whether `up --with-addon` runs real nodes: yes as root unless `FLOWER_ADDON_E2E_REAL_NODES=0`,
+/// and then the node binaries and the images must be there (the error names what builds them);
+/// without real nodes it says plainly that no Flower will run.
+fn real_nodes_for_the_addon() -> Result<bool> {
+    let asked = std::env::var("FLOWER_ADDON_E2E_REAL_NODES").ok();
+    let root = nix::unistd::geteuid().is_root();
+    let wanted = match asked.as_deref() {
+        Some("0") => false,
+        Some(_) => true,
+        None => root,
+    };
+    if !wanted {
+        println!(
+            "no real nodes ({}): the demo Federation's pods run on kwok nodes, where nothing \
+             executes, so no Flower runs and no flwr connection is offered; run as root (real \
+             nodes need network namespaces, containerd and iptables) for a federation that trains",
+            if root {
+                "FLOWER_ADDON_E2E_REAL_NODES=0"
+            } else {
+                "not root"
+            }
+        );
+        return Ok(false);
+    }
+    anyhow::ensure!(
+        root,
+        "real nodes need root (network namespaces, containerd, iptables)"
+    );
+    e2e::NodeBinaries::locate()?;
+    for image in [
+        flower_addon_crds::render::ADDON_IMAGE,
+        "flwr/superlink:1.42.0",
+        "flwr/supernode:1.42.0",
+    ] {
+        e2e::node::image_archive(image).map_err(|e| {
+            anyhow::anyhow!(
+                "{e:#}\nbuild the images once with `cargo build --bins && e2e/images/build.sh` \
+                 (or run with FLOWER_ADDON_E2E_REAL_NODES=0 for kwok nodes only, where no Flower runs)"
+            )
+        })?;
+    }
+    Ok(true)
 }
 
 /// `up --with-addon`: the addon installed and a demo Federation placed on every spoke. Returns
@@ -213,7 +261,7 @@ spec:
     println!("    KUBECONFIG=<a spoke's kubeconfig> kubectl get statefulset,pod -n demo");
     // The flwr connection: `flower-hub connect` writes it once the SuperLink is placed, and
     // keeps a port-forward to the SuperLink pod open while this runs (the Control API is not
-    // exposed; a port-forward needs a real node: FLOWER_ADDON_E2E_REAL_NODES=1).
+    // exposed; a port-forward needs a real node).
     let flwr_home = cp.work_dir().join("flwr-home");
     let feds = kube::Api::<flower_addon_crds::Federation>::namespaced(hub.clone(), "demo");
     let t = std::time::Instant::now();
@@ -231,6 +279,13 @@ spec:
         }
     }
     let mut connect = None;
+    if placed && cp.real_nodes().is_empty() {
+        println!(
+            "  no flwr connection: the SuperLink pod runs on a kwok node (no real nodes), where \
+             nothing executes"
+        );
+        return Ok(None);
+    }
     if placed {
         let mut child = std::process::Command::new(&hub_bin)
             .args([
