@@ -4,11 +4,12 @@
 # real Flower from PyPI for every Flower argument dialect (1.42.0, 1.39.0, 1.35.0, 1.30.0, 1.25.0).
 #
 # Installs what it needs and caches the expensive parts in ${FLOWER_ADDON_CACHE:-~/.cache/flower-addon}:
-# the Kubernetes binaries (first build 20-35 min on 2 cores), the Flower venvs (~30 s each), the
-# real-node binaries (kubelet, kube-proxy; ~5 min after the control plane), helm (~2 min, for the
+# the Kubernetes binaries (first build ~17 min on 2 cores), the Flower venvs (~30-60 s each), the
+# real-node binaries (kubelet, kube-proxy; ~2 min after the control plane), helm (~4 min, for the
 # chart tests) and Debian packages
 # (containerd, runc, CNI plugins, buildah, mmdebstrap, iptables), and the container images the
-# real-node tests run (Debian base, pause, Flower 1.42.0/1.25.0, our Dockerfile; ~6 min cold).
+# real-node tests run (Debian base, pause, Flower 1.42.0/1.25.0, our Dockerfile; ~12 min cold).
+# A warm run (cache present) takes ~32 min; see docs/testing.md for the measured figures.
 set -euo pipefail
 cd "$(dirname "$0")"
 export FLOWER_ADDON_CACHE="${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}"
