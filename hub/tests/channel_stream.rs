@@ -397,6 +397,25 @@ async fn a_revoked_cluster_is_recorded_unavailable_until_it_is_accepted_again() 
     hub.stop().await;
 }
 
+/// edge-1's report of Federation default/fed with the one pool `pool`, named p0, 1/1 ready.
+fn report_of_pool(pool: PoolStatus) -> Status {
+    Status {
+        observed_version: 1,
+        cluster_name: "edge-1".into(),
+        federations: vec![FederationStatus {
+            namespace: "default".into(),
+            name: "fed".into(),
+            pools: vec![PoolStatus {
+                name: "p0".into(),
+                desired: 1,
+                ready: 1,
+                ..pool
+            }],
+        }],
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn oversized_messages_are_refused_and_recorded_nowhere() {
     // A status over the 4 MiB decode limit ends the stream with an error and is not recorded.
@@ -408,25 +427,13 @@ async fn oversized_messages_are_refused_and_recorded_nowhere() {
     let (tx, mut inbound) = raw_stream(&hub, &creds.cert_pem, &creds.key_pem)
         .await
         .expect("stream");
-    let huge = Status {
-        allocatable: Default::default(),
-        observed_version: 1,
-        cluster_name: "edge-1".into(),
-        federations: vec![FederationStatus {
-            namespace: "default".into(),
-            name: "fed".into(),
-            pools: vec![PoolStatus {
-                name: "p0".into(),
-                desired: 1,
-                ready: 1,
-                conditions: vec![Condition {
-                    message: "x".repeat(5 * 1024 * 1024),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
+    let huge = report_of_pool(PoolStatus {
+        conditions: vec![Condition {
+            message: "x".repeat(5 * 1024 * 1024),
+            ..Default::default()
         }],
-    };
+        ..Default::default()
+    });
     tx.send(AgentMessage {
         kind: Some(AgentKind::Status(huge)),
     })
@@ -570,22 +577,10 @@ async fn a_report_with_a_malformed_node_key_is_refused_at_the_edge_and_recorded_
     let (tx, mut inbound) = raw_stream(&hub, &creds.cert_pem, &creds.key_pem)
         .await
         .expect("stream");
-    let report = Status {
-        observed_version: 1,
-        cluster_name: "edge-1".into(),
-        federations: vec![FederationStatus {
-            namespace: "default".into(),
-            name: "fed".into(),
-            pools: vec![PoolStatus {
-                name: "p0".into(),
-                desired: 1,
-                ready: 1,
-                node_public_keys: vec!["ecdsa-sha2-nistp384 ééééééééééééééé".into()],
-                ..Default::default()
-            }],
-        }],
+    let report = report_of_pool(PoolStatus {
+        node_public_keys: vec!["ecdsa-sha2-nistp384 ééééééééééééééé".into()],
         ..Default::default()
-    };
+    });
     tx.send(AgentMessage {
         kind: Some(AgentKind::Status(report)),
     })

@@ -14,9 +14,9 @@ use flower_addon_hub::registration::ca::{CaRole, HubCa};
 
 const KEY: &str = "ecdsa-sha2-nistp384 AAAAE2VjZHNhLXNoYTItbmlzdHAzODQAAAAIbmlzdHAzODQAAABhBJ7NryvMMKWyOHkfa/yQMy1fXLDk2ZksQLI534CBZwGEKN0FcG1/iEiL2wcX8Rhx2qa2XiRAu8z9peBedvXBheoWLSJ04EfLTvEssJ2FcpYK6e5ZTs6jdMIs7t3wpC5vKw== node0";
 
-#[tokio::test]
-async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_marked() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// A stand-in SuperLink Control API on loopback, with a certificate from a new Flower CA: the CA,
+/// the directory holding the certificate files, the keys it holds and its address.
+async fn stand_in_superlink() -> (HubCa, tempfile::TempDir, fake_control::Nodes, String) {
     let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
     let pair = ca
         .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
@@ -30,6 +30,13 @@ async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_mar
         .expect("bind");
     let address = listener.local_addr().expect("addr").to_string();
     let (held, _server) = fake_control::serve(listener, &cert, &key);
+    (ca, dir, held, address)
+}
+
+#[tokio::test]
+async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_marked() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (ca, _dir, held, address) = stand_in_superlink().await;
     let fed = ("team".to_owned(), "fed".to_owned());
     let target = KeyTarget {
         federation: fed.clone(),
@@ -80,22 +87,7 @@ fn arbitrary_key_strings_go_through_the_key_sync_without_panicking() {
         .enable_all()
         .build()
         .expect("runtime");
-    let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
-    let pair = ca
-        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
-        .expect("cert");
-    let dir = tempfile::tempdir().expect("tmp");
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-    std::fs::write(&key, &pair.key_pem).expect("key file");
-    let (held, address) = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("addr").to_string();
-        let (held, _server) = fake_control::serve(listener, &cert, &key);
-        (held, address)
-    });
+    let (ca, _dir, held, address) = runtime.block_on(stand_in_superlink());
     let client = flower_addon_hub::flower::control::ControlClient::new(ControlEndpoint {
         dialect: FlowerDialect::Unified,
         address,
