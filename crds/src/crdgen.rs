@@ -8,20 +8,22 @@ use crate::cluster::ManagedCluster;
 use crate::clusterset::{ManagedClusterSet, ManagedClusterSetBinding};
 use crate::federation::Federation;
 use crate::placement::{Placement, PlacementDecision};
-use crate::rules::FEDERATION_SPEC_RULES;
+use crate::rules::{CelRule, FEDERATION_SPEC_RULES, FLOWER_RUN_RULES};
+use crate::run::FlowerRun;
 
 /// Every flower-addon CRD, in a fixed order: Federation, Placement, PlacementDecision,
-/// ManagedCluster, ManagedClusterSet, ManagedClusterSetBinding.
+/// ManagedCluster, ManagedClusterSet, ManagedClusterSetBinding, FlowerRun.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    let mut binding = finish(ManagedClusterSetBinding::crd(), false);
+    let mut binding = finish(ManagedClusterSetBinding::crd(), &[]);
     add_root_rule(&mut binding, BINDING_NAME_RULE, BINDING_NAME_MESSAGE);
     [
-        finish(Federation::crd(), true),
-        finish(Placement::crd(), false),
-        finish(PlacementDecision::crd(), false),
-        finish(ManagedCluster::crd(), false),
-        finish(ManagedClusterSet::crd(), false),
+        finish(Federation::crd(), FEDERATION_SPEC_RULES),
+        finish(Placement::crd(), &[]),
+        finish(PlacementDecision::crd(), &[]),
+        finish(ManagedCluster::crd(), &[]),
+        finish(ManagedClusterSet::crd(), &[]),
         binding,
+        finish(FlowerRun::crd(), FLOWER_RUN_RULES),
     ]
     .into_iter()
     .collect()
@@ -50,7 +52,7 @@ pub fn crds_yaml() -> String {
         .collect()
 }
 
-fn finish(crd: CustomResourceDefinition, federation_rules: bool) -> CustomResourceDefinition {
+fn finish(crd: CustomResourceDefinition, rules: &[CelRule]) -> CustomResourceDefinition {
     let Ok(mut value) = serde_json::to_value(&crd) else {
         return crd;
     };
@@ -61,9 +63,7 @@ fn finish(crd: CustomResourceDefinition, federation_rules: bool) -> CustomResour
         for version in versions {
             if let Some(schema) = version.pointer_mut("/schema/openAPIV3Schema") {
                 make_structural(schema);
-                if federation_rules {
-                    add_rules(schema);
-                }
+                add_rules(schema, rules);
             }
         }
     }
@@ -97,9 +97,9 @@ fn add_root_rule(crd: &mut CustomResourceDefinition, rule: &str, message: &str) 
     }
 }
 
-/// Puts every rule of [`FEDERATION_SPEC_RULES`] into `x-kubernetes-validations` at its location.
-fn add_rules(schema: &mut Value) {
-    for rule in FEDERATION_SPEC_RULES {
+/// Puts every rule of `rules` into `x-kubernetes-validations` at its location.
+fn add_rules(schema: &mut Value, rules: &[CelRule]) {
+    for rule in rules {
         let Some(node) = schema
             .pointer_mut(rule.location)
             .and_then(Value::as_object_mut)

@@ -1,5 +1,5 @@
 //! flower-addon API types: `Federation`, `Placement`, `PlacementDecision`, `ManagedCluster`,
-//! `ManagedClusterSet` and `ManagedClusterSetBinding`
+//! `ManagedClusterSet`, `ManagedClusterSetBinding` and `FlowerRun`
 //! (group `flower-addon.io`, version `v1alpha1`), their validation and CRD generation, and the pure
 //! SuperNode renderer ([`render`]) that the agent's runtimes, the hub and `flower-hub render` share.
 #![forbid(unsafe_code)]
@@ -14,6 +14,7 @@ pub mod placement;
 pub mod quantity;
 pub mod render;
 pub mod rules;
+pub mod run;
 mod schema_helpers;
 pub mod validate;
 
@@ -24,9 +25,10 @@ pub use federation::*;
 pub use parse::{Object, ParseError, parse_documents};
 pub use placement::*;
 pub use quantity::parse_quantity;
+pub use run::*;
 pub use validate::{
     FieldError, dns_label, validate_cluster_set, validate_cluster_set_binding, validate_federation,
-    validate_placement,
+    validate_flower_run, validate_placement,
 };
 
 /// API group of every flower-addon resource.

@@ -9,15 +9,17 @@ use crate::cluster::ManagedCluster;
 use crate::clusterset::{ManagedClusterSet, ManagedClusterSetBinding};
 use crate::federation::Federation;
 use crate::placement::{Placement, PlacementDecision};
+use crate::run::FlowerRun;
 
 /// The kinds `parse_documents` accepts, as `apiVersion`/`kind` pairs.
-pub const SUPPORTED_KINDS: [&str; 6] = [
+pub const SUPPORTED_KINDS: [&str; 7] = [
     "Federation",
     "Placement",
     "PlacementDecision",
     "ManagedCluster",
     "ManagedClusterSet",
     "ManagedClusterSetBinding",
+    "FlowerRun",
 ];
 
 /// One parsed resource.
@@ -36,6 +38,8 @@ pub enum Object {
     ManagedClusterSet(ManagedClusterSet),
     /// A `ManagedClusterSetBinding`.
     ManagedClusterSetBinding(ManagedClusterSetBinding),
+    /// A `FlowerRun`.
+    FlowerRun(FlowerRun),
 }
 
 impl Object {
@@ -48,6 +52,7 @@ impl Object {
             Self::ManagedCluster(_) => "ManagedCluster",
             Self::ManagedClusterSet(_) => "ManagedClusterSet",
             Self::ManagedClusterSetBinding(_) => "ManagedClusterSetBinding",
+            Self::FlowerRun(_) => "FlowerRun",
         }
     }
 
@@ -60,6 +65,7 @@ impl Object {
             Self::ManagedCluster(o) => &o.metadata,
             Self::ManagedClusterSet(o) => &o.metadata,
             Self::ManagedClusterSetBinding(o) => &o.metadata,
+            Self::FlowerRun(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or("")
     }
@@ -158,6 +164,7 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             "ManagedClusterSetBinding" => {
                 Object::ManagedClusterSetBinding(typed_doc(&doc).map_err(typed)?)
             }
+            "FlowerRun" => Object::FlowerRun(typed_doc(&doc).map_err(typed)?),
             _ => Object::ManagedCluster(typed_doc(&doc).map_err(typed)?),
         };
         objects.push(object);

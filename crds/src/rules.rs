@@ -152,3 +152,62 @@ pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
         location: SPEC,
     },
 ];
+
+/// A FlowerRun's app names both or neither of `configMapRef` and `url`.
+pub const MSG_RUN_FAB_ONE_SOURCE: &str =
+    "spec.app.fab must set exactly one of configMapRef and url";
+/// A FlowerRun's `fab.url` without `fab.sha256`.
+pub const MSG_RUN_FAB_URL_SHA256: &str =
+    "spec.app.fab.sha256 is required with url: the hub checks the download against it";
+/// A FlowerRun's `fab.sha256` without `fab.url`.
+pub const MSG_RUN_FAB_SHA256_URL: &str =
+    "spec.app.fab.sha256 is only allowed with url (a ConfigMap's FAB is hashed by the hub)";
+/// A FlowerRun's spec changed in a field other than `suspend`.
+pub const MSG_RUN_IMMUTABLE: &str = "spec is immutable except spec.suspend: to run with other settings, create a new FlowerRun (or delete and re-create this one)";
+
+/// Schema location of the FlowerRun spec.
+pub const RUN_SPEC: &str = "/properties/spec";
+/// Schema location of the FlowerRun `spec.app.fab`.
+pub const RUN_FAB: &str = "/properties/spec/properties/app/properties/fab";
+
+/// Every CEL rule of the FlowerRun. The immutability rule is a transition rule (it sees
+/// `oldSelf`), so offline validation of one object cannot check it; the hub compares
+/// generations instead.
+pub const FLOWER_RUN_RULES: &[CelRule] = &[
+    CelRule {
+        rule: "has(self.configMapRef) != has(self.url)",
+        message: MSG_RUN_FAB_ONE_SOURCE,
+        path: "spec.app.fab",
+        field_path: "",
+        location: RUN_FAB,
+    },
+    CelRule {
+        rule: "!has(self.url) || has(self.sha256)",
+        message: MSG_RUN_FAB_URL_SHA256,
+        path: "spec.app.fab.sha256",
+        field_path: "",
+        location: RUN_FAB,
+    },
+    CelRule {
+        rule: "!has(self.sha256) || has(self.url)",
+        message: MSG_RUN_FAB_SHA256_URL,
+        path: "spec.app.fab.sha256",
+        field_path: "",
+        location: RUN_FAB,
+    },
+    CelRule {
+        rule: "self.federationRef == oldSelf.federationRef && self.app == oldSelf.app \
+               && has(self.runConfig) == has(oldSelf.runConfig) \
+               && (!has(self.runConfig) || self.runConfig == oldSelf.runConfig) \
+               && has(self.activeDeadlineSeconds) == has(oldSelf.activeDeadlineSeconds) \
+               && (!has(self.activeDeadlineSeconds) || self.activeDeadlineSeconds == oldSelf.activeDeadlineSeconds) \
+               && has(self.backoffLimit) == has(oldSelf.backoffLimit) \
+               && (!has(self.backoffLimit) || self.backoffLimit == oldSelf.backoffLimit) \
+               && has(self.ttlSecondsAfterFinished) == has(oldSelf.ttlSecondsAfterFinished) \
+               && (!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished == oldSelf.ttlSecondsAfterFinished)",
+        message: MSG_RUN_IMMUTABLE,
+        path: "spec",
+        field_path: "",
+        location: RUN_SPEC,
+    },
+];

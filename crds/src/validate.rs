@@ -532,5 +532,7 @@ fn check_host_port(addr: &str) -> Result<(), String> {
 
 mod clusterset;
 mod placement;
+mod run;
 pub use clusterset::{validate_cluster_set, validate_cluster_set_binding};
 pub use placement::validate_placement;
+pub use run::validate_flower_run;

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use flower_addon_crds::{
     Object, parse_documents, validate_cluster_set, validate_cluster_set_binding,
-    validate_federation, validate_placement,
+    validate_federation, validate_flower_run, validate_placement,
 };
 
 fn examples_dir() -> PathBuf {
@@ -27,6 +27,7 @@ fn messages(obj: &Object) -> Vec<String> {
         Object::Placement(p) => validate_placement(p),
         Object::ManagedClusterSet(s) => validate_cluster_set(s),
         Object::ManagedClusterSetBinding(b) => validate_cluster_set_binding(b),
+        Object::FlowerRun(r) => validate_flower_run(r),
         _ => Vec::new(),
     };
     errors.into_iter().map(|e| e.message).collect()

@@ -115,6 +115,10 @@ pub fn object_problems(object: &Object) -> Vec<(String, String)> {
                 .map(|e| (e.path, e.message))
                 .collect()
         }
+        Object::FlowerRun(run) => flower_addon_crds::validate_flower_run(run)
+            .into_iter()
+            .map(|e| (e.path, e.message))
+            .collect(),
         Object::PlacementDecision(_) | Object::ManagedCluster(_) => Vec::new(),
     }
 }

@@ -3,7 +3,7 @@
 //! what each selected cluster runs ([`work`]), the SuperLink's arguments ([`superlink`]) and
 //! objects ([`render`]), what keeps a Federation from being applied ([`problems`]), the versioned
 //! index of each cluster's work that the work channel serves from ([`source`]), and when a
-//! SuperLink certificate is re-issued ([`renewal`]). Nothing here does I/O; every function is
+//! SuperLink certificate is re-issued ([`renewal`]), and what to do next for a `FlowerRun` ([`run`]). Nothing here does I/O; every function is
 //! unit-tested without a cluster or a process.
 pub mod clustersets;
 pub mod hold;
@@ -12,6 +12,7 @@ pub mod placement;
 pub mod problems;
 pub mod render;
 pub mod renewal;
+pub mod run;
 pub mod sans;
 pub mod source;
 pub mod status;

@@ -113,6 +113,16 @@ pub struct RunSummary {
     pub status: String,
     /// The app (`publisher/name`).
     pub fab_id: String,
+    /// SHA-256 of the run's FAB.
+    pub fab_hash: String,
+    /// Flower's details of the status (the error of a failed run).
+    pub details: String,
+    /// When Flower set the run running (Flower's timestamp text; empty before).
+    pub running_at: String,
+    /// When it finished (empty before).
+    pub finished_at: String,
+    /// The run config it was started with (`override_config`), each value as text.
+    pub config: std::collections::BTreeMap<String, String>,
 }
 
 /// A Control API client for one SuperLink. Cheap to keep; connections are reused.
@@ -249,6 +259,15 @@ impl ControlClient {
                         sub => format!("{}:{sub}", status.status),
                     },
                     fab_id: run.fab_id,
+                    fab_hash: run.fab_hash,
+                    details: status.details,
+                    running_at: run.running_at,
+                    finished_at: run.finished_at,
+                    config: run
+                        .override_config
+                        .into_iter()
+                        .map(|(k, v)| (k, runs::scalar_text(&v)))
+                        .collect(),
                 }
             })
             .collect();
@@ -526,6 +545,8 @@ fn http_error(
     }
 }
 
-#[cfg(test)]
+mod runs;
+pub use runs::{LogChunk, LogStream, RunConfigScalar, config_text, scalar_text};
+
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,413 @@
+use super::*;
+use flower_addon_crds::run::{FabSource, FederationRef, RunApp};
+
+fn spec() -> FlowerRunSpec {
+    FlowerRunSpec {
+        federation_ref: FederationRef { name: "fed".into() },
+        app: RunApp {
+            fab: FabSource::default(),
+        },
+        run_config: BTreeMap::new(),
+        suspend: None,
+        active_deadline_seconds: None,
+        backoff_limit: None,
+        ttl_seconds_after_finished: None,
+    }
+}
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn listed(run_id: u64, status: &str, hash: &str) -> ListedRun {
+    ListedRun {
+        run_id,
+        status: status.into(),
+        details: String::new(),
+        fab_hash: hash.into(),
+        config: BTreeMap::new(),
+    }
+}
+
+fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'a> {
+    Facts {
+        run_name: "ns/run",
+        spec,
+        generation: Some(1),
+        deleting: false,
+        federation: FederationState::Ready,
+        app: Some(AppState::Ready {
+            fab_hash: "h".into(),
+        }),
+        superlink: SuperLinkState::Runs(runs),
+        config_text: BTreeMap::new(),
+        claimed: BTreeSet::new(),
+        now: at(now),
+    }
+}
+
+fn condition<'s>(s: &'s FlowerRunStatus, type_: &str) -> Option<&'s Condition> {
+    s.conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn is(s: &FlowerRunStatus, type_: &str, status: &str, reason: &str) -> bool {
+    condition(s, type_).is_some_and(|c| c.status == status && c.reason == reason)
+}
+
+/// Submits (the pending submission stored) and records the run id the SuperLink answered.
+fn submit(
+    spec: &FlowerRunSpec,
+    status: &FlowerRunStatus,
+    runs: Vec<ListedRun>,
+    run_id: u64,
+    now: i64,
+) -> FlowerRunStatus {
+    let d = decide(status, &facts(spec, runs, now));
+    assert_eq!(d.action, Action::Submit, "{d:?}");
+    assert!(d.status.pending_submission.is_some());
+    submitted(&d.status, run_id, at(now))
+}
+
+#[test]
+fn a_run_waits_for_its_federation_and_says_which() {
+    let spec = spec();
+    let mut f = facts(&spec, vec![], 0);
+    f.federation = FederationState::Missing;
+    let d = decide(&FlowerRunStatus::default(), &f);
+    assert_eq!(d.action, Action::Nothing);
+    assert!(is(
+        &d.status,
+        RUN_SUBMITTED,
+        "False",
+        reason::FEDERATION_NOT_READY
+    ));
+    assert!(
+        d.status
+            .details
+            .as_deref()
+            .unwrap()
+            .contains("Federation fed does not exist")
+    );
+    assert_eq!(d.events.len(), 1);
+    // The same wait again records no second event.
+    let again = decide(&d.status, &f);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    f.federation = FederationState::NotReady("0/2 SuperNodes online".into());
+    let d = decide(&d.status, &f);
+    assert!(
+        d.status
+            .details
+            .as_deref()
+            .unwrap()
+            .contains("0/2 SuperNodes online")
+    );
+    f.federation = FederationState::Ready;
+    assert_eq!(decide(&d.status, &f).action, Action::Submit);
+}
+
+#[test]
+fn bad_apps_and_configs_fail_before_any_flower_call() {
+    let spec = spec();
+    for reason in [reason::INVALID_APP, reason::INVALID_RUN_CONFIG] {
+        let mut f = facts(&spec, vec![], 0);
+        f.app = Some(AppState::Invalid {
+            reason,
+            message: "run-config key `x` is not in the app".into(),
+        });
+        let d = decide(&FlowerRunStatus::default(), &f);
+        assert_eq!(d.action, Action::Nothing);
+        assert!(is(&d.status, RUN_FAILED, "True", reason), "{:?}", d.status);
+        assert!(is_finished(&d.status));
+        assert!(
+            !needs_superlink(&d.status, false),
+            "a finished run costs no call"
+        );
+    }
+}
+
+#[test]
+fn suspend_holds_a_run_before_it_starts() {
+    let mut spec = spec();
+    spec.suspend = Some(true);
+    let d = decide(&FlowerRunStatus::default(), &facts(&spec, vec![], 0));
+    assert_eq!(d.action, Action::Nothing);
+    assert!(is(&d.status, RUN_SUSPENDED, "True", "Suspended"));
+    spec.suspend = Some(false);
+    let d = decide(&d.status, &facts(&spec, vec![], 1));
+    assert_eq!(d.action, Action::Submit);
+    assert!(is(&d.status, RUN_SUSPENDED, "False", "Resumed"));
+}
+
+#[test]
+fn a_submission_is_recorded_before_it_is_sent_and_adopted_after_a_crash() {
+    let spec = spec();
+    // Another run of the same app and config existed before: it is never adopted.
+    let old = listed(7, "finished:completed", "h");
+    let d = decide(
+        &FlowerRunStatus::default(),
+        &facts(&spec, vec![old.clone()], 0),
+    );
+    assert_eq!(d.action, Action::Submit);
+    let pending = d.status.pending_submission.clone().unwrap();
+    assert_eq!(pending.attempt, 1);
+    assert_eq!(pending.known_run_ids, ["7"]);
+    // The hub dies after sending: the stored status still has the pending submission. The new
+    // hub finds the run (id 3, random ids are not increasing) and adopts it; no second StartRun.
+    let after_crash = decide(
+        &d.status,
+        &facts(
+            &spec,
+            vec![
+                old.clone(),
+                listed(3, "running", "h"),
+                listed(9, "running", "other"),
+            ],
+            10,
+        ),
+    );
+    assert_eq!(
+        after_crash.action,
+        Action::Nothing,
+        "adopted, not submitted again"
+    );
+    assert_eq!(after_crash.status.run_id.as_deref(), Some("3"));
+    assert_eq!(after_crash.status.attempts, 1);
+    assert!(after_crash.status.pending_submission.is_none());
+    assert!(is(&after_crash.status, RUN_RUNNING, "True", "Running"));
+    assert!(after_crash.events.iter().any(|e| e.reason == "Adopted"));
+    // A run another FlowerRun holds is not adopted either; nothing found: sent again as the
+    // same attempt.
+    let mut f = facts(&spec, vec![old, listed(3, "running", "h")], 10);
+    f.claimed.insert(3);
+    let d = decide(&d.status, &f);
+    assert_eq!(d.action, Action::Submit);
+    assert_eq!(d.status.pending_submission.unwrap().attempt, 1);
+}
+
+#[test]
+fn an_unanswered_submission_waits_for_the_superlink_instead_of_sending_again() {
+    let spec = spec();
+    let d = decide(&FlowerRunStatus::default(), &facts(&spec, vec![], 0));
+    let s = submit_unanswered(&d.status, "timed out", at(1));
+    let mut f = facts(&spec, vec![], 5);
+    f.superlink = SuperLinkState::Unreachable("connection refused".into());
+    let d = decide(&s, &f);
+    assert_eq!(d.action, Action::Nothing);
+    assert_eq!(d.requeue, Some(UNREACHABLE_RETRY));
+    assert!(d.status.pending_submission.is_some());
+}
+
+#[test]
+fn a_run_is_followed_to_complete_and_deleted_after_its_ttl() {
+    let mut spec = spec();
+    spec.ttl_seconds_after_finished = Some(60);
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 42, 0);
+    assert_eq!(s.run_id.as_deref(), Some("42"));
+    assert!(is(&s, RUN_SUBMITTED, "True", "Submitted"));
+    let d = decide(&s, &facts(&spec, vec![listed(42, "running", "h")], 2));
+    assert!(is(&d.status, RUN_RUNNING, "True", "Running"));
+    assert_eq!(d.status.started_at, Some(Time(at(2))));
+    assert_eq!(d.requeue, Some(ACTIVE_POLL));
+    let d = decide(
+        &d.status,
+        &facts(&spec, vec![listed(42, "finished:completed", "h")], 30),
+    );
+    assert!(is(&d.status, RUN_COMPLETE, "True", "Completed"));
+    assert!(is(&d.status, RUN_RUNNING, "False", "Finished"));
+    assert_eq!(d.status.finished_at, Some(Time(at(30))));
+    assert_eq!(d.requeue, Some(Duration::from_secs(60)));
+    assert!(!needs_superlink(&d.status, false));
+    let mut f = facts(&spec, vec![], 91);
+    f.superlink = SuperLinkState::NotAsked;
+    assert_eq!(decide(&d.status, &f).action, Action::Delete);
+}
+
+#[test]
+fn a_failed_run_is_retried_under_backoff_limit_then_fails() {
+    let mut spec = spec();
+    spec.backoff_limit = Some(1);
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 0);
+    let mut failed = listed(1, "finished:failed", "h");
+    failed.details = "ServerApp raised".into();
+    let d = decide(&s, &facts(&spec, vec![failed.clone()], 5));
+    assert_eq!(d.status.run_id, None, "a new attempt is due");
+    assert!(!is_finished(&d.status));
+    assert!(d.events.iter().any(|e| e.reason == "Retrying"));
+    // The next pass submits attempt 2; run 1 (same app) is known and never adopted.
+    let d2 = decide(&d.status, &facts(&spec, vec![failed.clone()], 5));
+    assert_eq!(d2.action, Action::Submit);
+    assert_eq!(d2.status.pending_submission.as_ref().unwrap().attempt, 2);
+    let s2 = submitted(&d2.status, 2, at(6));
+    assert_eq!(s2.attempts, 2);
+    assert_eq!(
+        s2.first_submitted_at,
+        Some(Time(at(0))),
+        "the deadline counts from the first"
+    );
+    let mut failed2 = listed(2, "finished:failed", "h");
+    failed2.details = "again".into();
+    let d3 = decide(&s2, &facts(&spec, vec![failed, failed2], 9));
+    assert!(
+        is(
+            &d3.status,
+            RUN_FAILED,
+            "True",
+            reason::BACKOFF_LIMIT_EXCEEDED
+        ),
+        "{:?}",
+        d3.status.conditions
+    );
+    assert!(d3.status.details.unwrap().contains("again"));
+}
+
+#[test]
+fn suspend_while_running_stops_the_run_and_it_ends_stopped() {
+    let mut spec = spec();
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 5, 0);
+    spec.suspend = Some(true);
+    let d = decide(&s, &facts(&spec, vec![listed(5, "running", "h")], 3));
+    assert_eq!(d.action, Action::Stop(5));
+    assert_eq!(d.status.stop_reason.as_deref(), Some(reason::STOPPED));
+    // Flower has not stopped it yet: asked again, no second event.
+    let again = decide(&d.status, &facts(&spec, vec![listed(5, "running", "h")], 4));
+    assert_eq!(again.action, Action::Stop(5));
+    assert!(again.events.is_empty());
+    let done = decide(
+        &again.status,
+        &facts(&spec, vec![listed(5, "finished:stopped", "h")], 5),
+    );
+    assert!(is(&done.status, RUN_FAILED, "True", reason::STOPPED));
+    assert_eq!(done.action, Action::Nothing);
+}
+
+#[test]
+fn the_deadline_stops_a_run_and_names_itself() {
+    let mut spec = spec();
+    spec.active_deadline_seconds = Some(10);
+    spec.backoff_limit = Some(3);
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 5, 0);
+    let d = decide(&s, &facts(&spec, vec![listed(5, "running", "h")], 4));
+    assert_eq!(d.action, Action::Nothing);
+    assert_eq!(d.requeue, Some(ACTIVE_POLL));
+    let d = decide(
+        &d.status,
+        &facts(&spec, vec![listed(5, "running", "h")], 10),
+    );
+    assert_eq!(d.action, Action::Stop(5));
+    let done = decide(
+        &d.status,
+        &facts(&spec, vec![listed(5, "finished:stopped", "h")], 12),
+    );
+    assert!(
+        is(&done.status, RUN_FAILED, "True", reason::DEADLINE_EXCEEDED),
+        "{:?}",
+        done.status.conditions
+    );
+    // A failure past the deadline is not retried.
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 6, 0);
+    let d = decide(
+        &s,
+        &facts(&spec, vec![listed(6, "finished:failed", "h")], 11),
+    );
+    assert!(is_finished(&d.status));
+}
+
+#[test]
+fn deleting_stops_the_flower_run_first() {
+    let spec = spec();
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 5, 0);
+    let mut f = facts(&spec, vec![listed(5, "running", "h")], 1);
+    f.deleting = true;
+    assert!(needs_superlink(&s, true));
+    assert_eq!(decide(&s, &f).action, Action::StopAndRelease(5));
+    f.superlink = SuperLinkState::Unreachable("refused".into());
+    let d = decide(&s, &f);
+    assert_eq!(
+        d.action,
+        Action::Nothing,
+        "the finalizer stays while the stop cannot be sent"
+    );
+    assert!(
+        d.status
+            .details
+            .unwrap()
+            .contains(flower_addon_crds::RUN_FINALIZER)
+    );
+    f.federation = FederationState::Missing;
+    assert_eq!(decide(&s, &f).action, Action::Release);
+    let finished = decide(
+        &s,
+        &facts(&spec, vec![listed(5, "finished:completed", "h")], 2),
+    )
+    .status;
+    assert!(!needs_superlink(&finished, true));
+    let mut f = facts(&spec, vec![], 3);
+    f.deleting = true;
+    assert_eq!(decide(&finished, &f).action, Action::Release);
+}
+
+#[test]
+fn a_run_the_superlink_forgot_is_an_attempt_that_failed() {
+    let mut spec = spec();
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 5, 0);
+    let d = decide(&s, &facts(&spec, vec![], 3));
+    assert!(is(&d.status, RUN_FAILED, "True", reason::FLOWER_FAILED));
+    assert!(
+        d.status
+            .details
+            .unwrap()
+            .contains("no longer lists Flower run 5")
+    );
+    spec.backoff_limit = Some(1);
+    let d = decide(&s, &facts(&spec, vec![], 3));
+    assert_eq!(d.status.run_id, None);
+    assert!(!is_finished(&d.status));
+}
+
+#[test]
+fn refusals_fail_the_run_with_flowers_words() {
+    let spec = spec();
+    let d = decide(&FlowerRunStatus::default(), &facts(&spec, vec![], 0));
+    let s = submit_refused(
+        &d.status,
+        "FAB (abc) hash from request doesn't match contents",
+        at(1),
+    );
+    assert!(is(&s, RUN_FAILED, "True", reason::INVALID_APP));
+    assert!(s.pending_submission.is_none());
+}
+
+#[test]
+fn the_log_tail_keeps_the_last_lines_and_reads_rounds() {
+    let mut s = FlowerRunStatus::default();
+    let text: String = (1..=60).map(|i| format!("line {i}\n")).collect();
+    add_log(&mut s, &text, 1.5);
+    assert_eq!(s.log_tail.len(), LOG_TAIL_LINES);
+    assert_eq!(s.log_tail[0], "line 11");
+    assert_eq!(s.log_timestamp, Some(1.5));
+    add_log(&mut s, "INFO :      [ROUND 2/3]\n", 2.0);
+    assert_eq!(s.progress.as_ref().unwrap().text, "2/3");
+    add_log(&mut s, "round 3/3: replies=2 loss=0.1\n", 1.0);
+    assert_eq!(s.progress.as_ref().unwrap().text, "3/3");
+    assert_eq!(s.log_timestamp, Some(2.0), "never goes back");
+    add_log(&mut s, "[ROUND 1]\n", 3.0);
+    assert_eq!(
+        s.progress.as_ref().unwrap().current,
+        3,
+        "progress never goes back"
+    );
+}
+
+#[test]
+fn rounds_are_read_only_where_a_line_states_them() {
+    assert_eq!(round_of("INFO :      [ROUND 2/10]"), Some((2, Some(10))));
+    assert_eq!(round_of("[ROUND 4]"), Some((4, None)));
+    assert_eq!(round_of("round 1/2: replies=2"), Some((1, Some(2))));
+    assert_eq!(
+        round_of("INFO :      round 1/2: replies=2"),
+        Some((1, Some(2)))
+    );
+    assert_eq!(round_of("the second round 2 of x"), None);
+    assert_eq!(round_of("round trip"), None);
+    assert_eq!(round_of(""), None);
+}
