@@ -40,6 +40,9 @@ pub enum Object {
     ManagedClusterSetBinding(ManagedClusterSetBinding),
     /// A `FlowerRun`.
     FlowerRun(FlowerRun),
+    /// A core `v1` `ConfigMap` (the FAB of a FlowerRun's `configMapRef`, so the same files
+    /// serve both hub modes).
+    ConfigMap(k8s_openapi::api::core::v1::ConfigMap),
 }
 
 impl Object {
@@ -53,6 +56,7 @@ impl Object {
             Self::ManagedClusterSet(_) => "ManagedClusterSet",
             Self::ManagedClusterSetBinding(_) => "ManagedClusterSetBinding",
             Self::FlowerRun(_) => "FlowerRun",
+            Self::ConfigMap(_) => "ConfigMap",
         }
     }
 
@@ -66,6 +70,7 @@ impl Object {
             Self::ManagedClusterSet(o) => &o.metadata,
             Self::ManagedClusterSetBinding(o) => &o.metadata,
             Self::FlowerRun(o) => &o.metadata,
+            Self::ConfigMap(o) => &o.metadata,
         };
         meta.name.as_deref().unwrap_or("")
     }
@@ -126,10 +131,12 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             SUPPORTED_KINDS
                 .iter()
                 .map(|k| format!("{API_VERSION} {k}"))
+                .chain(["v1 ConfigMap".to_owned()])
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        if api_version != API_VERSION || !SUPPORTED_KINDS.contains(&kind) {
+        let config_map = api_version == "v1" && kind == "ConfigMap";
+        if !config_map && (api_version != API_VERSION || !SUPPORTED_KINDS.contains(&kind)) {
             return Err(err(
                 Some(header_line),
                 format!(
@@ -138,10 +145,19 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
                 ),
             ));
         }
-        if let Some(unknown) = map
-            .keys()
-            .find(|k| !["apiVersion", "kind", "metadata", "spec", "status"].contains(&k.as_str()))
-        {
+        let top: &[&str] = if config_map {
+            &[
+                "apiVersion",
+                "kind",
+                "metadata",
+                "data",
+                "binaryData",
+                "immutable",
+            ]
+        } else {
+            &["apiVersion", "kind", "metadata", "spec", "status"]
+        };
+        if let Some(unknown) = map.keys().find(|k| !top.contains(&k.as_str())) {
             return Err(err(
                 Some(header_line),
                 format!("unknown field `{unknown}` at the top level of a {kind}"),
@@ -157,6 +173,7 @@ pub fn parse_documents(file_name: &str, text: &str) -> Result<Vec<Object>, Parse
             )
         };
         let object = match kind {
+            _ if config_map => Object::ConfigMap(typed_doc(&doc).map_err(typed)?),
             "Federation" => Object::Federation(typed_doc(&doc).map_err(typed)?),
             "Placement" => Object::Placement(typed_doc(&doc).map_err(typed)?),
             "PlacementDecision" => Object::PlacementDecision(typed_doc(&doc).map_err(typed)?),

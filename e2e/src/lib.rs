@@ -30,6 +30,7 @@ pub mod observe;
 pub mod pods;
 pub mod process;
 pub mod scrape;
+pub mod standalone;
 pub mod superlink;
 pub mod supernodes;
 

@@ -12,47 +12,7 @@ use e2e::harness::{
     Processes, Wait, binary, flower_venv, free_ports, processes_mentioning, wait_until_blocking,
 };
 
-fn status(hub: &Path, state: &Path) -> serde_json::Value {
-    let out = Command::new(hub)
-        .args(["status", "-o", "json", "--state-dir"])
-        .arg(state)
-        .output()
-        .expect("run flower-hub status");
-    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
-}
-
-/// examples/quickstart/federation.yaml without placement (one replica per pool, on free ports
-/// `[grpc, extra, serverAppIO]`), with pool settings that must reach the SuperNode processes.
-fn federation_without_placement(ports: &[u16]) -> Result<String> {
-    let fed =
-        std::fs::read_to_string(e2e::repo_root().join("examples/quickstart/federation.yaml"))?;
-    let fed = fed
-        .replace("  placementRef:\n    name: edge\n", "")
-        .replace(
-            "        clusterSelector:\n          matchLabels: {site: a}\n",
-            "",
-        )
-        .replace(
-            "        clusterSelector:\n          matchLabels: {site: b}\n",
-            "",
-        )
-        .replace("replicas: 2", "replicas: 1")
-        // Pool settings reach the SuperNode processes: env (pool over supernodes.env) and a
-        // GPU per replica, as a pod would get them.
-        .replace(
-            "    image: flwr/supernode:1.42.0\n    pools:\n",
-            "    image: flwr/supernode:1.42.0\n    env: [{name: FAE2E_MODE, value: base}, {name: FAE2E_KEEP, value: base}]\n    pools:\n",
-        )
-        .replace(
-            "      - name: site-a\n",
-            "      - name: site-a\n        env: [{name: FAE2E_MODE, value: site-a}]\n        gpu: {enabled: true, vendor: nvidia}\n",
-        )
-        .replace("grpc: 19092", &format!("grpc: {}", ports[0]))
-        .replace("extra: 19093", &format!("extra: {}", ports[1]))
-        .replace("serverAppIO: 19091", &format!("serverAppIO: {}", ports[2]));
-    ensure!(!fed.contains("placementRef") && !fed.contains("clusterSelector"));
-    Ok(fed)
-}
+use e2e::standalone::{federation_without_placement, status};
 
 /// The sorted `FAE2E_*` and `CUDA_VISIBLE*` variables of each SuperNode process (by pool) among
 /// the processes mentioning `needle`.

@@ -1,5 +1,5 @@
 //! Golden files: every example (`examples/*.yaml`) and test fixture (`hub/tests/fixtures/*.yaml`)
-//! rendered for the hub and for one spoke, compared byte for byte with `hub/tests/golden/`.
+//! holding a Federation, rendered for the hub and for one spoke, compared byte for byte with `hub/tests/golden/`.
 //! `FLOWER_ADDON_BLESS=1 cargo test -p flower-addon-hub --test render_golden` rewrites them and
 //! then fails on purpose, so that a bless run can never pass (in CI or anywhere): review the diff
 //! of `hub/tests/golden/` and run again without the variable.
@@ -18,7 +18,12 @@ fn inputs() -> Vec<PathBuf> {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            // Only files that render something: a Federation (not, e.g., a lone FlowerRun).
+            let renders = std::fs::read_to_string(&path).is_ok_and(|t| {
+                parse_documents("input", &t)
+                    .is_ok_and(|o| o.iter().any(|o| matches!(o, Object::Federation(_))))
+            });
+            if path.extension().is_some_and(|e| e == "yaml" || e == "yml") && renders {
                 files.push(path);
             }
         }

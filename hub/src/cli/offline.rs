@@ -119,7 +119,9 @@ pub fn object_problems(object: &Object) -> Vec<(String, String)> {
             .into_iter()
             .map(|e| (e.path, e.message))
             .collect(),
-        Object::PlacementDecision(_) | Object::ManagedCluster(_) => Vec::new(),
+        Object::PlacementDecision(_) | Object::ManagedCluster(_) | Object::ConfigMap(_) => {
+            Vec::new()
+        }
     }
 }
 

@@ -546,7 +546,7 @@ fn http_error(
 }
 
 mod runs;
-pub use runs::{LogChunk, LogStream, RunConfigScalar, config_text, scalar_text};
+pub use runs::{LogChunk, LogStream, config_text, scalar_text};
 
 #[cfg(test)]
 mod tests;

@@ -3,9 +3,11 @@
 //! ([`front`]), SuperNode key formats ([`keys`]) and keeping a SuperLink's registered keys equal
 //! to what the core wants ([`sync_keys`]).
 pub mod control;
+pub mod fab;
 pub mod front;
 pub mod keys;
 pub mod registry;
+pub mod runs;
 
 use crate::core::nodekeys::{self, KeyPlan};
 use control::{BATCH_CONCURRENCY, ControlClient, ControlError, Registration};

@@ -1,13 +1,16 @@
-//! Federations, Placements, ManagedClusterSets and ManagedClusterSetBindings read from a directory
-//! of YAML files, re-read when a file changes.
+//! Federations, Placements, ManagedClusterSets, ManagedClusterSetBindings, FlowerRuns and the
+//! ConfigMaps holding their apps, read from a directory of YAML files, re-read when a file
+//! changes (the same files `kubectl apply -f` takes).
 //!
 //! An invalid file is reported (file, field path, message) and ignored, and it does not stop the
 //! other files: the objects it held before keep their last valid version, so a typo never tears
 //! a running federation down.
 use flower_addon_crds::{
-    Federation, ManagedClusterSet, ManagedClusterSetBinding, Placement, validate_cluster_set,
-    validate_cluster_set_binding, validate_federation, validate_placement,
+    Federation, FlowerRun, ManagedClusterSet, ManagedClusterSetBinding, Placement,
+    validate_cluster_set, validate_cluster_set_binding, validate_federation, validate_flower_run,
+    validate_placement,
 };
+use k8s_openapi::api::core::v1::ConfigMap;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -29,6 +32,8 @@ struct FileObjects {
     placements: Vec<Placement>,
     cluster_sets: Vec<ManagedClusterSet>,
     bindings: Vec<ManagedClusterSetBinding>,
+    runs: Vec<FlowerRun>,
+    config_maps: Vec<ConfigMap>,
 }
 
 impl Manifests {
@@ -123,6 +128,26 @@ impl Manifests {
             .collect()
     }
 
+    /// Every valid FlowerRun, sorted by namespace/name (the last file wins for a name).
+    pub fn flower_runs(&self) -> impl Iterator<Item = &FlowerRun> {
+        let mut all: BTreeMap<Key, &FlowerRun> = BTreeMap::new();
+        for objects in self.by_file.values() {
+            for r in &objects.runs {
+                all.insert(key(&r.metadata), r);
+            }
+        }
+        all.into_values()
+    }
+
+    /// The ConfigMap `namespace/name`, if one is in the directory.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Option<&ConfigMap> {
+        let wanted = (namespace.to_owned(), name.to_owned());
+        self.by_file
+            .values()
+            .flat_map(|o| o.config_maps.iter())
+            .rfind(|c| key(&c.metadata) == wanted)
+    }
+
     /// `(namespace, set)` of every valid ManagedClusterSetBinding.
     pub fn cluster_set_bindings(&self) -> Vec<(String, String)> {
         crate::core::clustersets::binding_pairs(
@@ -179,7 +204,7 @@ fn keep<T: kube::Resource>(
     }
 }
 
-const ONLY_THESE_KINDS: &str = "only Federation, Placement, ManagedClusterSet and ManagedClusterSetBinding objects belong in the manifests directory";
+const ONLY_THESE_KINDS: &str = "only Federation, Placement, ManagedClusterSet, ManagedClusterSetBinding, FlowerRun and ConfigMap objects belong in the manifests directory";
 
 /// Reads and validates one file; all or nothing.
 fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
@@ -215,6 +240,8 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
                 &mut out.bindings,
                 p,
             ),
+            Object::FlowerRun(r) => keep(&name, r, true, validate_flower_run, &mut out.runs, p),
+            Object::ConfigMap(c) => keep(&name, c, true, |_| Vec::new(), &mut out.config_maps, p),
             _ => p.push(format!("{name}: {ONLY_THESE_KINDS}")),
         }
     }

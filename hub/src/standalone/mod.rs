@@ -11,6 +11,7 @@ pub mod manifests;
 mod nodes;
 mod placements;
 mod running;
+pub mod runs;
 pub mod status;
 pub mod superlink;
 
@@ -84,6 +85,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     ready: Option<(Arc<flower_addon_agent::ops::Health>, &'static str)>,
     /// Federations whose work the last pass held back ([`crate::core::hold`]).
     held: BTreeSet<FedKey>,
+    /// The FlowerRuns ([`runs`]).
+    runs: runs::StandaloneRuns,
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -96,7 +99,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
         config: StandaloneConfig,
     ) -> Self {
         let manifests = Manifests::new(config.manifests_dir.clone());
+        let runs = runs::StandaloneRuns::new(&config.state_dir);
         Self {
+            runs,
             store,
             work,
             ca,
@@ -239,7 +244,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .chain([HUB_CLUSTER])
             .collect();
         let superlinks = self.superlinks_state();
-        let status = HubStatus {
+        let mut status = HubStatus {
             federations: summaries
                 .into_iter()
                 .map(|s| {
@@ -261,7 +266,19 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .map(|(c, v)| ClusterSummary::new(c, v))
                 .collect(),
             problems: self.manifests.problems().to_vec(),
+            runs: Vec::new(),
         };
+        let endpoints: BTreeMap<FedKey, crate::flower::control::ControlEndpoint> = federations
+            .iter()
+            .filter_map(|f| Some((fed_key(f), self.control_endpoint(f)?)))
+            .collect();
+        status.runs = self
+            .runs
+            .reconcile(&self.manifests, &status.federations, |k| {
+                endpoints.get(k).cloned()
+            })
+            .await;
+        status.problems.extend(self.runs.problems().iter().cloned());
         self.record_metrics(&status, &clusters);
         if let Err(error) = status.write(&self.config.state_dir) {
             tracing::warn!(%error, "cannot write status.json");

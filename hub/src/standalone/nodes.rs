@@ -82,9 +82,6 @@ impl<S: ClusterStore> StandaloneHub<S> {
             if !fed.spec.supernode_auth() || !self.superlinks.contains_key(&key) {
                 continue;
             }
-            let Ok((_, dialect)) = federation_dialect(fed) else {
-                continue;
-            };
             let placed_on: BTreeSet<String> = match fed.spec.placement_ref {
                 Some(ref placement) => self
                     .selections
@@ -95,27 +92,47 @@ impl<S: ClusterStore> StandaloneHub<S> {
             };
             let wanted =
                 crate::core::nodekeys::wanted(&key, &placed_on, |c| self.work.last_status(c));
-            let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
-            let Ok(ca_pem) = std::fs::read_to_string(&paths.ca) else {
+            let Some(endpoint) = self.control_endpoint(fed) else {
                 continue;
             };
-            let host = self.control_dial_host(fed);
             targets.push(crate::flower::registry::KeyTarget {
                 federation: key,
-                endpoint: crate::flower::control::ControlEndpoint {
-                    dialect,
-                    address: crate::core::render::with_default_port(
-                        &host,
-                        i32::from(SuperLinkPorts::from_spec(fed, dialect).control),
-                    ),
-                    server_name: host,
-                    ca_pem: Some(ca_pem),
-                },
+                endpoint,
                 wanted: wanted.keys,
                 complete: wanted.complete,
             });
         }
         self.keys.sync(targets).await;
+    }
+
+    /// How the hub reaches a running SuperLink's Control API: its address, the name in its
+    /// certificate and the CA that signed it (none for an insecure Federation); `None` while no
+    /// SuperLink runs for it or its CA cannot be read.
+    pub(super) fn control_endpoint(
+        &self,
+        fed: &Federation,
+    ) -> Option<crate::flower::control::ControlEndpoint> {
+        let key = fed_key(fed);
+        if !self.superlinks.contains_key(&key) {
+            return None;
+        }
+        let (_, dialect) = federation_dialect(fed).ok()?;
+        let ca_pem = if fed.spec.insecure {
+            None
+        } else {
+            let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
+            Some(std::fs::read_to_string(&paths.ca).ok()?)
+        };
+        let host = self.control_dial_host(fed);
+        Some(crate::flower::control::ControlEndpoint {
+            dialect,
+            address: crate::core::render::with_default_port(
+                &host,
+                i32::from(SuperLinkPorts::from_spec(fed, dialect).control),
+            ),
+            server_name: host,
+            ca_pem,
+        })
     }
 
     /// Where the hub itself dials its SuperLinks' Control API: loopback when they listen on

@@ -22,6 +22,9 @@ pub struct HubStatus {
     /// Problems in the manifests directory (`FILE: field: message`).
     #[serde(default)]
     pub problems: Vec<String>,
+    /// One entry per FlowerRun ([`super::runs`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<super::runs::RunEntry>,
 }
 
 /// Status of one Federation.
@@ -241,6 +244,54 @@ impl HubStatus {
     }
 
     /// Reads `status.json`.
+    /// The FlowerRuns as `kubectl get flowerrun -A` shows them.
+    pub fn run_table(&self) -> String {
+        let mut rows = vec![[
+            "NAMESPACE".to_owned(),
+            "NAME".to_owned(),
+            "FEDERATION".to_owned(),
+            "RUN-ID".to_owned(),
+            "STATUS".to_owned(),
+            "PROGRESS".to_owned(),
+        ]];
+        for r in &self.runs {
+            let failed = r
+                .status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Failed" && c.status == "True")
+                .map(|c| format!(" ({})", c.reason));
+            rows.push([
+                r.namespace.clone(),
+                r.name.clone(),
+                r.federation.clone(),
+                r.status.run_id.clone().unwrap_or_else(|| "-".into()),
+                format!(
+                    "{}{}",
+                    r.status.flower_status.as_deref().unwrap_or("waiting"),
+                    failed.unwrap_or_default()
+                ),
+                r.status
+                    .progress
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |p| p.text.clone()),
+            ]);
+        }
+        let widths: Vec<usize> = (0..6)
+            .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+            .collect();
+        rows.iter()
+            .map(|r| {
+                let cells: Vec<String> = r
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:<w$}"))
+                    .collect();
+                format!("{}\n", cells.join("   ").trim_end())
+            })
+            .collect()
+    }
+
     pub fn read(state_dir: &Path) -> std::io::Result<Self> {
         let text = std::fs::read_to_string(state_dir.join(STATUS_FILE))?;
         serde_json::from_str(&text).map_err(std::io::Error::other)

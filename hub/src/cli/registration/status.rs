@@ -36,14 +36,15 @@ fn status_standalone(dir: &Path, clusters: &[ClusterRecord], output: Output) -> 
     // Federations are written by the running hub after each reconcile pass.
     let hub_status = crate::standalone::status::HubStatus::read(dir).ok();
     if output == Output::Json {
-        let (federations, problems) = hub_status
-            .map(|s| (s.federations, s.problems))
+        let (federations, problems, runs) = hub_status
+            .map(|s| (s.federations, s.problems, s.runs))
             .unwrap_or_default();
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "federations": federations,
                 "clusters": cluster_json(clusters),
+                "runs": runs,
                 "problems": problems,
             }))?
         );
@@ -52,6 +53,10 @@ fn status_standalone(dir: &Path, clusters: &[ClusterRecord], output: Output) -> 
     match &hub_status {
         Some(s) => {
             print!("{}", s.federation_table());
+            if !s.runs.is_empty() {
+                println!();
+                print!("{}", s.run_table());
+            }
             for p in &s.problems {
                 println!("problem: {p}");
             }

@@ -2,24 +2,12 @@
 //! `StreamLogs` (a gRPC server stream in the classic dialects; in the HTTP ones a response body
 //! of frames, each a 4-byte big-endian length and one `StreamLogsResponse`).
 use super::*;
+use crate::flower::fab::ConfigValue;
 use http_body_util::BodyStream;
 use std::collections::BTreeMap;
 
 /// Largest log frame accepted from the SuperLink.
 const MAX_LOG_FRAME: usize = 4 << 20;
-
-/// A run-config value as Flower sends it (`int` as `sint64`, `float` as `double`).
-#[derive(Clone, Debug, PartialEq)]
-pub enum RunConfigScalar {
-    /// A boolean.
-    Bool(bool),
-    /// An integer.
-    Int(i64),
-    /// A float.
-    Float(f64),
-    /// A string.
-    Str(String),
-}
 
 /// Log text the SuperLink streamed, with its timestamp (streaming resumes after it).
 #[derive(Clone, Debug, PartialEq)]
@@ -37,7 +25,7 @@ impl ControlClient {
     pub async fn start_run(
         &self,
         fab: &[u8],
-        config: &BTreeMap<String, RunConfigScalar>,
+        config: &BTreeMap<String, ConfigValue>,
     ) -> Result<u64, ControlError> {
         use sha2::Digest;
         let mut request = flwr::StartRunRequest {
@@ -148,14 +136,14 @@ impl ControlClient {
     }
 }
 
-fn scalar(v: &RunConfigScalar) -> flwr::Scalar {
+fn scalar(v: &ConfigValue) -> flwr::Scalar {
     use flwr::scalar::Scalar as S;
     flwr::Scalar {
         scalar: Some(match v {
-            RunConfigScalar::Bool(b) => S::Bool(*b),
-            RunConfigScalar::Int(i) => S::Sint64(*i),
-            RunConfigScalar::Float(x) => S::Double(*x),
-            RunConfigScalar::Str(s) => S::String(s.clone()),
+            ConfigValue::Bool(b) => S::Bool(*b),
+            ConfigValue::Int(i) => S::Sint64(*i),
+            ConfigValue::Float(x) => S::Double(*x),
+            ConfigValue::Str(s) => S::String(s.clone()),
         }),
     }
 }
@@ -176,7 +164,7 @@ pub fn scalar_text(v: &flwr::Scalar) -> String {
 }
 
 /// [`scalar_text`] of a value the hub sends.
-pub fn config_text(v: &RunConfigScalar) -> String {
+pub fn config_text(v: &ConfigValue) -> String {
     scalar_text(&scalar(v))
 }
 
@@ -331,17 +319,14 @@ mod tests {
     #[test]
     fn run_config_values_keep_flower_types() {
         use flwr::scalar::Scalar as S;
-        assert_eq!(scalar(&RunConfigScalar::Int(3)).scalar, Some(S::Sint64(3)));
+        assert_eq!(scalar(&ConfigValue::Int(3)).scalar, Some(S::Sint64(3)));
         assert_eq!(
-            scalar(&RunConfigScalar::Float(0.5)).scalar,
+            scalar(&ConfigValue::Float(0.5)).scalar,
             Some(S::Double(0.5))
         );
+        assert_eq!(scalar(&ConfigValue::Bool(true)).scalar, Some(S::Bool(true)));
         assert_eq!(
-            scalar(&RunConfigScalar::Bool(true)).scalar,
-            Some(S::Bool(true))
-        );
-        assert_eq!(
-            scalar(&RunConfigScalar::Str("x".into())).scalar,
+            scalar(&ConfigValue::Str("x".into())).scalar,
             Some(S::String("x".into()))
         );
     }

@@ -1,0 +1,372 @@
+//! `FlowerRun`s on the standalone hub with real Flower 1.42.0: a run submitted from manifests
+//! (the FAB in a ConfigMap, built by the hub's own FAB builder) goes Submitted → Running →
+//! Complete with its log tail and round progress; an unknown run-config key fails before any
+//! Flower call; `suspend: true` mid-run ends `Stopped`; `activeDeadlineSeconds` ends
+//! `DeadlineExceeded`; and a hub that died between sending a submission and recording its answer
+//! adopts the run it finds instead of starting a second one.
+//!
+//! Needs `target/debug/flower-hub` (test.sh builds it first) and `e2e/flower/venv.sh 1.42.0`.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use base64::Engine;
+use e2e::harness::{Processes, Wait, binary, flower_venv, free_ports};
+use e2e::standalone::{federation_without_placement, serve_command, status};
+use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
+use serde_json::Value;
+
+struct Hub {
+    bin: PathBuf,
+    venv: PathBuf,
+    state: PathBuf,
+    manifests: PathBuf,
+    log: PathBuf,
+    procs: Processes,
+    control: Option<ControlClient>,
+}
+
+impl Hub {
+    fn start(&mut self) -> Result<()> {
+        let serve = serve_command(&self.bin, &self.state, &self.manifests, &self.venv, &[]);
+        self.procs.start_group("hub", serve, &self.log)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn status(&self) -> Value {
+        status(&self.bin, &self.state)
+    }
+
+    /// The status of FlowerRun `name` (namespace default) in `status.json`.
+    fn run(&self, name: &str) -> Option<Value> {
+        self.status()["runs"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["status"].clone())
+    }
+
+    /// Waits until FlowerRun `name` satisfies `done`, at most `limit`.
+    fn wait_run(
+        &self,
+        name: &str,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        Wait::new(format!("FlowerRun {name}: {what}"), limit)
+            .every(Duration::from_millis(500))
+            .detail(|| {
+                format!(
+                    "run: {:?}\nhub log (tail):\n{}",
+                    self.run(name),
+                    tail(&self.log(), 40)
+                )
+            })
+            .for_value_blocking(|| Ok(self.run(name).filter(|s| done(s))))
+    }
+
+    /// Every Flower run the SuperLink lists, by id.
+    async fn flower_runs(&self) -> Result<BTreeMap<u64, String>> {
+        let control = self.control.as_ref().context("no Control client")?;
+        Ok(control
+            .list_runs()
+            .await?
+            .into_iter()
+            .map(|r| (r.run_id, r.status))
+            .collect())
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn condition(status: &Value, type_: &str) -> Option<(String, String, String)> {
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+fn is(status: &Value, type_: &str, reason: &str) -> bool {
+    condition(status, type_).is_some_and(|(s, r, _)| s == "True" && r == reason)
+}
+
+/// A FlowerRun manifest of examples/fedavg (ConfigMap `fedavg-fab`) with `extra` spec lines.
+fn flower_run(name: &str, config: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: flower-addon.io/v1alpha1\nkind: FlowerRun\nmetadata:\n  name: {name}\nspec:\n  federationRef:\n    name: quickstart\n  app:\n    fab:\n      configMapRef: {{name: fedavg-fab, key: app.fab}}\n  runConfig: {config}\n{extra}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flower_runs_on_the_standalone_hub() -> Result<()> {
+    e2e::install_crypto();
+    let dir = tempfile::tempdir()?;
+    let mut hub = Hub {
+        bin: binary("flower-hub")?,
+        venv: flower_venv("1.42.0")?,
+        state: dir.path().join("state"),
+        manifests: dir.path().join("manifests"),
+        log: dir.path().join("hub.log"),
+        procs: Processes::default(),
+        control: None,
+    };
+    std::fs::create_dir_all(&hub.manifests)?;
+    let ports = free_ports(3)?;
+    std::fs::write(
+        hub.manifests.join("federation.yaml"),
+        federation_without_placement(&ports)?,
+    )?;
+    // The FAB, built by the hub's own builder (byte for byte `flwr build`), as the ConfigMap
+    // `kubectl create configmap --from-file` writes.
+    let fab =
+        flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("examples/fedavg"))?;
+    std::fs::write(
+        hub.manifests.join("fab.yaml"),
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fedavg-fab\nbinaryData:\n  app.fab: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(&fab.bytes)
+        ),
+    )?;
+    hub.start()?;
+    let t0 = Instant::now();
+    Wait::new("the Federation ready", Duration::from_secs(180))
+        .every(Duration::from_millis(500))
+        .detail(|| {
+            format!(
+                "status: {}\nhub log: {}",
+                hub.status(),
+                tail(&hub.log(), 40)
+            )
+        })
+        .for_value_blocking(|| {
+            Ok((hub.status()["federations"][0]["ready"] == true).then_some(()))
+        })?;
+    eprintln!(
+        "standalone_runs: Federation ready in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    let ca = std::fs::read_to_string(hub.state.join("federations/default/quickstart/tls/ca.crt"))?;
+    hub.control = Some(ControlClient::new(ControlEndpoint {
+        dialect: flower_addon_crds::render::FlowerDialect::Unified,
+        address: format!("127.0.0.1:{}", ports[1]),
+        server_name: "127.0.0.1".into(),
+        ca_pem: Some(ca),
+    })?);
+
+    a_run_completes_with_its_log_and_progress(&hub, &fab.hash).await?;
+    an_unknown_key_fails_before_any_flower_call(&hub).await?;
+    suspend_and_deadline_stop_running_runs(&hub).await?;
+    a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
+    eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn a_run_completes_with_its_log_and_progress(hub: &Hub, fab_hash: &str) -> Result<()> {
+    let t = Instant::now();
+    std::fs::write(
+        hub.manifests.join("run-fedavg.yaml"),
+        flower_run("fedavg", "{num-server-rounds: 2, min-nodes: 2}", ""),
+    )?;
+    let submitted = hub.wait_run("fedavg", "Submitted", Duration::from_secs(60), |s| {
+        is(s, "Submitted", "Submitted")
+    })?;
+    let submitted_in = t.elapsed();
+    let done = hub.wait_run(
+        "fedavg",
+        "Complete or Failed",
+        Duration::from_secs(300),
+        |s| {
+            condition(s, "Complete").is_some_and(|c| c.0 == "True")
+                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
+        },
+    )?;
+    ensure!(
+        is(&done, "Complete", "Completed"),
+        "the run did not complete: {done:#}"
+    );
+    ensure!(done["flowerStatus"] == "finished:completed", "{done:#}");
+    ensure!(done["attempts"] == 1, "{done:#}");
+    ensure!(
+        done["fabHash"] == fab_hash,
+        "the FAB hash Flower holds: {done:#}"
+    );
+    ensure!(done["runId"] == submitted["runId"], "{done:#}");
+    ensure!(done["progress"]["text"] == "2/2", "progress: {done:#}");
+    let tail: Vec<&str> = done["logTail"]
+        .as_array()
+        .context("logTail")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(
+        tail.iter().any(|l| l.contains("round 2/2"))
+            && tail.iter().any(|l| l.contains("final: rounds=2")),
+        "the log tail lacks the ServerApp's rounds: {tail:#?}"
+    );
+    let runs = hub.flower_runs().await?;
+    ensure!(runs.len() == 1, "exactly one Flower run: {runs:?}");
+    eprintln!(
+        "standalone_runs: fedavg submitted in {:.1}s, Complete in {:.1}s (run {}, progress {}, {} log lines)",
+        submitted_in.as_secs_f64(),
+        t.elapsed().as_secs_f64(),
+        done["runId"],
+        done["progress"]["text"],
+        tail.len()
+    );
+    Ok(())
+}
+
+async fn an_unknown_key_fails_before_any_flower_call(hub: &Hub) -> Result<()> {
+    let before = hub.flower_runs().await?;
+    std::fs::write(
+        hub.manifests.join("run-typo.yaml"),
+        flower_run("typo", "{num-roundz: 1}", ""),
+    )?;
+    let failed = hub.wait_run("typo", "Failed", Duration::from_secs(30), |s| {
+        condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    let (_, reason, message) = condition(&failed, "Failed").unwrap_or_default();
+    ensure!(reason == "InvalidRunConfig", "{failed:#}");
+    ensure!(
+        message.contains("num-roundz") && message.contains("num-server-rounds"),
+        "the message names the key and the app's keys: {message}"
+    );
+    ensure!(failed.get("runId").is_none_or(Value::is_null), "{failed:#}");
+    ensure!(
+        hub.flower_runs().await? == before,
+        "no Flower run was started"
+    );
+    eprintln!("standalone_runs: unknown key refused before any Flower call: {message}");
+    Ok(())
+}
+
+async fn suspend_and_deadline_stop_running_runs(hub: &Hub) -> Result<()> {
+    let long = "{num-server-rounds: 100000, min-nodes: 2}";
+    std::fs::write(
+        hub.manifests.join("run-stopme.yaml"),
+        flower_run("stopme", long, ""),
+    )?;
+    std::fs::write(
+        hub.manifests.join("run-deadline.yaml"),
+        flower_run("deadline", long, "  activeDeadlineSeconds: 40\n"),
+    )?;
+    let t = Instant::now();
+    hub.wait_run("stopme", "a round done", Duration::from_secs(180), |s| {
+        s["progress"]["current"].as_i64().is_some_and(|c| c >= 1)
+    })?;
+    std::fs::write(
+        hub.manifests.join("run-stopme.yaml"),
+        flower_run("stopme", long, "  suspend: true\n"),
+    )?;
+    let t_stop = Instant::now();
+    let stopped = hub.wait_run("stopme", "Failed", Duration::from_secs(90), |s| {
+        condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    ensure!(is(&stopped, "Failed", "Stopped"), "{stopped:#}");
+    ensure!(stopped["flowerStatus"] == "finished:stopped", "{stopped:#}");
+    eprintln!(
+        "standalone_runs: suspend: true mid-run (round {}) -> finished:stopped, Failed/Stopped in {:.1}s",
+        stopped["progress"]["current"],
+        t_stop.elapsed().as_secs_f64()
+    );
+    let deadline = hub.wait_run("deadline", "Failed", Duration::from_secs(240), |s| {
+        condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    ensure!(is(&deadline, "Failed", "DeadlineExceeded"), "{deadline:#}");
+    ensure!(
+        deadline["flowerStatus"] == "finished:stopped",
+        "{deadline:#}"
+    );
+    eprintln!(
+        "standalone_runs: activeDeadlineSeconds 40 -> DeadlineExceeded {:.1}s after the manifest was written",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The hub dies after sending `StartRun` and before storing the run id: simulated by killing
+/// it while a run goes on and putting the stored state back to "submission pending, no run id".
+/// The restarted hub finds the run by its FAB and config and adopts it.
+async fn a_lost_answer_is_adopted_not_resubmitted(hub: &mut Hub) -> Result<()> {
+    std::fs::write(
+        hub.manifests.join("run-adopt.yaml"),
+        flower_run(
+            "adopt",
+            "{num-server-rounds: 3, min-nodes: 2, local-steps: 21}",
+            "",
+        ),
+    )?;
+    let running = hub.wait_run("adopt", "Running", Duration::from_secs(120), |s| {
+        s["runId"].is_string()
+    })?;
+    let run_id = running["runId"].as_str().context("runId")?.to_owned();
+    let before = hub.flower_runs().await?;
+    // A crash: SIGKILL to the hub alone (its SuperLink and SuperNodes end with it).
+    let crashed = hub.procs.get_mut("hub")?;
+    crashed.signal(nix::sys::signal::Signal::SIGKILL)?;
+    let t_kill = Instant::now();
+    while crashed.exited().is_none() && t_kill.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    hub.procs.stop("hub")?;
+    let file = hub.state.join("runs/default/adopt.json");
+    let mut stored: Value = serde_json::from_slice(&std::fs::read(&file)?)?;
+    let status = &mut stored["status"];
+    let hash = status["fabHash"].clone();
+    let since = status["submittedAt"].clone();
+    for field in [
+        "runId",
+        "flowerStatus",
+        "submittedAt",
+        "firstSubmittedAt",
+        "startedAt",
+        "fabHash",
+    ] {
+        status.as_object_mut().context("status")?.remove(field);
+    }
+    status["attempts"] = 0.into();
+    status["pendingSubmission"] =
+        serde_json::json!({"attempt": 1, "fabHash": hash, "since": since, "knownRunIds": []});
+    std::fs::write(&file, serde_json::to_vec_pretty(&stored)?)?;
+    // What the killed hub wrote last must not pass for the new hub's view.
+    std::fs::remove_file(hub.state.join("status.json"))?;
+    let t = Instant::now();
+    hub.start()?;
+    let adopted = hub.wait_run("adopt", "adopted", Duration::from_secs(120), |s| {
+        s["runId"].is_string() && s.get("pendingSubmission").is_none_or(Value::is_null)
+    })?;
+    ensure!(
+        adopted["runId"] == run_id.as_str(),
+        "adopted another run: {adopted:#}"
+    );
+    ensure!(
+        hub.log().contains("Adopted"),
+        "no Adopted event in the hub log"
+    );
+    let after = hub.flower_runs().await?;
+    ensure!(
+        after.keys().collect::<Vec<_>>() == before.keys().collect::<Vec<_>>(),
+        "a second Flower run was started: before {before:?}, after {after:?}"
+    );
+    eprintln!(
+        "standalone_runs: restarted hub adopted Flower run {run_id} in {:.1}s; the SuperLink lists {} run(s), as before",
+        t.elapsed().as_secs_f64(),
+        after.len()
+    );
+    Ok(())
+}
