@@ -112,16 +112,16 @@ fn flower_run(name: &str, config: &str, extra: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flower_runs_on_the_standalone_hub() -> Result<()> {
-    e2e::install_crypto();
-    let dir = tempfile::tempdir()?;
+/// A standalone hub running the quickstart Federation (no placement) on Flower `version`, with
+/// the FAB of examples/fedavg in ConfigMap `fedavg-fab`; returns it once the Federation is
+/// Ready, with a Control client, and the FAB's hash.
+async fn ready_hub(dir: &std::path::Path, version: &str) -> Result<(Hub, String)> {
     let mut hub = Hub {
         bin: binary("flower-hub")?,
-        venv: flower_venv("1.42.0")?,
-        state: dir.path().join("state"),
-        manifests: dir.path().join("manifests"),
-        log: dir.path().join("hub.log"),
+        venv: flower_venv(version)?,
+        state: dir.join("state"),
+        manifests: dir.join("manifests"),
+        log: dir.join("hub.log"),
         procs: Processes::default(),
         control: None,
     };
@@ -129,7 +129,9 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     let ports = free_ports(3)?;
     std::fs::write(
         hub.manifests.join("federation.yaml"),
-        federation_without_placement(&ports)?,
+        federation_without_placement(&ports)?
+            .replace(":1.42.0", &format!(":{version}"))
+            .replace("\"1.42.0\"", &format!("\"{version}\"")),
     )?;
     // The FAB, built by the hub's own builder (byte for byte `flwr build`), as the ConfigMap
     // `kubectl create configmap --from-file` writes.
@@ -157,22 +159,55 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
             Ok((hub.status()["federations"][0]["ready"] == true).then_some(()))
         })?;
     eprintln!(
-        "standalone_runs: Federation ready in {:.1}s",
+        "standalone_runs {version}: Federation ready in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
+    let version_of =
+        flower_addon_crds::render::FlowerVersion::parse(version).context("a Flower version")?;
     let ca = std::fs::read_to_string(hub.state.join("federations/default/quickstart/tls/ca.crt"))?;
     hub.control = Some(ControlClient::new(ControlEndpoint {
-        dialect: flower_addon_crds::render::FlowerDialect::Unified,
+        dialect: flower_addon_crds::render::FlowerDialect::of(version_of),
         address: format!("127.0.0.1:{}", ports[1]),
         server_name: "127.0.0.1".into(),
         ca_pem: Some(ca),
     })?);
+    Ok((hub, fab.hash))
+}
 
+// The life cycle on the current Flower (unified dialect: Control over HTTPS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flower_runs_on_the_standalone_hub() -> Result<()> {
+    e2e::install_crypto();
+    let dir = tempfile::tempdir()?;
+    let t0 = Instant::now();
+    let (mut hub, fab_hash) = ready_hub(dir.path(), "1.42.0").await?;
+    let fab = Fab { hash: fab_hash };
     a_run_completes_with_its_log_and_progress(&hub, &fab.hash).await?;
     an_unknown_key_fails_before_any_flower_call(&hub).await?;
     suspend_and_deadline_stop_running_runs(&hub).await?;
     a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
     eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+struct Fab {
+    hash: String,
+}
+
+// The classic dialect (Flower 1.25: gRPC Control, its `default` federation, gRPC log stream):
+// a run completes with its log and progress, and an unknown key is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flower_runs_on_flower_1_25() -> Result<()> {
+    e2e::install_crypto();
+    let dir = tempfile::tempdir()?;
+    let t0 = Instant::now();
+    let (hub, fab_hash) = ready_hub(dir.path(), "1.25.0").await?;
+    a_run_completes_with_its_log_and_progress(&hub, &fab_hash).await?;
+    an_unknown_key_fails_before_any_flower_call(&hub).await?;
+    eprintln!(
+        "standalone_runs 1.25.0: total {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
