@@ -16,7 +16,7 @@
 # Usage: build.sh [--only NAME]... [--force]
 #   NAME: base pause flwr app addon   (default: all)
 # Environment: FLWR_VERSIONS ("1.42.0 1.25.0"), FLOWER_ADDON_BIN_DIR (target/release or
-#   target/debug, default: whichever holds both binaries, release first; stripped copies go to
+#   target/debug, relative to the repository or absolute, default: whichever holds both binaries, release first; stripped copies go to
 #   target/image/ and the repo Dockerfile is built with --build-arg BIN_DIR=target/image).
 set -euo pipefail
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
@@ -191,6 +191,8 @@ if wanted addon; then
       [[ -x "${REPO_ROOT}/${d}/flower-hub" && -x "${REPO_ROOT}/${d}/flower-agent" ]] && { bin_dir="${d}"; break; }
     done
   fi
+  # An absolute FLOWER_ADDON_BIN_DIR is taken as it is; a relative one from the repository root.
+  [[ "${bin_dir}" == /* ]] && bin_dir="$(realpath --relative-to="${REPO_ROOT}" "${bin_dir}")"
   [[ -n "${bin_dir}" && -x "${REPO_ROOT}/${bin_dir}/flower-hub" && -x "${REPO_ROOT}/${bin_dir}/flower-agent" ]] \
     || die "no flower-hub/flower-agent in target/release or target/debug: run cargo build --release --bins (or set FLOWER_ADDON_BIN_DIR)"
   # Stripped copies in target/image/ (a debug build's binaries are ~600 MB with debug info; the

@@ -1,17 +1,31 @@
 //! The `helm` binary the chart tests use (built by `e2e/helm/build.sh`, path in
-//! `FLOWER_ADDON_HELM`) and the chart itself (`manifests/chart/flower-addon`).
+//! `FLOWER_ADDON_HELM` or asked of the script) and the chart itself (`manifests/chart/flower-addon`).
 use anyhow::{Context, Result, ensure};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `helm`, from `FLOWER_ADDON_HELM`; a clear error naming the build script when it is missing.
+/// `helm`, from `FLOWER_ADDON_HELM`, else what `e2e/helm/build.sh` builds (or has cached: it
+/// prints the path); a clear error naming the build script when neither works.
 pub fn binary() -> Result<PathBuf> {
-    let path = std::env::var_os("FLOWER_ADDON_HELM").map(PathBuf::from).context(
-        "FLOWER_ADDON_HELM is not set: build helm with `e2e/helm/build.sh` and export FLOWER_ADDON_HELM=<its output> (test.sh does)",
-    )?;
+    let path = match std::env::var_os("FLOWER_ADDON_HELM") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let script = crate::repo_root().join("e2e/helm/build.sh");
+            let out = Command::new(&script)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("running {}", script.display()))?;
+            ensure!(
+                out.status.success(),
+                "FLOWER_ADDON_HELM is not set and {} failed: build helm with it and export FLOWER_ADDON_HELM=<its output> (test.sh does)",
+                script.display()
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
     ensure!(
         path.is_file(),
-        "FLOWER_ADDON_HELM={} does not exist: run e2e/helm/build.sh",
+        "helm {} does not exist: run e2e/helm/build.sh",
         path.display()
     );
     Ok(path)

@@ -27,6 +27,7 @@ pub mod helm;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;
+pub mod pod_addon;
 pub mod pods;
 pub mod process;
 pub mod scrape;

@@ -25,12 +25,13 @@ enum Cmd {
         /// Keep the work dir (logs, kubeconfigs) after Ctrl-C.
         #[arg(long)]
         keep: bool,
-        /// Also install flower-addon as the README tells (hub in `hub`, an agent joined from a
-        /// bootstrap Secret in every spoke, labelled env=demo) and apply a demo Federation +
-        /// Placement; needs `cargo build --bins` first. As root, each cluster gets a real node
-        /// (kubelet, containerd) so Flower runs and `flwr` can connect; it needs
-        /// `e2e/node/build.sh` and `e2e/images/build.sh` run once (it says so otherwise).
-        /// `FLOWER_ADDON_E2E_REAL_NODES=0` keeps kwok nodes only: nothing runs Flower then.
+        /// Also install flower-addon and apply a demo Federation + Placement (env=demo) with TLS
+        /// and SuperNode authentication; needs `cargo build --bins` first. As root, each cluster
+        /// gets a real node (kubelet, containerd), the hub runs as its Helm release's pod and
+        /// every spoke's agent from the chart, so Flower trains and `flwr` connects; what that
+        /// needs (the node binaries, helm and the images) is built first when missing (cached
+        /// in ~/.cache/flower-addon). Without root, or with `FLOWER_ADDON_E2E_REAL_NODES=0`,
+        /// kwok nodes only and the hub as a process: nothing runs Flower then.
         #[arg(long)]
         with_addon: bool,
     },
@@ -97,8 +98,10 @@ async fn main() -> Result<()> {
                     node.import_images(&images)?;
                 }
             }
-            if with_addon {
-                connect = install_addon(&mut cp, &names[1..]).await?;
+            if with_addon && !cp.real_nodes().is_empty() {
+                connect = install_addon_pods(&cp, &names[1..]).await?;
+            } else if with_addon {
+                install_addon(&mut cp, &names[1..]).await?;
             }
             println!("memory (RSS):\n{}", cp.rss_report());
             println!("press Ctrl-C to stop");
@@ -142,28 +145,64 @@ fn real_nodes_for_the_addon() -> Result<bool> {
         root,
         "real nodes need root (network namespaces, containerd, iptables)"
     );
+    // Our image holds the binaries `up` itself was built with (not a stale release build).
+    let bin_dir = e2e::binary("flower-hub")?
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    // Idempotent and quick when cached; each prints its own progress.
+    for (what, script, args, env) in [
+        ("the Kubernetes binaries", "e2e/k8s/build.sh", &[][..], None),
+        (
+            "the real-node binaries and packages",
+            "e2e/node/build.sh",
+            &[][..],
+            None,
+        ),
+        ("helm (for the chart)", "e2e/helm/build.sh", &[][..], None),
+        (
+            "the images (Debian base, pause, Flower 1.42.0, ours)",
+            "e2e/images/build.sh",
+            &[
+                "--only", "base", "--only", "pause", "--only", "flwr", "--only", "addon",
+            ][..],
+            Some(("FLWR_VERSIONS", "1.42.0")),
+        ),
+    ] {
+        let env = env.into_iter().chain(
+            (script == "e2e/images/build.sh").then_some(("FLOWER_ADDON_BIN_DIR", bin_dir.as_str())),
+        );
+        println!(
+            "preparing {what}: {script} {} (cached after the first time)…",
+            args.join(" ")
+        );
+        let mut cmd = std::process::Command::new(e2e::repo_root().join(script));
+        cmd.args(args).stdout(std::process::Stdio::null());
+        cmd.envs(env);
+        let status = cmd
+            .status()
+            .map_err(|e| anyhow::anyhow!("running {script}: {e}"))?;
+        anyhow::ensure!(
+            status.success(),
+            "{script} failed (its output is above); run it by hand to see why, or run with \
+             FLOWER_ADDON_E2E_REAL_NODES=0 for kwok nodes only, where no Flower runs"
+        );
+    }
     e2e::NodeBinaries::locate()?;
     for image in [
         flower_addon_crds::render::ADDON_IMAGE,
         "flwr/superlink:1.42.0",
         "flwr/supernode:1.42.0",
     ] {
-        e2e::node::image_archive(image).map_err(|e| {
-            anyhow::anyhow!(
-                "{e:#}\nbuild the images once with `cargo build --bins && e2e/images/build.sh` \
-                 (or run with FLOWER_ADDON_E2E_REAL_NODES=0 for kwok nodes only, where no Flower runs)"
-            )
-        })?;
+        e2e::node::image_archive(image)?;
     }
     Ok(true)
 }
 
-/// `up --with-addon`: the addon installed and a demo Federation placed on every spoke. Returns
-/// the `flower-hub connect` process that port-forwards `flwr` to the demo SuperLink.
-async fn install_addon(
-    cp: &mut e2e::ControlPlane,
-    spokes: &[&str],
-) -> Result<Option<std::process::Child>> {
+/// `up --with-addon` without real nodes: the hub as a process on the host (as
+/// manifests/hub/deployment.yaml runs it) and an agent per spoke, with the demo Federation; no
+/// Flower runs on kwok nodes, so no flwr connection is offered.
+async fn install_addon(cp: &mut e2e::ControlPlane, spokes: &[&str]) -> Result<()> {
     use e2e::addon::{Addon, AddonOptions, Bootstrap, Spoke};
     println!("installing flower-addon (hub, then an agent per spoke)…");
     let spokes: Vec<Spoke> = spokes
@@ -176,6 +215,51 @@ async fn install_addon(
         ..Default::default()
     };
     let addon = Addon::install(cp, &spokes, &options).await?;
+    apply_demo(cp).await?;
+    println!(
+        "flower-addon: hub on {} (logs in {}); {} spoke(s) joined in {:.1}s",
+        addon.hub_address,
+        cp.work_dir().display(),
+        spokes.len(),
+        addon.joined_in.as_secs_f64()
+    );
+    print_look(&addon.admin_kubeconfig)?;
+    println!(
+        "  no flwr connection: the demo Federation's pods run on kwok nodes (no real nodes), \
+         where nothing executes"
+    );
+    Ok(())
+}
+
+/// `up --with-addon` on real nodes, as the README's Helm path: the hub as its release's pod,
+/// an agent from the chart per spoke (accepted with env=demo), the demo Federation with TLS and
+/// SuperNode authentication, and `flower-hub connect` kept running so `flwr` reaches it.
+async fn install_addon_pods(
+    cp: &e2e::ControlPlane,
+    spokes: &[&str],
+) -> Result<Option<std::process::Child>> {
+    let t = std::time::Instant::now();
+    let hub = cp.cluster("hub")?;
+    let node = cp.real_node("hub")?;
+    println!("installing flower-addon with helm: the hub pod, then an agent per spoke…");
+    let channel = e2e::pod_addon::install_hub(hub, node).await?;
+    for name in spokes {
+        e2e::pod_addon::install_agent(hub, name, cp.cluster(name)?, &channel, &["env=demo"])
+            .await?;
+    }
+    apply_demo(cp).await?;
+    println!(
+        "flower-addon: hub pod in {} (channel {channel}); {} spoke(s) joined in {:.1}s",
+        e2e::pod_addon::HUB_NS,
+        spokes.len(),
+        t.elapsed().as_secs_f64()
+    );
+    print_look(&hub.kubeconfig)?;
+    connect(cp, &hub.kubeconfig).await
+}
+
+/// The demo: namespace `demo`, every cluster bound to it, Placement env=demo, Federation demo.
+async fn apply_demo(cp: &e2e::ControlPlane) -> Result<()> {
     let hub = cp.cluster("hub")?.client.clone();
     let demo = r#"
 apiVersion: v1
@@ -222,9 +306,6 @@ spec:
   mode: StatefulSet
   isolationMode: subprocess
   insecure: false
-  # The hub of `e2e up` runs on the host, where the SuperLink Service's name does not resolve,
-  # so it cannot register SuperNode keys; a hub installed as its Deployment can.
-  supernodeAuthentication: false
   placementRef:
     name: demo
   superlink:
@@ -243,22 +324,30 @@ spec:
           partition-id: "{partition}"
           num-partitions: "{partitions}"
 "#;
-    e2e::apply_yaml(&hub, demo, "demo").await?;
+    e2e::apply_yaml(&hub, demo, "demo").await.map(|_| ())
+}
+
+fn print_look(admin: &std::path::Path) -> Result<()> {
     let hub_bin = e2e::binary("flower-hub")?;
-    let admin = addon.admin_kubeconfig.display();
-    println!(
-        "flower-addon: hub on {} (logs in {}); {} spoke(s) joined in {:.1}s",
-        addon.hub_address,
-        cp.work_dir().display(),
-        spokes.len(),
-        addon.joined_in.as_secs_f64()
-    );
+    let admin = admin.display();
     println!("  Federation demo/demo (Placement env=demo) applied; look at it with:");
     println!("    KUBECONFIG={admin} {} status", hub_bin.display());
     println!(
         "    KUBECONFIG={admin} kubectl get federation,placement,placementdecision,managedcluster -A"
     );
     println!("    KUBECONFIG=<a spoke's kubeconfig> kubectl get statefulset,pod -n demo");
+    Ok(())
+}
+
+/// `flower-hub connect demo` (it writes the flwr connection once the SuperLink is placed and
+/// keeps a port-forward to the SuperLink pod open: the Control API is not exposed).
+async fn connect(
+    cp: &e2e::ControlPlane,
+    admin_kubeconfig: &std::path::Path,
+) -> Result<Option<std::process::Child>> {
+    let hub = cp.cluster("hub")?.client.clone();
+    let hub_bin = e2e::binary("flower-hub")?;
+    let admin = admin_kubeconfig.display();
     // The flwr connection: `flower-hub connect` writes it once the SuperLink is placed, and
     // keeps a port-forward to the SuperLink pod open while this runs (the Control API is not
     // exposed; a port-forward needs a real node).
@@ -279,13 +368,6 @@ spec:
         }
     }
     let mut connect = None;
-    if placed && cp.real_nodes().is_empty() {
-        println!(
-            "  no flwr connection: the SuperLink pod runs on a kwok node (no real nodes), where \
-             nothing executes"
-        );
-        return Ok(None);
-    }
     if placed {
         let mut child = std::process::Command::new(&hub_bin)
             .args([
@@ -298,7 +380,7 @@ spec:
             .arg(&flwr_home)
             .arg("--ca-file")
             .arg(cp.work_dir().join("demo-ca.crt"))
-            .env("KUBECONFIG", &addon.admin_kubeconfig)
+            .env("KUBECONFIG", admin_kubeconfig)
             .stdout(std::process::Stdio::null())
             .spawn()?;
         let config = flwr_home.join("config.toml");
