@@ -196,6 +196,13 @@ METRIC="$(grep -E '^final: ' "$WORK/run.log" || true)"
 step "run $RUN_ID: $STATUS — $METRIC"
 [[ "$STATUS" == "finished:completed" ]] || die "run $RUN_ID ended $STATUS (see $WORK/run.log)"
 [[ -n "$METRIC" ]] || die "no final metric in the run output"
+# The same app again, declaratively: a FlowerRun the hub submits and follows (no flwr involved).
+step "the same app as a FlowerRun: flower-hub run submit examples/fedavg --federation quickstart --follow"
+"$HUB" run submit examples/fedavg --federation quickstart --state-dir "$WORK/hub" --name demo-run \
+  --run-config "num-server-rounds=1 min-nodes=4" --follow >"$WORK/flowerrun.log" 2>&1 \
+  || die "flower-hub run submit failed: $(tail -5 "$WORK/flowerrun.log")"
+grep -E '^round |Complete' "$WORK/flowerrun.log" | sed 's/^/    /' || true
+"$HUB" run list --state-dir "$WORK/hub" | sed 's/^/    /'
 rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
 # RSS of the debug binaries built above: most of it is their unoptimised code pages (a release
 # agent holds ~12 MiB here; `cargo run --release -p e2e --bin agent_rss` measures it).

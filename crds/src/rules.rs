@@ -165,14 +165,18 @@ pub const MSG_RUN_FAB_SHA256_URL: &str =
 /// A FlowerRun's spec changed in a field other than `suspend`.
 pub const MSG_RUN_IMMUTABLE: &str = "spec is immutable except spec.suspend: to run with other settings, create a new FlowerRun (or delete and re-create this one)";
 
+/// A FlowerRun's `runConfig` changed after the hub first saw it (the hub's check, not CEL's).
+pub const MSG_RUN_CONFIG_CHANGED: &str = "spec.runConfig changed after the run was created: the run is stopped; to run with other settings, create a new FlowerRun";
+
 /// Schema location of the FlowerRun spec.
 pub const RUN_SPEC: &str = "/properties/spec";
 /// Schema location of the FlowerRun `spec.app.fab`.
 pub const RUN_FAB: &str = "/properties/spec/properties/app/properties/fab";
 
 /// Every CEL rule of the FlowerRun. The immutability rule is a transition rule (it sees
-/// `oldSelf`), so offline validation of one object cannot check it; the hub compares
-/// generations instead.
+/// `oldSelf`), so offline validation of one object cannot check it. `runConfig` is free-form
+/// (its values are any of four scalar types), which CEL cannot see: the hub holds it to its
+/// first value instead (`status.runConfigHash`, [`MSG_RUN_CONFIG_CHANGED`]).
 pub const FLOWER_RUN_RULES: &[CelRule] = &[
     CelRule {
         rule: "has(self.configMapRef) != has(self.url)",
@@ -197,8 +201,6 @@ pub const FLOWER_RUN_RULES: &[CelRule] = &[
     },
     CelRule {
         rule: "self.federationRef == oldSelf.federationRef && self.app == oldSelf.app \
-               && has(self.runConfig) == has(oldSelf.runConfig) \
-               && (!has(self.runConfig) || self.runConfig == oldSelf.runConfig) \
                && has(self.activeDeadlineSeconds) == has(oldSelf.activeDeadlineSeconds) \
                && (!has(self.activeDeadlineSeconds) || self.activeDeadlineSeconds == oldSelf.activeDeadlineSeconds) \
                && has(self.backoffLimit) == has(oldSelf.backoffLimit) \

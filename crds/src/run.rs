@@ -212,6 +212,10 @@ pub struct FlowerRunStatus {
     /// When the run finished for good.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    /// SHA-256 of `spec.runConfig` when the hub first acted on the run: a later change (which
+    /// CEL cannot see) stops and fails the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_config_hash: Option<String>,
     /// SHA-256 of the FAB submitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fab_hash: Option<String>,

@@ -196,6 +196,10 @@ async fn hub_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
     status.subresource = Some("status");
     let mut mc_status = a("update", g, "managedclusters", None);
     mc_status.subresource = Some("status");
+    let mut run_status = a("patch", g, "flowerruns", Some("team-a"));
+    run_status.subresource = Some("status");
+    let mut run_finalizers = a("update", g, "flowerruns", Some("team-a"));
+    run_finalizers.subresource = Some("finalizers");
     check(
         hub,
         &sa,
@@ -242,6 +246,18 @@ async fn hub_rbac_least_privilege(cp: &ControlPlane) -> Result<()> {
             (false, a("create", "", "pods", Some("team-a"))),
             (false, a("create", "apps", "deployments", Some("team-a"))),
             (false, a("update", g, "federations", Some("team-a"))),
+            // FlowerRuns: followed (watch), their status and finalizer written, deleted after
+            // their TTL; never created. Their FABs are read from ConfigMaps, never written.
+            (true, a("watch", g, "flowerruns", None)),
+            (true, a("patch", g, "flowerruns", Some("team-a"))),
+            (true, a("delete", g, "flowerruns", Some("team-a"))),
+            (true, run_status),
+            (true, run_finalizers),
+            (false, a("create", g, "flowerruns", Some("team-a"))),
+            (true, a("get", "", "configmaps", Some("team-a"))),
+            (true, a("watch", "", "configmaps", None)),
+            (false, a("create", "", "configmaps", Some("team-a"))),
+            (false, a("delete", "", "configmaps", Some("team-a"))),
             (
                 false,
                 a(

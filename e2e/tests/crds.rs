@@ -54,6 +54,14 @@ async fn crds_on_real_apiserver() {
         Err(e) => failed.push(format!("printer_columns: {e:#}")),
     }
     let t = Instant::now();
+    match flower_run_spec_is_immutable_but_suspend(hub).await {
+        Ok(()) => eprintln!(
+            "FlowerRun spec immutable but for suspend ({:.1}s)",
+            t.elapsed().as_secs_f64()
+        ),
+        Err(e) => failed.push(format!("flower_run_spec_is_immutable_but_suspend: {e:#}")),
+    }
+    let t = Instant::now();
     match hub_sa_on_our_resources(hub).await {
         Ok(()) => eprintln!(
             "hub SA on our resources ok ({:.1}s)",
@@ -62,6 +70,38 @@ async fn crds_on_real_apiserver() {
         Err(e) => failed.push(format!("hub_sa_on_our_resources: {e:#}")),
     }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+}
+
+/// The example FlowerRun (created by `examples_accepted`) takes `suspend: true`, and refuses a
+/// changed `federationRef` with the CRD's transition rule's message.
+async fn flower_run_spec_is_immutable_but_suspend(hub: &Cluster) -> Result<()> {
+    let runs: kube::Api<flower_addon_crds::FlowerRun> =
+        kube::Api::namespaced(hub.client.clone(), "default");
+    runs.patch(
+        "fedavg",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+    )
+    .await
+    .context("suspend: true must be accepted")?;
+    let refused = runs
+        .patch(
+            "fedavg",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"federationRef": {"name": "other"}}})),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(e))
+            if e.message
+                .contains(flower_addon_crds::rules::MSG_RUN_IMMUTABLE) =>
+        {
+            Ok(())
+        }
+        other => bail!(
+            "a changed federationRef was not refused with the immutability message: {other:?}"
+        ),
+    }
 }
 
 /// With its own token (manifests/hub/rbac.yaml), the hub lists Federations and patches their

@@ -19,8 +19,10 @@
 //!   spoke with an unregistered key or another CA are refused (6c, 1.42.0); the 1.42.0
 //!   SuperLink pod deleted comes back with its database from a claim, the same SuperNodes and
 //!   its runs (6d); the hub pod and an agent pod replaced leave the SuperNodes running and runs
-//!   still complete (6e); a spoke relabelled out loses its SuperNodes and keys in both
-//!   SuperLinks (6f); a process-isolation Federation runs on spoke-2 (6b).
+//!   still complete (6e); a `FlowerRun` of examples/fedavg on `auth` is submitted by the hub pod,
+//!   followed to `Complete` with its log tail and progress, and released when deleted (#30); a
+//!   spoke relabelled out loses its SuperNodes and keys in both SuperLinks (6f); a
+//!   process-isolation Federation runs on spoke-2 (6b).
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -174,6 +176,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         &[spoke, spoke2],
     )
     .await?;
+    a_flower_run_completes_on_the_placed_federation(hub, &flwr[0]).await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
 
@@ -1397,6 +1400,194 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
             t.elapsed().as_secs_f64()
         );
     }
+    Ok(())
+}
+
+/// #30 on the real nodes: a `FlowerRun` of examples/fedavg (its FAB in a ConfigMap, built by the
+/// hub's own builder) on the multi-cluster, TLS, SuperNode-authenticated Federation `auth`, with
+/// the run config the `flwr` runs use: the hub pod (RBAC from the chart) submits it through the
+/// SuperLink's Control Service, follows it to `Complete` with its log tail and round progress
+/// (as standalone_runs checks in standalone mode), records events, and starts exactly one Flower
+/// run. The apiserver refuses a status apply carrying a stale resourceVersion (the controller's
+/// guard against submitting twice from a stale cache rests on it), and deleting the finished run
+/// releases it.
+async fn a_flower_run_completes_on_the_placed_federation(
+    hub: &Cluster,
+    flwr: &FlwrFromTheHost,
+) -> Result<()> {
+    use base64::Engine;
+    use flower_addon_crds::run::FlowerRun;
+    use serde_json::json;
+    let t = Instant::now();
+    let fab =
+        flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("examples/fedavg"))?;
+    let control = flwr.control_client()?;
+    let before: BTreeSet<u64> = control
+        .list_runs()
+        .await?
+        .iter()
+        .map(|r| r.run_id)
+        .collect();
+    let config_maps =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(hub.client.clone(), "fl");
+    config_maps
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "fedavg-fab"},
+                "binaryData": {"app.fab": base64::engine::general_purpose::STANDARD.encode(&fab.bytes)},
+            }))?,
+        )
+        .await?;
+    let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
+    runs.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "FlowerRun",
+            "metadata": {"name": "fedavg"},
+            "spec": {
+                "federationRef": {"name": flwr.federation},
+                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
+                "runConfig": {"num-server-rounds": 2, "min-nodes": flwr.min_nodes},
+            },
+        }))?,
+    )
+    .await?;
+    let is = |run: &FlowerRun, type_: &str, reason: Option<&str>| {
+        run.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.type_ == type_ && c.status == "True" && reason.is_none_or(|r| c.reason == r)
+            })
+        })
+    };
+    let submitted = wait_for(
+        "FlowerRun fl/fedavg Submitted",
+        Duration::from_secs(60),
+        || {
+            let runs = runs.clone();
+            async move {
+                let run = runs.get("fedavg").await?;
+                Ok(is(&run, "Submitted", Some("Submitted")).then_some(run))
+            }
+        },
+    )
+    .await?;
+    let submitted_in = t.elapsed();
+    let done = wait_for(
+        "FlowerRun fl/fedavg Complete or Failed",
+        Duration::from_secs(300),
+        || {
+            let runs = runs.clone();
+            async move {
+                let run = runs.get("fedavg").await?;
+                Ok((is(&run, "Complete", None) || is(&run, "Failed", None)).then_some(run))
+            }
+        },
+    )
+    .await?;
+    let complete_in = t.elapsed();
+    let status = done.status.clone().unwrap_or_default();
+    ensure!(
+        is(&done, "Complete", Some("Completed")),
+        "the FlowerRun did not complete: {status:#?}"
+    );
+    ensure!(
+        status.flower_status.as_deref() == Some("finished:completed")
+            && status.attempts == 1
+            && status.fab_hash.as_deref() == Some(fab.hash.as_str())
+            && status.run_id == submitted.status.as_ref().and_then(|s| s.run_id.clone())
+            && status.pending_submission.is_none(),
+        "{status:#?}"
+    );
+    ensure!(
+        status.progress.as_ref().map(|p| p.text.as_str()) == Some("2/2"),
+        "progress: {status:#?}"
+    );
+    ensure!(
+        status.log_tail.iter().any(|l| l.contains("round 2/2"))
+            && status
+                .log_tail
+                .iter()
+                .any(|l| l.contains("final: rounds=2")),
+        "the log tail lacks the ServerApp's rounds: {:#?}",
+        status.log_tail
+    );
+    ensure!(
+        done.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == flower_addon_crds::RUN_FINALIZER),
+        "no finalizer on a submitted run: {:?}",
+        done.metadata.finalizers
+    );
+    let run_id: u64 = status.run_id.as_deref().unwrap_or_default().parse()?;
+    let listed = control.list_runs().await?;
+    let new: Vec<_> = listed
+        .iter()
+        .filter(|r| !before.contains(&r.run_id))
+        .collect();
+    ensure!(
+        new.len() == 1 && new[0].run_id == run_id && new[0].status == "finished:completed",
+        "exactly one new Flower run, the FlowerRun's: {new:#?}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(hub.client.clone(), "fl")
+        .list(&Default::default())
+        .await?;
+    let reasons: BTreeSet<String> = events
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("fedavg"))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    ensure!(
+        reasons.contains("Submitted") && reasons.contains("Completed"),
+        "events of fl/fedavg: {reasons:?}"
+    );
+    // A status apply computed from an old read is refused (409), not merged: what keeps a
+    // reconcile on a stale cache from storing a pending submission over a run id. The same
+    // status under another manager, so that a wrongly accepted apply would change nothing.
+    let stale = runs
+        .patch_status(
+            "fedavg",
+            &kube::api::PatchParams::apply("e2e-stale-check").force(),
+            &kube::api::Patch::Apply(json!({
+                "apiVersion": "flower-addon.io/v1alpha1",
+                "kind": "FlowerRun",
+                "metadata": {"resourceVersion": "1"},
+                "status": status,
+            })),
+        )
+        .await;
+    ensure!(
+        matches!(&stale, Err(kube::Error::Api(e)) if e.code == 409),
+        "a status apply with a stale resourceVersion was not refused with 409: {stale:?}"
+    );
+    let t_delete = Instant::now();
+    runs.delete("fedavg", &Default::default()).await?;
+    wait_for(
+        "the finished FlowerRun released and gone",
+        Duration::from_secs(30),
+        || {
+            let runs = runs.clone();
+            async move { Ok(runs.get_opt("fedavg").await?.is_none().then_some(())) }
+        },
+    )
+    .await?;
+    config_maps
+        .delete("fedavg-fab", &Default::default())
+        .await?;
+    eprintln!(
+        "real_node: FlowerRun fl/fedavg on {} ({} SuperNodes, 2 rounds, hub pod): Submitted in {:.1}s, Complete in {:.1}s (Flower run {run_id}, progress {}, {} log lines, events {reasons:?}); deleted and released in {:.1}s",
+        flwr.federation,
+        flwr.min_nodes,
+        submitted_in.as_secs_f64(),
+        complete_in.as_secs_f64(),
+        status.progress.as_ref().map_or("-", |p| p.text.as_str()),
+        status.log_tail.len(),
+        t_delete.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

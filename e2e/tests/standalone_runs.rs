@@ -185,6 +185,7 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     a_run_completes_with_its_log_and_progress(&hub, &fab.hash).await?;
     an_unknown_key_fails_before_any_flower_call(&hub).await?;
     suspend_and_deadline_stop_running_runs(&hub).await?;
+    the_run_command_submits_follows_and_deletes(&hub).await?;
     a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
     eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
@@ -298,7 +299,7 @@ async fn suspend_and_deadline_stop_running_runs(hub: &Hub) -> Result<()> {
     )?;
     std::fs::write(
         hub.manifests.join("run-deadline.yaml"),
-        flower_run("deadline", long, "  activeDeadlineSeconds: 40\n"),
+        flower_run("deadline", long, "  activeDeadlineSeconds: 20\n"),
     )?;
     let t = Instant::now();
     hub.wait_run("stopme", "a round done", Duration::from_secs(180), |s| {
@@ -328,7 +329,85 @@ async fn suspend_and_deadline_stop_running_runs(hub: &Hub) -> Result<()> {
         "{deadline:#}"
     );
     eprintln!(
-        "standalone_runs: activeDeadlineSeconds 40 -> DeadlineExceeded {:.1}s after the manifest was written",
+        "standalone_runs: activeDeadlineSeconds 20 -> DeadlineExceeded {:.1}s after the manifest was written",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `flower-hub run submit --follow` builds the FAB, writes the run beside the other manifests,
+/// prints the log and the rounds and exits 0 when it completed; a typo in `--run-config` is
+/// refused before anything is written; `run list` shows the run; `run delete` removes its file.
+async fn the_run_command_submits_follows_and_deletes(hub: &Hub) -> Result<()> {
+    let cli = |args: &[&str]| {
+        std::process::Command::new(&hub.bin)
+            .args(["run"])
+            .args(args)
+            .arg("--state-dir")
+            .arg(&hub.state)
+            .output()
+    };
+    let app = e2e::repo_root().join("examples/fedavg");
+    let app = app.to_str().context("app path")?;
+    let files_before = std::fs::read_dir(&hub.manifests)?.count();
+    let typo = cli(&[
+        "submit",
+        app,
+        "--federation",
+        "quickstart",
+        "--run-config",
+        "num-roundz=1",
+    ])?;
+    let err = String::from_utf8_lossy(&typo.stderr);
+    ensure!(
+        !typo.status.success() && err.contains("num-roundz") && err.contains("num-server-rounds"),
+        "a typo must be refused naming the key and the app's keys: {err}"
+    );
+    ensure!(
+        std::fs::read_dir(&hub.manifests)?.count() == files_before,
+        "a refused submission wrote a file"
+    );
+    let t = Instant::now();
+    let out = cli(&[
+        "submit",
+        app,
+        "--federation",
+        "quickstart",
+        "--name",
+        "cli",
+        "--run-config",
+        "num-server-rounds=2 min-nodes=2",
+        "--follow",
+    ])?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(
+        out.status.success(),
+        "run submit --follow failed:\n{stdout}\n{stderr}\nhub log:\n{}",
+        tail(&hub.log(), 30)
+    );
+    ensure!(
+        stdout.contains("round 2/2") && stderr.contains("round 2/2") && stderr.contains("Complete"),
+        "--follow printed neither the log nor the rounds:\n{stdout}\n{stderr}"
+    );
+    let list = cli(&["list"])?;
+    let list = String::from_utf8_lossy(&list.stdout);
+    ensure!(
+        list.lines()
+            .any(|l| l.contains("cli") && l.contains("finished:completed") && l.contains("2/2")),
+        "run list:\n{list}"
+    );
+    let file = hub.manifests.join("flowerrun-default-cli.yaml");
+    ensure!(file.is_file(), "no {}", file.display());
+    let deleted = cli(&["delete", "cli"])?;
+    ensure!(
+        deleted.status.success() && !file.exists(),
+        "run delete: {deleted:?}"
+    );
+    eprintln!(
+        "standalone_runs: flower-hub run submit --follow completed in {:.1}s; list and delete work\n{list}",
         t.elapsed().as_secs_f64()
     );
     Ok(())

@@ -63,6 +63,11 @@ enum Command {
         after_help = "Examples:\n  flower-hub connect demo --federation-namespace demo --flwr-home ~/.flwr\n  FLWR_HOME=~/.flwr flwr run examples/fedavg demo\n  flower-hub connect demo --federation-namespace demo --app ./my-app   # Flower <= 1.25\n  flwr run ./my-app demo"
     )]
     Connect(registration::ConnectArgs),
+    /// Submit, follow, stop and delete FlowerRuns: a Flower app run declaratively by the hub.
+    #[command(
+        after_help = "Examples:\n  flower-hub run submit examples/fedavg --federation demo --federation-namespace demo --follow\n  flower-hub run list\n  flower-hub run logs fedavg-1795000000 --federation-namespace demo --follow"
+    )]
+    Run(registration::RunCommand),
     /// Serve a unified-dialect SuperLink's Fleet API only (the SuperLink pod's sidecar): Fleet
     /// requests and /health pass, the Control and Runtime APIs are refused with 403.
     #[command(
@@ -106,6 +111,7 @@ fn main() -> ExitCode {
         Command::Revoke(args) => registration::revoke(args),
         Command::Status(args) => registration::status(args),
         Command::Connect(args) => registration::connect(args),
+        Command::Run(cmd) => registration::run(cmd),
         Command::FleetFront(args) => front::fleet_front(args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,

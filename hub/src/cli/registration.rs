@@ -304,6 +304,9 @@ pub use connect::{ConnectArgs, connect};
 mod ca;
 pub use ca::{CaArgs, CaCommand, RotateArgs, WhichCa, ca};
 
+mod run;
+pub use run::{RunCommand, run};
+
 fn rfc3339(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
 }

@@ -42,6 +42,12 @@ pub enum AppState {
         /// Hex SHA-256 of the FAB.
         fab_hash: String,
     },
+    /// Not there yet (its ConfigMap or key does not exist): the run waits for it, as a Pod
+    /// waits for a ConfigMap volume, with `Submitted=False` reason [`reason::INVALID_APP`].
+    Missing {
+        /// What is missing and how to add it.
+        message: String,
+    },
     /// Unusable for good: `reason` is [`reason::INVALID_APP`] or
     /// [`reason::INVALID_RUN_CONFIG`].
     Invalid {
@@ -97,6 +103,8 @@ pub struct Facts<'a> {
     pub superlink: SuperLinkState,
     /// The spec's run config as Flower lists it (`flower::control::config_text`).
     pub config_text: BTreeMap<String, String>,
+    /// [`run_config_hash`] of the spec.
+    pub run_config_hash: String,
     /// Flower run ids other FlowerRuns of the same Federation hold (never adopted here).
     pub claimed: BTreeSet<u64>,
     /// Now.
@@ -197,6 +205,25 @@ pub fn decide(current: &FlowerRunStatus, facts: &Facts<'_>) -> Decision {
     if is_finished(&d.status) {
         expire(&mut d, facts);
         return d;
+    }
+    // runConfig is free-form, which CEL cannot hold immutable: the first value seen holds.
+    match &d.status.run_config_hash {
+        None => d.status.run_config_hash = Some(facts.run_config_hash.clone()),
+        Some(first) if *first != facts.run_config_hash => {
+            let message = flower_addon_crds::rules::MSG_RUN_CONFIG_CHANGED;
+            if let Some(run_id) = active_run(&d.status) {
+                d.action = Action::Stop(run_id);
+            }
+            fail(
+                &mut d.status,
+                reason::INVALID_RUN_CONFIG,
+                message,
+                facts.now,
+            );
+            d.events.push(warning(reason::INVALID_RUN_CONFIG, message));
+            return d;
+        }
+        Some(_) => {}
     }
     if d.status.run_id.is_none() {
         if let Some(pending) = d.status.pending_submission.clone() {
@@ -347,6 +374,10 @@ fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
     }
     let fab_hash = match &facts.app {
         Some(AppState::Ready { fab_hash }) => fab_hash.clone(),
+        Some(AppState::Missing { message }) => {
+            wait(d, reason::INVALID_APP, message.clone(), None, now);
+            return;
+        }
         Some(AppState::Invalid { reason, message }) => {
             fail(&mut d.status, reason, message, now);
             d.events.push(warning(reason, message.clone()));
@@ -754,6 +785,13 @@ fn warning(reason: &'static str, message: impl Into<String>) -> RunEvent {
         reason,
         message: message.into(),
     }
+}
+
+/// SHA-256 (hex) of a spec's `runConfig`, keys sorted (`BTreeMap`), values as JSON.
+pub fn run_config_hash(spec: &FlowerRunSpec) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(&spec.run_config).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(json))
 }
 
 /// Adds log text the SuperLink streamed: the last [`LOG_TAIL_LINES`] lines are kept, the

@@ -1,12 +1,13 @@
-//! The Flower side of `FlowerRun`s, shared by both hub modes: the app checked against the run
-//! config ([`check_app`]), the SuperLink's run list in the core's terms ([`list`]), the calls an
+//! The Flower side of `FlowerRun`s, shared by both hub modes: the FAB read from its ConfigMap
+//! ([`fab_bytes`]) and checked against the run config ([`check_app`]), the SuperLink's run list in the core's terms ([`list`]), the calls an
 //! [`Action`] needs ([`submit`], [`stop`]) and the log followers ([`LogFollowers`]). The adapters
 //! load the FAB, store the status and call [`crate::core::run::decide`].
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use flower_addon_crds::run::{FlowerRunStatus, RunConfigValue, reason};
+use flower_addon_crds::run::{FabSource, FlowerRunStatus, RunConfigValue, reason};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::mpsc;
 
@@ -25,19 +26,114 @@ pub struct CheckedApp {
     pub config: BTreeMap<String, ConfigValue>,
 }
 
-/// Checks a run's FAB (`bytes`, or why it could not be had) and run config: the core's
-/// [`AppState`], and the app to submit when it is usable. `source` names where the FAB came
-/// from in messages.
+/// A run's FAB as an adapter found it ([`fab_bytes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FabBytes {
+    /// The FAB's bytes.
+    Found(Vec<u8>),
+    /// Not there yet (its ConfigMap or key does not exist): the run waits (what to add).
+    Missing(String),
+    /// Cannot be had (why): the run fails.
+    Unusable(String),
+}
+
+/// Where an adapter finds the ConfigMaps holding FABs, for the message about a missing one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigMapSource {
+    /// The standalone hub's manifests directory.
+    ManifestsDirectory,
+    /// The Kubernetes API (the run's namespace).
+    Cluster,
+}
+
+/// The FAB of a run whose spec says `fab`, in `namespace`, with `config_map` the ConfigMap its
+/// `configMapRef` names (`None` when it does not exist): where it came from (for messages) and
+/// its bytes, from `binaryData[key]`, else `data[key]`. Both hub modes read FABs here, so they
+/// wait for, and refuse, the same things with the same words.
+pub fn fab_bytes(
+    namespace: &str,
+    fab: &FabSource,
+    config_map: Option<&ConfigMap>,
+    found_in: ConfigMapSource,
+) -> (String, FabBytes) {
+    let Some(reference) = &fab.config_map_ref else {
+        let Some(url) = &fab.url else {
+            return (
+                "spec.app.fab".into(),
+                FabBytes::Unusable("spec.app.fab: set configMapRef (or url)".into()),
+            );
+        };
+        return (
+            url.clone(),
+            FabBytes::Unusable(format!(
+                "spec.app.fab.url: downloading {url} is not supported by the hub yet; put the \
+                 FAB in a ConfigMap and use configMapRef (`kubectl create configmap NAME \
+                 --from-file=app.fab=APP.fab`)"
+            )),
+        );
+    };
+    let (name, key) = (&reference.name, &reference.key);
+    let source = format!("ConfigMap {namespace}/{name} key {key}");
+    let Some(config_map) = config_map else {
+        let (missing, add) = match found_in {
+            ConfigMapSource::ManifestsDirectory => (
+                "is not in the manifests directory",
+                format!(
+                    "add it (`kubectl create configmap {name} --from-file={key}=APP.fab \
+                     --dry-run=client -o yaml`)"
+                ),
+            ),
+            ConfigMapSource::Cluster => (
+                "does not exist",
+                format!(
+                    "create it (`kubectl create configmap {name} -n {namespace} \
+                     --from-file={key}=APP.fab`)"
+                ),
+            ),
+        };
+        return (
+            source,
+            FabBytes::Missing(format!(
+                "spec.app.fab.configMapRef: ConfigMap {namespace}/{name} {missing}; the run \
+                 starts once it is there: {add}"
+            )),
+        );
+    };
+    let bytes = config_map
+        .binary_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            config_map
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|s| s.clone().into_bytes())
+        });
+    let found = match bytes {
+        Some(b) => FabBytes::Found(b),
+        None => FabBytes::Missing(format!(
+            "spec.app.fab.configMapRef.key: ConfigMap {namespace}/{name} has no key {key:?} in \
+             binaryData or data; the run starts once it has"
+        )),
+    };
+    (source, found)
+}
+
+/// Checks a run's FAB ([`fab_bytes`]) and run config: the core's [`AppState`], and the app to
+/// submit when it is usable. `source` names where the FAB came from in messages.
 pub fn check_app(
     source: &str,
-    bytes: Result<Vec<u8>, String>,
+    bytes: FabBytes,
     run_config: &BTreeMap<String, RunConfigValue>,
 ) -> (AppState, Option<CheckedApp>) {
     let invalid =
         |reason: &'static str, message: String| (AppState::Invalid { reason, message }, None);
     let bytes = match bytes {
-        Ok(b) => b,
-        Err(why) => return invalid(reason::INVALID_APP, why),
+        FabBytes::Found(b) => b,
+        FabBytes::Missing(message) => return (AppState::Missing { message }, None),
+        FabBytes::Unusable(why) => return invalid(reason::INVALID_APP, why),
     };
     let app = match fab::read(&bytes) {
         Ok(app) => app,
@@ -271,5 +367,131 @@ async fn follow(
         }
         // Ended: the run finished (the adapter stops this task) or the SuperLink went away.
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_addon_crds::run::ConfigMapKeyRef;
+    use k8s_openapi::ByteString;
+
+    fn from_config_map() -> FabSource {
+        FabSource {
+            config_map_ref: Some(ConfigMapKeyRef {
+                name: "fab".into(),
+                key: "app.fab".into(),
+            }),
+            ..FabSource::default()
+        }
+    }
+
+    #[test]
+    fn a_missing_config_map_or_key_waits_in_both_modes_and_says_how_to_add_it() {
+        // Invariant: a ConfigMap (or key) that is not there yet holds the run (Missing), in
+        // both modes, with the command that adds it where that mode reads it from.
+        let (source, standalone) = fab_bytes(
+            "ns",
+            &from_config_map(),
+            None,
+            ConfigMapSource::ManifestsDirectory,
+        );
+        assert_eq!(source, "ConfigMap ns/fab key app.fab");
+        let FabBytes::Missing(message) = standalone else {
+            panic!("{standalone:?}")
+        };
+        assert!(
+            message.contains("is not in the manifests directory"),
+            "{message}"
+        );
+        assert!(message.contains("--dry-run=client -o yaml"), "{message}");
+        let (_, cluster) = fab_bytes("ns", &from_config_map(), None, ConfigMapSource::Cluster);
+        let FabBytes::Missing(message) = cluster else {
+            panic!("{cluster:?}")
+        };
+        assert!(
+            message.contains("ConfigMap ns/fab does not exist"),
+            "{message}"
+        );
+        assert!(
+            message.contains("kubectl create configmap fab -n ns --from-file=app.fab=APP.fab"),
+            "{message}"
+        );
+        let no_key = ConfigMap {
+            data: Some([("other".to_owned(), "x".to_owned())].into()),
+            ..ConfigMap::default()
+        };
+        for mode in [
+            ConfigMapSource::ManifestsDirectory,
+            ConfigMapSource::Cluster,
+        ] {
+            let (_, found) = fab_bytes("ns", &from_config_map(), Some(&no_key), mode);
+            assert!(
+                matches!(&found, FabBytes::Missing(m) if m.contains("has no key \"app.fab\"")),
+                "{found:?}"
+            );
+        }
+        let (state, app) = check_app(&source, FabBytes::Missing("m".into()), &BTreeMap::new());
+        assert_eq!(
+            state,
+            AppState::Missing {
+                message: "m".into()
+            }
+        );
+        assert!(app.is_none());
+    }
+
+    #[test]
+    fn binary_data_wins_over_data_and_a_url_is_refused_with_one_message() {
+        let both = ConfigMap {
+            binary_data: Some([("app.fab".to_owned(), ByteString(vec![1, 2]))].into()),
+            data: Some([("app.fab".to_owned(), "text".to_owned())].into()),
+            ..ConfigMap::default()
+        };
+        let (_, found) = fab_bytes(
+            "ns",
+            &from_config_map(),
+            Some(&both),
+            ConfigMapSource::Cluster,
+        );
+        assert_eq!(found, FabBytes::Found(vec![1, 2]));
+        let text = ConfigMap {
+            data: both.data.clone(),
+            ..ConfigMap::default()
+        };
+        let (_, found) = fab_bytes(
+            "ns",
+            &from_config_map(),
+            Some(&text),
+            ConfigMapSource::Cluster,
+        );
+        assert_eq!(found, FabBytes::Found(b"text".to_vec()));
+        let url = FabSource {
+            url: Some("https://example.com/app.fab".into()),
+            sha256: Some("0".repeat(64)),
+            config_map_ref: None,
+        };
+        let messages: Vec<FabBytes> = [
+            ConfigMapSource::ManifestsDirectory,
+            ConfigMapSource::Cluster,
+        ]
+        .into_iter()
+        .map(|mode| fab_bytes("ns", &url, None, mode).1)
+        .collect();
+        assert_eq!(messages[0], messages[1], "one message in both modes");
+        let FabBytes::Unusable(message) = &messages[0] else {
+            panic!("{messages:?}")
+        };
+        assert!(
+            message.starts_with(
+                "spec.app.fab.url: downloading https://example.com/app.fab is not supported"
+            ),
+            "{message}"
+        );
+        let (state, _) = check_app("url", messages[0].clone(), &BTreeMap::new());
+        assert!(
+            matches!(state, AppState::Invalid { reason: r, .. } if r == reason::INVALID_APP),
+            "{state:?}"
+        );
     }
 }

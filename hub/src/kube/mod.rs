@@ -1,9 +1,11 @@
-//! Kubernetes mode: the Federation and Placement controllers ([`controller`]), the work source
-//! that turns Federations and PlacementDecisions into each cluster's work ([`work`]), and the
-//! cluster store on `ManagedCluster`s and Secrets ([`store`]), and the hub's own cluster run
-//! like a spoke by the embedded agent runtime ([`hub_pools`]). Around them: leader election
+//! Kubernetes mode: the Federation, Placement and FlowerRun controllers ([`controller`]), the
+//! work source that turns Federations and PlacementDecisions into each cluster's work
+//! ([`work`]), and the cluster store on `ManagedCluster`s and Secrets ([`store`]), and the hub's
+//! own cluster run like a spoke by the embedded agent runtime ([`hub_pools`]); how the hub dials
+//! a SuperLink's Control API ([`control`]). Around them: leader election
 //! ([`leader`]), the readiness gate that passes once the watches have listed ([`list_gate`]) and
 //! the scrape-time gauges ([`metrics`]).
+pub mod control;
 pub mod controller;
 pub mod hub_pools;
 pub mod leader;
@@ -17,8 +19,8 @@ use std::sync::Arc;
 
 use crate::registration::ca::HubCa;
 
-/// The Federation controller, the work source and the hub's own pools, without the work
-/// channel and the Placement controller: what runs Federations without `placementRef` (tests,
+/// The Federation and FlowerRun controllers, the work source and the hub's own pools, without
+/// the work channel and the Placement controller: what runs Federations without `placementRef` (tests,
 /// and a hub cluster with no spokes). Returns once `shutdown` resolved and everything stopped.
 pub async fn run_hub_cluster(
     client: kube::Client,
@@ -32,6 +34,11 @@ pub async fn run_hub_cluster(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let runs = tokio::spawn(controller::runs::run(
+        client.clone(),
+        ca.bundle_pem().to_string(),
+        stopped(stop_rx.clone()),
+    ));
     let federations = tokio::spawn(controller::run(
         client.clone(),
         ca,
@@ -44,5 +51,6 @@ pub async fn run_hub_cluster(
     let _ = stop_tx.send(true);
     let _ = federations.await;
     let _ = local_pools.await;
+    let _ = runs.await;
     Ok(())
 }

@@ -267,6 +267,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 .collect(),
             problems: self.manifests.problems().to_vec(),
             runs: Vec::new(),
+            manifests_dir: Some(self.config.manifests_dir.display().to_string()),
         };
         let endpoints: BTreeMap<FedKey, crate::flower::control::ControlEndpoint> = federations
             .iter()

@@ -16,7 +16,7 @@ use super::manifests::Manifests;
 use super::status::FederationSummary;
 use crate::core::run::{self as core_run, Action, FederationState, SuperLinkState};
 use crate::flower::control::{ControlClient, ControlEndpoint};
-use crate::flower::runs::{self as flower_runs, CheckedApp, LogFollowers};
+use crate::flower::runs::{self as flower_runs, CheckedApp, ConfigMapSource, LogFollowers};
 
 type RunKey = (String, String);
 type FedKey = (String, String);
@@ -121,6 +121,7 @@ impl StandaloneRuns {
                     ));
                     let mut spec = first.clone();
                     spec.suspend = run.spec.suspend;
+                    spec.run_config = run.spec.run_config.clone();
                     spec
                 }
                 _ => run.spec.clone(),
@@ -238,7 +239,18 @@ impl StandaloneRuns {
         };
         let mut checked: Option<CheckedApp> = None;
         let app = if core_run::needs_app(current, deleting) {
-            let (source, bytes) = fab_bytes(manifests, &key.0, spec);
+            let config_map = spec
+                .app
+                .fab
+                .config_map_ref
+                .as_ref()
+                .and_then(|r| manifests.config_map(&key.0, &r.name));
+            let (source, bytes) = flower_runs::fab_bytes(
+                &key.0,
+                &spec.app.fab,
+                config_map,
+                ConfigMapSource::ManifestsDirectory,
+            );
             let (state, app) = flower_runs::check_app(&source, bytes, &spec.run_config);
             checked = app;
             Some(state)
@@ -266,6 +278,7 @@ impl StandaloneRuns {
             app,
             superlink,
             config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
+            run_config_hash: core_run::run_config_hash(spec),
             claimed,
             now: Timestamp::now(),
         };
@@ -378,66 +391,13 @@ fn run_key(run: &FlowerRun) -> RunKey {
     )
 }
 
+/// Equal but for `suspend` and `runConfig`: the fields the CRD's CEL rule holds immutable
+/// (`runConfig` is the core's to hold, in both modes).
 fn same_but_suspend(a: &FlowerRunSpec, b: &FlowerRunSpec) -> bool {
     let mut a = a.clone();
     a.suspend = b.suspend;
+    a.run_config = b.run_config.clone();
     a == *b
-}
-
-/// The FAB of a run: the ConfigMap key its `configMapRef` names (from the manifests directory),
-/// or the download of its `url`. Returns where it came from, for messages.
-fn fab_bytes(
-    manifests: &Manifests,
-    namespace: &str,
-    spec: &FlowerRunSpec,
-) -> (String, Result<Vec<u8>, String>) {
-    let fab = &spec.app.fab;
-    if let Some(reference) = &fab.config_map_ref {
-        let source = format!(
-            "ConfigMap {namespace}/{} key {}",
-            reference.name, reference.key
-        );
-        let Some(config_map) = manifests.config_map(namespace, &reference.name) else {
-            return (
-                source.clone(),
-                Err(format!(
-                    "spec.app.fab.configMapRef: {source} is not in the manifests directory; \
-                     add it (e.g. `kubectl create configmap {} --from-file={}=APP.fab --dry-run=client -o yaml`)",
-                    reference.name, reference.key
-                )),
-            );
-        };
-        let bytes = config_map
-            .binary_data
-            .as_ref()
-            .and_then(|d| d.get(&reference.key))
-            .map(|b| b.0.clone())
-            .or_else(|| {
-                config_map
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(&reference.key))
-                    .map(|s| s.clone().into_bytes())
-            });
-        return match bytes {
-            Some(b) => (source, Ok(b)),
-            None => (
-                source.clone(),
-                Err(format!(
-                    "spec.app.fab.configMapRef.key: {source} has no key {:?} in binaryData or data",
-                    reference.key
-                )),
-            ),
-        };
-    }
-    let url = fab.url.clone().unwrap_or_default();
-    (
-        url.clone(),
-        Err(format!(
-            "spec.app.fab.url: downloading {url} is not supported by the standalone hub yet; \
-             put the FAB in a ConfigMap in the manifests directory and use configMapRef"
-        )),
-    )
 }
 
 /// Reads every `<dir>/<namespace>/<name>.json`; unreadable ones go to `broken` with what to do.

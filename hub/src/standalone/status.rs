@@ -22,6 +22,9 @@ pub struct HubStatus {
     /// Problems in the manifests directory (`FILE: field: message`).
     #[serde(default)]
     pub problems: Vec<String>,
+    /// The manifests directory the hub reads (where `flower-hub run submit` writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifests_dir: Option<String>,
     /// One entry per FlowerRun ([`super::runs`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<super::runs::RunEntry>,
@@ -268,7 +271,14 @@ impl HubStatus {
                 r.status.run_id.clone().unwrap_or_else(|| "-".into()),
                 format!(
                     "{}{}",
-                    r.status.flower_status.as_deref().unwrap_or("waiting"),
+                    r.status
+                        .flower_status
+                        .as_deref()
+                        .unwrap_or(if failed.is_some() {
+                            "failed"
+                        } else {
+                            "waiting"
+                        }),
                     failed.unwrap_or_default()
                 ),
                 r.status

@@ -1,14 +1,18 @@
 //! A stand-in for a unified-dialect SuperLink's Control API (`POST /v1/control/<method>`,
 //! protobuf bodies, over TLS with the SuperLink's certificate): enough of `register-node`,
-//! `unregister-node` and `list-nodes` for tests of the hub's key registration without Flower.
+//! `unregister-node` and `list-nodes` for tests of the hub's key registration, and of
+//! `start-run`, `list-runs`, `stop-run` and `stream-logs` for tests of its FlowerRuns, without
+//! Flower. The test moves runs along itself ([`Runs`]) and reads the methods called, in order,
+//! in a [`Journal`] it may share with other stand-ins.
 #![allow(dead_code)]
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use flower_addon_proto::flwr::{
-    ListNodesResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse, UnregisterNodeRequest,
-    UnregisterNodeResponse,
+    ListNodesResponse, ListRunsResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse, Run,
+    RunStatus, StartRunRequest, StartRunResponse, StopRunRequest, StopRunResponse,
+    StreamLogsRequest, StreamLogsResponse, UnregisterNodeRequest, UnregisterNodeResponse,
 };
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -21,9 +25,78 @@ use tokio::task::JoinHandle;
 /// Registered public keys (PEM) by node id.
 pub type Nodes = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
 
+/// What happened, in order, across the stand-ins of a test (`control: start-run`, …).
+pub type Journal = Arc<Mutex<Vec<String>>>;
+
+/// The runs the stand-in holds; the test sets their status and log lines.
+#[derive(Default)]
+pub struct Runs {
+    /// By run id.
+    pub runs: BTreeMap<u64, Run>,
+    /// Log lines by run id, each with its timestamp.
+    pub logs: BTreeMap<u64, Vec<(String, f64)>>,
+}
+
+impl Runs {
+    /// Sets run `id`'s status (`running`, `finished:completed`, …).
+    pub fn set_status(&mut self, id: u64, status: &str) {
+        let (status, sub) = status.split_once(':').unwrap_or((status, ""));
+        if let Some(run) = self.runs.get_mut(&id) {
+            run.status = Some(RunStatus {
+                status: status.into(),
+                sub_status: sub.into(),
+                details: String::new(),
+            });
+        }
+    }
+
+    /// Adds a line to run `id`'s log.
+    pub fn log(&mut self, id: u64, line: &str) {
+        let lines = self.logs.entry(id).or_default();
+        let at = 1_000.0 + lines.len() as f64;
+        lines.push((line.to_owned(), at));
+    }
+
+    /// Run ids, oldest first.
+    pub fn ids(&self) -> Vec<u64> {
+        self.runs.keys().copied().collect()
+    }
+}
+
+/// The state of a stand-in: its nodes, its runs and the journal of calls.
+#[derive(Clone, Default)]
+pub struct Fake {
+    /// Registered public keys by node id.
+    pub nodes: Nodes,
+    /// Runs and their logs.
+    pub runs: Arc<Mutex<Runs>>,
+    /// Every method called, as `control: <method>`.
+    pub journal: Journal,
+}
+
+impl Fake {
+    /// The methods called so far (`start-run`, …), in order.
+    pub fn calls(&self) -> Vec<String> {
+        self.journal
+            .lock()
+            .expect("journal")
+            .iter()
+            .filter_map(|l| l.strip_prefix("control: ").map(str::to_owned))
+            .collect()
+    }
+}
+
 /// Serves the Control API on `listener` with the certificate and key files of a SuperLink;
 /// returns the registered nodes and the server task.
 pub fn serve(listener: TcpListener, cert: &Path, key: &Path) -> (Nodes, JoinHandle<()>) {
+    let fake = Fake::default();
+    let task = serve_fake(listener, cert, key, fake.clone());
+    (fake.nodes, task)
+}
+
+/// Serves the Control API of `fake` on `listener` with the certificate and key files of a
+/// SuperLink.
+pub fn serve_fake(listener: TcpListener, cert: &Path, key: &Path, fake: Fake) -> JoinHandle<()> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .expect("cert file")
         .collect::<Result<_, _>>()
@@ -34,9 +107,8 @@ pub fn serve(listener: TcpListener, cert: &Path, key: &Path) -> (Nodes, JoinHand
         .with_single_cert(certs, key)
         .expect("server config");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let nodes: Nodes = Arc::new(Mutex::new(BTreeMap::new()));
-    let state = nodes.clone();
-    let task = tokio::spawn(async move {
+    let state = fake;
+    tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
@@ -55,13 +127,12 @@ pub fn serve(listener: TcpListener, cert: &Path, key: &Path) -> (Nodes, JoinHand
                     .await;
             });
         }
-    });
-    (nodes, task)
+    })
 }
 
 async fn answer(
     req: hyper::Request<hyper::body::Incoming>,
-    nodes: &Nodes,
+    fake: &Fake,
 ) -> hyper::Response<Full<Bytes>> {
     let method = req
         .uri()
@@ -74,7 +145,14 @@ async fn answer(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let mut nodes = nodes.lock().expect("nodes");
+    fake.journal
+        .lock()
+        .expect("journal")
+        .push(format!("control: {method}"));
+    if let Some(reply) = answer_runs(&method, body.clone(), fake) {
+        return reply;
+    }
+    let mut nodes = fake.nodes.lock().expect("nodes");
     let reply = match method.as_str() {
         "register-node" => {
             let request = RegisterNodeRequest::decode(body).expect("RegisterNodeRequest");
@@ -114,6 +192,85 @@ async fn answer(
         .header("content-type", "application/protobuf")
         .body(Full::new(Bytes::from(reply)))
         .expect("response")
+}
+
+/// The run methods; `None` for the others.
+fn answer_runs(method: &str, body: Bytes, fake: &Fake) -> Option<hyper::Response<Full<Bytes>>> {
+    let mut runs = fake.runs.lock().expect("runs");
+    let reply = match method {
+        "start-run" => {
+            let request = StartRunRequest::decode(body).expect("StartRunRequest");
+            // Flower's run ids are random 64-bit numbers, not counters.
+            let id = 7_000_000_001 + 7919 * runs.runs.len() as u64;
+            runs.runs.insert(
+                id,
+                Run {
+                    run_id: id,
+                    fab_id: "flwrlabs/fedavg".into(),
+                    fab_version: "1.0.0".into(),
+                    override_config: request.override_config,
+                    fab_hash: request.fab.map(|f| f.hash_str).unwrap_or_default(),
+                    status: Some(RunStatus {
+                        status: "pending".into(),
+                        ..RunStatus::default()
+                    }),
+                    ..Run::default()
+                },
+            );
+            StartRunResponse {
+                run_id: Some(id),
+                note: None,
+            }
+            .encode_to_vec()
+        }
+        "list-runs" => ListRunsResponse {
+            run_dict: runs.runs.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            now: String::new(),
+        }
+        .encode_to_vec(),
+        "stop-run" => {
+            let request = StopRunRequest::decode(body).expect("StopRunRequest");
+            let Some(run) = runs.runs.get(&request.run_id) else {
+                return Some(json(404, r#"{"detail": "Run not found"}"#));
+            };
+            if run.status.as_ref().is_some_and(|s| s.status == "finished") {
+                return Some(json(
+                    400,
+                    &format!(
+                        r#"{{"detail": "Run ID {} is already finished"}}"#,
+                        request.run_id
+                    ),
+                ));
+            }
+            runs.set_status(request.run_id, "finished:stopped");
+            StopRunResponse { success: true }.encode_to_vec()
+        }
+        "stream-logs" => {
+            // What there is after the timestamp, then the end of the stream (the hub reopens it
+            // while the run goes on).
+            let request = StreamLogsRequest::decode(body).expect("StreamLogsRequest");
+            let mut frames = Vec::new();
+            for (line, at) in runs.logs.get(&request.run_id).into_iter().flatten() {
+                if *at > request.after_timestamp {
+                    let message = StreamLogsResponse {
+                        log_output: line.clone(),
+                        latest_timestamp: *at,
+                    }
+                    .encode_to_vec();
+                    frames.extend_from_slice(&(message.len() as u32).to_be_bytes());
+                    frames.extend_from_slice(&message);
+                }
+            }
+            frames
+        }
+        _ => return None,
+    };
+    Some(
+        hyper::Response::builder()
+            .header("content-type", "application/protobuf")
+            .body(Full::new(Bytes::from(reply)))
+            .expect("response"),
+    )
 }
 
 fn json(status: u16, body: &str) -> hyper::Response<Full<Bytes>> {

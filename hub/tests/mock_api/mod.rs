@@ -105,3 +105,4 @@ pub fn mock_client(stored: Vec<Value>) -> (kube::Client, Arc<Mutex<Vec<Call>>>) 
     });
     (kube::Client::new(service, "default"), calls)
 }
+pub mod objects;

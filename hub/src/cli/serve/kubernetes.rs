@@ -22,7 +22,8 @@ pub use crate::kube::store::CA_SECRET;
 
 /// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
 /// Federations without `placementRef`, the pools in this cluster), the Placement controller
-/// (PlacementDecisions from ManagedClusters), and the work channel on `--listen` (agents join
+/// (PlacementDecisions from ManagedClusters), the FlowerRun controller (runs submitted to,
+/// followed on and stopped at the Federations' SuperLinks), and the work channel on `--listen` (agents join
 /// into ManagedClusters, tokens are Secrets, work comes from Federations + PlacementDecisions),
 /// with the hub CA kept in the Secret `flower-hub-ca` of `--namespace`.
 pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -147,6 +148,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .map(String::as_str),
             &args.superlink_name,
         )?;
+        let flower_ca_pem = flower_ca.bundle_pem().to_string();
         let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
             flower_ca,
@@ -161,6 +163,11 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let local_pools = tokio::spawn(crate::kube::hub_pools::run(
             client.clone(),
             work.clone(),
+            wait_stop(stop_rx.clone()),
+        ));
+        let runs = tokio::spawn(crate::kube::controller::runs::run(
+            client.clone(),
+            flower_ca_pem,
             wait_stop(stop_rx.clone()),
         ));
         let placements = tokio::spawn(crate::kube::controller::placement::run(
@@ -182,6 +189,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = federations.await;
         let _ = local_pools.await;
         let _ = placements.await;
+        let _ = runs.await;
         if let Some(lost) = lost.lock().ok().and_then(|mut l| l.take()) {
             return Err(anyhow::Error::new(lost));
         }

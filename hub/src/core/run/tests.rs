@@ -41,6 +41,7 @@ fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'
         }),
         superlink: SuperLinkState::Runs(runs),
         config_text: BTreeMap::new(),
+        run_config_hash: run_config_hash(spec),
         claimed: BTreeSet::new(),
         now: at(now),
     }
@@ -102,6 +103,41 @@ fn a_run_waits_for_its_federation_and_says_which() {
             .contains("0/2 SuperNodes online")
     );
     f.federation = FederationState::Ready;
+    assert_eq!(decide(&d.status, &f).action, Action::Submit);
+}
+
+#[test]
+fn a_missing_app_waits_and_starts_once_it_exists() {
+    // Invariant: a FAB whose ConfigMap (or key) does not exist yet holds the run, as a Pod waits
+    // for its ConfigMap volume: no failure (the spec is immutable, a Failed run could never
+    // start), no call, one event; the run is submitted once the app is there.
+    let spec = spec();
+    let mut f = facts(&spec, vec![], 0);
+    f.app = Some(AppState::Missing {
+        message: "ConfigMap ns/fab does not exist".into(),
+    });
+    let d = decide(&FlowerRunStatus::default(), &f);
+    assert_eq!(d.action, Action::Nothing);
+    assert!(!is_finished(&d.status), "{:?}", d.status);
+    assert!(
+        is(&d.status, RUN_SUBMITTED, "False", reason::INVALID_APP),
+        "{:?}",
+        d.status
+    );
+    assert_eq!(
+        d.status.details.as_deref(),
+        Some("ConfigMap ns/fab does not exist")
+    );
+    assert!(d.status.pending_submission.is_none());
+    assert_eq!(d.events.len(), 1, "{:?}", d.events);
+    assert!(d.events[0].warning);
+    assert_eq!(d.requeue, None, "the ConfigMap watch wakes it, not a timer");
+    let again = decide(&d.status, &f);
+    assert_eq!(again.status, d.status, "the same wait changes nothing");
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    f.app = Some(AppState::Ready {
+        fab_hash: "h".into(),
+    });
     assert_eq!(decide(&d.status, &f).action, Action::Submit);
 }
 
@@ -410,4 +446,31 @@ fn rounds_are_read_only_where_a_line_states_them() {
     assert_eq!(round_of("the second round 2 of x"), None);
     assert_eq!(round_of("round trip"), None);
     assert_eq!(round_of(""), None);
+}
+
+#[test]
+fn a_run_config_changed_after_creation_stops_and_fails_the_run() {
+    let spec = spec();
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 5, 0);
+    assert_eq!(s.run_config_hash, Some(run_config_hash(&spec)));
+    let mut changed = spec.clone();
+    changed.run_config.insert(
+        "num-server-rounds".into(),
+        flower_addon_crds::RunConfigValue::Int(9),
+    );
+    let d = decide(&s, &facts(&changed, vec![listed(5, "running", "h")], 3));
+    assert_eq!(d.action, Action::Stop(5), "nothing keeps running untracked");
+    assert!(is(
+        &d.status,
+        RUN_FAILED,
+        "True",
+        reason::INVALID_RUN_CONFIG
+    ));
+    assert_eq!(
+        condition(&d.status, RUN_FAILED).unwrap().message,
+        flower_addon_crds::rules::MSG_RUN_CONFIG_CHANGED
+    );
+    // Unchanged: nothing happens.
+    let d = decide(&s, &facts(&spec, vec![listed(5, "running", "h")], 3));
+    assert!(!is_finished(&d.status));
 }

@@ -17,10 +17,13 @@
 //! the work channel, or, without `placementRef`, in the hub cluster by [`crate::kube::hub_pools`];
 //! this controller applies only the SuperLink side, and sums the per-cluster status into the
 //! totals and conditions.
+//!
+//! Beside it: the Placement controller ([`placement`]) and the FlowerRun controller ([`runs`]).
 
 mod apply;
 pub mod cache;
 pub mod placement;
+pub mod runs;
 mod status;
 pub mod tls;
 
@@ -84,7 +87,7 @@ pub enum Error {
     #[error(transparent)]
     Render(#[from] HubRenderError),
     /// The object lacks its namespace (the CRD is namespaced; only a broken cache gives this).
-    #[error("Federation {0} has no namespace")]
+    #[error("{0} has no namespace")]
     NoNamespace(String),
     /// The controller's caches did not list in time (apiserver slow, RBAC missing).
     #[error(
@@ -341,7 +344,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     let name = fed.name_any();
     let namespace = fed
         .namespace()
-        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+        .ok_or_else(|| Error::NoNamespace(format!("Federation {name}")))?;
     if fed.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove everything.
         return Ok(Action::await_change());

@@ -387,7 +387,7 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     let name = placement.name_any();
     let namespace = placement
         .namespace()
-        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+        .ok_or_else(|| Error::NoNamespace(format!("Placement {name}")))?;
     if placement.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

@@ -2,7 +2,7 @@
 //! Federation with SuperNode authentication gets its SuperLink synced to the keys its placed
 //! clusters report (the hub's own cluster for a Federation without `placementRef`) ([`crate::core::nodekeys::wanted_keys`]) through the
 //! Control API at the SuperLink Service's in-cluster name
-//! ([`crate::core::superlink::in_cluster_control`]). When what a SuperLink holds changes, the
+//! ([`crate::kube::control::in_cluster_endpoint`]). When what a SuperLink holds changes, the
 //! work is recomputed so agents start the SuperNodes whose keys are now registered. A change
 //! of a SuperLink StatefulSet (its pod deleted, back Ready) makes that SuperLink due at once:
 //! restarted on an emptyDir database it has lost every registration, and its SuperNodes
@@ -20,9 +20,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::{Report, Stores};
-use crate::core::render::federation_dialect;
 use crate::core::work::placed_on;
-use crate::flower::control::ControlEndpoint;
 use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
 
 /// How often SuperLinks are synced without new reports.
@@ -90,7 +88,7 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
         if !fed.spec.supernode_auth() {
             continue;
         }
-        let Ok((_, dialect)) = federation_dialect(&fed) else {
+        let Some(endpoint) = crate::kube::control::in_cluster_endpoint(&fed, ca_pem) else {
             continue;
         };
         let namespace = fed.namespace().unwrap_or_default();
@@ -104,15 +102,9 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
         let wanted = crate::core::nodekeys::wanted(&key, &placed_on, |c| {
             reports.get(c).map(|r| r.status.clone())
         });
-        let (server_name, address) = crate::core::superlink::in_cluster_control(&fed, dialect);
         out.push(KeyTarget {
             federation: key,
-            endpoint: ControlEndpoint {
-                dialect,
-                address,
-                server_name,
-                ca_pem: Some(ca_pem.to_owned()),
-            },
+            endpoint,
             wanted: wanted.keys,
             complete: wanted.complete,
         });

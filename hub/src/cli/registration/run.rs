@@ -1,0 +1,573 @@
+//! `flower-hub run submit|list|logs|stop|delete`: FlowerRuns from the command line, in both hub
+//! modes. `submit` builds the app's FAB in Rust (byte for byte what `flwr build` makes), stores
+//! it in a ConfigMap and creates the FlowerRun — through the Kubernetes API with the user's own
+//! credentials (RBAC on `flowerruns` and `configmaps` decides), or as one file in a standalone
+//! hub's manifests directory. No Control API is reached from here: the hub submits.
+use super::*;
+use flower_addon_crds::run::{
+    ConfigMapKeyRef, FabSource, FederationRef, FlowerRun, FlowerRunSpec, FlowerRunStatus, RunApp,
+    RunConfigValue,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// `flower-hub run`.
+#[derive(clap::Args, Debug)]
+pub struct RunCommand {
+    #[command(subcommand)]
+    command: RunSub,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum RunSub {
+    /// Build APP_DIR into a FAB and submit it as a FlowerRun of a Federation.
+    #[command(
+        after_help = "Examples:\n  flower-hub run submit examples/fedavg --federation demo --federation-namespace demo --run-config num-server-rounds=2 --follow\n  flower-hub run submit ./app --federation quickstart --state-dir /var/lib/flower-hub --wait"
+    )]
+    Submit(SubmitArgs),
+    /// List FlowerRuns (like `kubectl get flowerrun`).
+    #[command(
+        after_help = "Examples:\n  flower-hub run list\n  flower-hub run list --federation-namespace demo\n  flower-hub run list --state-dir /var/lib/flower-hub"
+    )]
+    List(ListArgs),
+    /// Print a FlowerRun's log tail; `--follow` prints new lines until the run ends.
+    #[command(
+        after_help = "Examples:\n  flower-hub run logs fedavg-1795000000 --federation-namespace demo\n  flower-hub run logs fedavg-1795000000 --federation-namespace demo --follow"
+    )]
+    Logs(LogsArgs),
+    /// Stop a FlowerRun (sets `spec.suspend: true`; the hub stops its Flower run).
+    #[command(
+        after_help = "Example:\n  flower-hub run stop fedavg-1795000000 --federation-namespace demo"
+    )]
+    Stop(NameArgs),
+    /// Delete a FlowerRun (the hub stops its Flower run first) and the ConfigMap `submit` made.
+    #[command(
+        after_help = "Example:\n  flower-hub run delete fedavg-1795000000 --federation-namespace demo"
+    )]
+    Delete(NameArgs),
+}
+
+/// Arguments of `run submit`.
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    hub_args: HubArgs,
+    /// The Flower app directory (with its pyproject.toml).
+    pub app: PathBuf,
+    /// The Federation to run it on.
+    #[arg(long)]
+    pub federation: String,
+    /// The Federation's namespace (the FlowerRun and its ConfigMap are made there).
+    #[arg(long = "federation-namespace", default_value = "default")]
+    pub federation_namespace: String,
+    /// The FlowerRun's name (default: the app's name and the time).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Run-config values, as `flwr run --run-config` takes them (`k=v`, several per argument or
+    /// the option repeated; TOML values: `3`, `0.5`, `true`, `"text"`).
+    #[arg(long = "run-config", value_name = "K=V")]
+    pub run_config: Vec<String>,
+    /// `spec.activeDeadlineSeconds`.
+    #[arg(long)]
+    pub active_deadline_seconds: Option<i64>,
+    /// `spec.backoffLimit`.
+    #[arg(long)]
+    pub backoff_limit: Option<i32>,
+    /// Wait until the run ends; exit non-zero when it failed.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print the log and the rounds as they come until the run ends (implies --wait).
+    #[arg(long)]
+    pub follow: bool,
+}
+
+/// Arguments of `run list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    hub_args: HubArgs,
+    /// Only this namespace (default: all).
+    #[arg(long = "federation-namespace")]
+    pub federation_namespace: Option<String>,
+}
+
+/// Arguments of `run logs`.
+#[derive(clap::Args, Debug)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    names: NameArgs,
+    /// Keep printing until the run ends; exit non-zero when it failed.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+/// A FlowerRun by name.
+#[derive(clap::Args, Debug)]
+pub struct NameArgs {
+    #[command(flatten)]
+    hub_args: HubArgs,
+    /// The FlowerRun's name.
+    pub name: String,
+    /// Its namespace.
+    #[arg(long = "federation-namespace", default_value = "default")]
+    pub federation_namespace: String,
+}
+
+/// `flower-hub run …`.
+pub fn run(cmd: RunCommand) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        match cmd.command {
+            RunSub::Submit(args) => submit(args).await,
+            RunSub::List(args) => list(args).await,
+            RunSub::Logs(args) => {
+                let hub = Hub::open(&args.names.hub_args).await?;
+                let (ns, name) = (&args.names.federation_namespace, &args.names.name);
+                if !args.follow {
+                    let status = get(&hub, ns, name).await?;
+                    for line in &status.log_tail {
+                        println!("{line}");
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+                follow(&hub, ns, name, true).await
+            }
+            RunSub::Stop(args) => stop(args).await,
+            RunSub::Delete(args) => delete(args).await,
+        }
+    })
+}
+
+async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let fab = crate::flower::fab::build_from_dir(&args.app)
+        .with_context(|| format!("building a FAB of {}", args.app.display()))?;
+    let overrides = crate::flower::fab::parse_run_config(&args.run_config)?;
+    // Checked here as the hub will: a typo fails now, not after the submission.
+    let overrides = crate::flower::fab::check_overrides(&fab.config, &overrides)?;
+    let project = fab.fab_id.rsplit('/').next().unwrap_or("run").to_owned();
+    let name = match args.name {
+        Some(n) => n,
+        None => format!(
+            "{}-{}",
+            dns_part(&project),
+            crate::registration::tokens::unix_now()
+        ),
+    };
+    let ns = args.federation_namespace.clone();
+    let config_map_name = format!("{name}-fab");
+    let config_map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(config_map_name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some([("flower-addon.io/flowerrun".to_owned(), name.clone())].into()),
+            ..Default::default()
+        },
+        binary_data: Some(
+            [(
+                FAB_KEY.to_owned(),
+                k8s_openapi::ByteString(fab.bytes.clone()),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let run = FlowerRun {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        spec: FlowerRunSpec {
+            federation_ref: FederationRef {
+                name: args.federation.clone(),
+            },
+            app: RunApp {
+                fab: FabSource {
+                    config_map_ref: Some(ConfigMapKeyRef {
+                        name: config_map_name.clone(),
+                        key: FAB_KEY.into(),
+                    }),
+                    url: None,
+                    sha256: None,
+                },
+            },
+            run_config: overrides
+                .into_iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        crate::flower::fab::ConfigValue::Bool(b) => RunConfigValue::Bool(b),
+                        crate::flower::fab::ConfigValue::Int(i) => RunConfigValue::Int(i),
+                        crate::flower::fab::ConfigValue::Float(x) => RunConfigValue::Float(x),
+                        crate::flower::fab::ConfigValue::Str(s) => RunConfigValue::Str(s),
+                    };
+                    (k, v)
+                })
+                .collect(),
+            suspend: None,
+            active_deadline_seconds: args.active_deadline_seconds,
+            backoff_limit: args.backoff_limit,
+            ttl_seconds_after_finished: None,
+        },
+        status: None,
+    };
+    let problems = flower_addon_crds::validate_flower_run(&run);
+    if let Some(p) = problems.first() {
+        anyhow::bail!("{}: {}", p.path, p.message);
+    }
+    let hub = Hub::open(&args.hub_args).await?;
+    match &hub {
+        Hub::Kube { client, .. } => {
+            let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), &ns);
+            let pp = kube::api::PostParams::default();
+            maps.create(&pp, &config_map)
+                .await
+                .with_context(|| format!("creating ConfigMap {ns}/{config_map_name}"))?;
+            if let Err(e) = runs.create(&pp, &run).await {
+                // Nothing half-made is left behind.
+                let _ = maps
+                    .delete(&config_map_name, &kube::api::DeleteParams::default())
+                    .await;
+                return Err(anyhow::Error::new(e).context(format!(
+                    "creating FlowerRun {ns}/{name} (is the FlowerRun CRD installed: \
+                     `flower-hub crds | kubectl apply -f -`?)"
+                )));
+            }
+        }
+        Hub::File { dir, .. } => {
+            let path = standalone_file(dir, &ns, &name)?;
+            anyhow::ensure!(
+                !path.exists(),
+                "{} exists: FlowerRun {ns}/{name} was submitted before; pick another --name",
+                path.display()
+            );
+            let text = format!(
+                "# Made by `flower-hub run submit`; `flower-hub run stop|delete {name}` edit or remove it.\n---\n{}---\n{}",
+                serde_saphyr::to_string(&with_kind(&config_map, "v1", "ConfigMap")?)?,
+                serde_saphyr::to_string(&with_kind(
+                    &run,
+                    flower_addon_crds::API_VERSION,
+                    "FlowerRun"
+                )?)?,
+            );
+            write_new(&path, &text)?;
+        }
+    }
+    println!(
+        "FlowerRun {ns}/{name} submitted (app {} {}, FAB {} bytes, sha256 {})",
+        fab.fab_id,
+        fab.version,
+        fab.bytes.len(),
+        fab.hash
+    );
+    if args.follow || args.wait {
+        return follow(&hub, &ns, &name, args.follow).await;
+    }
+    println!("follow it with: flower-hub run logs {name} --federation-namespace {ns} --follow");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The ConfigMap key `submit` stores the FAB under.
+const FAB_KEY: &str = "app.fab";
+
+fn dns_part(text: &str) -> String {
+    let s: String = text
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    let s = s.trim_matches('-').to_owned();
+    if s.is_empty() { "run".into() } else { s }
+}
+
+/// An object as JSON with `apiVersion` and `kind` first (k8s-openapi types leave them out).
+fn with_kind(
+    object: &impl serde::Serialize,
+    api_version: &str,
+    kind: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let mut map = serde_json::Map::new();
+    map.insert("apiVersion".into(), api_version.into());
+    map.insert("kind".into(), kind.into());
+    if let serde_json::Value::Object(rest) = serde_json::to_value(object)? {
+        for (k, v) in rest {
+            if k != "apiVersion" && k != "kind" && k != "status" {
+                map.insert(k, v);
+            }
+        }
+    }
+    Ok(serde_json::Value::Object(map))
+}
+
+/// Where `submit` writes a standalone run: `<manifests>/flowerrun-<ns>-<name>.yaml`.
+fn standalone_file(state_dir: &Path, ns: &str, name: &str) -> anyhow::Result<PathBuf> {
+    let status = crate::standalone::status::HubStatus::read(state_dir).with_context(|| {
+        format!(
+            "reading {}/status.json: is `flower-hub serve --standalone --state-dir {}` running?",
+            state_dir.display(),
+            state_dir.display()
+        )
+    })?;
+    let manifests = status.manifests_dir.with_context(|| {
+        "the running hub did not record its manifests directory (an older flower-hub?): \
+         restart `flower-hub serve --standalone`"
+    })?;
+    Ok(PathBuf::from(manifests).join(format!("flowerrun-{ns}-{name}.yaml")))
+}
+
+fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+async fn get(hub: &Hub, ns: &str, name: &str) -> anyhow::Result<FlowerRunStatus> {
+    match hub {
+        Hub::Kube { client, .. } => {
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
+            let run = runs.get_opt(name).await?.with_context(|| {
+                format!("no FlowerRun {ns}/{name}; list them with `flower-hub run list`")
+            })?;
+            Ok(run.status.unwrap_or_default())
+        }
+        Hub::File { dir, .. } => {
+            let status = crate::standalone::status::HubStatus::read(dir)
+                .with_context(|| format!("reading {}/status.json", dir.display()))?;
+            status
+                .runs
+                .into_iter()
+                .find(|r| r.namespace == ns && r.name == name)
+                .map(|r| r.status)
+                .with_context(|| {
+                    format!(
+                        "no FlowerRun {ns}/{name} in the hub's status (a new run shows up within a \
+                         second); list them with `flower-hub run list --state-dir {}`",
+                        dir.display()
+                    )
+                })
+        }
+    }
+}
+
+/// Prints new log lines (and rounds) until the run ends: success when it completed.
+async fn follow(hub: &Hub, ns: &str, name: &str, print_log: bool) -> anyhow::Result<ExitCode> {
+    let mut printed: Vec<String> = Vec::new();
+    let mut last_round = String::new();
+    let mut missing_since: Option<std::time::Instant> = None;
+    loop {
+        let status = match get(hub, ns, name).await {
+            Ok(s) => {
+                missing_since = None;
+                s
+            }
+            // The standalone hub lists a new run within a pass: give it a few seconds.
+            Err(e)
+                if missing_since
+                    .is_none_or(|t| t.elapsed() < std::time::Duration::from_secs(10)) =>
+            {
+                missing_since.get_or_insert_with(std::time::Instant::now);
+                tracing::debug!(error = %e, "waiting for the run to be listed");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if print_log {
+            for line in new_lines(&printed, &status.log_tail) {
+                println!("{line}");
+            }
+            printed = status.log_tail.clone();
+            if let Some(p) = &status.progress
+                && p.text != last_round
+            {
+                eprintln!("[{name}] round {}", p.text);
+                last_round = p.text.clone();
+            }
+        }
+        let condition = |t: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t && c.status == "True")
+        };
+        if let Some(c) = condition(flower_addon_crds::run::RUN_COMPLETE) {
+            eprintln!("FlowerRun {ns}/{name}: Complete ({})", c.message);
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Some(c) = condition(flower_addon_crds::run::RUN_FAILED) {
+            eprintln!("FlowerRun {ns}/{name}: Failed, {}: {}", c.reason, c.message);
+            return Ok(ExitCode::FAILURE);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The lines of `now` after the longest overlap of `before`'s end with `now`'s start (the tail
+/// is a sliding window of the last lines).
+fn new_lines<'a>(before: &[String], now: &'a [String]) -> &'a [String] {
+    for start in 0..before.len() {
+        let overlap = &before[start..];
+        if now.starts_with(overlap) {
+            return &now[overlap.len()..];
+        }
+    }
+    now
+}
+
+async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let hub = Hub::open(&args.hub_args).await?;
+    let entries: Vec<crate::standalone::runs::RunEntry> = match &hub {
+        Hub::Kube { client, .. } => {
+            let runs: kube::Api<FlowerRun> = match &args.federation_namespace {
+                Some(ns) => kube::Api::namespaced(client.clone(), ns),
+                None => kube::Api::all(client.clone()),
+            };
+            runs.list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|r| crate::standalone::runs::RunEntry {
+                    namespace: r.metadata.namespace.clone().unwrap_or_default(),
+                    name: r.metadata.name.clone().unwrap_or_default(),
+                    federation: r.spec.federation_ref.name.clone(),
+                    status: r.status.unwrap_or_default(),
+                })
+                .collect()
+        }
+        Hub::File { dir, .. } => crate::standalone::status::HubStatus::read(dir)
+            .with_context(|| format!("reading {}/status.json", dir.display()))?
+            .runs
+            .into_iter()
+            .filter(|r| {
+                args.federation_namespace
+                    .as_ref()
+                    .is_none_or(|ns| *ns == r.namespace)
+            })
+            .collect(),
+    };
+    let table = crate::standalone::status::HubStatus {
+        runs: entries,
+        ..Default::default()
+    };
+    print!("{}", table.run_table());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stop(args: NameArgs) -> anyhow::Result<ExitCode> {
+    let hub = Hub::open(&args.hub_args).await?;
+    let (ns, name) = (&args.federation_namespace, &args.name);
+    match &hub {
+        Hub::Kube { client, .. } => {
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
+            runs.patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+            )
+            .await
+            .with_context(|| format!("setting spec.suspend of FlowerRun {ns}/{name}"))?;
+        }
+        Hub::File { dir, .. } => {
+            let path = standalone_file(dir, ns, name)?;
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "{} not found: only runs made by `flower-hub run submit` are edited here; \
+                     set `spec.suspend: true` in the FlowerRun's own file",
+                    path.display()
+                )
+            })?;
+            let objects = flower_addon_crds::parse_documents(&path.display().to_string(), &text)?;
+            let mut out = String::from(
+                "# Made by `flower-hub run submit`; stopped by `flower-hub run stop`.\n",
+            );
+            for object in objects {
+                let value = match object {
+                    flower_addon_crds::Object::FlowerRun(mut run) => {
+                        run.spec.suspend = Some(true);
+                        with_kind(&run, flower_addon_crds::API_VERSION, "FlowerRun")?
+                    }
+                    flower_addon_crds::Object::ConfigMap(map) => {
+                        with_kind(&map, "v1", "ConfigMap")?
+                    }
+                    other => anyhow::bail!(
+                        "{}: unexpected {} in a file `run submit` made",
+                        path.display(),
+                        other.kind()
+                    ),
+                };
+                out.push_str("---\n");
+                out.push_str(&serde_saphyr::to_string(&value)?);
+            }
+            write_new(&path, &out)?;
+        }
+    }
+    println!(
+        "FlowerRun {ns}/{name}: spec.suspend set; the hub stops its Flower run (follow with `flower-hub run logs {name} --follow`)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn delete(args: NameArgs) -> anyhow::Result<ExitCode> {
+    let hub = Hub::open(&args.hub_args).await?;
+    let (ns, name) = (&args.federation_namespace, &args.name);
+    match &hub {
+        Hub::Kube { client, .. } => {
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
+            runs.delete(name, &kube::api::DeleteParams::default())
+                .await
+                .with_context(|| format!("deleting FlowerRun {ns}/{name}"))?;
+            let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+            let made = maps
+                .get_opt(&format!("{name}-fab"))
+                .await?
+                .is_some_and(|m| {
+                    m.metadata
+                        .labels
+                        .is_some_and(|l| l.get("flower-addon.io/flowerrun") == Some(name))
+                });
+            if made {
+                maps.delete(&format!("{name}-fab"), &kube::api::DeleteParams::default())
+                    .await?;
+            }
+        }
+        Hub::File { dir, .. } => {
+            let path = standalone_file(dir, ns, name)?;
+            std::fs::remove_file(&path).with_context(|| {
+                format!(
+                    "{}: only runs made by `flower-hub run submit` are removed here; remove the \
+                     FlowerRun from its own file",
+                    path.display()
+                )
+            })?;
+        }
+    }
+    println!("FlowerRun {ns}/{name} deleted; the hub stops its Flower run if it still runs");
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_lines_follow_a_sliding_tail() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(new_lines(&[], &s(&["a", "b"])), s(&["a", "b"]));
+        assert_eq!(new_lines(&s(&["a", "b"]), &s(&["a", "b", "c"])), s(&["c"]));
+        assert_eq!(
+            new_lines(&s(&["a", "b", "c"]), &s(&["b", "c", "d"])),
+            s(&["d"])
+        );
+        assert_eq!(
+            new_lines(&s(&["a", "b"]), &s(&["a", "b"])),
+            Vec::<String>::new()
+        );
+        assert_eq!(new_lines(&s(&["x"]), &s(&["y"])), s(&["y"]));
+    }
+
+    #[test]
+    fn run_names_are_dns_labels() {
+        assert_eq!(dns_part("FedAvg_App"), "fedavg-app");
+        assert_eq!(dns_part("--"), "run");
+    }
+}

@@ -1,0 +1,370 @@
+//! The hub's Kubernetes-mode `FlowerRun` controller (kube-runtime), beside the Federation
+//! controller. It loads, stores and watches; what to do is [`crate::core::run::decide`]'s, and
+//! the Flower calls are [`crate::flower::runs`]'s — the same as the standalone hub's
+//! ([`crate::standalone`]'s `runs`), so both modes do the same for the same input.
+//!
+//! - Watches: FlowerRuns in every namespace (a reconcile on a new run, a spec change —
+//!   `suspend` — and a deletion; its own status writes trigger nothing), Federations (a change of
+//!   `Ready` wakes the runs waiting for it) and ConfigMaps, metadata only (one created or changed
+//!   wakes the runs waiting for their FAB). A run in progress is polled at
+//!   [`Decision::requeue`](crate::core::run::Decision::requeue); a finished one costs no Control
+//!   call and no write.
+//! - Facts: the Federation from the watch's cache (its `Ready` condition), the FAB from the
+//!   ConfigMap (read only while the run has no Flower run), the SuperLink's runs through the
+//!   Control API at the SuperLink Service ([`crate::kube::control::in_cluster_endpoint`]), and
+//!   the Flower run ids other FlowerRuns of the Federation hold.
+//! - Writes: the status with server-side apply under [`HUB_FIELD_MANAGER`](super::HUB_FIELD_MANAGER), conditional on the
+//!   resourceVersion read (a reconcile on a cache behind the apiserver writes nothing and
+//!   looks again); the finalizer [`RUN_FINALIZER`] added before the first submission and
+//!   removed once the Flower run is stopped; the status holding the pending submission stored
+//!   before `StartRun` is sent; events for each transition.
+mod reconcile;
+mod store;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flower_addon_crds::run::FlowerRun;
+use flower_addon_crds::{Federation, RUN_FINALIZER};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
+use kube::{Client, ResourceExt};
+
+use super::{Error, measured};
+use crate::core::run::needs_app;
+use crate::flower::control::{ControlClient, ControlEndpoint};
+use crate::flower::runs::LogFollowers;
+
+pub use reconcile::reconcile;
+
+/// `(namespace, name)` of a FlowerRun.
+type RunKey = (String, String);
+/// `(namespace, name)` of a Federation.
+type FedKey = (String, String);
+
+/// How a run's Federation's SuperLink is reached (the in-cluster Service in the hub; a stand-in
+/// in tests).
+pub type EndpointOf = Arc<dyn Fn(&Federation) -> Option<ControlEndpoint> + Send + Sync>;
+
+/// How soon a reconcile whose write met a newer object (its cache was behind) looks again.
+const CONFLICT_RETRY: Duration = Duration::from_secs(1);
+/// Requeue after a failed reconcile.
+const ERROR_RETRY: Duration = Duration::from_secs(15);
+
+/// What every FlowerRun reconcile shares.
+pub struct RunContext {
+    /// Client of the hub cluster.
+    pub client: Client,
+    /// Event recorder (reporting controller [`super::HUB_FIELD_MANAGER`]).
+    pub recorder: Recorder,
+    /// Every Federation (the watch's cache).
+    pub federations: Store<Federation>,
+    /// Every FlowerRun (the controller's cache), for the run ids other runs hold.
+    pub runs: Store<FlowerRun>,
+    endpoint: EndpointOf,
+    clients: Mutex<HashMap<FedKey, (ControlEndpoint, Arc<ControlClient>)>>,
+    followers: Mutex<LogFollowers<RunKey>>,
+}
+
+impl RunContext {
+    /// A context reading `federations` and `runs`, dialling each Federation's SuperLink where
+    /// `endpoint` says.
+    pub fn new(
+        client: Client,
+        federations: Store<Federation>,
+        runs: Store<FlowerRun>,
+        endpoint: EndpointOf,
+    ) -> Self {
+        Self {
+            recorder: super::apply::recorder(client.clone()),
+            client,
+            federations,
+            runs,
+            endpoint,
+            clients: Mutex::default(),
+            followers: Mutex::new(LogFollowers::new()),
+        }
+    }
+
+    /// The Control client of `fed` (kept while its endpoint stays the same); `None` when it has
+    /// no endpoint.
+    fn control_client(&self, key: &FedKey, fed: &Federation) -> Option<Arc<ControlClient>> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(wanted) = (self.endpoint)(fed) else {
+            clients.remove(key);
+            return None;
+        };
+        if let Some((have, client)) = clients.get(key)
+            && *have == wanted
+        {
+            return Some(client.clone());
+        }
+        match ControlClient::new(wanted.clone()) {
+            Ok(client) => {
+                let client = Arc::new(client);
+                clients.insert(key.clone(), (wanted, client.clone()));
+                Some(client)
+            }
+            Err(error) => {
+                tracing::warn!(federation = %key.1, namespace = %key.0, %error, "no Control client");
+                None
+            }
+        }
+    }
+
+    fn followers(&self) -> std::sync::MutexGuard<'_, LogFollowers<RunKey>> {
+        self.followers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What triggers a reconcile of a FlowerRun: its spec (generation: `suspend` is the field that
+/// may change) and its deletion. The controller's own status writes change neither.
+fn run_inputs(run: &FlowerRun) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    run.metadata.generation.hash(&mut hasher);
+    run.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// What of a Federation a waiting run depends on: its `Ready` condition (status and message)
+/// and its deletion.
+fn federation_inputs(fed: &Federation) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let ready = fed.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| (c.status.clone(), c.message.clone()))
+    });
+    ready.hash(&mut hasher);
+    fed.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The runs of namespace `namespace` that still wait to be submitted (no Flower run yet, not
+/// finished) and that `wanted` picks.
+fn waiting_runs(
+    runs: &Store<FlowerRun>,
+    namespace: Option<String>,
+    wanted: impl Fn(&FlowerRun) -> bool,
+) -> Vec<ObjectRef<FlowerRun>> {
+    runs.state()
+        .iter()
+        .filter(|r| r.namespace() == namespace)
+        .filter(|r| {
+            let status = r.status.clone().unwrap_or_default();
+            needs_app(&status, r.metadata.deletion_timestamp.is_some())
+        })
+        .filter(|r| wanted(r))
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// Runs the FlowerRun controller until `shutdown` resolves (graceful: running reconciles end).
+/// SuperLinks are verified with the Flower CA bundle `ca_pem`.
+pub async fn run(
+    client: Client,
+    ca_pem: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (federations, fed_writer) = reflector::store::<Federation>();
+    let (runs, run_writer) = reflector::store::<FlowerRun>();
+    let run_events = watcher(Api::<FlowerRun>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(run_writer)
+        .applied_objects()
+        .predicate_filter(run_inputs, PredicateConfig::default());
+    let fed_events = watcher(Api::<Federation>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(fed_writer)
+        .applied_objects()
+        .predicate_filter(federation_inputs, PredicateConfig::default());
+    let config_map_events = watcher(
+        Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let endpoint: EndpointOf =
+        Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca_pem));
+    let context = RunContext::new(client, federations, runs.clone(), endpoint);
+    let (for_feds, for_config_maps) = (runs.clone(), runs.clone());
+    Controller::for_stream(run_events, runs)
+        .watches_stream(fed_events, move |fed: Federation| {
+            let name = fed.name_any();
+            waiting_runs(&for_feds, fed.namespace(), |r| {
+                r.spec.federation_ref.name == name
+            })
+        })
+        .watches_stream(
+            config_map_events,
+            move |config_map: PartialObjectMeta<ConfigMap>| {
+                let name = config_map.name_any();
+                waiting_runs(&for_config_maps, config_map.namespace(), |r| {
+                    r.spec
+                        .app
+                        .fab
+                        .config_map_ref
+                        .as_ref()
+                        .is_some_and(|c| c.name == name)
+                })
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(
+            |run, ctx| measured("flowerrun", reconcile(run, ctx)),
+            error_policy,
+            Arc::new(context),
+        )
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(run = %object, "reconciled"),
+                Err(error) => tracing::warn!(%error, "FlowerRun reconcile failed"),
+            }
+        })
+        .await;
+    tracing::info!("FlowerRun controller stopped");
+}
+
+/// Requeue with a delay after a failed reconcile.
+pub fn error_policy(run: Arc<FlowerRun>, error: &Error, _ctx: Arc<RunContext>) -> Action {
+    tracing::warn!(
+        run = %run.name_any(),
+        namespace = run.namespace().unwrap_or_default(),
+        kind = error.metric_label(),
+        %error,
+        "FlowerRun reconcile error"
+    );
+    Action::requeue(ERROR_RETRY)
+}
+
+/// Whether the finalizer of a run is on.
+fn has_finalizer(run: &FlowerRun) -> bool {
+    run.finalizers().iter().any(|f| f == RUN_FINALIZER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flower_addon_crds::run::FlowerRunStatus;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn run(name: &str, namespace: &str, status: serde_json::Value) -> FlowerRun {
+        serde_json::from_value(json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "FlowerRun",
+            "metadata": {"name": name, "namespace": namespace, "generation": 1},
+            "spec": {
+                "federationRef": {"name": "fed"},
+                "app": {"fab": {"configMapRef": {"name": "fab", "key": "app.fab"}}},
+            },
+            "status": status,
+        }))
+        .expect("FlowerRun")
+    }
+
+    #[test]
+    fn only_spec_and_deletion_trigger_a_run_not_its_status() {
+        // Invariant: the controller's own status writes (log lines every poll) do not trigger
+        // another reconcile; a spec change (suspend) and a deletion do.
+        let waiting = run("r", "team", json!({}));
+        let mut written = waiting.clone();
+        written.status = Some(FlowerRunStatus {
+            log_tail: vec!["round 1/2".into()],
+            ..FlowerRunStatus::default()
+        });
+        assert_eq!(run_inputs(&waiting), run_inputs(&written));
+        let mut suspended = waiting.clone();
+        suspended.metadata.generation = Some(2);
+        assert_ne!(run_inputs(&waiting), run_inputs(&suspended));
+        let mut deleted = waiting.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_ne!(run_inputs(&waiting), run_inputs(&deleted));
+    }
+
+    #[test]
+    fn a_federation_or_config_map_wakes_only_the_runs_still_waiting_in_its_namespace() {
+        // Invariant: a Federation's (or ConfigMap's) change re-triggers the runs of its
+        // namespace that have no Flower run yet; runs in progress poll anyway, finished ones
+        // cost nothing.
+        use flower_addon_crds::run::RUN_COMPLETE;
+        let (store, mut writer) = reflector::store::<FlowerRun>();
+        writer.apply_watcher_event(&Event::Init);
+        for r in [
+            run("waiting", "team", json!({})),
+            run("other-namespace", "elsewhere", json!({})),
+            run(
+                "running",
+                "team",
+                json!({"runId": "7", "flowerStatus": "running"}),
+            ),
+            run(
+                "complete",
+                "team",
+                json!({"conditions": [{"type": RUN_COMPLETE, "status": "True", "reason": "Completed", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+            ),
+        ] {
+            writer.apply_watcher_event(&Event::InitApply(r));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        let woken: Vec<String> = waiting_runs(&store, Some("team".into()), |_| true)
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(woken, ["waiting"]);
+        assert!(
+            waiting_runs(&store, Some("team".into()), |r| r.spec.federation_ref.name
+                == "other")
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_federation_triggers_its_runs_when_ready_changes_not_on_every_status_write() {
+        // Invariant: SuperNode counts and other status writes of a Federation wake no run; a
+        // change of its Ready condition does.
+        let fed = |ready: &str, supernodes: &str| -> Federation {
+            let mut fed: Federation = serde_json::from_value(json!({
+                "apiVersion": "flower-addon.io/v1alpha1",
+                "kind": "Federation",
+                "metadata": {"name": "fed", "namespace": "team"},
+                "spec": {
+                    "mode": "StatefulSet", "isolationMode": "subprocess", "insecure": true,
+                    "superlink": {"image": "flwr/superlink:1.42.0"},
+                    "supernodes": {"image": "flwr/supernode:1.42.0", "pools": [{"name": "a", "replicas": 1}]},
+                },
+            }))
+            .expect("Federation");
+            fed.status = Some(
+                serde_json::from_value(json!({
+                    "supernodes": supernodes,
+                    "conditions": [{"type": "Ready", "status": ready, "reason": "R", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                }))
+                .expect("status"),
+            );
+            fed
+        };
+        assert_eq!(
+            federation_inputs(&fed("False", "0/1")),
+            federation_inputs(&fed("False", "1/2"))
+        );
+        assert_ne!(
+            federation_inputs(&fed("False", "0/1")),
+            federation_inputs(&fed("True", "0/1"))
+        );
+    }
+}
