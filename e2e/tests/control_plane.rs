@@ -452,6 +452,26 @@ subjects: [{kind: ServiceAccount, name: reader, namespace: team-roles}]
             (false, a("get", "", "secrets", ns)),
             (false, portforward),
             (false, status("patch")),
+            (true, a("get", g, "flowerruns", ns)),
+            (false, a("create", g, "flowerruns", ns)),
+            (false, a("get", g, "flowerruns", other)),
+        ],
+    )
+    .await?;
+    // A FlowerRun is code run on the namespace's Federations: `edit` there may create one (and
+    // its FAB's ConfigMap), nowhere else, and never writes its status.
+    let mut run_status = a("patch", g, "flowerruns", ns);
+    run_status.subresource = Some("status");
+    check(
+        hub,
+        &engineer,
+        &[
+            (true, a("create", g, "flowerruns", ns)),
+            (true, a("create", "", "configmaps", ns)),
+            (true, a("delete", g, "flowerruns", ns)),
+            (false, a("create", g, "flowerruns", other)),
+            (false, a("create", "", "configmaps", other)),
+            (false, run_status),
         ],
     )
     .await?;
