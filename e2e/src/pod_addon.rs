@@ -95,6 +95,23 @@ pub async fn install_agent(
     labels: &[&str],
 ) -> Result<()> {
     let t = Instant::now();
+    install_agent_chart(hub, name, spoke, channel)?;
+    joined_and_accepted(hub, name, spoke, labels).await?;
+    eprintln!(
+        "agent pod on {name} joined through {channel} and was accepted in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `helm install` of the chart's agent side on spoke `name`, with the values of `flower-hub
+/// token create -o json` for `channel`.
+pub fn install_agent_chart(
+    hub: &Cluster,
+    name: &str,
+    spoke: &Cluster,
+    channel: &str,
+) -> Result<()> {
     let json = crate::addon::hub_cli(
         &hub.kubeconfig,
         &[
@@ -125,6 +142,19 @@ pub async fn install_agent(
             ("clusterName", name),
         ],
     )?;
+    Ok(())
+}
+
+/// Waits for the agent pod on spoke `name` (however it was installed) to join the hub as
+/// ManagedCluster `name`, accepts it with `labels` (`key=value`: the admin decides the labels
+/// Placements select on), and waits for its credentials Secret; fails at once when an agent pod
+/// crash-loops.
+pub async fn joined_and_accepted(
+    hub: &Cluster,
+    name: &str,
+    spoke: &Cluster,
+    labels: &[&str],
+) -> Result<()> {
     let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), crate::addon::AGENT_NS);
     let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
     wait_for(
@@ -168,9 +198,5 @@ pub async fn install_agent(
         },
     )
     .await?;
-    eprintln!(
-        "agent pod on {name} joined through {channel} and was accepted in {:.1}s",
-        t.elapsed().as_secs_f64()
-    );
     Ok(())
 }

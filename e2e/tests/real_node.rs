@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
-use e2e::pods::{check_not_crashing, describe, pod_phase, pod_ready, run_to_completion};
+use e2e::pods::{describe, pod_phase, pod_ready, run_to_completion};
 use e2e::{Cluster, ControlPlane, Options, RealNode, apply_yaml};
 use flower_addon_crds::render::FlowerDialect;
 use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
@@ -592,76 +592,11 @@ async fn service_names_resolve_to_routed_cluster_ips(
 /// The hub installed from manifests/hub runs as a pod of our image and its channel NodePort
 /// accepts connections; returns that `node:port`.
 async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Result<String> {
-    let t = Instant::now();
     // As the README's Helm install: the chart's default values (which the plain manifests are).
-    e2e::install_crds(&hub.client).await?;
-    let chart = e2e::helm::chart();
-    e2e::helm::run(
-        Some(&hub.kubeconfig),
-        &[
-            "install",
-            "flower-addon",
-            chart.to_str().context("chart path")?,
-            "--namespace",
-            "flower-addon-system",
-            "--create-namespace",
-            "--skip-crds",
-        ],
-    )?;
-    let hub_pods: Api<Pod> = Api::namespaced(hub.client.clone(), "flower-addon-system");
-    let hub_pod = wait_for(
-        "the flower-hub Deployment's pod Ready",
-        Duration::from_secs(120),
-        || {
-            let hub_pods = hub_pods.clone();
-            async move {
-                let selector = "app.kubernetes.io/name=flower-hub";
-                check_not_crashing(&hub_pods, selector).await?;
-                let Ok(list) = hub_pods
-                    .list(&kube::api::ListParams::default().labels(selector))
-                    .await
-                else {
-                    return Ok(None);
-                };
-                Ok(list.items.into_iter().find(pod_ready))
-            }
-        },
-    )
-    .await?;
-    let svc = Api::<Service>::namespaced(hub.client.clone(), "flower-addon-system")
-        .get("flower-hub")
-        .await?;
-    let hub_port = e2e::first_node_port(&svc)?;
-    let channel = format!("{}:{hub_port}", node.ip);
-    let hub_ready = t.elapsed();
-    // kube-proxy programs the NodePort shortly after the endpoint appears: poll.
-    wait_for(
-        &format!("a TCP connection to the hub's channel NodePort {channel}"),
-        Duration::from_secs(60),
-        || {
-            let channel = channel.clone();
-            async move {
-                Ok(tokio::time::timeout(
-                    Duration::from_secs(3),
-                    tokio::net::TcpStream::connect(channel),
-                )
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|_| ()))
-            }
-        },
-    )
-    .await?;
+    let t = Instant::now();
+    let channel = e2e::pod_addon::install_hub(hub, node).await?;
     eprintln!(
-        "real_node: helm install (hub): pod {} Ready on {} in {:.1}s; its channel NodePort {channel} accepts connections from the host ({:.1}s)",
-        hub_pod.metadata.name.clone().unwrap_or_default(),
-        hub_pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default(),
-        hub_ready.as_secs_f64(),
+        "real_node: helm install (hub): its channel NodePort {channel} accepts connections from the host ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
     Ok(channel)
@@ -698,23 +633,7 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
         )
     };
     if helm {
-        let values: serde_json::Value = serde_json::from_str(&token("json")?)?;
-        let value = |key: &str| -> Result<String> {
-            values[key]
-                .as_str()
-                .map(str::to_owned)
-                .with_context(|| format!("token create -o json has no {key}: {values}"))
-        };
-        let (token, hub, ca_hash) = (value("token")?, value("hub")?, value("caHash")?);
-        e2e::helm::install_agent(
-            &spoke.kubeconfig,
-            &[
-                ("token", &token),
-                ("hub", &hub),
-                ("caHash", &ca_hash),
-                ("clusterName", name),
-            ],
-        )?;
+        e2e::pod_addon::install_agent_chart(hub, name, spoke, channel)?;
     } else {
         let secret = token("secret")?;
         let agent_manifests = e2e::repo_root().join("manifests/agent");
@@ -738,52 +657,8 @@ async fn an_agent_from_its_manifests_joins_through_the_node_port(
         )
         .await?;
     }
-    let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
-    let clusters = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
-    wait_for(
-        &format!("ManagedCluster {name} (the agent pod's join)"),
-        Duration::from_secs(120),
-        || {
-            let (clusters, agent_pods) = (clusters.clone(), agent_pods.clone());
-            async move {
-                check_not_crashing(&agent_pods, "app.kubernetes.io/name=flower-agent").await?;
-                Ok(clusters.get_opt(name).await.ok().flatten().map(|_| ()))
-            }
-        },
-    )
-    .await?;
-    // The admin decides the labels Placements select on (#13 item 7).
-    e2e::addon::hub_cli(
-        &hub.kubeconfig,
-        &["accept", name, "--label", "flower=enabled"],
-    )?;
-    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
-        spoke.client.clone(),
-        e2e::addon::AGENT_NS,
-    );
-    wait_for(
-        &format!("{name}'s credentials Secret (accepted agent)"),
-        Duration::from_secs(120),
-        || {
-            let (secrets, agent_pods) = (secrets.clone(), agent_pods.clone());
-            async move {
-                check_not_crashing(&agent_pods, "app.kubernetes.io/name=flower-agent").await?;
-                Ok(secrets
-                    .get_opt("flower-agent-credentials")
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|s| s.data)
-                    .filter(|d| {
-                        e2e::addon::CREDENTIAL_KEYS
-                            .iter()
-                            .all(|k| d.contains_key(*k))
-                    })
-                    .map(|_| ()))
-            }
-        },
-    )
-    .await?;
+    // The admin decides the labels Placements select on.
+    e2e::pod_addon::joined_and_accepted(hub, name, spoke, &["flower=enabled"]).await?;
     eprintln!(
         "real_node: {} on {name}: the agent pod joined the hub pod through {channel} and was accepted in {:.1}s",
         if helm {
