@@ -20,7 +20,7 @@
 //!   SuperLink pod deleted comes back with its database from a claim, the same SuperNodes and
 //!   its runs (6d); the hub pod and an agent pod replaced leave the SuperNodes running and runs
 //!   still complete (6e); a `FlowerRun` of examples/fedavg on `auth` is submitted by the hub pod,
-//!   followed to `Complete` with its log tail and progress, and released when deleted (#30); a
+//!   followed to `Complete` with its log tail and progress, and released when deleted; a
 //!   spoke relabelled out loses its SuperNodes and keys in both SuperLinks (6f); a
 //!   process-isolation Federation runs on spoke-2 (6b).
 //!
@@ -1278,7 +1278,7 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     Ok(())
 }
 
-/// #30 on the real nodes: a `FlowerRun` of examples/fedavg (its FAB in a ConfigMap, built by the
+/// Declarative runs on the real nodes: a `FlowerRun` of examples/fedavg (its FAB in a ConfigMap, built by the
 /// hub's own builder) on the multi-cluster, TLS, SuperNode-authenticated Federation `auth`, with
 /// the run config the `flwr` runs use: the hub pod (RBAC from the chart) submits it through the
 /// SuperLink's Control Service, follows it to `Complete` with its log tail and round progress
