@@ -87,6 +87,58 @@ pub struct FederationSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 16))]
     pub cluster_overrides: Vec<ClusterOverride>,
+    /// Where runs keep their files (a trained model, metrics): a volume mounted on the
+    /// SuperLink (and its ServerApp) in Kubernetes, `<state>/federations/<ns>/<fed>/outputs`
+    /// in standalone mode. Each `FlowerRun` gets the directory `<namespace>/<run name>/` in it,
+    /// passed to the app as the run-config key `runConfigKey` when the app declares that key;
+    /// the hub lists the files in the run's `status.outputs` after it finished and
+    /// `flower-hub run fetch` copies them out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<OutputsSpec>,
+}
+
+/// A Federation's run outputs (`spec.outputs`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputsSpec {
+    /// An existing PersistentVolumeClaim in the Federation's namespace (Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: Option<String>,
+    /// A claim the SuperLink's StatefulSet makes, named `outputs` (Kubernetes mode): kept when
+    /// the pod is replaced and when the Federation is deleted, like any StatefulSet claim. Set
+    /// it when creating the Federation: a StatefulSet's claims cannot change afterwards.
+    /// Neither this nor `claimName`: an `emptyDir`, lost with the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_claim_template: Option<OutputsClaimTemplate>,
+    /// The run-config key the run's directory is passed as (only to apps that declare it in
+    /// `[tool.flwr.app.config]`). Default `output-dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+    )]
+    pub run_config_key: Option<String>,
+}
+
+/// The claim of `spec.outputs.volumeClaimTemplate`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputsClaimTemplate {
+    /// The claim's spec (access modes, storage class, size).
+    pub spec: PersistentVolumeClaimSpec,
+}
+
+/// `spec.outputs.runConfigKey` when unset.
+pub const DEFAULT_OUTPUTS_RUN_CONFIG_KEY: &str = "output-dir";
+
+impl OutputsSpec {
+    /// `runConfigKey`, [`DEFAULT_OUTPUTS_RUN_CONFIG_KEY`] when unset.
+    pub fn run_config_key(&self) -> &str {
+        self.run_config_key
+            .as_deref()
+            .unwrap_or(DEFAULT_OUTPUTS_RUN_CONFIG_KEY)
+    }
 }
 
 /// A partial pool spec merged over pools on the clusters a selector matches.

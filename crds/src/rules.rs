@@ -24,6 +24,8 @@ pub const MSG_POOL_SUPEREXEC_FORBIDDEN: &str = "spec.supernodes.pools[*].images.
 /// `gpu.mountAll` without `gpu.vendor`.
 pub const MSG_MOUNTALL_VENDOR: &str =
     "spec.supernodes.pools[*].gpu.vendor is required when gpu.mountAll=true";
+/// `spec.outputs` names both an existing claim and a claim template.
+pub const MSG_OUTPUTS_ONE_VOLUME: &str = "spec.outputs may set claimName or volumeClaimTemplate, not both: claimName uses an existing claim, volumeClaimTemplate makes one";
 /// Two pools share a name.
 pub const MSG_DUPLICATE_POOL_NAME: &str = "spec.supernodes.pools[*].name must be unique";
 /// A DaemonSet pool's nodeConfig uses `{index}` or `{replicas}`.
@@ -40,6 +42,8 @@ pub const MSG_NODE_CONFIG_CONTROL: &str =
 pub const SPEC: &str = "/properties/spec";
 /// Schema location of `spec.supernodes.pools`.
 pub const POOLS: &str = "/properties/spec/properties/supernodes/properties/pools";
+/// Schema location of `spec.outputs`.
+pub const OUTPUTS: &str = "/properties/spec/properties/outputs";
 
 /// One CEL rule of the Federation (`self` is the node at `location`, mostly the spec).
 ///
@@ -150,6 +154,13 @@ pub const FEDERATION_SPEC_RULES: &[CelRule] = &[
         path: "spec.supernodes.pools[*].nodeConfig.{key}",
         field_path: ".supernodes.pools",
         location: SPEC,
+    },
+    CelRule {
+        rule: "!(has(self.claimName) && has(self.volumeClaimTemplate))",
+        message: MSG_OUTPUTS_ONE_VOLUME,
+        path: "spec.outputs",
+        field_path: "",
+        location: OUTPUTS,
     },
 ];
 

@@ -239,6 +239,9 @@ pub struct FlowerRunStatus {
     /// Files the run wrote to its output directory, listed after it finished.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<RunOutput>,
+    /// When `outputs` was listed (or given up on): a finished run's outputs are listed once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_listed_at: Option<Time>,
     /// Generation last processed by the hub.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -72,6 +72,30 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
         }
     }
 
+    if let Some(outputs) = &spec.outputs {
+        if let Some(claim) = &outputs.claim_name {
+            check_dns_subdomain(&mut errors, "spec.outputs.claimName", claim);
+        }
+        if outputs.claim_name.is_some() && outputs.volume_claim_template.is_some() {
+            errors.push(FieldError::new("spec.outputs", MSG_OUTPUTS_ONE_VOLUME));
+        }
+        if let Some(key) = &outputs.run_config_key {
+            let mut chars = key.chars();
+            let valid = key.len() <= 128
+                && chars
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+            if !valid {
+                errors.push(FieldError::new(
+                    "spec.outputs.runConfigKey",
+                    "must be a run-config key: letters, digits, '_', '.' and '-', not starting \
+                     with '.' or '-', at most 128 characters (e.g. output-dir)",
+                ));
+            }
+        }
+    }
+
     // === superlink ===
     let sl = &spec.superlink;
     if sl.image.is_empty() {

@@ -155,7 +155,8 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         )
         .await?;
     }
-    let state = placed_supernodes_authenticate_with_their_own_keys(hub, node, spoke).await?;
+    let (state, outputs) =
+        placed_supernodes_authenticate_with_their_own_keys(hub, node, spoke).await?;
     the_hub_pod_serves_metrics_and_probes(hub).await?;
     let flwr = [
         FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?,
@@ -167,7 +168,9 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
             .await?;
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
-    a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0]).await?;
+    let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
+    another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
+    a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;
     runs_complete(
@@ -176,7 +179,6 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         &[spoke, spoke2],
     )
     .await?;
-    a_flower_run_completes_on_the_placed_federation(hub, &flwr[0]).await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
 
@@ -227,9 +229,12 @@ async fn placed_supernodes_authenticate_with_their_own_keys(
     hub: &Cluster,
     hub_node: &RealNode,
     spoke: &Cluster,
-) -> Result<std::path::PathBuf> {
+) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     let t = Instant::now();
     let (state, storage) = hub_node.local_volume("auth-superlink-state")?;
+    apply_yaml(&hub.client, &storage, "default").await?;
+    // The runs' outputs on a second `local` volume; each claim names its volume.
+    let (outputs, storage) = hub_node.local_volume("auth-outputs")?;
     apply_yaml(&hub.client, &storage, "default").await?;
     apply_yaml(
         &hub.client,
@@ -261,7 +266,15 @@ spec:
         spec:
           accessModes: [ReadWriteOnce]
           storageClassName: e2e-local
+          volumeName: auth-superlink-state
           resources: {requests: {storage: 64Mi}}
+  outputs:
+    volumeClaimTemplate:
+      spec:
+        accessModes: [ReadWriteOnce]
+        storageClassName: e2e-local
+        volumeName: auth-outputs
+        resources: {requests: {storage: 64Mi}}
   supernodes:
     image: flwr/supernode:1.42.0
     pools:
@@ -362,7 +375,7 @@ spec:
         "real_node: placed Federations (2 pools each) on both spokes: 6 SuperNodes of 1.42.0 and 4 of 1.25.0 registered and online in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    Ok(state)
+    Ok((state, outputs))
 }
 
 /// Our image runs `flower-hub --version` to Succeeded on the real node, and its log is read
@@ -1140,15 +1153,19 @@ async fn online_node_ids(client: &ControlClient) -> Option<BTreeSet<u64>> {
     )
 }
 
-/// #9 item 6d on Flower 1.42.0 (1.25.0: `real_federation`): `auth`'s SuperLink pod deleted →
-/// the StatefulSet brings it back on the same claim (`--database` on the `superlink-state`
-/// volume, a `local` volume on the hub's real node), so it lists the same 6 node ids online
-/// again (no SuperNode registered anew) and the run before; a new run completes.
+/// `auth`'s SuperLink pod deleted in the middle of a FlowerRun with `backoffLimit: 1`: the pod
+/// comes back with its database (the claimed `local` volume: the same SuperNodes online, every
+/// earlier Flower run still listed); Flower ends the cut run `finished:failed` (its ServerApp's
+/// heartbeat stops) and the hub submits it again: `attempts: 2`, Complete. The outputs of the
+/// earlier run fl/fedavg are still fetched from the replaced pod. Then `flwr run` completes.
 async fn a_deleted_superlink_pod_comes_back_with_its_state(
     hub: &Cluster,
     state: &std::path::Path,
     flwr: &FlwrFromTheHost,
+    fedavg: &[flower_addon_crds::run::RunOutput],
 ) -> Result<()> {
+    use flower_addon_crds::run::FlowerRun;
+    use serde_json::json;
     let db = state.join("superlink.db");
     ensure!(
         std::fs::metadata(&db).is_ok_and(|m| m.len() > 0),
@@ -1160,7 +1177,40 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         .await
         .context("the SuperLink does not answer ListNodes")?;
     ensure!(before.len() == 6, "online before the restart: {before:?}");
-    let runs_before = client.list_runs().await?.len();
+    let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
+    runs.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "FlowerRun",
+            "metadata": {"name": "retry"},
+            "spec": {
+                "federationRef": {"name": flwr.federation},
+                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
+                "runConfig": {"num-server-rounds": 6, "min-nodes": flwr.min_nodes},
+                "backoffLimit": 1,
+            },
+        }))?,
+    )
+    .await?;
+    let running = wait_for(
+        "FlowerRun fl/retry past its first round",
+        Duration::from_secs(180),
+        || {
+            let runs = runs.clone();
+            async move {
+                let status = runs.get("retry").await?.status.unwrap_or_default();
+                Ok(status
+                    .progress
+                    .as_ref()
+                    .is_some_and(|p| p.current >= 1)
+                    .then_some(status))
+            }
+        },
+    )
+    .await?;
+    let cut_run: u64 = running.run_id.as_deref().unwrap_or_default().parse()?;
+    let ids_before: BTreeSet<u64> = client.list_runs().await?.iter().map(|r| r.run_id).collect();
     let t = Instant::now();
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "fl");
     e2e::pods::delete_and_wait_replaced(&pods, "auth-superlink-0", Duration::from_secs(120))
@@ -1180,16 +1230,83 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         return Err(e.context(format!("after the SuperLink's restart:\n{supernodes}")));
     }
     let again = t.elapsed();
-    let runs = client.list_runs().await?.len();
+    let ids_after: BTreeSet<u64> = client.list_runs().await?.iter().map(|r| r.run_id).collect();
     ensure!(
-        runs == runs_before,
-        "the SuperLink lists {runs} run(s) after its restart, {runs_before} before: state lost"
+        ids_before.is_subset(&ids_after),
+        "Flower runs lost with the SuperLink pod (state not on the claim): before {ids_before:?}, after {ids_after:?}"
+    );
+    let done = wait_for(
+        "FlowerRun fl/retry Complete or Failed after the SuperLink came back",
+        Duration::from_secs(420),
+        || {
+            let runs = runs.clone();
+            async move {
+                let status = runs.get("retry").await?.status.unwrap_or_default();
+                let ended = status
+                    .conditions
+                    .iter()
+                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+                Ok(ended.then_some(status))
+            }
+        },
+    )
+    .await?;
+    let cut = client
+        .list_runs()
+        .await?
+        .into_iter()
+        .find(|r| r.run_id == cut_run)
+        .context("the cut Flower run is not listed")?;
+    ensure!(
+        done.attempts == 2
+            && done.flower_status.as_deref() == Some("finished:completed")
+            && done
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+            && done.run_id.as_deref() != Some(cut_run.to_string().as_str()),
+        "fl/retry after its SuperLink was replaced mid-run (cut run {cut_run}: {} {:?}): {done:#?}",
+        cut.status,
+        cut.details
+    );
+    ensure!(
+        cut.status == "finished:failed",
+        "Flower's verdict on the cut run {cut_run}: {} {:?}",
+        cut.status,
+        cut.details
     );
     eprintln!(
-        "real_node: auth's SuperLink pod deleted -> back and Ready in {:.1}s; the same 6 node ids online again after {:.1}s; {runs} run(s) kept (state on the claim)",
+        "real_node: auth's SuperLink pod deleted in round {} of fl/retry -> back and Ready in {:.1}s; the same 6 node ids online again after {:.1}s; {} Flower run(s) kept (state on the claim); Flower ended the cut run {}: {:?}; fl/retry Complete on attempt 2 (run {}) {:.1}s after the deletion",
+        running.progress.as_ref().map_or(0, |p| p.current),
         back.as_secs_f64(),
-        again.as_secs_f64()
+        again.as_secs_f64(),
+        ids_after.len(),
+        cut.status,
+        cut.details,
+        done.run_id.as_deref().unwrap_or("-"),
+        t.elapsed().as_secs_f64()
     );
+    let fetched = fetch_outputs(hub, "fedavg", fedavg)?;
+    eprintln!("real_node: fl/fedavg's outputs fetched from the replaced SuperLink pod ({fetched})");
+    for name in ["retry", "fedavg"] {
+        runs.delete(name, &Default::default()).await?;
+    }
+    wait_for(
+        "the finished FlowerRuns released and gone",
+        Duration::from_secs(30),
+        || {
+            let runs = runs.clone();
+            async move {
+                Ok((runs.get_opt("retry").await?.is_none()
+                    && runs.get_opt("fedavg").await?.is_none())
+                .then_some(()))
+            }
+        },
+    )
+    .await?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(hub.client.clone(), "fl")
+        .delete("fedavg-fab", &Default::default())
+        .await?;
     flwr.run_completes("after the SuperLink pod was replaced")
         .await
 }
@@ -1289,7 +1406,8 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
 async fn a_flower_run_completes_on_the_placed_federation(
     hub: &Cluster,
     flwr: &FlwrFromTheHost,
-) -> Result<()> {
+    outputs: &std::path::Path,
+) -> Result<Vec<flower_addon_crds::run::RunOutput>> {
     use base64::Engine;
     use flower_addon_crds::run::FlowerRun;
     use serde_json::json;
@@ -1439,29 +1557,204 @@ async fn a_flower_run_completes_on_the_placed_federation(
         matches!(&stale, Err(kube::Error::Api(e)) if e.code == 409),
         "a status apply with a stale resourceVersion was not refused with 409: {stale:?}"
     );
-    let t_delete = Instant::now();
-    runs.delete("fedavg", &Default::default()).await?;
-    wait_for(
-        "the finished FlowerRun released and gone",
-        Duration::from_secs(30),
+    // The ServerApp wrote its model to the run's directory on the claimed volume (the host
+    // directory of the `local` PersistentVolume); the hub listed the files after the run.
+    let listed = wait_for(
+        "the outputs of fl/fedavg listed in its status",
+        Duration::from_secs(60),
         || {
             let runs = runs.clone();
-            async move { Ok(runs.get_opt("fedavg").await?.is_none().then_some(())) }
+            async move {
+                let status = runs.get("fedavg").await?.status.unwrap_or_default();
+                Ok(status.outputs_listed_at.is_some().then_some(status))
+            }
         },
     )
     .await?;
-    config_maps
-        .delete("fedavg-fab", &Default::default())
-        .await?;
+    let files: Vec<&str> = listed.outputs.iter().map(|f| f.path.as_str()).collect();
+    ensure!(
+        files == ["metrics.json", "model.npz"],
+        "status.outputs of fl/fedavg: {listed:#?}"
+    );
+    for file in &listed.outputs {
+        let on_volume = outputs.join("fl/fedavg").join(&file.path);
+        let bytes = std::fs::read(&on_volume)
+            .with_context(|| format!("{} on the outputs volume", on_volume.display()))?;
+        ensure!(
+            sha256_hex(&bytes) == file.sha256 && bytes.len() as i64 == file.size,
+            "{}: the volume's file differs from status.outputs",
+            file.path
+        );
+    }
+    let fetched = fetch_outputs(hub, "fedavg", &listed.outputs)?;
     eprintln!(
-        "real_node: FlowerRun fl/fedavg on {} ({} SuperNodes, 2 rounds, hub pod): Submitted in {:.1}s, Complete in {:.1}s (Flower run {run_id}, progress {}, {} log lines, events {reasons:?}); deleted and released in {:.1}s",
+        "real_node: FlowerRun fl/fedavg on {} ({} SuperNodes, 2 rounds, hub pod): Submitted in {:.1}s, Complete in {:.1}s (Flower run {run_id}, progress {}, {} log lines, events {reasons:?}); outputs {files:?} listed and fetched through the API ({fetched})",
         flwr.federation,
         flwr.min_nodes,
         submitted_in.as_secs_f64(),
         complete_in.as_secs_f64(),
         status.progress.as_ref().map_or("-", |p| p.text.as_str()),
         status.log_tail.len(),
-        t_delete.elapsed().as_secs_f64()
+    );
+    Ok(listed.outputs)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// `flower-hub run fetch NAME` of namespace `fl` with the admin's kubeconfig (the API server's
+/// pod proxy to the SuperLink pod's outputs sidecar): every file as `listed`. Says how long.
+fn fetch_outputs(
+    hub: &Cluster,
+    name: &str,
+    listed: &[flower_addon_crds::run::RunOutput],
+) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let t = Instant::now();
+    let out = std::process::Command::new(e2e::binary("flower-hub")?)
+        .args(["run", "fetch", name, "--federation-namespace", "fl", "-o"])
+        .arg(dir.path())
+        .env("KUBECONFIG", &hub.kubeconfig)
+        .env_remove("FLOWER_HUB_STATE_DIR")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "flower-hub run fetch {name}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in listed {
+        let bytes = std::fs::read(dir.path().join(&file.path))
+            .with_context(|| format!("fetched {}", file.path))?;
+        ensure!(
+            sha256_hex(&bytes) == file.sha256,
+            "fetched {}: sha256 differs from status.outputs",
+            file.path
+        );
+    }
+    Ok(format!("{:.1}s", t.elapsed().as_secs_f64()))
+}
+
+/// A user who may edit in namespace `team-b` only (the built-in `edit` role, which the
+/// FlowerRun roles aggregate into), through the API server with impersonation: cannot create a
+/// FlowerRun in `fl`; a FlowerRun in `team-b` naming `auth` waits for a Federation of that name in
+/// `team-b` (a reference never leaves its namespace); cannot read fl/fedavg's outputs, neither
+/// with `flower-hub run fetch` nor through the pod proxy.
+async fn another_namespace_can_neither_run_there_nor_read_the_outputs(hub: &Cluster) -> Result<()> {
+    use flower_addon_crds::run::FlowerRun;
+    use serde_json::json;
+    apply_yaml(
+        &hub.client,
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-edit, namespace: team-b}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
+"#,
+        "team-b",
+    )
+    .await?;
+    // The admin's kubeconfig acting as alice (`as:`), for this client and for the CLI.
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(&hub.kubeconfig)?;
+    for user in &mut kubeconfig.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.impersonate = Some("alice".into());
+        }
+    }
+    let dir = tempfile::tempdir()?;
+    let alice_kubeconfig = dir.path().join("alice.kubeconfig");
+    std::fs::write(&alice_kubeconfig, serde_json::to_string(&kubeconfig)?)?;
+    let alice = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
+    )?;
+    let run = |name: &str| -> Result<FlowerRun> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "FlowerRun",
+            "metadata": {"name": name},
+            "spec": {
+                "federationRef": {"name": "auth"},
+                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
+            },
+        }))?)
+    };
+    let in_fl = Api::<FlowerRun>::namespaced(alice.clone(), "fl")
+        .create(&Default::default(), &run("alices")?)
+        .await;
+    ensure!(
+        matches!(&in_fl, Err(kube::Error::Api(e)) if e.code == 403),
+        "alice (edit in team-b) created a FlowerRun in fl: {in_fl:?}"
+    );
+    let own = Api::<FlowerRun>::namespaced(alice.clone(), "team-b");
+    own.create(&Default::default(), &run("alices")?).await?;
+    let waiting = wait_for(
+        "team-b/alices waiting for a Federation auth in team-b",
+        Duration::from_secs(30),
+        || {
+            let own = own.clone();
+            async move {
+                let status = own.get("alices").await?.status.unwrap_or_default();
+                Ok(status
+                    .conditions
+                    .iter()
+                    .find(|c| {
+                        c.type_ == "Submitted"
+                            && c.status == "False"
+                            && c.reason == "FederationNotReady"
+                    })
+                    .map(|c| c.message.clone()))
+            }
+        },
+    )
+    .await?;
+    ensure!(
+        waiting.contains("does not exist in this namespace"),
+        "team-b/alices: {waiting}"
+    );
+    own.delete("alices", &Default::default()).await?;
+    let fetch = std::process::Command::new(e2e::binary("flower-hub")?)
+        .args([
+            "run",
+            "fetch",
+            "fedavg",
+            "--federation-namespace",
+            "fl",
+            "-o",
+        ])
+        .arg(dir.path().join("out"))
+        .env("KUBECONFIG", &alice_kubeconfig)
+        .env_remove("FLOWER_HUB_STATE_DIR")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&fetch.stderr);
+    ensure!(
+        !fetch.status.success() && stderr.contains("forbidden"),
+        "alice fetched fl/fedavg's outputs: {stderr}"
+    );
+    let proxied = flower_addon_hub::flower::outputs::list_via_api(
+        &alice,
+        "fl",
+        "auth-superlink-0",
+        "fl",
+        "fedavg",
+    )
+    .await;
+    let message = match proxied {
+        Ok(files) => bail!("alice listed fl/fedavg's outputs through the pod proxy: {files:?}"),
+        Err(e) => e.to_string(),
+    };
+    ensure!(
+        message.contains("pods/proxy"),
+        "the pod proxy's refusal: {message}"
+    );
+    eprintln!(
+        "real_node: user alice (edit in team-b): FlowerRun in fl refused (403); hers in team-b waits: {waiting:?}; fetch of fl/fedavg refused; pod proxy refused: {message}"
     );
     Ok(())
 }

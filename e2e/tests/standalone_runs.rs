@@ -131,7 +131,9 @@ async fn ready_hub(dir: &std::path::Path, version: &str) -> Result<(Hub, String)
         hub.manifests.join("federation.yaml"),
         federation_without_placement(&ports)?
             .replace(":1.42.0", &format!(":{version}"))
-            .replace("\"1.42.0\"", &format!("\"{version}\"")),
+            .replace("\"1.42.0\"", &format!("\"{version}\""))
+            // Runs keep their files under the state dir; the app gets `output-dir`.
+            .replacen("spec:\n  mode:", "spec:\n  outputs: {}\n  mode:", 1),
     )?;
     // The FAB, built by the hub's own builder (byte for byte `flwr build`), as the ConfigMap
     // `kubectl create configmap --from-file` writes.
@@ -186,6 +188,7 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     an_unknown_key_fails_before_any_flower_call(&hub).await?;
     suspend_and_deadline_stop_running_runs(&hub).await?;
     the_run_command_submits_follows_and_deletes(&hub).await?;
+    a_fab_from_a_url_runs_and_a_wrong_hash_fails(&mut hub).await?;
     a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
     eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
@@ -256,6 +259,7 @@ async fn a_run_completes_with_its_log_and_progress(hub: &Hub, fab_hash: &str) ->
     );
     let runs = hub.flower_runs().await?;
     ensure!(runs.len() == 1, "exactly one Flower run: {runs:?}");
+    the_model_is_listed_and_fetched(hub, &done)?;
     eprintln!(
         "standalone_runs: fedavg submitted in {:.1}s, Complete in {:.1}s (run {}, progress {}, {} log lines)",
         submitted_in.as_secs_f64(),
@@ -263,6 +267,70 @@ async fn a_run_completes_with_its_log_and_progress(hub: &Hub, fab_hash: &str) ->
         done["runId"],
         done["progress"]["text"],
         tail.len()
+    );
+    Ok(())
+}
+
+/// The ServerApp saved `model.npz` and `metrics.json` in the run's output directory: the hub
+/// listed them (size, sha256) and `flower-hub run fetch` copies them out, checked; numpy reads
+/// the model back.
+fn the_model_is_listed_and_fetched(hub: &Hub, done: &Value) -> Result<()> {
+    use sha2::Digest;
+    let listed: BTreeMap<String, (u64, String)> = done["outputs"]
+        .as_array()
+        .with_context(|| format!("status.outputs: {done:#}"))?
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap_or_default().to_owned(),
+                (
+                    f["size"].as_u64().unwrap_or_default(),
+                    f["sha256"].as_str().unwrap_or_default().to_owned(),
+                ),
+            )
+        })
+        .collect();
+    ensure!(
+        listed.keys().map(String::as_str).collect::<Vec<_>>() == ["metrics.json", "model.npz"],
+        "status.outputs: {done:#}"
+    );
+    ensure!(done["outputsListedAt"].is_string(), "{done:#}");
+    let dest = hub.state.parent().context("a parent")?.join("fetched");
+    let out = std::process::Command::new(&hub.bin)
+        .args(["run", "fetch", "fedavg", "--state-dir"])
+        .arg(&hub.state)
+        .arg("-o")
+        .arg(&dest)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "run fetch: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (path, (size, sha256)) in &listed {
+        let bytes = std::fs::read(dest.join(path)).with_context(|| format!("fetched {path}"))?;
+        ensure!(bytes.len() as u64 == *size, "{path}: size");
+        ensure!(
+            hex::encode(sha2::Sha256::digest(&bytes)) == *sha256,
+            "{path}: sha256 differs from status.outputs"
+        );
+    }
+    let check = std::process::Command::new(hub.venv.join("bin/python"))
+        .args([
+            "-c",
+            "import sys, numpy as np; m = np.load(sys.argv[1]); print(m['weights'].shape, m['bias'].shape)",
+        ])
+        .arg(dest.join("model.npz"))
+        .output()?;
+    ensure!(
+        check.status.success(),
+        "numpy cannot read the fetched model: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    eprintln!(
+        "standalone_runs: outputs listed and fetched, sha256 checked: {listed:?}; model {}",
+        String::from_utf8_lossy(&check.stdout).trim()
     );
     Ok(())
 }
@@ -283,11 +351,99 @@ async fn an_unknown_key_fails_before_any_flower_call(hub: &Hub) -> Result<()> {
         "the message names the key and the app's keys: {message}"
     );
     ensure!(failed.get("runId").is_none_or(Value::is_null), "{failed:#}");
+    std::fs::write(
+        hub.manifests.join("run-ownsdir.yaml"),
+        flower_run("ownsdir", "{output-dir: /tmp/mine}", ""),
+    )?;
+    let owns = hub.wait_run("ownsdir", "Failed", Duration::from_secs(30), |s| {
+        condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    let (_, owns_reason, owns_message) = condition(&owns, "Failed").unwrap_or_default();
+    ensure!(
+        owns_reason == "InvalidRunConfig"
+            && owns_message.contains("spec.runConfig.output-dir")
+            && owns_message.contains("spec.outputs"),
+        "a runConfig setting the hub's output key: {owns:#}"
+    );
     ensure!(
         hub.flower_runs().await? == before,
         "no Flower run was started"
     );
     eprintln!("standalone_runs: unknown key refused before any Flower call: {message}");
+    Ok(())
+}
+
+/// `spec.app.fab.url`: the hub downloads the FAB (from a plain HTTP server on loopback), checks
+/// its SHA-256 and runs it; a wrong `sha256` fails the run (`InvalidApp`) naming both hashes,
+/// and a URL nobody answers keeps the run waiting with a message naming the URL.
+async fn a_fab_from_a_url_runs_and_a_wrong_hash_fails(hub: &mut Hub) -> Result<()> {
+    let t = Instant::now();
+    let served = hub.state.parent().context("a parent")?.join("served");
+    std::fs::create_dir_all(&served)?;
+    let fab =
+        flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("examples/fedavg"))?;
+    std::fs::write(served.join("fedavg.fab"), &fab.bytes)?;
+    let ports = free_ports(2)?;
+    let mut server = std::process::Command::new(hub.venv.join("bin/python"));
+    server
+        .args(["-m", "http.server", "--bind", "127.0.0.1", "--directory"])
+        .arg(&served)
+        .arg(ports[0].to_string());
+    let log = served.with_extension("log");
+    hub.procs.start_group("fab-server", server, &log)?;
+    let url = format!("http://127.0.0.1:{}/fedavg.fab", ports[0]);
+    let from_url = |name: &str, url: &str, sha256: &str| {
+        format!(
+            "apiVersion: flower-addon.io/v1alpha1\nkind: FlowerRun\nmetadata:\n  name: {name}\nspec:\n  federationRef:\n    name: quickstart\n  app:\n    fab:\n      url: {url}\n      sha256: {sha256}\n  runConfig: {{num-server-rounds: 1, min-nodes: 2}}\n"
+        )
+    };
+    let wrong = "0".repeat(64);
+    std::fs::write(
+        hub.manifests.join("run-url.yaml"),
+        from_url("fromurl", &url, &fab.hash),
+    )?;
+    std::fs::write(
+        hub.manifests.join("run-badhash.yaml"),
+        from_url("badhash", &url, &wrong),
+    )?;
+    let silent = format!("http://127.0.0.1:{}/fedavg.fab", ports[1]);
+    std::fs::write(
+        hub.manifests.join("run-nobody.yaml"),
+        from_url("nobody", &silent, &fab.hash),
+    )?;
+    let bad = hub.wait_run("badhash", "Failed", Duration::from_secs(60), |s| {
+        condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    let (_, reason, message) = condition(&bad, "Failed").unwrap_or_default();
+    ensure!(
+        reason == "InvalidApp" && message.contains(&wrong) && message.contains(&fab.hash),
+        "a wrong sha256: {bad:#}"
+    );
+    let waiting = hub.wait_run(
+        "nobody",
+        "waiting on its URL",
+        Duration::from_secs(60),
+        |s| condition(s, "Submitted").is_some_and(|c| c.0 == "False" && c.2.contains(&silent)),
+    )?;
+    let done = hub.wait_run(
+        "fromurl",
+        "Complete or Failed",
+        Duration::from_secs(240),
+        |s| {
+            condition(s, "Complete").is_some_and(|c| c.0 == "True")
+                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
+        },
+    )?;
+    ensure!(is(&done, "Complete", "Completed"), "{done:#}");
+    ensure!(done["fabHash"] == fab.hash.as_str(), "{done:#}");
+    for file in ["run-url.yaml", "run-badhash.yaml", "run-nobody.yaml"] {
+        std::fs::remove_file(hub.manifests.join(file))?;
+    }
+    eprintln!(
+        "standalone_runs: FAB from {url}: Complete in {:.1}s; wrong sha256 refused: {message}; no answer: {}",
+        t.elapsed().as_secs_f64(),
+        condition(&waiting, "Submitted").unwrap_or_default().2
+    );
     Ok(())
 }
 

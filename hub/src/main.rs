@@ -1,6 +1,6 @@
 //! `flower-hub`: the flower-addon hub command line.
 use clap::{Parser, Subcommand};
-use flower_addon_hub::cli::{front, offline, registration, serve};
+use flower_addon_hub::cli::{front, offline, outputs, registration, serve};
 use std::process::ExitCode;
 
 /// flower-addon hub: runs Flower SuperLinks for Federations and sends each selected cluster its
@@ -74,6 +74,12 @@ enum Command {
         after_help = "Example:\n  flower-hub fleet-front --listen 0.0.0.0:9092 --upstream 127.0.0.1:8000 --tls-dir /etc/flower/tls"
     )]
     FleetFront(front::FleetFrontArgs),
+    /// Serve FlowerRun output files read-only over plain HTTP (the SuperLink pod's sidecar,
+    /// reached through the API server's pod proxy).
+    #[command(
+        after_help = "Example:\n  flower-hub outputs-server --listen 0.0.0.0:9099 --dir /var/lib/flwr/outputs"
+    )]
+    OutputsServer(outputs::OutputsServerArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -95,7 +101,7 @@ fn main() -> ExitCode {
     // warnings (and not kube-client's retry noise) are logged for them.
     flower_addon_hub::cli::init_tracing_with(
         match cli.command {
-            Command::Serve(_) | Command::FleetFront(_) => "info",
+            Command::Serve(_) | Command::FleetFront(_) | Command::OutputsServer(_) => "info",
             _ => "warn,kube_client=off",
         },
         cli.global.log_format,
@@ -113,6 +119,7 @@ fn main() -> ExitCode {
         Command::Connect(args) => registration::connect(args),
         Command::Run(cmd) => registration::run(cmd),
         Command::FleetFront(args) => front::fleet_front(args),
+        Command::OutputsServer(args) => outputs::outputs_server(args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-hub",

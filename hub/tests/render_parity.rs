@@ -336,6 +336,98 @@ fn superlink_state_can_live_on_a_claim() {
 }
 
 #[test]
+fn outputs_are_a_volume_of_the_superlink_with_a_read_only_sidecar() {
+    let with = |outputs: &str| {
+        fed(&BASE.replace(
+            "superlink: { image: \"flwr/superlink:1.25.0\" }",
+            &format!("superlink: {{ image: \"flwr/superlink:1.25.0\" }}\n  outputs: {outputs}"),
+        ))
+    };
+    let mount_of = |container: &Container| {
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "outputs")
+            .map(|m| (m.mount_path.clone(), m.read_only.unwrap_or(false)))
+    };
+    // A claim template: the StatefulSet's claim `outputs`, mounted read-write on the SuperLink
+    // and read-only on the sidecar that serves it; the pod gets Flower's fsGroup.
+    let objects = hub(&with(
+        "{ volumeClaimTemplate: { spec: { accessModes: [ReadWriteOnce], resources: { requests: { storage: 1Gi } } } } }",
+    ));
+    let claims = objects
+        .superlink
+        .spec
+        .volume_claim_templates
+        .clone()
+        .expect("claims");
+    assert_eq!(
+        claims
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        ["outputs"]
+    );
+    let pod = superlink_pod(&objects);
+    assert!(
+        pod.volumes.iter().flatten().all(|v| v.name != "outputs"),
+        "no pod volume besides the claim"
+    );
+    assert_eq!(
+        mount_of(container(pod, "superlink")),
+        Some(("/var/lib/flwr/outputs".to_owned(), false))
+    );
+    let sidecar = container(pod, "outputs");
+    assert_eq!(
+        mount_of(sidecar),
+        Some(("/var/lib/flwr/outputs".to_owned(), true))
+    );
+    assert_eq!(
+        sidecar.args.clone().expect("args"),
+        [
+            "outputs-server",
+            "--listen=0.0.0.0:9099",
+            "--dir=/var/lib/flwr/outputs"
+        ]
+    );
+    assert_eq!(
+        pod.security_context.as_ref().and_then(|s| s.fs_group),
+        Some(49999)
+    );
+    // An existing claim is a pod volume; nothing at all is an emptyDir (and needs no fsGroup).
+    let existing = hub(&with("{ claimName: runs }"));
+    let volume = superlink_pod(&existing)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "outputs")
+        .cloned()
+        .expect("outputs volume");
+    assert_eq!(
+        volume.persistent_volume_claim.map(|c| c.claim_name),
+        Some("runs".to_owned())
+    );
+    let empty = hub(&with("{}"));
+    let pod = superlink_pod(&empty);
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == "outputs" && v.empty_dir.is_some())
+    );
+    assert_eq!(pod.security_context.as_ref().and_then(|s| s.fs_group), None);
+    // Without outputs: no volume, no sidecar.
+    let none = hub(&fed(BASE));
+    assert!(
+        superlink_pod(&none)
+            .containers
+            .iter()
+            .all(|c| c.name != "outputs")
+    );
+}
+
+#[test]
 fn process_mode_and_tls_per_dialect() {
     // Process: serverapp sidecar (classic plaintext appio hop; unified dials its own HTTPS port with the CA).
     let mut f = fed(&BASE

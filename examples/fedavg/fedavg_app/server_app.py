@@ -10,8 +10,10 @@ Works unchanged with Flower 1.25 and 1.42 (`flwr.serverapp.ServerApp`/`Grid`, `f
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -60,6 +62,7 @@ def main(grid: Grid, context: Context) -> None:
     round_timeout = float(cfg.get("round-timeout", 300.0))
     local_steps = int(cfg.get("local-steps", 20))
     lr = float(cfg.get("learning-rate", 0.05))
+    output_dir = str(cfg.get("output-dir", ""))
 
     params = initial_parameters()
     loss = float("nan")
@@ -125,3 +128,12 @@ def main(grid: Grid, context: Context) -> None:
         f"final: rounds={num_rounds} loss={loss:.4f} weight-error={err:.4f} "
         f"seconds={time.monotonic() - t0:.1f}"
     )
+    if output_dir:
+        # The directory may not exist yet: the app makes it (the hub gives only its path).
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "model.npz", weights=params[0], bias=params[1])
+        (out / "metrics.json").write_text(
+            json.dumps({"rounds": num_rounds, "loss": loss, "weight-error": err}, indent=2) + "\n"
+        )
+        _say(f"saved: {out / 'model.npz'} and metrics.json")

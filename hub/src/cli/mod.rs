@@ -1,6 +1,7 @@
 //! Command-line front ends. `main.rs` only dispatches; each module owns its arguments.
 pub mod front;
 pub mod offline;
+pub mod outputs;
 pub mod registration;
 pub mod serve;
 pub mod spoke;

@@ -1,11 +1,14 @@
 //! The hub's side of Flower itself, used by both adapters: the SuperLink's Control API
 //! ([`control`]), the Fleet front that keeps the Control API off the port SuperNodes reach
-//! ([`front`]), SuperNode key formats ([`keys`]) and keeping a SuperLink's registered keys equal
-//! to what the core wants ([`sync_keys`]).
+//! ([`front`]), FABs ([`fab`]) and their download from a run's URL ([`fab_url`]), SuperNode key
+//! formats ([`keys`]), keeping a SuperLink's registered keys equal to what the core wants
+//! ([`sync_keys`]), and the files runs output with the sidecar serving them ([`outputs`]).
 pub mod control;
 pub mod fab;
+pub mod fab_url;
 pub mod front;
 pub mod keys;
+pub mod outputs;
 pub mod registry;
 pub mod runs;
 

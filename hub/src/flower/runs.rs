@@ -1,5 +1,6 @@
 //! The Flower side of `FlowerRun`s, shared by both hub modes: the FAB read from its ConfigMap
-//! ([`fab_bytes`]) and checked against the run config ([`check_app`]), the SuperLink's run list in the core's terms ([`list`]), the calls an
+//! ([`fab_bytes`]) or downloaded from its URL ([`fab_bytes_from`]) and checked against the run
+//! config ([`check_app`]), the SuperLink's run list in the core's terms ([`list`]), the calls an
 //! [`Action`] needs ([`submit`], [`stop`]) and the log followers ([`LogFollowers`]). The adapters
 //! load the FAB, store the status and call [`crate::core::run::decide`].
 use std::collections::{BTreeMap, HashMap};
@@ -13,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::control::{ControlClient, ControlError, LogChunk};
 use super::fab::{self, ConfigValue};
+use super::fab_url::FabUrlCache;
 use crate::core::run::{self as core_run, AppState, ListedRun, SuperLinkState};
 
 /// An app ready to submit: the FAB and the checked run config.
@@ -31,7 +33,8 @@ pub struct CheckedApp {
 pub enum FabBytes {
     /// The FAB's bytes.
     Found(Vec<u8>),
-    /// Not there yet (its ConfigMap or key does not exist): the run waits (what to add).
+    /// Not there yet (its ConfigMap or key does not exist, or its URL does not answer yet): the
+    /// run waits (what to add, or what failed).
     Missing(String),
     /// Cannot be had (why): the run fails.
     Unusable(String),
@@ -49,7 +52,8 @@ pub enum ConfigMapSource {
 /// The FAB of a run whose spec says `fab`, in `namespace`, with `config_map` the ConfigMap its
 /// `configMapRef` names (`None` when it does not exist): where it came from (for messages) and
 /// its bytes, from `binaryData[key]`, else `data[key]`. Both hub modes read FABs here, so they
-/// wait for, and refuse, the same things with the same words.
+/// wait for, and refuse, the same things with the same words. A `url` is downloaded by
+/// [`fab_bytes_from`]; here it only waits.
 pub fn fab_bytes(
     namespace: &str,
     fab: &FabSource,
@@ -65,10 +69,8 @@ pub fn fab_bytes(
         };
         return (
             url.clone(),
-            FabBytes::Unusable(format!(
-                "spec.app.fab.url: downloading {url} is not supported by the hub yet; put the \
-                 FAB in a ConfigMap and use configMapRef (`kubectl create configmap NAME \
-                 --from-file=app.fab=APP.fab`)"
+            FabBytes::Missing(format!(
+                "spec.app.fab.url: {url} is not downloaded yet; the run starts once it is"
             )),
         );
     };
@@ -121,12 +123,61 @@ pub fn fab_bytes(
     (source, found)
 }
 
+/// [`fab_bytes`], downloading a `url` through `cache` (both hub modes share one per hub, so a
+/// FAB is downloaded once, and a failing URL is retried at most every
+/// [`super::fab_url::RETRY_AFTER`]). A `configMapRef` is read as [`fab_bytes`] reads it.
+pub async fn fab_bytes_from(
+    namespace: &str,
+    fab: &FabSource,
+    config_map: Option<&ConfigMap>,
+    found_in: ConfigMapSource,
+    cache: &FabUrlCache,
+) -> (String, FabBytes) {
+    let (None, Some(url)) = (&fab.config_map_ref, &fab.url) else {
+        return fab_bytes(namespace, fab, config_map, found_in);
+    };
+    let Some(sha256) = &fab.sha256 else {
+        return (
+            url.clone(),
+            FabBytes::Unusable(
+                "spec.app.fab.sha256: required with url: set it to the FAB's SHA-256 \
+                 (`sha256sum APP.fab`)"
+                    .into(),
+            ),
+        );
+    };
+    // A slow download goes on in the background (filling the cache) while the pass moves on:
+    // a URL that does not answer must not hold up every other run.
+    let mut download = tokio::spawn({
+        let (cache, url, sha256) = (cache.clone(), url.clone(), sha256.clone());
+        async move { cache.get(&url, &sha256).await }
+    });
+    let bytes = match tokio::time::timeout(DOWNLOAD_WAIT, &mut download).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => FabBytes::Missing(format!(
+            "spec.app.fab.url: downloading {url} failed ({e}); retried"
+        )),
+        Err(_) => FabBytes::Missing(format!(
+            "spec.app.fab.url: downloading {url}; the run starts once it is downloaded and its \
+             SHA-256 checked"
+        )),
+    };
+    (url.clone(), bytes)
+}
+
+/// How long a pass waits for a FAB download before moving on (it continues in the background).
+pub const DOWNLOAD_WAIT: Duration = Duration::from_secs(2);
+
 /// Checks a run's FAB ([`fab_bytes`]) and run config: the core's [`AppState`], and the app to
 /// submit when it is usable. `source` names where the FAB came from in messages.
+///
+/// With `output` (the Federation keeps outputs), an app that declares its key gets the run's
+/// directory there; a `runConfig` setting that key itself is refused (the hub owns it).
 pub fn check_app(
     source: &str,
     bytes: FabBytes,
     run_config: &BTreeMap<String, RunConfigValue>,
+    output: Option<&core_run::OutputDir>,
 ) -> (AppState, Option<CheckedApp>) {
     let invalid =
         |reason: &'static str, message: String| (AppState::Invalid { reason, message }, None);
@@ -157,6 +208,21 @@ pub fn check_app(
             }
         };
         overrides.insert(key.clone(), value);
+    }
+    if let Some(output) = output
+        && app.config.contains_key(&output.key)
+    {
+        if overrides.contains_key(&output.key) {
+            return invalid(
+                reason::INVALID_RUN_CONFIG,
+                format!(
+                    "spec.runConfig.{key}: the hub sets {key} to the run's output directory \
+                     (the Federation's spec.outputs); remove it from runConfig",
+                    key = output.key
+                ),
+            );
+        }
+        overrides.insert(output.key.clone(), ConfigValue::Str(output.dir.clone()));
     }
     let config = match fab::check_overrides(&app.config, &overrides) {
         Ok(c) => c,
@@ -431,7 +497,12 @@ mod tests {
                 "{found:?}"
             );
         }
-        let (state, app) = check_app(&source, FabBytes::Missing("m".into()), &BTreeMap::new());
+        let (state, app) = check_app(
+            &source,
+            FabBytes::Missing("m".into()),
+            &BTreeMap::new(),
+            None,
+        );
         assert_eq!(
             state,
             AppState::Missing {
@@ -442,7 +513,9 @@ mod tests {
     }
 
     #[test]
-    fn binary_data_wins_over_data_and_a_url_is_refused_with_one_message() {
+    fn binary_data_wins_over_data_and_a_url_waits_for_the_download_with_one_message() {
+        // Invariant: binaryData beats data, and a url is never refused by the ConfigMap reader:
+        // it waits, in both modes alike, for fab_bytes_from to download it.
         let both = ConfigMap {
             binary_data: Some([("app.fab".to_owned(), ByteString(vec![1, 2]))].into()),
             data: Some([("app.fab".to_owned(), "text".to_owned())].into()),
@@ -479,16 +552,49 @@ mod tests {
         .map(|mode| fab_bytes("ns", &url, None, mode).1)
         .collect();
         assert_eq!(messages[0], messages[1], "one message in both modes");
-        let FabBytes::Unusable(message) = &messages[0] else {
-            panic!("{messages:?}")
-        };
-        assert!(
-            message.starts_with(
-                "spec.app.fab.url: downloading https://example.com/app.fab is not supported"
-            ),
-            "{message}"
+        assert_eq!(
+            messages[0],
+            FabBytes::Missing(
+                "spec.app.fab.url: https://example.com/app.fab is not downloaded yet; the run \
+                 starts once it is"
+                    .into()
+            )
         );
-        let (state, _) = check_app("url", messages[0].clone(), &BTreeMap::new());
+        let (state, _) = check_app("url", messages[0].clone(), &BTreeMap::new(), None);
+        assert!(matches!(state, AppState::Missing { .. }), "{state:?}");
+    }
+
+    #[tokio::test]
+    async fn fab_bytes_from_reads_config_maps_as_fab_bytes_and_needs_a_sha256_with_a_url() {
+        // Invariant: only a url goes to the cache; a configMapRef is read exactly as fab_bytes
+        // reads it, and a url without sha256 (which CEL forbids) fails the run, not the hub.
+        let cache = FabUrlCache::new();
+        let map = ConfigMap {
+            binary_data: Some([("app.fab".to_owned(), ByteString(vec![7]))].into()),
+            ..ConfigMap::default()
+        };
+        for (config_map, mode) in [
+            (None, ConfigMapSource::ManifestsDirectory),
+            (None, ConfigMapSource::Cluster),
+            (Some(&map), ConfigMapSource::Cluster),
+        ] {
+            assert_eq!(
+                fab_bytes_from("ns", &from_config_map(), config_map, mode, &cache).await,
+                fab_bytes("ns", &from_config_map(), config_map, mode),
+            );
+        }
+        let no_sha = FabSource {
+            url: Some("http://127.0.0.1:9/app.fab".into()),
+            ..FabSource::default()
+        };
+        let (source, found) =
+            fab_bytes_from("ns", &no_sha, None, ConfigMapSource::Cluster, &cache).await;
+        assert_eq!(source, "http://127.0.0.1:9/app.fab");
+        assert!(
+            matches!(&found, FabBytes::Unusable(m) if m.starts_with("spec.app.fab.sha256: required")),
+            "{found:?}"
+        );
+        let (state, _) = check_app(&source, found, &BTreeMap::new(), None);
         assert!(
             matches!(state, AppState::Invalid { reason: r, .. } if r == reason::INVALID_APP),
             "{state:?}"

@@ -16,6 +16,8 @@ use super::manifests::Manifests;
 use super::status::FederationSummary;
 use crate::core::run::{self as core_run, Action, FederationState, SuperLinkState};
 use crate::flower::control::{ControlClient, ControlEndpoint};
+use crate::flower::fab_url::FabUrlCache;
+use crate::flower::outputs;
 use crate::flower::runs::{self as flower_runs, CheckedApp, ConfigMapSource, LogFollowers};
 
 type RunKey = (String, String);
@@ -54,6 +56,8 @@ struct Stored {
 /// The standalone FlowerRun controller's state between passes.
 pub struct StandaloneRuns {
     dir: PathBuf,
+    /// The hub's state directory (absolute): Federations' outputs are under it.
+    state_dir: PathBuf,
     stored: BTreeMap<RunKey, Stored>,
     followers: LogFollowers<RunKey>,
     clients: BTreeMap<FedKey, (ControlEndpoint, Arc<ControlClient>)>,
@@ -61,6 +65,8 @@ pub struct StandaloneRuns {
     /// file is fixed or removed.
     broken: BTreeMap<RunKey, String>,
     problems: Vec<String>,
+    /// FABs downloaded from `spec.app.fab.url` (once per URL and hash).
+    fab_urls: FabUrlCache,
 }
 
 impl StandaloneRuns {
@@ -75,11 +81,13 @@ impl StandaloneRuns {
         }
         Self {
             dir,
+            state_dir: std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_owned()),
             stored,
             followers: LogFollowers::new(),
             clients: BTreeMap::new(),
             broken,
             problems: Vec::new(),
+            fab_urls: FabUrlCache::new(),
         }
     }
 
@@ -237,6 +245,14 @@ impl StandaloneRuns {
                 }
             },
         };
+        let outputs_root = manifests
+            .federations()
+            .find(|f| {
+                f.metadata.namespace.as_deref() == Some(fed_key.0.as_str())
+                    && f.metadata.name.as_deref() == Some(fed_key.1.as_str())
+            })
+            .and_then(|f| f.spec.outputs.as_ref())
+            .map(|outputs| (outputs, self.outputs_root(fed_key)));
         let mut checked: Option<CheckedApp> = None;
         let app = if core_run::needs_app(current, deleting) {
             let config_map = spec
@@ -245,13 +261,24 @@ impl StandaloneRuns {
                 .config_map_ref
                 .as_ref()
                 .and_then(|r| manifests.config_map(&key.0, &r.name));
-            let (source, bytes) = flower_runs::fab_bytes(
+            let (source, bytes) = flower_runs::fab_bytes_from(
                 &key.0,
                 &spec.app.fab,
                 config_map,
                 ConfigMapSource::ManifestsDirectory,
-            );
-            let (state, app) = flower_runs::check_app(&source, bytes, &spec.run_config);
+                &self.fab_urls,
+            )
+            .await;
+            let output = outputs_root.as_ref().map(|(outputs, root)| {
+                // The root exists, as the volume's mount does in Kubernetes; the app makes
+                // its run's directory.
+                if let Err(e) = std::fs::create_dir_all(root) {
+                    tracing::warn!(dir = %root.display(), error = %e, "cannot make the outputs directory");
+                }
+                core_run::OutputDir::new(outputs, &root.to_string_lossy(), &key.0, &key.1)
+            });
+            let (state, app) =
+                flower_runs::check_app(&source, bytes, &spec.run_config, output.as_ref());
             checked = app;
             Some(state)
         } else {
@@ -339,7 +366,19 @@ impl StandaloneRuns {
                 core_run::add_log(&mut status, &chunk.text, chunk.timestamp);
             }
         }
+        if !deleting && core_run::outputs_to_list(&status, outputs_root.is_some()) {
+            let dir = self.outputs_root(fed_key).join(&key.0).join(&key.1);
+            let listed = outputs::list_dir(&dir).map_err(|e| e.to_string());
+            // Retried on the next pass while it fails (for the core's window).
+            let _ = core_run::record_outputs(&mut status, listed, Timestamp::now());
+        }
         (status, decision.action)
+    }
+
+    /// `<state>/federations/<ns>/<fed>/outputs`: inside the directory the Federation's
+    /// SuperLink (and its ServerApps) may see in the sandbox.
+    pub fn outputs_root(&self, fed_key: &FedKey) -> PathBuf {
+        outputs_root(&self.state_dir, &fed_key.0, &fed_key.1)
     }
 
     fn client(
@@ -379,6 +418,14 @@ impl StandaloneRuns {
         self.stored.remove(key);
         let _ = std::fs::remove_file(self.dir.join(&key.0).join(format!("{}.json", key.1)));
     }
+}
+
+/// Where a standalone Federation `namespace/name` keeps its runs' outputs
+/// (`<state>/federations/<ns>/<fed>/outputs`).
+pub fn outputs_root(state_dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    super::superlink::SuperLinkPaths::new(state_dir, namespace, name)
+        .dir
+        .join("outputs")
 }
 
 fn run_key(run: &FlowerRun) -> RunKey {

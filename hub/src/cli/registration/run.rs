@@ -40,6 +40,13 @@ enum RunSub {
         after_help = "Example:\n  flower-hub run stop fedavg-1795000000 --federation-namespace demo"
     )]
     Stop(NameArgs),
+    /// Copy a finished FlowerRun's outputs (`status.outputs`) to a directory, each file checked
+    /// against its listed sha256: through the Kubernetes API with your own credentials (you
+    /// need `get pods/proxy` in the run's namespace), or from a standalone hub's state directory.
+    #[command(
+        after_help = "Examples:\n  flower-hub run fetch fedavg-1795000000 --federation-namespace demo -o ./model\n  flower-hub run fetch fedavg-1795000000 --state-dir /var/lib/flower-hub"
+    )]
+    Fetch(FetchArgs),
     /// Delete a FlowerRun (the hub stops its Flower run first) and the ConfigMap `submit` made.
     #[command(
         after_help = "Example:\n  flower-hub run delete fedavg-1795000000 --federation-namespace demo"
@@ -101,6 +108,16 @@ pub struct LogsArgs {
     pub follow: bool,
 }
 
+/// Arguments of `run fetch`.
+#[derive(clap::Args, Debug)]
+pub struct FetchArgs {
+    #[command(flatten)]
+    names: NameArgs,
+    /// Directory to write the files to (made when missing; default: ./<NAME>).
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
 /// A FlowerRun by name.
 #[derive(clap::Args, Debug)]
 pub struct NameArgs {
@@ -132,6 +149,7 @@ pub fn run(cmd: RunCommand) -> anyhow::Result<ExitCode> {
                 follow(&hub, ns, name, true).await
             }
             RunSub::Stop(args) => stop(args).await,
+            RunSub::Fetch(args) => fetch(args).await,
             RunSub::Delete(args) => delete(args).await,
         }
     })
@@ -504,6 +522,62 @@ async fn stop(args: NameArgs) -> anyhow::Result<ExitCode> {
     println!(
         "FlowerRun {ns}/{name}: spec.suspend set; the hub stops its Flower run (follow with `flower-hub run logs {name} --follow`)"
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn fetch(args: FetchArgs) -> anyhow::Result<ExitCode> {
+    let hub = Hub::open(&args.names.hub_args).await?;
+    let (ns, name) = (&args.names.federation_namespace, &args.names.name);
+    let dest = args.output.clone().unwrap_or_else(|| PathBuf::from(name));
+    let status = get(&hub, ns, name).await?;
+    if status.outputs_listed_at.is_none() {
+        anyhow::bail!(
+            "FlowerRun {ns}/{name} has no outputs listed yet: they are listed when the run has \
+             finished, on a Federation with spec.outputs (see `flower-hub run list`)"
+        );
+    }
+    if status.outputs.is_empty() {
+        let why = status.details.as_deref().unwrap_or("its app wrote no file");
+        println!("FlowerRun {ns}/{name} has no outputs ({why})");
+        return Ok(ExitCode::SUCCESS);
+    }
+    std::fs::create_dir_all(&dest).with_context(|| format!("-o: making {}", dest.display()))?;
+    match &hub {
+        Hub::Kube { client, .. } => {
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
+            let run = runs.get(name).await?;
+            let pod = format!(
+                "{}-0",
+                crate::core::render::superlink_name(&run.spec.federation_ref.name)
+            );
+            for file in &status.outputs {
+                crate::flower::outputs::download_via_api(client, ns, &pod, ns, name, file, &dest)
+                    .await?;
+            }
+        }
+        Hub::File { dir, .. } => {
+            let entry = crate::standalone::status::HubStatus::read(dir)?
+                .runs
+                .into_iter()
+                .find(|r| r.namespace == *ns && r.name == *name)
+                .with_context(|| format!("no FlowerRun {ns}/{name} in the hub's status"))?;
+            let root = crate::standalone::runs::outputs_root(dir, ns, &entry.federation);
+            crate::flower::outputs::copy_verified(
+                &root.join(ns).join(name),
+                &status.outputs,
+                &dest,
+            )?;
+        }
+    }
+    let bytes: i64 = status.outputs.iter().map(|f| f.size).sum();
+    println!(
+        "FlowerRun {ns}/{name}: {} file(s), {bytes} bytes, sha256 checked, in {}",
+        status.outputs.len(),
+        dest.display()
+    );
+    for file in &status.outputs {
+        println!("  {}  {}  {}", file.sha256, file.size, file.path);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

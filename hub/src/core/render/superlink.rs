@@ -10,10 +10,13 @@ use flower_addon_crds::render::{
 use flower_addon_crds::{Federation, IsolationMode};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Container, ContainerPort, EmptyDirVolumeSource, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec,
     SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use crate::flower::outputs::{OUTPUTS_MOUNT_DIR, OUTPUTS_PORT};
 
 use crate::core::superlink::{
     SuperLinkLayout, SuperLinkPorts, serverapp_superexec_argv, superlink_argv,
@@ -29,9 +32,28 @@ pub const STATE_MOUNT_DIR: &str = "/var/lib/flwr/state";
 /// Where the SuperLink TLS Secret (`ca.crt`, `tls.crt`, `tls.key`) is mounted.
 pub const TLS_MOUNT_DIR: &str = "/etc/flwr/tls";
 const TLS_VOLUME: &str = "superlink-tls";
+/// Volume holding the runs' outputs (`spec.outputs`): a claim named this in the StatefulSet's
+/// claims (`volumeClaimTemplate`), the existing claim `claimName`, or an `emptyDir`.
+pub const OUTPUTS_VOLUME: &str = "outputs";
+/// The outputs sidecar's container name: serves the outputs read-only to the hub and to
+/// `flower-hub run fetch` through the API server's pod proxy.
+pub const OUTPUTS_CONTAINER: &str = "outputs";
 /// The Fleet front sidecar's container name (a `podTemplate` container of this name is merged
 /// into it, e.g. to pull our image from a mirror).
 pub const FRONT_CONTAINER: &str = "fleet-front";
+
+/// The StatefulSet claim `outputs` of `spec.outputs.volumeClaimTemplate`.
+fn outputs_claim(fed: &Federation) -> Option<PersistentVolumeClaim> {
+    let template = fed.spec.outputs.as_ref()?.volume_claim_template.as_ref()?;
+    Some(PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(OUTPUTS_VOLUME.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(template.spec.clone()),
+        status: None,
+    })
+}
 
 fn port(name: &str, number: i32) -> ContainerPort {
     ContainerPort {
@@ -124,6 +146,29 @@ pub fn render_superlink(
             ..Volume::default()
         });
     }
+    let outputs_mount = spec.outputs.as_ref().map(|outputs| {
+        if outputs.volume_claim_template.is_none() {
+            volumes.push(Volume {
+                name: OUTPUTS_VOLUME.to_owned(),
+                persistent_volume_claim: outputs.claim_name.as_ref().map(|claim| {
+                    PersistentVolumeClaimVolumeSource {
+                        claim_name: claim.clone(),
+                        read_only: None,
+                    }
+                }),
+                empty_dir: outputs
+                    .claim_name
+                    .is_none()
+                    .then(EmptyDirVolumeSource::default),
+                ..Volume::default()
+            });
+        }
+        VolumeMount {
+            name: OUTPUTS_VOLUME.to_owned(),
+            mount_path: OUTPUTS_MOUNT_DIR.to_owned(),
+            ..VolumeMount::default()
+        }
+    });
     append_volumes(&mut volumes, &superlink.volumes);
 
     let mut mounts = vec![VolumeMount {
@@ -134,6 +179,9 @@ pub fn render_superlink(
     if !spec.insecure {
         mounts.push(tls_mount.clone());
     }
+    // In process isolation the ServerApp runs in the SuperExec sidecar and writes there; the
+    // SuperLink container gets the mount too (the subprocess ServerApp of the other mode).
+    mounts.extend(outputs_mount.clone());
     append_mounts(&mut mounts, &superlink.volume_mounts);
 
     let mut containers = vec![Container {
@@ -175,7 +223,7 @@ pub fn render_superlink(
             .clone()
             .filter(|s| !s.is_empty())
             .ok_or(HubRenderError::MissingSuperExecImage)?;
-        let mut sidecar_mounts = Vec::new();
+        let mut sidecar_mounts: Vec<VolumeMount> = outputs_mount.clone().into_iter().collect();
         // From 1.37 the sidecar dials the SuperLink's TLS server and trusts its CA.
         if !spec.insecure && dialect.control_over_http() {
             sidecar_mounts.push(tls_mount);
@@ -197,6 +245,25 @@ pub fn render_superlink(
         });
     }
 
+    if let Some(mount) = &outputs_mount {
+        containers.push(Container {
+            name: OUTPUTS_CONTAINER.to_owned(),
+            image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
+            image_pull_policy: Some("IfNotPresent".to_owned()),
+            args: Some(vec![
+                "outputs-server".to_owned(),
+                format!("--listen=0.0.0.0:{OUTPUTS_PORT}"),
+                format!("--dir={OUTPUTS_MOUNT_DIR}"),
+            ]),
+            ports: Some(vec![port("outputs", i32::from(OUTPUTS_PORT))]),
+            volume_mounts: Some(vec![VolumeMount {
+                read_only: Some(true),
+                ..mount.clone()
+            }]),
+            ..Container::default()
+        });
+    }
+
     let mut pod = PodSpec {
         containers,
         volumes: non_empty(volumes),
@@ -212,7 +279,11 @@ pub fn render_superlink(
     if let Some(template) = &superlink.pod_template {
         merge_pod_template(&mut pod_meta, &mut pod, template);
     }
-    if state_is_claim {
+    let outputs_claimed = spec
+        .outputs
+        .as_ref()
+        .is_some_and(|o| o.claim_name.is_some() || o.volume_claim_template.is_some());
+    if state_is_claim || outputs_claimed {
         // A claimed volume is root-owned; Flower's images run as `app`. With an fsGroup the
         // kubelet makes the volume group-writable for it (the podTemplate's own fsGroup wins).
         let security = pod
@@ -243,6 +314,7 @@ pub fn render_superlink(
                     .volume_claim_templates
                     .iter()
                     .map(flower_addon_crds::render::claim)
+                    .chain(outputs_claim(fed))
                     .collect(),
             ),
             ..StatefulSetSpec::default()

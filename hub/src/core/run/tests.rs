@@ -474,3 +474,79 @@ fn a_run_config_changed_after_creation_stops_and_fails_the_run() {
     let d = decide(&s, &facts(&spec, vec![listed(5, "running", "h")], 3));
     assert!(!is_finished(&d.status));
 }
+
+#[test]
+fn outputs_are_listed_once_after_a_finished_flower_run_and_retried_for_a_while() {
+    use flower_addon_crds::run::RunOutput;
+    let mut status = FlowerRunStatus {
+        run_id: Some("7".into()),
+        finished_at: Some(Time(at(0))),
+        ..FlowerRunStatus::default()
+    };
+    assert!(!outputs_to_list(&status, true), "not finished yet");
+    set(&mut status, RUN_COMPLETE, true, "Completed", "done", at(0));
+    assert!(
+        !outputs_to_list(&status, false),
+        "the Federation keeps none"
+    );
+    assert!(outputs_to_list(&status, true));
+    // A failure within the window: details say so, retried soon.
+    let retry = record_outputs(&mut status, Err("pod not running".into()), at(30));
+    assert_eq!(retry, Some(OUTPUTS_RETRY));
+    assert!(
+        status
+            .details
+            .as_deref()
+            .unwrap_or_default()
+            .contains("pod not running")
+    );
+    assert!(outputs_to_list(&status, true));
+    // Listed: recorded once, never asked again.
+    let file = RunOutput {
+        path: "model.npz".into(),
+        size: 3,
+        sha256: "ab".into(),
+    };
+    assert_eq!(
+        record_outputs(&mut status, Ok(vec![file.clone()]), at(40)),
+        None
+    );
+    assert_eq!(status.outputs, [file]);
+    assert!(!outputs_to_list(&status, true));
+    // Past the window a failure gives up, saying so.
+    let mut late = FlowerRunStatus {
+        run_id: Some("8".into()),
+        finished_at: Some(Time(at(0))),
+        ..FlowerRunStatus::default()
+    };
+    set(&mut late, RUN_FAILED, true, "FlowerFailed", "failed", at(0));
+    let secs = OUTPUTS_LIST_WINDOW.as_secs() as i64;
+    assert_eq!(
+        record_outputs(&mut late, Err("gone".into()), at(secs + 1)),
+        None
+    );
+    assert!(late.outputs_listed_at.is_some());
+    assert!(
+        late.details
+            .as_deref()
+            .unwrap_or_default()
+            .contains("gave up")
+    );
+    // A run that failed before reaching Flower has nothing to list.
+    let mut early = FlowerRunStatus::default();
+    set(&mut early, RUN_FAILED, true, "InvalidApp", "bad", at(0));
+    assert!(!outputs_to_list(&early, true));
+}
+
+#[test]
+fn a_run_gets_its_output_directory_under_the_federations_root() {
+    let outputs = flower_addon_crds::OutputsSpec::default();
+    let dir = OutputDir::new(&outputs, "/var/lib/flwr/outputs/", "team", "run-1");
+    assert_eq!(dir.key, "output-dir");
+    assert_eq!(dir.dir, "/var/lib/flwr/outputs/team/run-1");
+    let named = flower_addon_crds::OutputsSpec {
+        run_config_key: Some("save-to".into()),
+        ..Default::default()
+    };
+    assert_eq!(OutputDir::new(&named, "/o", "a", "b").key, "save-to");
+}

@@ -41,6 +41,7 @@ use kube::{Client, ResourceExt};
 use super::{Error, measured};
 use crate::core::run::needs_app;
 use crate::flower::control::{ControlClient, ControlEndpoint};
+use crate::flower::fab_url::FabUrlCache;
 use crate::flower::runs::LogFollowers;
 
 pub use reconcile::reconcile;
@@ -72,6 +73,8 @@ pub struct RunContext {
     endpoint: EndpointOf,
     clients: Mutex<HashMap<FedKey, (ControlEndpoint, Arc<ControlClient>)>>,
     followers: Mutex<LogFollowers<RunKey>>,
+    /// FABs downloaded from `spec.app.fab.url` (once per URL and hash).
+    fab_urls: FabUrlCache,
 }
 
 impl RunContext {
@@ -91,6 +94,7 @@ impl RunContext {
             endpoint,
             clients: Mutex::default(),
             followers: Mutex::new(LogFollowers::new()),
+            fab_urls: FabUrlCache::new(),
         }
     }
 

@@ -10,22 +10,28 @@ use flower_addon_crds::run::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, ResourceExt};
 
 use super::store::{self, Written};
 use super::{CONFLICT_RETRY, FedKey, RunContext, RunKey, has_finalizer};
+use crate::core::render::superlink_name;
 use crate::core::run::{
     self as core_run, ACTIVE_POLL, Action as RunAction, AppState, FederationState, RunEvent,
     SuperLinkState, UNREACHABLE_RETRY,
 };
 use crate::flower::control::ControlClient;
+use crate::flower::outputs;
 use crate::flower::runs::{self as flower_runs, CheckedApp, ConfigMapSource};
 use crate::kube::controller::{Error, Result};
 
+/// How soon a run whose FAB is being downloaded from its URL is looked at again.
+const DOWNLOAD_RETRY: Duration = Duration::from_secs(3);
+/// How long listing a finished run's outputs may take.
+const OUTPUTS_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the rest of a finished run's log is read.
 const FINAL_LOG_WAIT: Duration = Duration::from_secs(5);
 
@@ -62,7 +68,10 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
     let app = if core_run::needs_app(&current, deleting)
         && (federation == FederationState::Ready || current.pending_submission.is_some())
     {
-        let (state, app) = load_app(&ctx.client, &namespace, spec).await?;
+        let output = fed
+            .as_deref()
+            .and_then(|f| output_dir(f, &namespace, &name));
+        let (state, app) = load_app(&ctx, &namespace, spec, output.as_ref()).await?;
         checked = app;
         Some(state)
     } else {
@@ -104,6 +113,10 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
     let mut events = decision.events;
     let mut status = decision.status;
     let mut requeue = decision.requeue;
+    // A FAB still downloading (or whose URL failed for now) wakes no watch: look again.
+    if spec.app.fab.url.is_some() && matches!(facts.app, Some(AppState::Missing { .. })) {
+        requeue = Some(requeue.map_or(DOWNLOAD_RETRY, |r| r.min(DOWNLOAD_RETRY)));
+    }
     // What the apiserver holds, and the resourceVersion a write is conditional on.
     let mut stored = current.clone();
     let mut read_at = run.resource_version();
@@ -166,7 +179,36 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
     if let Some(client) = &client {
         read_log(&ctx, client, &key, &current, &mut status, deleting).await;
     }
+    if let Some(fed) = fed.as_deref()
+        && !deleting
+        && core_run::outputs_to_list(&status, fed.spec.outputs.is_some())
+    {
+        let pod = format!("{}-0", superlink_name(&fed_key.1));
+        let listing = outputs::list_via_api(&ctx.client, &namespace, &pod, &namespace, &name);
+        let listed = match tokio::time::timeout(OUTPUTS_LIST_TIMEOUT, listing).await {
+            Ok(listed) => listed.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "pod {namespace}/{pod} did not answer within {} s",
+                OUTPUTS_LIST_TIMEOUT.as_secs()
+            )),
+        };
+        if let Some(retry) = core_run::record_outputs(&mut status, listed, now()) {
+            requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
+        }
+    }
     finish(&ctx, &run, &stored, status, read_at, events, requeue).await
+}
+
+/// Where the run `namespace/name` writes its outputs, when its Federation keeps them: under
+/// the outputs volume's mount in the SuperLink pod.
+fn output_dir(fed: &Federation, namespace: &str, name: &str) -> Option<core_run::OutputDir> {
+    let outputs = fed.spec.outputs.as_ref()?;
+    Some(core_run::OutputDir::new(
+        outputs,
+        outputs::OUTPUTS_MOUNT_DIR,
+        namespace,
+        name,
+    ))
 }
 
 /// Whether the SuperLink's run list is asked for: when [`core_run::needs_superlink`] says so,
@@ -211,12 +253,13 @@ pub(super) fn federation_state(fed: Option<&Federation>) -> FederationState {
 /// The run's app from the ConfigMap its spec names (absent: the run waits for it), checked
 /// against its run config. An apiserver error is an error (retried), never a verdict on the app.
 async fn load_app(
-    client: &Client,
+    ctx: &RunContext,
     namespace: &str,
     spec: &FlowerRunSpec,
+    output: Option<&core_run::OutputDir>,
 ) -> Result<(AppState, Option<CheckedApp>)> {
     let config_map = match &spec.app.fab.config_map_ref {
-        Some(reference) => Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        Some(reference) => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
             .get_opt(&reference.name)
             .await
             .map_err(|source| Error::Kube {
@@ -225,13 +268,20 @@ async fn load_app(
             })?,
         None => None,
     };
-    let (source, bytes) = flower_runs::fab_bytes(
+    let (source, bytes) = flower_runs::fab_bytes_from(
         namespace,
         &spec.app.fab,
         config_map.as_ref(),
         ConfigMapSource::Cluster,
-    );
-    Ok(flower_runs::check_app(&source, bytes, &spec.run_config))
+        &ctx.fab_urls,
+    )
+    .await;
+    Ok(flower_runs::check_app(
+        &source,
+        bytes,
+        &spec.run_config,
+        output,
+    ))
 }
 
 /// The event of a submission's answer (the core's `submitted`, `submit_refused` or
