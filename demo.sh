@@ -107,7 +107,9 @@ for i in 1 2; do
 done
 
 step "applying examples/quickstart (Federation + Placement) to the hub's manifests directory"
-sed "s/\"1.42.0\"/\"$FLOWER_VERSION\"/; s/:1.42.0/:$FLOWER_VERSION/g" examples/quickstart/federation.yaml >"$WORK/manifests/federation.yaml"
+# With spec.outputs: each FlowerRun's files (the trained model) are kept under the hub's state dir.
+sed "s/\"1.42.0\"/\"$FLOWER_VERSION\"/; s/:1.42.0/:$FLOWER_VERSION/g; s/^spec:$/spec:\n  outputs: {}/" \
+  examples/quickstart/federation.yaml >"$WORK/manifests/federation.yaml"
 cp examples/quickstart/placement.yaml "$WORK/manifests/placement.yaml"
 
 step "waiting until all 4 SuperNodes are connected (flower-hub status)"
@@ -203,6 +205,13 @@ step "the same app as a FlowerRun: flower-hub run submit examples/fedavg --feder
   || die "flower-hub run submit failed: $(tail -5 "$WORK/flowerrun.log")"
 grep -E '^round |Complete' "$WORK/flowerrun.log" | sed 's/^/    /' || true
 "$HUB" run list --state-dir "$WORK/hub" | sed 's/^/    /'
+step "the trained model: flower-hub run fetch demo-run -o $WORK/model"
+for _ in $(seq 1 20); do
+  "$HUB" run fetch demo-run --state-dir "$WORK/hub" -o "$WORK/model" >"$WORK/fetch.log" 2>&1 && break
+  sleep 0.5
+done
+sed 's/^/    /' "$WORK/fetch.log"
+[[ -s "$WORK/model/model.npz" ]] || die "run fetch gave no model.npz (see $WORK/fetch.log)"
 rss() { awk '/VmRSS/ {printf "%d MB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
 # RSS of the debug binaries built above: most of it is their unoptimised code pages (a release
 # agent holds ~12 MiB here; `cargo run --release -p e2e --bin agent_rss` measures it).

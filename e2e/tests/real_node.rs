@@ -1570,7 +1570,16 @@ async fn a_flower_run_completes_on_the_placed_federation(
             }
         },
     )
-    .await?;
+    .await;
+    let listed = match listed {
+        Ok(listed) => listed,
+        Err(e) => {
+            let details = runs.get("fedavg").await?.status.unwrap_or_default().details;
+            let pods = Api::<Pod>::namespaced(hub.client.clone(), "fl");
+            let dump = e2e::pods::dump(&pods, "auth-superlink").await;
+            return Err(e.context(format!("status.details: {details:?}\n{dump}")));
+        }
+    };
     let files: Vec<&str> = listed.outputs.iter().map(|f| f.path.as_str()).collect();
     ensure!(
         files == ["metrics.json", "model.npz"],
@@ -1604,8 +1613,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
-/// `flower-hub run fetch NAME` of namespace `fl` with the admin's kubeconfig (the API server's
-/// pod proxy to the SuperLink pod's outputs sidecar): every file as `listed`. Says how long.
+/// `flower-hub run fetch NAME` of namespace `fl` with the admin's kubeconfig (a port-forward to
+/// the SuperLink pod's outputs sidecar, on its loopback): every file as `listed`. Says how long.
 fn fetch_outputs(
     hub: &Cluster,
     name: &str,
@@ -1641,7 +1650,7 @@ fn fetch_outputs(
 /// FlowerRun roles aggregate into), through the API server with impersonation: cannot create a
 /// FlowerRun in `fl`; a FlowerRun in `team-b` naming `auth` waits for a Federation of that name in
 /// `team-b` (a reference never leaves its namespace); cannot read fl/fedavg's outputs, neither
-/// with `flower-hub run fetch` nor through the pod proxy.
+/// with `flower-hub run fetch` nor through a port-forward to the sidecar.
 async fn another_namespace_can_neither_run_there_nor_read_the_outputs(hub: &Cluster) -> Result<()> {
     use flower_addon_crds::run::FlowerRun;
     use serde_json::json;
@@ -1746,15 +1755,15 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
     )
     .await;
     let message = match proxied {
-        Ok(files) => bail!("alice listed fl/fedavg's outputs through the pod proxy: {files:?}"),
+        Ok(files) => bail!("alice listed fl/fedavg's outputs through a port-forward: {files:?}"),
         Err(e) => e.to_string(),
     };
     ensure!(
-        message.contains("pods/proxy"),
-        "the pod proxy's refusal: {message}"
+        message.contains("pods/portforward"),
+        "the port-forward's refusal: {message}"
     );
     eprintln!(
-        "real_node: user alice (edit in team-b): FlowerRun in fl refused (403); hers in team-b waits: {waiting:?}; fetch of fl/fedavg refused; pod proxy refused: {message}"
+        "real_node: user alice (edit in team-b): FlowerRun in fl refused (403); hers in team-b waits: {waiting:?}; fetch of fl/fedavg refused; port-forward refused: {message}"
     );
     Ok(())
 }

@@ -74,10 +74,10 @@ enum Command {
         after_help = "Example:\n  flower-hub fleet-front --listen 0.0.0.0:9092 --upstream 127.0.0.1:8000 --tls-dir /etc/flower/tls"
     )]
     FleetFront(front::FleetFrontArgs),
-    /// Serve FlowerRun output files read-only over plain HTTP (the SuperLink pod's sidecar,
-    /// reached through the API server's pod proxy).
+    /// Serve FlowerRun output files read-only over plain HTTP (the SuperLink pod's sidecar, on
+    /// the pod's loopback, reached through port-forwards).
     #[command(
-        after_help = "Example:\n  flower-hub outputs-server --listen 0.0.0.0:9099 --dir /var/lib/flwr/outputs"
+        after_help = "Example:\n  flower-hub outputs-server --listen 127.0.0.1:9099 --dir /var/lib/flwr/outputs"
     )]
     OutputsServer(outputs::OutputsServerArgs),
     /// Print a shell completion script.

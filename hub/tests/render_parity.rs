@@ -387,7 +387,7 @@ fn outputs_are_a_volume_of_the_superlink_with_a_read_only_sidecar() {
         sidecar.args.clone().expect("args"),
         [
             "outputs-server",
-            "--listen=0.0.0.0:9099",
+            "--listen=127.0.0.1:9099",
             "--dir=/var/lib/flwr/outputs"
         ]
     );

@@ -12,8 +12,9 @@ use crate::flower::outputs;
 /// Arguments of `flower-hub outputs-server`.
 #[derive(clap::Args, Debug)]
 pub struct OutputsServerArgs {
-    /// Address to listen on: where the API server's pod proxy connects.
-    #[arg(long, default_value = "0.0.0.0:9099")]
+    /// Address to listen on: the pod's loopback, where a port-forward connects (the outputs
+    /// are on no network).
+    #[arg(long, default_value = "127.0.0.1:9099")]
     pub listen: SocketAddr,
     /// The outputs root: each run's files are below `<dir>/<namespace>/<run>/`. Only read.
     #[arg(long, default_value = outputs::OUTPUTS_MOUNT_DIR)]

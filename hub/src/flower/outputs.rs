@@ -3,8 +3,8 @@
 //! After a run the hub lists them into the FlowerRun's status ([`list_dir`]) and
 //! `flower-hub run fetch` copies them out: from the hub's state directory in standalone mode
 //! ([`copy_verified`]), or in Kubernetes from the SuperLink pod's read-only `outputs-server`
-//! sidecar ([`serve`]), reached only through the API server's pod proxy with the caller's own
-//! credentials ([`list_via_api`], [`download_via_api`]).
+//! sidecar ([`serve`]), which listens on the pod's loopback only and is reached through a
+//! port-forward with the caller's own credentials ([`list_via_api`], [`download_via_api`]).
 //!
 //! The directory is written by the ServerApp, user code, so nothing in it is trusted: files are
 //! opened one path component at a time with `O_NOFOLLOW` (a symlink never leads out of the run's
@@ -143,9 +143,9 @@ pub enum OutputsError {
         /// What is wrong with it.
         why: String,
     },
-    /// The API server refused the pod proxy request: the caller lacks RBAC for it.
+    /// The API server refused the port-forward: the caller lacks RBAC for it.
     #[error(
-        "the API server refused to proxy to the SuperLink pod's outputs sidecar: you lack `get pods/proxy` in namespace {namespace} (check with `kubectl auth can-i get pods/proxy -n {namespace}`; ask for a Role that grants it: the built-in edit and admin roles do, view does not): {message}"
+        "the API server refused a port-forward to the SuperLink pod's outputs sidecar: you lack `create pods/portforward` in namespace {namespace} (check with `kubectl auth can-i create pods/portforward -n {namespace}`; ask for a Role that grants it: the built-in edit and admin roles do, view does not): {message}"
     )]
     Forbidden {
         /// The SuperLink pod's namespace.
@@ -165,7 +165,7 @@ pub enum OutputsError {
         /// What the API server said.
         message: String,
     },
-    /// Any other failed answer through the pod proxy.
+    /// Any other failed answer of the sidecar.
     #[error(
         "fetching {what} from the outputs sidecar of pod {pod} failed with HTTP {status}: {message}"
     )]
@@ -179,7 +179,7 @@ pub enum OutputsError {
         /// The answer's body, shortened.
         message: String,
     },
-    /// The API server could not be reached, or the answer broke off.
+    /// The API server could not be reached.
     #[error("fetching {what} through the API server from pod {pod}: {source}")]
     Kube {
         /// The listing or the file asked for.

@@ -35,8 +35,8 @@ const TLS_VOLUME: &str = "superlink-tls";
 /// Volume holding the runs' outputs (`spec.outputs`): a claim named this in the StatefulSet's
 /// claims (`volumeClaimTemplate`), the existing claim `claimName`, or an `emptyDir`.
 pub const OUTPUTS_VOLUME: &str = "outputs";
-/// The outputs sidecar's container name: serves the outputs read-only to the hub and to
-/// `flower-hub run fetch` through the API server's pod proxy.
+/// The outputs sidecar's container name: serves the outputs read-only on the pod's loopback to
+/// the hub and to `flower-hub run fetch`, through port-forwards.
 pub const OUTPUTS_CONTAINER: &str = "outputs";
 /// The Fleet front sidecar's container name (a `podTemplate` container of this name is merged
 /// into it, e.g. to pull our image from a mirror).
@@ -252,10 +252,9 @@ pub fn render_superlink(
             image_pull_policy: Some("IfNotPresent".to_owned()),
             args: Some(vec![
                 "outputs-server".to_owned(),
-                format!("--listen=0.0.0.0:{OUTPUTS_PORT}"),
+                format!("--listen=127.0.0.1:{OUTPUTS_PORT}"),
                 format!("--dir={OUTPUTS_MOUNT_DIR}"),
             ]),
-            ports: Some(vec![port("outputs", i32::from(OUTPUTS_PORT))]),
             volume_mounts: Some(vec![VolumeMount {
                 read_only: Some(true),
                 ..mount.clone()

@@ -1,5 +1,5 @@
 //! The `outputs-server` sidecar: serves the run directories below a root read-only over plain
-//! HTTP, for the API server's pod proxy.
+//! HTTP on the pod's loopback, for port-forwards through the API server.
 //!
 //! `GET /v1/runs/{namespace}/{run}` answers the run's listing (a JSON array of `RunOutput`,
 //! empty when the run wrote nothing) and `GET /v1/runs/{namespace}/{run}/files/{path}` one

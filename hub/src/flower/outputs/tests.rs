@@ -355,7 +355,7 @@ async fn server_is_read_only() {
     );
 }
 
-// === Through a fake API server's pod proxy ===
+// === The client: over a connection to the sidecar, and the API server's refusals ===
 
 type ProxyBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
 
@@ -373,9 +373,9 @@ fn status_object(code: u16, reason: &str) -> hyper::Response<ProxyBody> {
     response
 }
 
-/// A stand-in API server: pod `ns/p` proxies to the sidecar at `sidecar`; pod `ns/forbidden`
-/// answers 403 and `ns/gone` 404, as the API server does.
-async fn fake_api_server(sidecar: SocketAddr) -> SocketAddr {
+/// A stand-in API server refusing port-forwards: pod `ns/forbidden` answers 403, any other 404,
+/// as the API server does before any upgrade.
+async fn refusing_api_server() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -384,24 +384,7 @@ async fn fake_api_server(sidecar: SocketAddr) -> SocketAddr {
             let service = hyper::service::service_fn(
                 move |request: hyper::Request<hyper::body::Incoming>| async move {
                     let path = request.uri().path().to_owned();
-                    let prefix = format!("/api/v1/namespaces/ns/pods/p:{OUTPUTS_PORT}/proxy/");
-                    let response = if let Some(rest) = path.strip_prefix(&prefix) {
-                        let tcp = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-                        let (mut sender, conn) =
-                            hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                                .await
-                                .unwrap();
-                        tokio::spawn(conn);
-                        let forwarded = http::Request::get(format!("/{rest}"))
-                            .header(http::header::HOST, "sidecar")
-                            .body(Empty::<Bytes>::new())
-                            .unwrap();
-                        sender
-                            .send_request(forwarded)
-                            .await
-                            .unwrap()
-                            .map(|b| b.boxed())
-                    } else if path.contains("/pods/forbidden:") {
+                    let response = if path.contains("/pods/forbidden/portforward") {
                         status_object(403, "Forbidden")
                     } else {
                         status_object(404, "NotFound")
@@ -424,20 +407,31 @@ fn kube_client(api: SocketAddr) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
+/// An HTTP/1 connection to the sidecar at `addr`, as a port-forward's stream gives one.
+async fn connection(addr: SocketAddr) -> client::Sidecar {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
 #[tokio::test]
-async fn api_client_lists_and_downloads_through_the_pod_proxy() {
-    // list_via_api/download_via_api speak the pod proxy's paths and verify what they fetch.
+async fn the_client_lists_and_downloads_over_one_connection() {
+    // The requests a port-forward carries: the listing, then every file on the same
+    // connection, each verified.
     let (tmp, root) = fixture();
     write(&run_dir(&root, "demo", "r1").join("final weights.pt"), b"w");
     let (sidecar, _stop) = start(root.clone()).await;
-    let client = kube_client(fake_api_server(sidecar).await);
+    let mut conn = connection(sidecar).await;
 
-    let listed = list_via_api(&client, "ns", "p", "demo", "r1")
+    let listed = client::list_over(&mut conn, "ns", "p", "demo", "r1")
         .await
         .unwrap();
     assert_eq!(listed, list_dir(&run_dir(&root, "demo", "r1")).unwrap());
     assert_eq!(
-        list_via_api(&client, "ns", "p", "demo", "r9")
+        client::list_over(&mut conn, "ns", "p", "demo", "r9")
             .await
             .unwrap(),
         vec![]
@@ -445,7 +439,7 @@ async fn api_client_lists_and_downloads_through_the_pod_proxy() {
 
     let dest = tmp.path().join("fetched");
     for file in &listed {
-        download_via_api(&client, "ns", "p", "demo", "r1", file, &dest)
+        client::download_over(&mut conn, "ns", "p", "demo", "r1", file, &dest)
             .await
             .unwrap();
     }
@@ -457,14 +451,16 @@ async fn api_client_lists_and_downloads_through_the_pod_proxy() {
         ..output("model.pt", b"weights")
     };
     let elsewhere = tmp.path().join("again");
-    let err = download_via_api(&client, "ns", "p", "demo", "r1", &stale, &elsewhere)
+    let mut conn = connection(sidecar).await;
+    let err = client::download_over(&mut conn, "ns", "p", "demo", "r1", &stale, &elsewhere)
         .await
         .unwrap_err();
     assert!(matches!(err, OutputsError::Changed { .. }), "{err}");
     assert!(!elsewhere.join("model.pt").exists() && !elsewhere.join("model.pt.part").exists());
 
     let gone = output("removed.pt", b"");
-    let err = download_via_api(&client, "ns", "p", "demo", "r1", &gone, &elsewhere)
+    let mut conn = connection(sidecar).await;
+    let err = client::download_over(&mut conn, "ns", "p", "demo", "r1", &gone, &elsewhere)
         .await
         .unwrap_err();
     assert!(matches!(err, OutputsError::Missing { .. }), "{err}");
@@ -474,9 +470,8 @@ async fn api_client_lists_and_downloads_through_the_pod_proxy() {
 async fn api_client_errors_say_what_to_do() {
     // 403 names the RBAC check; 404 from the API server says the pod is not running; a path
     // that would escape is refused before any request.
-    let (tmp, root) = fixture();
-    let (sidecar, _stop) = start(root).await;
-    let client = kube_client(fake_api_server(sidecar).await);
+    let tmp = tempfile::tempdir().unwrap();
+    let client = kube_client(refusing_api_server().await);
 
     let err = list_via_api(&client, "ns", "forbidden", "demo", "r1")
         .await
@@ -484,7 +479,7 @@ async fn api_client_errors_say_what_to_do() {
     assert!(matches!(err, OutputsError::Forbidden { .. }), "{err}");
     assert!(
         err.to_string()
-            .contains("`kubectl auth can-i get pods/proxy -n ns`"),
+            .contains("`kubectl auth can-i create pods/portforward -n ns`"),
         "{err}"
     );
     let err = list_via_api(&client, "ns", "gone", "demo", "r1")
