@@ -1180,17 +1180,14 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
     let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
     runs.create(
         &Default::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "flower-addon.io/v1alpha1",
-            "kind": "FlowerRun",
-            "metadata": {"name": "retry"},
-            "spec": {
-                "federationRef": {"name": flwr.federation},
-                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
+        &fedavg_run(
+            "retry",
+            &flwr.federation,
+            json!({
                 "runConfig": {"num-server-rounds": 6, "min-nodes": flwr.min_nodes},
                 "backoffLimit": 1,
-            },
-        }))?,
+            }),
+        )?,
     )
     .await?;
     let running = wait_for(
@@ -1435,16 +1432,11 @@ async fn a_flower_run_completes_on_the_placed_federation(
     let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
     runs.create(
         &Default::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "flower-addon.io/v1alpha1",
-            "kind": "FlowerRun",
-            "metadata": {"name": "fedavg"},
-            "spec": {
-                "federationRef": {"name": flwr.federation},
-                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
-                "runConfig": {"num-server-rounds": 2, "min-nodes": flwr.min_nodes},
-            },
-        }))?,
+        &fedavg_run(
+            "fedavg",
+            &flwr.federation,
+            json!({"runConfig": {"num-server-rounds": 2, "min-nodes": flwr.min_nodes}}),
+        )?,
     )
     .await?;
     let is = |run: &FlowerRun, type_: &str, reason: Option<&str>| {
@@ -1608,6 +1600,28 @@ async fn a_flower_run_completes_on_the_placed_federation(
     Ok(listed.outputs)
 }
 
+/// FlowerRun `name` of examples/fedavg (its FAB in ConfigMap `fedavg-fab`) on Federation
+/// `federation`, with `extra` added to its spec.
+fn fedavg_run(
+    name: &str,
+    federation: &str,
+    extra: serde_json::Value,
+) -> Result<flower_addon_crds::run::FlowerRun> {
+    let mut spec = serde_json::json!({
+        "federationRef": {"name": federation},
+        "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "flower-addon.io/v1alpha1",
+        "kind": "FlowerRun",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))?)
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -1683,17 +1697,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
     let alice = kube::Client::try_from(
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
     )?;
-    let run = |name: &str| -> Result<FlowerRun> {
-        Ok(serde_json::from_value(json!({
-            "apiVersion": "flower-addon.io/v1alpha1",
-            "kind": "FlowerRun",
-            "metadata": {"name": name},
-            "spec": {
-                "federationRef": {"name": "auth"},
-                "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
-            },
-        }))?)
-    };
+    let run = |name: &str| fedavg_run(name, "auth", json!({}));
     let in_fl = Api::<FlowerRun>::namespaced(alice.clone(), "fl")
         .create(&Default::default(), &run("alices")?)
         .await;

@@ -145,7 +145,7 @@ pub enum OutputsError {
     },
     /// The API server refused the port-forward: the caller lacks RBAC for it.
     #[error(
-        "the API server refused a port-forward to the SuperLink pod's outputs sidecar: you lack `create pods/portforward` in namespace {namespace} (check with `kubectl auth can-i create pods/portforward -n {namespace}`; ask for a Role that grants it: the built-in edit and admin roles do, view does not): {message}"
+        "the API server refused a port-forward to the SuperLink pod's outputs sidecar: you may not port-forward in namespace {namespace} (`get` and `create` on `pods/portforward`; check with `kubectl auth can-i get pods/portforward -n {namespace}`; ask for a Role that grants it: the built-in edit and admin roles do, view does not): {message}"
     )]
     Forbidden {
         /// The SuperLink pod's namespace.

@@ -42,8 +42,8 @@ enum RunSub {
     Stop(NameArgs),
     /// Copy a finished FlowerRun's outputs (`status.outputs`) to a directory, each file checked
     /// against its listed sha256: through the Kubernetes API with your own credentials (a
-    /// port-forward to the SuperLink pod: you need `create pods/portforward` in the run's
-    /// namespace), or from a standalone hub's state directory.
+    /// port-forward to the SuperLink pod: you need `get` and `create` on `pods/portforward` in
+    /// the run's namespace), or from a standalone hub's state directory.
     #[command(
         after_help = "Examples:\n  flower-hub run fetch fedavg-1795000000 --federation-namespace demo -o ./model\n  flower-hub run fetch fedavg-1795000000 --state-dir /var/lib/flower-hub"
     )]

@@ -1,7 +1,8 @@
 //! Reaching a SuperLink pod's `outputs-server` sidecar, which listens on the pod's loopback
 //! only: through a port-forward by the API server and the kubelet, with the caller's own
-//! credentials. RBAC `create pods/portforward` in the pod's namespace decides who may fetch
-//! outputs; no other pod can reach them over the network.
+//! credentials. RBAC on `pods/portforward` in the pod's namespace (`get`, which the WebSocket
+//! form asks for, and `create`) decides who may fetch outputs; no other pod can reach them over
+//! the network.
 use std::path::Path;
 
 use bytes::Bytes;

@@ -479,7 +479,7 @@ async fn api_client_errors_say_what_to_do() {
     assert!(matches!(err, OutputsError::Forbidden { .. }), "{err}");
     assert!(
         err.to_string()
-            .contains("`kubectl auth can-i create pods/portforward -n ns`"),
+            .contains("`kubectl auth can-i get pods/portforward -n ns`"),
         "{err}"
     );
     let err = list_via_api(&client, "ns", "gone", "demo", "r1")
