@@ -29,6 +29,9 @@ pub const MAX_POOLS: usize = 16;
 pub const MAX_NODE_CONFIG_ENTRIES: usize = 64;
 /// Maximum length of a `nodeConfig` key or string value (bounds the CEL cost).
 pub const MAX_NODE_CONFIG_LENGTH: usize = 1024;
+/// Maximum `replicas` of one pool on one cluster (pool or `clusterOverrides`): bounds how many
+/// SuperNodes, and the objects the hub and agents render for them, one Federation can ask for.
+pub const MAX_REPLICAS: i32 = 1000;
 
 /// Desired state of a Flower federation: a SuperLink and one or more SuperNode pools.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -155,9 +158,9 @@ pub struct ClusterOverride {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub image: Option<String>,
-    /// Replicas on these clusters (StatefulSet mode).
+    /// Replicas on these clusters (StatefulSet mode), 1 to 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_REPLICAS))]
     pub replicas: Option<i32>,
     /// Merged over the pool's `supernodeResources` (per resource name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -488,9 +491,9 @@ pub struct SuperNodePoolSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub name: String,
-    /// Replicas per cluster; required (≥ 1) in StatefulSet mode, must be unset in DaemonSet mode.
+    /// Replicas per cluster; required (1 to 1000) in StatefulSet mode, unset in DaemonSet mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_REPLICAS))]
     pub replicas: Option<i32>,
     /// Images of this pool; optional (flower-operator's README omits it): the SuperNode image
     /// falls back to `spec.supernodes.image`.

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::federation::{
     DeploymentMode, Federation, IsolationMode, MAX_NODE_CONFIG_ENTRIES, MAX_NODE_CONFIG_LENGTH,
-    MAX_POOLS, NodeConfigValue, ServiceType, SuperNodePoolSpec,
+    MAX_POOLS, MAX_REPLICAS, NodeConfigValue, ServiceType, SuperNodePoolSpec,
 };
 use crate::placement::{BUILT_IN_PRIORITIZERS, Placement, ScoreCoordinateType, TolerationOperator};
 use crate::rules::*;
@@ -270,10 +270,7 @@ fn validate_cluster_overrides(errors: &mut Vec<FieldError>, spec: &crate::Federa
                 format!("{at}.replicas"),
                 MSG_DAEMONSET_REPLICAS,
             )),
-            (DeploymentMode::StatefulSet, Some(r)) if r < 1 => errors.push(FieldError::new(
-                format!("{at}.replicas"),
-                "must be greater than or equal to 1",
-            )),
+            (DeploymentMode::StatefulSet, Some(r)) => check_replicas(errors, &at, r),
             _ => {}
         }
         for (j, var) in o.env.iter().enumerate() {
@@ -288,6 +285,24 @@ fn validate_cluster_overrides(errors: &mut Vec<FieldError>, spec: &crate::Federa
     }
 }
 
+/// The schema's bounds on a `replicas` field at `at` (a pool or a cluster override).
+fn check_replicas(errors: &mut Vec<FieldError>, at: &str, replicas: i32) {
+    if replicas < 1 {
+        errors.push(FieldError::new(
+            format!("{at}.replicas"),
+            "must be greater than or equal to 1",
+        ));
+    } else if replicas > MAX_REPLICAS {
+        errors.push(FieldError::new(
+            format!("{at}.replicas"),
+            format!(
+                "must be less than or equal to {MAX_REPLICAS} (SuperNodes of this pool on one \
+                 cluster): split the load over more clusters or pools"
+            ),
+        ));
+    }
+}
+
 fn validate_pool(
     errors: &mut Vec<FieldError>,
     at: &str,
@@ -298,13 +313,8 @@ fn validate_pool(
     if let Err(why) = check_dns_label(&pool.name) {
         errors.push(FieldError::new(format!("{at}.name"), why));
     }
-    if let Some(replicas) = pool.replicas
-        && replicas < 1
-    {
-        errors.push(FieldError::new(
-            format!("{at}.replicas"),
-            "must be greater than or equal to 1",
-        ));
+    if let Some(replicas) = pool.replicas {
+        check_replicas(errors, at, replicas);
     }
     match mode {
         DeploymentMode::DaemonSet if pool.replicas.is_some() => {

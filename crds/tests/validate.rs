@@ -58,6 +58,48 @@ fn replicas_zero() {
     )));
 }
 
+// Replicas above MAX_REPLICAS (pool or cluster override) are refused by validate_federation and
+// by the CRD schema, with a message naming the limit; MAX_REPLICAS itself passes.
+#[test]
+fn replicas_above_the_maximum() {
+    let over = MAX_REPLICAS + 1;
+    let f = fed(&format!(
+        "{STS}      - name: a\n        replicas: 2147483647\n        images: {{}}\n  placementRef: {{name: p}}\n  clusterOverrides:\n    - clusterSelector: {{matchLabels: {{gpu: \"yes\"}}}}\n      replicas: {over}\n"
+    ));
+    let got = errors(&f);
+    let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.supernodes.pools[0].replicas",
+            "spec.clusterOverrides[0].replicas"
+        ],
+        "{got:?}"
+    );
+    for (_, message) in &got {
+        assert!(
+            message.contains(&format!("less than or equal to {MAX_REPLICAS}")),
+            "{message}"
+        );
+    }
+    let at_max = fed(&format!(
+        "{STS}      - name: a\n        replicas: {MAX_REPLICAS}\n        images: {{}}\n"
+    ));
+    assert!(errors(&at_max).is_empty(), "{:?}", errors(&at_max));
+
+    let schema = serde_json::to_value(<Federation as kube::CustomResourceExt>::crd()).expect("crd");
+    let spec = &schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let pool = &spec["supernodes"]["properties"]["pools"]["items"]["properties"]["replicas"];
+    let override_ = &spec["clusterOverrides"]["items"]["properties"]["replicas"];
+    for field in [pool, override_] {
+        assert_eq!(
+            field["maximum"].as_f64(),
+            Some(f64::from(MAX_REPLICAS)),
+            "{field}"
+        );
+    }
+}
+
 // Pool names must be DNS labels of at most 63 characters.
 #[test]
 fn pool_name_dns_label() {

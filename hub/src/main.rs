@@ -97,6 +97,13 @@ fn main() -> ExitCode {
         .install_default()
         .expect("install the rustls ring crypto provider");
     let cli = Cli::parse();
+    // Servers keep Rust's ignored SIGPIPE: a write to a gone peer stays an error they handle.
+    if !matches!(
+        cli.command,
+        Command::Serve(_) | Command::FleetFront(_) | Command::OutputsServer(_)
+    ) {
+        exit_quietly_on_broken_pipe();
+    }
     // `serve` logs what it does; one-shot commands print their own one-line errors, so only
     // warnings (and not kube-client's retry noise) are logged for them.
     flower_addon_hub::cli::init_tracing_with(
@@ -133,3 +140,22 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Restores the default SIGPIPE action, so a printing command whose reader went away
+/// (`flower-hub crds | head -1`) ends the way `cat` does instead of panicking in `println!`.
+/// Only for the short-lived commands: they spawn no children, and their sockets do not raise
+/// SIGPIPE in practice (`send` uses MSG_NOSIGNAL; a `writev` to a reset TCP connection fails with
+/// ECONNRESET first, and clients stop writing on an error). Servers keep SIGPIPE ignored.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn exit_quietly_on_broken_pipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called from `main` before any thread or runtime starts, so no other thread can be
+    // installing a handler at the same time; SIG_DFL runs no code of ours.
+    if let Err(err) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        eprintln!("flower-hub: warning: cannot restore the default SIGPIPE action: {err}");
+    }
+}
+
+#[cfg(not(unix))]
+fn exit_quietly_on_broken_pipe() {}

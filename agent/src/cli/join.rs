@@ -178,13 +178,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let n: u64 = number
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: expected e.g. 90s, 10m, 24h, 30d"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+    let scale: u64 = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
         _ => return Err(format!("invalid duration unit in {s:?}: use s, m, h or d")),
     };
+    let secs = n
+        .checked_mul(scale)
+        .ok_or_else(|| format!("duration {s:?} is too long"))?;
     Ok(Duration::from_secs(secs))
 }
 

@@ -307,6 +307,12 @@ pub use ca::{CaArgs, CaCommand, RotateArgs, WhichCa, ca};
 mod run;
 pub use run::{RunCommand, run};
 
-fn rfc3339(unix: u64) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
+/// `unix` as an RFC 3339 UTC date; `None` when it is past the last date RFC 3339 can show
+/// (year 9999), e.g. a stored value an older hub or a hand edit left behind.
+fn rfc3339(unix: u64) -> Option<String> {
+    use std::fmt::Write;
+    let time = UNIX_EPOCH.checked_add(Duration::from_secs(unix))?;
+    let mut out = String::new();
+    write!(out, "{}", humantime::format_rfc3339_seconds(time)).ok()?;
+    Some(out)
 }

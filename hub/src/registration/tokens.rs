@@ -11,6 +11,10 @@ const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 const ID_LEN: usize = 6;
 const SECRET_LEN: usize = 16;
 
+/// Longest lifetime a bootstrap token may have (`token create --ttl`): ten years, so every
+/// expiry stays a date the hub can store, compare and print.
+pub const MAX_TTL: Duration = Duration::from_secs(3650 * 86400);
+
 /// A bootstrap token as stored: the public id and the SHA-256 of the secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

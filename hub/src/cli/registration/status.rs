@@ -108,7 +108,7 @@ fn print_cluster_table(clusters: &[ClusterRecord]) {
             available,
             c.status
                 .last_heartbeat_unix
-                .map(rfc3339)
+                .and_then(rfc3339)
                 .unwrap_or_else(|| "-".into()),
             labels.join(",")
         );

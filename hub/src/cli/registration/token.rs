@@ -7,6 +7,7 @@ use super::{
 };
 use crate::registration::store::{ClusterStore, StoreError, load_or_create_ca};
 use crate::registration::tokens;
+use anyhow::Context;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -45,8 +46,8 @@ pub enum TokenOutput {
 pub struct TokenCreateArgs {
     #[command(flatten)]
     hub_args: HubArgs,
-    /// Lifetime of the token (e.g. `30m`, `24h`, `7d`).
-    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    /// Lifetime of the token (e.g. `30m`, `24h`, `7d`; at most `3650d`).
+    #[arg(long, default_value = "24h", value_parser = parse_ttl)]
     pub ttl: Duration,
     /// `HOST:PORT` agents dial (default: standalone, the address `serve` advertises; Kubernetes,
     /// derived from the Service flower-hub).
@@ -85,6 +86,19 @@ pub struct TokenCreateArgs {
     /// `serverName` when known; `secret` prints the agent's bootstrap Secret.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: TokenOutput,
+}
+
+/// Parses `--ttl`, refusing lifetimes above [`tokens::MAX_TTL`] (clap names the flag).
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let max_days = tokens::MAX_TTL.as_secs() / 86400;
+    let ttl = parse_duration(s).map_err(|e| format!("{e} (at most {max_days}d)"))?;
+    if ttl > tokens::MAX_TTL {
+        return Err(format!(
+            "a bootstrap token may live at most {max_days}d: pass a shorter --ttl (e.g. 24h) and \
+             create a new token when it expires"
+        ));
+    }
+    Ok(ttl)
 }
 
 /// Arguments of `flower-hub token delete`.
@@ -129,7 +143,11 @@ async fn token_list<S: ClusterStore>(store: &S) -> Result<ExitCode, StoreError> 
         "ID", "EXPIRES", "STATE", "CLUSTER", "USES", "LABELS"
     );
     for t in store.list_tokens().await? {
-        let state = if now >= t.expires_unix {
+        // An expiry no date can show was not written by a current `token create`.
+        let expires = rfc3339(t.expires_unix);
+        let state = if expires.is_none() {
+            "invalid"
+        } else if now >= t.expires_unix {
             "expired"
         } else if !t.has_uses_left() {
             "used-up"
@@ -149,7 +167,7 @@ async fn token_list<S: ClusterStore>(store: &S) -> Result<ExitCode, StoreError> 
         println!(
             "{:<8} {:<22} {:<8} {:<16} {:<6} {:<24} {}",
             t.id,
-            rfc3339(t.expires_unix),
+            expires.as_deref().unwrap_or("invalid"),
             state,
             t.cluster_name.as_deref().unwrap_or("*"),
             uses,
@@ -233,7 +251,8 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<ExitCode> {
         labels: args.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
         claims: args.claims.iter().cloned().collect::<BTreeMap<_, _>>(),
     };
-    let expires = rfc3339(new.record.expires_unix);
+    let expires = rfc3339(new.record.expires_unix)
+        .context("the token's expiry is not a date: pass a shorter --ttl")?;
     match args.output {
         TokenOutput::Secret => {
             print!(

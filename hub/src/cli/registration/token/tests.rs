@@ -26,3 +26,20 @@ fn the_join_command_carries_the_server_name_only_when_known() {
          --state-dir /var/lib/flower-agent"
     );
 }
+
+#[test]
+fn ttl_is_refused_above_the_maximum_and_on_overflow() {
+    // Invariant: `--ttl` accepts up to 3650d and refuses longer or overflowing values with a
+    // message naming the maximum, so no stored expiry is past what the hub can show.
+    assert_eq!(parse_ttl("3650d"), Ok(tokens::MAX_TTL));
+    assert_eq!(parse_ttl("24h"), Ok(Duration::from_secs(86400)));
+    for too_long in [
+        "3651d",
+        "1000000000d",
+        "999999999999999d",
+        "18446744073709551615m",
+    ] {
+        let err = parse_ttl(too_long).expect_err(too_long);
+        assert!(err.contains("at most 3650d"), "{too_long}: {err}");
+    }
+}
