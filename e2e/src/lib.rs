@@ -3,7 +3,8 @@
 //! the binaries `e2e/k8s/build.sh` builds, plus helpers to apply manifests and act as
 //! least-privilege ServiceAccounts. [`harness`] is what every test uses around the product: free
 //! ports, waits, the built binaries, child processes and the lock that serialises control-plane
-//! boots.
+//! boots. [`bench`] is what the bench binaries (`e2e/src/bin/*_bench.rs`) measure alike: the
+//! hub's own apiserver requests and CPU time.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -17,6 +18,7 @@
 pub mod access;
 pub mod addon;
 pub mod apply;
+pub mod bench;
 pub mod bins;
 pub mod cluster;
 pub mod deployment;

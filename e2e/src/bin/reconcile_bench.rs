@@ -46,7 +46,11 @@
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use e2e::ControlPlane;
-use e2e::addon::{Addon, AddonOptions, Bootstrap, HUB_NS, Spoke};
+use e2e::addon::{Addon, AddonOptions, Bootstrap, Spoke};
+use e2e::bench::{
+    binary_age, by_group, counter_deltas, cpu_time, hub_requests, install_flow_schemas,
+    per_resource, percentile, requests_on, sorted, validate_counting, verdict,
+};
 use flower_addon_crds::Federation;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -105,14 +109,8 @@ fn rfc3339(at: std::time::SystemTime) -> String {
 
 /// Namespace of the user's Federations.
 const NAMESPACE: &str = "bench";
-/// The hub's ServiceAccount (`manifests/hub/rbac.yaml`).
-const HUB_SA: &str = "flower-hub";
 /// The hub's process name in the harness ([`Addon::install`]).
 const HUB_PROC: &str = "flower-hub";
-/// Verb groups counted; `events` is any verb on Events, `other` any verb not listed.
-const GROUPS: [&str; 9] = [
-    "events", "get", "list", "watch", "create", "update", "patch", "delete", "other",
-];
 /// The groups that are writes.
 const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
 /// Resources counted apart (any API group), so that each verb's requests are told by resource;
@@ -229,7 +227,7 @@ struct Mark {
 
 async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
     let admin = cp.cluster("hub")?.client.clone();
-    install_flow_schemas(&admin).await?;
+    install_flow_schemas(&admin, &RESOURCES, "reconcile-bench").await?;
     Api::<Namespace>::all(admin.clone())
         .create(
             &PostParams::default(),
@@ -255,7 +253,11 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> Result<Report> {
         .get(HUB_PROC)
         .context("the hub process is not running")?
         .pid();
-    validate_counting(cp, &admin).await?;
+    let startup_counts = validate_counting(cp, &admin).await?;
+    println!(
+        "counting validated: the hub's start-up made {}",
+        per_resource(&startup_counts, 1.0).join("; ")
+    );
     // Let start-up finish (CA Secrets, initial lists) before the empty hub's RSS is taken.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_empty_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
@@ -552,11 +554,6 @@ fn placed_federation(name: &str) -> Result<Federation> {
 
 impl SpokesReport {
     fn print(&self, args: &Args, load_start: &str, load_end: &str) {
-        let sorted = |v: &Vec<Duration>| {
-            let mut v = v.clone();
-            v.sort();
-            v
-        };
         println!();
         println!(
             "== flower-hub reconcile bench --spokes: {} replica changes of a Federation placed on 2 spokes ==",
@@ -932,196 +929,6 @@ async fn settle(admin: &Client, rx: &watch::Receiver<Observed>) -> Result<()> {
     }
 }
 
-// === Requests ===
-
-/// The FlowSchemas that count the hub's requests: `flower-hub-events`, then
-/// `flower-hub-<verb>-<resource>` for each of [`GROUPS`] × [`RESOURCES`] (`/` spelled `.`), then
-/// `flower-hub-<verb>-other`; each matches only the hub's ServiceAccount.
-fn flow_schemas() -> Vec<serde_json::Value> {
-    let subjects = json!([{
-        "kind": "ServiceAccount",
-        "serviceAccount": {"name": HUB_SA, "namespace": HUB_NS}
-    }]);
-    let schema = |name: String, precedence: usize, rule: serde_json::Value| {
-        let mut rule = rule;
-        rule["subjects"] = subjects.clone();
-        json!({
-            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-            "kind": "FlowSchema",
-            "metadata": {"name": format!("flower-hub-{name}")},
-            "spec": {
-                // Before every built-in schema that could match a ServiceAccount (the
-                // `service-accounts` one is at 9000); at the priority level that one names.
-                "matchingPrecedence": precedence,
-                "priorityLevelConfiguration": {"name": "workload-low"},
-                "distinguisherMethod": {"type": "ByUser"},
-                "rules": [rule],
-            }
-        })
-    };
-    let verbs_of = |group: &str| -> Vec<String> {
-        match group {
-            "other" => vec!["*".into()],
-            "delete" => vec!["delete".into(), "deletecollection".into()],
-            verb => vec![verb.into()],
-        }
-    };
-    let mut out = vec![schema(
-        "events".into(),
-        1000,
-        json!({"resourceRules": [{
-            "verbs": ["*"], "apiGroups": ["", "events.k8s.io"], "resources": ["events"],
-            "namespaces": ["*"],
-        }]}),
-    )];
-    for (i, group) in GROUPS.iter().filter(|g| **g != "events").enumerate() {
-        for (j, resource) in RESOURCES.iter().enumerate() {
-            out.push(schema(
-                format!("{group}-{}", resource.replace('/', ".")),
-                1100 + i * 50 + j,
-                json!({"resourceRules": [{
-                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": [resource],
-                    "namespaces": ["*"], "clusterScope": true,
-                }]}),
-            ));
-        }
-        // Discovery and other non-resource requests count as `<verb>-other`.
-        out.push(schema(
-            format!("{group}-other"),
-            2000 + i,
-            json!({
-                "resourceRules": [{
-                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": ["*"],
-                    "namespaces": ["*"], "clusterScope": true,
-                }],
-                "nonResourceRules": [{"verbs": verbs_of(group), "nonResourceURLs": ["*"]}],
-            }),
-        ));
-    }
-    out
-}
-
-/// Creates the FlowSchemas of [`flow_schemas`] and waits until the apiserver has taken each up
-/// (condition `Dangling=False`: its priority level exists and it is in force).
-async fn install_flow_schemas(admin: &Client) -> Result<()> {
-    let resource = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("flowcontrol.apiserver.k8s.io", "v1", "FlowSchema"),
-        "flowschemas",
-    );
-    let api = Api::<kube::api::DynamicObject>::all_with(admin.clone(), &resource);
-    let schemas = flow_schemas();
-    for schema in &schemas {
-        let name = schema["metadata"]["name"].as_str().unwrap_or_default();
-        api.patch(
-            name,
-            &PatchParams::apply("reconcile-bench"),
-            &Patch::Apply(schema),
-        )
-        .await
-        .with_context(|| format!("creating FlowSchema {name} (counts the hub's requests)"))?;
-    }
-    e2e::wait_until(
-        "FlowSchemas taken up (Dangling=False)",
-        Duration::from_secs(30),
-        || async {
-            let taken_up = api
-                .list(&Default::default())
-                .await?
-                .items
-                .iter()
-                .filter(|s| s.name_any().starts_with("flower-hub-"))
-                .filter(|s| {
-                    s.data["status"]["conditions"].as_array().is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Dangling" && c["status"] == "False")
-                    })
-                })
-                .count();
-            Ok(taken_up == schemas.len())
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// The hub's dispatched requests by `<verb>/<resource>` (`events/events` for Events), from the
-/// hub apiserver's `/metrics`.
-async fn hub_requests(admin: &Client) -> Result<BTreeMap<String, u64>> {
-    const METRIC: &str = "apiserver_flowcontrol_dispatched_requests_total";
-    let text = admin
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await
-        .context("GET /metrics from the hub apiserver")?;
-    ensure!(
-        text.contains(METRIC),
-        "the apiserver's /metrics has no {METRIC}: the hub's requests cannot be counted"
-    );
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(labels) = line
-            .strip_prefix(METRIC)
-            .and_then(|rest| rest.strip_prefix('{'))
-        else {
-            continue;
-        };
-        let Some(schema) = labels
-            .split("flow_schema=\"flower-hub-")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        else {
-            continue;
-        };
-        let key = match schema.split_once('-') {
-            Some((verb, resource)) => format!("{verb}/{}", resource.replace('.', "/")),
-            None => format!("{schema}/{schema}"),
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .unwrap_or_default()
-            .parse()
-            .with_context(|| format!("metric line {line}"))?;
-        *out.entry(key).or_default() += value as u64;
-    }
-    Ok(out)
-}
-
-/// Requests by verb group ([`GROUPS`]).
-fn by_group(requests: &BTreeMap<String, u64>) -> BTreeMap<&'static str, u64> {
-    GROUPS
-        .iter()
-        .map(|g| {
-            let n = requests
-                .iter()
-                .filter(|(k, _)| k.split('/').next() == Some(*g))
-                .map(|(_, n)| n)
-                .sum();
-            (*g, n)
-        })
-        .collect()
-}
-
-/// Checks that the hub's start-up (caches: LIST and WATCH) shows up in the counters.
-async fn validate_counting(cp: &mut ControlPlane, admin: &Client) -> Result<()> {
-    let counted = e2e::wait_for(
-        "the hub's start-up LIST and WATCH requests counted by its FlowSchemas",
-        Duration::from_secs(30),
-        || async {
-            let counts = hub_requests(admin).await?;
-            let groups = by_group(&counts);
-            Ok((groups["list"] > 0 && groups["watch"] > 0).then_some(counts))
-        },
-    )
-    .await;
-    cp.processes().check_alive()?;
-    let counts = counted?;
-    println!(
-        "counting validated: the hub's start-up made {}",
-        per_resource(&counts, 1.0).join("; ")
-    );
-    Ok(())
-}
-
 async fn mark(admin: &Client, rx: &watch::Receiver<Observed>, pid: u32) -> Result<Mark> {
     Ok(Mark {
         requests: hub_requests(admin).await?,
@@ -1139,21 +946,8 @@ async fn phase(
 ) -> Result<Phase> {
     let end = mark(admin, rx, pid).await?;
     Ok(Phase {
-        requests: end
-            .requests
-            .iter()
-            .map(|(g, n)| {
-                (
-                    g.clone(),
-                    n - start.requests.get(g).copied().unwrap_or(0).min(*n),
-                )
-            })
-            .collect(),
-        changes: end
-            .changes
-            .iter()
-            .map(|(k, n)| (*k, n - start.changes.get(k).copied().unwrap_or(0).min(*n)))
-            .collect(),
+        requests: counter_deltas(&start.requests, &end.requests),
+        changes: counter_deltas(&start.changes, &end.changes),
         cpu: end.cpu.saturating_sub(start.cpu),
         wall: end.at - start.at,
     })
@@ -1171,7 +965,7 @@ impl Phase {
 
     /// Leader election's requests (Lease get/update/create).
     fn lease_requests(&self) -> u64 {
-        self.requests.values().sum::<u64>() - self.without_leases().values().sum::<u64>()
+        requests_on(&self.requests, "leases")
     }
 
     /// Requests other than watches, Events and leader election (what reconciles cost).
@@ -1199,29 +993,9 @@ impl Phase {
 
 // === Process and machine ===
 
-/// `utime + stime` of a process (`/proc/<pid>/stat`, at USER_HZ = 100).
-fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat (has the hub exited?)"))?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
-    // utime and stime are fields 14 and 15 of stat; here 0-based after the state (field 3).
-    Ok(Duration::from_millis((ticks(11) + ticks(12)) * 10))
-}
-
 /// Path, size and age of the hub binary.
 fn describe_binary(path: &std::path::Path) -> String {
-    let age = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .map_or_else(
-            || "unknown age".into(),
-            |d| format!("built {} s ago", d.as_secs()),
-        );
-    format!("{} ({age})", path.display())
+    format!("{} ({})", path.display(), binary_age(path))
 }
 
 /// Fails when a source file of the crates `binary` builds from (`crates`: directories of the
@@ -1298,14 +1072,6 @@ fn describe_sources() -> String {
 
 // === Report ===
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 /// One line per part of a latency: its p50, p95 and worst (each list sorted).
 fn print_parts(parts: &[(&str, &Vec<Duration>)]) {
     for (what, sorted) in parts {
@@ -1322,54 +1088,11 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
-fn verdict(ok: bool) -> &'static str {
-    if ok { "PASS" } else { "MISS" }
-}
-
-/// One entry per verb group with requests, divided by `per`:
-/// `patch 4.00 (federations/status 3.00, statefulsets 1.00)`.
-fn per_resource(requests: &BTreeMap<String, u64>, per: f64) -> Vec<String> {
-    let number = |n: u64| {
-        let n = n as f64 / per;
-        if per == 1.0 {
-            format!("{n:.0}")
-        } else {
-            format!("{n:.2}")
-        }
-    };
-    let mut out = Vec::new();
-    for (group, total) in by_group(requests) {
-        if total == 0 {
-            continue;
-        }
-        let parts: Vec<String> = requests
-            .iter()
-            .filter_map(|(k, n)| {
-                let (g, resource) = k.split_once('/')?;
-                (g == group && *n > 0 && group != "events")
-                    .then(|| format!("{resource} {}", number(*n)))
-            })
-            .collect();
-        if parts.is_empty() {
-            out.push(format!("{group} {}", number(total)));
-        } else {
-            out.push(format!("{group} {} ({})", number(total), parts.join(", ")));
-        }
-    }
-    if out.is_empty() {
-        out.push("none".into());
-    }
-    out
-}
-
 impl Report {
     fn print(&self, args: &Args, load_start: &str, load_end: &str) {
-        let mut create = self.create_latency.clone();
-        create.sort();
-        let mut call = self.create_call.clone();
-        call.sort();
-        let mut change = self.change_latency.clone();
-        change.sort();
+        let create = sorted(&self.create_latency);
+        let call = sorted(&self.create_call);
+        let change = sorted(&self.change_latency);
         let p50_create = percentile(&create, 0.5);
         let p50_change = percentile(&change, 0.5);
         println!();
@@ -1390,10 +1113,8 @@ impl Report {
             format!("p50 ≤ {}", TARGET_CREATE_P50.as_millis()),
             verdict(p50_create <= TARGET_CREATE_P50)
         );
-        let mut superlink = self.superlink_latency.clone();
-        superlink.sort();
-        let mut pool = self.pool_latency.clone();
-        pool.sort();
+        let superlink = sorted(&self.superlink_latency);
+        let pool = sorted(&self.pool_latency);
         print_parts(&[
             ("  the create call returned", &call),
             (
@@ -1412,10 +1133,8 @@ impl Report {
                 format!("p50 ≤ {}", TARGET_CHANGE_P50.as_millis()),
                 verdict(p50_change <= TARGET_CHANGE_P50)
             );
-            let mut call = self.change_call.clone();
-            call.sort();
-            let mut floor = self.floor_apply.clone();
-            floor.sort();
+            let call = sorted(&self.change_call);
+            let floor = sorted(&self.floor_apply);
             print_parts(&[
                 ("  the patch call returned", &call),
                 ("  floor: one StatefulSet apply, no hub", &floor),

@@ -54,7 +54,11 @@ use anyhow::{Context, Result, bail, ensure};
 use base64::Engine;
 use clap::Parser;
 use e2e::ControlPlane;
-use e2e::addon::{Addon, AddonOptions, HUB_NS};
+use e2e::addon::{Addon, AddonOptions};
+use e2e::bench::{
+    apiserver_metrics, binary_age, counter_deltas, cpu_time, hub_requests, install_flow_schemas,
+    metric_value, per_resource, percentile, requests_on, sorted, validate_counting, verdict,
+};
 use e2e::harness::{Processes, binary, flower_venv, free_ports};
 use e2e::scrape::Samples;
 use flower_addon_crds::Federation;
@@ -63,8 +67,8 @@ use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
 use flower_addon_hub::standalone::status::{HubStatus, STATUS_FILE};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -109,15 +113,9 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 const QUIET: Duration = Duration::from_secs(5);
 /// The hub's process name in the harness ([`Addon::install`]).
 const HUB_PROC: &str = "flower-hub";
-/// The hub's ServiceAccount (`manifests/hub/rbac.yaml`).
-const HUB_SA: &str = "flower-hub";
 /// Namespaces of the two Kubernetes windows.
 const NS_FINISHED: &str = "bench-finished";
 const NS_WAITING: &str = "bench-waiting";
-/// Verb groups counted; `events` is any verb on Events, `other` any verb not listed.
-const GROUPS: [&str; 9] = [
-    "events", "get", "list", "watch", "create", "update", "patch", "delete", "other",
-];
 /// Resources counted apart (any API group); the rest of a verb's requests count as `other`.
 const RESOURCES: [&str; 11] = [
     "flowerruns",
@@ -180,28 +178,28 @@ async fn main() -> Result<()> {
         "== run_bench: FlowerRun figures of flower-hub ({} in all) ==",
         secs(started.elapsed())
     );
-    let mut failed = false;
-    match &standalone {
-        Some(Ok(report)) => report.print(&args),
-        Some(Err(e)) => {
-            failed = true;
-            println!("standalone part FAILED: {e:#}");
-        }
-        None => {}
-    }
-    match &kube {
-        Some(Ok(report)) => report.print(&args),
-        Some(Err(e)) => {
-            failed = true;
-            println!("Kubernetes part FAILED: {e:#}");
-        }
-        None => {}
-    }
+    let standalone_failed = print_part("standalone", &standalone, |r| r.print(&args));
+    let kube_failed = print_part("Kubernetes", &kube, |r| r.print(&args));
     println!("load at end: {}", e2e::harness::loadavg());
-    if failed {
+    if standalone_failed || kube_failed {
         bail!("a part of the bench failed (above)");
     }
     Ok(())
+}
+
+/// Prints a part's report, or how it failed; whether it failed (a part not run did not).
+fn print_part<R>(name: &str, part: &Option<Result<R>>, print: impl FnOnce(&R)) -> bool {
+    match part {
+        Some(Ok(report)) => {
+            print(report);
+            false
+        }
+        Some(Err(e)) => {
+            println!("{name} part FAILED: {e:#}");
+            true
+        }
+        None => false,
+    }
 }
 
 // === Progress and numbers ===
@@ -238,20 +236,6 @@ fn between(earlier: f64, later: f64) -> Duration {
     Duration::from_secs_f64((later - earlier).max(0.0))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn sorted(v: &[Duration]) -> Vec<Duration> {
-    let mut v = v.to_vec();
-    v.sort();
-    v
-}
-
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
@@ -260,20 +244,9 @@ fn s3(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64())
 }
 
-fn verdict(ok: bool) -> &'static str {
-    if ok { "PASS" } else { "MISS" }
-}
-
 /// Path, size and age of a binary, and the profile its directory suggests.
 fn describe_binary(path: &Path) -> String {
-    let age = std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .map_or_else(
-            || "unknown age".into(),
-            |d| format!("built {} s ago", d.as_secs()),
-        );
+    let age = binary_age(path);
     let profile = path
         .parent()
         .and_then(Path::file_name)
@@ -792,7 +765,7 @@ async fn kube_windows(
     progress(
         "kubernetes: FlowSchemas that count the hub's requests, CRDs, namespaces, FAB ConfigMaps",
     );
-    install_flow_schemas(&admin).await?;
+    install_flow_schemas(&admin, &RESOURCES, "run-bench").await?;
     e2e::install_crds(&admin).await?;
     let fab =
         flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("examples/fedavg"))?;
@@ -820,24 +793,18 @@ async fn kube_windows(
         .get(HUB_PROC)
         .context("the hub's metrics address")?
         .metrics;
-    validate_counting(cp, &admin).await?;
+    let startup_counts = validate_counting(cp, &admin).await?;
+    progress(format!(
+        "kubernetes: counting validated: the hub's start-up made {}",
+        per_resource(&startup_counts, 1.0).join("; ")
+    ));
 
     // (a) Finished runs.
     progress(format!(
         "kubernetes (a): creating {n} FlowerRuns (Federation `trained` does not exist: they wait), then setting them Complete through the status subresource"
     ));
+    create_runs(cp, &admin, metrics, NS_FINISHED, "finished", "trained", n).await?;
     let runs_a = Api::<FlowerRun>::namespaced(admin.clone(), NS_FINISHED);
-    let base = hub_reconciles(metrics);
-    for i in 0..n {
-        runs_a
-            .create(
-                &PostParams::default(),
-                &flower_run(&format!("finished-{i:03}"), NS_FINISHED, "trained")?,
-            )
-            .await
-            .with_context(|| format!("creating FlowerRun finished-{i:03}"))?;
-    }
-    settle(cp, &admin, metrics, base + n as f64).await?;
     let now = Timestamp::from_second(Timestamp::now().as_second())?;
     for i in 0..n {
         let name = format!("finished-{i:03}");
@@ -862,17 +829,7 @@ async fn kube_windows(
     // CPU and reconciles of the new process since it started (the first mark was the old one's).
     startup.cpu = cpu_time(hub_pid(cp)?)?;
     startup.reconciles = hub_reconciles(metrics);
-    let complete_runs = runs_a
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|r| {
-            r.status
-                .as_ref()
-                .is_some_and(|s| condition_true(s, "Complete"))
-        })
-        .count();
+    let complete_runs = count_runs(&runs_a, |s| condition_true(s, "Complete")).await?;
     ensure!(
         complete_runs == n,
         "only {complete_runs} of {n} FlowerRuns are Complete after the hub's restart"
@@ -928,33 +885,16 @@ async fn kube_windows(
         },
     )
     .await?;
+    create_runs(cp, &admin, metrics, NS_WAITING, "waiting", "waiting", n).await?;
     let runs_b = Api::<FlowerRun>::namespaced(admin.clone(), NS_WAITING);
-    let base = hub_reconciles(metrics);
-    for i in 0..n {
-        runs_b
-            .create(
-                &PostParams::default(),
-                &flower_run(&format!("waiting-{i:03}"), NS_WAITING, "waiting")?,
-            )
-            .await
-            .with_context(|| format!("creating FlowerRun waiting-{i:03}"))?;
-    }
-    settle(cp, &admin, metrics, base + n as f64).await?;
-    let waiting_runs = runs_b
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|r| {
-            r.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| {
-                    c.type_ == "Submitted"
-                        && c.status == "False"
-                        && c.reason == flower_addon_crds::run::reason::FEDERATION_NOT_READY
-                })
-            })
+    let waiting_runs = count_runs(&runs_b, |s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == "Submitted"
+                && c.status == "False"
+                && c.reason == flower_addon_crds::run::reason::FEDERATION_NOT_READY
         })
-        .count();
+    })
+    .await?;
     ensure!(
         waiting_runs == n,
         "only {waiting_runs} of {n} FlowerRuns say they wait for their Federation"
@@ -979,6 +919,42 @@ async fn kube_windows(
         },
         standalone,
     ))
+}
+
+/// Creates FlowerRuns `<prefix>-000`, `<prefix>-001` … (`n` of them) in namespace `ns` on
+/// Federation `federation`, then waits until the hub has reconciled each and settled.
+async fn create_runs(
+    cp: &mut ControlPlane,
+    admin: &Client,
+    metrics: std::net::SocketAddr,
+    ns: &str,
+    prefix: &str,
+    federation: &str,
+    n: usize,
+) -> Result<()> {
+    let runs = Api::<FlowerRun>::namespaced(admin.clone(), ns);
+    let base = hub_reconciles(metrics);
+    for i in 0..n {
+        let name = format!("{prefix}-{i:03}");
+        runs.create(&PostParams::default(), &flower_run(&name, ns, federation)?)
+            .await
+            .with_context(|| format!("creating FlowerRun {name}"))?;
+    }
+    settle(cp, admin, metrics, base + n as f64).await
+}
+
+/// How many FlowerRuns of `runs` have a status for which `holds` is true.
+async fn count_runs(
+    runs: &Api<FlowerRun>,
+    holds: impl Fn(&FlowerRunStatus) -> bool,
+) -> Result<usize> {
+    Ok(runs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|r| r.status.as_ref().is_some_and(&holds))
+        .count())
 }
 
 /// A FlowerRun of examples/fedavg (ConfigMap `fedavg-fab`) on Federation `federation`.
@@ -1144,16 +1120,7 @@ async fn window(
     let end = mark(admin, cp, metrics).await?;
     let pid = hub_pid(cp)?;
     Ok(Window {
-        requests: end
-            .requests
-            .iter()
-            .map(|(k, n)| {
-                (
-                    k.clone(),
-                    n - start.requests.get(k).copied().unwrap_or(0).min(*n),
-                )
-            })
-            .collect(),
+        requests: counter_deltas(&start.requests, &end.requests),
         apiserver: ApiserverCounts {
             all: end.apiserver.all - start.apiserver.all,
             flowerruns: end.apiserver.flowerruns - start.apiserver.flowerruns,
@@ -1165,33 +1132,13 @@ async fn window(
     })
 }
 
-/// `utime + stime` of a process (`/proc/<pid>/stat`, at USER_HZ = 100).
-fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat (has the hub exited?)"))?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
-    // utime and stime are fields 14 and 15 of stat; here 0-based after the state (field 3).
-    Ok(Duration::from_millis((ticks(11) + ticks(12)) * 10))
-}
-
 /// `apiserver_request_total` summed: every request, and those on FlowerRuns.
 async fn apiserver_counts(admin: &Client) -> Result<ApiserverCounts> {
     const METRIC: &str = "apiserver_request_total{";
-    let text = admin
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await
-        .context("GET /metrics from the apiserver")?;
+    let text = apiserver_metrics(admin).await?;
     let mut counts = ApiserverCounts::default();
     for line in text.lines().filter(|l| l.starts_with(METRIC)) {
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .unwrap_or_default()
-            .parse()
-            .with_context(|| format!("metric line {line}"))?;
+        let value = metric_value(line)?;
         counts.all += value;
         if line.contains("resource=\"flowerruns\"") {
             counts.flowerruns += value;
@@ -1199,231 +1146,6 @@ async fn apiserver_counts(admin: &Client) -> Result<ApiserverCounts> {
     }
     ensure!(counts.all > 0.0, "the apiserver's /metrics has no {METRIC}");
     Ok(counts)
-}
-
-// === The hub's requests (FlowSchemas) ===
-
-/// The FlowSchemas that count the hub's requests: `flower-hub-events`, then
-/// `flower-hub-<verb>-<resource>` for each of [`GROUPS`] × [`RESOURCES`] (`/` spelled `.`), then
-/// `flower-hub-<verb>-other`; each matches only the hub's ServiceAccount.
-fn flow_schemas() -> Vec<serde_json::Value> {
-    let subjects = json!([{
-        "kind": "ServiceAccount",
-        "serviceAccount": {"name": HUB_SA, "namespace": HUB_NS}
-    }]);
-    let schema = |name: String, precedence: usize, rule: serde_json::Value| {
-        let mut rule = rule;
-        rule["subjects"] = subjects.clone();
-        json!({
-            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-            "kind": "FlowSchema",
-            "metadata": {"name": format!("flower-hub-{name}")},
-            "spec": {
-                // Before every built-in schema that could match a ServiceAccount (the
-                // `service-accounts` one is at 9000); at the priority level that one names.
-                "matchingPrecedence": precedence,
-                "priorityLevelConfiguration": {"name": "workload-low"},
-                "distinguisherMethod": {"type": "ByUser"},
-                "rules": [rule],
-            }
-        })
-    };
-    let verbs_of = |group: &str| -> Vec<String> {
-        match group {
-            "other" => vec!["*".into()],
-            "delete" => vec!["delete".into(), "deletecollection".into()],
-            verb => vec![verb.into()],
-        }
-    };
-    let mut out = vec![schema(
-        "events".into(),
-        1000,
-        json!({"resourceRules": [{
-            "verbs": ["*"], "apiGroups": ["", "events.k8s.io"], "resources": ["events"],
-            "namespaces": ["*"],
-        }]}),
-    )];
-    for (i, group) in GROUPS.iter().filter(|g| **g != "events").enumerate() {
-        for (j, resource) in RESOURCES.iter().enumerate() {
-            out.push(schema(
-                format!("{group}-{}", resource.replace('/', ".")),
-                1100 + i * 50 + j,
-                json!({"resourceRules": [{
-                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": [resource],
-                    "namespaces": ["*"], "clusterScope": true,
-                }]}),
-            ));
-        }
-        // Discovery and other non-resource requests count as `<verb>-other`.
-        out.push(schema(
-            format!("{group}-other"),
-            2000 + i,
-            json!({
-                "resourceRules": [{
-                    "verbs": verbs_of(group), "apiGroups": ["*"], "resources": ["*"],
-                    "namespaces": ["*"], "clusterScope": true,
-                }],
-                "nonResourceRules": [{"verbs": verbs_of(group), "nonResourceURLs": ["*"]}],
-            }),
-        ));
-    }
-    out
-}
-
-/// Creates the FlowSchemas of [`flow_schemas`] and waits until the apiserver has taken each up
-/// (condition `Dangling=False`).
-async fn install_flow_schemas(admin: &Client) -> Result<()> {
-    let resource = kube::api::ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk("flowcontrol.apiserver.k8s.io", "v1", "FlowSchema"),
-        "flowschemas",
-    );
-    let api = Api::<kube::api::DynamicObject>::all_with(admin.clone(), &resource);
-    let schemas = flow_schemas();
-    for schema in &schemas {
-        let name = schema["metadata"]["name"].as_str().unwrap_or_default();
-        api.patch(
-            name,
-            &PatchParams::apply("run-bench"),
-            &Patch::Apply(schema),
-        )
-        .await
-        .with_context(|| format!("creating FlowSchema {name} (counts the hub's requests)"))?;
-    }
-    e2e::wait_until(
-        "FlowSchemas taken up (Dangling=False)",
-        Duration::from_secs(30),
-        || async {
-            let taken_up = api
-                .list(&Default::default())
-                .await?
-                .items
-                .iter()
-                .filter(|s| s.name_any().starts_with("flower-hub-"))
-                .filter(|s| {
-                    s.data["status"]["conditions"].as_array().is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Dangling" && c["status"] == "False")
-                    })
-                })
-                .count();
-            Ok(taken_up == schemas.len())
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// The hub's dispatched requests by `<verb>/<resource>` (`events/events` for Events).
-async fn hub_requests(admin: &Client) -> Result<BTreeMap<String, u64>> {
-    const METRIC: &str = "apiserver_flowcontrol_dispatched_requests_total";
-    let text = admin
-        .request_text(http::Request::get("/metrics").body(Vec::new())?)
-        .await
-        .context("GET /metrics from the apiserver")?;
-    ensure!(
-        text.contains(METRIC),
-        "the apiserver's /metrics has no {METRIC}: the hub's requests cannot be counted"
-    );
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(labels) = line
-            .strip_prefix(METRIC)
-            .and_then(|rest| rest.strip_prefix('{'))
-        else {
-            continue;
-        };
-        let Some(schema) = labels
-            .split("flow_schema=\"flower-hub-")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        else {
-            continue;
-        };
-        let key = match schema.split_once('-') {
-            Some((verb, resource)) => format!("{verb}/{}", resource.replace('.', "/")),
-            None => format!("{schema}/{schema}"),
-        };
-        let value: f64 = line
-            .rsplit(' ')
-            .next()
-            .unwrap_or_default()
-            .parse()
-            .with_context(|| format!("metric line {line}"))?;
-        *out.entry(key).or_default() += value as u64;
-    }
-    Ok(out)
-}
-
-/// Requests by verb group ([`GROUPS`]).
-fn by_group(requests: &BTreeMap<String, u64>) -> BTreeMap<&'static str, u64> {
-    GROUPS
-        .iter()
-        .map(|g| {
-            let n = requests
-                .iter()
-                .filter(|(k, _)| k.split('/').next() == Some(*g))
-                .map(|(_, n)| n)
-                .sum();
-            (*g, n)
-        })
-        .collect()
-}
-
-/// Checks that the hub's start-up (caches: LIST and WATCH) shows up in the counters.
-async fn validate_counting(cp: &mut ControlPlane, admin: &Client) -> Result<()> {
-    let counted = e2e::wait_for(
-        "the hub's start-up LIST and WATCH requests counted by its FlowSchemas",
-        Duration::from_secs(30),
-        || async {
-            let counts = hub_requests(admin).await?;
-            let groups = by_group(&counts);
-            Ok((groups["list"] > 0 && groups["watch"] > 0).then_some(counts))
-        },
-    )
-    .await;
-    cp.processes().check_alive()?;
-    let counts = counted?;
-    progress(format!(
-        "kubernetes: counting validated: the hub's start-up made {}",
-        per_resource(&counts, 1.0).join("; ")
-    ));
-    Ok(())
-}
-
-/// One entry per verb group with requests, divided by `per`:
-/// `patch 4.00 (flowerruns/status 3.00, leases 1.00)`.
-fn per_resource(requests: &BTreeMap<String, u64>, per: f64) -> Vec<String> {
-    let number = |n: u64| {
-        let n = n as f64 / per;
-        if per == 1.0 {
-            format!("{n:.0}")
-        } else {
-            format!("{n:.2}")
-        }
-    };
-    let mut out = Vec::new();
-    for (group, total) in by_group(requests) {
-        if total == 0 {
-            continue;
-        }
-        let parts: Vec<String> = requests
-            .iter()
-            .filter_map(|(k, n)| {
-                let (g, resource) = k.split_once('/')?;
-                (g == group && *n > 0 && group != "events")
-                    .then(|| format!("{resource} {}", number(*n)))
-            })
-            .collect();
-        if parts.is_empty() {
-            out.push(format!("{group} {}", number(total)));
-        } else {
-            out.push(format!("{group} {} ({})", number(total), parts.join(", ")));
-        }
-    }
-    if out.is_empty() {
-        out.push("none".into());
-    }
-    out
 }
 
 impl Window {
@@ -1437,19 +1159,12 @@ impl Window {
 
     /// Requests on FlowerRuns (and their status), any verb.
     fn flowerrun_requests(&self) -> u64 {
-        self.requests
-            .iter()
-            .filter(|(k, _)| k.split('/').nth(1) == Some("flowerruns"))
-            .map(|(_, n)| n)
-            .sum()
+        requests_on(&self.requests, "flowerruns")
     }
 
+    /// Leader election's requests (Lease get/update/create).
     fn lease_requests(&self) -> u64 {
-        self.requests
-            .iter()
-            .filter(|(k, _)| k.split('/').nth(1) == Some("leases"))
-            .map(|(_, n)| n)
-            .sum()
+        requests_on(&self.requests, "leases")
     }
 }
 
