@@ -1153,11 +1153,12 @@ async fn online_node_ids(client: &ControlClient) -> Option<BTreeSet<u64>> {
     )
 }
 
-/// `auth`'s SuperLink pod deleted in the middle of a FlowerRun with `backoffLimit: 1`: the pod
+/// `auth`'s SuperLink pod deleted in the middle of a FlowerRun with `backoffLimit: 2`: the pod
 /// comes back with its database (the claimed `local` volume: the same SuperNodes online, every
 /// earlier Flower run still listed); Flower ends the cut run `finished:failed` (its ServerApp's
-/// heartbeat stops) and the hub submits it again: `attempts: 2`, Complete. The outputs of the
-/// earlier run fl/fedavg are still fetched from the replaced pod. Then `flwr run` completes.
+/// heartbeat stops) and the hub submits it again 10 s later (then 20 s): Complete after 2 or 3
+/// attempts. The outputs of the earlier run fl/fedavg are still fetched from the replaced pod.
+/// Then `flwr run` completes.
 async fn a_deleted_superlink_pod_comes_back_with_its_state(
     hub: &Cluster,
     state: &std::path::Path,
@@ -1185,7 +1186,9 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
             &flwr.federation,
             json!({
                 "runConfig": {"num-server-rounds": 6, "min-nodes": flwr.min_nodes},
-                "backoffLimit": 1,
+                // One retry may still meet a SuperNode that has not reconnected yet (the
+                // restarted SuperLink lists it online until its heartbeat lapses).
+                "backoffLimit": 2,
             }),
         )?,
     )
@@ -1255,7 +1258,7 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         .find(|r| r.run_id == cut_run)
         .context("the cut Flower run is not listed")?;
     ensure!(
-        done.attempts == 2
+        done.attempts >= 2
             && done.flower_status.as_deref() == Some("finished:completed")
             && done
                 .conditions
@@ -1273,13 +1276,14 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         cut.details
     );
     eprintln!(
-        "real_node: auth's SuperLink pod deleted in round {} of fl/retry -> back and Ready in {:.1}s; the same 6 node ids online again after {:.1}s; {} Flower run(s) kept (state on the claim); Flower ended the cut run {}: {:?}; fl/retry Complete on attempt 2 (run {}) {:.1}s after the deletion",
+        "real_node: auth's SuperLink pod deleted in round {} of fl/retry -> back and Ready in {:.1}s; the same 6 node ids online again after {:.1}s; {} Flower run(s) kept (state on the claim); Flower ended the cut run {}: {:?}; fl/retry Complete on attempt {} (run {}) {:.1}s after the deletion",
         running.progress.as_ref().map_or(0, |p| p.current),
         back.as_secs_f64(),
         again.as_secs_f64(),
         ids_after.len(),
         cut.status,
         cut.details,
+        done.attempts,
         done.run_id.as_deref().unwrap_or("-"),
         t.elapsed().as_secs_f64()
     );

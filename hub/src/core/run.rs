@@ -400,6 +400,14 @@ fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         }
         SuperLinkState::NotAsked => return,
     };
+    // A retry waits as a Job's pod does: 10 s after the first failure, doubling up to 6 min
+    // (a SuperLink that just came back still lists SuperNodes that have not reconnected).
+    if let Some(due) = retry_due(&d.status)
+        && now < due
+    {
+        d.requeue = Some(until(now, due));
+        return;
+    }
     let attempt = d.status.attempts + 1;
     d.status.pending_submission = Some(PendingSubmission {
         attempt,
@@ -598,6 +606,33 @@ fn follow(d: &mut Decision, facts: &Facts<'_>) {
     });
 }
 
+/// The first delay before a failed attempt is submitted again (then doubled per failure).
+pub const RETRY_BACKOFF: Duration = Duration::from_secs(10);
+/// The longest delay before a retry.
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(360);
+
+/// When the next attempt of a run whose last attempt failed may be submitted: `RETRY_BACKOFF`
+/// after the failure, doubled per failed attempt, at most `RETRY_BACKOFF_MAX`.
+fn retry_due(s: &FlowerRunStatus) -> Option<Timestamp> {
+    let retrying = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RUN_SUBMITTED && c.status == "False" && c.reason == "Retrying")?;
+    retrying
+        .last_transition_time
+        .0
+        .checked_add(SignedDuration::try_from(retry_delay(s.attempts)).ok()?)
+        .ok()
+}
+
+/// The delay before the attempt after `attempts` (the failed ones so far, ≥ 1).
+fn retry_delay(attempts: i32) -> Duration {
+    let doublings = u32::try_from(attempts.max(1) - 1).unwrap_or(0).min(8);
+    RETRY_BACKOFF
+        .saturating_mul(1 << doublings)
+        .min(RETRY_BACKOFF_MAX)
+}
+
 /// A Flower run of this attempt ended without completing: retry under `backoffLimit`, or fail.
 fn attempt_failed(d: &mut Decision, facts: &Facts<'_>, why: &'static str, message: &str) {
     let now = facts.now;
@@ -607,9 +642,10 @@ fn attempt_failed(d: &mut Decision, facts: &Facts<'_>, why: &'static str, messag
         d.events.push(warning(
             "Retrying",
             format!(
-                "{message}; submitting attempt {} of {allowed} (backoffLimit {})",
+                "{message}; submitting attempt {} of {allowed} (backoffLimit {}) in {} s",
                 d.status.attempts + 1,
-                facts.spec.backoff_limit()
+                facts.spec.backoff_limit(),
+                retry_delay(d.status.attempts).as_secs()
             ),
         ));
         d.status.details = Some(format!("attempt {} failed: {message}", d.status.attempts));
@@ -627,7 +663,7 @@ fn attempt_failed(d: &mut Decision, facts: &Facts<'_>, why: &'static str, messag
             "a new attempt is being submitted",
             now,
         );
-        d.requeue = Some(Duration::ZERO);
+        d.requeue = Some(retry_delay(d.status.attempts));
         return;
     }
     let (why, message) = if d.status.attempts > 1 {

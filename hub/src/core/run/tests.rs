@@ -269,11 +269,15 @@ fn a_failed_run_is_retried_under_backoff_limit_then_fails() {
     assert_eq!(d.status.run_id, None, "a new attempt is due");
     assert!(!is_finished(&d.status));
     assert!(d.events.iter().any(|e| e.reason == "Retrying"));
-    // The next pass submits attempt 2; run 1 (same app) is known and never adopted.
-    let d2 = decide(&d.status, &facts(&spec, vec![failed.clone()], 5));
+    // Attempt 2 waits 10 s after the failure, as a Job's pod does.
+    let early = decide(&d.status, &facts(&spec, vec![failed.clone()], 9));
+    assert_eq!(early.action, Action::Nothing);
+    assert_eq!(early.requeue, Some(Duration::from_secs(6)));
+    // Then a pass submits it; run 1 (same app) is known and never adopted.
+    let d2 = decide(&d.status, &facts(&spec, vec![failed.clone()], 15));
     assert_eq!(d2.action, Action::Submit);
     assert_eq!(d2.status.pending_submission.as_ref().unwrap().attempt, 2);
-    let s2 = submitted(&d2.status, 2, at(6));
+    let s2 = submitted(&d2.status, 2, at(16));
     assert_eq!(s2.attempts, 2);
     assert_eq!(
         s2.first_submitted_at,
@@ -282,7 +286,7 @@ fn a_failed_run_is_retried_under_backoff_limit_then_fails() {
     );
     let mut failed2 = listed(2, "finished:failed", "h");
     failed2.details = "again".into();
-    let d3 = decide(&s2, &facts(&spec, vec![failed, failed2], 9));
+    let d3 = decide(&s2, &facts(&spec, vec![failed, failed2], 19));
     assert!(
         is(
             &d3.status,
