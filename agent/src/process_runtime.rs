@@ -135,6 +135,7 @@ impl ProcessRuntime {
             .hide
             .as_ref()
             .map(|hide| crate::sandbox::Sandbox {
+                network: false,
                 hide: hide.clone(),
                 keep: self
                     .config

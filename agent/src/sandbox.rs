@@ -7,6 +7,11 @@
 //! root the namespace is a plain mount namespace; otherwise an unprivileged user namespace maps the
 //! user to itself. Where neither is possible (a container without `CAP_SYS_ADMIN` and with user
 //! namespaces blocked) the child does not start, and the error says how to opt out.
+//!
+//! With [`Sandbox::network`] the child also gets a network namespace of its own whose only
+//! interface is its loopback: what it serves there nobody else reaches, and it reaches nobody —
+//! the standalone hub runs each SuperLink so (with its ServerApps), and bridges the ports it
+//! must serve through Unix sockets in its directory (`flower-hub netns-bridge`).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -19,6 +24,8 @@ pub struct Sandbox {
     pub hide: PathBuf,
     /// A directory inside `hide` the child still sees (read-write).
     pub keep: PathBuf,
+    /// Also a network namespace of its own, with only its loopback (up).
+    pub network: bool,
 }
 
 /// Everything the child needs, made before `fork` (nothing is allocated after it).
@@ -29,6 +36,7 @@ pub(crate) struct Prepared {
     dirs: Vec<CString>,
     uid_map: CString,
     gid_map: CString,
+    network: bool,
 }
 
 impl Sandbox {
@@ -58,6 +66,7 @@ impl Sandbox {
             dirs,
             uid_map: text(format!("{uid} {uid} 1\n"))?,
             gid_map: text(format!("{gid} {gid} 1\n"))?,
+            network: self.network,
         })
     }
 }
@@ -87,12 +96,16 @@ impl Prepared {
         // SAFETY: plain system calls on NUL-terminated strings prepared before fork; the child is
         // single-threaded here and nothing is allocated.
         unsafe {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                // Not root: a user namespace of our own gives the mount rights.
-                check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS))?;
+            let net = if self.network { libc::CLONE_NEWNET } else { 0 };
+            if libc::unshare(libc::CLONE_NEWNS | net) != 0 {
+                // Not root: a user namespace of our own gives the mount (and network) rights.
+                check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | net))?;
                 write_proc(c"/proc/self/setgroups", c"deny")?;
                 write_proc(c"/proc/self/uid_map", &self.uid_map)?;
                 write_proc(c"/proc/self/gid_map", &self.gid_map)?;
+            }
+            if self.network {
+                loopback_up()?;
             }
             // Nothing mounted here reaches the host's namespace.
             check(libc::mount(
@@ -129,6 +142,34 @@ impl Prepared {
         }
         Ok(())
     }
+}
+
+/// Brings interface `lo` of the current network namespace up (a new namespace has it down).
+#[allow(unsafe_code)]
+unsafe fn loopback_up() -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: see `Prepared::enter`; `ifreq` is plain data, zeroed, its name a NUL-terminated
+    // copy of "lo".
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        request.ifr_name[0] = b'l' as libc::c_char;
+        request.ifr_name[1] = b'o' as libc::c_char;
+        let mut result = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request);
+        if result == 0 {
+            request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            result = libc::ioctl(fd, libc::SIOCSIFFLAGS, &request);
+        }
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if result != 0 {
+            return Err(error);
+        }
+    }
+    Ok(())
 }
 
 /// Writes `text` to a `/proc/self` file (open, write, close).

@@ -330,6 +330,7 @@ mod tests {
         );
         let mut spec = sh("boxed", dir.path(), &script);
         spec.sandbox = Some(crate::sandbox::Sandbox {
+            network: false,
             hide: state.clone(),
             keep: own.clone(),
         });

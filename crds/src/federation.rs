@@ -326,16 +326,19 @@ pub struct SuperLinkServiceSpec {
     /// Annotations of the Service.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    /// Also serve the Control API (`flwr run`, `flwr ls`, node registration) on this Service
-    /// when it is a `NodePort` or `LoadBalancer` (and, in standalone mode, on the hub machine's
-    /// addresses instead of loopback). Off by default: open-source Flower does not authenticate
-    /// the Control API, so **anyone who reaches this port can run code on every SuperNode of the
-    /// Federation**. When off, the port SuperNodes reach serves the Fleet API only (Flower >= 1.40:
-    /// through the `fleet-front` sidecar, which refuses every other path), and `flwr` reaches the
-    /// Control API through `flower-hub connect` (a port-forward through the Kubernetes API, so
-    /// RBAC on `pods/portforward` decides who) or, in the hub cluster, Service
-    /// `<name>-superlink-control`. Turn it on only behind `loadBalancerSourceRanges` or a
-    /// firewall that admits the people allowed to run code.
+    /// Put the Control API (`flwr run`, `flwr ls`, node registration) on the network: on the pod
+    /// network (Service `<name>-superlink-control`, and the `control` port of this Service) and,
+    /// when this Service is a `NodePort` or `LoadBalancer`, outside the cluster (in standalone
+    /// mode, on the hub machine's addresses instead of loopback). Off by default: open-source
+    /// Flower does not authenticate the Control API, so **anyone who reaches this port can run
+    /// code on every SuperNode of the Federation** — another tenant's ServerApp in the same
+    /// cluster included. When off, the SuperLink serves Control on its pod's loopback only, the
+    /// port SuperNodes reach serves the Fleet API only (Flower >= 1.40: through the
+    /// `fleet-front` sidecar, which refuses every other path), and `flwr` reaches the Control API
+    /// through `flower-hub connect` or `kubectl port-forward pod/<name>-superlink-0` (through the
+    /// Kubernetes API, so RBAC on `pods/portforward` decides who). Turn it on only behind
+    /// `loadBalancerSourceRanges`, NetworkPolicies your network plugin enforces, or a firewall
+    /// that admits the people allowed to run code.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expose_control: bool,
     /// Source ranges (CIDRs) a `LoadBalancer` Service admits, where the platform enforces them

@@ -75,6 +75,7 @@ impl TestSuperLink {
             address: format!("127.0.0.1:{}", layout.ports.control),
             server_name: "127.0.0.1".into(),
             ca_pem: Some(ca.cert_pem().to_owned()),
+            tunnel: None,
         };
         let client = ControlClient::new(control.clone())?;
         let t = std::time::Instant::now();

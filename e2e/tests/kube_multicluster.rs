@@ -1469,27 +1469,37 @@ async fn the_fleet_endpoint_comes_from_the_node_port(
     let derived = port("fleet")?;
     let endpoints = status.endpoints.clone().unwrap_or_default();
     // #13 item 1: the NodePort SuperNodes reach serves no Control API (no `control` node port,
-    // no external Control endpoint); the hub reaches it through the ClusterIP Service.
+    // no external Control endpoint).
     ensure!(
         endpoints.fleet.as_deref() == Some(derived.as_str())
             && endpoints.control.is_none()
             && !node_ports.contains_key("control"),
         "endpoints derived from the NodePort Service: {endpoints:?} (node ports {node_ports:?}), want fleet {derived} and no Control endpoint"
     );
+    // Nor is Control on the pod network: no Service of it, and the SuperLink's NetworkPolicy
+    // admits the Fleet port only.
     let control = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), NS)
-        .get("fed-superlink-control")
-        .await?
-        .spec
-        .unwrap_or_default();
+        .get_opt("fed-superlink-control")
+        .await?;
     ensure!(
-        control.type_.as_deref() == Some("ClusterIP")
-            && control
-                .ports
-                .iter()
-                .flatten()
-                .map(|p| (p.name.as_deref(), p.port))
-                .eq([(Some("control"), 9093)]),
+        control.is_none(),
         "Service fed-superlink-control: {control:?}"
+    );
+    let policy =
+        Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), NS)
+            .get("fed-superlink")
+            .await?;
+    let admitted: Vec<_> = policy
+        .spec
+        .and_then(|s| s.ingress)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|r| r.ports.clone().unwrap_or_default())
+        .map(|p| p.port)
+        .collect();
+    ensure!(
+        admitted.len() == 1,
+        "NetworkPolicy fed-superlink admits {admitted:?}, want the Fleet port only"
     );
     let pools: Vec<(String, i32, i32)> = status
         .pools

@@ -164,6 +164,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     ];
     runs_complete(&flwr, "the placed Federations", &[spoke, spoke2]).await?;
     the_fleet_endpoint_serves_no_control_api(hub, &flwr).await?;
+    another_federations_serverapp_cannot_reach_control(hub).await?;
     let refused =
         e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
             .await?;
@@ -1093,10 +1094,18 @@ async fn the_fleet_endpoint_serves_no_control_api(
         auth == [("fleet".to_owned(), true)],
         "auth-superlink ports: {auth:?}"
     );
-    let auth_control = ports(services.get("auth-superlink-control").await?);
+    // Control is on the SuperLink pod's loopback: no Service of it on the pod network.
+    let auth_control = services.get_opt("auth-superlink-control").await?;
     ensure!(
-        auth_control == [("control".to_owned(), false)],
-        "auth-superlink-control ports: {auth_control:?}"
+        auth_control.is_none(),
+        "auth-superlink-control exists: {auth_control:?}"
+    );
+    ensure!(
+        services
+            .get_opt("classic-superlink-control")
+            .await?
+            .is_some(),
+        "classic (exposeControl) has no Service classic-superlink-control"
     );
     let classic = ports(services.get("classic-superlink").await?);
     ensure!(
@@ -1604,6 +1613,111 @@ async fn a_flower_run_completes_on_the_placed_federation(
     Ok(listed.outputs)
 }
 
+/// A ServerApp of one Federation cannot reach another Federation's Control API (from which it
+/// could run code on that Federation's SuperNodes — another team's clusters). The probe app
+/// (e2e/flower/probe) runs as a `FlowerRun` on `classic` (1.25.0, another Flower release and
+/// SuperLink pod) and tries `auth`'s SuperLink pod at its pod IP: the SuperLink's one server
+/// (8000: Control, Fleet and Runtime in Flower 1.42) and the outputs sidecar must refuse it (both
+/// listen on the pod's loopback), the in-cluster Control name must not lead anywhere, and the
+/// Fleet front (9092) must answer — the network path is there, only Control is closed. The run
+/// fails (`Failed`, the probe's message in `details`) if any refused address connects. Also:
+/// the NetworkPolicy `auth-superlink` admits the Fleet port only.
+async fn another_federations_serverapp_cannot_reach_control(hub: &Cluster) -> Result<()> {
+    use base64::Engine;
+    use flower_addon_crds::run::FlowerRun;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use serde_json::json;
+    let t = Instant::now();
+    let policy = Api::<NetworkPolicy>::namespaced(hub.client.clone(), "fl")
+        .get("auth-superlink")
+        .await?;
+    let admitted: Vec<String> = policy
+        .spec
+        .and_then(|s| s.ingress)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|rule| rule.ports.clone().unwrap_or_default())
+        .filter_map(|p| p.port.map(|p| format!("{p:?}")))
+        .collect();
+    ensure!(
+        admitted == ["Int(9092)"],
+        "NetworkPolicy auth-superlink admits {admitted:?}, want the Fleet front's 9092 only"
+    );
+    let pod = Api::<Pod>::namespaced(hub.client.clone(), "fl")
+        .get("auth-superlink-0")
+        .await?;
+    let ip = pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .context("auth-superlink-0 has no pod IP")?;
+    let refused = format!("{ip}:8000 {ip}:9099 auth-superlink-control.fl.svc:9093");
+    let reached = format!("{ip}:9092");
+    let fab =
+        flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("e2e/flower/probe"))?;
+    let config_maps =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(hub.client.clone(), "fl");
+    config_maps
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "probe-fab"},
+                "binaryData": {"app.fab": base64::engine::general_purpose::STANDARD.encode(&fab.bytes)},
+            }))?,
+        )
+        .await?;
+    let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
+    runs.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "flower-addon.io/v1alpha1",
+            "kind": "FlowerRun",
+            "metadata": {"name": "probe-control"},
+            "spec": {
+                "federationRef": {"name": "classic"},
+                "app": {"fab": {"configMapRef": {"name": "probe-fab", "key": "app.fab"}}},
+                "runConfig": {"probe-refused": refused, "probe-reached": reached},
+            },
+        }))?,
+    )
+    .await?;
+    let done = wait_for(
+        "FlowerRun fl/probe-control Complete or Failed",
+        Duration::from_secs(240),
+        || {
+            let runs = runs.clone();
+            async move {
+                let run = runs.get("probe-control").await?;
+                let finished = run.status.as_ref().is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                    })
+                });
+                Ok(finished.then_some(run))
+            }
+        },
+    )
+    .await?;
+    let status = done.status.clone().unwrap_or_default();
+    let said: Vec<&String> = status
+        .log_tail
+        .iter()
+        .filter(|l| l.contains("probe:"))
+        .collect();
+    ensure!(
+        status.flower_status.as_deref() == Some("finished:completed"),
+        "the probe ServerApp on classic reached what it must not (or missed what it must reach): {} {:?}; its log: {said:#?}",
+        status.flower_status.as_deref().unwrap_or("-"),
+        status.details
+    );
+    runs.delete("probe-control", &Default::default()).await?;
+    config_maps.delete("probe-fab", &Default::default()).await?;
+    eprintln!(
+        "real_node: a ServerApp of classic could not reach auth's Control API ({refused} refused, {reached} reached) in {:.1}s: {said:?}",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// FlowerRun `name` of examples/fedavg (its FAB in ConfigMap `fedavg-fab`) on Federation
 /// `federation`, with `extra` added to its spec.
 fn fedavg_run(
@@ -1915,6 +2029,7 @@ impl FlwrFromTheHost {
             address: self.control.clone(),
             server_name: host,
             ca_pem: Some(std::fs::read_to_string(&self.ca)?),
+            tunnel: None,
         })?)
     }
 

@@ -945,6 +945,7 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
         address: format!("127.0.0.1:{}", w.extra_port),
         server_name: "127.0.0.1".into(),
         ca_pem: Some(std::fs::read_to_string(w.hub_ca())?),
+        tunnel: None,
     })?;
     // #13 item 1: the Fleet port SuperNodes dial (the hub's Fleet front) serves no Control API.
     let through_fleet = ControlClient::new(ControlEndpoint {
@@ -1064,6 +1065,7 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
             address: format!("127.0.0.1:{}", w.extra_port),
             server_name: "127.0.0.1".into(),
             ca_pem: Some(ca_pem),
+            tunnel: None,
         })?)
     }
     fn pids(w: &World) -> Vec<u32> {

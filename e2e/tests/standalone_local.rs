@@ -123,7 +123,73 @@ fn superlink_certificate_is_renewed(
         renewed_after.as_secs_f64(),
         t_run.elapsed().as_secs_f64()
     );
-    a_serverapp_cannot_read_the_hub_state(&flwr, state, hub_log)
+    a_serverapp_cannot_read_the_hub_state(&flwr, state, hub_log)?;
+    a_serverapp_cannot_reach_another_federations_control_api(hub_bin, &flwr, state, hub_log)
+}
+
+/// Whoever reaches a Control API runs code on that Federation's SuperNodes, and a ServerApp is
+/// code run next to a SuperLink: a ServerApp of `quickstart` must not reach the Control API of
+/// another Federation on the same hub (`neighbour`, namespace `other`), which listens on the hub
+/// machine's 127.0.0.1 for `flwr` — each SuperLink runs in a network namespace of its own. The
+/// probe app connects to `neighbour`'s Control port (must be refused) and to its own SuperLink's
+/// (must be reached: the probe can see a listening port), and fails its run otherwise. Before
+/// it, `neighbour`'s Control port is checked to serve TLS from the host, so a refusal is not a
+/// SuperLink that is not up yet.
+fn a_serverapp_cannot_reach_another_federations_control_api(
+    hub_bin: &Path,
+    flwr: &e2e::flwr::HostFlwr,
+    state: &Path,
+    hub_log: &Path,
+) -> Result<()> {
+    let manifests = state
+        .parent()
+        .context("the state directory's parent")?
+        .join("manifests");
+    let ports = free_ports(3)?;
+    let neighbour = e2e::standalone::federation_without_placement(&ports)?
+        .replace("name: quickstart", "name: neighbour")
+        .replace("namespace: default", "namespace: other");
+    std::fs::write(manifests.join("neighbour.yaml"), neighbour)?;
+    let t = Instant::now();
+    let control: std::net::SocketAddr = format!("127.0.0.1:{}", ports[1]).parse()?;
+    let ca_file = state.join("federations/other/neighbour/tls/ca.crt");
+    Wait::new(
+        "neighbour's Control API serving TLS on the host",
+        Duration::from_secs(120),
+    )
+    .detail(|| {
+        format!(
+            "status: {}\nhub log: {}",
+            status(hub_bin, state),
+            std::fs::read_to_string(hub_log).unwrap_or_default()
+        )
+    })
+    .for_value_blocking(|| {
+        let Ok(ca) = std::fs::read_to_string(&ca_file) else {
+            return Ok(None);
+        };
+        Ok(served_certificate(control, &ca))
+    })?;
+    let own = status(hub_bin, state)["federations"]
+        .as_array()
+        .and_then(|feds| feds.iter().find(|f| f["name"] == "quickstart"))
+        .and_then(|f| f["control"].as_str().map(str::to_owned))
+        .context("quickstart's control address")?;
+    let config = format!("probe-refused=\"{control}\" probe-reached=\"{own}\"");
+    let run = flwr
+        .run_with_config(
+            &e2e::repo_root().join("e2e/flower/probe"),
+            "quickstart",
+            &config,
+            || std::fs::read_to_string(hub_log).unwrap_or_default(),
+        )
+        .context("a ServerApp of quickstart connecting to neighbour's Control API")?;
+    eprintln!(
+        "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host), but reached its own at {own} ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+    std::fs::remove_file(manifests.join("neighbour.yaml"))?;
+    Ok(())
 }
 
 /// #13 item 2: whoever reaches the Control API runs a ServerApp next to the SuperLink; that code

@@ -172,6 +172,7 @@ async fn ready_hub(dir: &std::path::Path, version: &str) -> Result<(Hub, String)
         address: format!("127.0.0.1:{}", ports[1]),
         server_name: "127.0.0.1".into(),
         ca_pem: Some(ca),
+        tunnel: None,
     })?);
     Ok((hub, fab.hash))
 }

@@ -1,6 +1,6 @@
 //! `flower-hub`: the flower-addon hub command line.
 use clap::{Parser, Subcommand};
-use flower_addon_hub::cli::{front, offline, outputs, registration, serve};
+use flower_addon_hub::cli::{front, netns, offline, outputs, registration, serve};
 use std::process::ExitCode;
 
 /// flower-addon hub: runs Flower SuperLinks for Federations and sends each selected cluster its
@@ -80,6 +80,12 @@ enum Command {
         after_help = "Example:\n  flower-hub outputs-server --listen 127.0.0.1:9099 --dir /var/lib/flwr/outputs"
     )]
     OutputsServer(outputs::OutputsServerArgs),
+    /// Run a program in the network namespace the standalone hub gave it (a SuperLink, a
+    /// SuperExec), bridging its loopback ports to Unix sockets in its Federation's directory.
+    #[command(
+        after_help = "Example (what the standalone hub runs):\n  flower-hub netns-bridge --export 9093=control.sock --export 9092=fleet.sock -- flower-superlink --insecure --control-api-address 127.0.0.1:9093 …"
+    )]
+    NetnsBridge(netns::NetnsBridgeArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -100,7 +106,10 @@ fn main() -> ExitCode {
     // Servers keep Rust's ignored SIGPIPE: a write to a gone peer stays an error they handle.
     if !matches!(
         cli.command,
-        Command::Serve(_) | Command::FleetFront(_) | Command::OutputsServer(_)
+        Command::Serve(_)
+            | Command::FleetFront(_)
+            | Command::OutputsServer(_)
+            | Command::NetnsBridge(_)
     ) {
         exit_quietly_on_broken_pipe();
     }
@@ -108,7 +117,10 @@ fn main() -> ExitCode {
     // warnings (and not kube-client's retry noise) are logged for them.
     flower_addon_hub::cli::init_tracing_with(
         match cli.command {
-            Command::Serve(_) | Command::FleetFront(_) | Command::OutputsServer(_) => "info",
+            Command::Serve(_)
+            | Command::FleetFront(_)
+            | Command::OutputsServer(_)
+            | Command::NetnsBridge(_) => "info",
             _ => "warn,kube_client=off",
         },
         cli.global.log_format,
@@ -127,6 +139,7 @@ fn main() -> ExitCode {
         Command::Run(cmd) => registration::run(cmd),
         Command::FleetFront(args) => front::fleet_front(args),
         Command::OutputsServer(args) => outputs::outputs_server(args),
+        Command::NetnsBridge(args) => netns::netns_bridge(args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-hub",

@@ -179,7 +179,9 @@ fn broken_files_name_the_file_and_line_and_never_panic() {
 
 #[test]
 fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
-    // `render` output is valid YAML; the hub gets SuperLink objects, a spoke its placed pools.
+    // `render` output is valid YAML; the hub gets SuperLink objects (no Control Service: Control
+    // is on the pod's loopback; a NetworkPolicy admitting the Fleet port), a spoke its placed
+    // pools.
     let dir = tempfile::tempdir().expect("tempdir");
     let local = write(&dir, "local.yaml", VALID);
     let out = hub(&["render", &local]);
@@ -195,15 +197,25 @@ fn render_prints_a_parseable_stream_for_the_hub_and_for_a_spoke() {
         [
             "StatefulSet",
             "Service",
-            "Service",
+            "NetworkPolicy",
             "StatefulSet",
             "Service"
         ]
     );
-    // The Control API's own ClusterIP Service (Fleet and Control apart: SuperNodes must not
-    // reach Control).
-    assert_eq!(docs[2]["metadata"]["name"], "fed-superlink-control");
-    assert_eq!(docs[2]["spec"]["type"], "ClusterIP");
+    // The SuperLink's Service carries the Fleet port only, and its NetworkPolicy admits only
+    // that port: no pod of the cluster reaches Control.
+    let service_ports: Vec<_> = docs[1]["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(service_ports, ["fleet"]);
+    assert_eq!(docs[2]["metadata"]["name"], "fed-superlink");
+    assert_eq!(
+        docs[2]["spec"]["ingress"][0]["ports"],
+        serde_json::json!([{"port": 9092, "protocol": "TCP"}])
+    );
     assert_eq!(docs[3]["metadata"]["name"], "fed-supernode-a");
     // The pool's headless Service, the one its StatefulSet names in serviceName.
     assert_eq!(docs[4]["metadata"]["name"], "fed-supernode-a");

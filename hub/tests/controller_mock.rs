@@ -13,6 +13,7 @@ use flower_addon_hub::registration::ca::HubCa;
 use http::Method;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use mock_api::{Call, mock_client};
 use serde_json::json;
 
@@ -37,7 +38,7 @@ spec:
 "#;
 
 async fn run(fed: Arc<Federation>) -> Vec<Call> {
-    run_with(fed, Caches::fixed(vec![], vec![], vec![], vec![])).await
+    run_with(fed, Caches::fixed(vec![], vec![], vec![], vec![], vec![])).await
 }
 
 async fn run_with(fed: Arc<Federation>, caches: Caches) -> Vec<Call> {
@@ -50,9 +51,10 @@ async fn run_with(fed: Arc<Federation>, caches: Caches) -> Vec<Call> {
 
 /// The objects a first reconcile applied, as the apiserver would store them (the mock echoes
 /// the applied body; a uid and a default are added), for the caches of the next reconcile.
-fn stored(calls: &[Call]) -> (Vec<StatefulSet>, Vec<Service>) {
+fn stored(calls: &[Call]) -> (Vec<StatefulSet>, Vec<Service>, Vec<NetworkPolicy>) {
     let mut statefulsets = Vec::new();
     let mut services = Vec::new();
+    let mut policies = Vec::new();
     for call in calls.iter().filter(|c| c.method == Method::PATCH) {
         let mut object = call.body.clone();
         object["metadata"]["uid"] = json!("uid-1");
@@ -63,14 +65,16 @@ fn stored(calls: &[Call]) -> (Vec<StatefulSet>, Vec<Service>) {
         } else if call.path.contains("/services/") {
             object["spec"]["sessionAffinity"] = json!("None");
             services.push(serde_json::from_value(object).expect("service"));
+        } else if call.path.contains("/networkpolicies/") {
+            policies.push(serde_json::from_value(object).expect("networkpolicy"));
         }
     }
-    (statefulsets, services)
+    (statefulsets, services, policies)
 }
 
 #[tokio::test]
 async fn a_valid_federation_is_applied_then_its_status_written() {
-    // Both Services and the SuperLink (applied at once: no certificate to issue first); every
+    // The Service, the NetworkPolicy and the SuperLink (applied at once: no certificate to issue first); every
     // write a server-side apply by the hub's manager; no LIST (orphans are found in the caches);
     // then one status patch. The pools are not the controller's: they are the hub cluster's
     // work, applied by the embedded runtime (kube::hub_pools, its own manager).
@@ -82,8 +86,8 @@ async fn a_valid_federation_is_applied_then_its_status_written() {
         lines,
         [
             "PATCH /api/v1/namespaces/team/services/fed-superlink",
-            "PATCH /api/v1/namespaces/team/services/fed-superlink-control",
             "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink",
+            "PATCH /apis/networking.k8s.io/v1/namespaces/team/networkpolicies/fed-superlink",
         ],
         "{calls:#?}"
     );
@@ -128,23 +132,23 @@ async fn a_converged_federation_costs_no_request() {
     // (a resync) sends nothing at all: no apply, no LIST, no GET, no status write.
     let fed = federation(VALID);
     let first = run(fed.clone()).await;
-    let (statefulsets, services) = stored(&first);
+    let (statefulsets, services, policies) = stored(&first);
     let mut converged = fed.as_ref().clone();
     converged.status = serde_json::from_value(first.last().expect("status").body["status"].clone())
         .expect("status");
-    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(Arc::new(converged.clone()), caches).await;
     assert!(calls.is_empty(), "{calls:#?}");
 
     // A value someone else changed in a field the hub owns is put back by one apply of that
     // object alone.
-    let (statefulsets, mut services) = stored(&first);
+    let (statefulsets, mut services, policies) = stored(&first);
     services[0]
         .metadata
         .labels
         .get_or_insert_default()
         .insert("app.kubernetes.io/name".into(), "changed".into());
-    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(Arc::new(converged), caches).await;
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert_eq!(lines.len(), 1, "{lines:#?}");
@@ -164,10 +168,10 @@ async fn a_reconcile_on_a_cache_behind_its_own_status_write_writes_nothing() {
     fed.metadata.resource_version = Some("10".into());
     let fed = Arc::new(fed);
     let first = run(fed.clone()).await;
-    let (statefulsets, services) = stored(&first);
+    let (statefulsets, services, policies) = stored(&first);
     let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).expect("json")]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
     let ctx = Arc::new(Context::new(client, ca, caches));
     let status_writes = || {
         calls
@@ -206,7 +210,7 @@ async fn an_orphan_in_the_cache_is_deleted_without_listing() {
     // not labelled as the hub's, is left alone.
     let fed = federation(VALID);
     let first = run(fed.clone()).await;
-    let (mut statefulsets, services) = stored(&first);
+    let (mut statefulsets, services, policies) = stored(&first);
     let mut orphan = statefulsets[0].clone();
     orphan.metadata.name = Some("fed-old".into());
     let mut foreign = orphan.clone();
@@ -216,7 +220,7 @@ async fn an_orphan_in_the_cache_is_deleted_without_listing() {
     unlabelled.metadata.name = Some("fed-unlabelled".into());
     unlabelled.metadata.labels = None;
     statefulsets.extend([orphan, foreign, unlabelled]);
-    let caches = Caches::fixed(statefulsets, services, vec![], vec![]);
+    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(fed, caches).await;
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert!(
@@ -297,7 +301,7 @@ async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
     let ctx = Arc::new(Context::new(
         client,
         ca,
-        Caches::fixed(vec![], vec![], vec![], vec![]),
+        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
     ));
     reconcile(federation(&fed), ctx).await.expect("reconcile");
     let calls = calls.lock().expect("log").clone();
@@ -313,7 +317,11 @@ async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
         serde_json::to_value(federation(&fed).as_ref()).unwrap(),
     ]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let mut ctx = Context::new(client, ca, Caches::fixed(vec![], vec![], vec![], vec![]));
+    let mut ctx = Context::new(
+        client,
+        ca,
+        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
+    );
     ctx.settings.superlink_names =
         SuperLinkNames::new([], &["*.example.org".to_owned()]).expect("names");
     reconcile(federation(&fed), Arc::new(ctx))

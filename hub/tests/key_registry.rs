@@ -45,6 +45,7 @@ async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_mar
             address,
             server_name: "127.0.0.1".into(),
             ca_pem: Some(ca.cert_pem().to_owned()),
+            tunnel: None,
         },
         wanted: BTreeSet::from([KEY.to_owned()]),
         complete: true,
@@ -93,6 +94,7 @@ fn arbitrary_key_strings_go_through_the_key_sync_without_panicking() {
         address,
         server_name: "127.0.0.1".into(),
         ca_pem: Some(ca.cert_pem().to_owned()),
+        tunnel: None,
     })
     .expect("client");
     let line = prop_oneof![

@@ -150,12 +150,11 @@ async fn standalone_work_equals_the_kube_work_function_on_its_selection_and_rend
     // already in.
     let work = Arc::new(InMemoryWorkSource::new());
     let keys = report_keys(&work);
-    let hub = StandaloneHub::new(
-        store.clone(),
-        work.clone(),
-        ca.clone(),
-        dirs.config(&["hub.example"]),
-    );
+    // The stand-in Control API listens on the hub machine's Control port itself, where an
+    // isolated SuperLink's bridge would: this SuperLink stays on the host network.
+    let mut config = dirs.config(&["hub.example"]);
+    config.superlink_network = None;
+    let hub = StandaloneHub::new(store.clone(), work.clone(), ca.clone(), config);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(hub.run(async {
         let _ = stop_rx.await;

@@ -126,6 +126,7 @@ impl Setup {
             address,
             server_name: "127.0.0.1".into(),
             ca_pem: Some(ca.cert_pem().to_owned()),
+            tunnel: None,
         })));
         let dial = endpoint.clone();
         let endpoint_of: EndpointOf = Arc::new(move |_| dial.lock().expect("endpoint").clone());

@@ -47,7 +47,8 @@ pub struct FederationStatus {
 #[serde(rename_all = "camelCase")]
 pub struct FederationEndpoints {
     /// In-cluster Control API address, `<fed>-superlink-control.<ns>.svc:<control port>`
-    /// (flower-operator's field).
+    /// (flower-operator's field): only with `spec.superlink.service.exposeControl`; otherwise the
+    /// Control API listens on the SuperLink pod's loopback, reached by port-forward.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superlink_service: Option<String>,
     /// External Fleet API address spokes dial (`host:port`).

@@ -340,6 +340,7 @@ async fn standalone_bench(args: &Args) -> Result<StandaloneReport> {
         address: format!("127.0.0.1:{}", ports[1]),
         server_name: "127.0.0.1".into(),
         ca_pem: Some(ca),
+        tunnel: None,
     })?);
     let mut hub = Standalone {
         state,

@@ -18,6 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Arguments of `flower-hub serve`.
+/// Where standalone SuperLinks run, network-wise (`--superlink-network`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuperLinkNetwork {
+    /// A network namespace of its own per SuperLink, bridged by the hub.
+    Isolated,
+    /// The hub machine's network.
+    Host,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Run without Kubernetes: state (CA, tokens, clusters) in --state-dir.
@@ -68,6 +77,14 @@ pub struct ServeArgs {
     /// user namespaces; `false` turns it off (then that code runs with the hub's file access).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub flower_sandbox: bool,
+    /// Standalone, with the sandbox: `isolated` runs each SuperLink (with its ServerApps and
+    /// SuperExec) in a network namespace of its own that reaches nothing but itself, so a
+    /// ServerApp of one Federation cannot open another Federation's Control API; the hub serves
+    /// the Fleet and Control ports on the host as before and bridges them in. `host`: SuperLinks
+    /// on the hub machine's network (ServerApps may then reach the network, and each other's
+    /// SuperLinks). `--flower-sandbox false` implies `host`.
+    #[arg(long, value_enum, default_value_t = SuperLinkNetwork::Isolated)]
+    pub superlink_network: SuperLinkNetwork,
     /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
     /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule). In
     /// Kubernetes mode it is the `spec.leaseDurationSeconds` of ManagedClusters created on join;
@@ -257,6 +274,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 advertise: args.advertise_address.clone(),
                 superlink_cert_validity: args.superlink_cert_validity,
                 sandbox: args.flower_sandbox,
+                superlink_network: (args.flower_sandbox
+                    && args.superlink_network == SuperLinkNetwork::Isolated)
+                    .then(|| {
+                        std::env::current_exe()
+                            .map(|program| crate::standalone::NetnsBridge { program })
+                    })
+                    .transpose()
+                    .context("--superlink-network isolated: cannot find the flower-hub binary")?,
                 superlink_names: SuperLinkNames::new(
                     args.advertise_address.iter().map(String::as_str),
                     &args.superlink_name,

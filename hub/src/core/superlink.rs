@@ -112,8 +112,9 @@ pub struct SuperLinkLayout {
     /// Address the Fleet API (or the Fleet front) binds: where SuperNodes dial.
     pub bind_host: String,
     /// Address the Control API binds (in the unified dialect with a front, the SuperLink's
-    /// whole server): loopback for a standalone process unless `exposeControl`; every address
-    /// in a pod (the hub reaches it through Service `<name>-superlink-control`).
+    /// whole server): loopback unless `exposeControl`, for a standalone process and in a pod
+    /// alike (in a pod the hub reaches it through a port-forward; with `exposeControl` through
+    /// Service `<name>-superlink-control`).
     pub control_host: String,
     /// Its ports.
     pub ports: SuperLinkPorts,

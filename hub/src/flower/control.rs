@@ -41,7 +41,45 @@ pub struct ControlEndpoint {
     pub server_name: String,
     /// PEM of the CA that signed the SuperLink certificate; `None` for an insecure SuperLink.
     pub ca_pem: Option<String>,
+    /// How to reach `address` when it is not a TCP address the hub can dial: a port-forward
+    /// through the Kubernetes API server to a SuperLink that listens on its pod's loopback only.
+    /// `None`: TCP to `address`.
+    pub tunnel: Option<Tunnel>,
 }
+
+/// A stream being opened by an [`Opener`].
+pub type Opening<'a> =
+    std::pin::Pin<Box<dyn Future<Output = std::io::Result<Box<dyn IoStream>>> + Send + 'a>>;
+
+/// Opens byte streams to a Control API the hub cannot dial over TCP (TLS, when the endpoint has
+/// a CA, runs over the stream as it would over TCP).
+pub trait Opener: Send + Sync {
+    /// One new stream to the Control API.
+    fn open(&self) -> Opening<'_>;
+}
+
+/// An [`Opener`] with the text that identifies where it leads (endpoints compare by it).
+#[derive(Clone)]
+pub struct Tunnel {
+    /// Where the tunnel leads, e.g. `port-forward team/fed-superlink-0:9093`.
+    pub describe: String,
+    /// Opens the streams.
+    pub opener: Arc<dyn Opener>,
+}
+
+impl std::fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe)
+    }
+}
+
+impl PartialEq for Tunnel {
+    fn eq(&self, other: &Self) -> bool {
+        self.describe == other.describe
+    }
+}
+
+impl Eq for Tunnel {}
 
 /// A refused or failed Control call.
 #[derive(Debug, thiserror::Error)]
@@ -154,11 +192,16 @@ impl ControlClient {
         let transport = if endpoint.dialect.control_over_http() {
             Transport::Http(HttpTransport {
                 address: endpoint.address.clone(),
+                tunnel: endpoint.tunnel.clone(),
                 tls,
                 idle: Mutex::new(Vec::new()),
             })
         } else {
-            Transport::Grpc(grpc_client(&endpoint.address, tls)?)
+            Transport::Grpc(grpc_client(
+                &endpoint.address,
+                endpoint.tunnel.clone(),
+                tls,
+            )?)
         };
         Ok(Self {
             endpoint,
@@ -350,30 +393,48 @@ fn tls_config(
 
 /// Dials `address` (TCP, no delay), then TLS with `tls` when given; the Control client and the
 /// Fleet front's upstream connections both use it.
+/// Opens a stream to `address` (`host:port`, or `unix:<path>` for a Unix socket), TLS on top
+/// when `tls` is given.
 pub(super) async fn dial(
     address: &str,
     tls: &Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
 ) -> std::io::Result<Box<dyn IoStream>> {
-    let tcp = tokio::net::TcpStream::connect(address).await?;
-    tcp.set_nodelay(true)?;
+    dial_via(None, address, tls).await
+}
+
+/// [`dial`], through `tunnel` when there is one.
+async fn dial_via(
+    tunnel: Option<&Tunnel>,
+    address: &str,
+    tls: &Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+) -> std::io::Result<Box<dyn IoStream>> {
+    let stream: Box<dyn IoStream> = match (tunnel, address.strip_prefix("unix:")) {
+        (Some(tunnel), _) => tunnel.opener.open().await?,
+        // A standalone SuperLink in its own network namespace, through its bridge's socket.
+        (None, Some(path)) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        (None, None) => {
+            let tcp = tokio::net::TcpStream::connect(address).await?;
+            tcp.set_nodelay(true)?;
+            Box::new(tcp)
+        }
+    };
     Ok(match tls {
         Some((config, name)) => Box::new(
             tokio_rustls::TlsConnector::from(config.clone())
-                .connect(name.clone(), tcp)
+                .connect(name.clone(), stream)
                 .await?,
         ),
-        None => Box::new(tcp),
+        None => stream,
     })
 }
 
-pub(super) trait IoStream:
-    tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin
-{
-}
+/// A byte stream a Control client speaks over (TCP, TLS, a port-forward).
+pub trait IoStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> IoStream for T {}
 
 fn grpc_client(
     address: &str,
+    tunnel: Option<Tunnel>,
     tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
 ) -> Result<flwr::control_client::ControlClient<tonic::transport::Channel>, ControlError> {
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -384,9 +445,9 @@ fn grpc_client(
     let address = address.to_owned();
     let tls = Arc::new(tls);
     let connector = tower::service_fn(move |_uri: http::Uri| {
-        let (address, tls) = (address.clone(), tls.clone());
+        let (address, tunnel, tls) = (address.clone(), tunnel.clone(), tls.clone());
         async move {
-            let io = dial(&address, &tls).await?;
+            let io = dial_via(tunnel.as_ref(), &address, &tls).await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
         }
     });
@@ -396,6 +457,7 @@ fn grpc_client(
 
 struct HttpTransport {
     address: String,
+    tunnel: Option<Tunnel>,
     tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
@@ -493,7 +555,7 @@ impl HttpTransport {
     }
 
     async fn open(&self) -> Result<SendRequest<Full<Bytes>>, ControlError> {
-        let io = dial(&self.address, &self.tls)
+        let io = dial_via(self.tunnel.as_ref(), &self.address, &self.tls)
             .await
             .map_err(|e| self.connect_error(&e))?;
         let (sender, connection) =

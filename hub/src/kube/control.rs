@@ -1,24 +1,154 @@
-//! How the hub reaches a Federation's SuperLink Control API in Kubernetes mode: the SuperLink
-//! Service's in-cluster name ([`crate::core::superlink::in_cluster_control`]), verified against
-//! the Flower CA that signed the SuperLink certificate. Key registration
+//! How the hub reaches a Federation's SuperLink Control API in Kubernetes mode. Unless the
+//! Federation sets `exposeControl`, the SuperLink serves Control on its pod's loopback only (no
+//! pod of the cluster — another tenant's ServerApp included — can reach it), and the hub dials it
+//! through a port-forward via the API server, as `flower-hub connect` and `run fetch` do. With
+//! `exposeControl` it dials Service `<fed>-superlink-control`. Either way TLS is verified against
+//! the Flower CA that signed the SuperLink certificate, at the name
+//! [`crate::core::superlink::in_cluster_control`] gives. Key registration
 //! ([`crate::kube::work`]) and the FlowerRun controller ([`crate::kube::controller::runs`]) both
 //! dial it this way.
-use flower_addon_crds::Federation;
+use std::sync::Arc;
 
-use crate::core::render::federation_dialect;
-use crate::flower::control::ControlEndpoint;
+use flower_addon_crds::Federation;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::core::render::{federation_dialect, superlink_name};
+use crate::core::superlink::{SuperLinkPorts, separate_control};
+use crate::flower::control::{ControlEndpoint, IoStream, Opener, Opening, Tunnel};
+
+/// Makes the tunnel to port `port` of pod `namespace/pod`.
+pub type Forward = Arc<dyn Fn(&str, &str, u16) -> Tunnel + Send + Sync>;
+
+/// Port-forwards through the API server with `client`'s credentials (`get` and `create` on
+/// `pods/portforward` in the Federation's namespace: the hub's ClusterRole has them).
+pub fn port_forward(client: kube::Client) -> Forward {
+    Arc::new(move |namespace: &str, pod: &str, port: u16| Tunnel {
+        describe: format!("port-forward {namespace}/{pod}:{port}"),
+        opener: Arc::new(PortForward {
+            client: client.clone(),
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            port,
+        }),
+    })
+}
+
+struct PortForward {
+    client: kube::Client,
+    namespace: String,
+    pod: String,
+    port: u16,
+}
+
+impl Opener for PortForward {
+    fn open(&self) -> Opening<'_> {
+        Box::pin(async move {
+            let failed = |detail: String| {
+                std::io::Error::other(format!(
+                    "port-forward to pod {}/{} port {}: {detail}",
+                    self.namespace, self.pod, self.port
+                ))
+            };
+            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &self.namespace);
+            let mut forwarder = pods
+                .portforward(&self.pod, &[self.port])
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let stream = forwarder
+                .take_stream(self.port)
+                .ok_or_else(|| failed("the port-forward has no stream".into()))?;
+            Ok(Box::new(Forwarded {
+                stream,
+                _forwarder: forwarder,
+            }) as Box<dyn IoStream>)
+        })
+    }
+}
+
+/// A port-forwarded stream that keeps its forwarder (the WebSocket) open while it is in use.
+struct Forwarded<S> {
+    stream: S,
+    _forwarder: kube::api::Portforwarder,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Forwarded<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Forwarded<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
 
 /// The Control endpoint of `fed`'s SuperLink, TLS verified with `ca_pem` (plaintext for an
-/// insecure Federation); `None` when its Flower version or images name no dialect (the
-/// Federation controller reports that spec as invalid).
-pub fn in_cluster_endpoint(fed: &Federation, ca_pem: &str) -> Option<ControlEndpoint> {
+/// insecure Federation): through `forward` to pod `<fed>-superlink-0` unless the Federation
+/// exposes Control; `None` when its Flower version or images name no dialect (the Federation
+/// controller reports that spec as invalid).
+pub fn in_cluster_endpoint(
+    fed: &Federation,
+    ca_pem: &str,
+    forward: &Forward,
+) -> Option<ControlEndpoint> {
     let (_, dialect) = federation_dialect(fed).ok()?;
     let (server_name, address) = crate::core::superlink::in_cluster_control(fed, dialect);
+    let tunnel = separate_control(fed).then(|| {
+        let pod = format!(
+            "{}-0",
+            superlink_name(fed.metadata.name.as_deref().unwrap_or_default())
+        );
+        let namespace = fed.metadata.namespace.as_deref().unwrap_or("default");
+        forward(
+            namespace,
+            &pod,
+            SuperLinkPorts::container(fed, dialect).control,
+        )
+    });
     Some(ControlEndpoint {
         dialect,
         address,
         server_name,
         ca_pem: (!fed.spec.insecure).then(|| ca_pem.to_owned()),
+        tunnel,
+    })
+}
+
+/// A [`Forward`] for tests: its tunnels describe where they lead and fail when opened.
+#[cfg(test)]
+pub fn unreachable_forward() -> Forward {
+    struct Fails;
+    impl Opener for Fails {
+        fn open(&self) -> Opening<'_> {
+            Box::pin(async { Err(std::io::Error::other("no API server in this test")) })
+        }
+    }
+    Arc::new(|namespace: &str, pod: &str, port: u16| Tunnel {
+        describe: format!("port-forward {namespace}/{pod}:{port}"),
+        opener: Arc::new(Fails),
     })
 }
 
@@ -45,20 +175,35 @@ spec:
     }
 
     #[test]
-    fn the_superlink_is_dialled_at_its_service_verified_unless_insecure() {
+    fn the_superlink_is_dialled_through_a_port_forward_verified_unless_insecure() {
         // Invariant: TLS Federations are verified with the Flower CA at the Control Service's
         // name; an insecure one is spoken to in plaintext (no CA: a TLS dial would fail).
-        let tls = in_cluster_endpoint(&federation(false, "flwr/superlink:1.42.0"), "CA")
+        // Control is on the pod's loopback: the hub port-forwards to the pod, and only with
+        // `exposeControl` dials the Service.
+        let forward = unreachable_forward();
+        let tls = in_cluster_endpoint(&federation(false, "flwr/superlink:1.42.0"), "CA", &forward)
             .expect("endpoint");
         assert_eq!(tls.dialect, FlowerDialect::Unified);
         assert_eq!(tls.address, "fed-superlink-control.team.svc:9093");
         assert_eq!(tls.server_name, "fed-superlink-control.team.svc");
         assert_eq!(tls.ca_pem.as_deref(), Some("CA"));
-        let insecure = in_cluster_endpoint(&federation(true, "flwr/superlink:1.42.0"), "CA")
-            .expect("endpoint");
+        assert_eq!(
+            tls.tunnel.as_ref().map(|t| t.describe.as_str()),
+            Some("port-forward team/fed-superlink-0:8000")
+        );
+        let mut exposed = federation(false, "flwr/superlink:1.42.0");
+        exposed.spec.superlink.service.expose_control = true;
+        let exposed = in_cluster_endpoint(&exposed, "CA", &forward).expect("endpoint");
+        assert_eq!(exposed.tunnel, None, "exposeControl: the Service, over TCP");
+        // (Flower >= 1.40 then serves Fleet and Control on the one exposed port.)
+        assert_eq!(exposed.address, "fed-superlink-control.team.svc:9092");
+        let insecure =
+            in_cluster_endpoint(&federation(true, "flwr/superlink:1.42.0"), "CA", &forward)
+                .expect("endpoint");
         assert_eq!(insecure.ca_pem, None);
-        let classic = in_cluster_endpoint(&federation(false, "flwr/superlink:1.25.0"), "CA")
-            .expect("endpoint");
+        let classic =
+            in_cluster_endpoint(&federation(false, "flwr/superlink:1.25.0"), "CA", &forward)
+                .expect("endpoint");
         assert_eq!(classic.dialect, FlowerDialect::Classic);
     }
 }

@@ -8,6 +8,7 @@
 //! SuperLinks (started, restarted on argument change, stopped when their Federation goes) →
 //! node keys registered → status.
 pub mod manifests;
+pub mod netns;
 mod nodes;
 mod placements;
 mod running;
@@ -53,9 +54,19 @@ pub struct StandaloneConfig {
     /// Whether SuperLinks and the hub machine's SuperNodes run with `state_dir` hidden but for
     /// their own directory ([`flower_addon_agent::sandbox`]).
     pub sandbox: bool,
+    /// With `sandbox`: each SuperLink (and its ServerApps) in a network namespace of its own,
+    /// bridged by `bridge_program` ([`netns`]); `None`: on the hub machine's network.
+    pub superlink_network: Option<NetnsBridge>,
     /// Names a Federation may ask for in its SuperLink certificate
     /// ([`crate::core::sans`]: `--advertise-address`es and `--superlink-name`).
     pub superlink_names: crate::core::sans::SuperLinkNames,
+}
+
+/// How SuperLinks get a network namespace of their own ([`netns`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetnsBridge {
+    /// The `flower-hub` binary that runs `netns-bridge` (the running hub's own executable).
+    pub program: PathBuf,
 }
 
 type FedKey = (String, String);

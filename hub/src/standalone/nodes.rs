@@ -132,6 +132,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             ),
             server_name: host,
             ca_pem,
+            tunnel: None,
         })
     }
 

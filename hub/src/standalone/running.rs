@@ -4,7 +4,7 @@
 use super::superlink::SuperLinkPaths;
 use super::{StandaloneHub, fed_key};
 use crate::core::superlink::{
-    fleet_listen_address, serverapp_superexec_argv, superlink_argv, superlink_sans,
+    SuperLinkLayout, fleet_listen_address, serverapp_superexec_argv, superlink_argv, superlink_sans,
 };
 use crate::registration::store::ClusterStore;
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
@@ -21,17 +21,41 @@ pub(super) struct RunningSuperLink {
     pub(super) certificate: String,
     pub(super) superlink: Supervised,
     pub(super) superexec: Option<Supervised>,
-    /// Where it takes SuperNodes' requests ([`fleet_listen_address`]), when it started, and
-    /// whether it has accepted a connection there since: until then (at most
-    /// [`LISTEN_HOLD`]) the work of its Federation is held back ([`super::hold`]).
-    pub(super) fleet: (String, u16),
+    /// Where it takes SuperNodes' requests ([`fleet_listen_address`], or its bridge's socket
+    /// in a network namespace of its own), when it started, and whether it has accepted a
+    /// connection there since: until then (at most [`LISTEN_HOLD`]) the work of its Federation
+    /// is held back ([`super::hold`]).
+    pub(super) fleet: Listening,
     pub(super) started: std::time::Instant,
     pub(super) listening: bool,
-    /// The Fleet front task (unified dialect, Control kept on loopback) and its stop signal.
-    pub(super) front: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<std::io::Result<()>>,
-    )>,
+    /// What the hub serves for it on the host: the Fleet front (unified dialect, Control kept
+    /// on loopback), and in a network namespace the bridges of its Fleet and Control ports;
+    /// each task with its stop signal.
+    pub(super) served: Vec<Served>,
+}
+
+/// A task the hub runs for a SuperLink, and its stop signal.
+pub(super) type Served = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+);
+
+/// Where a SuperLink is probed for being up.
+#[derive(Clone, Debug)]
+pub(super) enum Listening {
+    /// Its Fleet port, on the hub machine's network.
+    Tcp(String, u16),
+    /// Its bridge's socket (which appears once the port inside accepts connections).
+    Unix(PathBuf),
+}
+
+/// The Unix sockets of a SuperLink in a network namespace of its own ([`super::netns`]), in its
+/// directory: Control (also the whole server in the unified dialect), the Fleet API where it has
+/// a port of its own, ServerAppIO for a classic process-isolation SuperExec.
+struct Sockets {
+    control: PathBuf,
+    fleet: Option<PathBuf>,
+    serverappio: Option<PathBuf>,
 }
 
 /// How long a started SuperLink's work is held back at most while it does not listen yet (a
@@ -48,14 +72,22 @@ impl RunningSuperLink {
         if self.listening || self.started.elapsed() >= LISTEN_HOLD {
             return false;
         }
-        let (host, port) = (self.fleet.0.as_str(), self.fleet.1);
-        let accepted =
-            tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
-                .await
-                .is_ok_and(|c| c.is_ok());
+        let accepted = match &self.fleet {
+            Listening::Tcp(host, port) => tokio::time::timeout(
+                PROBE_TIMEOUT,
+                tokio::net::TcpStream::connect((host.as_str(), *port)),
+            )
+            .await
+            .is_ok_and(|c| c.is_ok()),
+            Listening::Unix(socket) => {
+                tokio::time::timeout(PROBE_TIMEOUT, super::netns::exported(socket))
+                    .await
+                    .unwrap_or(false)
+            }
+        };
         if accepted {
             self.listening = true;
-            tracing::debug!(%host, port, after_ms = self.started.elapsed().as_millis() as u64, "the SuperLink listens");
+            tracing::debug!(at = ?self.fleet, after_ms = self.started.elapsed().as_millis() as u64, "the SuperLink listens");
         }
         !accepted
     }
@@ -77,7 +109,16 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .then(|| flower_addon_agent::sandbox::Sandbox {
                 hide: self.config.state_dir.clone(),
                 keep: paths.dir.clone(),
+                network: self.isolated().is_some(),
             })
+    }
+
+    /// The bridge that gives each SuperLink a network namespace of its own, when it does.
+    fn isolated(&self) -> Option<&super::NetnsBridge> {
+        self.config
+            .superlink_network
+            .as_ref()
+            .filter(|_| self.config.sandbox)
     }
 
     pub(super) fn flower_env(&self) -> BTreeMap<String, String> {
@@ -147,7 +188,19 @@ impl<S: ClusterStore> StandaloneHub<S> {
         certificate: String,
     ) -> Result<(), String> {
         let key = fed_key(fed);
-        let layout = paths.layout(fed, dialect, &self.config.superlink_host);
+        // Where SuperNodes and `flwr` reach it on the hub machine; in a network namespace of
+        // its own the SuperLink itself listens on that namespace's loopback, and the hub serves
+        // these host ports, bridged in.
+        let host_layout = paths.layout(fed, dialect, &self.config.superlink_host);
+        let bridge = self.isolated().cloned();
+        let layout = match bridge {
+            Some(_) => SuperLinkLayout {
+                bind_host: "127.0.0.1".to_owned(),
+                control_host: "127.0.0.1".to_owned(),
+                ..host_layout.clone()
+            },
+            None => host_layout.clone(),
+        };
         let argv = superlink_argv(fed, version, dialect, &layout);
         if let Some(running) = self.superlinks.get(&key)
             && running.argv == argv
@@ -164,15 +217,65 @@ impl<S: ClusterStore> StandaloneHub<S> {
             stop_superlink(old).await;
         }
         std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
-        let front = if layout.ports.front {
-            Some(start_front(fed, &layout, paths).await?)
-        } else {
-            None
+        let process = fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process;
+        let ports = layout.ports;
+        let sockets = bridge.as_ref().map(|_| Sockets {
+            control: paths.dir.join("control.sock"),
+            fleet: (!ports.front && ports.fleet != ports.control)
+                .then(|| paths.dir.join("fleet.sock")),
+            serverappio: (process
+                && matches!(
+                    dialect,
+                    FlowerDialect::Classic | FlowerDialect::Transitional
+                ))
+            .then(|| paths.dir.join("serverappio.sock")),
+        });
+        if let Some(sockets) = &sockets {
+            for socket in [Some(&sockets.control), sockets.fleet.as_ref()]
+                .into_iter()
+                .flatten()
+                .chain(&sockets.serverappio)
+            {
+                super::netns::check_socket_path(socket)?;
+            }
+        }
+        let mut served = Vec::new();
+        let started = self
+            .serve_on_host(fed, &host_layout, paths, sockets.as_ref(), &mut served)
+            .await;
+        if let Err(e) = started {
+            for (stop, task) in served {
+                let _ = stop.send(());
+                let _ = task.await;
+            }
+            return Err(e);
+        }
+        let flower_superlink = self.flower_program("flower-superlink");
+        let (program, args) = match (&bridge, &sockets) {
+            (Some(bridge), Some(sockets)) => {
+                let mut args = vec!["netns-bridge".to_owned()];
+                args.push(format!(
+                    "--export={}={}",
+                    ports.control,
+                    sockets.control.display()
+                ));
+                if let Some(fleet) = &sockets.fleet {
+                    args.push(format!("--export={}={}", ports.fleet, fleet.display()));
+                }
+                if let (Some(socket), Some(port)) = (&sockets.serverappio, ports.serverappio) {
+                    args.push(format!("--export={port}={}", socket.display()));
+                }
+                args.push("--".to_owned());
+                args.push(flower_superlink.display().to_string());
+                args.extend(argv.iter().cloned());
+                (bridge.program.clone(), args)
+            }
+            _ => (flower_superlink, argv.clone()),
         };
         let superlink = Supervised::start(ProcessSpec {
             name: format!("superlink/{}/{}", key.0, key.1),
-            program: self.flower_program("flower-superlink"),
-            args: argv.clone(),
+            program,
+            args,
             env: {
                 // Flower installs FABs under FLWR_HOME: one per SuperLink.
                 let mut env = self.flower_env();
@@ -186,19 +289,49 @@ impl<S: ClusterStore> StandaloneHub<S> {
             log_file: paths.log.clone(),
             sandbox: self.sandbox(paths),
         });
-        let superexec = (fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process)
-            .then(|| {
-                Supervised::start(ProcessSpec {
-                    name: format!("superexec-serverapp/{}/{}", key.0, key.1),
-                    program: self.flower_program("flower-superexec"),
-                    args: serverapp_superexec_argv(fed, version, dialect, &layout),
-                    env: self.flower_env(),
-                    cwd: Some(paths.dir.clone()),
-                    log_file: paths.log.with_extension("superexec.log"),
-                    sandbox: self.sandbox(paths),
-                })
-            });
-        tracing::info!(namespace = %key.0, federation = %key.1, "started the SuperLink");
+        let superexec = process.then(|| {
+            let superexec_args = serverapp_superexec_argv(fed, version, dialect, &layout);
+            let flower_superexec = self.flower_program("flower-superexec");
+            let (program, args) = match (&bridge, &sockets) {
+                (Some(bridge), Some(sockets)) => {
+                    // It dials ServerAppIO (classic) or the SuperLink's one server on its own
+                    // loopback: the same port, imported from the SuperLink's namespace.
+                    let import = match (&sockets.serverappio, ports.serverappio) {
+                        (Some(socket), Some(port)) => {
+                            format!("--import={port}={}", socket.display())
+                        }
+                        _ => format!("--import={}={}", ports.control, sockets.control.display()),
+                    };
+                    let mut args = vec!["netns-bridge".to_owned(), import, "--".to_owned()];
+                    args.push(flower_superexec.display().to_string());
+                    args.extend(superexec_args);
+                    (bridge.program.clone(), args)
+                }
+                _ => (flower_superexec, superexec_args),
+            };
+            Supervised::start(ProcessSpec {
+                name: format!("superexec-serverapp/{}/{}", key.0, key.1),
+                program,
+                args,
+                env: self.flower_env(),
+                cwd: Some(paths.dir.clone()),
+                log_file: paths.log.with_extension("superexec.log"),
+                sandbox: self.sandbox(paths),
+            })
+        });
+        tracing::info!(namespace = %key.0, federation = %key.1, isolated = bridge.is_some(), "started the SuperLink");
+        let fleet = match &sockets {
+            Some(sockets) => Listening::Unix(
+                sockets
+                    .fleet
+                    .clone()
+                    .unwrap_or_else(|| sockets.control.clone()),
+            ),
+            None => {
+                let (host, port) = fleet_listen_address(dialect, &layout);
+                Listening::Tcp(host, port)
+            }
+        };
         self.superlinks.insert(
             key,
             RunningSuperLink {
@@ -206,18 +339,91 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 certificate,
                 superlink,
                 superexec,
-                fleet: fleet_listen_address(dialect, &layout),
+                fleet,
                 started: std::time::Instant::now(),
                 listening: false,
-                front,
+                served,
             },
         );
         Ok(())
     }
+
+    /// Starts what the hub serves on the host for a SuperLink (pushing each to `served`): the
+    /// Fleet front where the Control API stays on loopback (unified dialect); and for a
+    /// SuperLink in a network namespace of its own (`sockets`), the Fleet and Control ports of
+    /// `host_layout` bridged to its sockets.
+    async fn serve_on_host(
+        &self,
+        fed: &Federation,
+        host_layout: &SuperLinkLayout,
+        paths: &SuperLinkPaths,
+        sockets: Option<&Sockets>,
+        served: &mut Vec<Served>,
+    ) -> Result<(), String> {
+        let ports = host_layout.ports;
+        let control_upstream = match sockets {
+            Some(s) => format!("unix:{}", s.control.display()),
+            None => format!("127.0.0.1:{}", ports.control),
+        };
+        if ports.front {
+            served.push(start_front(fed, host_layout, paths, control_upstream).await?);
+        }
+        let Some(sockets) = sockets else {
+            return Ok(());
+        };
+        if !ports.front {
+            let to = sockets
+                .fleet
+                .clone()
+                .unwrap_or_else(|| sockets.control.clone());
+            served.push(
+                bridge_port(
+                    (host_layout.bind_host.as_str(), ports.fleet),
+                    to,
+                    "spec.superlink.service.ports.grpc",
+                    "SuperNodes (Fleet API)",
+                )
+                .await?,
+            );
+        }
+        if ports.control != ports.fleet {
+            served.push(
+                bridge_port(
+                    (host_layout.control_host.as_str(), ports.control),
+                    sockets.control.clone(),
+                    "spec.superlink.service.ports.extra",
+                    "the Control API (flwr)",
+                )
+                .await?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Listens on `listen` of the hub machine and forwards each connection to `socket` (a
+/// SuperLink's bridge, [`super::netns`]).
+async fn bridge_port(
+    listen: (&str, u16),
+    socket: PathBuf,
+    field: &str,
+    what: &str,
+) -> Result<Served, String> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        format!(
+            "{field}: cannot listen on {}:{} for {what}: {e}",
+            listen.0, listen.1
+        )
+    })?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(super::netns::serve_to_unix_until(listener, socket, async {
+        let _ = stopped.await;
+    }));
+    Ok((stop, task))
 }
 
 pub(super) async fn stop_superlink(sl: RunningSuperLink) {
-    if let Some((stop, task)) = sl.front {
+    for (stop, task) in sl.served {
         let _ = stop.send(());
         let _ = task.await;
     }
@@ -232,15 +438,10 @@ pub(super) async fn stop_superlink(sl: RunningSuperLink) {
 /// certificate and passes only Fleet requests to the SuperLink on `127.0.0.1`.
 async fn start_front(
     fed: &Federation,
-    layout: &crate::core::superlink::SuperLinkLayout,
+    layout: &SuperLinkLayout,
     paths: &SuperLinkPaths,
-) -> Result<
-    (
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<std::io::Result<()>>,
-    ),
-    String,
-> {
+    upstream: String,
+) -> Result<Served, String> {
     use crate::flower::front::{FrontConfig, FrontTls};
     let tls = if fed.spec.insecure {
         None
@@ -266,14 +467,14 @@ async fn start_front(
         )
     })?;
     let config = FrontConfig {
-        upstream: format!("127.0.0.1:{}", layout.ports.control),
+        upstream: upstream.clone(),
         tls,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(crate::flower::front::serve(listener, config, async {
         let _ = stopped.await;
     }));
-    tracing::info!(federation = %fed_key(fed).1, fleet = %format!("{}:{}", listen.0, listen.1), control = %format!("127.0.0.1:{}", layout.ports.control), "Fleet front started: the Control API stays on loopback");
+    tracing::info!(federation = %fed_key(fed).1, fleet = %format!("{}:{}", listen.0, listen.1), control = %upstream, "Fleet front started: the Control API stays on loopback");
     Ok((stop, task))
 }
 

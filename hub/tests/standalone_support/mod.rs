@@ -83,6 +83,9 @@ impl Dirs {
             superlink_cert_validity:
                 flower_addon_hub::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
             sandbox: true,
+            superlink_network: Some(flower_addon_hub::standalone::NetnsBridge {
+                program: flower_hub_binary(),
+            }),
             superlink_names: SuperLinkNames::new(["127.0.0.1"], &allowed).expect("names"),
         }
     }
@@ -105,4 +108,18 @@ pub async fn register(store: &FileStore, clusters: &BTreeMap<String, BTreeMap<St
             .await
             .expect("cluster");
     }
+}
+
+/// The `flower-hub` binary (which runs `netns-bridge`): Cargo's for the hub's own tests, else
+/// the one beside the test binary (`target/<profile>/flower-hub`, as `cargo build --bins` puts
+/// it for e2e).
+pub fn flower_hub_binary() -> PathBuf {
+    option_env!("CARGO_BIN_EXE_flower-hub")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|exe| Some(exe.parent()?.parent()?.join("flower-hub")))
+                .unwrap_or_else(|| PathBuf::from("flower-hub"))
+        })
 }

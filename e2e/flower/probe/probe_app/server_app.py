@@ -1,9 +1,18 @@
-"""ServerApp that tries to read a file it must not see: the run fails (`finished:failed`) when
-it can read `probe-hidden`, or when it cannot read `probe-own` (a sandbox hiding too much), and
-completes when the hidden file is hidden and its own file is there."""
+"""ServerApp that tries what another tenant's code must not do, and fails the run
+(`finished:failed`) when it can:
+
+- files: it must not read `probe-hidden` (a hub secret) and must read `probe-own` (its
+  SuperLink's own certificate: a sandbox hiding too much); both empty: no file check;
+- network: it must not connect to any of `probe-refused` (another Federation's Control API) and
+  must connect to every one of `probe-reached` (proof that the network path is there, so a
+  refusal means the port is closed to it, not that nothing is reachable); space-separated
+  `host:port` lists, empty: no check.
+
+It completes when every check holds, printing what it tried."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from flwr.app import Context
@@ -16,10 +25,22 @@ class ProbeError(Exception):
     """Fails the run (not a RuntimeError: see examples/fedavg/fedavg_app/server_app.py)."""
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    hidden = Path(str(context.run_config["probe-hidden"]))
-    own = Path(str(context.run_config["probe-own"]))
+def _connects(address: str) -> str | None:
+    """None when a TCP connection to `address` opens within 3 s, else why not."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=3):
+            return None
+    except OSError as error:
+        return str(error) or type(error).__name__
+
+
+def _files(context: Context) -> None:
+    hidden_text = str(context.run_config.get("probe-hidden", ""))
+    own_text = str(context.run_config.get("probe-own", ""))
+    if not hidden_text and not own_text:
+        return
+    hidden, own = Path(hidden_text), Path(own_text)
     if not own.is_file():
         raise ProbeError(f"probe: its own file {own} is not visible")
     try:
@@ -28,3 +49,22 @@ def main(grid: Grid, context: Context) -> None:
         print(f"probe: {hidden} is hidden ({error})", flush=True)
         return
     raise ProbeError(f"probe: {hidden} is readable from a ServerApp")
+
+
+def _network(context: Context) -> None:
+    for address in str(context.run_config.get("probe-reached", "")).split():
+        why = _connects(address)
+        if why is not None:
+            raise ProbeError(f"probe: {address} must be reachable but is not ({why})")
+        print(f"probe: {address} reached", flush=True)
+    for address in str(context.run_config.get("probe-refused", "")).split():
+        why = _connects(address)
+        if why is None:
+            raise ProbeError(f"probe: {address} is reachable from a ServerApp")
+        print(f"probe: {address} refused ({why})", flush=True)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    _files(context)
+    _network(context)

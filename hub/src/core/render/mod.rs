@@ -8,6 +8,7 @@
 //! controller's business.
 
 mod address;
+mod network_policy;
 mod service;
 mod superlink;
 
@@ -18,9 +19,11 @@ use flower_addon_crds::render::{
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 pub use address::{ExternalAddressError, ExternalEndpoints, external_endpoints};
 pub use flower_addon_crds::render::address::{host_of, with_default_port};
+pub use network_policy::render_superlink_network_policy;
 pub use service::{render_superlink_control_service, render_superlink_service};
 pub use superlink::{STATE_MOUNT_DIR, STATE_VOLUME, TLS_MOUNT_DIR, render_superlink};
 
@@ -61,18 +64,25 @@ pub struct HubObjects {
     pub superlink: StatefulSet,
     /// SuperLink Service `<fed>-superlink` (what SuperNodes dial).
     pub service: Service,
-    /// Control API Service `<fed>-superlink-control` (ClusterIP).
-    pub control_service: Service,
+    /// Control API Service `<fed>-superlink-control` (ClusterIP), only with `exposeControl`.
+    pub control_service: Option<Service>,
+    /// NetworkPolicy `<fed>-superlink`: the pod network reaches the SuperLink pod's Fleet port
+    /// only (and Control with `exposeControl`).
+    pub network_policy: NetworkPolicy,
 }
 
 impl HubObjects {
-    /// Every object as JSON, in apply order (StatefulSet, Services).
+    /// Every object as JSON, in apply order (StatefulSet, Services, NetworkPolicy).
     pub fn to_values(&self) -> Result<Vec<serde_json::Value>, serde_json::Error> {
-        Ok(vec![
+        let mut values = vec![
             serde_json::to_value(&self.superlink)?,
             serde_json::to_value(&self.service)?,
-            serde_json::to_value(&self.control_service)?,
-        ])
+        ];
+        if let Some(control) = &self.control_service {
+            values.push(serde_json::to_value(control)?);
+        }
+        values.push(serde_json::to_value(&self.network_policy)?);
+        Ok(values)
     }
 }
 
@@ -157,10 +167,12 @@ pub fn render_hub(fed: &Federation) -> Result<HubObjects, HubRenderError> {
     let superlink = render_superlink(fed, version, dialect)?;
     let service = render_superlink_service(fed, dialect)?;
     let control_service = render_superlink_control_service(fed, dialect);
+    let network_policy = render_superlink_network_policy(fed, dialect);
     Ok(HubObjects {
         superlink,
         service,
         control_service,
+        network_policy,
     })
 }
 

@@ -26,9 +26,10 @@ fn service_port(name: &str, port: i32, target: i32, node_port: Option<i32>) -> S
 
 /// Renders the SuperLink Service `<fed>-superlink` of `spec.superlink.service.type`. Port
 /// `fleet` is `ports.grpc` (what SuperNodes dial; in the unified dialect the Fleet front's port
-/// unless `exposeControl`), `control` is `ports.extra` (`flwr`) — only on a `ClusterIP` Service
-/// or with `exposeControl`: a NodePort or load balancer SuperNodes reach must not run code for
-/// whoever reaches it. `serverappio` is `ports.serverAppIO` (classic, process mode only). When
+/// unless `exposeControl`), `control` is `ports.extra` (`flwr`) — only with `exposeControl`:
+/// otherwise the SuperLink serves Control on its pod's loopback only, since whoever reaches it
+/// (a SuperNode through a NodePort, or any pod of the cluster: another tenant's ServerApp) could
+/// run code on every SuperNode. `serverappio` is `ports.serverAppIO` (classic, process mode only). When
 /// the unified dialect serves Fleet and Control on one port (`exposeControl`), both ports target
 /// it (one port when they are equal). User labels go under ours; the selector is ours only.
 pub fn render_superlink_service(
@@ -39,7 +40,7 @@ pub fn render_superlink_service(
     let ports = service.ports;
     // Pinned node ports only where Kubernetes allows them (validation refuses them on ClusterIP).
     let exposed = service.type_ != ServiceType::ClusterIP;
-    let with_control = !exposed || service.expose_control;
+    let with_control = service.expose_control;
     let node = |port: Option<i32>| port.filter(|_| exposed);
     let node_ports = service.node_ports;
     let process = fed.spec.isolation_mode == IsolationMode::Process;
@@ -106,15 +107,23 @@ pub fn render_superlink_service(
     })
 }
 
-/// Renders Service `<fed>-superlink-control` (ClusterIP): the SuperLink's Control API at
-/// `ports.extra`, where the hub registers SuperNode keys and reads node state, whatever
-/// `<fed>-superlink` exposes. People reach it with `flower-hub connect` (a port-forward).
-pub fn render_superlink_control_service(fed: &Federation, dialect: FlowerDialect) -> Service {
+/// Renders Service `<fed>-superlink-control` (ClusterIP) of a Federation with `exposeControl`:
+/// the SuperLink's Control API at `ports.extra`, where the hub registers SuperNode keys and reads
+/// node state, whatever `<fed>-superlink` exposes. Without `exposeControl` there is none: Control
+/// listens on the pod's loopback, and the hub and people (`flower-hub connect`) reach it through
+/// a port-forward.
+pub fn render_superlink_control_service(
+    fed: &Federation,
+    dialect: FlowerDialect,
+) -> Option<Service> {
     let service = &fed.spec.superlink.service;
+    if !service.expose_control {
+        return None;
+    }
     let container = SuperLinkPorts::container(fed, dialect);
     let labels = component_labels(name(fed), "superlink", "superlink", None);
     let meta_labels = object_labels(name(fed), "superlink", "superlink", None);
-    Service {
+    Some(Service {
         metadata: ObjectMeta {
             name: Some(control_service_name(&superlink_name(name(fed)))),
             namespace: Some(namespace(fed).to_owned()),
@@ -133,5 +142,5 @@ pub fn render_superlink_control_service(fed: &Federation, dialect: FlowerDialect
             ..ServiceSpec::default()
         }),
         status: None,
-    }
+    })
 }

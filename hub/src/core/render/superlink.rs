@@ -64,16 +64,23 @@ fn port(name: &str, number: i32) -> ContainerPort {
     }
 }
 
-/// Where the SuperLink container finds its files and listens: Flower's default ports on every
-/// address, the TLS Secret and the state volume mounts ([`crate::core::superlink`] builds the
+/// Where the SuperLink container finds its files and listens: Flower's default ports, Fleet on
+/// every address and Control on the pod's loopback unless `exposeControl`, the TLS Secret and the state volume mounts ([`crate::core::superlink`] builds the
 /// arguments for the container and the standalone process alike). SuperNode authentication is
 /// on when the Federation wants it ([`flower_addon_crds::FederationSpec::supernode_auth`]), as in
 /// standalone mode: wherever its pools run, their runtime makes the key pairs and the hub
 /// registers the public keys.
 pub fn container_layout(fed: &Federation, dialect: FlowerDialect) -> SuperLinkLayout {
+    // Control on the pod's loopback unless `exposeControl`: no other pod (another tenant's
+    // ServerApp) reaches it; the hub and `flower-hub connect` come through port-forwards.
+    let control_host = if crate::core::superlink::separate_control(fed) {
+        "127.0.0.1"
+    } else {
+        "0.0.0.0"
+    };
     SuperLinkLayout {
         bind_host: "0.0.0.0".to_owned(),
-        control_host: "0.0.0.0".to_owned(),
+        control_host: control_host.to_owned(),
         ports: SuperLinkPorts::container(fed, dialect),
         tls_files: [
             format!("{TLS_MOUNT_DIR}/ca.crt"),

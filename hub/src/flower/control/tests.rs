@@ -80,6 +80,7 @@ fn a_bad_ca_is_named() {
         address: "127.0.0.1:1".into(),
         server_name: "127.0.0.1".into(),
         ca_pem: Some("not a pem".into()),
+        tunnel: None,
     };
     let err = ControlClient::new(endpoint).err().unwrap();
     assert!(err.to_string().contains("CA bundle"), "{err}");

@@ -15,6 +15,7 @@ use std::time::Duration;
 use flower_addon_crds::Placement;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store, store};
@@ -38,6 +39,8 @@ pub struct Caches {
     pub statefulsets: Store<StatefulSet>,
     /// SuperLink Services the hub applied.
     pub services: Store<Service>,
+    /// SuperLink NetworkPolicies the hub applied.
+    pub network_policies: Store<NetworkPolicy>,
     /// SuperLink TLS Secrets the hub issued.
     pub secrets: Store<Secret>,
     /// Every Placement (a Federation mirrors its Placement's `PlacementSatisfied`).
@@ -50,12 +53,14 @@ impl Caches {
     pub fn fixed(
         statefulsets: Vec<StatefulSet>,
         services: Vec<Service>,
+        network_policies: Vec<NetworkPolicy>,
         secrets: Vec<Secret>,
         placements: Vec<Placement>,
     ) -> Self {
         Self {
             statefulsets: fixed_store(statefulsets),
             services: fixed_store(services),
+            network_policies: fixed_store(network_policies),
             secrets: fixed_store(secrets),
             placements: fixed_store(placements),
         }
@@ -87,6 +92,7 @@ impl Caches {
             list(client, &owned).await?,
             list(client, &owned).await?,
             list(client, &owned).await?,
+            list(client, &owned).await?,
             list(client, &ListParams::default()).await?,
         ))
     }
@@ -99,6 +105,7 @@ impl Caches {
             use crate::kube::list_gate::until_listed;
             until_listed(&self.statefulsets).await.ok();
             until_listed(&self.services).await.ok();
+            until_listed(&self.network_policies).await.ok();
             until_listed(&self.secrets).await.ok();
             until_listed(&self.placements).await.ok();
         };

@@ -36,6 +36,7 @@ use flower_addon_crds::{Federation, FederationStatus, Placement};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -214,6 +215,7 @@ pub async fn run(
             "federations",
             "statefulsets",
             "services",
+            "networkpolicies",
             "secrets",
             "placements",
         ],
@@ -223,6 +225,7 @@ pub async fn run(
     let (federations, fed_writer) = reflector::store::<Federation>();
     let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
     let (services, svc_writer) = reflector::store::<Service>();
+    let (network_policies, policy_writer) = reflector::store::<NetworkPolicy>();
     let (secrets, secret_writer) = reflector::store::<Secret>();
     let (placements, placement_writer) = reflector::store::<Placement>();
     let feds = listed
@@ -247,6 +250,13 @@ pub async fn run(
         )
         .reflect(svc_writer)
         .touched_objects();
+    let policies = listed
+        .watch(
+            "networkpolicies",
+            watcher(Api::<NetworkPolicy>::all(client.clone()), owned.clone()).default_backoff(),
+        )
+        .reflect(policy_writer)
+        .touched_objects();
     let tls = listed
         .watch(
             "secrets",
@@ -267,6 +277,7 @@ pub async fn run(
         Caches {
             statefulsets,
             services,
+            network_policies,
             secrets,
             placements,
         },
@@ -293,6 +304,7 @@ pub async fn run(
         })
         .owns_stream(sts)
         .owns_stream(svcs)
+        .owns_stream(policies)
         .owns_stream(tls)
         .graceful_shutdown_on(shutdown)
         .run(
@@ -404,26 +416,47 @@ async fn apply_federation(
     let (_, dialect) = federation_dialect(fed)?;
     let services_api = Api::<Service>::namespaced(client.clone(), namespace);
     let sts_api = Api::<StatefulSet>::namespaced(client.clone(), namespace);
+    let policies_api = Api::<NetworkPolicy>::namespaced(client.clone(), namespace);
     apply::own(&mut objects.service.metadata, fed);
-    apply::own(&mut objects.control_service.metadata, fed);
+    if let Some(control) = &mut objects.control_service {
+        apply::own(&mut control.metadata, fed);
+    }
+    apply::own(&mut objects.network_policy.metadata, fed);
     apply::own(&mut objects.superlink.metadata, fed);
     let service_name = objects.service.name_any();
-    let control_name = objects.control_service.name_any();
+    let control_name = objects.control_service.as_ref().map(|c| c.name_any());
+    let policy_name = objects.network_policy.name_any();
     let superlink_name = objects.superlink.name_any();
     let apply_service = cache::apply(
         &services_api,
         &objects.service,
         cache::cached(&caches.services, namespace, &service_name),
     );
-    let apply_control = cache::apply(
-        &services_api,
-        &objects.control_service,
-        cache::cached(&caches.services, namespace, &control_name),
+    let apply_control = async {
+        match (&objects.control_service, &control_name) {
+            (Some(control), Some(name)) => cache::apply(
+                &services_api,
+                control,
+                cache::cached(&caches.services, namespace, name),
+            )
+            .await
+            .map(Some),
+            _ => Ok(None),
+        }
+    };
+    // The policy goes with the Services: the pod's Fleet port is open to the network, the
+    // rest of it (Control on loopback) is not.
+    let apply_policy = cache::apply(
+        &policies_api,
+        &objects.network_policy,
+        cache::cached(&caches.network_policies, namespace, &policy_name),
     );
+    let apply_services = async { tokio::try_join!(apply_service, apply_control, apply_policy) };
     let cached_superlink = cache::cached(&caches.statefulsets, namespace, &superlink_name);
     let issues_tls = tls::hub_issues_tls(fed);
     let mut renew_in = None;
-    let (service, control, superlink) = if issues_tls && fed.spec.placement_ref.is_none() {
+    let ((service, control, policy), superlink) = if issues_tls && fed.spec.placement_ref.is_none()
+    {
         // A hub-local SuperLink's certificate names only in-cluster names: nothing of it waits
         // for the Services, so the certificate and the SuperLink go alongside them.
         let mut superlink = std::mem::take(&mut objects.superlink);
@@ -433,31 +466,34 @@ async fn apply_federation(
             let applied = cache::apply(&sts_api, &superlink, cached_superlink).await?;
             Ok::<_, Error>((applied, certificate.renew_in))
         };
-        let (service, control, (superlink, renew)) =
-            tokio::try_join!(apply_service, apply_control, certified_superlink)?;
+        let (services, (superlink, renew)) = tokio::try_join!(apply_services, certified_superlink)?;
         renew_in = Some(renew);
-        (service, control, superlink)
+        (services, superlink)
     } else if issues_tls {
-        let (service, control) = tokio::try_join!(apply_service, apply_control)?;
-        let external = external_of(fed, dialect, &service, ctx);
+        let services = apply_services.await?;
+        let external = external_of(fed, dialect, &services.0, ctx);
         let certificate = tls::ensure_certificate(fed, ctx, namespace, external.as_ref()).await?;
         renew_in = Some(certificate.renew_in);
         tls::annotate_not_after(&mut objects.superlink, certificate.not_after);
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
-        (service, control, superlink)
+        (services, superlink)
     } else {
         // The SuperLink first (its pod is what takes long to start), the Services right after:
         // on a busy apiserver a write shared with two others lands later.
         let superlink = cache::apply(&sts_api, &objects.superlink, cached_superlink).await?;
-        let (service, control) = tokio::try_join!(apply_service, apply_control)?;
-        (service, control, superlink)
+        (apply_services.await?, superlink)
     };
     // The write of one object triggers the next reconcile (owned objects are watched) while the
     // others may still be on their way to the caches: wait for them, so that reconcile reads
     // what was just written instead of writing it again.
     tokio::join!(
         cache::caught_up(&caches.services, &service),
-        cache::caught_up(&caches.services, &control),
+        async {
+            if let Some(control) = &control {
+                cache::caught_up(&caches.services, control).await;
+            }
+        },
+        cache::caught_up(&caches.network_policies, &policy),
         cache::caught_up(&caches.statefulsets, &superlink),
     );
     let external = external_of(fed, dialect, &service, ctx);
@@ -465,13 +501,15 @@ async fn apply_federation(
     // The pools of a Federation without placementRef are the hub cluster's work, applied by
     // crate::kube::hub_pools under its own manager; this controller's objects are the SuperLink's.
     let statefulsets = BTreeSet::from([superlink_name]);
-    let services = BTreeSet::from([service_name, control_name]);
+    let services: BTreeSet<String> = std::iter::once(service_name).chain(control_name).collect();
+    let policies = BTreeSet::from([policy_name]);
     let secrets: BTreeSet<String> = issues_tls
         .then(|| superlink_tls_secret_name(fed))
         .into_iter()
         .collect();
     let mut pruned = apply::prune(client, &caches.statefulsets, fed, &statefulsets).await?;
     pruned.extend(apply::prune(client, &caches.services, fed, &services).await?);
+    pruned.extend(apply::prune(client, &caches.network_policies, fed, &policies).await?);
     pruned.extend(apply::prune(client, &caches.secrets, fed, &secrets).await?);
     if !pruned.is_empty() {
         ctx.publish(fed, EventType::Normal, "Pruned", pruned.join(", "))

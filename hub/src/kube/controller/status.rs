@@ -337,11 +337,15 @@ fn endpoints(
         _ => (None, None),
     };
     FederationEndpoints {
-        superlink_service: Some(format!(
-            "{}.{ns}.svc:{}",
-            crate::core::superlink::control_service_name(&superlink_name(&fed.name_any())),
-            fed.spec.superlink.service.ports.extra
-        )),
+        // Only with `exposeControl` is Control on the pod network (Service
+        // `<fed>-superlink-control`); otherwise it is on the pod's loopback.
+        superlink_service: fed.spec.superlink.service.expose_control.then(|| {
+            format!(
+                "{}.{ns}.svc:{}",
+                crate::core::superlink::control_service_name(&superlink_name(&fed.name_any())),
+                fed.spec.superlink.service.ports.extra
+            )
+        }),
         fleet,
         control,
     }

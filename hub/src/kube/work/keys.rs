@@ -39,6 +39,7 @@ pub(super) async fn sync_node_keys(
 ) {
     let selector =
         format!("app.kubernetes.io/component=superlink,app.kubernetes.io/managed-by={MANAGED_BY}");
+    let forward = crate::kube::control::port_forward(client.clone());
     let superlinks = watcher(
         Api::<StatefulSet>::all(client),
         watcher::Config::default().labels(&selector),
@@ -56,7 +57,7 @@ pub(super) async fn sync_node_keys(
             }
             _ = tokio::time::sleep(SYNC_EVERY) => {}
         }
-        let targets = targets(&stores, &reports, &ca_pem);
+        let targets = targets(&stores, &reports, &ca_pem, &forward);
         if !registry.sync(targets).await.is_empty() {
             keys_changed.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -72,7 +73,12 @@ fn superlink_federation(sts: &StatefulSet) -> Option<FedKey> {
 /// What each SuperLink should hold; nothing until every store has listed once (an unlisted
 /// decisions store reads as "placed nowhere", and such a target, complete, would unregister every
 /// running SuperNode, as happened when a restarted hub synced before its reflectors had listed).
-fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> Vec<KeyTarget> {
+fn targets(
+    stores: &Stores,
+    reports: &DashMap<String, Report>,
+    ca_pem: &str,
+    forward: &crate::kube::control::Forward,
+) -> Vec<KeyTarget> {
     if !super::is_ready(stores) {
         return Vec::new();
     }
@@ -88,7 +94,8 @@ fn targets(stores: &Stores, reports: &DashMap<String, Report>, ca_pem: &str) -> 
         if !fed.spec.supernode_auth() {
             continue;
         }
-        let Some(endpoint) = crate::kube::control::in_cluster_endpoint(&fed, ca_pem) else {
+        let Some(endpoint) = crate::kube::control::in_cluster_endpoint(&fed, ca_pem, forward)
+        else {
             continue;
         };
         let namespace = fed.namespace().unwrap_or_default();
@@ -138,7 +145,7 @@ mod tests {
     }
 
     #[test]
-    fn targets_hold_only_the_placed_clusters_keys_and_dial_the_service() {
+    fn targets_hold_only_the_placed_clusters_keys_and_port_forward_to_the_superlink() {
         // Invariant: the SuperLink is asked to hold exactly the keys reported for this Federation
         // by the clusters its Placement decided; a cluster not decided cannot get a key in.
         // Federations without SuperNode authentication get no target.
@@ -155,13 +162,23 @@ mod tests {
         reports.insert("s1".to_owned(), report("fed", &["k1"]));
         reports.insert("s2".to_owned(), report("other", &["k2"]));
         reports.insert("s3".to_owned(), report("fed", &["k3"]));
-        let targets = targets(&stores, &reports, "CA");
+        let targets = targets(
+            &stores,
+            &reports,
+            "CA",
+            &crate::kube::control::unreachable_forward(),
+        );
         assert_eq!(targets.len(), 1, "{targets:?}");
         let t = &targets[0];
         assert_eq!(t.federation, ("team".to_owned(), "fed".to_owned()));
         assert_eq!(t.wanted, BTreeSet::from(["k1".to_owned()]));
         assert_eq!(t.endpoint.address, "fed-superlink-control.team.svc:9093");
         assert_eq!(t.endpoint.server_name, "fed-superlink-control.team.svc");
+        assert_eq!(
+            t.endpoint.tunnel.as_ref().map(|t| t.describe.as_str()),
+            Some("port-forward team/fed-superlink-0:8000"),
+            "Control is on the pod's loopback: the hub port-forwards"
+        );
         assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
     }
 
@@ -174,7 +191,15 @@ mod tests {
         unlisted.decisions = kube::runtime::reflector::store::<PlacementDecision>().0;
         let reports = DashMap::new();
         reports.insert("s1".to_owned(), report("fed", &["k1"]));
-        assert!(targets(&unlisted, &reports, "CA").is_empty());
+        assert!(
+            targets(
+                &unlisted,
+                &reports,
+                "CA",
+                &crate::kube::control::unreachable_forward()
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -190,14 +215,33 @@ mod tests {
         );
         let reports = DashMap::new();
         assert!(
-            !targets(&stores, &reports, "CA")[0].complete,
+            !targets(
+                &stores,
+                &reports,
+                "CA",
+                &crate::kube::control::unreachable_forward()
+            )[0]
+            .complete,
             "nothing reported"
         );
         reports.insert("s1".to_owned(), report("fed", &["k1"]));
-        let one = targets(&stores, &reports, "CA");
+        let one = targets(
+            &stores,
+            &reports,
+            "CA",
+            &crate::kube::control::unreachable_forward(),
+        );
         assert!(!one[0].complete, "s2 not reported");
         assert_eq!(one[0].wanted, BTreeSet::from(["k1".to_owned()]));
         reports.insert("s2".to_owned(), report("fed", &[]));
-        assert!(targets(&stores, &reports, "CA")[0].complete);
+        assert!(
+            targets(
+                &stores,
+                &reports,
+                "CA",
+                &crate::kube::control::unreachable_forward()
+            )[0]
+            .complete
+        );
     }
 }

@@ -199,8 +199,9 @@ pub async fn run(
     )
     .default_backoff()
     .touched_objects();
+    let forward = crate::kube::control::port_forward(client.clone());
     let endpoint: EndpointOf =
-        Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca_pem));
+        Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca_pem, &forward));
     let context = RunContext::new(client, federations, runs.clone(), endpoint);
     let (for_feds, for_config_maps) = (runs.clone(), runs.clone());
     Controller::for_stream(run_events, runs)

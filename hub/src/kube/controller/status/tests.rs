@@ -75,6 +75,11 @@ fn not_ready_names_what_is_missing() {
     assert_eq!(s.pools[0].kind.as_deref(), Some("StatefulSet"));
     assert_eq!((s.pools[0].desired, s.pools[0].ready), (2, 1));
     assert_eq!(find(&s, "Reconciling").status, "True");
+    // Control is on the SuperLink pod's loopback: no in-cluster address to show.
+    assert_eq!(s.endpoints.unwrap().superlink_service, None);
+    let mut exposed = local(&[("a", 2, 1)]);
+    exposed.spec.superlink.service.expose_control = true;
+    let s = federation_status(&exposed, &outcome, &PlacementState::NotReferenced, &at(10));
     assert_eq!(
         s.endpoints.unwrap().superlink_service.as_deref(),
         Some("f-superlink-control.team.svc:9093")
