@@ -84,8 +84,10 @@ echo "    CA hash $CA_HASH"
 JOIN_PIDS=()
 for i in 1 2; do
   step "agent edge-$i joins: flower-agent join --cluster-name edge-$i"
-  "$AGENT" join --hub "127.0.0.1:$HUB_PORT" --token "$TOKEN" --ca-hash "$CA_HASH" \
-    --cluster-name "edge-$i" --state-dir "$WORK/agent-$i" >"$WORK/join-$i.log" 2>&1 &
+  # The token on standard input: an argument would show in `ps` to every user.
+  printf '%s\n' "$TOKEN" | "$AGENT" join --token-file - --hub "127.0.0.1:$HUB_PORT" \
+    --ca-hash "$CA_HASH" --cluster-name "edge-$i" --state-dir "$WORK/agent-$i" \
+    >"$WORK/join-$i.log" 2>&1 &
   JOIN_PIDS+=($!)
 done
 for i in 1 2; do

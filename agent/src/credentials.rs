@@ -43,7 +43,7 @@ pub enum CredentialsError {
     },
     /// The agent has not joined yet.
     #[error(
-        "no credentials in {0}: run `flower-agent join --hub HOST:PORT --token T --ca-hash sha256:… --cluster-name NAME --state-dir {0}` first"
+        "no credentials in {0}: run `flower-agent join --hub HOST:PORT --token-file FILE --ca-hash sha256:… --cluster-name NAME --state-dir {0}` first"
     )]
     NotJoined(PathBuf),
     /// Reading or writing the credential Secret failed.

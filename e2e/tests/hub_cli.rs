@@ -346,6 +346,11 @@ async fn token_create_json_makes_the_ca_and_a_token(h: &HubUnderTest) -> Result<
             && join.contains(&format!("--server-name {server_name}")),
         "{join}"
     );
+    // The token reaches the agent on standard input, never as an argument (`ps` shows those).
+    ensure!(
+        join.contains("| flower-agent join --token-file - ") && !join.contains("--token "),
+        "{join}"
+    );
     let secrets = token_secret_names(client).await?;
     ensure!(
         secrets == BTreeSet::from([format!("{TOKEN_SECRET_PREFIX}{token_id}")]),

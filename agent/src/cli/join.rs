@@ -30,9 +30,14 @@ pub struct JoinSourceArgs {
     /// `HOST:PORT` of the hub's work channel (as printed by `flower-hub token create`).
     #[arg(long)]
     pub hub: Option<String>,
-    /// Bootstrap token `<id>.<secret>` from `flower-hub token create`.
+    /// Bootstrap token `<id>.<secret>` from `flower-hub token create`. Prefer --token-file (or
+    /// the environment): a command-line argument is visible to every user of the machine.
     #[arg(long, env = "FLOWER_AGENT_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Read the bootstrap token from this file (`-`: standard input), e.g.
+    /// `printf '%s\n' "$TOKEN" | flower-agent join --token-file - …`.
+    #[arg(long, conflicts_with = "token", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// `sha256:<hex>` of the hub CA's public key; the agent refuses a hub that does not match.
     #[arg(long)]
     pub ca_hash: Option<String>,
@@ -106,6 +111,27 @@ pub async fn open_store(
     }
 }
 
+/// The token in `file` (`-`: standard input): its first line, trimmed; an empty one is refused.
+fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = if file.as_os_str() == "-" {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .context("--token-file -: cannot read the token from standard input")?;
+        line
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("--token-file {}", file.display()))?
+    };
+    let token = text.lines().next().unwrap_or_default().trim().to_owned();
+    anyhow::ensure!(
+        !token.is_empty(),
+        "--token-file {}: no token in it (expected `<id>.<secret>` from `flower-hub token create`)",
+        file.display()
+    );
+    Ok(token)
+}
+
 /// Join options from the flags and, if named, the bootstrap Secret. With `wait_for_secret` a
 /// missing Secret is waited for (a pod may start before the admin creates it).
 pub async fn join_options(
@@ -116,9 +142,13 @@ pub async fn join_options(
     max_wait: Option<Duration>,
     wait_for_secret: bool,
 ) -> anyhow::Result<JoinOptions> {
+    let token = match &source.token_file {
+        Some(file) => Some(read_token_file(file)?),
+        None => source.token.clone(),
+    };
     let flags = JoinSettings {
         hub: source.hub.clone(),
-        token: source.token.clone(),
+        token,
         ca_hash: source.ca_hash.clone(),
         cluster_name: source.cluster_name.clone(),
         server_name: source.server_name.clone(),
@@ -217,4 +247,27 @@ pub fn join(args: JoinArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_file_gives_its_first_line_and_an_empty_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  abcdef.0123456789abcdef \nsecond line\n").expect("write");
+        assert_eq!(
+            read_token_file(&file).expect("token"),
+            "abcdef.0123456789abcdef"
+        );
+        std::fs::write(&file, "\n").expect("write");
+        let err = read_token_file(&file).expect_err("empty").to_string();
+        assert!(err.contains("no token in it"), "{err}");
+        let err = read_token_file(&dir.path().join("missing"))
+            .expect_err("missing")
+            .to_string();
+        assert!(err.contains("--token-file"), "{err}");
+    }
 }

@@ -23,13 +23,45 @@ impl ListedNode {
     }
 }
 
+/// How many keys each `(cluster, pool)` may have registered: the pool's replicas on that cluster
+/// (`Some`, StatefulSet pools), or `None` for a DaemonSet pool (one per node: as many as the
+/// cluster reports it runs, at most [`flower_addon_crds::MAX_REPLICAS`]). A pool that does not
+/// run on a cluster (its `clusterSelector` leaves it out, or the cluster is not placed) is not
+/// in the map: no key of it counts.
+pub type KeyLimits = BTreeMap<(String, String), Option<u32>>;
+
+/// [`KeyLimits`] of a Federation `spec` placed on `placed_on`, each cluster with its `labels`:
+/// the pools as the work builder splits them ([`crate::core::work::split_work`]).
+pub fn key_limits(
+    spec: &flower_addon_crds::FederationSpec,
+    placed_on: &BTreeSet<String>,
+    labels: &BTreeMap<String, BTreeMap<String, String>>,
+) -> KeyLimits {
+    let selected: Vec<String> = placed_on.iter().cloned().collect();
+    crate::core::work::split_work(spec, &selected, |pool, cluster| {
+        crate::core::work::pool_on_cluster(spec, pool, labels.get(cluster))
+    })
+    .into_iter()
+    .flat_map(|share| {
+        let cluster = share.cluster;
+        share
+            .pools
+            .into_iter()
+            .map(move |p| ((cluster.clone(), p.pool), p.replicas))
+    })
+    .collect()
+}
+
 /// The public keys (OpenSSH lines) the Federation `(namespace, name)` wants registered: those
 /// reported for it by the clusters in `placed_on` (its selected clusters, or the hub's own for
-/// a Federation without placement), from each cluster's last status. Keys other clusters report
-/// for it are ignored.
+/// a Federation without placement), from each cluster's last status, for the pools `limits`
+/// lets the cluster run and at most as many per pool as it allows (the first in sorted order):
+/// a cluster cannot register keys beyond its pools' replicas, nor for pools it does not run.
+/// Keys other clusters report for it are ignored.
 pub fn wanted_keys<'a>(
     federation: &(String, String),
     placed_on: &BTreeSet<String>,
+    limits: &KeyLimits,
     statuses: impl IntoIterator<Item = (&'a str, &'a Status)>,
 ) -> BTreeSet<String> {
     let mut keys = BTreeSet::new();
@@ -43,17 +75,25 @@ pub fn wanted_keys<'a>(
             .filter(|f| f.namespace == federation.0 && f.name == federation.1)
         {
             for pool in &fed.pools {
-                keys.extend(
-                    pool.node_public_keys
-                        .iter()
-                        .map(|k| k.trim().to_owned())
-                        .filter(|k| !k.is_empty()),
-                );
+                let Some(limit) = limits.get(&(cluster.to_owned(), pool.name.clone())) else {
+                    continue;
+                };
+                let max = limit.unwrap_or(pool.desired).min(MAX_KEYS_PER_POOL) as usize;
+                let reported: BTreeSet<String> = pool
+                    .node_public_keys
+                    .iter()
+                    .map(|k| k.trim().to_owned())
+                    .filter(|k| !k.is_empty())
+                    .collect();
+                keys.extend(reported.into_iter().take(max));
             }
         }
     }
     keys
 }
+
+/// At most this many keys of one pool on one cluster ([`flower_addon_crds::MAX_REPLICAS`]).
+const MAX_KEYS_PER_POOL: u32 = flower_addon_crds::MAX_REPLICAS as u32;
 
 /// The keys a Federation's SuperLink should hold ([`wanted_keys`] of the clusters' reports) and
 /// whether they are all known: only when every cluster it is placed on has reported since the
@@ -67,11 +107,12 @@ pub struct WantedKeys {
     pub complete: bool,
 }
 
-/// [`WantedKeys`] of `federation` placed on `placed_on`, with `report` giving a cluster's last
-/// report since the hub started (both modes call this).
+/// [`WantedKeys`] of `federation` placed on `placed_on` within `limits` ([`key_limits`]), with
+/// `report` giving a cluster's last report since the hub started (both modes call this).
 pub fn wanted(
     federation: &(String, String),
     placed_on: &BTreeSet<String>,
+    limits: &KeyLimits,
     report: impl Fn(&str) -> Option<Status>,
 ) -> WantedKeys {
     let statuses: Vec<(&str, Status)> = placed_on
@@ -79,7 +120,12 @@ pub fn wanted(
         .filter_map(|c| report(c).map(|s| (c.as_str(), s)))
         .collect();
     WantedKeys {
-        keys: wanted_keys(federation, placed_on, statuses.iter().map(|(c, s)| (*c, s))),
+        keys: wanted_keys(
+            federation,
+            placed_on,
+            limits,
+            statuses.iter().map(|(c, s)| (*c, s)),
+        ),
         complete: statuses.len() == placed_on.len(),
     }
 }
@@ -167,12 +213,85 @@ mod tests {
         let b = status("fed", &["kb"]);
         let other = status("other", &["ko"]);
         let placed: BTreeSet<String> = ["a".to_owned(), "c".to_owned()].into();
+        let limits: KeyLimits = [
+            (("a".to_owned(), "p".to_owned()), Some(2)),
+            (("c".to_owned(), "p".to_owned()), Some(2)),
+        ]
+        .into();
         let wanted = wanted_keys(
             &("ns".into(), "fed".into()),
             &placed,
+            &limits,
             [("a", &a), ("b", &b), ("c", &other)],
         );
         assert_eq!(wanted, BTreeSet::from(["ka1".to_owned(), "ka2".to_owned()]));
+    }
+
+    #[test]
+    fn a_cluster_registers_at_most_its_pools_replicas_and_only_for_pools_it_runs() {
+        // A placed cluster reporting 400 keys for a `replicas: 1` pool gets 1 registered; keys
+        // for a pool its clusterSelector leaves out count not at all; a DaemonSet pool counts
+        // as many keys as the nodes the cluster reports (desired).
+        let flood: Vec<String> = (0..400).map(|i| format!("k{i:03}")).collect();
+        let flood: Vec<&str> = flood.iter().map(String::as_str).collect();
+        let mut report = status("fed", &flood);
+        report.federations[0].pools.push(PoolStatus {
+            name: "elsewhere".into(),
+            node_public_keys: vec!["ke".into()],
+            ..Default::default()
+        });
+        report.federations[0].pools.push(PoolStatus {
+            name: "daemons".into(),
+            desired: 2,
+            node_public_keys: vec!["d1".into(), "d2".into(), "d3".into()],
+            ..Default::default()
+        });
+        let placed: BTreeSet<String> = ["a".to_owned()].into();
+        let limits: KeyLimits = [
+            (("a".to_owned(), "p".to_owned()), Some(1)),
+            (("a".to_owned(), "daemons".to_owned()), None),
+        ]
+        .into();
+        let wanted = wanted_keys(
+            &("ns".into(), "fed".into()),
+            &placed,
+            &limits,
+            [("a", &report)],
+        );
+        assert_eq!(
+            wanted,
+            BTreeSet::from(["d1".to_owned(), "d2".to_owned(), "k000".to_owned()])
+        );
+    }
+
+    #[test]
+    fn limits_follow_the_work_split_and_cluster_selectors() {
+        let spec: flower_addon_crds::FederationSpec = serde_saphyr::from_str(
+            r#"
+mode: StatefulSet
+isolationMode: subprocess
+superlink: {image: "flwr/superlink:1.42.0"}
+supernodes:
+  image: "flwr/supernode:1.42.0"
+  pools:
+    - {name: gpu, replicas: 3, clusterSelector: {matchLabels: {gpu: "true"}}}
+    - {name: cpu, replicas: 2}
+"#,
+        )
+        .expect("spec");
+        let placed: BTreeSet<String> = ["a".to_owned(), "b".to_owned()].into();
+        let labels: BTreeMap<String, BTreeMap<String, String>> = [
+            (
+                "a".to_owned(),
+                [("gpu".to_owned(), "true".to_owned())].into(),
+            ),
+            ("b".to_owned(), BTreeMap::new()),
+        ]
+        .into();
+        let limits = key_limits(&spec, &placed, &labels);
+        assert_eq!(limits.get(&("a".into(), "gpu".into())), Some(&Some(3)));
+        assert_eq!(limits.get(&("b".into(), "gpu".into())), None);
+        assert_eq!(limits.get(&("b".into(), "cpu".into())), Some(&Some(2)));
     }
 
     #[test]

@@ -89,7 +89,10 @@ pub struct StandaloneHub<S: ClusterStore> {
     selections: BTreeMap<placements::PlacementKey, BTreeSet<String>>,
     sent: BTreeMap<String, ClusterWork>,
     /// The SuperNode keys each SuperLink holds and lists online.
-    keys: crate::flower::registry::NodeKeyRegistry,
+    keys: Arc<crate::flower::registry::NodeKeyRegistry>,
+    /// The key sync under way ([`Self::sync_node_keys`]): it runs beside the passes, so
+    /// SuperLinks slow to answer (or many keys to register) delay no other Federation's work.
+    key_sync: Option<tokio::task::JoinHandle<()>>,
     /// Process runtime for the pools of Federations without `placementRef` (started on need).
     local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
     /// The readiness check passed after the first pass.
@@ -121,7 +124,8 @@ impl<S: ClusterStore> StandaloneHub<S> {
             superlinks: BTreeMap::new(),
             selections: BTreeMap::new(),
             sent: BTreeMap::new(),
-            keys: crate::flower::registry::NodeKeyRegistry::new(),
+            keys: Arc::new(crate::flower::registry::NodeKeyRegistry::new()),
+            key_sync: None,
             local: None,
             ready: None,
             held: BTreeSet::new(),
@@ -163,6 +167,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
             if let Some((health, check)) = self.ready.take() {
                 health.set(check, true);
             }
+        }
+        if let Some(sync) = self.key_sync.take() {
+            sync.abort();
         }
         if let Some(local) = self.local.take() {
             local.shutdown().await;
@@ -241,7 +248,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let local_work = per_cluster.remove(HUB_CLUSTER);
         self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
-        self.sync_node_keys(&federations).await;
+        self.sync_node_keys(&federations, &views).await;
 
         // The hub machine's own pools are always reachable; agents by their Available condition.
         let available: BTreeSet<&str> = clusters

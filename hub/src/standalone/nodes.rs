@@ -75,7 +75,15 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// (the hub machine's own for a Federation without placement), through the Control API
     /// ([`crate::flower::registry`]); the registered keys go back to the agents with the next
     /// work, so their SuperNodes start.
-    pub(super) async fn sync_node_keys(&mut self, federations: &[Federation]) {
+    pub(super) async fn sync_node_keys(
+        &mut self,
+        federations: &[Federation],
+        views: &[crate::core::placement::ClusterView],
+    ) {
+        let labels: BTreeMap<String, BTreeMap<String, String>> = views
+            .iter()
+            .map(|v| (v.name.clone(), v.labels.clone()))
+            .collect();
         let mut targets = Vec::new();
         for fed in federations {
             let key = fed_key(fed);
@@ -90,8 +98,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     .unwrap_or_default(),
                 None => [HUB_CLUSTER.to_owned()].into(),
             };
-            let wanted =
-                crate::core::nodekeys::wanted(&key, &placed_on, |c| self.work.last_status(c));
+            let limits = crate::core::nodekeys::key_limits(&fed.spec, &placed_on, &labels);
+            let wanted = crate::core::nodekeys::wanted(&key, &placed_on, &limits, |c| {
+                self.work.last_status(c)
+            });
             let Some(endpoint) = self.control_endpoint(fed) else {
                 continue;
             };
@@ -102,7 +112,15 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 complete: wanted.complete,
             });
         }
-        self.keys.sync(targets).await;
+        // Off the pass: one sync at a time, started with this pass's targets when the last one
+        // is done (the next pass brings the targets up to date).
+        if self.key_sync.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let keys = self.keys.clone();
+        self.key_sync = Some(tokio::spawn(async move {
+            keys.sync(targets).await;
+        }));
     }
 
     /// How the hub reaches a running SuperLink's Control API: its address, the name in its

@@ -306,9 +306,11 @@ fn join_command(b: &Bootstrap) -> String {
     } else {
         &b.cluster_name
     };
+    // The token goes in on standard input (`printf` is a shell builtin): an argument of
+    // `flower-agent` would be visible to every user of the spoke machine in `ps`.
     let mut line = format!(
-        "flower-agent join --hub {} --token {} --ca-hash {} --cluster-name {name}",
-        b.hub, b.token, b.ca_hash
+        "printf '%s\\n' '{}' | flower-agent join --token-file - --hub {} --ca-hash {} --cluster-name {name}",
+        b.token, b.hub, b.ca_hash
     );
     if let Some(server_name) = &b.server_name {
         line.push_str(&format!(" --server-name {server_name}"));

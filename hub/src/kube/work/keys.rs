@@ -7,7 +7,7 @@
 //! of a SuperLink StatefulSet (its pod deleted, back Ready) makes that SuperLink due at once:
 //! restarted on an emptyDir database it has lost every registration, and its SuperNodes
 //! crash-loop until their keys are back.
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +89,16 @@ fn targets(
         .map(|c| c.name_any())
         .collect();
     let decisions = stores.decisions.state();
+    // Each cluster's labels, as the work builder sees them (which pools it runs).
+    let labels: BTreeMap<String, BTreeMap<String, String>> = stores
+        .clusters
+        .state()
+        .iter()
+        .map(|mc| {
+            let view = crate::kube::controller::placement::cluster_view(mc);
+            (view.name, view.labels)
+        })
+        .collect();
     let mut out = Vec::new();
     for fed in stores.federations.state() {
         if !fed.spec.supernode_auth() {
@@ -106,7 +116,8 @@ fn targets(
             })
             .into_iter()
             .collect();
-        let wanted = crate::core::nodekeys::wanted(&key, &placed_on, |c| {
+        let limits = crate::core::nodekeys::key_limits(&fed.spec, &placed_on, &labels);
+        let wanted = crate::core::nodekeys::wanted(&key, &placed_on, &limits, |c| {
             reports.get(c).map(|r| r.status.clone())
         });
         out.push(KeyTarget {

@@ -378,8 +378,18 @@ impl ClusterStore for FileStore {
         let Some(registration) = self.read_registration(name)? else {
             return Ok(None);
         };
-        let status: ClusterStatus =
-            read_json(&self.cluster_dir(name).join("status.json"))?.unwrap_or_default();
+        // The status is what the hub observed, rebuilt from the agent's next report: an
+        // unreadable one (a truncated write, a full disk) is started afresh, never a reason to
+        // drop the cluster with its acceptance and labels.
+        let status_path = self.cluster_dir(name).join("status.json");
+        let status: ClusterStatus = match read_json(&status_path) {
+            Ok(status) => status.unwrap_or_default(),
+            Err(error @ StoreError::Corrupt { .. }) => {
+                tracing::warn!(cluster = %name, %error, "unreadable cluster status ignored; it is rebuilt from the agent's next report");
+                ClusterStatus::default()
+            }
+            Err(error) => return Err(error),
+        };
         Ok(Some(ClusterRecord {
             registration,
             hub_accepts_client: self.accepted_path(name).exists(),
@@ -551,6 +561,42 @@ mod tests {
             .join("registration.json");
         assert_eq!(fs::read(kept).expect("kept"), b"{ not json");
         assert!(store.get_cluster("c1").await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_truncated_status_keeps_the_cluster_its_acceptance_and_labels() {
+        // status.json is derived (rebuilt from the next report): a torn write of it must not
+        // quarantine the cluster, which would drop its acceptance and its admin's labels.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        let mut reg = registration("c1", "fp");
+        reg.labels.insert("site".into(), "a".into());
+        store.create_cluster(&reg, true).await.expect("create");
+        fs::write(dir.path().join("clusters/c1/status.json"), b"{\"condi").expect("truncate");
+        let listed = store.list_clusters().await.expect("list");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(listed[0].hub_accepts_client);
+        assert_eq!(
+            listed[0]
+                .registration
+                .labels
+                .get("site")
+                .map(String::as_str),
+            Some("a")
+        );
+        assert_eq!(listed[0].status, ClusterStatus::default());
+        store
+            .put_status("c1", &ClusterStatus::default())
+            .await
+            .expect("the status is written afresh");
+        let quarantined = fs::read_dir(dir.path().join("clusters"))
+            .expect("dir")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with(".corrupt-"))
+            })
+            .count();
+        assert_eq!(quarantined, 0);
     }
 
     #[tokio::test]
