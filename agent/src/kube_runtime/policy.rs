@@ -33,6 +33,17 @@ pub enum Allowance {
     Privileged,
     /// `hostPort` on a container port.
     HostPort,
+    /// Volume types beyond configMap, emptyDir, persistentVolumeClaim, ephemeral, downwardAPI
+    /// and projected ones of those (NFS, iSCSI, CSI, …).
+    OtherVolumes,
+    /// Secrets other than those the agent made for the Federation (its CA bundle and its
+    /// pools' node keys), as volumes or environment.
+    Secrets,
+    /// `seccompProfile`/`appArmorProfile` `Unconfined`, `procMount: Unmasked`, sysctls outside
+    /// Kubernetes' safe set.
+    Unconfined,
+    /// `runAsUser: 0`.
+    RunAsRoot,
 }
 
 impl Allowance {
@@ -44,6 +55,10 @@ impl Allowance {
             Self::HostIpc => "host-ipc",
             Self::Privileged => "privileged",
             Self::HostPort => "host-port",
+            Self::OtherVolumes => "other-volumes",
+            Self::Secrets => "secrets",
+            Self::Unconfined => "unconfined",
+            Self::RunAsRoot => "run-as-root",
         }
     }
 }
@@ -139,13 +154,31 @@ impl PodPolicy {
             return Vec::new();
         }
         let mut out = Vec::new();
+        // The Secrets the agent itself makes for this Federation: its CA bundle, and each
+        // pool's node keys (`<workload>-node-keys`).
+        let own_secrets: BTreeSet<String> = rendered
+            .secret
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .chain(rendered.workloads.iter().filter_map(|(_, w)| {
+                let name = match w {
+                    Workload::StatefulSet(s) => s.metadata.name.as_deref(),
+                    Workload::DaemonSet(d) => d.metadata.name.as_deref(),
+                }?;
+                Some(format!("{name}-node-keys"))
+            }))
+            .collect();
         for (pool, workload) in &rendered.workloads {
             let spec = match workload {
                 Workload::StatefulSet(s) => s.spec.template.spec.as_ref(),
                 Workload::DaemonSet(d) => d.spec.template.spec.as_ref(),
             };
             if let Some(spec) = spec {
-                for v in self.pod_violations(spec) {
+                for v in self
+                    .pod_violations(spec)
+                    .into_iter()
+                    .chain(self.more_pod_violations(spec, &own_secrets))
+                {
                     out.push(format!("pool {}: {v}", pool.name));
                 }
             }
@@ -219,12 +252,258 @@ impl PodPolicy {
     }
 }
 
+/// Sysctls the Pod Security `baseline` level allows (Kubernetes' safe set).
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_syncookies",
+];
+
+impl PodPolicy {
+    /// Volume types, Secrets and pod- and container-level security settings (what a pod can
+    /// use to read the spoke's Secrets or leave its confinement), each naming the flag.
+    fn more_pod_violations(&self, spec: &PodSpec, own_secrets: &BTreeSet<String>) -> Vec<String> {
+        let mut found: Vec<(Allowance, String)> = Vec::new();
+        let secret = |found: &mut Vec<(Allowance, String)>, name: &str, used_by: String| {
+            if !own_secrets.contains(name) {
+                found.push((
+                    Allowance::Secrets,
+                    format!(
+                        "{used_by}: Secret {name} (not one the agent made for this Federation)"
+                    ),
+                ));
+            }
+        };
+        for volume in spec.volumes.iter().flatten() {
+            let used_by = format!("volume {}", volume.name);
+            if let Some(s) = &volume.secret {
+                secret(
+                    &mut found,
+                    s.secret_name.as_deref().unwrap_or_default(),
+                    used_by.clone(),
+                );
+            }
+            if let Some(projected) = &volume.projected {
+                for source in projected.sources.iter().flatten() {
+                    if let Some(s) = &source.secret {
+                        secret(&mut found, &s.name, used_by.clone());
+                    }
+                }
+            }
+            let plain = volume.config_map.is_some()
+                || volume.empty_dir.is_some()
+                || volume.persistent_volume_claim.is_some()
+                || volume.ephemeral.is_some()
+                || volume.downward_api.is_some()
+                || volume.secret.is_some()
+                || volume.projected.is_some()
+                || volume.host_path.is_some();
+            if !plain {
+                found.push((
+                    Allowance::OtherVolumes,
+                    format!("{used_by} (a type other than configMap, emptyDir, persistentVolumeClaim, ephemeral, downwardAPI, projected)"),
+                ));
+            }
+        }
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(spec.containers.iter());
+        let mut unconfined = Vec::new();
+        let mut root = Vec::new();
+        if let Some(pod) = &spec.security_context {
+            if pod
+                .seccomp_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ == "Unconfined")
+            {
+                unconfined.push("pod securityContext.seccompProfile Unconfined".to_owned());
+            }
+            if pod
+                .app_armor_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ == "Unconfined")
+            {
+                unconfined.push("pod securityContext.appArmorProfile Unconfined".to_owned());
+            }
+            for sysctl in pod.sysctls.iter().flatten() {
+                if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
+                    unconfined.push(format!("pod securityContext.sysctls {}", sysctl.name));
+                }
+            }
+            if pod.run_as_user == Some(0) {
+                root.push("pod securityContext.runAsUser 0".to_owned());
+            }
+        }
+        for c in containers {
+            for from in c.env_from.iter().flatten() {
+                if let Some(s) = &from.secret_ref {
+                    secret(&mut found, &s.name, format!("container {} envFrom", c.name));
+                }
+            }
+            for env in c.env.iter().flatten() {
+                if let Some(s) = env
+                    .value_from
+                    .as_ref()
+                    .and_then(|v| v.secret_key_ref.as_ref())
+                {
+                    secret(
+                        &mut found,
+                        &s.name,
+                        format!("container {} env {}", c.name, env.name),
+                    );
+                }
+            }
+            let Some(sc) = &c.security_context else {
+                continue;
+            };
+            if sc
+                .seccomp_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ == "Unconfined")
+            {
+                unconfined.push(format!("container {}: seccompProfile Unconfined", c.name));
+            }
+            if sc
+                .app_armor_profile
+                .as_ref()
+                .is_some_and(|p| p.type_ == "Unconfined")
+            {
+                unconfined.push(format!("container {}: appArmorProfile Unconfined", c.name));
+            }
+            if sc.proc_mount.as_deref() == Some("Unmasked") {
+                unconfined.push(format!("container {}: procMount Unmasked", c.name));
+            }
+            if sc.run_as_user == Some(0) {
+                root.push(format!("container {}: runAsUser 0", c.name));
+            }
+        }
+        found.extend(unconfined.into_iter().map(|w| (Allowance::Unconfined, w)));
+        found.extend(root.into_iter().map(|w| (Allowance::RunAsRoot, w)));
+        found
+            .into_iter()
+            .filter(|(allowance, _)| !self.allowed.contains(allowance))
+            .map(|(allowance, what)| {
+                format!(
+                    "{what} is not allowed on this cluster (its admin allows it with `flower-agent run --allow {}`)",
+                    allowance.flag()
+                )
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
         Container, ContainerPort, HostPathVolumeSource, SecurityContext, Volume,
     };
+
+    #[test]
+    fn secrets_other_volume_types_and_escapes_from_confinement_are_refused_naming_the_flag() {
+        use k8s_openapi::api::core::v1::{
+            ConfigMapVolumeSource, EnvVar, EnvVarSource, NFSVolumeSource, PodSecurityContext,
+            SeccompProfile, SecretKeySelector, SecretVolumeSource, Sysctl,
+        };
+        let own: BTreeSet<String> = ["fed-superlink-ca".to_owned()].into();
+        let policy = PodPolicy::spoke_default();
+        let mut ok = spec();
+        ok.volumes = Some(vec![
+            Volume {
+                name: "ca".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some("fed-superlink-ca".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "cfg".into(),
+                config_map: Some(ConfigMapVolumeSource::default()),
+                ..Default::default()
+            },
+        ]);
+        ok.security_context = Some(PodSecurityContext {
+            sysctls: Some(vec![Sysctl {
+                name: "net.ipv4.tcp_keepalive_time".into(),
+                value: "60".into(),
+            }]),
+            ..Default::default()
+        });
+        assert!(policy.more_pod_violations(&ok, &own).is_empty());
+        let mut bad = ok.clone();
+        bad.volumes.get_or_insert_default().extend([
+            Volume {
+                name: "tokens".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some("agent-credentials".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "share".into(),
+                nfs: Some(NFSVolumeSource {
+                    server: "nfs".into(),
+                    path: "/".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]);
+        bad.security_context = Some(PodSecurityContext {
+            run_as_user: Some(0),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Unconfined".into(),
+                ..Default::default()
+            }),
+            sysctls: Some(vec![Sysctl {
+                name: "kernel.msgmax".into(),
+                value: "1".into(),
+            }]),
+            ..Default::default()
+        });
+        bad.containers[0].env = Some(vec![EnvVar {
+            name: "STOLEN".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: "hub-token".into(),
+                    key: "token".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        let v = policy.more_pod_violations(&bad, &own);
+        assert_eq!(v.len(), 6, "{v:#?}");
+        for flag in [
+            "--allow secrets",
+            "--allow other-volumes",
+            "--allow unconfined",
+            "--allow run-as-root",
+        ] {
+            assert!(v.iter().any(|m| m.contains(flag)), "{flag} in {v:#?}");
+        }
+        let mut allowing = PodPolicy::spoke_default();
+        allowing.allowed = [
+            Allowance::Secrets,
+            Allowance::OtherVolumes,
+            Allowance::Unconfined,
+            Allowance::RunAsRoot,
+        ]
+        .into();
+        assert!(allowing.more_pod_violations(&bad, &own).is_empty());
+    }
 
     fn spec() -> PodSpec {
         PodSpec {
