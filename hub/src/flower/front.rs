@@ -12,14 +12,50 @@
 //! standalone hub. One upstream connection per SuperNode connection (HTTP/1.1 is sequential per
 //! connection); bodies stream through untouched (SuperNode authentication signs requests, not
 //! TLS sessions, so it passes as is).
+//!
+//! # Bounds
+//!
+//! The port is open to anyone on the network, so the front holds every client to
+//! [`FrontLimits`] (the defaults are quoted below; `flower-hub fleet-front --help` names the
+//! flags that change them):
+//!
+//! - **Per address.** Connections are counted by [`PeerKey`]: the IPv4 address, or the /64 of an
+//!   IPv6 address (a host holds a whole /64, so counting single IPv6 addresses would cap
+//!   nothing); an IPv4-mapped IPv6 peer counts as its IPv4 address. An address holds at most 64
+//!   connections at once, or 1,024 once it is *known* (below): many SuperNodes may share one
+//!   address behind NAT. A connection over the cap is closed at once, before any TLS.
+//! - **Bodies.** A request body larger than Flower's own largest message (2 GiB - 1,
+//!   [`limits::FLOWER_MAX_MESSAGE_BYTES`]) is answered `413`: by its `Content-Length` before
+//!   the SuperLink is contacted, or, streamed, as soon as it passes the limit, with the upstream
+//!   request aborted and no byte beyond the limit passed on. A body must complete within 120 s
+//!   of its first read and may go at most 30 s without a byte; otherwise `408` and the upstream
+//!   request is aborted. Either way the connection is closed after the answer.
+//! - **Idle and slow clients.** A connection waits at most 30 s for the complete headers of its
+//!   next request (so an idle kept-alive connection is closed after 30 s), 10 s for its TLS
+//!   handshake, and a client that takes no byte of its response for 30 s is disconnected.
+//! - **Reserve.** 16,384 connections at once in all. An address is known for 24 h after the
+//!   SuperLink answered one of its Fleet requests (not `/health`) with a 2xx — with SuperNode
+//!   authentication only a registered SuperNode's signed requests get one. Addresses that are
+//!   not known share 16,384 - 4,096 connections; the 4,096 left are for known addresses only,
+//!   so a flood from new addresses cannot lock out SuperNodes that were working before it.
+//!   Known addresses live in memory (at most 65,536, the oldest forgotten first), so a
+//!   restarted front starts with an empty reserve.
+//!
+//! Note that behind a source NAT (a `NodePort`/`LoadBalancer` Service with
+//! `externalTrafficPolicy: Cluster` rewrites client addresses to a node's) every client looks
+//! like the node: the per-address caps then apply to all of them together.
+mod admission;
+mod body;
+pub mod limits;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1 as client;
 use hyper::server::conn::http1 as server;
 use hyper::{Request, Response, StatusCode};
@@ -27,14 +63,17 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prost::bytes::Bytes;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
 
-/// Time a client has for its TLS handshake, and the front for dialling the SuperLink.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time a client has to send a request's headers (also the idle limit between requests).
-const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections served at once; more wait in the listen backlog.
-const MAX_CONNECTIONS: usize = 16_384;
+pub use admission::PeerKey;
+use admission::{Admission, Refusal, Slot};
+pub use body::BodyCut;
+use body::{LimitedBody, StallGuard};
+pub use limits::{FrontLimits, LimitsError};
+
+/// How often at most the front logs a summary of the connections it refused.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Whether the front passes a request for `path` on: the Fleet API (`/v1/fleet/<method>`,
 /// lowercase letters, digits, `-` and `_`) and `/health`. Anything else — the Control API
@@ -128,7 +167,7 @@ impl FrontTls {
     }
 }
 
-/// What one front serves.
+/// What one front serves (its bounds are [`FrontLimits`], given to [`serve_with_limits`]).
 #[derive(Clone, Debug)]
 pub struct FrontConfig {
     /// The SuperLink's own server (`host:port`), normally on loopback.
@@ -138,23 +177,60 @@ pub struct FrontConfig {
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
+/// The request body as it goes to the SuperLink.
+type Upstream = client::SendRequest<LimitedBody<Incoming>>;
 
-/// Serves `listener` until `shutdown` completes.
+/// What every connection of one front shares.
+struct Front {
+    config: FrontConfig,
+    limits: FrontLimits,
+    admission: Arc<Admission>,
+}
+
+/// Serves `listener` with the default [`FrontLimits`] until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     config: FrontConfig,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let config = Arc::new(config);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    serve_with_limits(listener, config, FrontLimits::default(), shutdown).await
+}
+
+/// Serves `listener` within `limits` until `shutdown` completes; then the connections still
+/// open are closed too. Limits that fail [`FrontLimits::check`] are an `InvalidInput` error.
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    config: FrontConfig,
+    limits: FrontLimits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    limits
+        .check()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let admission = Arc::new(Admission::new(&limits));
+    let front = Arc::new(Front {
+        config,
+        limits,
+        admission: admission.clone(),
+    });
+    // Dropped on return, which aborts every connection still open.
+    let mut connections = JoinSet::new();
+    let mut refusals = Refusals::default();
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
+        // With every place taken nobody can be admitted: leave new connections in the listen
+        // backlog until one is freed, as a full server would.
+        if admission.is_full() {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                () = admission.freed() => {}
+                Some(_) = connections.join_next() => {}
+            }
+            continue;
+        }
         let (tcp, peer) = tokio::select! {
             () = &mut shutdown => return Ok(()),
+            Some(_) = connections.join_next() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -165,43 +241,90 @@ pub async fn serve(
                 }
             },
         };
-        let config = config.clone();
-        tokio::spawn(async move {
-            connection(tcp, peer, config).await;
-            drop(permit);
-        });
+        let key = PeerKey::of(peer.ip());
+        match admission.admit(key) {
+            Ok(slot) => {
+                let front = front.clone();
+                connections.spawn(connection(tcp, peer, slot, front));
+            }
+            Err(refusal) => {
+                tracing::debug!(%peer, address = %key, ?refusal, "fleet front: connection refused");
+                drop(tcp);
+                refusals.count(refusal);
+            }
+        }
     }
 }
 
-async fn connection(tcp: TcpStream, peer: SocketAddr, config: Arc<FrontConfig>) {
+/// Refused connections, logged as a summary (at most every [`REFUSAL_LOG_EVERY`]) so a flood
+/// does not flood the log.
+#[derive(Debug, Default)]
+struct Refusals {
+    address_full: u64,
+    shared_full: u64,
+    logged: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    fn count(&mut self, refusal: Refusal) {
+        match refusal {
+            Refusal::AddressFull => self.address_full += 1,
+            Refusal::SharedFull => self.shared_full += 1,
+        }
+        let now = tokio::time::Instant::now();
+        if self
+            .logged
+            .is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            over_address_cap = self.address_full,
+            shared_share_full = self.shared_full,
+            "fleet front: connections refused (an address over its cap, or the share open to addresses without a recent successful Fleet request taken)"
+        );
+        *self = Self {
+            logged: Some(now),
+            ..Self::default()
+        };
+    }
+}
+
+async fn connection(tcp: TcpStream, peer: SocketAddr, slot: Slot, front: Arc<Front>) {
     let _ = tcp.set_nodelay(true);
-    match &config.tls {
+    let limits = &front.limits;
+    let io = StallGuard::new(tcp, limits.stall_timeout);
+    match &front.config.tls {
         Some(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => http(stream, peer, config).await,
+            match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
+                Ok(Ok(stream)) => http(stream, peer, slot.key(), front.clone()).await,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "fleet front: TLS handshake failed")
                 }
                 Err(_) => tracing::debug!(%peer, "fleet front: TLS handshake timed out"),
             }
         }
-        None => http(tcp, peer, config).await,
+        None => http(io, peer, slot.key(), front.clone()).await,
     }
+    drop(slot);
 }
 
-async fn http<S>(io: S, peer: SocketAddr, config: Arc<FrontConfig>)
+async fn http<S>(io: S, peer: SocketAddr, key: PeerKey, front: Arc<Front>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let upstream: Arc<Mutex<Option<client::SendRequest<Incoming>>>> = Arc::default();
+    let idle_timeout = front.limits.idle_timeout;
+    let upstream: Arc<Mutex<Option<Upstream>>> = Arc::default();
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        let (config, upstream) = (config.clone(), upstream.clone());
-        async move { Ok::<_, Infallible>(forward(request, peer, &config, &upstream).await) }
+        let (front, upstream) = (front.clone(), upstream.clone());
+        async move { Ok::<_, Infallible>(forward(request, peer, key, &front, &upstream).await) }
     });
     let served = server::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
+        // hyper starts this clock when it waits for a request's head, so it is the idle limit
+        // of a kept-alive connection too.
+        .header_read_timeout(idle_timeout)
         .serve_connection(TokioIo::new(io), service)
         .await;
     if let Err(e) = served {
@@ -212,9 +335,11 @@ where
 async fn forward(
     request: Request<Incoming>,
     peer: SocketAddr,
-    config: &FrontConfig,
-    upstream: &Mutex<Option<client::SendRequest<Incoming>>>,
+    key: PeerKey,
+    front: &Front,
+    upstream: &Mutex<Option<Upstream>>,
 ) -> Response<Body> {
+    let (config, limits) = (&front.config, &front.limits);
     let path = request.uri().path();
     if !allowed(path) {
         tracing::info!(%peer, method = %request.method(), path, "fleet front: refused (not a Fleet API request)");
@@ -225,6 +350,25 @@ async fn forward(
             ),
         );
     }
+    let fleet = path != "/health";
+    // A Content-Length over the limit is refused before the SuperLink hears of it.
+    if request.body().size_hint().lower() > limits.max_body_bytes {
+        let cut = BodyCut::TooLarge {
+            max: limits.max_body_bytes,
+        };
+        tracing::info!(%peer, path, length = request.body().size_hint().lower(), "fleet front: refused: {cut}");
+        return closing(answer(cut.status(), format!("{cut}\n")));
+    }
+    let cut = Arc::new(OnceLock::new());
+    let request = request.map(|body| {
+        LimitedBody::new(
+            body,
+            limits.max_body_bytes,
+            limits.stall_timeout,
+            limits.body_timeout,
+            cut.clone(),
+        )
+    });
     let mut sender = upstream.lock().await;
     // Reuse the connection to the SuperLink unless it closed (the SuperLink restarted).
     let reusable = match sender.as_mut() {
@@ -232,7 +376,7 @@ async fn forward(
         None => false,
     };
     if !reusable {
-        match open(config).await {
+        match open(config, limits.handshake_timeout).await {
             Ok(s) => *sender = Some(s),
             Err(e) => {
                 tracing::warn!(upstream = %config.upstream, error = %e, "fleet front: cannot reach the SuperLink");
@@ -247,9 +391,19 @@ async fn forward(
         unreachable!("set above");
     };
     match s.send_request(request).await {
-        Ok(response) => response.map(|b| b.boxed()),
+        Ok(response) => {
+            if fleet && response.status().is_success() {
+                front.admission.mark_known(key);
+            }
+            response.map(|b| b.boxed())
+        }
         Err(e) => {
             *sender = None;
+            if let Some(cut) = cut.get() {
+                // The body error aborted the upstream request (hyper closes that connection).
+                tracing::info!(%peer, "fleet front: request cut off: {cut}");
+                return closing(answer(cut.status(), format!("{cut}\n")));
+            }
             tracing::warn!(upstream = %config.upstream, error = %e, "fleet front: the SuperLink did not answer");
             answer(
                 StatusCode::BAD_GATEWAY,
@@ -273,7 +427,16 @@ fn answer(status: StatusCode, text: String) -> Response<Body> {
     response
 }
 
-async fn open(config: &FrontConfig) -> std::io::Result<client::SendRequest<Incoming>> {
+/// `response`, after which the connection is closed: the rest of the request body is not read.
+fn closing(mut response: Response<Body>) -> Response<Body> {
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+async fn open(config: &FrontConfig, timeout: Duration) -> std::io::Result<Upstream> {
     let tls = config
         .tls
         .as_ref()
@@ -284,7 +447,7 @@ async fn open(config: &FrontConfig) -> std::io::Result<client::SendRequest<Incom
             .await
             .map_err(std::io::Error::other)
     };
-    let (sender, conn) = tokio::time::timeout(HANDSHAKE_TIMEOUT, dial)
+    let (sender, conn) = tokio::time::timeout(timeout, dial)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "dialling timed out"))??;
     tokio::spawn(async move {
