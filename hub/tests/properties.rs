@@ -258,3 +258,27 @@ proptest! {
         prop_assert_eq!(&again.selected, &first.selected, "a re-evaluation moved the selection");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 20_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Invariant: the command-line parsers admins feed (durations, `key=value` pairs, bridged
+    /// ports) end in a value or an error on any text, never a panic; a parsed duration or port
+    /// is the one written.
+    #[test]
+    fn cli_parsers_never_panic(text in "\\PC{0,24}|[0-9]{1,30}[smhd]?|[0-9]{1,6}=[a-z./]{0,8}") {
+        if let Ok(d) = flower_addon_agent::cli::join::parse_duration(&text) {
+            let digits: String = text.trim().chars().take_while(char::is_ascii_digit).collect();
+            prop_assert!(digits.parse::<u64>().is_ok_and(|n| d.as_secs() >= n));
+        }
+        if let Ok((key, _)) = flower_addon_agent::cli::join::parse_pair(&text) {
+            prop_assert!(!key.is_empty());
+        }
+        if let Ok(bridged) = text.parse::<flower_addon_hub::standalone::netns::Bridged>() {
+            prop_assert!(bridged.port != 0);
+            let (port, socket) = text.split_once('=').expect("PORT=SOCKET");
+            prop_assert_eq!(port.parse::<u16>().ok(), Some(bridged.port));
+            prop_assert_eq!(bridged.socket.to_str(), Some(socket));
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! anyone) is *anonymous*: capped overall ([`ConnLimits::max_anonymous`]) and closed after
 //! [`ConnLimits::anonymous_lifetime`] (a Join takes well under a second; an agent whose Join is
 //! cut short retries on a new connection). Handshaking and anonymous connections together are
-//! capped per peer address ([`ConnLimits::max_anonymous_per_peer`]), so one address cannot fill
+//! capped per peer address, an IPv6 one by its /64 ([`ConnLimits::max_anonymous_per_peer`]), so one address cannot fill
 //! the pools that other joining agents need. A connection over a cap is closed at once.
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+
+use crate::flower::front::PeerKey;
 
 /// The caps (see the module doc). [`ConnLimits::default`] gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -57,7 +59,8 @@ pub(crate) struct Gate {
     limits: ConnLimits,
     handshakes: AtomicUsize,
     anonymous: AtomicUsize,
-    per_peer: DashMap<IpAddr, usize>,
+    /// Keyed by address, IPv6 by its /64 (one host usually holds a whole /64).
+    per_peer: DashMap<PeerKey, usize>,
     per_cluster: DashMap<String, usize>,
 }
 
@@ -70,8 +73,8 @@ pub(crate) struct Slot {
 
 #[derive(Debug)]
 enum Holder {
-    Handshake(IpAddr),
-    Anonymous(IpAddr),
+    Handshake(PeerKey),
+    Anonymous(PeerKey),
     Cluster(String),
 }
 
@@ -106,6 +109,7 @@ impl Gate {
         if !take(&self.handshakes, self.limits.max_handshakes) {
             return None;
         }
+        let peer = PeerKey::of(peer);
         let mut count = self.per_peer.entry(peer).or_insert(0);
         if *count >= self.limits.max_anonymous_per_peer {
             drop(count);
@@ -221,5 +225,38 @@ mod tests {
         assert!(gate.settle(again, Some("spoke-1")).is_some());
         assert!(gate.per_cluster.is_empty(), "{:?}", gate.per_cluster);
         assert_eq!(gate.handshakes.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn one_ipv6_64_is_one_peer() {
+        // Addresses of one /64 share the per-peer cap (a host holds the whole /64); another
+        // /64, and the IPv4 address behind an IPv4-mapped one, count apart.
+        let gate = Gate::new(ConnLimits {
+            max_anonymous_per_peer: 2,
+            ..ConnLimits::default()
+        });
+        let first = gate
+            .accept("2001:db8:1:2::1".parse().unwrap())
+            .expect("1st");
+        let second = gate
+            .accept("2001:db8:1:2::ffff:9".parse().unwrap())
+            .expect("2nd");
+        assert!(
+            gate.accept("2001:db8:1:2:abcd::7".parse().unwrap())
+                .is_none(),
+            "same /64"
+        );
+        let _other = gate
+            .accept("2001:db8:1:3::1".parse().unwrap())
+            .expect("another /64");
+        let _v4 = gate
+            .accept("::ffff:127.0.0.9".parse().unwrap())
+            .expect("v4");
+        let _v4b = gate.accept("127.0.0.9".parse().unwrap()).expect("same v4");
+        assert!(
+            gate.accept("127.0.0.9".parse().unwrap()).is_none(),
+            "mapped = v4"
+        );
+        drop((first, second));
     }
 }

@@ -93,7 +93,12 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
 
     async fn join_inner(&self, remote: &str, req: JoinRequest) -> Result<JoinResponse, Status> {
         let shared = &self.shared;
-        if !shared.limiter.allow(&format!("addr:{remote}")) {
+        // Rated per address, an IPv6 one by its /64 (a host holds the whole /64).
+        let rated = remote
+            .parse::<std::net::IpAddr>()
+            .map(|ip| crate::flower::front::PeerKey::of(ip).to_string())
+            .unwrap_or_else(|_| remote.to_owned());
+        if !shared.limiter.allow(&format!("addr:{rated}")) {
             return Err(Status::resource_exhausted(format!(
                 "too many join attempts from {remote}; retry in a few seconds"
             )));
