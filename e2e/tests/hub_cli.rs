@@ -278,6 +278,36 @@ async fn flower_ca_rotation_steps_edit_the_ca_secret(h: &HubUnderTest) -> Result
         "{status}"
     );
 
+    // Promote waits for the hub to start with the staged CA (`serve` records the CA it
+    // loaded); a back-to-back step is refused, naming the restart and --force.
+    let stderr = cli.fails(&["ca", "rotate", "promote"]).await?;
+    ensure!(
+        stderr.contains("has not reached the hub yet")
+            && stderr.contains("rollout restart deployment flower-hub")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    // What `serve` records when it starts: the CA material it loaded.
+    let restarted = || async {
+        let store =
+            flower_addon_hub::kube::store::KubeStore::without_watch(h.client.clone(), HUB_NS);
+        use flower_addon_hub::registration::ca::CaRole;
+        use flower_addon_hub::registration::store::ClusterStore;
+        let material = store
+            .load_ca_for(CaRole::Flower)
+            .await?
+            .context("the Flower CA")?;
+        store
+            .mark_ca_in_force(
+                CaRole::Flower,
+                &flower_addon_hub::registration::rotation::in_force_fingerprint(&material),
+            )
+            .await?;
+        anyhow::Ok(())
+    };
+    restarted().await?;
+    let status = cli.ok(&["ca", "status"]).await?;
+    ensure!(status.contains("in force:   yes"), "{status}");
     cli.ok(&["ca", "rotate", "promote"]).await?;
     let promoted = secrets.get(FLOWER_CA_SECRET).await?;
     ensure!(
@@ -292,7 +322,19 @@ async fn flower_ca_rotation_steps_edit_the_ca_secret(h: &HubUnderTest) -> Result
         "{stderr}"
     );
 
-    cli.ok(&["ca", "rotate", "retire"]).await?;
+    // Retire right after promote is the mis-step that locked every agent out: refused, and
+    // taken only with --force (with a warning).
+    let stderr = cli.fails(&["ca", "rotate", "retire"]).await?;
+    ensure!(stderr.contains("has not reached the hub yet"), "{stderr}");
+    let status = cli.ok(&["ca", "status"]).await?;
+    ensure!(status.contains("in force:   not yet"), "{status}");
+    let forced = cli.run(&["ca", "rotate", "retire", "--force"]).await?;
+    ensure!(
+        forced.ok && forced.stderr.contains("warning: --force"),
+        "{}\n{}",
+        forced.stdout,
+        forced.stderr
+    );
     let retired = secrets.get(FLOWER_CA_SECRET).await?;
     ensure!(data(&retired, "ca.crt") == Some(next), "the new CA stays");
     ensure!(

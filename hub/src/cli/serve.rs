@@ -18,6 +18,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Arguments of `flower-hub serve`.
+/// Records that this hub started with these CAs, so `flower-hub ca rotate` knows the last step
+/// is in force ([`crate::registration::rotation::in_force_fingerprint`]).
+pub async fn mark_cas_in_force<S: crate::registration::store::ClusterStore>(
+    store: &S,
+    channel: &crate::registration::ca::HubCa,
+    flower: &crate::registration::ca::HubCa,
+) -> anyhow::Result<()> {
+    use crate::registration::ca::CaRole;
+    use crate::registration::rotation::in_force_fingerprint;
+    for (role, ca) in [(CaRole::Channel, channel), (CaRole::Flower, flower)] {
+        store
+            .mark_ca_in_force(role, &in_force_fingerprint(ca.material()))
+            .await
+            .context("record the CAs in force")?;
+    }
+    Ok(())
+}
+
 /// Where standalone SuperLinks run, network-wise (`--superlink-network`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SuperLinkNetwork {
@@ -199,6 +217,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
         let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
         let flower_ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await?);
+        mark_cas_in_force(store.as_ref(), &ca, &flower_ca).await?;
         let listeners = bind(&args.listen).await?;
         health.set(CHANNEL_READY, true);
         let port = listeners

@@ -232,6 +232,10 @@ impl KubeStore {
     }
 }
 
+/// Annotation on a CA Secret: the fingerprint of the CA material the hub last started with
+/// ([`crate::registration::rotation::in_force_fingerprint`]).
+pub const CA_IN_FORCE_ANNOTATION: &str = "flower-addon.io/in-force";
+
 mod mapping;
 mod watch;
 use mapping::*;
@@ -273,6 +277,32 @@ impl ClusterStore for KubeStore {
             .replace(name, &PostParams::default(), &secret)
             .await
             .map_err(kube_err(format!("replace Secret {name}")))?;
+        Ok(())
+    }
+
+    async fn ca_in_force(&self, role: CaRole) -> Result<Option<String>, StoreError> {
+        let name = ca_secret_name(role);
+        Ok(self
+            .secrets()
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("get Secret {name}")))?
+            .and_then(|s| s.metadata.annotations?.remove(CA_IN_FORCE_ANNOTATION)))
+    }
+
+    async fn mark_ca_in_force(&self, role: CaRole, fingerprint: &str) -> Result<(), StoreError> {
+        let name = ca_secret_name(role);
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {CA_IN_FORCE_ANNOTATION: fingerprint}}
+        });
+        self.secrets()
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(kube_err(format!("annotate Secret {name}")))?;
         Ok(())
     }
 

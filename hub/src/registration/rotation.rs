@@ -143,6 +143,15 @@ pub fn rotate(
     }
 }
 
+/// What identifies the CA material a running hub loaded: the SHA-256 of its stored form. The hub
+/// records it when it starts ([`crate::registration::store::ClusterStore::mark_ca_in_force`]),
+/// and `flower-hub ca rotate` takes the next step only once the last one is in force.
+pub fn in_force_fingerprint(material: &CaMaterial) -> String {
+    use sha2::Digest;
+    let bytes = serde_json::to_vec(material).unwrap_or_default();
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use crate::registration::ca::{CaRole, HubCa};
-use crate::registration::rotation::{RotationPhase, RotationStep, rotate};
+use crate::registration::rotation::{RotationPhase, RotationStep, in_force_fingerprint, rotate};
 use crate::registration::store::ClusterStore;
 
 use super::{Hub, HubArgs, block_on, explain};
@@ -54,6 +54,10 @@ pub struct RotateArgs {
     /// The step to take.
     #[arg(value_enum)]
     pub step: RotationStep,
+    /// Take `promote` or `retire` although the hub has not started with the last step yet
+    /// (agents and SuperNodes may then be locked out until they join again).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub ca_args: CaArgs,
 }
@@ -78,17 +82,49 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                 "this hub has no {label} yet: it is made when `flower-hub serve` first starts"
             );
         };
+        let in_force =
+            with_store!(&hub, s => s.ca_in_force(role).await).map_err(|e| explain(e, &hub))?;
+        let is_in_force = in_force.as_deref() == Some(in_force_fingerprint(&material).as_str());
+        let restart = restart_command(&hub);
         let material = match step {
             None => material,
             Some(step) => {
                 let rotated = rotate(role, &material, step)?;
+                // Starting a rotation only adds trust; the later steps change what signs and what
+                // is trusted, so each waits until the hub runs with the one before (agents and
+                // SuperNodes follow the hub: its restart is what rolls the bundle out).
+                if step != RotationStep::Stage && !is_in_force {
+                    let force = matches!(&cmd, CaCommand::Rotate(r) if r.force);
+                    if !force {
+                        anyhow::bail!(
+                            "{label}: the last step has not reached the hub yet (it has not started with it): {restart}, wait until {}, then run `flower-hub ca rotate {}` again (or add --force, which may lock agents and SuperNodes out until they join again)",
+                            wait_for(role),
+                            step.as_str()
+                        );
+                    }
+                    eprintln!(
+                        "warning: --force: {} although the hub has not started with the last step; agents or SuperNodes that did not get the new bundle must join again",
+                        step.as_str()
+                    );
+                }
                 with_store!(&hub, s => s.replace_ca_for(role, &material, &rotated).await)
                     .map_err(|e| explain(e, &hub))?;
                 println!("{label}: {} done", step.as_str());
                 rotated
             }
         };
+        let in_force_now = step.is_none() && is_in_force;
         print_status(role, &HubCa::from_material(material)?, &hub, step.is_some());
+        if step.is_none() {
+            println!(
+                "in force:   {}",
+                if in_force_now {
+                    "yes (the hub started with this)".to_owned()
+                } else {
+                    format!("not yet: {restart}")
+                }
+            );
+        }
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -100,6 +136,24 @@ fn role_label(role: CaRole) -> &'static str {
     }
 }
 
+/// How to restart the hub so it takes a rotation step.
+fn restart_command(hub: &Hub) -> String {
+    match hub {
+        Hub::File { .. } => "restart `flower-hub serve`".to_owned(),
+        Hub::Kube { namespace, .. } => {
+            format!("kubectl -n {namespace} rollout restart deployment flower-hub")
+        }
+    }
+}
+
+/// What to wait for after the hub restarted, before the next step.
+fn wait_for(role: CaRole) -> &'static str {
+    match role {
+        CaRole::Flower => "every Federation is Ready again",
+        CaRole::Channel => "every agent connected again",
+    }
+}
+
 fn print_status(role: CaRole, ca: &HubCa, hub: &Hub, changed: bool) {
     let phase = RotationPhase::of(ca.material());
     println!("signing CA: {}", ca.hash());
@@ -107,13 +161,10 @@ fn print_status(role: CaRole, ca: &HubCa, hub: &Hub, changed: bool) {
     println!("trusted:    {}", trusted.join(", "));
     println!("rotation:   {}", phase.as_str());
     if changed {
-        let restart = match hub {
-            Hub::File { .. } => "restart `flower-hub serve`".to_owned(),
-            Hub::Kube { namespace, .. } => {
-                format!("kubectl -n {namespace} rollout restart deployment flower-hub")
-            }
-        };
-        println!("The hub uses this when it next starts: {restart}");
+        println!(
+            "The hub uses this when it next starts: {}",
+            restart_command(hub)
+        );
     }
     let next = match (role, phase) {
         (_, RotationPhase::Idle) => "none (`flower-hub ca rotate stage` starts a rotation)",

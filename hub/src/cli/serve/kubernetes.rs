@@ -110,6 +110,12 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let flower_ca = Arc::new(
             load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower).await?,
         );
+        super::mark_cas_in_force(
+            &crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace),
+            &ca,
+            &flower_ca,
+        )
+        .await?;
         println!(
             "flower-hub: Kubernetes mode, work-channel CA in secret {}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {}/{}",
             args.namespace,

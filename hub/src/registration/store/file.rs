@@ -231,6 +231,20 @@ impl ClusterStore for FileStore {
         write_atomic(&self.dir.join(cert), bundle.bundle_pem().as_bytes(), 0o644)
     }
 
+    async fn ca_in_force(&self, role: CaRole) -> Result<Option<String>, StoreError> {
+        let path = self.dir.join(format!("{}.in-force", ca_files(role).0));
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(text.trim().to_owned())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(&path, e)),
+        }
+    }
+
+    async fn mark_ca_in_force(&self, role: CaRole, fingerprint: &str) -> Result<(), StoreError> {
+        let path = self.dir.join(format!("{}.in-force", ca_files(role).0));
+        write_atomic(&path, fingerprint.as_bytes(), 0o600)
+    }
+
     async fn put_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
         let path = self.dir.join("tokens").join(format!("{}.json", token.id));
         let body = serde_json::to_vec_pretty(token).map_err(|e| corrupt(&path, e))?;

@@ -221,6 +221,24 @@ pub trait ClusterStore: Send + Sync + 'static {
         new: &CaMaterial,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The fingerprint of the CA material of `role` the hub last started with
+    /// ([`crate::registration::rotation::in_force_fingerprint`]); `None` before a hub recorded
+    /// one.
+    fn ca_in_force(
+        &self,
+        _role: CaRole,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+    /// Records that the hub started with the CA material of `role` of this fingerprint.
+    fn mark_ca_in_force(
+        &self,
+        _role: CaRole,
+        _fingerprint: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
     /// Stores a new token record.
     fn put_token(&self, token: &TokenRecord)
     -> impl Future<Output = Result<(), StoreError>> + Send;
