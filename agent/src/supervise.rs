@@ -232,9 +232,10 @@ fn enter_sandbox(cmd: &mut Command, prepared: crate::sandbox::Prepared) {
 }
 
 /// Asks the kernel to SIGTERM the child when the supervising thread's process dies, so a killed
-/// agent or hub leaves no SuperNode or SuperLink behind.
+/// agent or hub leaves no SuperNode or SuperLink behind (also for what a child such as
+/// `flower-hub netns-bridge` starts in turn).
 #[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
+pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock.
     unsafe {

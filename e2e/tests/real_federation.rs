@@ -6,6 +6,10 @@
 //! (cluster DNS + ClusterIP): each logs its `SuperNode ID`, and the SuperLink logs Fleet requests
 //! from all. Then `flwr run` of `examples/fedavg` (2 rounds) from a pod of the app image, against
 //! the SuperLink's Control Service, ends `finished:completed` (`flwr ls --run-id … --format json`).
+//! That is flower-operator's way of reaching Control (from any pod of the cluster), which a
+//! Federation now opts into with `spec.superlink.service.exposeControl: true`: both Federations
+//! here set it (without it Control is on the SuperLink pod's loopback only: `real_node` checks a
+//! ServerApp of another Federation cannot reach it).
 //!
 //! Then the same with TLS and SuperNode authentication (`insecure: false`), still without a
 //! Placement: the hub's own cluster runs the pools through the runtime the hub embeds, which
@@ -95,6 +99,7 @@ spec:
   insecure: false
   superlink:
     image: "flwr/superlink:1.25.0"
+    service: {exposeControl: true}
     volumeClaimTemplates:
       - metadata: {name: superlink-state}
         spec:
@@ -131,7 +136,17 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
 
     e2e::install_hub_manifests(&hub.client).await?;
     let t = Instant::now();
-    e2e::apply_file(&hub.client, &e2e::repo_root().join(EXAMPLE), "default").await?;
+    // flower-operator's example, with the opt-in that puts Control on the pod network.
+    let example = std::fs::read_to_string(e2e::repo_root().join(EXAMPLE))?;
+    let exposed = example.replace(
+        "  superlink:\n    image: flwr/superlink:1.25.0\n",
+        "  superlink:\n    image: flwr/superlink:1.25.0\n    service: {exposeControl: true}\n",
+    );
+    anyhow::ensure!(
+        exposed != example,
+        "{EXAMPLE} changed: exposeControl not added"
+    );
+    e2e::apply_yaml(&hub.client, &exposed, "default").await?;
     let node = &cp.real_node("hub")?.name;
     federation_runs(hub, node, FEDERATION, SUPERNODES, false, t).await?;
 

@@ -778,10 +778,12 @@ fn s5_superlink_killed(w: &mut World) -> Result<()> {
             .join("superlink.db")
             .display()
     );
+    // The SuperLink process itself, not the `flower-hub netns-bridge` that runs it in its own
+    // network namespace (its command line carries the SuperLink's).
     let find = || -> Vec<u32> {
         live_processes()
             .into_iter()
-            .filter(|(_, a)| a.contains(&db))
+            .filter(|(_, a)| a.contains(&db) && !a.iter().any(|x| x == "netns-bridge"))
             .map(|(p, _)| p)
             .collect()
     };

@@ -31,6 +31,8 @@ use tokio::sync::Semaphore;
 const MAX_CONNECTIONS: usize = 4096;
 /// How often an export checks whether its port accepts connections yet.
 const POLL: Duration = Duration::from_millis(100);
+/// How long the program has to exit after a passed-on SIGTERM/SIGINT before SIGKILL.
+const GRACE: Duration = Duration::from_secs(5);
 
 /// One port of the namespace's loopback served at a Unix socket (`PORT=SOCKET`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,22 +179,51 @@ pub async fn bridge(
             .with_context(|| format!("--import {import}: cannot listen on 127.0.0.1"))?;
         tasks.spawn(serve_to_unix(listener, import.socket.clone()));
     }
-    let mut child = tokio::process::Command::new(&program)
-        .args(&args)
+    let mut command = tokio::process::Command::new(&program);
+    command.args(&args).kill_on_drop(true);
+    // The bridge is what the hub supervises: when it dies (the hub's own death signal, a
+    // SIGKILL), the program must not run on without it.
+    flower_addon_agent::supervise::die_with_parent(&mut command);
+    let mut child = command
         .spawn()
         .with_context(|| format!("cannot start {}", Path::new(&program).display()))?;
+    let child_pid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
     let sockets: Vec<PathBuf> = exports.iter().map(|e| e.socket.clone()).collect();
     for export_of in exports {
         tasks.spawn(export(export_of));
     }
-    // Signals reach the child through its process group; the bridge outlives it.
+    // SIGTERM and SIGINT are passed on to the program (a signal to the bridge alone — the
+    // hub's death signal — must end it too; one to the whole group reaches it twice, which
+    // Flower takes as one); the bridge waits for it, at most GRACE before SIGKILL.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    let forward = |signal: nix::sys::signal::Signal| {
+        if let Some(pid) = child_pid {
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+    };
     let status = loop {
+        let killing = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             status = child.wait() => break status?,
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = term.recv() => {
+                forward(nix::sys::signal::Signal::SIGTERM);
+                deadline.get_or_insert_with(|| tokio::time::Instant::now() + GRACE);
+            }
+            _ = int.recv() => {
+                forward(nix::sys::signal::Signal::SIGINT);
+                deadline.get_or_insert_with(|| tokio::time::Instant::now() + GRACE);
+            }
+            () = killing => {
+                forward(nix::sys::signal::Signal::SIGKILL);
+                deadline = None;
+            }
             Some(done) = tasks.join_next() => {
                 if let Ok(Err(e)) = done {
                     tracing::warn!(error = %e, "netns bridge: a bridged port stopped");
