@@ -18,7 +18,7 @@ struct Cli {
 enum Command {
     /// Join a hub with a bootstrap token and wait until the hub accepts this cluster.
     #[command(
-        after_help = "Example:\n  printf '%s\\n' abcdef.0123456789abcdef | flower-agent join --token-file - --hub hub.example.org:7443 --ca-hash sha256:… --cluster-name edge-7 --claim site=a --state-dir /var/lib/flower-agent"
+        after_help = "Examples (the token from a file, or on standard input; never --token, which `ps` shows to every user):\n  flower-agent join --token-file /run/secrets/flower-token --hub hub.example.org:7443 --ca-hash sha256:… --cluster-name edge-7 --claim site=a --state-dir /var/lib/flower-agent\n  printf '%s\\n' abcdef.0123456789abcdef | flower-agent join --token-file - --hub hub.example.org:7443 --ca-hash sha256:… --cluster-name edge-7 --state-dir /var/lib/flower-agent"
     )]
     Join(join::JoinArgs),
     /// Connect to the hub and run the work it sends (runtime kubernetes or process).
