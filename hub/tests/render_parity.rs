@@ -134,7 +134,8 @@ fn version_selects_the_dialect() {
         .clone()
         .expect("args");
     assert!(
-        args.contains(&"--host=0.0.0.0".to_owned()) && args.contains(&"--port=8000".to_owned()),
+        // The SuperLink's one server on the pod's loopback: the Fleet front faces SuperNodes.
+        args.contains(&"--host=127.0.0.1".to_owned()) && args.contains(&"--port=8000".to_owned()),
         "{args:?}"
     );
     let ports = objects
@@ -143,20 +144,15 @@ fn version_selects_the_dialect() {
         .as_ref()
         .and_then(|s| s.ports.clone())
         .expect("ports");
-    // Fleet reaches the SuperLink through the fleet-front sidecar; Control goes to the
-    // SuperLink's one server (a ClusterIP Service keeps the control port, as flower-operator's).
+    // Fleet reaches the SuperLink through the fleet-front sidecar; Control is on the pod's
+    // loopback (no control port on the Service: flower-operator's ClusterIP one is opt-in with
+    // exposeControl, since any pod of the cluster could run code through it).
     let targets: Vec<_> = ports
         .iter()
         .map(|p| (p.name.clone().unwrap_or_default(), p.target_port.clone()))
         .collect();
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int;
-    assert_eq!(
-        targets,
-        [
-            ("fleet".to_owned(), Some(Int(9092))),
-            ("control".to_owned(), Some(Int(8000)))
-        ]
-    );
+    assert_eq!(targets, [("fleet".to_owned(), Some(Int(9092)))]);
     let front = container(superlink_pod(&objects), "fleet-front");
     assert_eq!(
         front.args.clone().expect("args")[..3],
@@ -277,7 +273,8 @@ fn superlink_renders_flower_operator_facts_plus_a_persistent_database() {
             "--insecure",
             "--serverappio-api-address=127.0.0.1:9091",
             "--fleet-api-address=0.0.0.0:9092",
-            "--control-api-address=0.0.0.0:9093",
+            // Deliberately not flower-operator's 0.0.0.0: Control on the pod's loopback.
+            "--control-api-address=127.0.0.1:9093",
             "--database=/var/lib/flwr/state/superlink.db"
         ]
     );
@@ -482,7 +479,7 @@ fn process_mode_and_tls_per_dialect() {
         .into_iter()
         .map(|p| p.name.unwrap_or_default())
         .collect();
-    assert_eq!(names, ["fleet", "control", "serverappio"]);
+    assert_eq!(names, ["fleet", "serverappio"]);
 }
 
 #[test]
