@@ -408,14 +408,22 @@ async fn flwr_run_once(
         "real_federation: flwr run examples/fedavg (2 rounds, {supernodes} SuperNodes, TLS {tls}) from a pod: {status} in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    if status != "finished:completed"
-        && !last
-        && flower_125_bug_logged(&pods, &format!("{name}-supernode-")).await
-    {
+    let hit = if status != "finished:completed" && !last {
+        flower_125_bug_logged(&pods, &format!("{name}-supernode-")).await
+    } else {
+        Vec::new()
+    };
+    if !hit.is_empty() {
+        // Such a SuperNode keeps failing its pulls and serves no later run: replace it first.
+        let t = Instant::now();
+        for pod in &hit {
+            e2e::pods::delete_and_wait_replaced(&pods, pod, Duration::from_secs(120)).await?;
+        }
         e2e::harness::retried(
             "flower-1.25-bug",
             format_args!(
-                "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" in a SuperNode log (a bug inside Flower): running it once more"
+                "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" in the log of {hit:?} (a bug inside Flower): replaced those pods in {:.1}s, running it once more",
+                t.elapsed().as_secs_f64()
             ),
         );
         return Ok(None);
@@ -450,11 +458,12 @@ async fn flwr_run_once(
         .map_err(|_| anyhow::anyhow!("flwr ls listed no runs: {runs}"))
 }
 
-/// Whether a pod named `prefix…` in `pods` logged [`FLOWER_125_BUG`].
-async fn flower_125_bug_logged(pods: &Api<Pod>, prefix: &str) -> bool {
+/// The pods named `prefix…` in `pods` that logged [`FLOWER_125_BUG`].
+async fn flower_125_bug_logged(pods: &Api<Pod>, prefix: &str) -> Vec<String> {
     let Ok(list) = pods.list(&ListParams::default()).await else {
-        return false;
+        return Vec::new();
     };
+    let mut hit = Vec::new();
     for pod in list.items {
         let name = pod.metadata.name.unwrap_or_default();
         if name.starts_with(prefix)
@@ -463,10 +472,10 @@ async fn flower_125_bug_logged(pods: &Api<Pod>, prefix: &str) -> bool {
                 .await
                 .is_ok_and(|log| log.contains(FLOWER_125_BUG))
         {
-            return true;
+            hit.push(name);
         }
     }
-    false
+    hit
 }
 
 /// The secure Federation's SuperLink requires registered keys, each SuperNode pod's key was made
