@@ -168,3 +168,64 @@ pub async fn delete_and_wait_replaced(
     })
     .await
 }
+
+/// How often each pod that `lp` selects logged `needle` (its container `container`, or its only
+/// one), keyed by pod UID: `(name, count)`. Pods whose log cannot be read count 0.
+pub async fn log_counts(
+    pods: &Api<Pod>,
+    lp: &kube::api::ListParams,
+    container: Option<&str>,
+    needle: &str,
+) -> Result<std::collections::BTreeMap<String, (String, usize)>> {
+    let mut counts = std::collections::BTreeMap::new();
+    for pod in pods.list(lp).await?.items {
+        let (Some(name), Some(uid)) = (pod.metadata.name, pod.metadata.uid) else {
+            continue;
+        };
+        let params = LogParams {
+            container: container.map(str::to_owned),
+            ..Default::default()
+        };
+        let n = pods
+            .logs(&name, &params)
+            .await
+            .map_or(0, |log| log.matches(needle).count());
+        counts.insert(uid, (name, n));
+    }
+    Ok(counts)
+}
+
+/// The pods of `after` that logged more than in `before` (see [`log_counts`]).
+pub fn logged_since(
+    before: &std::collections::BTreeMap<String, (String, usize)>,
+    after: &std::collections::BTreeMap<String, (String, usize)>,
+) -> Vec<String> {
+    after
+        .iter()
+        .filter(|(uid, (_, n))| *n > before.get(*uid).map_or(0, |(_, b)| *b))
+        .map(|(_, (name, _))| name.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pods_whose_count_grew_are_named() {
+        let m = |v: &[(&str, &str, usize)]| {
+            v.iter()
+                .map(|(uid, name, n)| ((*uid).to_owned(), ((*name).to_owned(), *n)))
+                .collect()
+        };
+        let before = m(&[("u1", "a-0", 1), ("u2", "a-1", 0)]);
+        let after = m(&[
+            ("u1", "a-0", 1),
+            ("u2", "a-1", 2),
+            ("u3", "a-2", 1),
+            ("u4", "a-3", 0),
+        ]);
+        assert_eq!(logged_since(&before, &after), ["a-1", "a-2"]);
+        assert!(logged_since(&after, &after).is_empty());
+    }
+}

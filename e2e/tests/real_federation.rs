@@ -315,10 +315,11 @@ async fn federation_runs(
 /// `flwr run` of examples/fedavg (2 rounds, at least `supernodes` SuperNodes) from a pod against
 /// Federation `name`'s Control Service (TLS with its CA Secret when `tls`); checks the run
 /// finished `completed`. `suffix` tells the runner pods of several runs apart. Returns how many
-/// runs the SuperLink lists afterwards, not counting a run repeated below.
+/// runs the SuperLink lists afterwards, not counting runs repeated below.
 ///
-/// A run that fails is run once more only when a SuperNode of it logged Flower 1.25's own bug
-/// (e2e/flower/NOTES.md, fact 9; test.sh and real_node do the same); any other failure fails.
+/// A run that fails is run again (at most twice) only when a SuperNode of it logged Flower 1.25's
+/// own bug during that attempt (e2e/flower/NOTES.md, fact 9; test.sh and real_node do the same);
+/// any other failure fails.
 async fn flwr_run(
     hub: &e2e::Cluster,
     name: &str,
@@ -336,17 +337,16 @@ async fn flwr_run(
         *n += add;
         *n
     };
-    let runs = match flwr_run_once(hub, name, supernodes, tls, suffix, false).await? {
-        Some(runs) => runs,
-        None => {
-            repeated(1);
-            let again = format!("{suffix}-again");
-            flwr_run_once(hub, name, supernodes, tls, &again, true)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("the repeated run failed too"))?
+    let mut runner = suffix.to_owned();
+    for attempt in 0..=2 {
+        if let Some(runs) = flwr_run_once(hub, name, supernodes, tls, &runner, attempt == 2).await?
+        {
+            return Ok(runs.saturating_sub(repeated(0)));
         }
-    };
-    Ok(runs.saturating_sub(repeated(0)))
+        repeated(1);
+        runner = format!("{suffix}-again{}", attempt + 1);
+    }
+    unreachable!("the last attempt fails instead of asking for another")
 }
 
 /// What Flower 1.25.0's SuperLink answers a SuperNode's message pull with, sometimes.
@@ -364,6 +364,7 @@ async fn flwr_run_once(
 ) -> Result<Option<usize>> {
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let superlink = format!("{name}-superlink-0");
+    let bugs_before = flower_125_bug_counts(&pods, name).await?;
     let t = Instant::now();
     let control = format!("{name}-superlink.default.svc:9093");
     let runner = format!("flwr-run-{name}{suffix}");
@@ -408,25 +409,17 @@ async fn flwr_run_once(
         "real_federation: flwr run examples/fedavg (2 rounds, {supernodes} SuperNodes, TLS {tls}) from a pod: {status} in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    let hit = if status != "finished:completed" && !last {
-        flower_125_bug_logged(&pods, &format!("{name}-supernode-")).await
-    } else {
-        Vec::new()
-    };
-    if !hit.is_empty() {
-        // Such a SuperNode keeps failing its pulls and serves no later run: replace it first.
-        let t = Instant::now();
-        for pod in &hit {
-            e2e::pods::delete_and_wait_replaced(&pods, pod, Duration::from_secs(120)).await?;
+    if status != "finished:completed" && !last {
+        let hit = e2e::pods::logged_since(&bugs_before, &flower_125_bug_counts(&pods, name).await?);
+        if !hit.is_empty() {
+            e2e::harness::retried(
+                "flower-1.25-bug",
+                format_args!(
+                    "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" newly in the log of {hit:?} (a bug inside Flower): running it again"
+                ),
+            );
+            return Ok(None);
         }
-        e2e::harness::retried(
-            "flower-1.25-bug",
-            format_args!(
-                "real_federation: the run ended {status} with Flower 1.25's \"{FLOWER_125_BUG}\" in the log of {hit:?} (a bug inside Flower): replaced those pods in {:.1}s, running it once more",
-                t.elapsed().as_secs_f64()
-            ),
-        );
-        return Ok(None);
     }
     assert_eq!(
         status,
@@ -458,24 +451,16 @@ async fn flwr_run_once(
         .map_err(|_| anyhow::anyhow!("flwr ls listed no runs: {runs}"))
 }
 
-/// The pods named `prefix…` in `pods` that logged [`FLOWER_125_BUG`].
-async fn flower_125_bug_logged(pods: &Api<Pod>, prefix: &str) -> Vec<String> {
-    let Ok(list) = pods.list(&ListParams::default()).await else {
-        return Vec::new();
-    };
-    let mut hit = Vec::new();
-    for pod in list.items {
-        let name = pod.metadata.name.unwrap_or_default();
-        if name.starts_with(prefix)
-            && pods
-                .logs(&name, &LogParams::default())
-                .await
-                .is_ok_and(|log| log.contains(FLOWER_125_BUG))
-        {
-            hit.push(name);
-        }
-    }
-    hit
+/// How often each SuperNode pod of Federation `name` logged [`FLOWER_125_BUG`] (see
+/// [`e2e::pods::log_counts`]).
+async fn flower_125_bug_counts(
+    pods: &Api<Pod>,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, (String, usize)>> {
+    let lp = ListParams::default().labels(&format!(
+        "app.kubernetes.io/name=supernode,app.kubernetes.io/instance={name}"
+    ));
+    e2e::pods::log_counts(pods, &lp, Some("supernode"), FLOWER_125_BUG).await
 }
 
 /// The secure Federation's SuperLink requires registered keys, each SuperNode pod's key was made
