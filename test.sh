@@ -96,7 +96,7 @@ t_img=$SECONDS
 await "$IMAGES_PID" "the base, pause, Flower and example images" "$LOG_DIR/images-flower.log"
 grep -E '^==> (images done|.*: cached)' "$LOG_DIR/images-flower.log" | sed 's/^/    /' || true
 # The image is built from the repository Dockerfile with the debug binaries just built (BIN_DIR).
-IMAGES="$(FLOWER_ADDON_BIN_DIR=target/debug e2e/images/build.sh)"
+IMAGES="$(FLOWER_ADDON_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" e2e/images/build.sh)"
 export FLOWER_ADDON_IMAGES="$IMAGES"
 echo "    $IMAGES ($((SECONDS - t_img)) s)"
 
