@@ -396,16 +396,24 @@ impl KubeRuntime {
         desired: &mut BTreeSet<ObjectKey>,
     ) -> Result<Rendered, KubeRuntimeError> {
         let ns = plan.namespace.as_str();
+        let refused = |violations| KubeRuntimeError::Policy {
+            federation: format!("{ns}/{}", plan.name),
+            violations,
+        };
         // The policy first: a refused Federation writes nothing, not even its keys.
+        if let Some(why) = self.policy.namespace_refusal(ns) {
+            return Err(refused(vec![why]));
+        }
         let violations = self.policy.violations(base);
         if !violations.is_empty() {
-            return Err(KubeRuntimeError::Policy {
-                federation: format!("{ns}/{}", plan.name),
-                violations,
-            });
+            return Err(refused(violations));
         }
         if !self.sent().has_namespace(ns) {
-            ensure_namespace(&self.client, ns, self.policy.namespace_labels()).await?;
+            if let Some(why) =
+                ensure_namespace(&self.client, ns, &self.policy, self.applier.manager()).await?
+            {
+                return Err(refused(vec![why]));
+            }
             self.sent().namespace_exists(ns);
         }
         if self.policy.refuse_foreign_objects {

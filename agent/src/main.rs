@@ -20,12 +20,12 @@ enum Command {
     #[command(
         after_help = "Examples (the token from a file, or on standard input; never --token, which `ps` shows to every user):\n  flower-agent join --token-file /run/secrets/flower-token --hub hub.example.org:7443 --ca-hash sha256:… --cluster-name edge-7 --claim site=a --state-dir /var/lib/flower-agent\n  printf '%s\\n' abcdef.0123456789abcdef | flower-agent join --token-file - --hub hub.example.org:7443 --ca-hash sha256:… --cluster-name edge-7 --state-dir /var/lib/flower-agent"
     )]
-    Join(join::JoinArgs),
+    Join(Box<join::JoinArgs>),
     /// Connect to the hub and run the work it sends (runtime kubernetes or process).
     #[command(
         after_help = "Examples:\n  flower-agent run --state-dir /var/lib/flower-agent --runtime process --flower-bin /opt/flwr/bin\n  flower-agent run --credentials-secret flower-agent-credentials --bootstrap-secret flower-agent-bootstrap"
     )]
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  flower-agent completions bash > /etc/bash_completion.d/flower-agent"
@@ -45,8 +45,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     flower_addon_agent::cli::init_tracing_with("info", cli.global.log_format);
     let result = match cli.command {
-        Command::Join(args) => join::join(args),
-        Command::Run(args) => run::run(args),
+        Command::Join(args) => join::join(*args),
+        Command::Run(args) => run::run(*args),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-agent",

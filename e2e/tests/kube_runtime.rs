@@ -280,6 +280,9 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     a_removed_federation_is_pruned(&client, &runtime).await?;
     the_spoke_policy_refuses_what_its_admin_did_not_allow(&client, &runtime, &agent.client).await?;
     installations_keep_to_their_own_objects(&client, &agent.client).await?;
+    existing_namespaces_are_labelled_or_refused(&client, &agent.client).await?;
+    // Last: it replaces the agent's ClusterRole with the scoped chart's.
+    a_scoped_agent_works_only_in_its_namespaces(spoke, &client).await?;
     eprintln!("kube_runtime scenario {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
 }
@@ -812,5 +815,235 @@ async fn installations_keep_to_their_own_objects(client: &Client, agent: &Client
     y.apply_work(&snapshot(3, Vec::new())).await?;
     wait_gone::<StatefulSet>(client, "fx-supernode-a").await?;
     wait_gone::<StatefulSet>(client, "fy-supernode-a").await?;
+    Ok(())
+}
+
+/// A StatefulSet `name` exists in `namespace`.
+async fn exists_in(client: &Client, namespace: &str, name: &str) -> Result<bool> {
+    Ok(Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+        .is_some())
+}
+
+async fn create_namespace(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>()},
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&Default::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+async fn namespace_labels(client: &Client, name: &str) -> Result<BTreeMap<String, String>> {
+    Ok(Api::<Namespace>::all(client.clone())
+        .get(name)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default())
+}
+
+/// 10. Namespaces that existed before the agent: one without Pod Security labels gets the
+///     agent's (`baseline`, the admin's own `warn` kept) when work arrives; one labelled
+///     `privileged` is refused with the command that fixes it and nothing is written there,
+///     until the admin allows weaker namespaces; Kubernetes' own namespaces never take work.
+async fn existing_namespaces_are_labelled_or_refused(
+    client: &Client,
+    agent: &Client,
+) -> Result<()> {
+    const ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+    create_namespace(
+        client,
+        "plain",
+        &[("pod-security.kubernetes.io/warn", "restricted")],
+    )
+    .await?;
+    create_namespace(client, "loose", &[(ENFORCE, "privileged")]).await?;
+    let runtime = KubeRuntime::new(agent.clone()).with_policy(PodPolicy::spoke_default());
+    runtime
+        .apply_work(&snapshot(
+            30,
+            vec![federation("plain", "p", "StatefulSet", &[("a", 1)])],
+        ))
+        .await?;
+    let labels = namespace_labels(client, "plain").await?;
+    let want: BTreeMap<String, String> = [
+        (ENFORCE, "baseline"),
+        ("pod-security.kubernetes.io/audit", "baseline"),
+        ("pod-security.kubernetes.io/warn", "restricted"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    ensure!(
+        want.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "existing namespace plain labelled {labels:?}, want {want:?}"
+    );
+    ensure!(
+        exists_in(client, "plain", "p-supernode-a").await?,
+        "the pool in the labelled namespace was not applied"
+    );
+
+    for (namespace, part) in [
+        (
+            "loose",
+            "kubectl label namespace loose pod-security.kubernetes.io/enforce=baseline --overwrite",
+        ),
+        ("kube-system", "namespace kube-system is Kubernetes' own"),
+    ] {
+        let error = runtime
+            .apply_work(&snapshot(
+                31,
+                vec![federation(namespace, "w", "StatefulSet", &[("a", 1)])],
+            ))
+            .await
+            .expect_err("work in a weaker or system namespace must be refused");
+        ensure!(error.to_string().contains(part), "{part:?} not in {error}");
+        ensure!(
+            !exists_in(client, namespace, "w-supernode-a").await?
+                && Api::<Secret>::namespaced(client.clone(), namespace)
+                    .get_opt("w-superlink-ca")
+                    .await?
+                    .is_none(),
+            "a refused Federation wrote objects in {namespace}"
+        );
+    }
+    ensure!(
+        namespace_labels(client, "loose")
+            .await?
+            .get(ENFORCE)
+            .map(String::as_str)
+            == Some("privileged"),
+        "the admin's label on loose was changed"
+    );
+    let mut policy = PodPolicy::spoke_default();
+    policy.allowed = [Allowance::WeakerNamespaces].into();
+    let allowing = KubeRuntime::new(agent.clone()).with_policy(policy);
+    allowing
+        .apply_work(&snapshot(
+            32,
+            vec![federation("loose", "w", "StatefulSet", &[("a", 1)])],
+        ))
+        .await?;
+    ensure!(
+        exists_in(client, "loose", "w-supernode-a").await?,
+        "allowed by the admin, the pool in loose was not applied"
+    );
+    allowing.apply_work(&snapshot(33, Vec::new())).await?;
+    Ok(())
+}
+
+/// 11. The chart with `agent.namespaces=[scoped]`: the agent's ServiceAccount may not read
+///     Secrets cluster-wide nor write outside `scoped`; with `--namespaces scoped` it applies,
+///     reports and prunes a Federation there (listing per namespace) and refuses work for
+///     another namespace with the flag and the Helm value that add it.
+async fn a_scoped_agent_works_only_in_its_namespaces(
+    spoke: &e2e::Cluster,
+    client: &Client,
+) -> Result<()> {
+    use e2e::access::{Access, can_i};
+    create_namespace(client, "scoped", &[]).await?;
+    let chart = e2e::helm::chart();
+    let rendered = e2e::helm::run(
+        None,
+        &[
+            "template",
+            "flower-addon",
+            chart.to_str().context("chart path")?,
+            "--namespace",
+            "flower-addon-scoped",
+            "--set",
+            "hub.enabled=false",
+            "--set",
+            "agent.enabled=true",
+            "--set",
+            "agent.namespaces={scoped}",
+        ],
+    )?;
+    let manifest = spoke.dir().join("scoped-agent.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: flower-addon-scoped}}\n---\n{rendered}"
+        ),
+    )?;
+    let sa = e2e::service_account_access(
+        spoke,
+        &manifest,
+        "flower-addon-scoped",
+        "flower-agent",
+        3600,
+    )
+    .await?;
+    for (verb, resource, namespace, allowed) in [
+        ("list", "secrets", None, false),
+        ("create", "statefulsets", Some(NS), false),
+        ("get", "secrets", Some("kube-system"), false),
+        ("create", "statefulsets", Some("scoped"), true),
+        ("list", "secrets", Some("scoped"), true),
+        ("update", "secrets", Some("flower-addon-scoped"), true),
+        ("create", "statefulsets", Some("flower-addon-scoped"), false),
+    ] {
+        let group = if resource == "statefulsets" {
+            "apps"
+        } else {
+            ""
+        };
+        let what = Access {
+            verb,
+            group,
+            resource,
+            namespace,
+            ..Default::default()
+        };
+        ensure!(
+            can_i(client, &sa, &what).await? == allowed,
+            "the scoped agent {} {verb} {resource} in {namespace:?}",
+            if allowed { "may not" } else { "may" }
+        );
+    }
+    let mut policy = PodPolicy::spoke_default();
+    policy.namespaces = Some(["scoped".to_owned()].into());
+    let runtime = KubeRuntime::new(sa.client.clone()).with_policy(policy);
+    runtime
+        .apply_work(&snapshot(
+            40,
+            vec![federation("scoped", "s", "StatefulSet", &[("a", 1)])],
+        ))
+        .await?;
+    ensure!(
+        exists_in(client, "scoped", "s-supernode-a").await?,
+        "the scoped agent did not apply its pool"
+    );
+    let error = runtime
+        .apply_work(&snapshot(
+            41,
+            vec![
+                federation("scoped", "s", "StatefulSet", &[("a", 1)]),
+                federation(NS, "elsewhere", "StatefulSet", &[("a", 1)]),
+            ],
+        ))
+        .await
+        .expect_err("work outside --namespaces must be refused");
+    for part in [
+        "namespace team-a is not one this agent manages",
+        "--namespaces scoped",
+        "agent.namespaces",
+    ] {
+        ensure!(error.to_string().contains(part), "{part:?} not in {error}");
+    }
+    ensure!(
+        !exists::<StatefulSet>(client, "elsewhere-supernode-a").await?,
+        "work outside the agent's namespaces was applied"
+    );
+    runtime.apply_work(&snapshot(42, Vec::new())).await?;
+    e2e::wait_until(
+        "the scoped pool pruned",
+        Duration::from_secs(60),
+        || async { Ok(!exists_in(client, "scoped", "s-supernode-a").await?) },
+    )
+    .await?;
     Ok(())
 }

@@ -67,17 +67,27 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct PolicyArgs {
     /// Allow pods to use this (comma-separated or repeated): host-path, host-network, host-pid,
-    /// host-ipc, privileged, host-port. Default: none (e.g. AMD GPU pools need
+    /// host-ipc, privileged, host-port, other-volumes, secrets, unconfined, run-as-root; and
+    /// weaker-namespaces (work in an existing namespace whose Pod Security label is weaker than
+    /// --namespace-pod-security). Default: none (e.g. AMD GPU pools need
     /// `--allow privileged,host-path`).
     #[arg(long = "allow", value_enum, value_delimiter = ',')]
     pub allow: Vec<Allowance>,
     /// A service account pods may name besides `default` (repeatable).
     #[arg(long = "allow-service-account", value_name = "NAME")]
     pub allow_service_account: Vec<String>,
-    /// Pod Security Standards level labelled on namespaces the agent creates (`enforce`,
-    /// `audit`, `warn`); `none` leaves them unlabelled. Existing namespaces are not changed.
+    /// Pod Security Standards level of the namespaces work goes to (`enforce`, `audit`, `warn`
+    /// labels): set on those the agent creates and on existing ones without an `enforce` label;
+    /// work in an existing namespace with a weaker `enforce` label is refused (see --allow).
+    /// `none`: namespaces are neither labelled nor checked.
     #[arg(long, value_enum, default_value = "baseline")]
     pub namespace_pod_security: PodSecurityLevel,
+    /// The only namespaces work may go to (comma-separated or repeated), for an agent whose RBAC
+    /// is a Role in each of them (Helm value `agent.namespaces`) instead of cluster-wide; work
+    /// for any other namespace is refused with a message naming this flag. Default: any
+    /// namespace but kube-system, kube-public and kube-node-lease.
+    #[arg(long = "namespaces", value_name = "NAMESPACE", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
     /// Marks the objects this agent applies (label `flower-addon.io/installation`); it prunes
     /// and updates only objects with it. Default: derived from where its credentials are kept,
     /// so two agents in one cluster (joined to two hubs) never touch each other's objects.
@@ -93,7 +103,14 @@ impl PolicyArgs {
                 anyhow::anyhow!("--allow-service-account {name:?}: {why} (a ServiceAccount name)")
             })?;
         }
+        for name in &self.namespaces {
+            flower_addon_crds::dns_label(name).map_err(|why| {
+                anyhow::anyhow!("--namespaces {name:?}: {why} (a namespace name)")
+            })?;
+        }
         let mut policy = PodPolicy::spoke_default();
+        policy.namespaces =
+            (!self.namespaces.is_empty()).then(|| self.namespaces.iter().cloned().collect());
         policy.allowed = self.allow.iter().copied().collect();
         policy.service_accounts = self.allow_service_account.iter().cloned().collect();
         policy.namespace_level = self.namespace_pod_security;
@@ -256,6 +273,7 @@ mod tests {
             allow: vec![Allowance::Privileged],
             allow_service_account: accounts.iter().map(|a| a.to_string()).collect(),
             namespace_pod_security: PodSecurityLevel::Restricted,
+            namespaces: Vec::new(),
             installation_id: id.map(str::to_owned),
         }
     }
@@ -292,5 +310,15 @@ mod tests {
         assert_eq!(policy.namespace_level, PodSecurityLevel::Restricted);
         let bad = args(None, &["Not_A_Name"]).policy().unwrap_err();
         assert!(bad.to_string().contains("--allow-service-account"), "{bad}");
+        assert_eq!(policy.namespaces, None);
+        let mut scoped = args(None, &[]);
+        scoped.namespaces = vec!["team-a".into(), "team-b".into()];
+        assert_eq!(
+            scoped.policy().expect("policy").namespaces,
+            Some(["team-a".to_owned(), "team-b".to_owned()].into())
+        );
+        scoped.namespaces.push("Team_C".into());
+        let bad = scoped.policy().unwrap_err();
+        assert!(bad.to_string().contains("--namespaces \"Team_C\""), "{bad}");
     }
 }

@@ -108,13 +108,20 @@ impl KubeRuntime {
     ) -> Result<Vec<ObjectKey>, KubeRuntimeError> {
         let (client, selector) = (&self.client, self.applier.selector());
         let selector = selector.as_str();
+        let scope = self.policy.namespaces.as_ref();
         let mut pruned =
-            prune_kind::<StatefulSet>(client, selector, Kind::StatefulSet, desired, keep).await?;
+            prune_kind::<StatefulSet>(client, selector, Kind::StatefulSet, desired, keep, scope)
+                .await?;
         pruned.extend(
-            prune_kind::<DaemonSet>(client, selector, Kind::DaemonSet, desired, keep).await?,
+            prune_kind::<DaemonSet>(client, selector, Kind::DaemonSet, desired, keep, scope)
+                .await?,
         );
-        pruned.extend(prune_kind::<Secret>(client, selector, Kind::Secret, desired, keep).await?);
-        pruned.extend(prune_kind::<Service>(client, selector, Kind::Service, desired, keep).await?);
+        pruned.extend(
+            prune_kind::<Secret>(client, selector, Kind::Secret, desired, keep, scope).await?,
+        );
+        pruned.extend(
+            prune_kind::<Service>(client, selector, Kind::Service, desired, keep, scope).await?,
+        );
         Ok(pruned)
     }
 }

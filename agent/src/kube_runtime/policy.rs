@@ -44,6 +44,9 @@ pub enum Allowance {
     Unconfined,
     /// `runAsUser: 0`.
     RunAsRoot,
+    /// Work in a namespace that existed before the agent and whose Pod Security `enforce` label
+    /// is weaker than `--namespace-pod-security` (an unlabelled one is labelled instead).
+    WeakerNamespaces,
 }
 
 impl Allowance {
@@ -59,6 +62,7 @@ impl Allowance {
             Self::Secrets => "secrets",
             Self::Unconfined => "unconfined",
             Self::RunAsRoot => "run-as-root",
+            Self::WeakerNamespaces => "weaker-namespaces",
         }
     }
 }
@@ -78,6 +82,26 @@ pub enum PodSecurityLevel {
 }
 
 impl PodSecurityLevel {
+    /// The level a `pod-security.kubernetes.io/enforce` label value names (`None` for a value
+    /// Kubernetes does not know).
+    fn of_label(value: &str) -> Option<Self> {
+        match value {
+            "privileged" => Some(Self::Privileged),
+            "baseline" => Some(Self::Baseline),
+            "restricted" => Some(Self::Restricted),
+            _ => None,
+        }
+    }
+
+    /// How strict the level is (privileged 0 … restricted 2).
+    fn strictness(self) -> u8 {
+        match self {
+            Self::None | Self::Privileged => 0,
+            Self::Baseline => 1,
+            Self::Restricted => 2,
+        }
+    }
+
     fn label_value(self) -> Option<&'static str> {
         match self {
             Self::None => None,
@@ -87,6 +111,12 @@ impl PodSecurityLevel {
         }
     }
 }
+
+/// The Pod Security label the agent checks and sets on namespaces it deploys into.
+const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
+
+/// Namespaces of Kubernetes itself: labelling them could stop the cluster's own pods.
+const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
 
 /// What the pods of received work may do, and how namespaces the agent creates are labelled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +130,9 @@ pub struct PodPolicy {
     /// Whether objects of the same name that this runtime did not create are refused (true on
     /// spokes) instead of taken over.
     pub refuse_foreign_objects: bool,
+    /// The only namespaces work may go to (`--namespaces`; the agent's RBAC is then scoped to
+    /// them); `None`: any namespace but Kubernetes' own.
+    pub namespaces: Option<BTreeSet<String>>,
     /// Whether nothing is checked (the hub's own cluster).
     unrestricted: bool,
 }
@@ -113,6 +146,7 @@ impl PodPolicy {
             service_accounts: BTreeSet::new(),
             namespace_level: PodSecurityLevel::Baseline,
             refuse_foreign_objects: true,
+            namespaces: None,
             unrestricted: false,
         }
     }
@@ -125,6 +159,7 @@ impl PodPolicy {
             service_accounts: BTreeSet::new(),
             namespace_level: PodSecurityLevel::None,
             refuse_foreign_objects: false,
+            namespaces: None,
             unrestricted: true,
         }
     }
@@ -145,6 +180,58 @@ impl PodPolicy {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Why work may not go to `namespace` on this cluster (`None`: it may): Kubernetes' own
+    /// namespaces never take work on a spoke, and with `--namespaces` only those listed do.
+    pub fn namespace_refusal(&self, namespace: &str) -> Option<String> {
+        if self.unrestricted {
+            return None;
+        }
+        if SYSTEM_NAMESPACES.contains(&namespace) {
+            return Some(format!(
+                "namespace {namespace} is Kubernetes' own and takes no work from the hub; put the Federation in a namespace of its own"
+            ));
+        }
+        match &self.namespaces {
+            Some(allowed) if !allowed.contains(namespace) => Some(format!(
+                "namespace {namespace} is not one this agent manages (`flower-agent run --namespaces {}`); the spoke admin adds it there (Helm value `agent.namespaces`), which also grants the agent's Role in it",
+                allowed.iter().cloned().collect::<Vec<_>>().join(",")
+            )),
+            _ => None,
+        }
+    }
+
+    /// What to do with a namespace that exists, given its labels: `Ok(labels to add)` (the Pod
+    /// Security labels it lacks when it has no `enforce` label; nothing when its level is at
+    /// least the agent's), or why work may not go there (its `enforce` level is weaker, and
+    /// `--allow weaker-namespaces` was not given).
+    pub fn existing_namespace(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>, String> {
+        let Some(want) = self.namespace_level.label_value() else {
+            return Ok(Vec::new());
+        };
+        let Some(value) = labels.get(ENFORCE_LABEL) else {
+            // Unlabelled: the cluster's default applies there today; label it like one the agent
+            // creates, keeping any audit/warn label its admin set.
+            return Ok(self
+                .namespace_labels()
+                .into_iter()
+                .filter(|(k, _)| !labels.contains_key(k))
+                .collect());
+        };
+        let weaker = PodSecurityLevel::of_label(value)
+            .is_none_or(|have| have.strictness() < self.namespace_level.strictness());
+        if weaker && !self.allowed.contains(&Allowance::WeakerNamespaces) {
+            return Err(format!(
+                "namespace {namespace} exists with Pod Security {ENFORCE_LABEL}={value}, weaker than this cluster's {want}; its admin labels it (`kubectl label namespace {namespace} {ENFORCE_LABEL}={want} --overwrite`) or allows it with `flower-agent run --allow {}`",
+                Allowance::WeakerNamespaces.flag()
+            ));
+        }
+        Ok(Vec::new())
     }
 
     /// Every violation in the workloads of `rendered`, each naming the pool, the field and the
@@ -580,5 +667,103 @@ mod tests {
         )));
         assert_eq!(labels.len(), 3);
         assert!(PodPolicy::unrestricted().namespace_labels().is_empty());
+    }
+
+    fn ns_labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_unlabelled_existing_namespace_gets_the_labels_it_lacks() {
+        let policy = PodPolicy::spoke_default();
+        let add = policy
+            .existing_namespace(
+                "default",
+                &ns_labels(&[("pod-security.kubernetes.io/warn", "restricted")]),
+            )
+            .unwrap();
+        assert_eq!(
+            add,
+            [
+                (
+                    "pod-security.kubernetes.io/enforce".to_owned(),
+                    "baseline".to_owned()
+                ),
+                (
+                    "pod-security.kubernetes.io/audit".to_owned(),
+                    "baseline".to_owned()
+                ),
+            ]
+        );
+        // At least as strict: left as its admin set it.
+        for level in ["baseline", "restricted"] {
+            let labels = ns_labels(&[("pod-security.kubernetes.io/enforce", level)]);
+            assert!(
+                policy
+                    .existing_namespace("team", &labels)
+                    .unwrap()
+                    .is_empty()
+            );
+        }
+        // `--namespace-pod-security none`: never labelled, never refused.
+        let mut none = PodPolicy::spoke_default();
+        none.namespace_level = PodSecurityLevel::None;
+        assert!(
+            none.existing_namespace("team", &ns_labels(&[]))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_weaker_existing_namespace_is_refused_unless_allowed() {
+        let mut policy = PodPolicy::spoke_default();
+        for value in ["privileged", "bogus"] {
+            let labels = ns_labels(&[("pod-security.kubernetes.io/enforce", value)]);
+            let why = policy.existing_namespace("team", &labels).unwrap_err();
+            for part in [
+                "namespace team",
+                &format!("pod-security.kubernetes.io/enforce={value}"),
+                "kubectl label namespace team pod-security.kubernetes.io/enforce=baseline --overwrite",
+                "--allow weaker-namespaces",
+            ] {
+                assert!(why.contains(part), "{part:?} not in {why}");
+            }
+        }
+        policy.allowed.insert(Allowance::WeakerNamespaces);
+        let labels = ns_labels(&[("pod-security.kubernetes.io/enforce", "privileged")]);
+        assert!(
+            policy
+                .existing_namespace("team", &labels)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn work_goes_only_to_managed_non_system_namespaces() {
+        let mut policy = PodPolicy::spoke_default();
+        assert!(policy.namespace_refusal("team-a").is_none());
+        let why = policy.namespace_refusal("kube-system").unwrap();
+        assert!(why.contains("Kubernetes' own"), "{why}");
+        policy.namespaces = Some(["team-a".to_owned(), "team-b".to_owned()].into());
+        assert!(policy.namespace_refusal("team-a").is_none());
+        let why = policy.namespace_refusal("team-c").unwrap();
+        for part in [
+            "namespace team-c",
+            "--namespaces team-a,team-b",
+            "agent.namespaces",
+        ] {
+            assert!(why.contains(part), "{part:?} not in {why}");
+        }
+        // The hub's own cluster: the author's namespace and RBAC apply.
+        assert!(
+            PodPolicy::unrestricted()
+                .namespace_refusal("kube-system")
+                .is_none()
+        );
     }
 }

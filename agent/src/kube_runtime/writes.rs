@@ -11,25 +11,46 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Kind, KubeRuntimeError, ObjectKey, kube_err};
+use super::{Kind, KubeRuntimeError, ObjectKey, PodPolicy, kube_err};
 
-/// Creates `namespace` with `labels` unless it exists (never deleted by the agent: it may hold
-/// user data; an existing one is not relabelled).
+/// Makes `namespace` ready for work under `policy`: creates it with the policy's Pod Security
+/// labels, or, when it exists, adds the labels it lacks (server-side apply as `manager`, only
+/// when it has no `enforce` label) or returns why work may not go there (its level is weaker).
+/// Never deletes a namespace (it may hold user data) nor changes a label its admin set.
 pub(super) async fn ensure_namespace(
     client: &Client,
     namespace: &str,
-    labels: Vec<(String, String)>,
-) -> Result<(), KubeRuntimeError> {
+    policy: &PodPolicy,
+    manager: &str,
+) -> Result<Option<String>, KubeRuntimeError> {
     let api = Api::<Namespace>::all(client.clone());
     let action = format!("get Namespace {namespace}");
-    if api
-        .get_opt(namespace)
-        .await
-        .map_err(kube_err(action))?
-        .is_some()
-    {
-        return Ok(());
+    if let Some(existing) = api.get_opt(namespace).await.map_err(kube_err(action))? {
+        let labels = existing.metadata.labels.unwrap_or_default();
+        let add = match policy.existing_namespace(namespace, &labels) {
+            Ok(add) => add,
+            Err(refusal) => return Ok(Some(refusal)),
+        };
+        if !add.is_empty() {
+            let labels: serde_json::Map<String, serde_json::Value> =
+                add.into_iter().map(|(k, v)| (k, v.into())).collect();
+            let body = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": labels},
+            });
+            api.patch(
+                namespace,
+                &PatchParams::apply(manager),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(kube_err(format!("label Namespace {namespace}")))?;
+            tracing::info!(%namespace, ?labels, "existing namespace labelled for Pod Security");
+        }
+        return Ok(None);
     }
+    let labels = policy.namespace_labels();
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(namespace.to_owned()),
@@ -41,9 +62,9 @@ pub(super) async fn ensure_namespace(
     match api.create(&PostParams::default(), &ns).await {
         Ok(_) => {
             tracing::info!(%namespace, "namespace created");
-            Ok(())
+            Ok(None)
         }
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
         Err(source) => Err(KubeRuntimeError::Kube {
             action: format!("create Namespace {namespace}"),
             source,
@@ -111,25 +132,37 @@ pub(super) async fn delete_object(
 }
 
 /// Deletes objects of one kind that match `selector` (the applier's labels) and are not desired;
-/// returns those it deleted.
+/// returns those it deleted. With `scope` it lists only in those namespaces (an agent whose RBAC
+/// is a Role in each), otherwise in all.
 pub(super) async fn prune_kind<K>(
     client: &Client,
     selector: &str,
     kind: Kind,
     desired: &BTreeSet<ObjectKey>,
     keep: &BTreeSet<(String, String)>,
+    scope: Option<&BTreeSet<String>>,
 ) -> Result<Vec<ObjectKey>, KubeRuntimeError>
 where
     K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
     K::DynamicType: Default,
 {
-    let all = Api::<K>::all(client.clone());
-    let list = all
-        .list_metadata(&ListParams::default().labels(selector))
-        .await
-        .map_err(kube_err(format!("list {}", kind.name())))?;
+    let lists: Vec<Api<K>> = match scope {
+        Some(namespaces) => namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect(),
+        None => vec![Api::all(client.clone())],
+    };
+    let mut items = Vec::new();
+    for api in lists {
+        let list = api
+            .list_metadata(&ListParams::default().labels(selector))
+            .await
+            .map_err(kube_err(format!("list {}", kind.name())))?;
+        items.extend(list.items);
+    }
     let mut pruned = Vec::new();
-    for object in list.items {
+    for object in items {
         let namespace = object.metadata.namespace.clone().unwrap_or_default();
         let name = object.metadata.name.clone().unwrap_or_default();
         let instance = object

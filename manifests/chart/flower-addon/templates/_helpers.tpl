@@ -67,3 +67,25 @@
         {{- toYaml . | nindent 8 }}
 {{- end }}
 {{- end }}
+
+{{/* The rules on namespaced objects: cluster-wide by default, or a Role in each namespace of
+agent.namespaces (and the release's own, for the agent's credentials Secret). */}}
+{{- define "flower-addon.agentNamespacedRules" }}
+  - apiGroups: ["apps"]
+    resources: ["statefulsets", "daemonsets"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  # The SuperLink CA Secret the pools mount, each pool's SuperNode key Secret (one private key
+  # per pod or node, made and kept on this cluster; created, then replaced at the read
+  # resourceVersion), and the headless Service each StatefulSet pool names in serviceName
+  # (stable SuperNode DNS names).
+  - apiGroups: [""]
+    resources: ["secrets", "services"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  # Readiness comes from workload status; pods are read for per-pod detail only.
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["", "events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+{{- end }}
