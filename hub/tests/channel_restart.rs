@@ -329,6 +329,54 @@ fn signed_by(cert_pem: &str, ca: &flower_addon_hub::registration::ca::HubCa) -> 
         .is_ok()
 }
 
+/// Staged and in force, with edge-1 renewed and edge-away not: `flower-hub ca status --ca
+/// channel` counts 1 of 2 and names edge-away; `ca rotate promote --ca channel` is refused naming
+/// it (promoting would lock it out), and `--force` is what it offers.
+async fn promote_waits_for_the_agent_that_did_not_renew(hub: &Hub) {
+    use flower_addon_hub::registration::ca::CaRole;
+    let material = hub.store.load_ca().await.expect("load").expect("a CA");
+    hub.store
+        .mark_ca_in_force(
+            CaRole::Channel,
+            &flower_addon_hub::registration::rotation::in_force_fingerprint(&material),
+        )
+        .await
+        .expect("in force");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_flower-hub"))
+            .args(args)
+            .arg("--state-dir")
+            .arg(&hub.dir)
+            .output()
+            .expect("run flower-hub");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, status, err) = cli(&["ca", "status", "--ca", "channel"]);
+    assert!(ok, "{err}");
+    assert!(
+        status.contains("agents:     1 of 2 renewed with this CA (waiting for edge-away)"),
+        "{status}"
+    );
+    let (ok, _, err) = cli(&["ca", "rotate", "promote", "--ca", "channel"]);
+    assert!(
+        !ok,
+        "promote with an agent that did not renew must be refused"
+    );
+    for part in ["1 of 2 agents renewed", "waiting for edge-away", "--force"] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let after = hub.store.load_ca().await.expect("load").expect("a CA");
+    assert_eq!(
+        flower_addon_hub::registration::rotation::in_force_fingerprint(&after),
+        flower_addon_hub::registration::rotation::in_force_fingerprint(&material),
+        "a refused promote changed the CA"
+    );
+}
+
 #[tokio::test]
 async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off() {
     // A CA rotation: stage → the agent stores both CAs (renewing at the first heartbeat); promote →
@@ -377,6 +425,30 @@ async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off(
             async || signed_by(&stored().cert_pem, want_signer),
         )
         .await;
+        // The hub records what each agent got; `ca status`/`ca rotate` count from it.
+        let record = hub
+            .store
+            .get_cluster("edge-1")
+            .await
+            .expect("store")
+            .expect("edge-1");
+        assert_eq!(
+            record.status.client_cert_issuer.as_deref(),
+            Some(want_signer.hash()),
+            "{}: the recorded issuer",
+            step.as_str()
+        );
+        assert_eq!(
+            record.status.channel_bundle,
+            Some(flower_addon_hub::registration::ca::bundle_id(
+                ca.bundle_pem()
+            )),
+            "{}: the recorded bundle",
+            step.as_str()
+        );
+        if step == RotationStep::Stage {
+            promote_waits_for_the_agent_that_did_not_renew(&hub).await;
+        }
         let version = hub.work.set("edge-1", ClusterWork::default());
         let work = hub.work.clone();
         eventually(

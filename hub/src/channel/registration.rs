@@ -281,7 +281,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                     now,
                 );
                 st.set_condition(CONDITION_JOINED, "True", "ClientCertificateIssued", "", now);
-                st.client_cert_not_after_unix = Some(not_after);
+                record_issue(st, &shared.ca, not_after);
             })
             .await
             .map_err(|e| internal("updating the cluster status", e))?;
@@ -315,7 +315,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         }
         let (issued, not_after) = issue(shared, &req.csr_pem, &name)?;
         shared
-            .update_status(&name, |st| st.client_cert_not_after_unix = Some(not_after))
+            .update_status(&name, |st| record_issue(st, &shared.ca, not_after))
             .await
             .map_err(|e| internal("updating the cluster status", e))?;
         tracing::info!(cluster = %name, not_after, "client certificate renewed");
@@ -402,6 +402,18 @@ fn timestamp(t: SystemTime) -> Timestamp {
         seconds: i64::try_from(unix(t)).unwrap_or(i64::MAX),
         nanos: 0,
     }
+}
+
+/// Records in a cluster's status the client certificate just issued: its end of validity, the
+/// CA that signed it and the bundle sent with it.
+fn record_issue(
+    st: &mut crate::registration::store::ClusterStatus,
+    ca: &crate::registration::ca::HubCa,
+    not_after: u64,
+) {
+    st.client_cert_not_after_unix = Some(not_after);
+    st.client_cert_issuer = Some(ca.hash().to_owned());
+    st.channel_bundle = Some(crate::registration::ca::bundle_id(ca.bundle_pem()));
 }
 
 #[cfg(test)]

@@ -70,6 +70,10 @@ pub const ANN_TOKEN_ID: &str = "flower-addon.io/token-id";
 pub const ANN_CREATED: &str = "flower-addon.io/created-unix";
 /// Annotation: end of validity of the last client certificate, Unix seconds.
 pub const ANN_CLIENT_CERT_NOT_AFTER: &str = "flower-addon.io/client-cert-not-after";
+/// Annotation: hash of the work-channel CA that signed the last client certificate.
+pub const ANN_CLIENT_CERT_ISSUER: &str = "flower-addon.io/client-cert-issuer";
+/// Annotation: the work-channel CA bundle sent with it (hashes, comma-separated).
+pub const ANN_CHANNEL_BUNDLE: &str = "flower-addon.io/channel-bundle";
 /// Label on token Secrets (value `true`).
 pub const TOKEN_LABEL: &str = "flower-addon.io/bootstrap-token";
 /// Annotation on token Secrets: expiry, RFC 3339.

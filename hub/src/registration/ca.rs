@@ -394,3 +394,8 @@ fn random_serial() -> SerialNumber {
     bytes[0] |= 0x01;
     SerialNumber::from_slice(&bytes)
 }
+
+/// A CA bundle as one string: its CAs' hashes (`sha256:…`), comma-separated, in bundle order.
+pub fn bundle_id(bundle_pem: &str) -> String {
+    flower_addon_agent::tls::bundle_hashes(bundle_pem).join(",")
+}

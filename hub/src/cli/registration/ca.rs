@@ -86,6 +86,18 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
             with_store!(&hub, s => s.ca_in_force(role).await).map_err(|e| explain(e, &hub))?;
         let is_in_force = in_force.as_deref() == Some(in_force_fingerprint(&material).as_str());
         let restart = restart_command(&hub);
+        // How far the current phase reached the agents (the work-channel CA only: the Flower
+        // CA reaches SuperNodes through the Federations' readiness).
+        let rollout = match role {
+            CaRole::Channel => {
+                let clusters = with_store!(&hub, s => s.list_clusters().await)
+                    .map_err(|e| explain(e, &hub))?;
+                let ca = HubCa::from_material(material.clone())?;
+                Some(AgentRollout::of(&clusters, &ca, unix_now()))
+            }
+            CaRole::Flower => None,
+        };
+        let force = matches!(&cmd, CaCommand::Rotate(r) if r.force);
         let material = match step {
             None => material,
             Some(step) => {
@@ -94,7 +106,6 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                 // is trusted, so each waits until the hub runs with the one before (agents and
                 // SuperNodes follow the hub: its restart is what rolls the bundle out).
                 if step != RotationStep::Stage && !is_in_force {
-                    let force = matches!(&cmd, CaCommand::Rotate(r) if r.force);
                     if !force {
                         anyhow::bail!(
                             "{label}: the last step has not reached the hub yet (it has not started with it): {restart}, wait until {}, then run `flower-hub ca rotate {}` again (or add --force, which may lock agents and SuperNodes out until they join again)",
@@ -105,6 +116,28 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                     eprintln!(
                         "warning: --force: {} although the hub has not started with the last step; agents or SuperNodes that did not get the new bundle must join again",
                         step.as_str()
+                    );
+                }
+                // …and, for the work-channel CA, until every agent renewed with it: promoting
+                // before an agent trusts the next CA, or retiring before it holds a certificate
+                // of the new one, locks that agent out.
+                if let Some(rollout) = rollout
+                    .as_ref()
+                    .filter(|r| step != RotationStep::Stage && is_in_force && !r.lagging.is_empty())
+                {
+                    if !force {
+                        anyhow::bail!(
+                            "{label}: {} of {} agents renewed since the hub started with the last step; waiting for {}: they renew at their next heartbeat once connected (`flower-hub get clusters` shows which are offline); run `flower-hub ca rotate {}` again then (or add --force: those agents must join again with a new token)",
+                            rollout.renewed,
+                            rollout.renewed + rollout.lagging.len(),
+                            rollout.lagging_names(),
+                            step.as_str()
+                        );
+                    }
+                    eprintln!(
+                        "warning: --force: {} although {} did not renew yet; they must join again with a new token",
+                        step.as_str(),
+                        rollout.lagging_names()
                     );
                 }
                 with_store!(&hub, s => s.replace_ca_for(role, &material, &rotated).await)
@@ -124,9 +157,85 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                     format!("not yet: {restart}")
                 }
             );
+            if let Some(rollout) = &rollout {
+                let total = rollout.renewed + rollout.lagging.len();
+                if rollout.lagging.is_empty() {
+                    println!("agents:     {total} of {total} renewed with this CA");
+                } else {
+                    println!(
+                        "agents:     {} of {total} renewed with this CA (waiting for {})",
+                        rollout.renewed,
+                        rollout.lagging_names()
+                    );
+                }
+            }
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Which agents hold what the work-channel CA's current phase gives them: a certificate from its
+/// signing CA and its whole bundle (both come with each join or renewal). Counted over clusters
+/// the hub accepts whose certificate is still valid.
+#[derive(Debug, PartialEq, Eq)]
+struct AgentRollout {
+    /// How many have both.
+    renewed: usize,
+    /// Those that do not (sorted).
+    lagging: Vec<String>,
+}
+
+impl AgentRollout {
+    fn of(
+        clusters: &[crate::registration::store::ClusterRecord],
+        ca: &HubCa,
+        now_unix: u64,
+    ) -> Self {
+        let bundle = crate::registration::ca::bundle_id(ca.bundle_pem());
+        let mut out = Self {
+            renewed: 0,
+            lagging: Vec::new(),
+        };
+        for c in clusters {
+            let valid = c
+                .status
+                .client_cert_not_after_unix
+                .is_some_and(|t| t > now_unix);
+            if !c.hub_accepts_client || !valid {
+                continue;
+            }
+            if c.status.client_cert_issuer.as_deref() == Some(ca.hash())
+                && c.status.channel_bundle.as_deref() == Some(bundle.as_str())
+            {
+                out.renewed += 1;
+            } else {
+                out.lagging.push(c.registration.name.clone());
+            }
+        }
+        out.lagging.sort();
+        out
+    }
+
+    /// The lagging clusters' names, at most 10 and how many more.
+    fn lagging_names(&self) -> String {
+        let mut names = self
+            .lagging
+            .iter()
+            .take(10)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if self.lagging.len() > 10 {
+            names.push_str(&format!(" and {} more", self.lagging.len() - 10));
+        }
+        names
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn role_label(role: CaRole) -> &'static str {

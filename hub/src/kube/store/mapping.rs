@@ -89,6 +89,8 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
         status: ClusterStatus {
             last_heartbeat_unix: status.last_heartbeat.as_ref().map(unix_of),
             client_cert_not_after_unix: ann(ANN_CLIENT_CERT_NOT_AFTER).parse().ok(),
+            client_cert_issuer: Some(ann(ANN_CLIENT_CERT_ISSUER)).filter(|v| !v.is_empty()),
+            channel_bundle: Some(ann(ANN_CHANNEL_BUNDLE)).filter(|v| !v.is_empty()),
             conditions: status
                 .conditions
                 .iter()
@@ -144,12 +146,18 @@ pub(super) fn sync_spec_with_status(mc: &mut ManagedCluster, status: &ClusterSta
     let not_after = status.client_cert_not_after_unix.map(|t| t.to_string());
     let mut changed = sync_availability_taints(&mut mc.spec, status);
     let annotations = mc.annotations_mut();
-    if annotations.get(ANN_CLIENT_CERT_NOT_AFTER) != not_after.as_ref() {
-        match &not_after {
-            Some(v) => annotations.insert(ANN_CLIENT_CERT_NOT_AFTER.to_owned(), v.clone()),
-            None => annotations.remove(ANN_CLIENT_CERT_NOT_AFTER),
-        };
-        changed = true;
+    for (key, value) in [
+        (ANN_CLIENT_CERT_NOT_AFTER, not_after.as_ref()),
+        (ANN_CLIENT_CERT_ISSUER, status.client_cert_issuer.as_ref()),
+        (ANN_CHANNEL_BUNDLE, status.channel_bundle.as_ref()),
+    ] {
+        if annotations.get(key) != value {
+            match value {
+                Some(v) => annotations.insert(key.to_owned(), v.clone()),
+                None => annotations.remove(key),
+            };
+            changed = true;
+        }
     }
     changed
 }

@@ -189,3 +189,25 @@ fn changes_are_announced_for_acceptance_key_and_existence_not_for_status_writes(
     );
     assert_eq!(f.on_event(&Event::InitDone), ["b"]);
 }
+
+#[test]
+fn the_issued_certificate_round_trips_through_annotations() {
+    // Invariant: what the hub records at a join or renewal (end of validity, signing CA, bundle
+    // sent) reads back the same, and an unchanged status changes nothing.
+    let mut mc = ManagedCluster::new("spoke-1", ManagedClusterSpec::default());
+    let status = ClusterStatus {
+        client_cert_not_after_unix: Some(1_800_000_000),
+        client_cert_issuer: Some("sha256:aa".into()),
+        channel_bundle: Some("sha256:aa,sha256:bb".into()),
+        ..ClusterStatus::default()
+    };
+    assert!(sync_spec_with_status(&mut mc, &status));
+    assert!(!sync_spec_with_status(&mut mc, &status));
+    let read = record_of(&mc).status;
+    assert_eq!(read.client_cert_not_after_unix, Some(1_800_000_000));
+    assert_eq!(read.client_cert_issuer.as_deref(), Some("sha256:aa"));
+    assert_eq!(read.channel_bundle.as_deref(), Some("sha256:aa,sha256:bb"));
+    // A status from before these were recorded reads back as unknown.
+    assert!(sync_spec_with_status(&mut mc, &ClusterStatus::default()));
+    assert_eq!(record_of(&mc).status.client_cert_issuer, None);
+}

@@ -106,6 +106,13 @@ pub struct ClusterStatus {
     /// End of validity of the last client certificate issued, seconds since the Unix epoch.
     #[serde(default)]
     pub client_cert_not_after_unix: Option<u64>,
+    /// Hash of the work-channel CA that signed that certificate (`sha256:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_issuer: Option<String>,
+    /// The work-channel CA bundle sent with it (its CAs' hashes, comma-separated): what the
+    /// agent trusts since. `flower-hub ca rotate` counts the agents that have the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel_bundle: Option<String>,
     /// Conditions, one per type.
     #[serde(default)]
     pub conditions: Vec<ClusterCondition>,
