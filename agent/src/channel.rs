@@ -167,6 +167,7 @@ pub async fn run(
     let mut backoff = new_backoff(&state.options);
     let mut expiry_logged = false;
     let mut stopped_for_refusal = false;
+    let mut lockout_logged = false;
     loop {
         let started = Instant::now();
         let End {
@@ -205,12 +206,24 @@ pub async fn run(
                     }
                 }
             }
+            (None, _) if let Some(fix) = locked_out(&message, &cluster) => {
+                // Not a passing outage: without a new join this agent never connects again.
+                crate::metrics::agent().locked_out(true);
+                if !lockout_logged {
+                    tracing::error!(%cluster, %message, %fix, "this agent and the hub no longer trust each other's certificates; applied work keeps running, retrying");
+                    lockout_logged = true;
+                }
+            }
             (None, Some(tonic::Code::PermissionDenied) | Some(tonic::Code::Unauthenticated)) => {
                 tracing::error!(%cluster, %message, "the hub refuses this connection; applied work keeps running, retrying")
             }
             (None, _) => {
                 tracing::warn!(%cluster, ?code, %message, "work stream ended; applied work keeps running, reconnecting")
             }
+        }
+        if opened {
+            crate::metrics::agent().locked_out(false);
+            lockout_logged = false;
         }
         state.emit(AgentEvent::Disconnected { code, message });
         if let Some(expired) = expired(&state.credentials()) {
@@ -236,6 +249,32 @@ pub async fn run(
             _ = tokio::time::sleep(delay) => {}
         }
     }
+}
+
+/// When a connection failed because this agent and the hub do not trust each other's certificate
+/// (the TLS errors of rustls on either side), what recovers it; `None` for any other failure.
+/// That happens when the hub's work-channel CA was rotated past what this agent holds (it was
+/// offline through a rotation, or a step was forced before it renewed) or replaced: only a new
+/// join, which pins the hub's current CA, brings it back.
+pub fn locked_out(message: &str, cluster: &str) -> Option<String> {
+    const HUB_NOT_TRUSTED: &[&str] = &["invalid peer certificate"];
+    const AGENT_REFUSED: &[&str] = &[
+        "received fatal alert: BadCertificate",
+        "received fatal alert: UnknownCA",
+        "received fatal alert: CertificateUnknown",
+        "received fatal alert: DecryptError",
+        "received fatal alert: CertificateExpired",
+    ];
+    let why = if HUB_NOT_TRUSTED.iter().any(|p| message.contains(p)) {
+        "this agent does not trust the hub's certificate"
+    } else if AGENT_REFUSED.iter().any(|p| message.contains(p)) {
+        "the hub does not accept this agent's certificate"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{why} (the hub's work-channel CA was rotated or replaced since this agent last renewed): join again, keeping the stored key: on the hub run `flower-hub token create --cluster-name {cluster}` (it prints the current --ca-hash); then `flower-agent join --token-file - --ca-hash <that hash> …` with the same state directory, or for an agent in Kubernetes apply the bootstrap Secret of `flower-hub token create --cluster-name {cluster} -o secret` and restart it"
+    ))
 }
 
 /// [`AgentError::CertificateExpired`] if the client certificate of `creds` has expired.
@@ -536,4 +575,33 @@ async fn renew_once(
         .lock()
         .map_err(|_| "poisoned lock".to_string())? = renewed;
     Ok(not_after)
+}
+
+#[cfg(test)]
+mod lockout_tests {
+    use super::locked_out;
+
+    #[test]
+    fn only_certificate_trust_failures_are_a_lock_out() {
+        for message in [
+            "cannot connect to hub 127.0.0.1:1: transport error: invalid peer certificate: BadSignature",
+            "transport error: invalid peer certificate: UnknownIssuer",
+            "h2 protocol error: received fatal alert: BadCertificate",
+            "error reading a body from connection: received fatal alert: UnknownCA",
+        ] {
+            let fix = locked_out(message, "edge-7").unwrap_or_else(|| panic!("{message}"));
+            assert!(
+                fix.contains("flower-hub token create --cluster-name edge-7"),
+                "{fix}"
+            );
+        }
+        for message in [
+            "cannot connect to hub 127.0.0.1:1: transport error: Connection refused (os error 111)",
+            "the hub is shutting down",
+            "deadline has elapsed",
+            "",
+        ] {
+            assert_eq!(locked_out(message, "edge-7"), None, "{message}");
+        }
+    }
 }

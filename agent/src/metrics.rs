@@ -33,6 +33,9 @@ pub struct AgentMetrics {
     pub apply_duration: Histogram,
     /// 1 while the work stream to the hub is open.
     pub hub_connected: Gauge,
+    /// 1 while the last connection failed on certificate trust (see
+    /// [`crate::channel::locked_out`]).
+    pub hub_locked_out: Gauge,
     /// Times the work stream opened.
     pub hub_connects: Counter,
     /// Supervised processes running now, by program.
@@ -52,6 +55,7 @@ static AGENT: LazyLock<AgentMetrics> = LazyLock::new(|| AgentMetrics {
     applies: Family::default(),
     apply_duration: Histogram::new(latency_buckets()),
     hub_connected: Gauge::default(),
+    hub_locked_out: Gauge::default(),
     hub_connects: Counter::default(),
     supervised: Family::default(),
     restarts: Family::default(),
@@ -72,6 +76,12 @@ impl AgentMetrics {
             })
             .inc();
         self.apply_duration.observe(took.as_secs_f64());
+    }
+
+    /// Records whether the last connection failed because this agent and the hub no longer
+    /// trust each other's certificate.
+    pub fn locked_out(&self, locked: bool) {
+        self.hub_locked_out.set(i64::from(locked));
     }
 
     /// Records whether the work stream is open.
@@ -111,6 +121,11 @@ pub fn registry() -> Registry {
         "flower_addon_agent_hub_connected",
         "1 while the work stream to the hub is open, else 0",
         m.hub_connected.clone(),
+    );
+    registry.register(
+        "flower_addon_agent_hub_locked_out",
+        "1 while connections fail because this agent and the hub no longer trust each other's certificate (join again; the log says how), else 0",
+        m.hub_locked_out.clone(),
     );
     registry.register(
         "flower_addon_agent_hub_connects",

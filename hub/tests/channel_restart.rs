@@ -477,7 +477,16 @@ async fn a_rotated_channel_ca_reaches_connected_agents_without_cutting_them_off(
             !matches!(event, AgentEvent::Connected),
             "an agent of the retired CA connected"
         );
-        disconnects += usize::from(matches!(event, AgentEvent::Disconnected { .. }));
+        if let AgentEvent::Disconnected { message, .. } = &event {
+            disconnects += 1;
+            // Told apart from an outage: the agent logs how to join again.
+            let fix = flower_addon_agent::channel::locked_out(message, "edge-away")
+                .unwrap_or_else(|| panic!("not recognised as a lock-out: {message}"));
+            assert!(
+                fix.contains("flower-hub token create --cluster-name edge-away"),
+                "{fix}"
+            );
+        }
     }
     assert!(disconnects >= 1, "the away agent tried and was refused");
     assert_ne!(hub.work.acked("edge-away"), Some(version));
