@@ -61,8 +61,10 @@ pub struct FederationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub version: Option<String>,
-    /// Run every component with `--insecure` (no TLS). Defaults to true like flower-operator.
-    #[serde(default = "default_true")]
+    /// Run every component with `--insecure` (no TLS, no SuperNode authentication). Default
+    /// false: the hub issues the SuperLink's certificate and registers each SuperNode's key
+    /// (flower-operator defaults to true; its examples apply unchanged, with TLS).
+    #[serde(default)]
     pub insecure: bool,
     /// With TLS (`insecure: false`), SuperNodes must authenticate with a key the hub registered
     /// with the SuperLink (Flower's `--enable-supernode-auth`): every SuperNode gets its own key

@@ -86,6 +86,7 @@ fn args(workload: &Workload, name: &str) -> Vec<String> {
 const BASIC: &str = r#"
 mode: StatefulSet
 isolationMode: subprocess
+insecure: true
 superlink: { image: "flwr/superlink:1.25.0" }
 supernodes:
   image: "flwr/supernode:1.25.0"
@@ -288,6 +289,7 @@ fn replica(index: u32) -> ProcessReplica<'static> {
 const PLACEHOLDERS: &str = r#"
 mode: StatefulSet
 isolationMode: subprocess
+insecure: true
 superlink: { image: "flwr/superlink:1.25.0" }
 supernodes:
   image: "flwr/supernode:1.25.0"
@@ -447,6 +449,7 @@ fn classic_subprocess_arguments_match_flower_operator() {
 const PROCESS: &str = r#"
 mode: StatefulSet
 isolationMode: process
+insecure: true
 superlink: { image: "flwr/superlink:1.42.0", superexecImage: "flwr/superexec:1.42.0" }
 supernodes:
   image: "flwr/supernode:1.42.0"
@@ -627,6 +630,7 @@ fn tls_mounts_only_the_ca_bundle() {
 const MERGES: &str = r#"
 mode: StatefulSet
 isolationMode: subprocess
+insecure: true
 superlink: { image: "flwr/superlink:1.25.0" }
 supernodes:
   image: "flwr/supernode:1.25.0"

@@ -29,7 +29,9 @@ fn minimal_is_valid_with_defaults() {
         "{STS}      - name: a\n        replicas: 1\n        images: {{}}\n"
     ));
     assert!(errors(&f).is_empty());
-    assert!(f.spec.insecure);
+    // Unlike flower-operator (insecure by default), TLS and SuperNode authentication are on.
+    assert!(!f.spec.insecure);
+    assert!(f.spec.supernode_auth());
     assert_eq!(
         f.spec.superlink.service.ports,
         SuperLinkPorts {

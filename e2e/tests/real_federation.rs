@@ -5,7 +5,9 @@
 //! on the cluster's real node; every SuperNode connects to the SuperLink through its Service name
 //! (cluster DNS + ClusterIP): each logs its `SuperNode ID`, and the SuperLink logs Fleet requests
 //! from all. Then `flwr run` of `examples/fedavg` (2 rounds) from a pod of the app image, against
-//! the SuperLink's Control Service, ends `finished:completed` (`flwr ls --run-id … --format json`).
+//! the SuperLink's Control Service, ends `finished:completed` (`flwr ls --run-id … --format json`);
+//! the example runs plaintext as flower-operator's default had it (`insecure: true` added: ours
+//! is TLS).
 //! That is flower-operator's way of reaching Control (from any pod of the cluster), which a
 //! Federation now opts into with `spec.superlink.service.exposeControl: true`: both Federations
 //! here set it (without it Control is on the SuperLink pod's loopback only: `real_node` checks a
@@ -136,11 +138,13 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
 
     e2e::install_hub_manifests(&hub.client).await?;
     let t = Instant::now();
-    // flower-operator's example, with the opt-in that puts Control on the pod network.
+    // flower-operator's example as a flower-operator user keeps it: plaintext (`insecure: true`,
+    // flower-operator's default; ours is TLS, the second Federation below), and the opt-in that
+    // puts Control on the pod network.
     let example = std::fs::read_to_string(e2e::repo_root().join(EXAMPLE))?;
     let exposed = example.replace(
         "  superlink:\n    image: flwr/superlink:1.25.0\n",
-        "  superlink:\n    image: flwr/superlink:1.25.0\n    service: {exposeControl: true}\n",
+        "  insecure: true\n  superlink:\n    image: flwr/superlink:1.25.0\n    service: {exposeControl: true}\n",
     );
     anyhow::ensure!(
         exposed != example,

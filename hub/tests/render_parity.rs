@@ -14,6 +14,9 @@ fn fed(yaml: &str) -> Federation {
     serde_saphyr::from_str(yaml).expect("test Federation parses")
 }
 
+/// flower-operator's rendering is plaintext by default; ours is TLS with SuperNode authentication
+/// (see [`without_insecure_the_default_is_tls_with_supernode_authentication`]), so the parity
+/// base says `insecure: true`, as a flower-operator user's manifest would to keep its behaviour.
 const BASE: &str = r#"
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
@@ -21,6 +24,7 @@ metadata: { name: fed, namespace: ns }
 spec:
   mode: StatefulSet
   isolationMode: subprocess
+  insecure: true
   superlink: { image: "flwr/superlink:1.25.0" }
   supernodes:
     image: "flwr/supernode:1.25.0"
@@ -504,4 +508,25 @@ fn clashing_service_ports_are_reported() {
         render_problems(&f).is_empty(),
         "unified with exposeControl serves both on one port"
     );
+}
+
+#[test]
+fn without_insecure_the_default_is_tls_with_supernode_authentication() {
+    // A deliberate difference from flower-operator (`insecure` defaulted to true there): a
+    // Federation that says nothing runs TLS, and its SuperLink requires registered SuperNode keys.
+    let f = fed(&BASE.replace("  insecure: true\n", ""));
+    assert!(!f.spec.insecure && f.spec.supernode_auth());
+    let args = container(superlink_pod(&hub(&f)), "superlink")
+        .args
+        .clone()
+        .expect("args");
+    assert!(!args.iter().any(|a| a == "--insecure"), "{args:?}");
+    for want in [
+        "--ssl-certfile=/etc/flwr/tls/tls.crt",
+        "--enable-supernode-auth",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    let pool = pool_args(&local(&f));
+    assert!(!pool.iter().any(|a| a == "--insecure"), "{pool:?}");
 }
