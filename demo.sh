@@ -35,8 +35,11 @@ VENV="$(e2e/flower/venv.sh "$FLOWER_VERSION" | tail -n 1)"
 
 step "building flower-hub and flower-agent (cargo build)"
 cargo build --quiet --bin flower-hub --bin flower-agent
-HUB="$ROOT/target/debug/flower-hub"
-AGENT="$ROOT/target/debug/flower-agent"
+# Where cargo put them: CARGO_TARGET_DIR when set (relative to the repository, as cargo reads it).
+TARGET="${CARGO_TARGET_DIR:-target}"
+[[ "$TARGET" == /* ]] || TARGET="$ROOT/$TARGET"
+HUB="$TARGET/debug/flower-hub"
+AGENT="$TARGET/debug/flower-agent"
 
 WORK="${DEMO_WORK:-$(mktemp -d /tmp/flower-addon-demo.XXXXXX)}"
 mkdir -p "$WORK/manifests" "$WORK/flwr-home"
