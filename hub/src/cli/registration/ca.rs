@@ -127,7 +127,7 @@ pub fn ca(cmd: CaCommand) -> anyhow::Result<ExitCode> {
                 {
                     if !force {
                         anyhow::bail!(
-                            "{label}: {} of {} agents renewed since the hub started with the last step; waiting for {}: they renew at their next heartbeat once connected (`flower-hub get clusters` shows which are offline); run `flower-hub ca rotate {}` again then (or add --force: those agents must join again with a new token)",
+                            "{label}: {} of {} agents renewed since the hub started with the last step; waiting for {}: they renew at their next heartbeat once connected (`flower-hub status` shows which are offline); run `flower-hub ca rotate {}` again then (or add --force: those agents must join again with a new token)",
                             rollout.renewed,
                             rollout.renewed + rollout.lagging.len(),
                             rollout.lagging_names(),
