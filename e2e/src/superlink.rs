@@ -42,7 +42,8 @@ impl TestSuperLink {
         let fed = federation(version, &ports)?;
         let (flower_version, dialect) = flower_addon_hub::core::render::federation_dialect(&fed)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        let ca = HubCa::generate()?;
+        let ca = HubCa::generate_for(flower_addon_hub::registration::ca::CaRole::Flower)?
+            .federation("default", "test")?;
         let sans = ["127.0.0.1".to_owned(), "localhost".to_owned()];
         let issued = ca.issue_superlink_cert("test", &sans, Duration::from_secs(3600))?;
         std::fs::create_dir_all(dir.join("home"))?;

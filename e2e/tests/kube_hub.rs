@@ -293,9 +293,12 @@ async fn two_pools_converge_owned_by_the_federation(
         "TLS Secret keys: {:?}",
         data.keys().collect::<Vec<_>>()
     );
+    // The Federation's own CA, derived from the hub's Flower CA (not the hub's CA itself).
+    let own = ca.federation(NS, "fed")?;
     ensure!(
-        data.get("ca.crt").map(|b| b.0.as_slice()) == Some(ca.cert_pem().as_bytes()),
-        "TLS Secret ca.crt is not the hub CA"
+        data.get("ca.crt").map(|b| b.0.as_slice()) == Some(own.bundle_pem().as_bytes())
+            && own.bundle_pem() != ca.cert_pem(),
+        "TLS Secret ca.crt is not the Federation's CA"
     );
     let sans = secret
         .annotations()
@@ -688,8 +691,9 @@ async fn a_rotated_flower_ca_reaches_the_secret_and_the_supernodes(
             step.as_str()
         );
         e2e::wait_until(&what, Duration::from_secs(30), || {
-            let (secrets, now) = (secrets.clone(), now.clone());
+            let (secrets, now) = (secrets.clone(), now.federation(NS, "fed"));
             async move {
+                let now = now?;
                 let s = secrets.get("fed-superlink-tls").await?;
                 let ca_crt = s
                     .data

@@ -934,7 +934,10 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
     ))
     .await?;
     let t0 = Instant::now();
-    let work = KubeWorkSource::start(hub_sa.client.clone(), "CA PEM".into()).await?;
+    let flower_ca = std::sync::Arc::new(flower_addon_hub::registration::ca::HubCa::generate_for(
+        flower_addon_hub::registration::ca::CaRole::Flower,
+    )?);
+    let work = KubeWorkSource::start(hub_sa.client.clone(), flower_ca.clone()).await?;
     eprintln!("work source ready in {:.2}s", t0.elapsed().as_secs_f64());
     let want = |pools: &[&str]| {
         vec![(
@@ -950,7 +953,7 @@ async fn kube_work_source_follows_federations_and_decisions() -> Result<()> {
     let fw = &snap.federations[0];
     ensure!(
         fw.superlink_fleet_address == "hub.example:30092"
-            && fw.ca_bundle_pem == "CA PEM"
+            && fw.ca_bundle_pem == flower_ca.federation(NS, "fed")?.bundle_pem()
             && fw.partitions_total == 4
             && fw.cluster_index == 1
             && fw.cluster_count == 2

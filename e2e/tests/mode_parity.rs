@@ -393,7 +393,7 @@ async fn both_modes_place_and_split_shared_placements_alike_from_their_work_sour
         Ok(decided(&client, "busy").await? == ["c1"])
     })
     .await?;
-    let work = KubeWorkSource::start(hub_sa.client.clone(), ca.bundle_pem().to_owned()).await?;
+    let work = KubeWorkSource::start(hub_sa.client.clone(), ca.clone()).await?;
     let converged = e2e::wait_until(
         "the Kubernetes work source sends every cluster what the standalone hub sends",
         WAIT,
@@ -432,7 +432,9 @@ async fn both_modes_place_and_split_shared_placements_alike_from_their_work_sour
         decided(&client, "shared").await?
     );
     // The work carries the Federations' content (not only their names): fed-a on the gpu
-    // cluster c3 with the override, numbered after c2's partitions, with the Flower CA.
+    // cluster c3 with the override, numbered after c2's partitions, with fed-a's own CA
+    // (derived from the Flower CA: the same in both modes, and not another Federation's).
+    let fed_a_ca = ca.federation(NS, "fed-a")?;
     let fed_a_c3 = kube["c3"]
         .federations
         .iter()
@@ -444,7 +446,8 @@ async fn both_modes_place_and_split_shared_placements_alike_from_their_work_sour
         pool_a.partition_offset == 2
             && pool_spec["replicas"] == 3
             && fed_a_c3.partitions_total == 5
-            && fed_a_c3.ca_bundle_pem == ca.bundle_pem()
+            && fed_a_c3.ca_bundle_pem == fed_a_ca.bundle_pem()
+            && fed_a_c3.ca_bundle_pem != ca.bundle_pem()
             && fed_a_c3.superlink_fleet_address == "hub.example:30092",
         "fed-a on c3: {fed_a_c3:?}"
     );

@@ -1613,6 +1613,70 @@ async fn a_flower_run_completes_on_the_placed_federation(
     Ok(listed.outputs)
 }
 
+/// Each Federation's SuperLink certificate comes from its own CA: `auth`'s Fleet front (what a
+/// holder of auth's SuperLink key could put in the way of classic's SuperNodes) fails TLS
+/// verification with the CA bundle classic's SuperNodes get (`classic-superlink-tls`'s
+/// `ca.crt`), and passes with auth's own, for the same name. Checked from a pod on the real node
+/// with Python's `ssl`, as a SuperNode verifies.
+async fn a_supernode_of_classic_refuses_auths_superlink_certificate(
+    hub: &Cluster,
+    auth_ip: &str,
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let t = Instant::now();
+    let secrets = Api::<Secret>::namespaced(hub.client.clone(), "fl");
+    let mut bundles = Vec::new();
+    for fed in ["classic", "auth"] {
+        let secret = secrets.get(&format!("{fed}-superlink-tls")).await?;
+        let ca = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .with_context(|| format!("{fed}-superlink-tls has no ca.crt"))?;
+        bundles.push(String::from_utf8(ca.0.clone())?);
+    }
+    ensure!(
+        bundles[0] != bundles[1],
+        "classic and auth are given the same SuperLink CA bundle"
+    );
+    let script = format!(
+        "import socket, ssl
+         def handshake(ca):
+             ctx = ssl.create_default_context(cadata=ca)
+             try:
+                 with socket.create_connection(('{auth_ip}', 9092), timeout=10) as s:
+                     with ctx.wrap_socket(s, server_hostname='auth-superlink.fl.svc'):
+                         return 'passed'
+             except ssl.SSLCertVerificationError as e:
+                 return 'refused: ' + e.verify_message
+         print('classic-trust', handshake({classic:?}))
+         print('auth-trust', handshake({auth:?}))
+",
+        classic = bundles[0],
+        auth = bundles[1],
+    );
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
+    let log = run_python(&pods, "federation-trust", &script).await?;
+    pods.delete("federation-trust", &Default::default()).await?;
+    let line = |prefix: &str| {
+        log.lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    ensure!(
+        line("classic-trust ").starts_with("classic-trust refused:")
+            && line("auth-trust ") == "auth-trust passed",
+        "auth's SuperLink certificate with classic's CA bundle must be refused, with auth's own pass: {log:?}"
+    );
+    eprintln!(
+        "real_node: auth's Fleet front at {auth_ip}:9092 with classic's CA bundle: {}; with auth's: passed ({:.1}s)",
+        line("classic-trust ").trim_start_matches("classic-trust "),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// A ServerApp of one Federation cannot reach another Federation's Control API (from which it
 /// could run code on that Federation's SuperNodes — another team's clusters). The probe app
 /// (e2e/flower/probe) runs as a `FlowerRun` on `classic` (1.25.0, another Flower release and
@@ -1650,6 +1714,7 @@ async fn another_federations_serverapp_cannot_reach_control(hub: &Cluster) -> Re
         .status
         .and_then(|s| s.pod_ip)
         .context("auth-superlink-0 has no pod IP")?;
+    a_supernode_of_classic_refuses_auths_superlink_certificate(hub, &ip).await?;
     let refused = format!("{ip}:8000 {ip}:9099 auth-superlink-control.fl.svc:9093");
     let reached = format!("{ip}:9092");
     let fab =

@@ -170,6 +170,15 @@ fn a_serverapp_cannot_reach_another_federations_control_api(
         };
         Ok(served_certificate(control, &ca))
     })?;
+    // Each Federation's SuperLink certificate is its own CA's: neighbour's (what a ServerApp of
+    // neighbour could read) does not pass with quickstart's trust, same names and all.
+    let quickstart_ca =
+        std::fs::read_to_string(state.join("federations/default/quickstart/tls/ca.crt"))?;
+    ensure!(
+        served_certificate(control, &quickstart_ca).is_none(),
+        "neighbour's SuperLink certificate verifies with quickstart's CA bundle"
+    );
+    a_supernode_trusts_only_its_own_federations_superlink(flwr, state, ports[0])?;
     let own = status(hub_bin, state)["federations"]
         .as_array()
         .and_then(|feds| feds.iter().find(|f| f["name"] == "quickstart"))
@@ -189,6 +198,73 @@ fn a_serverapp_cannot_reach_another_federations_control_api(
         t.elapsed().as_secs_f64()
     );
     std::fs::remove_file(manifests.join("neighbour.yaml"))?;
+    Ok(())
+}
+
+/// A real Flower SuperNode of `quickstart` (its CA bundle, its key) sent to `neighbour`'s Fleet
+/// port — what a tenant holding neighbour's SuperLink key could make of a redirected
+/// connection — refuses the certificate (`CERTIFICATE_VERIFY_FAILED`); the same SuperNode
+/// trusting neighbour's bundle passes TLS and is refused by neighbour's SuperNode
+/// authentication instead (its key is not registered there), so the refusal is the CA's.
+fn a_supernode_trusts_only_its_own_federations_superlink(
+    flwr: &e2e::flwr::HostFlwr,
+    state: &Path,
+    neighbour_fleet: u16,
+) -> Result<()> {
+    let key = state.join("local-pools/federations/default/quickstart/keys/site-a-0.key");
+    ensure!(key.is_file(), "no SuperNode key at {}", key.display());
+    let attempt = |ca: &Path| -> Result<String> {
+        let port = free_ports(1)?[0];
+        let log = state.join(format!("cross-supernode-{port}.log"));
+        let bin = flwr.venv.join("bin");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let output = std::fs::File::create(&log)?;
+        let mut child = Command::new(bin.join("flower-supernode"))
+            .arg(format!("--superlink=127.0.0.1:{neighbour_fleet}"))
+            .arg("--isolation=process")
+            .arg(format!("--root-certificates={}", ca.display()))
+            .args(["--host=127.0.0.1", &format!("--port={port}")])
+            .arg(format!("--auth-supernode-private-key={}", key.display()))
+            .env("PATH", path)
+            .env("FLWR_TELEMETRY_ENABLED", "0")
+            .stdout(output.try_clone()?)
+            .stderr(output)
+            .spawn()
+            .context("start flower-supernode")?;
+        let exited = Wait::new(
+            "the SuperNode to give up on neighbour's SuperLink",
+            Duration::from_secs(90),
+        )
+        .for_value_blocking(|| Ok(child.try_wait()?));
+        if exited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let out = std::fs::read_to_string(&log)?;
+        std::fs::remove_file(&log)?;
+        exited.with_context(|| format!("flower-supernode output:\n{out}"))?;
+        Ok(out)
+    };
+    let t = Instant::now();
+    let own_trust = attempt(&state.join("federations/default/quickstart/tls/ca.crt"))?;
+    ensure!(
+        own_trust.contains("CERTIFICATE_VERIFY_FAILED"),
+        "a SuperNode of quickstart dialling neighbour's SuperLink did not refuse its certificate:\n{own_trust}"
+    );
+    let neighbours_trust = attempt(&state.join("federations/other/neighbour/tls/ca.crt"))?;
+    ensure!(
+        !neighbours_trust.contains("CERTIFICATE_VERIFY_FAILED")
+            && neighbours_trust.contains("Failed to activate SuperNode"),
+        "with neighbour's CA bundle the SuperNode should pass TLS and be refused by SuperNode authentication:\n{neighbours_trust}"
+    );
+    eprintln!(
+        "a SuperNode of quickstart refused neighbour's SuperLink certificate (CERTIFICATE_VERIFY_FAILED), and with neighbour's CA passed TLS to be refused as an unregistered node ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

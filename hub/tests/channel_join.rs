@@ -642,12 +642,15 @@ async fn a_server_holding_a_superlink_certificate_cannot_pass_as_the_hub() {
             .await
             .expect("flower ca");
     assert_ne!(flower_ca.hash(), hub.ca.hash(), "one CA for both roles");
+    // SuperLink certificates come from the Federation's CA, derived from the Flower CA.
     let superlink = flower_ca
+        .federation("default", "fed")
+        .expect("Federation CA")
         .issue_superlink_cert("fed", &["127.0.0.1".to_owned()], Duration::from_secs(3600))
         .expect("superlink cert");
     let (_, pem) = x509_parser::pem::parse_x509_pem(superlink.cert_pem.as_bytes()).expect("pem");
     let issuer = pem.parse_x509().expect("x509").issuer().to_string();
-    assert!(issuer.contains("Flower CA"), "{issuer}");
+    assert!(issuer.contains("default/fed SuperLink CA"), "{issuer}");
 
     // The fake hub signs with the Flower CA (what a SuperLink's certificate chains to).
     let fake_store =

@@ -25,7 +25,10 @@ struct Pki {
 }
 
 fn pki() -> Pki {
-    let ca = HubCa::generate_for(CaRole::Flower).unwrap();
+    let ca = HubCa::generate_for(CaRole::Flower)
+        .unwrap()
+        .federation("default", "f")
+        .unwrap();
     let issued = ca
         .issue_superlink_cert(
             "f",

@@ -10,14 +10,22 @@ use std::time::Duration;
 use flower_addon_crds::render::FlowerDialect;
 use flower_addon_hub::flower::control::ControlEndpoint;
 use flower_addon_hub::flower::registry::{KeyTarget, NodeKeyRegistry};
-use flower_addon_hub::registration::ca::{CaRole, HubCa};
+use flower_addon_hub::registration::ca::{CaRole, FederationCa, HubCa};
 
 const KEY: &str = "ecdsa-sha2-nistp384 AAAAE2VjZHNhLXNoYTItbmlzdHAzODQAAAAIbmlzdHAzODQAAABhBJ7NryvMMKWyOHkfa/yQMy1fXLDk2ZksQLI534CBZwGEKN0FcG1/iEiL2wcX8Rhx2qa2XiRAu8z9peBedvXBheoWLSJ04EfLTvEssJ2FcpYK6e5ZTs6jdMIs7t3wpC5vKw== node0";
 
 /// A stand-in SuperLink Control API on loopback, with a certificate from a new Flower CA: the CA,
 /// the directory holding the certificate files, the keys it holds and its address.
-async fn stand_in_superlink() -> (HubCa, tempfile::TempDir, fake_control::Nodes, String) {
-    let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+async fn stand_in_superlink() -> (
+    std::sync::Arc<FederationCa>,
+    tempfile::TempDir,
+    fake_control::Nodes,
+    String,
+) {
+    let ca = HubCa::generate_for(CaRole::Flower)
+        .expect("ca")
+        .federation("team", "fed")
+        .expect("Federation CA");
     let pair = ca
         .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
         .expect("cert");

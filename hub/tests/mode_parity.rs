@@ -208,11 +208,18 @@ async fn standalone_work_equals_the_kube_work_function_on_its_selection_and_rend
         })
         .expect("federation");
     let selected: Vec<String> = clusters.keys().cloned().collect();
+    // Both modes derive the same Federation CA from the same Flower CA.
+    let fed_ca = ca
+        .federation(
+            fed.metadata.namespace.as_deref().expect("namespace"),
+            fed.metadata.name.as_deref().expect("name"),
+        )
+        .expect("Federation CA");
     let kube = flower_addon_hub::kube::work::federation_work(
         fed,
         &selected,
         &clusters,
-        ca.cert_pem(),
+        fed_ca.bundle_pem(),
         &all,
         &[],
     )
@@ -247,7 +254,7 @@ async fn standalone_work_equals_the_kube_work_function_on_its_selection_and_rend
         fed,
         &selection,
         &s1.superlink_fleet_address,
-        ca.bundle_pem(),
+        fed_ca.bundle_pem(),
     )
     .expect("render")
     .expect("s1 runs pools");

@@ -103,7 +103,10 @@ struct Setup {
 impl Setup {
     async fn new(fed: Federation, objects: Vec<Value>) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+        let ca = HubCa::generate_for(CaRole::Flower)
+            .expect("ca")
+            .federation("team", "fed")
+            .expect("Federation CA");
         let pair = ca
             .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
             .expect("cert");

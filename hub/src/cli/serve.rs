@@ -67,8 +67,9 @@ pub struct ServeArgs {
     /// Names a Federation may ask for in the SuperLink certificate the hub issues
     /// (`spec.superlink.externalAddress`, `spec.tls.extraSANs`) besides the hub's own addresses
     /// (`--advertise-address`, `--node-address`): a DNS name, `*.domain`, an IP address or a
-    /// CIDR range (repeatable or comma-separated). Every Federation's SuperNodes trust the one
-    /// Flower CA, so the hub signs only names its admin vouches for; `*` lets Federation authors
+    /// CIDR range (repeatable or comma-separated). A Federation's CA is trusted by its own
+    /// SuperNodes and `flwr` users only, who may keep it among others, so the hub signs only
+    /// names its admin vouches for; `*` lets Federation authors
     /// choose any name but another Service's cluster-internal one. A Federation asking for
     /// another name is refused (status Degraded, the field named).
     #[arg(

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::core::render::{federation_dialect, superlink_name};
 use crate::core::superlink::{SuperLinkPorts, separate_control};
 use crate::flower::control::{ControlEndpoint, IoStream, Opener, Opening, Tunnel};
+use crate::registration::ca::HubCa;
 
 /// Makes the tunnel to port `port` of pod `namespace/pod`.
 pub type Forward = Arc<dyn Fn(&str, &str, u16) -> Tunnel + Send + Sync>;
@@ -105,16 +106,29 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Forwarded<S> {
     }
 }
 
-/// The Control endpoint of `fed`'s SuperLink, TLS verified with `ca_pem` (plaintext for an
-/// insecure Federation): through `forward` to pod `<fed>-superlink-0` unless the Federation
-/// exposes Control; `None` when its Flower version or images name no dialect (the Federation
-/// controller reports that spec as invalid).
+/// The Control endpoint of `fed`'s SuperLink, TLS verified with the Federation's own CA bundle
+/// derived from the Flower CA `ca` (plaintext for an insecure Federation): through `forward` to
+/// pod `<fed>-superlink-0` unless the Federation exposes Control; `None` when its Flower version
+/// or images name no dialect (the Federation controller reports that spec as invalid).
 pub fn in_cluster_endpoint(
     fed: &Federation,
-    ca_pem: &str,
+    ca: &HubCa,
     forward: &Forward,
 ) -> Option<ControlEndpoint> {
     let (_, dialect) = federation_dialect(fed).ok()?;
+    let ca_pem = if fed.spec.insecure {
+        None
+    } else {
+        let namespace = fed.metadata.namespace.as_deref().unwrap_or("default");
+        let name = fed.metadata.name.as_deref().unwrap_or_default();
+        match ca.federation(namespace, name) {
+            Ok(federation_ca) => Some(federation_ca.bundle_pem().to_owned()),
+            Err(e) => {
+                tracing::error!(%namespace, federation = %name, error = %e, "cannot derive the Federation's SuperLink CA");
+                return None;
+            }
+        }
+    };
     let (server_name, address) = crate::core::superlink::in_cluster_control(fed, dialect);
     let tunnel = separate_control(fed).then(|| {
         let pod = format!(
@@ -132,7 +146,7 @@ pub fn in_cluster_endpoint(
         dialect,
         address,
         server_name,
-        ca_pem: (!fed.spec.insecure).then(|| ca_pem.to_owned()),
+        ca_pem,
         tunnel,
     })
 }
@@ -181,28 +195,32 @@ spec:
         // Control is on the pod's loopback: the hub port-forwards to the pod, and only with
         // `exposeControl` dials the Service.
         let forward = unreachable_forward();
-        let tls = in_cluster_endpoint(&federation(false, "flwr/superlink:1.42.0"), "CA", &forward)
+        let ca = HubCa::generate_for(crate::registration::ca::CaRole::Flower).expect("CA");
+        let tls = in_cluster_endpoint(&federation(false, "flwr/superlink:1.42.0"), &ca, &forward)
             .expect("endpoint");
         assert_eq!(tls.dialect, FlowerDialect::Unified);
         assert_eq!(tls.address, "fed-superlink-control.team.svc:9093");
         assert_eq!(tls.server_name, "fed-superlink-control.team.svc");
-        assert_eq!(tls.ca_pem.as_deref(), Some("CA"));
+        // The Federation's own CA, not the hub's Flower CA.
+        let own = ca.federation("team", "fed").expect("Federation CA");
+        assert_eq!(tls.ca_pem.as_deref(), Some(own.bundle_pem()));
+        assert_ne!(tls.ca_pem.as_deref(), Some(ca.bundle_pem()));
         assert_eq!(
             tls.tunnel.as_ref().map(|t| t.describe.as_str()),
             Some("port-forward team/fed-superlink-0:8000")
         );
         let mut exposed = federation(false, "flwr/superlink:1.42.0");
         exposed.spec.superlink.service.expose_control = true;
-        let exposed = in_cluster_endpoint(&exposed, "CA", &forward).expect("endpoint");
+        let exposed = in_cluster_endpoint(&exposed, &ca, &forward).expect("endpoint");
         assert_eq!(exposed.tunnel, None, "exposeControl: the Service, over TCP");
         // (Flower >= 1.40 then serves Fleet and Control on the one exposed port.)
         assert_eq!(exposed.address, "fed-superlink-control.team.svc:9092");
         let insecure =
-            in_cluster_endpoint(&federation(true, "flwr/superlink:1.42.0"), "CA", &forward)
+            in_cluster_endpoint(&federation(true, "flwr/superlink:1.42.0"), &ca, &forward)
                 .expect("endpoint");
         assert_eq!(insecure.ca_pem, None);
         let classic =
-            in_cluster_endpoint(&federation(false, "flwr/superlink:1.25.0"), "CA", &forward)
+            in_cluster_endpoint(&federation(false, "flwr/superlink:1.25.0"), &ca, &forward)
                 .expect("endpoint");
         assert_eq!(classic.dialect, FlowerDialect::Classic);
     }

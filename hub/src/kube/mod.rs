@@ -28,15 +28,14 @@ pub async fn run_hub_cluster(
     settings: controller::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), work::KubeWorkError> {
-    let work =
-        Arc::new(work::KubeWorkSource::start(client.clone(), ca.bundle_pem().to_string()).await?);
+    let work = Arc::new(work::KubeWorkSource::start(client.clone(), ca.clone()).await?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let runs = tokio::spawn(controller::runs::run(
         client.clone(),
-        ca.bundle_pem().to_string(),
+        ca.clone(),
         stopped(stop_rx.clone()),
     ));
     let federations = tokio::spawn(controller::run(

@@ -35,6 +35,7 @@ use crate::core::source::{InMemoryWorkSource, WorkSource};
 use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::controller::placement::cluster_view;
+use crate::registration::ca::HubCa;
 
 mod changes;
 mod hold;
@@ -106,8 +107,9 @@ struct Stores {
 
 impl KubeWorkSource {
     /// Starts the reflectors on `client`, waits until each has listed, computes the first work
-    /// and returns. `ca_pem` is the CA bundle spokes use to verify SuperLinks.
-    pub async fn start(client: Client, ca_pem: String) -> Result<Self, KubeWorkError> {
+    /// and returns. `ca` is the Flower CA: each Federation's SuperNodes verify its SuperLink with
+    /// the Federation's own CA derived from it.
+    pub async fn start(client: Client, ca: Arc<HubCa>) -> Result<Self, KubeWorkError> {
         let status_client = client.clone();
         let keys_client = client.clone();
         let (federations, fed_writer) = reflector::store::<Federation>();
@@ -194,7 +196,7 @@ impl KubeWorkSource {
             stores.clone(),
             reports.clone(),
             registry.clone(),
-            ca_pem.clone(),
+            ca.clone(),
             reported_rx,
             keys_changed,
         ));
@@ -203,7 +205,7 @@ impl KubeWorkSource {
         let task_registry = registry.clone();
         let task = tokio::spawn(async move {
             let mut state = State {
-                ca_pem,
+                ca,
                 registry: task_registry,
                 sent: BTreeMap::new(),
                 last_good: BTreeMap::new(),
@@ -334,7 +336,7 @@ fn work_hash(work: &ClusterWork) -> u64 {
 }
 
 struct State {
-    ca_pem: String,
+    ca: Arc<HubCa>,
     registry: Arc<NodeKeyRegistry>,
     /// A hash of the work last sent to each cluster (the work itself is the inner source's):
     /// 10,000 clusters' work is held once, not once more here.
@@ -425,11 +427,15 @@ impl State {
                 .map(|(_, result)| result.clone());
             let fresh = memo.is_none();
             let result = memo.unwrap_or_else(|| {
+                let bundle = self
+                    .ca
+                    .federation(&key.0, &key.1)
+                    .map_err(|e| format!("cannot derive the Federation's SuperLink CA: {e}"))?;
                 federation_work(
                     &fed,
                     &selected,
                     &labels,
-                    &self.ca_pem,
+                    bundle.bundle_pem(),
                     &registered,
                     &retired,
                 )

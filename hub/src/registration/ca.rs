@@ -1,5 +1,6 @@
-//! The hub certificate authority: one CA key pair (rcgen, ECDSA P-256) that signs the gRPC server
-//! certificate, agent client certificates and SuperLink server certificates.
+//! The hub certificate authorities (rcgen, ECDSA P-256): the work-channel CA signs the gRPC server
+//! certificate and agent client certificates; the Flower CA is what each Federation's SuperLink CA
+//! is derived from ([`super::federation_ca`]).
 //!
 //! The CA is identified by its hash `sha256:<hex>`: the SHA-256 of the DER-encoded
 //! SubjectPublicKeyInfo of the CA certificate, exactly like kubeadm's
@@ -13,7 +14,10 @@ use rcgen::{
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+pub use super::federation_ca::FederationCa;
 
 /// Validity of the CA certificate itself.
 const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -54,6 +58,11 @@ pub struct CaMaterial {
     /// PEM of the CA this one replaced, trusted until `retire`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_cert_pem: Option<String>,
+    /// PEM of the replaced CA's private key, kept until `retire` so that the Flower CA's
+    /// per-Federation CAs derived from it stay trusted as well
+    /// ([`super::federation_ca`]). Secret. Absent in records of hubs before per-Federation CAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_key_pem: Option<String>,
 }
 
 impl std::fmt::Debug for CaMaterial {
@@ -111,13 +120,13 @@ impl Validity {
 
 /// What a hub CA signs. The two never share a key: the CA an agent pins with `--ca-hash` signs only
 /// the hub's work-channel server certificate and the agents' client certificates; SuperLink
-/// certificates (what SuperNodes and `flwr` trust) come from the Flower CA, so no certificate a
-/// SuperLink holds can pass as the hub.
+/// certificates (what SuperNodes and `flwr` trust) come from per-Federation CAs derived from the
+/// Flower CA, so no certificate a SuperLink holds can pass as the hub or another Federation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaRole {
     /// The work channel: hub server certificate, agent client certificates.
     Channel,
-    /// Flower-facing: SuperLink server certificates.
+    /// Flower-facing: what each Federation's SuperLink CA is derived from.
     Flower,
 }
 
@@ -137,6 +146,8 @@ pub struct HubCa {
     cert_der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
     hash: String,
+    /// The per-Federation CAs derived so far (Flower role), by `(namespace, name)`.
+    federations: dashmap::DashMap<(String, String), Arc<FederationCa>>,
 }
 
 impl std::fmt::Debug for HubCa {
@@ -180,6 +191,7 @@ impl HubCa {
             key_pem: key.serialize_pem(),
             next: None,
             previous_cert_pem: None,
+            previous_key_pem: None,
         })
     }
 
@@ -218,6 +230,7 @@ impl HubCa {
             cert_der,
             issuer,
             hash,
+            federations: dashmap::DashMap::new(),
         })
     }
 
@@ -275,50 +288,20 @@ impl HubCa {
                 sans.push(default.to_string());
             }
         }
-        self.issue_serving_cert("flower-addon hub", &sans, lifetime)
+        issue_serving_cert(&self.issuer, "flower-addon hub", &sans, lifetime)
     }
 
-    /// Issues a SuperLink server certificate (fresh key) for the addresses SuperNodes dial
-    /// (`sans`: DNS names or IP addresses), e.g. the Fleet API's external address.
-    pub fn issue_superlink_cert(
-        &self,
-        federation: &str,
-        sans: &[String],
-        lifetime: Duration,
-    ) -> Result<IssuedKeyPair, CaError> {
-        self.issue_serving_cert(&format!("{federation} superlink"), sans, lifetime)
-    }
-
-    fn issue_serving_cert(
-        &self,
-        common_name: &str,
-        sans: &[String],
-        lifetime: Duration,
-    ) -> Result<IssuedKeyPair, CaError> {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans.to_vec())?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "flower-addon");
-        dn.push(DnType::CommonName, common_name);
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.serial_number = Some(random_serial());
-        params.use_authority_key_identifier_extension = true;
-        let validity = Validity::from_now(lifetime);
-        params.not_before = validity.not_before.into();
-        params.not_after = validity.not_after.into();
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(IssuedKeyPair {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            not_before: validity.not_before,
-            not_after: validity.not_after,
-        })
+    /// The SuperLink CA of Federation `namespace/name`, derived from this (Flower) CA and
+    /// remembered: what signs that Federation's SuperLink certificate and what its SuperNodes and
+    /// `flwr` trust ([`super::federation_ca`]).
+    pub fn federation(&self, namespace: &str, name: &str) -> Result<Arc<FederationCa>, CaError> {
+        let key = (namespace.to_owned(), name.to_owned());
+        if let Some(ca) = self.federations.get(&key) {
+            return Ok(ca.clone());
+        }
+        let ca = Arc::new(FederationCa::derive(&self.material, namespace, name)?);
+        self.federations.insert(key, ca.clone());
+        Ok(ca)
     }
 
     /// Signs an agent's CSR as a client certificate for `cluster_name`, valid for `lifetime`.
@@ -366,6 +349,39 @@ impl HubCa {
             key_fingerprint,
         })
     }
+}
+
+/// A server certificate (fresh ECDSA P-256 key) for `sans`, signed by `issuer`.
+pub(super) fn issue_serving_cert(
+    issuer: &Issuer<'static, KeyPair>,
+    common_name: &str,
+    sans: &[String],
+    lifetime: Duration,
+) -> Result<IssuedKeyPair, CaError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(sans.to_vec())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "flower-addon");
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.serial_number = Some(random_serial());
+    params.use_authority_key_identifier_extension = true;
+    let validity = Validity::from_now(lifetime);
+    params.not_before = validity.not_before.into();
+    params.not_after = validity.not_after.into();
+    let cert = params.signed_by(&key, issuer)?;
+    Ok(IssuedKeyPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        not_before: validity.not_before,
+        not_after: validity.not_after,
+    })
 }
 
 /// `sha256:<hex>` of a certificate's SubjectPublicKeyInfo DER (the CA hash when applied to the

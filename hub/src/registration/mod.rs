@@ -2,6 +2,7 @@
 //! ([`tokens`]), what a join does ([`join`]) and the cluster store ([`store`]: the trait, and
 //! the file store of the standalone hub), and CA rotation ([`rotation`]).
 pub mod ca;
+pub mod federation_ca;
 pub mod join;
 pub mod rotation;
 pub mod store;

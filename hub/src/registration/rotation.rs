@@ -127,6 +127,7 @@ pub fn rotate(
             let next = material.next.as_deref().cloned().expect("staged");
             Ok(CaMaterial {
                 previous_cert_pem: Some(material.cert_pem.clone()),
+                previous_key_pem: Some(material.key_pem.clone()),
                 ..next
             })
         }
@@ -135,6 +136,7 @@ pub fn rotate(
         )),
         (RotationStep::Retire, RotationPhase::Promoted) => Ok(CaMaterial {
             previous_cert_pem: None,
+            previous_key_pem: None,
             ..material.clone()
         }),
         (RotationStep::Retire, _) => Err(out_of_order(

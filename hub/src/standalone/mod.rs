@@ -383,7 +383,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let ca_pem = if fed.spec.insecure {
             String::new()
         } else if !refused.is_empty() {
-            self.ca.bundle_pem().to_owned()
+            self.ca
+                .federation(&key.0, &key.1)
+                .map_err(|e| format!("cannot derive the Federation's SuperLink CA: {e}"))?
+                .bundle_pem()
+                .to_owned()
         } else {
             std::fs::read_to_string(&paths.ca)
                 .map_err(|e| format!("{}: {e}", paths.ca.display()))?

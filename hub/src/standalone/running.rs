@@ -140,10 +140,17 @@ impl<S: ClusterStore> StandaloneHub<S> {
         // Re-issued when the SANs or the signing CA changed (a hub upgraded to separate CAs
         // re-issues certificates its channel CA signed; a promoted rotation, those the old CA
         // signed). The CA file's first certificate is the signer of the certificate in force.
+        // The Federation's own CA (derived from the Flower CA): another Federation's SuperLink
+        // certificate does not verify for this one's SuperNodes.
+        let (namespace, name) = fed_key(fed);
+        let ca = self
+            .ca
+            .federation(&namespace, &name)
+            .map_err(|e| format!("cannot derive the Federation's SuperLink CA: {e}"))?;
         let ca_file = std::fs::read_to_string(&paths.ca).ok();
         let same_ca = ca_file
             .as_deref()
-            .is_some_and(|pem| first_certificate(pem) == first_certificate(self.ca.cert_pem()));
+            .is_some_and(|pem| first_certificate(pem) == first_certificate(ca.cert_pem()));
         let validity = self.config.superlink_cert_validity;
         let in_force = std::fs::read_to_string(&paths.cert)
             .ok()
@@ -160,20 +167,19 @@ impl<S: ClusterStore> StandaloneHub<S> {
             )
         {
             // A staged or retired rotation changes what to trust, not the certificate.
-            if ca_file.as_deref() != Some(self.ca.bundle_pem()) {
-                write_file(&paths.ca, self.ca.bundle_pem().as_bytes())?;
+            if ca_file.as_deref() != Some(ca.bundle_pem()) {
+                write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
             }
             return Ok(validity_marker(not_before, not_after));
         }
-        let issued = self
-            .ca
-            .issue_superlink_cert(&fed_key(fed).1, &sans, validity)
+        let issued = ca
+            .issue_superlink_cert(&name, &sans, validity)
             .map_err(|e| format!("cannot issue the SuperLink certificate: {e}"))?;
         write_private(&paths.key, issued.key_pem.as_bytes())?;
         write_file(&paths.cert, issued.cert_pem.as_bytes())?;
-        write_file(&paths.ca, self.ca.bundle_pem().as_bytes())?;
+        write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
         write_file(&sans_file, want.as_bytes())?;
-        tracing::info!(federation = %fed_key(fed).1, sans = %sans.join(","), "issued the SuperLink certificate");
+        tracing::info!(federation = %name, sans = %sans.join(","), "issued the SuperLink certificate");
         let (not_before, not_after) = certificate_validity(&issued.cert_pem)
             .ok_or("the issued SuperLink certificate does not parse")?;
         Ok(validity_marker(not_before, not_after))

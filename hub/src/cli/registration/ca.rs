@@ -31,7 +31,8 @@ pub enum CaCommand {
 /// Which hub CA.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhichCa {
-    /// The Flower CA: SuperLink certificates, what SuperNodes and `flwr` trust.
+    /// The Flower CA: each Federation's SuperLink CA is derived from it (what its SuperNodes and
+    /// `flwr` trust).
     Flower,
     /// The work-channel CA: the hub's server certificate and agents' client certificates (what
     /// `flower-agent join --ca-hash` pins).

@@ -130,10 +130,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listeners = bind(&args.listen).await?;
         health.set(CHANNEL_READY, true);
         let work = Arc::new(
-            crate::kube::work::KubeWorkSource::start(
-                client.clone(),
-                flower_ca.bundle_pem().to_string(),
-            )
+            crate::kube::work::KubeWorkSource::start(client.clone(), flower_ca.clone())
             .await?,
         );
         health.set(WORK_SOURCE_READY, true);
@@ -154,7 +151,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 .map(String::as_str),
             &args.superlink_name,
         )?;
-        let flower_ca_pem = flower_ca.bundle_pem().to_string();
+        let runs_ca = flower_ca.clone();
         let federations = tokio::spawn(crate::kube::controller::run(
             client.clone(),
             flower_ca,
@@ -173,7 +170,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ));
         let runs = tokio::spawn(crate::kube::controller::runs::run(
             client.clone(),
-            flower_ca_pem,
+            runs_ca,
             wait_stop(stop_rx.clone()),
         ));
         let placements = tokio::spawn(crate::kube::controller::placement::run(

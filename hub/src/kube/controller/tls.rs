@@ -21,7 +21,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use crate::core::render::{ExternalAddressError, ExternalEndpoints, superlink_tls_secret_name};
-use crate::registration::ca::HubCa;
+use crate::registration::ca::FederationCa;
 
 use super::apply::own;
 use super::{Context, Error, Result, apply, cache};
@@ -87,7 +87,7 @@ pub(super) fn certificate_of(secret: &Secret, validity: Duration, now: SystemTim
 pub fn still_valid(
     existing: &Secret,
     sans: &[String],
-    ca: &HubCa,
+    ca: &FederationCa,
     now: SystemTime,
     validity: Duration,
 ) -> bool {
@@ -106,7 +106,7 @@ pub fn still_valid(
 
 /// `existing` with `ca.crt` set to the CA bundle in force, when it holds another (a CA rotation
 /// was staged or retired: the bundle changed, the signer did not, so the certificate stays).
-pub fn with_current_bundle(existing: &Secret, ca: &HubCa) -> Option<Secret> {
+pub fn with_current_bundle(existing: &Secret, ca: &FederationCa) -> Option<Secret> {
     let data = existing.data.as_ref()?;
     if data.get("ca.crt").map(|b| b.0.as_slice()) == Some(ca.bundle_pem().as_bytes()) {
         return None;
@@ -131,11 +131,11 @@ pub fn with_current_bundle(existing: &Secret, ca: &HubCa) -> Option<Secret> {
     })
 }
 
-/// A new SuperLink TLS Secret for `fed`, valid for `validity`, signed by `ca`, owned by the
-/// Federation.
+/// A new SuperLink TLS Secret for `fed`, valid for `validity`, signed by `ca` (the
+/// Federation's own), owned by the Federation.
 pub fn issue_secret(
     fed: &Federation,
-    ca: &HubCa,
+    ca: &FederationCa,
     sans: &[String],
     validity: Duration,
 ) -> Result<Secret, Error> {
@@ -228,17 +228,21 @@ pub(super) async fn ensure_certificate(
     });
     let now = SystemTime::now();
     let validity = ctx.settings.superlink_cert_validity;
+    let ca = ctx
+        .ca
+        .federation(namespace, &fed.name_any())
+        .map_err(Error::Ca)?;
     if let Some(existing) = existing.as_ref()
         && owned
-        && still_valid(existing, &sans, &ctx.ca, now, validity)
+        && still_valid(existing, &sans, &ca, now, validity)
     {
-        if let Some(updated) = with_current_bundle(existing, &ctx.ca) {
+        if let Some(updated) = with_current_bundle(existing, &ca) {
             apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
             tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
         }
         return Ok(certificate_of(existing, validity, now));
     }
-    let secret = issue_secret(fed, &ctx.ca, &sans, validity)?;
+    let secret = issue_secret(fed, &ca, &sans, validity)?;
     let certificate = certificate_of(&secret, validity, now);
     let body = cache::body(&secret)?;
     apply::apply_body(&secrets_api, &secret_name, &body).await?;
@@ -274,10 +278,13 @@ spec:
   tls: {extraSANs: [flower.example]}
 "#;
 
+    use crate::registration::ca::CaRole;
+
     #[test]
     fn an_issued_secret_is_kept_until_sans_ca_or_validity_change() {
         // Re-issuing on every reconcile would churn the Secret; stale ones must be replaced.
-        let ca = HubCa::generate().unwrap();
+        let hub = crate::registration::ca::HubCa::generate_for(CaRole::Flower).unwrap();
+        let ca = hub.federation("team", "f").unwrap();
         let f = fed(TLS);
         let sans = crate::core::superlink::superlink_sans(
             &f,
@@ -288,10 +295,21 @@ spec:
         let now = SystemTime::now();
         assert!(still_valid(&secret, &sans, &ca, now, validity));
         assert!(!still_valid(&secret, &sans[1..], &ca, now, validity));
+        // Another Federation's CA, or the same name under another hub's CA.
         assert!(!still_valid(
             &secret,
             &sans,
-            &HubCa::generate().unwrap(),
+            &hub.federation("team", "other").unwrap(),
+            now,
+            validity
+        ));
+        assert!(!still_valid(
+            &secret,
+            &sans,
+            &crate::registration::ca::HubCa::generate_for(CaRole::Flower)
+                .unwrap()
+                .federation("team", "f")
+                .unwrap(),
             now,
             validity
         ));

@@ -289,6 +289,7 @@ pub(super) fn ca_of(secret: &Secret) -> Result<CaMaterial, StoreError> {
             key_pem,
             next: None,
             previous_cert_pem: None,
+            previous_key_pem: None,
         })),
         _ => None,
     };
@@ -297,6 +298,7 @@ pub(super) fn ca_of(secret: &Secret) -> Result<CaMaterial, StoreError> {
         key_pem: get("ca.key")?,
         next,
         previous_cert_pem: optional(PREVIOUS_CERT_KEY),
+        previous_key_pem: optional(PREVIOUS_KEY_KEY),
     })
 }
 
@@ -306,6 +308,9 @@ pub const NEXT_CERT_KEY: &str = "next.crt";
 pub const NEXT_KEY_KEY: &str = "next.key";
 /// Key of a CA Secret holding the replaced CA's certificate until it is retired.
 pub const PREVIOUS_CERT_KEY: &str = "previous.crt";
+/// Key of a CA Secret holding the replaced CA's private key until it is retired (the Flower CA's
+/// per-Federation CAs are derived from it).
+pub const PREVIOUS_KEY_KEY: &str = "previous.key";
 
 /// The data of the Secret holding `ca`.
 pub(super) fn ca_data(ca: &CaMaterial) -> BTreeMap<String, ByteString> {
@@ -332,6 +337,12 @@ pub(super) fn ca_data(ca: &CaMaterial) -> BTreeMap<String, ByteString> {
     if let Some(previous) = &ca.previous_cert_pem {
         data.insert(
             PREVIOUS_CERT_KEY.to_owned(),
+            ByteString(previous.clone().into_bytes()),
+        );
+    }
+    if let Some(previous) = &ca.previous_key_pem {
+        data.insert(
+            PREVIOUS_KEY_KEY.to_owned(),
             ByteString(previous.clone().into_bytes()),
         );
     }

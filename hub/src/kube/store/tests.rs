@@ -211,3 +211,39 @@ fn the_issued_certificate_round_trips_through_annotations() {
     assert!(sync_spec_with_status(&mut mc, &ClusterStatus::default()));
     assert_eq!(record_of(&mc).status.client_cert_issuer, None);
 }
+
+#[test]
+fn a_ca_record_round_trips_through_its_secret_in_every_rotation_phase() {
+    // Invariant: the replaced CA's key survives a hub restart until `retire` (the Flower CA's
+    // per-Federation CAs are derived from it, so SuperNodes keep trusting both meanwhile).
+    use crate::registration::ca::{CaRole, HubCa};
+    use crate::registration::rotation::{RotationStep, rotate};
+    let idle = HubCa::generate_for(CaRole::Flower)
+        .unwrap()
+        .material()
+        .clone();
+    let staged = rotate(CaRole::Flower, &idle, RotationStep::Stage).unwrap();
+    let promoted = rotate(CaRole::Flower, &staged, RotationStep::Promote).unwrap();
+    let retired = rotate(CaRole::Flower, &promoted, RotationStep::Retire).unwrap();
+    assert_eq!(
+        promoted.previous_key_pem.as_deref(),
+        Some(idle.key_pem.as_str())
+    );
+    for material in [idle, staged, promoted, retired] {
+        let secret = Secret {
+            data: Some(mapping::ca_data(&material)),
+            ..Secret::default()
+        };
+        let back = mapping::ca_of(&secret).unwrap();
+        assert!(back == material, "a CA record changed through its Secret");
+        let fed = |m: &CaMaterial| {
+            HubCa::from_material(m.clone())
+                .unwrap()
+                .federation("team", "fed")
+                .unwrap()
+                .bundle_pem()
+                .to_owned()
+        };
+        assert_eq!(fed(&back), fed(&material));
+    }
+}

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use super::{Report, Stores};
 use crate::core::work::placed_on;
 use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
+use crate::registration::ca::HubCa;
 
 /// How often SuperLinks are synced without new reports.
 const SYNC_EVERY: Duration = Duration::from_secs(3);
@@ -33,7 +34,7 @@ pub(super) async fn sync_node_keys(
     stores: Stores,
     reports: Arc<DashMap<String, Report>>,
     registry: Arc<NodeKeyRegistry>,
-    ca_pem: String,
+    ca: Arc<HubCa>,
     mut reported: watch::Receiver<u64>,
     keys_changed: watch::Sender<u64>,
 ) {
@@ -57,7 +58,7 @@ pub(super) async fn sync_node_keys(
             }
             _ = tokio::time::sleep(SYNC_EVERY) => {}
         }
-        let targets = targets(&stores, &reports, &ca_pem, &forward);
+        let targets = targets(&stores, &reports, &ca, &forward);
         if !registry.sync(targets).await.is_empty() {
             keys_changed.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -76,7 +77,7 @@ fn superlink_federation(sts: &StatefulSet) -> Option<FedKey> {
 fn targets(
     stores: &Stores,
     reports: &DashMap<String, Report>,
-    ca_pem: &str,
+    ca: &HubCa,
     forward: &crate::kube::control::Forward,
 ) -> Vec<KeyTarget> {
     if !super::is_ready(stores) {
@@ -104,8 +105,7 @@ fn targets(
         if !fed.spec.supernode_auth() {
             continue;
         }
-        let Some(endpoint) = crate::kube::control::in_cluster_endpoint(&fed, ca_pem, forward)
-        else {
+        let Some(endpoint) = crate::kube::control::in_cluster_endpoint(&fed, ca, forward) else {
             continue;
         };
         let namespace = fed.namespace().unwrap_or_default();
@@ -155,11 +155,16 @@ mod tests {
         }
     }
 
+    fn flower_ca() -> HubCa {
+        HubCa::generate_for(crate::registration::ca::CaRole::Flower).unwrap()
+    }
+
     #[test]
     fn targets_hold_only_the_placed_clusters_keys_and_port_forward_to_the_superlink() {
         // Invariant: the SuperLink is asked to hold exactly the keys reported for this Federation
         // by the clusters its Placement decided; a cluster not decided cannot get a key in.
         // Federations without SuperNode authentication get no target.
+        let ca = flower_ca();
         let fed = federation("[{name: a, replicas: 1, images: {}}]");
         let mut open = fed.clone();
         open.metadata.name = Some("open".into());
@@ -176,7 +181,7 @@ mod tests {
         let targets = targets(
             &stores,
             &reports,
-            "CA",
+            &ca,
             &crate::kube::control::unreachable_forward(),
         );
         assert_eq!(targets.len(), 1, "{targets:?}");
@@ -190,7 +195,11 @@ mod tests {
             Some("port-forward team/fed-superlink-0:8000"),
             "Control is on the pod's loopback: the hub port-forwards"
         );
-        assert_eq!(t.endpoint.ca_pem.as_deref(), Some("CA"));
+        assert_eq!(
+            t.endpoint.ca_pem.as_deref(),
+            Some(ca.federation("team", "fed").unwrap().bundle_pem()),
+            "the Federation's own CA"
+        );
     }
 
     #[test]
@@ -206,7 +215,7 @@ mod tests {
             targets(
                 &unlisted,
                 &reports,
-                "CA",
+                &flower_ca(),
                 &crate::kube::control::unreachable_forward()
             )
             .is_empty()
@@ -229,7 +238,7 @@ mod tests {
             !targets(
                 &stores,
                 &reports,
-                "CA",
+                &flower_ca(),
                 &crate::kube::control::unreachable_forward()
             )[0]
             .complete,
@@ -239,7 +248,7 @@ mod tests {
         let one = targets(
             &stores,
             &reports,
-            "CA",
+            &flower_ca(),
             &crate::kube::control::unreachable_forward(),
         );
         assert!(!one[0].complete, "s2 not reported");
@@ -249,7 +258,7 @@ mod tests {
             targets(
                 &stores,
                 &reports,
-                "CA",
+                &flower_ca(),
                 &crate::kube::control::unreachable_forward()
             )[0]
             .complete

@@ -230,7 +230,10 @@ fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_l
 /// A work-source state that has sent nothing yet.
 fn fresh_state() -> State {
     State {
-        ca_pem: "CA".into(),
+        ca: Arc::new(
+            crate::registration::ca::HubCa::generate_for(crate::registration::ca::CaRole::Flower)
+                .expect("CA"),
+        ),
         registry: Arc::new(NodeKeyRegistry::new()),
         sent: BTreeMap::new(),
         last_good: BTreeMap::new(),

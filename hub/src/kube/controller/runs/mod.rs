@@ -43,6 +43,7 @@ use crate::core::run::needs_app;
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::runs::LogFollowers;
+use crate::registration::ca::HubCa;
 
 pub use reconcile::reconcile;
 
@@ -175,10 +176,10 @@ fn waiting_runs(
 }
 
 /// Runs the FlowerRun controller until `shutdown` resolves (graceful: running reconciles end).
-/// SuperLinks are verified with the Flower CA bundle `ca_pem`.
+/// SuperLinks are verified with each Federation's own CA, derived from the Flower CA `ca`.
 pub async fn run(
     client: Client,
-    ca_pem: String,
+    ca: Arc<HubCa>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (federations, fed_writer) = reflector::store::<Federation>();
@@ -201,7 +202,7 @@ pub async fn run(
     .touched_objects();
     let forward = crate::kube::control::port_forward(client.clone());
     let endpoint: EndpointOf =
-        Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca_pem, &forward));
+        Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca, &forward));
     let context = RunContext::new(client, federations, runs.clone(), endpoint);
     let (for_feds, for_config_maps) = (runs.clone(), runs.clone());
     Controller::for_stream(run_events, runs)
