@@ -1639,22 +1639,20 @@ async fn a_supernode_of_classic_refuses_auths_superlink_certificate(
         bundles[0] != bundles[1],
         "classic and auth are given the same SuperLink CA bundle"
     );
-    let script = format!(
-        "import socket, ssl
-         def handshake(ca):
-             ctx = ssl.create_default_context(cadata=ca)
-             try:
-                 with socket.create_connection(('{auth_ip}', 9092), timeout=10) as s:
-                     with ctx.wrap_socket(s, server_hostname='auth-superlink.fl.svc'):
-                         return 'passed'
-             except ssl.SSLCertVerificationError as e:
-                 return 'refused: ' + e.verify_message
-         print('classic-trust', handshake({classic:?}))
-         print('auth-trust', handshake({auth:?}))
-",
-        classic = bundles[0],
-        auth = bundles[1],
-    );
+    let script = [
+        "import socket, ssl".to_owned(),
+        "def handshake(ca):".to_owned(),
+        "    ctx = ssl.create_default_context(cadata=ca)".to_owned(),
+        "    try:".to_owned(),
+        format!("        with socket.create_connection(('{auth_ip}', 9092), timeout=10) as s:"),
+        "            with ctx.wrap_socket(s, server_hostname='auth-superlink.fl.svc'):".to_owned(),
+        "                return 'passed'".to_owned(),
+        "    except ssl.SSLCertVerificationError as e:".to_owned(),
+        "        return 'refused: ' + e.verify_message".to_owned(),
+        format!("print('classic-trust', handshake({:?}))", bundles[0]),
+        format!("print('auth-trust', handshake({:?}))", bundles[1]),
+    ]
+    .join("\n");
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), "default");
     let log = run_python(&pods, "federation-trust", &script).await?;
     pods.delete("federation-trust", &Default::default()).await?;
