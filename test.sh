@@ -72,6 +72,12 @@ FLOWER_ADDON_HELM="$(e2e/helm/build.sh)"
 export FLOWER_ADDON_HELM
 echo "    $FLOWER_ADDON_HELM ($((SECONDS - t_helm)) s)"
 
+step "Open Cluster Management v1.2.0 hub controllers and klusterlet from its Go module: e2e/ocm/build.sh (cold ~4-5 min, then cached)"
+t_ocm=$SECONDS
+FLOWER_ADDON_OCM_BIN="$(e2e/ocm/build.sh)"
+export FLOWER_ADDON_OCM_BIN
+echo "    $FLOWER_ADDON_OCM_BIN ($((SECONDS - t_ocm)) s)"
+
 # The quickstart runs once per Flower release of the matrix: the unified (1.42.0), transitional
 # (1.39.0 with HTTPS Control, 1.35.0 with gRPC Control) and classic (1.30.0 with flwr's
 # config.toml, 1.25.0 with the app's pyproject.toml) argument dialects. 1.42.0 and 1.25.0 run the

@@ -130,10 +130,15 @@ struct Ports {
     kwok: u16,
 }
 
-/// The service-account signing key files shared by every cluster.
+/// The signing key files shared by every cluster: the service-account key, and the CA of client
+/// certificates (what kube-controller-manager signs `kubernetes.io/kube-apiserver-client` CSRs
+/// with and the apiservers accept: Open Cluster Management's agents authenticate to the hub with
+/// such certificates).
 struct SaKey {
     private: PathBuf,
     public: PathBuf,
+    client_ca_cert: PathBuf,
+    client_ca_key: PathBuf,
 }
 
 fn random_hex(bytes: usize) -> Result<String> {
@@ -331,15 +336,33 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// One service-account signing key for every cluster (PEM, private and public part).
+    /// One service-account signing key for every cluster (PEM, private and public part), and
+    /// one client-certificate CA.
     fn write_service_account_key(&self) -> Result<SaKey> {
         let key = rcgen::KeyPair::generate().context("generating the service-account key")?;
         let sa = SaKey {
             private: self.work_dir.join("sa.key"),
             public: self.work_dir.join("sa.pub"),
+            client_ca_cert: self.work_dir.join("client-ca.crt"),
+            client_ca_key: self.work_dir.join("client-ca.key"),
         };
         std::fs::write(&sa.private, key.serialize_pem())?;
         std::fs::write(&sa.public, key.public_key_pem())?;
+        let ca_key = rcgen::KeyPair::generate().context("generating the client CA key")?;
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "e2e client CA");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = params
+            .self_signed(&ca_key)
+            .context("self-signing the client CA")?;
+        std::fs::write(&sa.client_ca_cert, ca.pem())?;
+        std::fs::write(&sa.client_ca_key, ca_key.serialize_pem())?;
         Ok(sa)
     }
 
@@ -412,6 +435,7 @@ impl ControlPlane {
                 sa.private.display()
             ),
             format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            format!("--client-ca-file={}", sa.client_ca_cert.display()),
             s("--authorization-mode=RBAC"),
             s("--allow-privileged=true"),
         ];
@@ -500,6 +524,11 @@ impl ControlPlane {
             ),
             format!("--root-ca-file={}", c.ca_file.display()),
             s("--use-service-account-credentials=false"),
+            format!(
+                "--cluster-signing-cert-file={}",
+                sa.client_ca_cert.display()
+            ),
+            format!("--cluster-signing-key-file={}", sa.client_ca_key.display()),
         ]);
         let bin = self.bins.kube_controller_manager.clone();
         self.procs.start(

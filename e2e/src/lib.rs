@@ -29,6 +29,7 @@ pub mod helm;
 pub mod kubeconfig;
 pub mod node;
 pub mod observe;
+pub mod ocm;
 pub mod pod_addon;
 pub mod pods;
 pub mod process;

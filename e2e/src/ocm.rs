@@ -1,0 +1,475 @@
+//! Open Cluster Management's own controllers and agents, built from its Go module by
+//! `e2e/ocm/build.sh` (v1.2.0), run as processes against the test control plane's apiservers.
+//!
+//! [`OcmHub::start`] installs OCM's CRDs on the hub (from `open-cluster-management.io/api` of the
+//! same version, the `addon` v1alpha1 files: their v1beta1 siblings need the hub's conversion
+//! webhook), the bootstrap ClusterRole of OCM's cluster-manager chart with its ServiceAccount, and
+//! starts the hub controllers: `registration controller`, `placement controller`, `work manager`
+//! and `addon manager`. [`OcmHub::join`] joins a spoke the way `clusteradm join` + `accept` do:
+//! the klusterlet agent (`registration-operator agent`, singleton mode: registration and work in
+//! one process) starts on the spoke with a bootstrap kubeconfig holding the bootstrap
+//! ServiceAccount's token, creates its `ManagedCluster` and a CSR; the harness approves the CSR
+//! (kube-controller-manager signs it with the control plane's client CA) and sets
+//! `hubAcceptsClient`, and waits until OCM reports the cluster joined and available.
+//!
+//! A missing binary or module fails loudly, naming the script that makes it.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+
+use crate::cluster::Cluster;
+use crate::harness::{Processes, free_ports, wait_until};
+
+/// The OCM release the binaries and CRDs are of (`e2e/ocm/wrapper/go.mod` requires it).
+pub const VERSION: &str = "v1.2.0";
+/// Namespace of the OCM hub controllers (their events and leases).
+pub const HUB_NAMESPACE: &str = "open-cluster-management-hub";
+/// Namespace of the bootstrap ServiceAccount (what OCM's cluster-manager chart uses).
+pub const BOOTSTRAP_NAMESPACE: &str = "open-cluster-management";
+/// Name of the bootstrap ServiceAccount.
+pub const BOOTSTRAP_SERVICE_ACCOUNT: &str = "agent-registration-bootstrap";
+/// Namespace of the klusterlet agent on a spoke (where it keeps its hub kubeconfig Secret).
+pub const AGENT_NAMESPACE: &str = "open-cluster-management-agent";
+/// Label OCM puts on an agent's CSRs: the cluster it is for.
+pub const CSR_CLUSTER_LABEL: &str = "open-cluster-management.io/cluster-name";
+
+/// The directory of the OCM binaries: `FLOWER_ADDON_OCM_BIN`, or what `e2e/ocm/build.sh` builds
+/// (instant once cached).
+pub fn bin_dir() -> Result<PathBuf> {
+    let dir = match std::env::var_os("FLOWER_ADDON_OCM_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let script = crate::repo_root().join("e2e/ocm/build.sh");
+            let out = Command::new(&script)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("running {}", script.display()))?;
+            ensure!(
+                out.status.success(),
+                "FLOWER_ADDON_OCM_BIN is not set and {} failed: build OCM with it and export FLOWER_ADDON_OCM_BIN=<its output> (test.sh does)",
+                script.display()
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    for bin in [
+        "registration",
+        "placement",
+        "work",
+        "addon",
+        "registration-operator",
+    ] {
+        ensure!(
+            dir.join(bin).is_file(),
+            "OCM's {bin} is not in {}: run e2e/ocm/build.sh",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The module `open-cluster-management.io/api` at [`VERSION`] in the Go module cache that
+/// `e2e/ocm/build.sh` fills (`<cache>/go/mod`).
+pub fn api_module() -> Result<PathBuf> {
+    let cache = std::env::var_os("FLOWER_ADDON_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/flower-addon")))
+        .context("neither FLOWER_ADDON_CACHE nor HOME is set")?;
+    let dir = cache.join(format!("go/mod/open-cluster-management.io/api@{VERSION}"));
+    ensure!(
+        dir.is_dir(),
+        "OCM's API module is not at {}: run e2e/ocm/build.sh (it downloads it)",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// OCM's CRDs a hub needs: clusters, sets and bindings, placements and decisions, add-on
+/// placement scores, ManifestWorks (and their replica sets), and the add-on API (v1alpha1).
+pub fn hub_crd_files() -> Result<Vec<PathBuf>> {
+    let api = api_module()?;
+    Ok([
+        "cluster/v1/0000_00_clusters.open-cluster-management.io_managedclusters.crd.yaml",
+        "cluster/v1beta2/0000_00_clusters.open-cluster-management.io_managedclustersets.crd.yaml",
+        "cluster/v1beta2/0000_01_clusters.open-cluster-management.io_managedclustersetbindings.crd.yaml",
+        "cluster/v1beta1/0000_02_clusters.open-cluster-management.io_placements.crd.yaml",
+        "cluster/v1beta1/0000_03_clusters.open-cluster-management.io_placementdecisions.crd.yaml",
+        "cluster/v1alpha1/0000_05_clusters.open-cluster-management.io_addonplacementscores.crd.yaml",
+        "work/v1/0000_00_work.open-cluster-management.io_manifestworks.crd.yaml",
+        "work/v1alpha1/0000_00_work.open-cluster-management.io_manifestworkreplicasets.crd.yaml",
+        "addon/v1alpha1/0000_00_addon.open-cluster-management.io_clustermanagementaddons.crd.yaml",
+        "addon/v1alpha1/0000_01_addon.open-cluster-management.io_managedclusteraddons.crd.yaml",
+        "addon/v1alpha1/0000_02_addon.open-cluster-management.io_addondeploymentconfigs.crd.yaml",
+        "addon/v1alpha1/0000_03_addon.open-cluster-management.io_addontemplates.crd.yaml",
+    ]
+    .iter()
+    .map(|f| api.join(f))
+    .collect())
+}
+
+/// OCM's CRDs a spoke needs: ClusterClaims and AppliedManifestWorks.
+pub fn spoke_crd_files() -> Result<Vec<PathBuf>> {
+    let api = api_module()?;
+    Ok([
+        "cluster/v1alpha1/0000_02_clusters.open-cluster-management.io_clusterclaims.crd.yaml",
+        "work/v1/0000_01_work.open-cluster-management.io_appliedmanifestworks.crd.yaml",
+    ]
+    .iter()
+    .map(|f| api.join(f))
+    .collect())
+}
+
+/// Applies CRD files and waits until each is Established.
+pub async fn install_crds(client: &Client, files: &[PathBuf]) -> Result<()> {
+    let mut names = Vec::new();
+    for file in files {
+        for obj in crate::apply::apply_file(client, file, "").await? {
+            names.push(obj.name_any());
+        }
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        let crds = crds.clone();
+        wait_until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || {
+                let (crds, name) = (crds.clone(), name.clone());
+                async move {
+                    let conditions = crds
+                        .get(&name)
+                        .await?
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default();
+                    Ok(conditions
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True"))
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The `ManagedCluster` kind of OCM (`cluster.open-cluster-management.io/v1`).
+pub fn managed_cluster_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "cluster.open-cluster-management.io",
+        "v1",
+        "ManagedCluster",
+    ))
+}
+
+/// The hub side of OCM: its controllers running against `hub`'s apiserver.
+pub struct OcmHub {
+    hub: Cluster,
+    dir: PathBuf,
+    bins: PathBuf,
+    procs: Processes,
+    bootstrap_kubeconfig: PathBuf,
+}
+
+impl OcmHub {
+    /// Installs OCM's hub CRDs and bootstrap RBAC on `hub` and starts its hub controllers, logging
+    /// to `dir`. The controllers run with the hub's admin kubeconfig (in a real hub each has a
+    /// ServiceAccount of the cluster-manager).
+    pub async fn start(hub: &Cluster, dir: &Path) -> Result<Self> {
+        let t = Instant::now();
+        let bins = bin_dir()?;
+        std::fs::create_dir_all(dir)?;
+        let client = hub.client.clone();
+        install_crds(&client, &hub_crd_files()?).await?;
+        for ns in [HUB_NAMESPACE, BOOTSTRAP_NAMESPACE] {
+            ensure_namespace(&client, ns).await?;
+        }
+        let bootstrap_kubeconfig = install_bootstrap(hub, dir).await?;
+        let mut procs = Processes::default();
+        let ports = free_ports(4)?;
+        let kubeconfig = hub.kubeconfig.display().to_string();
+        for ((name, bin, sub), port) in [
+            ("registration", "registration", "controller"),
+            ("placement", "placement", "controller"),
+            ("work", "work", "manager"),
+            ("addon", "addon", "manager"),
+        ]
+        .into_iter()
+        .zip(ports)
+        {
+            let args = vec![
+                sub.to_owned(),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--namespace={HUB_NAMESPACE}"),
+                "--disable-leader-election".to_owned(),
+                format!("--listen=127.0.0.1:{port}"),
+            ];
+            procs.start(
+                &format!("ocm-{name}"),
+                &bins.join(bin),
+                &args,
+                &dir.join(format!("ocm-{name}.log")),
+            )?;
+        }
+        eprintln!(
+            "e2e: OCM {VERSION} hub controllers started on {} ({:.1}s)",
+            hub.name,
+            t.elapsed().as_secs_f64()
+        );
+        Ok(Self {
+            hub: hub.clone(),
+            dir: dir.to_owned(),
+            bins,
+            procs,
+            bootstrap_kubeconfig,
+        })
+    }
+
+    /// The processes (hub controllers and klusterlet agents), to stop or restart one.
+    pub fn processes(&mut self) -> &mut Processes {
+        &mut self.procs
+    }
+
+    /// Joins `spoke` to the OCM hub as cluster `name`: its CRDs and agent namespace, the
+    /// klusterlet agent (singleton) with the bootstrap kubeconfig, then what `clusteradm accept`
+    /// does (approve the CSR, set `hubAcceptsClient`), until `ManagedCluster` `name` is Joined and
+    /// Available.
+    pub async fn join(&mut self, spoke: &Cluster, name: &str) -> Result<Duration> {
+        let t = Instant::now();
+        install_crds(&spoke.client, &spoke_crd_files()?).await?;
+        ensure_namespace(&spoke.client, AGENT_NAMESPACE).await?;
+        let agent_dir = self.dir.join(format!("klusterlet-{name}"));
+        let hub_kubeconfig_dir = agent_dir.join("hub-kubeconfig");
+        std::fs::create_dir_all(&hub_kubeconfig_dir)?;
+        let port = free_ports(1)?[0];
+        let spoke_kubeconfig = spoke.kubeconfig.display().to_string();
+        let args = vec![
+            "agent".to_owned(),
+            format!("--spoke-cluster-name={name}"),
+            format!("--agent-id={name}"),
+            format!(
+                "--bootstrap-kubeconfig={}",
+                self.bootstrap_kubeconfig.display()
+            ),
+            format!("--hub-kubeconfig-dir={}", hub_kubeconfig_dir.display()),
+            format!(
+                "--workload-source-config={}",
+                hub_kubeconfig_dir.join("kubeconfig").display()
+            ),
+            format!("--kubeconfig={spoke_kubeconfig}"),
+            format!("--spoke-kubeconfig={spoke_kubeconfig}"),
+            format!("--namespace={AGENT_NAMESPACE}"),
+            "--disable-leader-election".to_owned(),
+            format!("--listen=127.0.0.1:{port}"),
+        ];
+        self.procs.start(
+            &format!("klusterlet-{name}"),
+            &self.bins.join("registration-operator"),
+            &args,
+            &self.dir.join(format!("klusterlet-{name}.log")),
+        )?;
+        let log = self.dir.join(format!("klusterlet-{name}.log"));
+        let log_tail = || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        };
+        let csrs: Api<CertificateSigningRequest> = Api::all(self.hub.client.clone());
+        let selector = format!("{CSR_CLUSTER_LABEL}={name}");
+        let csr = crate::harness::Wait::new(
+            format!("the klusterlet of {name} to ask the hub for a certificate"),
+            Duration::from_secs(90),
+        )
+        .detail(log_tail)
+        .for_value(|| {
+            let (csrs, selector) = (csrs.clone(), selector.clone());
+            async move {
+                let list = csrs.list(&ListParams::default().labels(&selector)).await?;
+                Ok(list.items.into_iter().next())
+            }
+        })
+        .await?;
+        approve(&csrs, &csr.name_any()).await?;
+        let clusters: Api<DynamicObject> =
+            Api::all_with(self.hub.client.clone(), &managed_cluster_resource());
+        wait_until(
+            &format!("ManagedCluster {name} created by its klusterlet"),
+            Duration::from_secs(60),
+            || {
+                let clusters = clusters.clone();
+                async move { Ok(clusters.get_opt(name).await?.is_some()) }
+            },
+        )
+        .await?;
+        clusters
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"hubAcceptsClient": true}})),
+            )
+            .await
+            .with_context(|| format!("accept ManagedCluster {name}"))?;
+        crate::harness::Wait::new(
+            format!("ManagedCluster {name} Joined and Available"),
+            Duration::from_secs(120),
+        )
+        .detail(log_tail)
+        .until(|| {
+            let clusters = clusters.clone();
+            async move {
+                let mc = clusters.get(name).await?;
+                let conditions = conditions(&mc);
+                Ok(
+                    conditions.get("ManagedClusterJoined").map(String::as_str) == Some("True")
+                        && conditions
+                            .get("ManagedClusterConditionAvailable")
+                            .map(String::as_str)
+                            == Some("True"),
+                )
+            }
+        })
+        .await?;
+        let took = t.elapsed();
+        eprintln!(
+            "e2e: {} joined the OCM hub as {name} (klusterlet, CSR approved, accepted) in {:.1}s",
+            spoke.name,
+            took.as_secs_f64()
+        );
+        Ok(took)
+    }
+}
+
+/// `type → status` of an OCM object's `status.conditions`.
+pub fn conditions(obj: &DynamicObject) -> BTreeMap<String, String> {
+    obj.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some((
+                c["type"].as_str()?.to_owned(),
+                c["status"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    if api.get_opt(name).await?.is_none() {
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        api.create(&PostParams::default(), &ns).await?;
+    }
+    Ok(())
+}
+
+/// OCM's bootstrap ClusterRole (from its cluster-manager chart in the module, the Helm
+/// conditionals dropped), the bootstrap ServiceAccount bound to it, and a kubeconfig with a token
+/// of that ServiceAccount: what `clusteradm init` hands to `clusteradm join`.
+async fn install_bootstrap(hub: &Cluster, dir: &Path) -> Result<PathBuf> {
+    let client = hub.client.clone();
+    let chart = ocm_module()?.join("deploy/cluster-manager/chart/cluster-manager/templates");
+    for file in [
+        "bootstrap_cluster_role.yaml",
+        "bootstrap_sa_cluster_role_binding.yaml",
+    ] {
+        let path = chart.join(file);
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let yaml: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("{{"))
+            .map(|l| l.replace("{{ .Release.Namespace }}", BOOTSTRAP_NAMESPACE) + "\n")
+            .collect();
+        ensure!(
+            !yaml.contains("{{"),
+            "{} has templating left",
+            path.display()
+        );
+        crate::apply::apply_yaml(&client, &yaml, BOOTSTRAP_NAMESPACE)
+            .await
+            .with_context(|| format!("apply {}", path.display()))?;
+    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), BOOTSTRAP_NAMESPACE);
+    if accounts.get_opt(BOOTSTRAP_SERVICE_ACCOUNT).await?.is_none() {
+        let sa: ServiceAccount = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": BOOTSTRAP_SERVICE_ACCOUNT}}),
+        )?;
+        accounts.create(&PostParams::default(), &sa).await?;
+    }
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 86400},
+    });
+    let answer: serde_json::Value = accounts
+        .create_subresource(
+            "token",
+            BOOTSTRAP_SERVICE_ACCOUNT,
+            &PostParams::default(),
+            &request,
+        )
+        .await
+        .context("a token of the bootstrap ServiceAccount")?;
+    let token = answer["status"]["token"]
+        .as_str()
+        .context("TokenRequest without status.token")?;
+    let path = dir.join("bootstrap.kubeconfig");
+    crate::kubeconfig::write(
+        &path,
+        &hub.name,
+        &hub.server,
+        &hub.ca_file,
+        BOOTSTRAP_SERVICE_ACCOUNT,
+        token,
+    )?;
+    Ok(path)
+}
+
+/// The module `open-cluster-management.io/ocm` at [`VERSION`] (its charts and manifests).
+pub fn ocm_module() -> Result<PathBuf> {
+    let dir = api_module()?
+        .parent()
+        .context("the module cache")?
+        .join(format!("ocm@{VERSION}"));
+    ensure!(
+        dir.is_dir(),
+        "OCM's module is not at {}: run e2e/ocm/build.sh",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// Approves a CSR (what `clusteradm accept` does).
+async fn approve(csrs: &Api<CertificateSigningRequest>, name: &str) -> Result<()> {
+    let mut csr = csrs.get(name).await?;
+    let status = csr.status.get_or_insert_with(Default::default);
+    status
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(serde_json::from_value(serde_json::json!({
+            "type": "Approved",
+            "status": "True",
+            "reason": "E2eAccept",
+            "message": "approved by the e2e harness, as clusteradm accept does",
+        }))?);
+    csrs.replace_subresource(
+        "approval",
+        name,
+        &PostParams::default(),
+        &csr,
+    )
+    .await
+    .with_context(|| format!("approve CSR {name}"))?;
+    Ok(())
+}
