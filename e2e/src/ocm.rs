@@ -185,6 +185,14 @@ impl OcmHub {
     /// to `dir`. The controllers run with the hub's admin kubeconfig (in a real hub each has a
     /// ServiceAccount of the cluster-manager).
     pub async fn start(hub: &Cluster, dir: &Path) -> Result<Self> {
+        Self::start_with(hub, dir, &["registration", "placement", "work", "addon"]).await
+    }
+
+    /// [`OcmHub::start`] with only the named hub controllers (`registration`, `placement`,
+    /// `work`, `addon`): the placement controller alone decides on `ManagedCluster`s exactly as
+    /// written, without the registration controller's availability taints for clusters that
+    /// have no agent.
+    pub async fn start_with(hub: &Cluster, dir: &Path, components: &[&str]) -> Result<Self> {
         let t = Instant::now();
         let bins = bin_dir()?;
         std::fs::create_dir_all(dir)?;
@@ -204,6 +212,7 @@ impl OcmHub {
             ("addon", "addon", "manager"),
         ]
         .into_iter()
+        .filter(|(name, _, _)| components.contains(name))
         .zip(ports)
         {
             let args = vec![
@@ -221,7 +230,7 @@ impl OcmHub {
             )?;
         }
         eprintln!(
-            "e2e: OCM {VERSION} hub controllers started on {} ({:.1}s)",
+            "e2e: OCM {VERSION} hub controllers {components:?} started on {} ({:.1}s)",
             hub.name,
             t.elapsed().as_secs_f64()
         );
@@ -463,13 +472,8 @@ async fn approve(csrs: &Api<CertificateSigningRequest>, name: &str) -> Result<()
             "reason": "E2eAccept",
             "message": "approved by the e2e harness, as clusteradm accept does",
         }))?);
-    csrs.replace_subresource(
-        "approval",
-        name,
-        &PostParams::default(),
-        &csr,
-    )
-    .await
-    .with_context(|| format!("approve CSR {name}"))?;
+    csrs.replace_subresource("approval", name, &PostParams::default(), &csr)
+        .await
+        .with_context(|| format!("approve CSR {name}"))?;
     Ok(())
 }
