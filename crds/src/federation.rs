@@ -215,13 +215,56 @@ pub enum IsolationMode {
     Subprocess,
 }
 
-/// Reference to a `Placement` in the Federation's namespace.
+/// Reference to a `Placement` in the Federation's namespace: the addon's own (the default), or,
+/// with `apiGroup: cluster.open-cluster-management.io`, an Open Cluster Management Placement
+/// whose PlacementDecisions and `ManagedCluster`s (labels) the hub then reads instead.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementRef {
     /// Name of the Placement.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// API group of the Placement: `flower-addon.io` (the default) or
+    /// `cluster.open-cluster-management.io` (OCM's, on a Kubernetes hub where OCM is installed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_group: Option<PlacementApiGroup>,
+    /// Kind of the referenced object: `Placement` (the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<PlacementKind>,
+}
+
+impl PlacementRef {
+    /// A reference to the addon's own Placement `name`.
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            api_group: None,
+            kind: None,
+        }
+    }
+
+    /// Whether it names an Open Cluster Management Placement.
+    pub fn is_ocm(&self) -> bool {
+        self.api_group == Some(PlacementApiGroup::Ocm)
+    }
+}
+
+/// Which Placement API a `placementRef` names.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PlacementApiGroup {
+    /// The addon's own `Placement` (`flower-addon.io/v1alpha1`).
+    #[serde(rename = "flower-addon.io")]
+    FlowerAddon,
+    /// Open Cluster Management's `Placement` (`cluster.open-cluster-management.io/v1beta1`).
+    #[serde(rename = "cluster.open-cluster-management.io")]
+    Ocm,
+}
+
+/// The kind a `placementRef` names.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PlacementKind {
+    /// A Placement.
+    Placement,
 }
 
 /// TLS settings for the SuperLink's Fleet API (used when `spec.insecure` is false).

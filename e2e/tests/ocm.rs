@@ -9,6 +9,7 @@ use anyhow::{Context, Result, ensure};
 use e2e::cluster::ControlPlane;
 use e2e::harness::{Wait, wait_until};
 use e2e::ocm::{OcmHub, managed_cluster_resource};
+use flower_addon_hub::core::source::WorkSource;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 
@@ -128,6 +129,88 @@ spec:
     })
     .await?;
     let first = t.elapsed();
+    // The addon's hub, under its own least-privilege ServiceAccount, reads OCM's decisions for a
+    // Federation that names the OCM Placement: work goes to edge-2 only.
+    let hub_cluster = cp.cluster("hub")?;
+    e2e::install_crds(&hub).await?;
+    let manifests = e2e::repo_root().join("manifests/hub");
+    e2e::apply_file(&hub, &manifests.join("namespace.yaml"), "default").await?;
+    let hub_sa = e2e::service_account_access(
+        hub_cluster,
+        &manifests.join("rbac.yaml"),
+        "flower-addon-system",
+        "flower-hub",
+        3600,
+    )
+    .await?;
+    // Our agents joined under the OCM names (the addon registration of its own).
+    for name in ["edge-1", "edge-2"] {
+        e2e::apply_yaml(
+            &hub,
+            &format!(
+                "apiVersion: flower-addon.io/v1alpha1\nkind: ManagedCluster\nmetadata: {{name: {name}}}\nspec: {{hubAcceptsClient: true}}\n"
+            ),
+            NS,
+        )
+        .await?;
+    }
+    e2e::apply_yaml(
+        &hub,
+        &format!(
+            r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {{name: fed, namespace: {NS}}}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  placementRef: {{name: flower, apiGroup: cluster.open-cluster-management.io, kind: Placement}}
+  superlink: {{image: "flwr/superlink:1.42.0", externalAddress: "hub.example:30092"}}
+  supernodes:
+    image: "flwr/supernode:1.42.0"
+    pools:
+      - {{name: a, replicas: 1}}
+      - {{name: gpu, replicas: 1, clusterSelector: {{matchLabels: {{gpu: "true"}}}}}}
+"#
+        ),
+        NS,
+    )
+    .await?;
+    let flower_ca = std::sync::Arc::new(flower_addon_hub::registration::ca::HubCa::generate_for(
+        flower_addon_hub::registration::ca::CaRole::Flower,
+    )?);
+    let work =
+        flower_addon_hub::kube::work::KubeWorkSource::start(hub_sa.client.clone(), flower_ca)
+            .await?;
+    let pools = |cluster: &str| -> Vec<String> {
+        work.snapshot(cluster)
+            .federations
+            .iter()
+            .flat_map(|f| f.pools.iter().map(|p| p.name.clone()))
+            .collect()
+    };
+    let t_work = Instant::now();
+    wait_until(
+        "our work source to send fed's pool a to edge-2 (OCM's decision) and nothing to edge-1",
+        Duration::from_secs(60),
+        || async { Ok(pools("edge-2") == ["a"] && pools("edge-1").is_empty()) },
+    )
+    .await?;
+    // OCM's labels select pools: gpu=true on edge-2 in OCM adds the gpu pool there.
+    clusters
+        .patch(
+            "edge-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"gpu": "true"}}})),
+        )
+        .await?;
+    wait_until(
+        "the gpu pool on edge-2 after OCM's label gpu=true",
+        Duration::from_secs(60),
+        || async { Ok(pools("edge-2") == ["a", "gpu"]) },
+    )
+    .await?;
+    let work_followed = t_work.elapsed();
     // Relabelled in OCM: the decision follows.
     for (cluster, value) in [("edge-2", "no"), ("edge-1", "yes")] {
         clusters
@@ -148,14 +231,25 @@ spec:
         },
     )
     .await?;
+    let t_moved = Instant::now();
+    wait_until(
+        "our work to move with OCM's decision: pool a on edge-1, nothing on edge-2",
+        Duration::from_secs(60),
+        || async { Ok(pools("edge-1") == ["a"] && pools("edge-2").is_empty()) },
+    )
+    .await?;
+    let moved = t_moved.elapsed();
+    drop(work);
     ensure!(joins.len() == 2);
     eprintln!(
-        "ocm: edge-1 and edge-2 joined OCM {} in {:.1}s and {:.1}s; OCM's placement decided edge-2 by label in {:.1}s, and edge-1 after relabelling in {:.1}s",
+        "ocm: edge-1 and edge-2 joined OCM {} in {:.1}s and {:.1}s; OCM's placement decided edge-2 by label in {:.1}s, and edge-1 after relabelling in {:.1}s; our work source followed OCM's decision and labels ({:.1}s) and the move ({:.1}s)",
         e2e::ocm::VERSION,
         joins[0].as_secs_f64(),
         joins[1].as_secs_f64(),
         first.as_secs_f64(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        work_followed.as_secs_f64(),
+        moved.as_secs_f64()
     );
     Ok(())
 }

@@ -91,7 +91,7 @@ fn supernodes_dial_the_real_fleet_port() {
 fn spokes_dial_the_external_address_with_a_real_port() {
     // Spokes cannot reach a cluster-local name: they dial externalAddress (port defaulted to grpc).
     let mut f = fed(BASE);
-    f.spec.placement_ref = Some(flower_addon_crds::PlacementRef { name: "p".into() });
+    f.spec.placement_ref = Some(flower_addon_crds::PlacementRef::named("p"));
     f.spec.superlink.external_address = Some("hub.example".into());
     f.spec.superlink.service.ports.grpc = 31000;
     let selection = SpokeSelection::positional("c", 0, 1, &Default::default());

@@ -338,3 +338,30 @@ async fn a_federations_work_waits_until_its_superlink_listens() {
     .await;
     hub.stop().await;
 }
+
+#[tokio::test]
+async fn an_ocm_placement_is_refused_by_a_standalone_hub_with_the_fix() {
+    // Invariant: a standalone hub has no Open Cluster Management: a Federation naming an OCM
+    // Placement gets a message naming the field and the fix, not a silent empty placement, and
+    // the addon's own Placement of the same name is not used in its stead.
+    let text = MANIFESTS.replace(
+        "placementRef: {name: all}",
+        "placementRef: {name: all, apiGroup: cluster.open-cluster-management.io}",
+    );
+    assert_ne!(
+        text, MANIFESTS,
+        "the manifests name placementRef differently"
+    );
+    let hub = Hub::start(&text, &[]).await;
+    std::fs::write(hub.dirs.manifests.join("binding.yaml"), BINDING).expect("binding");
+    wait("refused", &hub.dirs.state, &hub.work, |s, red, blue| {
+        s["message"].as_str().is_some_and(|m| {
+            m.contains("spec.placementRef.apiGroup")
+                && m.contains("standalone hub")
+                && m.contains("drop apiGroup")
+        }) && red == 0
+            && blue == 0
+    })
+    .await;
+    hub.stop().await;
+}

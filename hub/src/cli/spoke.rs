@@ -60,7 +60,8 @@ impl SpokeSelection {
         objects: &[Object],
         labels: &BTreeMap<String, String>,
     ) -> Option<Self> {
-        let placement = fed.spec.placement_ref.as_ref()?;
+        // OCM's decisions are not among the addon's objects.
+        let placement = fed.spec.placement_ref.as_ref().filter(|r| !r.is_ocm())?;
         let namespace = fed.metadata.namespace.as_deref().unwrap_or("default");
         let decisions = objects.iter().filter_map(|o| match o {
             Object::PlacementDecision(d) => Some(d),

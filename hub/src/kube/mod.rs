@@ -11,6 +11,7 @@ pub mod hub_pools;
 pub mod leader;
 pub mod list_gate;
 pub mod metrics;
+pub mod ocm;
 pub mod store;
 pub mod work;
 

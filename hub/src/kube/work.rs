@@ -22,6 +22,7 @@ use dashmap::DashMap;
 use flower_addon_crds::{Federation, ManagedCluster, PLACEMENT_LABEL, PlacementDecision};
 use flower_addon_proto::{ClusterWork, FederationWork, Status as AgentStatus};
 use futures::StreamExt;
+use kube::api::DynamicObject;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -103,6 +104,75 @@ struct Stores {
     clusters: Store<ManagedCluster>,
     /// The SuperLink StatefulSets the hub applied (their rollout holds work, [`hold`]).
     superlinks: Store<k8s_openapi::api::apps::v1::StatefulSet>,
+    /// Open Cluster Management's decisions and clusters, when OCM was installed at start.
+    ocm: Option<OcmStores>,
+}
+
+/// OCM's PlacementDecisions and ManagedClusters ([`crate::kube::ocm`]).
+#[derive(Clone)]
+struct OcmStores {
+    decisions: Store<DynamicObject>,
+    clusters: Store<DynamicObject>,
+}
+
+/// Labels by cluster name.
+type ClusterLabels = BTreeMap<String, BTreeMap<String, String>>;
+
+/// What every Placement decided, of both APIs, read once per pass.
+pub(super) struct Decided {
+    ours: Vec<Arc<PlacementDecision>>,
+    /// OCM's decisions and cluster labels, when OCM is installed.
+    ocm: Option<(Vec<PlacementDecision>, ClusterLabels)>,
+}
+
+impl Decided {
+    fn of(stores: &Stores) -> Self {
+        Self {
+            ours: stores.decisions.state(),
+            ocm: stores.ocm.as_ref().map(|ocm| {
+                let decisions = ocm
+                    .decisions
+                    .state()
+                    .iter()
+                    .map(|d| crate::kube::ocm::decision_of(d))
+                    .collect();
+                let clusters = ocm.clusters.state();
+                (
+                    decisions,
+                    crate::kube::ocm::cluster_labels(clusters.iter().map(AsRef::as_ref)),
+                )
+            }),
+        }
+    }
+
+    /// The clusters `fed` runs pools in: its Placement's decisions from the API its
+    /// `placementRef` names, among the `known` clusters. An OCM Placement on a hub without OCM
+    /// decides nothing.
+    pub(super) fn placed_on(&self, fed: &Federation, known: impl Fn(&str) -> bool) -> Vec<String> {
+        if fed.spec.placement_ref.as_ref().is_some_and(|r| r.is_ocm()) {
+            match &self.ocm {
+                Some((decisions, _)) => placed_on(fed, decisions.iter(), known),
+                None => Vec::new(),
+            }
+        } else {
+            placed_on(fed, self.ours.iter().map(AsRef::as_ref), known)
+        }
+    }
+
+    /// The cluster labels `fed`'s pool `clusterSelector`s and `clusterOverrides` match: OCM's
+    /// `ManagedCluster` labels for an OCM-placed Federation, else `ours`.
+    pub(super) fn labels<'a>(
+        &'a self,
+        fed: &Federation,
+        ours: &'a BTreeMap<String, BTreeMap<String, String>>,
+    ) -> &'a BTreeMap<String, BTreeMap<String, String>> {
+        match &self.ocm {
+            Some((_, labels)) if fed.spec.placement_ref.as_ref().is_some_and(|r| r.is_ocm()) => {
+                labels
+            }
+            _ => ours,
+        }
+    }
 }
 
 impl KubeWorkSource {
@@ -112,6 +182,7 @@ impl KubeWorkSource {
     pub async fn start(client: Client, ca: Arc<HubCa>) -> Result<Self, KubeWorkError> {
         let status_client = client.clone();
         let keys_client = client.clone();
+        let client_for_ocm = client.clone();
         let (federations, fed_writer) = reflector::store::<Federation>();
         let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
         let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
@@ -170,12 +241,24 @@ impl KubeWorkSource {
             hold::statefulset_inputs,
         )
         .boxed();
-        let mut events = futures::stream::select_all([feds, decs, mcs, stss]);
+        let mut streams = vec![feds, decs, mcs, stss];
+        let ocm = if crate::kube::ocm::installed(&client_for_ocm).await {
+            let (ocm, ocm_streams) = ocm_reflectors(&client_for_ocm);
+            streams.extend(ocm_streams);
+            tracing::info!(
+                "Open Cluster Management is installed: Federations may name its Placements"
+            );
+            Some(ocm)
+        } else {
+            None
+        };
+        let mut events = futures::stream::select_all(streams);
         let stores = Stores {
             federations,
             decisions,
             clusters,
             superlinks,
+            ocm,
         };
         let inner = Arc::new(InMemoryWorkSource::new());
         let (ready_tx, mut ready_rx) = watch::channel(false);
@@ -308,14 +391,60 @@ impl KubeWorkSource {
 fn is_ready(stores: &Stores) -> bool {
     use futures::FutureExt;
     // A store is ready once its first list is complete.
+    let ocm = stores.ocm.iter().flat_map(|o| {
+        [
+            o.decisions.wait_until_ready().boxed().now_or_never(),
+            o.clusters.wait_until_ready().boxed().now_or_never(),
+        ]
+    });
     [
         stores.federations.wait_until_ready().boxed().now_or_never(),
         stores.decisions.wait_until_ready().boxed().now_or_never(),
         stores.clusters.wait_until_ready().boxed().now_or_never(),
         stores.superlinks.wait_until_ready().boxed().now_or_never(),
     ]
-    .iter()
+    .into_iter()
+    .chain(ocm)
     .all(|r| matches!(r, Some(Ok(()))))
+}
+
+/// Reflectors on OCM's PlacementDecisions and ManagedClusters; every event wakes the recompute
+/// (OCM writes neither often: cluster heartbeats go to Leases).
+fn ocm_reflectors(client: &Client) -> (OcmStores, Vec<futures::stream::BoxStream<'static, ()>>) {
+    let mut streams = Vec::new();
+    let mut store = |resource: kube::api::ApiResource, config: watcher::Config| {
+        let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+        let reader = writer.as_reader();
+        streams.push(
+            reflector::reflector(
+                writer,
+                watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &resource),
+                    config,
+                )
+                .modify(|o| o.metadata.managed_fields = None),
+            )
+            .default_backoff()
+            .filter_map(|event| futures::future::ready(event.ok().map(|_| ())))
+            .boxed(),
+        );
+        reader
+    };
+    let decisions = store(
+        crate::kube::ocm::decision_resource(),
+        watcher::Config::default().labels(PLACEMENT_LABEL),
+    );
+    let clusters = store(
+        crate::kube::ocm::cluster_resource(),
+        watcher::Config::default(),
+    );
+    (
+        OcmStores {
+            decisions,
+            clusters,
+        },
+        streams,
+    )
 }
 
 type FedKey = (String, String);
@@ -401,7 +530,7 @@ impl State {
         // The hub's own cluster (pools of Federations without placementRef) has no
         // ManagedCluster and no labels (validation refuses a pool clusterSelector there).
         labels.insert(HUB_CLUSTER.to_owned(), BTreeMap::new());
-        let decisions = stores.decisions.state();
+        let decided = Decided::of(stores);
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut live = BTreeSet::new();
         let federations = stores.federations.state();
@@ -414,12 +543,11 @@ impl State {
             let namespace = fed.namespace().unwrap_or_default();
             let key = (namespace.clone(), fed.name_any());
             live.insert(key.clone());
-            let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
-                c != HUB_CLUSTER && labels.contains_key(c)
-            });
+            let selected = decided.placed_on(&fed, |c| c != HUB_CLUSTER && labels.contains_key(c));
+            let fed_labels = decided.labels(&fed, &labels);
             let registered = self.registry.registered(&key);
             let retired = self.registry.retired(&key);
-            let inputs = work_inputs(&fed, &selected, &labels, &registered, &retired);
+            let inputs = work_inputs(&fed, &selected, fed_labels, &registered, &retired);
             let memo = self
                 .memo
                 .get(&key)
@@ -434,7 +562,7 @@ impl State {
                 federation_work(
                     &fed,
                     &selected,
-                    &labels,
+                    fed_labels,
                     bundle.bundle_pem(),
                     &registered,
                     &retired,

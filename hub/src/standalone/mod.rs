@@ -368,6 +368,12 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let mut placement_problem = None;
         let selected: Vec<String> = match &fed.spec.placement_ref {
             None => vec![HUB_CLUSTER.to_owned()],
+            Some(placement_ref) if placement_ref.is_ocm() => {
+                return Err(format!(
+                    "spec.placementRef.apiGroup: {} Placements are read from an Open Cluster Management hub, which a standalone hub does not have: drop apiGroup and place with a Placement in the manifests directory",
+                    crate::kube::ocm::GROUP
+                ));
+            }
             Some(placement_ref) => {
                 let placed = (key.0.clone(), placement_ref.name.clone());
                 let decision = decisions.get(&placed).ok_or_else(|| {

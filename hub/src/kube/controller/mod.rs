@@ -380,6 +380,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     };
     let placement = match &fed.spec.placement_ref {
         None => PlacementState::NotReferenced,
+        Some(r) if r.is_ocm() => ocm_placement_state(&ctx.client, &namespace, &r.name).await,
         Some(r) => {
             let found = cache::cached(&ctx.caches.placements, &namespace, &r.name);
             PlacementState::of(&r.name, found.as_deref())
@@ -391,6 +392,45 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         due.clamp(Duration::from_secs(1), RESYNC) + Duration::from_millis(100)
     });
     Ok(Action::requeue(next))
+}
+
+/// The state of OCM Placement `namespace/name` (read from the API server at each reconcile: only
+/// Federations that name one pay for it), or that OCM is not installed.
+async fn ocm_placement_state(client: &Client, namespace: &str, name: &str) -> PlacementState {
+    if !crate::kube::ocm::installed(client).await {
+        return PlacementState::OcmNotInstalled {
+            name: name.to_owned(),
+        };
+    }
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &crate::kube::ocm::placement_resource(),
+    );
+    match api.get_opt(name).await {
+        Ok(None) => PlacementState::NotFound {
+            name: name.to_owned(),
+        },
+        Ok(Some(placement)) => PlacementState::Found {
+            name: name.to_owned(),
+            satisfied: placement.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PlacementSatisfied")
+                .map(|c| {
+                    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                    (text("status"), text("reason"), text("message"))
+                }),
+        },
+        Err(e) => {
+            tracing::warn!(%namespace, placement = %name, error = %e, "cannot read the OCM Placement");
+            PlacementState::Found {
+                name: name.to_owned(),
+                satisfied: None,
+            }
+        }
+    }
 }
 
 /// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes; each apply is

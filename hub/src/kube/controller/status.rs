@@ -81,6 +81,12 @@ pub enum PlacementState {
         /// Its name.
         name: String,
     },
+    /// The `placementRef` names an Open Cluster Management Placement, and OCM's API is not
+    /// served by this hub's apiserver.
+    OcmNotInstalled {
+        /// Its name.
+        name: String,
+    },
     /// The Placement exists; its `PlacementSatisfied` condition, if it has one yet.
     Found {
         /// Its name.
@@ -119,6 +125,15 @@ impl PlacementState {
                 );
                 Some((
                     cond("PlacementSatisfied", "False", "PlacementNotFound", &message),
+                    Some(message),
+                ))
+            }
+            Self::OcmNotInstalled { name } => {
+                let message = format!(
+                    "spec.placementRef names the Open Cluster Management Placement {name}, but OCM is not installed on this hub (no placements.cluster.open-cluster-management.io): install OCM's hub, or drop spec.placementRef.apiGroup to use the addon's own Placement"
+                );
+                Some((
+                    cond("PlacementSatisfied", "False", "OcmNotInstalled", &message),
                     Some(message),
                 ))
             }

@@ -20,7 +20,6 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::{Report, Stores};
-use crate::core::work::placed_on;
 use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
 use crate::registration::ca::HubCa;
 
@@ -89,7 +88,7 @@ fn targets(
         .iter()
         .map(|c| c.name_any())
         .collect();
-    let decisions = stores.decisions.state();
+    let decided = super::Decided::of(stores);
     // Each cluster's labels, as the work builder sees them (which pools it runs).
     let labels: BTreeMap<String, BTreeMap<String, String>> = stores
         .clusters
@@ -110,13 +109,12 @@ fn targets(
         };
         let namespace = fed.namespace().unwrap_or_default();
         let key = (namespace.clone(), fed.name_any());
-        let placed_on: BTreeSet<String> =
-            placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
-                clusters.contains(c)
-            })
+        let placed_on: BTreeSet<String> = decided
+            .placed_on(&fed, |c| clusters.contains(c))
             .into_iter()
             .collect();
-        let limits = crate::core::nodekeys::key_limits(&fed.spec, &placed_on, &labels);
+        let limits =
+            crate::core::nodekeys::key_limits(&fed.spec, &placed_on, decided.labels(&fed, &labels));
         let wanted = crate::core::nodekeys::wanted(&key, &placed_on, &limits, |c| {
             reports.get(c).map(|r| r.status.clone())
         });

@@ -16,7 +16,6 @@ use tokio::sync::watch;
 
 use super::{Report, Stores};
 use crate::core::HUB_CLUSTER;
-use crate::core::work::placed_on;
 use crate::flower::registry::NodeKeyRegistry;
 
 /// Field manager of the per-cluster part of the Federation status (`status.clusters`), which
@@ -60,7 +59,7 @@ pub(super) async fn write_cluster_statuses(
             .into_iter()
             .map(|mc| (mc.name_any(), mc))
             .collect();
-        let decisions = stores.decisions.state();
+        let decided = super::Decided::of(&stores);
         let federations = stores.federations.state();
         let live: BTreeSet<(String, String)> = federations
             .iter()
@@ -69,9 +68,7 @@ pub(super) async fn write_cluster_statuses(
         written.retain(|key, _| live.contains(key));
         for fed in federations {
             let namespace = fed.namespace().unwrap_or_default();
-            let selected = placed_on(&fed, decisions.iter().map(AsRef::as_ref), |c| {
-                clusters.contains_key(c)
-            });
+            let selected = decided.placed_on(&fed, |c| clusters.contains_key(c));
             let keys = registry
                 .get(&(namespace.clone(), fed.name_any()))
                 .filter(|k| k.listed);

@@ -103,7 +103,108 @@ pub(super) fn stores_with(
         decisions: fill(decisions),
         clusters: fill(clusters),
         superlinks: fill(superlinks),
+        ocm: None,
     }
+}
+
+/// OCM stores filled with `decisions` (`(placement, clusters)`, namespace `team`) and clusters
+/// `(name, labels)`, as OCM writes them.
+fn ocm_stores(decisions: &[(&str, &[&str])], clusters: &[(&str, &[(&str, &str)])]) -> OcmStores {
+    use kube::runtime::watcher::Event;
+    let fill = |resource: kube::api::ApiResource, items: Vec<serde_json::Value>| {
+        let mut writer = reflector::store::Writer::<DynamicObject>::new(resource);
+        writer.apply_watcher_event(&Event::Init);
+        for item in items {
+            writer.apply_watcher_event(&Event::InitApply(serde_json::from_value(item).unwrap()));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        writer.as_reader()
+    };
+    let decisions = decisions
+        .iter()
+        .map(|(placement, clusters)| {
+            let decided: Vec<serde_json::Value> = clusters
+                .iter()
+                .map(|c| serde_json::json!({"clusterName": c, "reason": ""}))
+                .collect();
+            serde_json::json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                "kind": "PlacementDecision",
+                "metadata": {"name": format!("{placement}-decision-1"), "namespace": "team",
+                             "labels": {PLACEMENT_LABEL: placement}},
+                "status": {"decisions": decided},
+            })
+        })
+        .collect();
+    let clusters = clusters
+        .iter()
+        .map(|(name, labels)| {
+            let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+            serde_json::json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1",
+                "kind": "ManagedCluster",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"hubAcceptsClient": true},
+            })
+        })
+        .collect();
+    OcmStores {
+        decisions: fill(crate::kube::ocm::decision_resource(), decisions),
+        clusters: fill(crate::kube::ocm::cluster_resource(), clusters),
+    }
+}
+
+#[test]
+fn a_federation_naming_an_ocm_placement_is_placed_by_ocms_decisions_and_labels() {
+    // Invariant: the API the placementRef names decides — never the other one's Placement of
+    // the same name — and an OCM-placed Federation's pool selectors match OCM's labels. Without
+    // OCM installed it is placed nowhere.
+    let mut ocm_fed = federation(
+        "[{name: a, replicas: 1, images: {}}, {name: g, replicas: 1, images: {}, clusterSelector: {matchLabels: {gpu: \"true\"}}}]",
+    );
+    ocm_fed.spec.placement_ref = Some(flower_addon_crds::PlacementRef {
+        name: "both".into(),
+        api_group: Some(flower_addon_crds::PlacementApiGroup::Ocm),
+        kind: None,
+    });
+    let ours = federation("[{name: a, replicas: 1, images: {}}]");
+    let mut stores = stores(
+        vec![ocm_fed.clone(), ours.clone()],
+        vec![decision("both", &["s1"])],
+        vec![managed("s1", &[]), managed("s2", &[]), managed("s3", &[])],
+    );
+    let known = |c: &str| ["s1", "s2", "s3"].contains(&c);
+    assert!(Decided::of(&stores).placed_on(&ocm_fed, known).is_empty());
+    stores.ocm = Some(ocm_stores(
+        &[("both", &["s2", "s3", "edge-9"])],
+        &[("s2", &[("gpu", "true")]), ("s3", &[])],
+    ));
+    let decided = Decided::of(&stores);
+    assert_eq!(decided.placed_on(&ocm_fed, known), ["s2", "s3"]);
+    assert_eq!(decided.placed_on(&ours, known), ["s1"]);
+    let ours_labels = BTreeMap::new();
+    let labels = decided.labels(&ocm_fed, &ours_labels);
+    let work = federation_work(
+        &ocm_fed,
+        &["s2".into(), "s3".into()],
+        labels,
+        "CA",
+        &[],
+        &[],
+    )
+    .expect("work");
+    let pools = |cluster: &str| -> Vec<String> {
+        work.iter()
+            .filter(|(c, _)| c == cluster)
+            .flat_map(|(_, w)| w.pools.iter().map(|p| p.name.clone()))
+            .collect()
+    };
+    assert_eq!(pools("s2"), ["a", "g"], "OCM's label gpu=true on s2");
+    assert_eq!(pools("s3"), ["a"]);
+    assert!(std::ptr::eq(
+        decided.labels(&ours, &ours_labels),
+        &ours_labels
+    ));
 }
 
 pub(super) fn decision(placement: &str, clusters: &[&str]) -> PlacementDecision {

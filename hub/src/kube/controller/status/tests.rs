@@ -198,7 +198,7 @@ fn a_placement_ref_mirrors_the_placement_and_a_missing_one_holds_ready_back() {
 
 fn placed(clusters: Vec<ClusterStatus>) -> Federation {
     let mut f = fed();
-    f.spec.placement_ref = Some(flower_addon_crds::PlacementRef { name: "p".into() });
+    f.spec.placement_ref = Some(flower_addon_crds::PlacementRef::named("p"));
     f.status = Some(FederationStatus {
         clusters,
         ..FederationStatus::default()
@@ -386,4 +386,31 @@ fn over_thousands_of_clusters_the_totals_count_and_the_message_stays_short() {
         s.clusters.is_empty() && s.cluster_totals.is_none(),
         "the work source's fields"
     );
+}
+
+#[test]
+fn an_ocm_placement_on_a_hub_without_ocm_says_so_and_holds_ready_back() {
+    // Invariant: a placementRef naming an OCM Placement where OCM is not installed is not a
+    // silent "placed nowhere": PlacementSatisfied=False names OCM and both fixes, Ready=False.
+    let outcome = Outcome::Applied {
+        superlink: w("superlink", 1, 1),
+        external: None,
+    };
+    let state = PlacementState::OcmNotInstalled {
+        name: "sites".into(),
+    };
+    let s = federation_status(&fed(), &outcome, &state, &at(10));
+    let c = find(&s, "PlacementSatisfied");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "OcmNotInstalled")
+    );
+    for needle in [
+        "Open Cluster Management Placement sites",
+        "install OCM",
+        "spec.placementRef.apiGroup",
+    ] {
+        assert!(c.message.contains(needle), "{needle}: {}", c.message);
+    }
+    assert_eq!(find(&s, "Ready").status, "False");
 }
