@@ -342,6 +342,31 @@ pub fn binary(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A path a build script made: `$env` when set, else the last line the script (relative to the
+/// repository) prints on stdout (scripts build once, then print their cache); an error naming
+/// the variable and the script when it fails.
+pub fn built_by(env: &str, script: &str) -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Ok(PathBuf::from(path));
+    }
+    let path = crate::repo_root().join(script);
+    let out = std::process::Command::new(&path)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", path.display()))?;
+    ensure!(
+        out.status.success(),
+        "{env} is not set and {script} failed: run it and export {env}=<its output> (test.sh does)"
+    );
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim(),
+    ))
+}
+
 /// The Flower venv for `version` from `e2e/flower/venv.sh` (built from PyPI on the first call,
 /// cached after); fails unless it holds `flower-superlink`.
 pub fn flower_venv(version: &str) -> Result<PathBuf> {

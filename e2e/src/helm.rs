@@ -7,22 +7,7 @@ use std::process::Command;
 /// `helm`, from `FLOWER_ADDON_HELM`, else what `e2e/helm/build.sh` builds (or has cached: it
 /// prints the path); a clear error naming the build script when neither works.
 pub fn binary() -> Result<PathBuf> {
-    let path = match std::env::var_os("FLOWER_ADDON_HELM") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let script = crate::repo_root().join("e2e/helm/build.sh");
-            let out = Command::new(&script)
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .with_context(|| format!("running {}", script.display()))?;
-            ensure!(
-                out.status.success(),
-                "FLOWER_ADDON_HELM is not set and {} failed: build helm with it and export FLOWER_ADDON_HELM=<its output> (test.sh does)",
-                script.display()
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let path = crate::harness::built_by("FLOWER_ADDON_HELM", "e2e/helm/build.sh")?;
     ensure!(
         path.is_file(),
         "helm {} does not exist: run e2e/helm/build.sh",

@@ -15,7 +15,6 @@
 //! A missing binary or module fails loudly, naming the script that makes it.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -45,22 +44,7 @@ pub const CSR_CLUSTER_LABEL: &str = "open-cluster-management.io/cluster-name";
 /// The directory of the OCM binaries: `FLOWER_ADDON_OCM_BIN`, or what `e2e/ocm/build.sh` builds
 /// (instant once cached).
 pub fn bin_dir() -> Result<PathBuf> {
-    let dir = match std::env::var_os("FLOWER_ADDON_OCM_BIN") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let script = crate::repo_root().join("e2e/ocm/build.sh");
-            let out = Command::new(&script)
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .with_context(|| format!("running {}", script.display()))?;
-            ensure!(
-                out.status.success(),
-                "FLOWER_ADDON_OCM_BIN is not set and {} failed: build OCM with it and export FLOWER_ADDON_OCM_BIN=<its output> (test.sh does)",
-                script.display()
-            );
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+    let dir = crate::harness::built_by("FLOWER_ADDON_OCM_BIN", "e2e/ocm/build.sh")?;
     for bin in [
         "registration",
         "placement",
