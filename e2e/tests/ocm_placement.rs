@@ -289,33 +289,40 @@ async fn compare(client: &kube::Client, ns: &str, seed: u64) -> Result<(usize, u
     let mut rng = Rng(seed);
     let clusters = fleet(&mut rng);
     let pp = PatchParams::apply("e2e-differential").force();
+    // Written concurrently: a few hundred requests one by one took most of the test's time.
+    let mut writes = Vec::new();
     for (group, version) in [(OCM_GROUP, "v1"), ("flower-addon.io", "v1alpha1")] {
         let api: Api<DynamicObject> =
             Api::all_with(client.clone(), &resource(group, version, "ManagedCluster"));
         for c in &clusters {
-            let body = json!({
-                "apiVersion": format!("{group}/{version}"),
-                "kind": "ManagedCluster",
-                "metadata": {"name": c.name, "labels": c.labels},
-                "spec": {"hubAcceptsClient": true, "taints": c.taints},
-            });
-            api.patch(&c.name, &pp, &Patch::Apply(&body))
+            let (api, pp) = (api.clone(), pp.clone());
+            writes.push(async move {
+                let body = json!({
+                    "apiVersion": format!("{group}/{version}"),
+                    "kind": "ManagedCluster",
+                    "metadata": {"name": c.name, "labels": c.labels},
+                    "spec": {"hubAcceptsClient": true, "taints": c.taints},
+                });
+                api.patch(&c.name, &pp, &Patch::Apply(&body))
+                    .await
+                    .with_context(|| format!("{group} ManagedCluster {}", c.name))?;
+                let claims: Vec<Value> = c
+                    .claims
+                    .iter()
+                    .map(|(name, value)| json!({"name": name, "value": value}))
+                    .collect();
+                api.patch_status(
+                    &c.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"clusterClaims": claims}})),
+                )
                 .await
-                .with_context(|| format!("{group} ManagedCluster {}", c.name))?;
-            let claims: Vec<Value> = c
-                .claims
-                .iter()
-                .map(|(name, value)| json!({"name": name, "value": value}))
-                .collect();
-            api.patch_status(
-                &c.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"clusterClaims": claims}})),
-            )
-            .await
-            .with_context(|| format!("{group} ManagedCluster {} claims", c.name))?;
+                .with_context(|| format!("{group} ManagedCluster {} claims", c.name))?;
+                anyhow::Ok(())
+            });
         }
     }
+    futures::future::try_join_all(writes).await?;
     // Each generated Placement, and for one with numberOfClusters its twin without (what is
     // feasible for it).
     let mut specs: BTreeMap<String, Value> = BTreeMap::new();
@@ -330,21 +337,27 @@ async fn compare(client: &kube::Client, ns: &str, seed: u64) -> Result<(usize, u
         }
         specs.insert(format!("p{i:02}"), spec);
     }
+    let mut writes = Vec::new();
     for (group, version) in [(OCM_GROUP, "v1beta1"), ("flower-addon.io", "v1alpha1")] {
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), ns, &resource(group, version, "Placement"));
         for (name, spec) in &specs {
-            let body = json!({
-                "apiVersion": format!("{group}/{version}"),
-                "kind": "Placement",
-                "metadata": {"name": name, "namespace": ns},
-                "spec": spec,
+            let (api, pp) = (api.clone(), pp.clone());
+            writes.push(async move {
+                let body = json!({
+                    "apiVersion": format!("{group}/{version}"),
+                    "kind": "Placement",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": spec,
+                });
+                api.patch(name, &pp, &Patch::Apply(&body))
+                    .await
+                    .with_context(|| format!("{group} Placement {name}: {spec}"))?;
+                anyhow::Ok(())
             });
-            api.patch(name, &pp, &Patch::Apply(&body))
-                .await
-                .with_context(|| format!("{group} Placement {name}: {spec}"))?;
         }
     }
+    futures::future::try_join_all(writes).await?;
     let names: Vec<String> = specs.keys().cloned().collect();
     let t = Instant::now();
     // Both controllers decide asynchronously: compare once both have decided every Placement and

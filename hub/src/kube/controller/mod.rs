@@ -387,11 +387,25 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         }
     };
     write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
-    // Back when the SuperLink certificate is due, if that is before the resync.
+    let ocm = fed.spec.placement_ref.as_ref().is_some_and(|r| r.is_ocm());
+    Ok(Action::requeue(requeue_after(renew_in, ocm)))
+}
+
+/// How often a Federation naming an OCM Placement is reconciled at least: the hub does not
+/// watch OCM's Placements, so their `PlacementSatisfied` reaches the Federation this late at most.
+pub const OCM_PLACEMENT_RESYNC: Duration = Duration::from_secs(30);
+
+/// When to reconcile again: at the resync, or when the SuperLink certificate is due if that is
+/// sooner, and for an OCM-placed Federation within [`OCM_PLACEMENT_RESYNC`].
+fn requeue_after(renew_in: Option<Duration>, ocm: bool) -> Duration {
     let next = renew_in.map_or(RESYNC, |due| {
         due.clamp(Duration::from_secs(1), RESYNC) + Duration::from_millis(100)
     });
-    Ok(Action::requeue(next))
+    if ocm {
+        next.min(OCM_PLACEMENT_RESYNC)
+    } else {
+        next
+    }
 }
 
 /// The state of OCM Placement `namespace/name` (read from the API server at each reconcile: only
@@ -632,4 +646,28 @@ async fn write_status(
         "status updated"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod requeue_tests {
+    use super::*;
+
+    #[test]
+    fn an_ocm_placed_federation_is_reconciled_often_enough_to_mirror_ocms_status() {
+        assert_eq!(requeue_after(None, false), RESYNC);
+        assert_eq!(requeue_after(None, true), OCM_PLACEMENT_RESYNC);
+        let soon = Duration::from_secs(5);
+        assert_eq!(
+            requeue_after(Some(soon), true),
+            soon + Duration::from_millis(100)
+        );
+        assert_eq!(
+            requeue_after(Some(soon), false),
+            soon + Duration::from_millis(100)
+        );
+        assert_eq!(
+            requeue_after(Some(Duration::from_secs(3600)), false),
+            RESYNC + Duration::from_millis(100)
+        );
+    }
 }
