@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// hub cannot renew it), so a restart can re-join from a bootstrap Secret. Otherwise the
     /// agent keeps retrying and logs how to re-join.
     pub exit_when_expired: bool,
+    /// The agent is an OCM addon: its certificate and key are OCM's klusterlet's, in this
+    /// directory ([`crate::ocm_addon`]). They are reread instead of renewed over the channel.
+    pub ocm_addon_dir: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -70,6 +73,7 @@ impl RunOptions {
             renew_at: 0.8,
             events: None,
             exit_when_expired: false,
+            ocm_addon_dir: None,
         }
     }
 }
@@ -341,6 +345,9 @@ async fn session(
     runtime: &dyn Runtime,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<End> {
+    if let Some(dir) = &state.options.ocm_addon_dir {
+        reload_pair(state, dir);
+    }
     let creds = state.credentials();
     let name = creds.config.cluster_name.clone();
     let config = match tls::mtls_config(&creds.ca_pem, &creds.cert_pem, &creds.key_pem) {
@@ -376,11 +383,11 @@ async fn session(
     crate::metrics::agent().connected(true);
     let _closed = Disconnect;
     let renew_now = Arc::new(tokio::sync::Notify::new());
-    let renewer = AbortOnDrop(tokio::spawn(renew_loop(
-        state.clone(),
-        channel,
-        renew_now.clone(),
-    )));
+    let renewer = AbortOnDrop(match &state.options.ocm_addon_dir {
+        // OCM's klusterlet renews: reread what it wrote.
+        Some(dir) => tokio::spawn(reload_loop(state.clone(), dir.clone())),
+        None => tokio::spawn(renew_loop(state.clone(), channel, renew_now.clone())),
+    });
     let mut status_tick = tokio::time::interval(state.options.status_interval);
     let mut last_status: Option<(Vec<FederationStatus>, Allocatable)> = None;
     let mut observed = 0u64;
@@ -417,6 +424,7 @@ async fn session(
                         // Another CA bundle at the hub (a CA rotation): renew now, which brings
                         // it and a certificate of the CA that signs now.
                         if !ping.ca_bundle_sha256.is_empty()
+                            && state.options.ocm_addon_dir.is_none()
                             && ping.ca_bundle_sha256 != bundle_sha256(&state.credentials().ca_pem)
                         {
                             tracing::info!(cluster = %name, "the hub's CA bundle changed; renewing the client certificate now");
@@ -492,6 +500,53 @@ impl Drop for AbortOnDrop {
 fn bundle_sha256(pem: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(pem.as_bytes()))
+}
+
+/// Takes the pair OCM's klusterlet keeps in `dir` if it changed (logged; a pair that cannot be
+/// read leaves the one in use).
+fn reload_pair(state: &State, dir: &std::path::Path) {
+    let name = state.credentials().config.cluster_name;
+    match crate::ocm_addon::read_pair(dir) {
+        Ok(Some((cert_pem, key_pem))) => {
+            let Ok(mut creds) = state.credentials.lock() else {
+                return;
+            };
+            if creds.cert_pem == cert_pem && creds.key_pem == key_pem {
+                return;
+            }
+            match crate::ocm_addon::cluster_of(&cert_pem) {
+                Ok(cluster) if cluster == creds.config.cluster_name => {
+                    creds.cert_pem = cert_pem;
+                    creds.key_pem = key_pem;
+                    drop(creds);
+                    let not_after =
+                        crate::credentials::cert_validity(&state.credentials().cert_pem)
+                            .map(|(_, end)| end)
+                            .unwrap_or(SystemTime::UNIX_EPOCH);
+                    tracing::info!(cluster = %name, ?not_after, "took the certificate OCM's klusterlet renewed; used from the next connection");
+                    state.emit(AgentEvent::Renewed { not_after });
+                }
+                Ok(other) => {
+                    tracing::error!(cluster = %name, other = %other, "the certificate in {} names another cluster; keeping the one in use", dir.display())
+                }
+                Err(error) => {
+                    tracing::warn!(cluster = %name, %error, "the certificate in {} is not usable; keeping the one in use", dir.display())
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(cluster = %name, %error, "cannot read the addon's certificate; keeping the one in use")
+        }
+    }
+}
+
+/// [`reload_pair`] every [`crate::ocm_addon::RELOAD_INTERVAL`].
+async fn reload_loop(state: Arc<State>, dir: PathBuf) {
+    loop {
+        tokio::time::sleep(crate::ocm_addon::RELOAD_INTERVAL).await;
+        reload_pair(&state, &dir);
+    }
 }
 
 /// Renews the client certificate at `renew_at` of its life, or when `renew_now` is notified (the

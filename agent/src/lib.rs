@@ -13,6 +13,7 @@ pub mod join;
 pub mod kube_runtime;
 pub mod metrics;
 pub mod node_key;
+pub mod ocm_addon;
 pub mod ops;
 pub mod process_runtime;
 pub use flower_addon_crds::render;

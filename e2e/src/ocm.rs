@@ -227,6 +227,15 @@ impl OcmHub {
         })
     }
 
+    /// The hub kubeconfig the klusterlet of cluster `name` holds (its identity on the hub, as
+    /// OCM's registration issued it).
+    pub fn klusterlet_hub_kubeconfig(&self, name: &str) -> PathBuf {
+        self.dir
+            .join(format!("klusterlet-{name}"))
+            .join("hub-kubeconfig")
+            .join("kubeconfig")
+    }
+
     /// The processes (hub controllers and klusterlet agents), to stop or restart one.
     pub fn processes(&mut self) -> &mut Processes {
         &mut self.procs
@@ -278,30 +287,29 @@ impl OcmHub {
         };
         let csrs: Api<CertificateSigningRequest> = Api::all(self.hub.client.clone());
         let selector = format!("{CSR_CLUSTER_LABEL}={name}");
-        let csr = crate::harness::Wait::new(
-            format!("the klusterlet of {name} to ask the hub for a certificate"),
-            Duration::from_secs(90),
-        )
-        .detail(log_tail)
-        .for_value(|| {
-            let (csrs, selector) = (csrs.clone(), selector.clone());
-            async move {
-                let list = csrs.list(&ListParams::default().labels(&selector)).await?;
-                Ok(list.items.into_iter().next())
-            }
-        })
-        .await?;
-        approve(&csrs, &csr.name_any()).await?;
         let clusters: Api<DynamicObject> =
             Api::all_with(self.hub.client.clone(), &managed_cluster_resource());
-        wait_until(
-            &format!("ManagedCluster {name} created by its klusterlet"),
-            Duration::from_secs(60),
-            || {
-                let clusters = clusters.clone();
-                async move { Ok(clusters.get_opt(name).await?.is_some()) }
-            },
+        // Once the klusterlet has created its ManagedCluster, approve its bootstrap CSRs (a
+        // klusterlet that saw no certificate in time asks again with a new CSR, which the waits
+        // below approve too). Approving before the ManagedCluster exists can end the
+        // klusterlet's bootstrap before it created it, and it then never does (seen here): as
+        // `clusteradm accept`, which waits for the cluster to show up.
+        crate::harness::Wait::new(
+            format!(
+                "the klusterlet of {name} to ask for a certificate and create ManagedCluster {name}"
+            ),
+            Duration::from_secs(120),
         )
+        .detail(log_tail)
+        .until(|| {
+            let (csrs, selector, clusters) = (csrs.clone(), selector.clone(), clusters.clone());
+            async move {
+                if clusters.get_opt(name).await?.is_none() {
+                    return Ok(false);
+                }
+                approve_pending(&csrs, &selector).await
+            }
+        })
         .await?;
         clusters
             .patch(
@@ -317,8 +325,9 @@ impl OcmHub {
         )
         .detail(log_tail)
         .until(|| {
-            let clusters = clusters.clone();
+            let (csrs, selector, clusters) = (csrs.clone(), selector.clone(), clusters.clone());
             async move {
+                approve_pending(&csrs, &selector).await?;
                 let mc = clusters.get(name).await?;
                 let conditions = conditions(&mc);
                 Ok(
@@ -441,6 +450,31 @@ pub fn ocm_module() -> Result<PathBuf> {
         dir.display()
     );
     Ok(dir)
+}
+
+/// Approves every bootstrap CSR (signer `kubernetes.io/kube-apiserver-client`) matching
+/// `selector` that has no condition yet; whether one of them is approved now.
+async fn approve_pending(csrs: &Api<CertificateSigningRequest>, selector: &str) -> Result<bool> {
+    let list = csrs.list(&ListParams::default().labels(selector)).await?;
+    let mut approved = false;
+    for csr in list
+        .items
+        .iter()
+        .filter(|c| c.spec.signer_name == "kubernetes.io/kube-apiserver-client")
+    {
+        let conditions = csr
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        if conditions.is_empty() {
+            approve(csrs, &csr.name_any()).await?;
+            approved = true;
+        } else if conditions.iter().any(|c| c.type_ == "Approved") {
+            approved = true;
+        }
+    }
+    Ok(approved)
 }
 
 /// Approves a CSR (what `clusteradm accept` does).

@@ -698,6 +698,7 @@ async fn clusters_are_created_pending_and_exclusive(
         labels: BTreeMap::from([("env".into(), "prod".into())]),
         claims: BTreeMap::from([("region".into(), "eu".into())]),
         key_fingerprint: "sha256:00ff".into(),
+        previous_key_fingerprint: None,
         agent_version: "0.1.0".into(),
         token_id: id.into(),
         created_unix: 1_700_000_000,

@@ -341,6 +341,7 @@ fn pre_created(name: &str) -> ClusterRegistration {
         labels: Default::default(),
         claims: Default::default(),
         key_fingerprint: String::new(),
+        previous_key_fingerprint: None,
         agent_version: String::new(),
         token_id: String::new(),
         created_unix: 1_700_000_000,

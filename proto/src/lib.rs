@@ -33,3 +33,16 @@ pub const CLUSTER_DELETED: &str = "deleted";
 pub const CLUSTER_NOT_ACCEPTED: &str = "not-accepted";
 /// The cluster name is registered with another key (this agent's identity is stale).
 pub const CLUSTER_REKEYED: &str = "rekeyed";
+
+/// The agent as an Open Cluster Management addon: the name of its `ClusterManagementAddOn` and
+/// `ManagedClusterAddOn`s (`manifests/ocm/`).
+pub const OCM_ADDON_NAME: &str = "flower-addon";
+/// The `signerName` of the addon's CSRs: flower-hub signs them with the work-channel CA, after
+/// checking that the klusterlet of the cluster they name asked.
+pub const OCM_ADDON_SIGNER: &str = "flower-addon.io/work-channel";
+/// Common name of every certificate the hub issues to an addon agent (the `customSigner.subject`
+/// of the `AddOnTemplate`, which OCM's klusterlet compares with the issued certificate); the
+/// cluster is in the URI SAN [`OCM_ADDON_CLUSTER_URI_PREFIX`]`<cluster>`.
+pub const OCM_ADDON_AGENT_CN: &str = "flower-addon-agent";
+/// Prefix of the URI SAN naming the cluster in an addon agent's certificate.
+pub const OCM_ADDON_CLUSTER_URI_PREFIX: &str = "urn:flower-addon:cluster:";

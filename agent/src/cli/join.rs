@@ -11,8 +11,9 @@ use std::time::Duration;
 /// Where the agent keeps its credentials: a directory, or a Secret in its namespace.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
-    /// Directory for the key and credentials (files 0600); standalone and edge agents.
-    #[arg(long, required_unless_present = "credentials_secret")]
+    /// Directory for the key and credentials (files 0600); standalone and edge agents. One of
+    /// --state-dir and --credentials-secret is needed (or, for `run`, --ocm-addon-dir).
+    #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Keep the key and credentials in this Secret of --namespace instead (agents in a
     /// Kubernetes cluster; the API is reached through KUBECONFIG or the in-cluster config).

@@ -31,6 +31,12 @@ pub struct RunArgs {
     /// any, an agent that never joined stops with an error.
     #[command(flatten)]
     pub source: JoinSourceArgs,
+    /// Run as the Open Cluster Management addon (manifests/ocm): the certificate and key are in
+    /// this directory, where the Deployment mounts the Secret OCM's klusterlet keeps them in
+    /// (`/managed/flower-addon.io-work-channel`). No join and no token: with --hub and --ca-hash
+    /// (the AddOnDeploymentConfig's variables); the cluster name is the certificate's.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["state_dir", "credentials_secret", "bootstrap_secret", "token", "token_file"])]
+    pub ocm_addon_dir: Option<PathBuf>,
     /// Runtime that applies the work.
     #[arg(long, value_enum, default_value = "process")]
     pub runtime: RuntimeKind,
@@ -169,6 +175,36 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )
         .await?;
         let mut kube = KubeContext::default();
+        if let Some(dir) = &args.ocm_addon_dir {
+            anyhow::ensure!(
+                args.runtime != RuntimeKind::Process,
+                "--ocm-addon-dir is for an agent in a Kubernetes cluster installed by OCM: give --runtime kubernetes"
+            );
+            let hub = crate::ocm_addon::AddonHub {
+                hub: args.source.hub.clone().context(
+                    "--ocm-addon-dir needs --hub HOST:PORT (the AddOnDeploymentConfig's FLOWER_HUB_ADDRESS)",
+                )?,
+                ca_hash: args.source.ca_hash.clone().context(
+                    "--ocm-addon-dir needs --ca-hash sha256:… (the AddOnDeploymentConfig's FLOWER_HUB_CA_HASH, printed by `flower-hub ca status`)",
+                )?,
+                server_name: args.source.server_name.clone(),
+            };
+            let mut progress = |line: &str| eprintln!("flower-agent: {line}");
+            let credentials = crate::ocm_addon::credentials(dir, &hub, &mut progress).await?;
+            if let Some(name) = &args.source.cluster_name {
+                anyhow::ensure!(
+                    *name == credentials.config.cluster_name,
+                    "--cluster-name {name:?}, but the certificate OCM's klusterlet holds is cluster {:?}'s",
+                    credentials.config.cluster_name
+                );
+            }
+            tracing::info!(cluster = %credentials.config.cluster_name, hub = %hub.hub, "running as the OCM addon");
+            health.set("credentials", true);
+            let mut options = RunOptions::with_store(credentials, None);
+            options.ocm_addon_dir = Some(dir.clone());
+            let describe = format!("ocm addon {}", dir.display());
+            return run_with(args, options, kube, describe, health).await;
+        }
         let store = open_store(&args.store, &mut kube).await?;
         let can_join = args.source.bootstrap_secret.is_some() || args.source.token.is_some();
         let stored = store.load().await?;
@@ -201,6 +237,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ),
         };
         health.set("credentials", true);
+        // A pod that can re-join from its bootstrap Secret stops on expiry, so its restart does.
+        let exit_when_expired =
+            matches!(store, crate::credentials::CredentialStore::Secret(_)) && can_join;
+        let describe = store.describe();
+        let mut options = RunOptions::with_store(credentials, Some(store));
+        options.exit_when_expired = exit_when_expired;
+        run_with(args, options, kube, describe, health).await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the channel with `options` on the runtime `args` name (`describe`: where the
+/// credentials are, for the installation id) until a signal.
+async fn run_with(
+    args: RunArgs,
+    mut options: RunOptions,
+    mut kube: KubeContext,
+    describe: String,
+    health: Arc<crate::ops::Health>,
+) -> anyhow::Result<()> {
+    {
         let mut process: Option<Arc<ProcessRuntime>> = None;
         let runtime: Arc<dyn Runtime> = match args.runtime {
             RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
@@ -232,7 +289,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             RuntimeKind::Kubernetes => {
                 let (client, _) = kube.get(args.store.namespace.as_deref()).await?;
-                let id = args.policy.installation_id(&store.describe())?;
+                let id = args.policy.installation_id(&describe)?;
                 let policy = args.policy.policy()?;
                 tracing::info!(installation = %id, ?policy, "pod policy");
                 Arc::new(
@@ -248,11 +305,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("stopping");
             let _ = stop_tx.send(true);
         });
-        // A pod that can re-join from its bootstrap Secret stops on expiry, so its restart does.
-        let exit_when_expired =
-            matches!(store, crate::credentials::CredentialStore::Secret(_)) && can_join;
-        let mut options = RunOptions::with_store(credentials, Some(store));
-        options.exit_when_expired = exit_when_expired;
         options.status_interval = args.status_interval;
         let result = run_channel(options, runtime, stop_rx).await;
         if let Some(rt) = process {
@@ -260,8 +312,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             rt.shutdown().await;
         }
         result.map_err(anyhow::Error::from)
-    })?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use tonic::Status;
 pub mod conns;
 mod lease;
 pub mod limits;
-mod registration;
+pub(crate) mod registration;
 pub mod report;
 pub mod tls;
 pub mod work;
@@ -219,7 +219,7 @@ impl<S: ClusterStore, W: WorkSource> Shared<S, W> {
 /// Whether `record` lets the holder of `identity` in: bound to its key, and accepted.
 fn check_authorized(record: &ClusterRecord, identity: &tls::PeerIdentity) -> Result<(), Status> {
     let name = &identity.cluster_name;
-    if record.registration.key_fingerprint != identity.key_fingerprint {
+    if !record.registration.binds(&identity.key_fingerprint) {
         return Err(refused(
             flower_addon_proto::CLUSTER_REKEYED,
             format!(

@@ -406,7 +406,7 @@ fn timestamp(t: SystemTime) -> Timestamp {
 
 /// Records in a cluster's status the client certificate just issued: its end of validity, the
 /// CA that signed it and the bundle sent with it.
-fn record_issue(
+pub(crate) fn record_issue(
     st: &mut crate::registration::store::ClusterStatus,
     ca: &crate::registration::ca::HubCa,
     not_after: u64,

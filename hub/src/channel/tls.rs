@@ -27,7 +27,8 @@ use tonic::transport::server::Connected;
 /// The identity proven by a verified client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerIdentity {
-    /// Common name of the certificate: the cluster name the hub wrote into it.
+    /// The cluster name the hub wrote into the certificate: its common name, or for an agent
+    /// installed as an OCM addon its cluster URI SAN.
     pub cluster_name: String,
     /// `sha256:<hex>` of the certificate's SubjectPublicKeyInfo.
     pub key_fingerprint: String,
@@ -145,13 +146,21 @@ pub fn server_config(
 /// Parses the verified end-entity certificate of a peer into its identity.
 pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerIdentity> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let cluster_name = parsed
+    let common_name = parsed
         .subject()
         .iter_common_name()
         .next()?
         .as_str()
         .ok()?
         .to_string();
+    // An agent installed as an OCM addon: its cluster is in the URI SAN (the common name is the
+    // same for every cluster, see `HubCa::sign_ocm_addon_csr`). Only the hub issues
+    // certificates this verifier accepts, so the SAN is the hub's own statement.
+    let cluster_name = if common_name == flower_addon_proto::OCM_ADDON_AGENT_CN {
+        ocm_addon_cluster(&parsed)?
+    } else {
+        common_name
+    };
     let not_after = SystemTime::UNIX_EPOCH
         + Duration::from_secs(u64::try_from(parsed.validity().not_after.timestamp()).ok()?);
     Some(PeerIdentity {
@@ -161,6 +170,24 @@ pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerIdentity> {
         ),
         not_after,
     })
+}
+
+/// The cluster named by the URI SAN [`flower_addon_proto::OCM_ADDON_CLUSTER_URI_PREFIX`]`<cluster>`
+/// of an addon agent's certificate (exactly one such SAN, or none is taken).
+fn ocm_addon_cluster(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<String> {
+    let san = cert.subject_alternative_name().ok()??;
+    let mut clusters = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::URI(uri) => {
+                uri.strip_prefix(flower_addon_proto::OCM_ADDON_CLUSTER_URI_PREFIX)
+            }
+            _ => None,
+        });
+    let cluster = clusters.next()?;
+    (clusters.next().is_none() && !cluster.is_empty()).then(|| cluster.to_string())
 }
 
 /// Accepts TCP connections on every listener, runs the TLS handshakes (each bounded by

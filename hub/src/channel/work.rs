@@ -59,7 +59,12 @@ impl<S: ClusterStore, W: crate::core::source::WorkSource> Work for WorkService<S
         let (stop_tx, stop_rx) = oneshot::channel();
         let entry = StreamEntry {
             id,
-            key_fingerprint: record.registration.key_fingerprint.clone(),
+            // The key this stream holds (the bound one, or for an OCM addon agent the one
+            // bound before it until its pod gets the renewed certificate).
+            key_fingerprint: identity.as_ref().map_or_else(
+                || record.registration.key_fingerprint.clone(),
+                |i| i.key_fingerprint.clone(),
+            ),
             stop: stop_tx,
         };
         if let Some(old) = self.shared.streams.insert(name.clone(), entry) {
@@ -420,7 +425,7 @@ fn distrust(
             format!("cluster {name:?} is no longer accepted by the hub (hubAcceptsClient=false)"),
             true,
         )),
-        Some(r) if fingerprint.is_some_and(|f| f != r.registration.key_fingerprint) => Some((
+        Some(r) if fingerprint.is_some_and(|f| !r.registration.binds(f)) => Some((
             flower_addon_proto::CLUSTER_REKEYED,
             format!("cluster {name:?} was re-registered with another key"),
             false,

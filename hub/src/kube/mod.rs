@@ -12,6 +12,7 @@ pub mod leader;
 pub mod list_gate;
 pub mod metrics;
 pub mod ocm;
+pub mod ocm_addon;
 pub mod store;
 pub mod work;
 

@@ -64,6 +64,9 @@ pub fn ca_secret_name(role: CaRole) -> &'static str {
 pub const HUB_SERVICE: &str = "flower-hub";
 /// Annotation: `sha256:<hex>` of the key the cluster is bound to.
 pub const ANN_KEY_FINGERPRINT: &str = "flower-addon.io/key-fingerprint";
+/// Annotation: `sha256:<hex>` of the key bound before, still trusted (agents installed as an OCM
+/// addon, whose klusterlet renews with a new key).
+pub const ANN_PREVIOUS_KEY_FINGERPRINT: &str = "flower-addon.io/previous-key-fingerprint";
 /// Annotation: id of the bootstrap token of the first join.
 pub const ANN_TOKEN_ID: &str = "flower-addon.io/token-id";
 /// Annotation: first join, Unix seconds.

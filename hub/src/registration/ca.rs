@@ -327,14 +327,55 @@ impl HubCa {
         if cluster_name.is_empty() || cluster_name.len() > 253 {
             return Err(CaError::InvalidName(cluster_name.to_string()));
         }
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "flower-addon");
+        dn.push(DnType::CommonName, cluster_name);
+        self.sign_client(csr_pem, dn, Vec::new(), validity)
+    }
+
+    /// Signs the CSR of an agent installed as an Open Cluster Management addon for `cluster`:
+    /// common name [`flower_addon_proto::OCM_ADDON_AGENT_CN`] (what OCM's klusterlet expects of
+    /// the certificate), the cluster in the URI SAN
+    /// [`flower_addon_proto::OCM_ADDON_CLUSTER_URI_PREFIX`]`<cluster>` (what
+    /// [`crate::channel::tls::peer_identity`] reads), valid for `lifetime`. As with
+    /// [`HubCa::sign_client_csr`], only the CSR's public key is used.
+    pub fn sign_ocm_addon_csr(
+        &self,
+        csr_pem: &str,
+        cluster: &str,
+        lifetime: Duration,
+    ) -> Result<IssuedCert, CaError> {
+        if cluster.is_empty() || cluster.len() > 253 {
+            return Err(CaError::InvalidName(cluster.to_string()));
+        }
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, flower_addon_proto::OCM_ADDON_AGENT_CN);
+        let uri = format!(
+            "{}{cluster}",
+            flower_addon_proto::OCM_ADDON_CLUSTER_URI_PREFIX
+        );
+        let san = rcgen::SanType::URI(
+            rcgen::string::Ia5String::try_from(uri)
+                .map_err(|_| CaError::InvalidName(cluster.to_string()))?,
+        );
+        self.sign_client(csr_pem, dn, vec![san], Validity::from_now(lifetime))
+    }
+
+    /// A client certificate for the key of `csr_pem` (whose self-signature is verified) with
+    /// subject `dn` and `sans`; nothing else of the CSR is copied.
+    fn sign_client(
+        &self,
+        csr_pem: &str,
+        dn: DistinguishedName,
+        sans: Vec<rcgen::SanType>,
+        validity: Validity,
+    ) -> Result<IssuedCert, CaError> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
         let key_fingerprint = spki_fingerprint(&csr.public_key.subject_public_key_info());
         // Start from empty parameters: nothing the CSR asked for is copied.
         let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "flower-addon");
-        dn.push(DnType::CommonName, cluster_name);
         params.distinguished_name = dn;
+        params.subject_alt_names = sans;
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];

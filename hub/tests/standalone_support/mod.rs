@@ -99,6 +99,7 @@ pub async fn register(store: &FileStore, clusters: &BTreeMap<String, BTreeMap<St
             labels: l.clone(),
             claims: BTreeMap::new(),
             key_fingerprint: format!("sha256:{name}"),
+            previous_key_fingerprint: None,
             agent_version: "test".into(),
             token_id: "t".into(),
             created_unix: 1,

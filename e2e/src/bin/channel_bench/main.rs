@@ -588,6 +588,7 @@ async fn provision_into<S: ClusterStore>(
                         labels: Default::default(),
                         claims: Default::default(),
                         key_fingerprint: issued.key_fingerprint.clone(),
+                        previous_key_fingerprint: None,
                         agent_version: "bench".into(),
                         token_id: String::new(),
                         created_unix: 0,

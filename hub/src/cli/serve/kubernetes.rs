@@ -173,6 +173,13 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             runs_ca,
             wait_stop(stop_rx.clone()),
         ));
+        let ocm_addon = tokio::spawn(crate::kube::ocm_addon::run(
+            client.clone(),
+            store.clone(),
+            ca.clone(),
+            config.cert_validity,
+            wait_stop(stop_rx.clone()),
+        ));
         let placements = tokio::spawn(crate::kube::controller::placement::run(
             client,
             health,
@@ -192,6 +199,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = federations.await;
         let _ = local_pools.await;
         let _ = placements.await;
+        let _ = ocm_addon.await;
         let _ = runs.await;
         if let Some(lost) = lost.lock().ok().and_then(|mut l| l.take()) {
             return Err(anyhow::Error::new(lost));

@@ -40,7 +40,7 @@ pub(super) fn set_declared(status: &mut ManagedClusterStatus, registration: &Clu
 pub(super) fn registration_annotations(
     registration: &ClusterRegistration,
 ) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (
             ANN_KEY_FINGERPRINT.to_owned(),
             registration.key_fingerprint.clone(),
@@ -50,7 +50,11 @@ pub(super) fn registration_annotations(
             ANN_CREATED.to_owned(),
             registration.created_unix.to_string(),
         ),
-    ])
+    ]);
+    if let Some(previous) = &registration.previous_key_fingerprint {
+        annotations.insert(ANN_PREVIOUS_KEY_FINGERPRINT.to_owned(), previous.clone());
+    }
+    annotations
 }
 
 /// The stored record of a ManagedCluster.
@@ -73,6 +77,7 @@ pub fn record_of(mc: &ManagedCluster) -> ClusterRecord {
                 .map(|c| (c.name.clone(), c.value.clone()))
                 .collect(),
             key_fingerprint: ann(ANN_KEY_FINGERPRINT),
+            previous_key_fingerprint: annotations.get(ANN_PREVIOUS_KEY_FINGERPRINT).cloned(),
             agent_version: status
                 .version
                 .as_ref()

@@ -8,6 +8,7 @@ fn registration() -> ClusterRegistration {
         labels: BTreeMap::from([("env".into(), "prod".into())]),
         claims: BTreeMap::from([("region".into(), "eu".into())]),
         key_fingerprint: "sha256:ab".into(),
+        previous_key_fingerprint: None,
         agent_version: "0.1.0".into(),
         token_id: "abcdef".into(),
         created_unix: 1_700_000_000,

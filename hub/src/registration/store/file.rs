@@ -507,6 +507,7 @@ mod tests {
             labels: Default::default(),
             claims: Default::default(),
             key_fingerprint: fp.into(),
+            previous_key_fingerprint: None,
             agent_version: String::new(),
             token_id: String::new(),
             created_unix: 1,

@@ -69,6 +69,12 @@ pub struct ClusterRegistration {
     pub claims: BTreeMap<String, String>,
     /// `sha256:<hex>` of the agent's public key (SubjectPublicKeyInfo); the cluster is bound to it.
     pub key_fingerprint: String,
+    /// The key bound before [`ClusterRegistration::key_fingerprint`], still trusted until its
+    /// certificate expires: set only for agents installed as an OCM addon, whose klusterlet
+    /// makes a new key at every renewal and hands it to the agent's pod some time after the hub
+    /// signed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_key_fingerprint: Option<String>,
     /// Version of the agent at its last join.
     #[serde(default)]
     pub agent_version: String,
@@ -77,6 +83,15 @@ pub struct ClusterRegistration {
     pub token_id: String,
     /// First join, seconds since the Unix epoch.
     pub created_unix: u64,
+}
+
+impl ClusterRegistration {
+    /// Whether the key `fingerprint` speaks for this cluster: the bound key, or the one bound
+    /// before it ([`ClusterRegistration::previous_key_fingerprint`]).
+    pub fn binds(&self, fingerprint: &str) -> bool {
+        self.key_fingerprint == fingerprint
+            || self.previous_key_fingerprint.as_deref() == Some(fingerprint)
+    }
 }
 
 /// A Kubernetes-style condition on a cluster.
