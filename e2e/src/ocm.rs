@@ -162,6 +162,8 @@ pub struct OcmHub {
     bins: PathBuf,
     procs: Processes,
     bootstrap_kubeconfig: PathBuf,
+    /// How each running hub controller was started: name, arguments.
+    controllers: Vec<(String, Vec<String>)>,
 }
 
 impl OcmHub {
@@ -187,6 +189,7 @@ impl OcmHub {
         }
         let bootstrap_kubeconfig = install_bootstrap(hub, dir).await?;
         let mut procs = Processes::default();
+        let mut controllers = Vec::new();
         let ports = free_ports(4)?;
         let kubeconfig = hub.kubeconfig.display().to_string();
         for ((name, bin, sub), port) in [
@@ -212,6 +215,10 @@ impl OcmHub {
                 &args,
                 &dir.join(format!("ocm-{name}.log")),
             )?;
+            controllers.push((
+                name.to_owned(),
+                std::iter::once(bin.to_owned()).chain(args).collect(),
+            ));
         }
         eprintln!(
             "e2e: OCM {VERSION} hub controllers {components:?} started on {} ({:.1}s)",
@@ -224,7 +231,29 @@ impl OcmHub {
             bins,
             procs,
             bootstrap_kubeconfig,
+            controllers,
         })
+    }
+
+    /// Stops every OCM hub controller (an outage of OCM's hub; the apiserver stays up).
+    pub fn stop_hub_controllers(&mut self) -> Result<()> {
+        for (name, _) in &self.controllers {
+            self.procs.stop(&format!("ocm-{name}"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts the hub controllers [`OcmHub::stop_hub_controllers`] stopped, as they ran before.
+    pub fn start_hub_controllers(&mut self) -> Result<()> {
+        for (name, argv) in &self.controllers {
+            self.procs.start(
+                &format!("ocm-{name}"),
+                &self.bins.join(&argv[0]),
+                &argv[1..],
+                &self.dir.join(format!("ocm-{name}.log")),
+            )?;
+        }
+        Ok(())
     }
 
     /// The hub kubeconfig the klusterlet of cluster `name` holds (its identity on the hub, as

@@ -34,6 +34,8 @@ const AGENT_NS: &str = "flower-addon-agent";
 const CERT_SECRET: &str = "flower-addon-flower-addon.io-work-channel-client-cert";
 /// Where the template's Deployment reads it (OCM mounts the Secret there).
 const CERT_DIR: &str = "/managed/flower-addon.io-work-channel";
+/// How long OCM's hub controllers are down.
+const OCM_OUTAGE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_agent_installs_as_an_ocm_addon_and_the_hub_signs_its_certificate() -> Result<()> {
@@ -216,6 +218,63 @@ spec:
     .await?;
     let pool = t_pool.elapsed();
 
+    // OCM's hub controllers down for a minute (the apiserver stays up): nothing the addon runs
+    // is torn down, and a change made in OCM meanwhile takes effect once they are back.
+    // (The SuperLink does not run on kwok, so the SuperNodes wait for their keys with 0
+    // replicas: what must not change is the StatefulSet the agent applied.)
+    let sets_before = workload_ids(&spoke1, NS).await?;
+    ensure!(!sets_before.is_empty(), "no StatefulSet on spoke-1");
+    ocm.stop_hub_controllers()?;
+    let outage = Instant::now();
+    clusters
+        .patch(
+            "edge-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": "yes"}}})),
+        )
+        .await?;
+    let spoke2 = cp.cluster("spoke-2")?.client.clone();
+    let sets2: Api<StatefulSet> = Api::namespaced(spoke2.clone(), NS);
+    while outage.elapsed() < OCM_OUTAGE {
+        for cluster in ["edge-1", "edge-2"] {
+            ensure!(
+                ours.get_opt(cluster).await?.as_ref().is_some_and(available),
+                "{cluster} lost or unavailable while OCM's hub controllers were down"
+            );
+        }
+        ensure!(
+            workload_ids(&spoke1, NS).await? == sets_before,
+            "fed's StatefulSet on spoke-1 changed while OCM's hub controllers were down"
+        );
+        ensure!(
+            sets2.list(&ListParams::default()).await?.items.is_empty(),
+            "edge-2 got fed's pool without OCM's placement controller deciding it"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    ocm.start_hub_controllers()?;
+    let t_resumed = Instant::now();
+    wait_until(
+        "OCM's decision (edge-2 relabelled during the outage) to reach spoke-2 once OCM is back",
+        Duration::from_secs(90),
+        || async { Ok(!sets2.list(&ListParams::default()).await?.items.is_empty()) },
+    )
+    .await?;
+    let resumed = t_resumed.elapsed();
+    ensure!(
+        workload_ids(&spoke1, NS).await? == sets_before,
+        "fed's StatefulSet on spoke-1 changed when OCM's hub controllers came back"
+    );
+
+    // A ManagedClusterAddOn in a namespace with no OCM ManagedCluster: nothing is registered.
+    e2e::apply_yaml(
+        &hub,
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: ghost}\n",
+        "default",
+    )
+    .await?;
+    enable(&hub, "ghost").await?;
+
     // edge-1's klusterlet asks for edge-2's identity (labels and all): refused by the hub, no
     // certificate.
     let klusterlet = e2e::kubeconfig::client(&ocm.klusterlet_hub_kubeconfig("edge-1")).await?;
@@ -250,6 +309,11 @@ spec:
     ensure!(
         message.contains("not the klusterlet of cluster \"edge-2\""),
         "refusal: {message}"
+    );
+
+    ensure!(
+        ours.get_opt("ghost").await?.is_none(),
+        "a cluster was registered for a ManagedClusterAddOn without an OCM ManagedCluster"
     );
 
     // Disable the addon on edge-1: OCM's work agent removes the agent's Deployment, and the hub
@@ -293,14 +357,37 @@ spec:
     )
     .await?;
     eprintln!(
-        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; forged CSR refused ({message:?}); trust ended {:.1}s after the addon was disabled",
+        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; OCM's hub controllers down {}s: nothing torn down, the decision made meanwhile applied {:.1}s after they were back; forged CSR refused ({message:?}); trust ended {:.1}s after the addon was disabled",
         issued["edge-1"].as_secs_f64(),
         issued["edge-2"].as_secs_f64(),
         connected.as_secs_f64(),
         pool.as_secs_f64(),
+        OCM_OUTAGE.as_secs(),
+        resumed.as_secs_f64(),
         untrusted.as_secs_f64()
     );
     Ok(())
+}
+
+/// The sorted `name/uid/generation` of the StatefulSets in `namespace`.
+async fn workload_ids(client: &Client, namespace: &str) -> Result<Vec<String>> {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let mut ids: Vec<String> = sets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| {
+            format!(
+                "{}/{}/{}",
+                s.name_any(),
+                s.uid().unwrap_or_default(),
+                s.metadata.generation.unwrap_or_default()
+            )
+        })
+        .collect();
+    ids.sort();
+    Ok(ids)
 }
 
 /// The hash of flower-hub's work-channel CA (what `flower-hub ca status --ca channel` shows).
