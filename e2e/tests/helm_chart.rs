@@ -1,9 +1,9 @@
 //! #11 item 1: the Helm chart `manifests/chart/flower-addon`, with a real `helm` built from its Go
 //! module (`e2e/helm/build.sh`, path in `FLOWER_ADDON_HELM`; test.sh sets it):
 //! - `helm lint` passes for the hub side, the agent side and with the ServiceMonitor;
-//! - the plain manifests in `manifests/hub/` and `manifests/agent/` are `helm template` of the
-//!   chart with the default values (agent: `hub.enabled=false,agent.enabled=true`), so they
-//!   cannot drift (`FLOWER_ADDON_BLESS=1` rewrites them);
+//! - the plain manifests in `manifests/hub/`, `manifests/agent/` and `manifests/ocm/` are `helm
+//!   template` of the chart with the default values (agent: `hub.enabled=false,agent.enabled=true`;
+//!   ocm: `hub.enabled=false,ocm.enabled=true` with placeholders), so they cannot drift (`FLOWER_ADDON_BLESS=1` rewrites them);
 //! - on real apiservers: `helm install` of the hub side into the hub cluster and of the agent side
 //!   (with its bootstrap Secret) into a spoke, `helm upgrade` with changed values, and
 //!   `helm uninstall` leaving nothing of the chart behind but the CRDs.
@@ -21,6 +21,17 @@ use kube::api::ListParams;
 const HUB_NS: &str = "flower-addon-system";
 const AGENT_NS: &str = "flower-addon-agent";
 const AGENT_VALUES: &[&str] = &["--set", "hub.enabled=false", "--set", "agent.enabled=true"];
+/// The OCM addon side (`manifests/ocm/`), with placeholders an admin replaces.
+const OCM_VALUES: &[&str] = &[
+    "--set",
+    "hub.enabled=false",
+    "--set",
+    "ocm.enabled=true",
+    "--set",
+    "ocm.hubAddress=hub.example.com:30443",
+    "--set",
+    "ocm.caHash=sha256:0000000000000000000000000000000000000000000000000000000000000000",
+];
 const GENERATED: &str = "# GENERATED from manifests/chart/flower-addon by `helm template` with the default values; do\n# not edit: change the chart, then run `FLOWER_ADDON_BLESS=1 cargo test -p e2e --test helm_chart`.\n";
 
 fn chart() -> PathBuf {
@@ -71,6 +82,7 @@ fn the_chart_lints_and_the_plain_manifests_are_its_defaults() -> Result<()> {
     for extra in [
         &[][..],
         AGENT_VALUES,
+        OCM_VALUES,
         &[
             "--set",
             "metrics.serviceMonitor.enabled=true",
@@ -84,7 +96,11 @@ fn the_chart_lints_and_the_plain_manifests_are_its_defaults() -> Result<()> {
     }
     let bless = std::env::var("FLOWER_ADDON_BLESS").is_ok_and(|v| v == "1");
     let mut stale = Vec::new();
-    for (dir, namespace, extra) in [("hub", HUB_NS, &[][..]), ("agent", AGENT_NS, AGENT_VALUES)] {
+    for (dir, namespace, extra) in [
+        ("hub", HUB_NS, &[][..]),
+        ("agent", AGENT_NS, AGENT_VALUES),
+        ("ocm", HUB_NS, OCM_VALUES),
+    ] {
         let dir = e2e::repo_root().join("manifests").join(dir);
         for (name, want) in rendered(namespace, extra)? {
             let path = dir.join(&name);
@@ -114,6 +130,14 @@ fn the_chart_lints_and_the_plain_manifests_are_its_defaults() -> Result<()> {
     let error = run_helm(None, &args).expect_err("a bootstrap Secret without a token");
     ensure!(
         format!("{error:#}").contains("agent.bootstrap.token is required"),
+        "{error:#}"
+    );
+    // The OCM side needs where the hub is.
+    let mut args = vec!["template", "x", chart_s, "--set", "ocm.enabled=true"];
+    args.extend_from_slice(&["--set", "ocm.caHash=sha256:00"]);
+    let error = run_helm(None, &args).expect_err("the OCM addon without the hub's address");
+    ensure!(
+        format!("{error:#}").contains("ocm.hubAddress is required"),
         "{error:#}"
     );
     Ok(())

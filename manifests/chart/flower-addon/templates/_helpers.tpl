@@ -89,3 +89,18 @@ agent.namespaces (and the release's own, for the agent's credentials Secret). */
     resources: ["events"]
     verbs: ["create", "patch"]
 {{- end }}
+
+{{/* The agent's cluster-wide rules (namespaces and nodes). */}}
+{{- define "flower-addon.agentClusterRules" }}
+  # Namespaces work goes to: created with Pod Security labels, or labelled (patch) when they
+  # exist without an enforce label.
+  - apiGroups: [""]
+    resources: ["namespaces"]
+    verbs: ["get", "list", "watch", "create", "patch"]
+  # Allocatable CPU and memory (summed over nodes) reported to the hub for the
+  # ResourceAllocatable* Placement prioritizers, and the nodes a DaemonSet pool may run on
+  # (one SuperNode key per node).
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get", "list", "watch"]
+{{- end }}
