@@ -123,6 +123,19 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     .await?;
     let hub = cp.cluster("hub")?;
     let node = cp.real_node("hub")?;
+    // Open Cluster Management on the same clusters (its hub controllers and the spokes'
+    // klusterlets as processes, OCM's cluster names edge-1 and edge-2), before the hub starts:
+    // the hub looks for OCM's API when it starts.
+    let t_ocm = Instant::now();
+    let mut ocm = e2e::ocm::OcmHub::start(hub, &cp.work_dir().join("ocm")).await?;
+    for (spoke, name) in [("spoke-1", "edge-1"), ("spoke-2", "edge-2")] {
+        ocm.join(cp.cluster(spoke)?, name).await?;
+    }
+    eprintln!(
+        "real_node: OCM {} hub controllers up and spoke-1, spoke-2 joined it as edge-1, edge-2 in {:.1}s",
+        e2e::ocm::VERSION,
+        t_ocm.elapsed().as_secs_f64()
+    );
     eprintln!(
         "real_node: cluster + real node up in {:.1}s (node {} on {}, apiserver {})",
         t0.elapsed().as_secs_f64(),
@@ -182,6 +195,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     .await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
+    an_ocm_user_enables_the_addon_and_flower_runs(hub, spoke, spoke2, &channel, &mut ocm).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");
     for (name, kib) in node.rss_kib().into_iter().chain(spoke_node.rss_kib()) {
@@ -2169,6 +2183,257 @@ async fn flower_125_bug_counts(
         counts.extend(e2e::pods::log_counts(&pods, &lp, Some("supernode"), FLOWER_125_BUG).await?);
     }
     Ok(counts)
+}
+
+/// The agent as an OCM addon on the real nodes: with manifests/ocm applied and the addon enabled
+/// on OCM's edge-1 (spoke-1) and edge-2 (spoke-2) by `ManagedClusterAddOn`s, OCM's work agent runs
+/// the agent pods from our image (namespace `flower-addon-ocm`, beside the token-joined agents
+/// of the same clusters), the hub signs their certificates (no token), OCM reports the addon
+/// Available from their Deployments; a Federation placed by an OCM Placement selecting OCM's
+/// label `flower=ocm` gets one authenticated Flower 1.42 SuperNode on each, and `flwr run` of
+/// examples/fedavg completes. Relabelled in OCM, edge-1's SuperNode leaves and its key is
+/// unregistered; the addon disabled on edge-2, its agent is gone and the hub no longer trusts it.
+async fn an_ocm_user_enables_the_addon_and_flower_runs(
+    hub: &Cluster,
+    spoke: &Cluster,
+    spoke2: &Cluster,
+    channel: &str,
+    _ocm: &mut e2e::ocm::OcmHub,
+) -> Result<()> {
+    const AGENTS_NS: &str = "flower-addon-ocm";
+    let t = Instant::now();
+    let store = flower_addon_hub::kube::store::KubeStore::without_watch(
+        hub.client.clone(),
+        e2e::addon::HUB_NS,
+    );
+    let ca_hash = {
+        use flower_addon_hub::registration::store::ClusterStore;
+        let material = store
+            .load_ca()
+            .await?
+            .context("the hub's work-channel CA")?;
+        flower_addon_hub::registration::ca::HubCa::from_material(material)?
+            .hash()
+            .to_owned()
+    };
+    let root = e2e::repo_root().join("manifests/ocm");
+    for file in ["cluster-management-addon.yaml", "addon-template.yaml"] {
+        e2e::apply_file(&hub.client, &root.join(file), "default").await?;
+    }
+    let config = std::fs::read_to_string(root.join("addon-deployment-config.yaml"))?
+        .replace("hub.example.com:30443", channel)
+        .replace(
+            "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            &ca_hash,
+        )
+        .replace(
+            "agentInstallNamespace: flower-addon-agent",
+            &format!("agentInstallNamespace: {AGENTS_NS}"),
+        );
+    apply_yaml(&hub.client, &config, "default").await?;
+    for cluster in ["edge-1", "edge-2"] {
+        apply_yaml(
+            &hub.client,
+            &format!(
+                "apiVersion: addon.open-cluster-management.io/v1alpha1\nkind: ManagedClusterAddOn\nmetadata: {{name: flower-addon, namespace: {cluster}}}\nspec: {{}}\n"
+            ),
+            cluster,
+        )
+        .await?;
+    }
+    let addon_resource = flower_addon_hub::kube::ocm_addon::addon_resource();
+    for cluster in ["edge-1", "edge-2"] {
+        let addons: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(hub.client.clone(), cluster, &addon_resource);
+        wait_for(
+            &format!(
+                "OCM's ManagedClusterAddOn {cluster}/flower-addon Available (the agent pod ready)"
+            ),
+            Duration::from_secs(180),
+            || {
+                let addons = addons.clone();
+                async move {
+                    let a = addons.get("flower-addon").await?;
+                    Ok((e2e::ocm::conditions(&a)
+                        .get("Available")
+                        .map(String::as_str)
+                        == Some("True"))
+                    .then_some(()))
+                }
+            },
+        )
+        .await?;
+    }
+    let ours = Api::<flower_addon_crds::ManagedCluster>::all(hub.client.clone());
+    for cluster in ["edge-1", "edge-2"] {
+        let mc = ours.get(cluster).await?;
+        ensure!(
+            kube::ResourceExt::labels(&mc)
+                .get(flower_addon_hub::kube::ocm_addon::REGISTERED_BY_LABEL)
+                .map(String::as_str)
+                == Some(flower_addon_hub::kube::ocm_addon::REGISTERED_BY_OCM),
+            "{cluster} is not registered through OCM: {:?}",
+            mc.metadata.labels
+        );
+    }
+    let enabled = t.elapsed();
+    // Placed by OCM: its label, its Placement.
+    let clusters: Api<kube::api::DynamicObject> =
+        Api::all_with(hub.client.clone(), &e2e::ocm::managed_cluster_resource());
+    for cluster in ["edge-1", "edge-2"] {
+        clusters
+            .patch(
+                cluster,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"metadata": {"labels": {"flower": "ocm"}}}),
+                ),
+            )
+            .await?;
+    }
+    apply_yaml(
+        &hub.client,
+        r#"
+apiVersion: cluster.open-cluster-management.io/v1beta2
+kind: ManagedClusterSetBinding
+metadata: {name: global, namespace: fl}
+spec: {clusterSet: global}
+---
+apiVersion: cluster.open-cluster-management.io/v1beta1
+kind: Placement
+metadata: {name: ocm, namespace: fl}
+spec:
+  predicates:
+    - requiredClusterSelector: {labelSelector: {matchLabels: {flower: ocm}}}
+---
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: ocmfed, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  placementRef: {name: ocm, apiGroup: cluster.open-cluster-management.io, kind: Placement}
+  superlink:
+    image: flwr/superlink:1.42.0
+    service: {type: NodePort}
+  supernodes:
+    image: flwr/supernode:1.42.0
+    pools:
+      - {name: a, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+"#,
+        "fl",
+    )
+    .await?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    let online = |f: &flower_addon_crds::Federation, cluster: &str| {
+        f.status
+            .as_ref()
+            .and_then(|s| s.clusters.iter().find(|c| c.name == cluster))
+            .and_then(|c| c.online)
+            .unwrap_or(0)
+    };
+    wait_for(
+        "ocmfed's SuperNodes online on edge-1 and edge-2 (OCM's decision, the addon agents)",
+        Duration::from_secs(300),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("ocmfed").await?;
+                Ok((online(&fed, "edge-1") == 1 && online(&fed, "edge-2") == 1).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let placed = t.elapsed();
+    let flwr = FlwrFromTheHost::connect(hub, "1.42.0", "ocmfed", 2)?;
+    flwr.run_completes("placed by OCM, SuperNodes of the addon agents")
+        .await?;
+    // edge-1 relabelled in OCM: its SuperNode leaves and its key is unregistered.
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
+    let mut edge1_keys = Vec::new();
+    let secret = secrets
+        .get(&flower_addon_crds::render::node_key_secret_name(
+            "ocmfed", "a",
+        ))
+        .await?;
+    for (pod, key) in secret.data.unwrap_or_default() {
+        let line =
+            flower_addon_agent::node_key::public_key_of(&String::from_utf8_lossy(&key.0), &pod)?;
+        edge1_keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+    }
+    ensure!(
+        edge1_keys.len() == 1,
+        "edge-1 keys of ocmfed: {}",
+        edge1_keys.len()
+    );
+    let control = flwr.control_client()?;
+    let t_relabel = Instant::now();
+    clusters
+        .patch(
+            "edge-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": null}}})),
+        )
+        .await?;
+    let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl");
+    let lp = kube::api::ListParams::default().labels("app.kubernetes.io/instance=ocmfed");
+    wait_for(
+        "ocmfed's SuperNode pod on spoke-1 gone after edge-1's relabel in OCM",
+        Duration::from_secs(120),
+        || {
+            let (pods, lp) = (pods.clone(), lp.clone());
+            async move { Ok(pods.list(&lp).await?.items.is_empty().then_some(())) }
+        },
+    )
+    .await?;
+    wait_for(
+        "ocmfed's SuperLink: edge-1's key unregistered, edge-2's SuperNode online",
+        Duration::from_secs(60),
+        || {
+            let (control, keys) = (&control, &edge1_keys);
+            async move {
+                let nodes = control.list_nodes().await?;
+                let gone = nodes
+                    .iter()
+                    .filter(|n| n.public_key_der.as_ref().is_some_and(|k| keys.contains(k)))
+                    .all(|n| n.status == "unregistered");
+                Ok((gone && nodes.iter().filter(|n| n.online()).count() == 1).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let relabelled = t_relabel.elapsed();
+    // The addon disabled on edge-2: OCM removes its agent, the hub stops trusting it.
+    let t_disable = Instant::now();
+    let addons: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(hub.client.clone(), "edge-2", &addon_resource);
+    addons
+        .delete("flower-addon", &kube::api::DeleteParams::default())
+        .await?;
+    let deployments =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(spoke2.client.clone(), AGENTS_NS);
+    wait_for(
+        "the addon agent's Deployment gone from spoke-2 and edge-2 no longer trusted",
+        Duration::from_secs(120),
+        || {
+            let (deployments, ours) = (deployments.clone(), ours.clone());
+            async move {
+                Ok((deployments.get_opt("flower-agent").await?.is_none()
+                    && ours.get_opt("edge-2").await?.is_none())
+                .then_some(()))
+            }
+        },
+    )
+    .await?;
+    eprintln!(
+        "real_node: OCM addon: agents installed by OCM and their certificates signed by the hub, Available in {:.1}s; ocmfed placed by OCM's Placement online on edge-1 and edge-2 at {:.1}s; edge-1 relabelled in OCM: SuperNode gone and key unregistered in {:.1}s; addon disabled on edge-2: agent removed and trust ended in {:.1}s",
+        enabled.as_secs_f64(),
+        placed.as_secs_f64(),
+        relabelled.as_secs_f64(),
+        t_disable.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// #9 item 6b: the same on 1.42.0 with process isolation (the ServerApp and ClientApps in
