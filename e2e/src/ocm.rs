@@ -379,6 +379,65 @@ impl OcmHub {
     }
 }
 
+/// Sets (`Some`) or removes (`None`) label `key` on OCM's `ManagedCluster` `cluster`.
+pub async fn label_cluster(
+    client: &kube::Client,
+    cluster: &str,
+    key: &str,
+    value: Option<&str>,
+) -> Result<()> {
+    let clusters: Api<DynamicObject> = Api::all_with(client.clone(), &managed_cluster_resource());
+    clusters
+        .patch(
+            cluster,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {key: value}}})),
+        )
+        .await
+        .with_context(|| format!("label OCM's ManagedCluster {cluster}"))?;
+    Ok(())
+}
+
+/// Namespace `namespace` (created if missing), a binding of OCM's `global` cluster set into it and
+/// an OCM Placement `name` there selecting clusters labelled `key=value`: what an OCM user writes
+/// to place by label.
+pub async fn place_by_label(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+    value: &str,
+) -> Result<()> {
+    crate::apply_yaml(
+        client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {namespace}}}
+---
+apiVersion: cluster.open-cluster-management.io/v1beta2
+kind: ManagedClusterSetBinding
+metadata: {{name: global, namespace: {namespace}}}
+spec: {{clusterSet: global}}
+---
+apiVersion: cluster.open-cluster-management.io/v1beta1
+kind: Placement
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  predicates:
+    - requiredClusterSelector:
+        labelSelector:
+          matchLabels: {{{key}: "{value}"}}
+"#
+        ),
+        namespace,
+    )
+    .await
+    .with_context(|| format!("OCM Placement {namespace}/{name}"))?;
+    Ok(())
+}
+
 /// `type → status` of an OCM object's `status.conditions`.
 pub fn conditions(obj: &DynamicObject) -> BTreeMap<String, String> {
     obj.data["status"]["conditions"]

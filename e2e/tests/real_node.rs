@@ -2278,34 +2278,13 @@ async fn an_ocm_user_enables_the_addon_and_flower_runs(
     }
     let enabled = t.elapsed();
     // Placed by OCM: its label, its Placement.
-    let clusters: Api<kube::api::DynamicObject> =
-        Api::all_with(hub.client.clone(), &e2e::ocm::managed_cluster_resource());
     for cluster in ["edge-1", "edge-2"] {
-        clusters
-            .patch(
-                cluster,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(
-                    serde_json::json!({"metadata": {"labels": {"flower": "ocm"}}}),
-                ),
-            )
-            .await?;
+        e2e::ocm::label_cluster(&hub.client, cluster, "flower", Some("ocm")).await?;
     }
+    e2e::ocm::place_by_label(&hub.client, "fl", "ocm", "flower", "ocm").await?;
     apply_yaml(
         &hub.client,
         r#"
-apiVersion: cluster.open-cluster-management.io/v1beta2
-kind: ManagedClusterSetBinding
-metadata: {name: global, namespace: fl}
-spec: {clusterSet: global}
----
-apiVersion: cluster.open-cluster-management.io/v1beta1
-kind: Placement
-metadata: {name: ocm, namespace: fl}
-spec:
-  predicates:
-    - requiredClusterSelector: {labelSelector: {matchLabels: {flower: ocm}}}
----
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
 metadata: {name: ocmfed, namespace: fl}
@@ -2369,13 +2348,7 @@ spec:
     );
     let control = flwr.control_client()?;
     let t_relabel = Instant::now();
-    clusters
-        .patch(
-            "edge-1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": null}}})),
-        )
-        .await?;
+    e2e::ocm::label_cluster(&hub.client, "edge-1", "flower", None).await?;
     let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl");
     let lp = kube::api::ListParams::default().labels("app.kubernetes.io/instance=ocmfed");
     wait_for(

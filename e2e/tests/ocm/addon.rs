@@ -161,35 +161,12 @@ async fn run(cp: &mut ControlPlane, ocm: &mut OcmHub) -> Result<()> {
     // A Federation placed by an OCM Placement selecting OCM's label flower=yes: its pool runs on
     // edge-1 through the addon agent.
     let clusters: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_cluster_resource());
-    clusters
-        .patch(
-            "edge-1",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": "yes"}}})),
-        )
-        .await?;
+    e2e::ocm::label_cluster(&hub, "edge-1", "flower", Some("yes")).await?;
+    e2e::ocm::place_by_label(&hub, NS, "flower", "flower", "yes").await?;
     e2e::apply_yaml(
         &hub,
         &format!(
             r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: {NS}}}
----
-apiVersion: cluster.open-cluster-management.io/v1beta2
-kind: ManagedClusterSetBinding
-metadata: {{name: global, namespace: {NS}}}
-spec: {{clusterSet: global}}
----
-apiVersion: cluster.open-cluster-management.io/v1beta1
-kind: Placement
-metadata: {{name: flower, namespace: {NS}}}
-spec:
-  predicates:
-    - requiredClusterSelector:
-        labelSelector:
-          matchLabels: {{flower: "yes"}}
----
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
 metadata: {{name: fed, namespace: {NS}}}

@@ -5,7 +5,7 @@
 //! addon's OCM integration stands on.
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use e2e::cluster::ControlPlane;
 use e2e::harness::{Wait, wait_until};
 use e2e::ocm::{OcmHub, managed_cluster_resource};
@@ -84,40 +84,8 @@ async fn joined_and_placed(ocm: &mut OcmHub, cp: &ControlPlane) -> Result<()> {
     }
     // OCM's registration controller puts every cluster in its `global` set (DefaultClusterSet).
     let clusters: Api<DynamicObject> = Api::all_with(hub.clone(), &managed_cluster_resource());
-    clusters
-        .patch(
-            "edge-2",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"flower": "yes"}}})),
-        )
-        .await?;
-    e2e::apply_yaml(
-        &hub,
-        &format!(
-            r#"
-apiVersion: v1
-kind: Namespace
-metadata: {{name: {NS}}}
----
-apiVersion: cluster.open-cluster-management.io/v1beta2
-kind: ManagedClusterSetBinding
-metadata: {{name: global, namespace: {NS}}}
-spec: {{clusterSet: global}}
----
-apiVersion: cluster.open-cluster-management.io/v1beta1
-kind: Placement
-metadata: {{name: flower, namespace: {NS}}}
-spec:
-  predicates:
-    - requiredClusterSelector:
-        labelSelector:
-          matchLabels: {{flower: "yes"}}
-"#
-        ),
-        NS,
-    )
-    .await
-    .context("ManagedClusterSetBinding and Placement")?;
+    e2e::ocm::label_cluster(&hub, "edge-2", "flower", Some("yes")).await?;
+    e2e::ocm::place_by_label(&hub, NS, "flower", "flower", "yes").await?;
     let t = Instant::now();
     Wait::new(
         "OCM's placement controller to decide edge-2 for fl/flower",
