@@ -2225,11 +2225,11 @@ async fn an_ocm_user_enables_the_addon_and_flower_runs(
         .replace(
             "sha256:0000000000000000000000000000000000000000000000000000000000000000",
             &ca_hash,
-        )
-        .replace(
-            "agentInstallNamespace: flower-addon-agent",
-            &format!("agentInstallNamespace: {AGENTS_NS}"),
         );
+    ensure!(
+        config.contains(&format!("agentInstallNamespace: {AGENTS_NS}")),
+        "manifests/ocm installs the agent elsewhere than {AGENTS_NS}: {config}"
+    );
     apply_yaml(&hub.client, &config, "default").await?;
     for cluster in ["edge-1", "edge-2"] {
         apply_yaml(

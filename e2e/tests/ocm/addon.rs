@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 
 const NS: &str = "fl";
 /// `agentInstallNamespace` of `manifests/ocm/addon-deployment-config.yaml`.
-const AGENT_NS: &str = "flower-addon-agent";
+const AGENT_NS: &str = "flower-addon-ocm";
 /// The Secret OCM's klusterlet keeps the addon's certificate in (`<addon>-<signer>-client-cert`).
 const CERT_SECRET: &str = "flower-addon-flower-addon.io-work-channel-client-cert";
 /// Where the template's Deployment reads it (OCM mounts the Secret there).

@@ -322,7 +322,7 @@ impl<S: ClusterStore> Registrar<S> {
             .ca
             .sign_ocm_addon_csr(&pem, cluster, self.cert_validity)
             .map_err(|e| format!("signing: {e}"))?;
-        if let Err(why) = self.register(cluster, &issued.key_fingerprint).await {
+        if let Err(why) = register(self.store.as_ref(), cluster, &issued.key_fingerprint).await {
             tracing::warn!(csr = %name, %cluster, reason = %why, "refused an OCM addon CSR");
             return self.refuse(csr, approved, &why).await;
         }
@@ -364,70 +364,6 @@ impl<S: ClusterStore> Registrar<S> {
             .map_err(|e| format!("recording the certificate: {e}"))?;
         tracing::info!(csr = %name, %cluster, key = %issued.key_fingerprint, "signed the certificate of an OCM addon agent");
         Ok(())
-    }
-
-    /// The addon's `ManagedCluster` `cluster`, created or re-bound to `key` (the key bound before
-    /// stays trusted as the previous one).
-    async fn register(&self, cluster: &str, key: &str) -> Result<(), String> {
-        let labels =
-            BTreeMap::from([(REGISTERED_BY_LABEL.to_owned(), REGISTERED_BY_OCM.to_owned())]);
-        let store_err = |e: StoreError| format!("registering cluster {cluster:?}: {e}");
-        match self.store.get_cluster(cluster).await.map_err(store_err)? {
-            None => {
-                let registration = ClusterRegistration {
-                    name: cluster.to_owned(),
-                    labels,
-                    claims: BTreeMap::new(),
-                    key_fingerprint: key.to_owned(),
-                    previous_key_fingerprint: None,
-                    agent_version: String::new(),
-                    token_id: String::new(),
-                    created_unix: SystemTime::now()
-                        .duration_since(SystemTime::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs()),
-                };
-                match self.store.create_cluster(&registration, true).await {
-                    Ok(()) => Ok(()),
-                    // Created meanwhile (a second CSR): bind it like an existing one.
-                    Err(StoreError::AlreadyExists(_)) => {
-                        Box::pin(self.register(cluster, key)).await
-                    }
-                    Err(e) => Err(store_err(e)),
-                }
-            }
-            Some(record) => {
-                if record
-                    .registration
-                    .labels
-                    .get(REGISTERED_BY_LABEL)
-                    .map(String::as_str)
-                    != Some(REGISTERED_BY_OCM)
-                {
-                    return Err(format!(
-                        "cluster {cluster:?} is registered with the addon's own bootstrap token (its ManagedCluster.flower-addon.io has no label {REGISTERED_BY_LABEL}={REGISTERED_BY_OCM}): delete that ManagedCluster, or disable the OCM addon on {cluster:?}"
-                    ));
-                }
-                if record.registration.key_fingerprint == key {
-                    return Ok(());
-                }
-                let mut registration = record.registration;
-                registration.previous_key_fingerprint = Some(std::mem::replace(
-                    &mut registration.key_fingerprint,
-                    key.to_owned(),
-                ));
-                self.store
-                    .update_registration(&registration)
-                    .await
-                    .map_err(store_err)?;
-                if !record.hub_accepts_client {
-                    self.store
-                        .set_accepted(cluster, true)
-                        .await
-                        .map_err(store_err)?;
-                }
-                Ok(())
-            }
-        }
     }
 
     async fn refuse(
@@ -524,6 +460,62 @@ impl<S: ClusterStore> Registrar<S> {
             }
         }
         Ok(())
+    }
+}
+
+/// The addon's `ManagedCluster` `cluster`, created or re-bound to `key` (the key bound before
+/// stays trusted as the previous one).
+pub async fn register<S: ClusterStore>(store: &S, cluster: &str, key: &str) -> Result<(), String> {
+    let labels = BTreeMap::from([(REGISTERED_BY_LABEL.to_owned(), REGISTERED_BY_OCM.to_owned())]);
+    let store_err = |e: StoreError| format!("registering cluster {cluster:?}: {e}");
+    match store.get_cluster(cluster).await.map_err(store_err)? {
+        None => {
+            let registration = ClusterRegistration {
+                name: cluster.to_owned(),
+                labels,
+                claims: BTreeMap::new(),
+                key_fingerprint: key.to_owned(),
+                previous_key_fingerprint: None,
+                agent_version: String::new(),
+                token_id: String::new(),
+                created_unix: SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+            };
+            match store.create_cluster(&registration, true).await {
+                Ok(()) => Ok(()),
+                // Created meanwhile (a second CSR): bind it like an existing one.
+                Err(StoreError::AlreadyExists(_)) => Box::pin(register(store, cluster, key)).await,
+                Err(e) => Err(store_err(e)),
+            }
+        }
+        Some(record) => {
+            if record
+                .registration
+                .labels
+                .get(REGISTERED_BY_LABEL)
+                .map(String::as_str)
+                != Some(REGISTERED_BY_OCM)
+            {
+                return Err(format!(
+                    "cluster {cluster:?} is registered with the addon's own bootstrap token (its ManagedCluster.flower-addon.io has no label {REGISTERED_BY_LABEL}={REGISTERED_BY_OCM}): delete that ManagedCluster, or disable the OCM addon on {cluster:?}"
+                ));
+            }
+            if record.registration.key_fingerprint == key {
+                return Ok(());
+            }
+            let mut registration = record.registration;
+            registration.previous_key_fingerprint = Some(std::mem::replace(
+                &mut registration.key_fingerprint,
+                key.to_owned(),
+            ));
+            // Acceptance is left as it is: a cluster the hub's admin revoked
+            // (`flower-hub revoke`) stays revoked through the klusterlet's renewals.
+            store
+                .update_registration(&registration)
+                .await
+                .map_err(store_err)
+        }
     }
 }
 

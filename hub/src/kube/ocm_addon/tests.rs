@@ -206,3 +206,69 @@ fn the_issued_certificate_carries_the_klusterlets_subject_and_the_cluster() {
             .is_err()
     );
 }
+
+#[tokio::test]
+async fn registration_binds_the_new_key_keeps_the_previous_and_leaves_acceptance_alone() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = crate::registration::store::file::FileStore::open(dir.path()).expect("store");
+    register(&store, "edge-1", "sha256:k1")
+        .await
+        .expect("registered");
+    let record = store.get_cluster("edge-1").await.unwrap().expect("cluster");
+    assert!(record.hub_accepts_client);
+    assert_eq!(
+        record
+            .registration
+            .labels
+            .get(REGISTERED_BY_LABEL)
+            .map(String::as_str),
+        Some(REGISTERED_BY_OCM)
+    );
+    assert_eq!(record.registration.key_fingerprint, "sha256:k1");
+    // The klusterlet renews with a new key: the old one stays trusted as the previous.
+    register(&store, "edge-1", "sha256:k2")
+        .await
+        .expect("re-keyed");
+    let record = store.get_cluster("edge-1").await.unwrap().expect("cluster");
+    assert_eq!(record.registration.key_fingerprint, "sha256:k2");
+    assert_eq!(
+        record.registration.previous_key_fingerprint.as_deref(),
+        Some("sha256:k1")
+    );
+    assert!(record.registration.binds("sha256:k1") && !record.registration.binds("sha256:k0"));
+    // Revoked by the hub's admin: a renewal does not accept it again.
+    store.set_accepted("edge-1", false).await.expect("revoked");
+    register(&store, "edge-1", "sha256:k3")
+        .await
+        .expect("re-keyed");
+    let record = store.get_cluster("edge-1").await.unwrap().expect("cluster");
+    assert!(!record.hub_accepts_client);
+    assert_eq!(
+        record.registration.previous_key_fingerprint.as_deref(),
+        Some("sha256:k2")
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_joined_with_a_token_is_not_taken_over() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = crate::registration::store::file::FileStore::open(dir.path()).expect("store");
+    let joined = ClusterRegistration {
+        name: "edge-1".into(),
+        labels: BTreeMap::new(),
+        claims: BTreeMap::new(),
+        key_fingerprint: "sha256:joined".into(),
+        previous_key_fingerprint: None,
+        agent_version: String::new(),
+        token_id: "abcdef".into(),
+        created_unix: 0,
+    };
+    store.create_cluster(&joined, true).await.expect("joined");
+    let why = register(&store, "edge-1", "sha256:ocm").await.unwrap_err();
+    assert!(
+        why.contains("bootstrap token") && why.contains("delete that ManagedCluster"),
+        "{why}"
+    );
+    let record = store.get_cluster("edge-1").await.unwrap().expect("cluster");
+    assert_eq!(record.registration.key_fingerprint, "sha256:joined");
+}
