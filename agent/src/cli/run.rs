@@ -257,62 +257,60 @@ async fn run_with(
     describe: String,
     health: Arc<crate::ops::Health>,
 ) -> anyhow::Result<()> {
-    {
-        let mut process: Option<Arc<ProcessRuntime>> = None;
-        let runtime: Arc<dyn Runtime> = match args.runtime {
-            RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
-            RuntimeKind::Process => {
-                let state_dir = args.store.state_dir.clone().unwrap_or_default();
-                let node_name = match args.node_name.clone() {
-                    Some(n) => n,
-                    None => nix::unistd::gethostname()
-                        .ok()
-                        .and_then(|h| h.into_string().ok())
-                        .unwrap_or_else(|| "localhost".into()),
-                };
-                // SuperNodes run in subdirectories: every path handed to them must be absolute.
-                let absolute = |p: &std::path::Path| {
-                    std::fs::canonicalize(p).with_context(|| format!("resolve {}", p.display()))
-                };
-                let rt = Arc::new(ProcessRuntime::new(ProcessRuntimeConfig {
-                    state_dir: absolute(&state_dir)?,
-                    flower_bin: args.flower_bin.as_deref().map(absolute).transpose()?,
-                    port_base: args.port_base,
-                    node_name,
-                    hide: args
-                        .supernode_sandbox
-                        .then(|| absolute(&state_dir))
-                        .transpose()?,
-                })?);
-                process = Some(rt.clone());
-                rt
-            }
-            RuntimeKind::Kubernetes => {
-                let (client, _) = kube.get(args.store.namespace.as_deref()).await?;
-                let id = args.policy.installation_id(&describe)?;
-                let policy = args.policy.policy()?;
-                tracing::info!(installation = %id, ?policy, "pod policy");
-                Arc::new(
-                    KubeRuntime::with_applier(client, Applier::agent().with_installation(id))
-                        .with_policy(policy),
-                )
-            }
-        };
-        health.set("runtime", true);
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            super::shutdown_signal().await;
-            tracing::info!("stopping");
-            let _ = stop_tx.send(true);
-        });
-        options.status_interval = args.status_interval;
-        let result = run_channel(options, runtime, stop_rx).await;
-        if let Some(rt) = process {
-            tracing::info!("stopping this agent's SuperNodes");
-            rt.shutdown().await;
+    let mut process: Option<Arc<ProcessRuntime>> = None;
+    let runtime: Arc<dyn Runtime> = match args.runtime {
+        RuntimeKind::Noop => Arc::new(MemoryRuntime::new()),
+        RuntimeKind::Process => {
+            let state_dir = args.store.state_dir.clone().unwrap_or_default();
+            let node_name = match args.node_name.clone() {
+                Some(n) => n,
+                None => nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_else(|| "localhost".into()),
+            };
+            // SuperNodes run in subdirectories: every path handed to them must be absolute.
+            let absolute = |p: &std::path::Path| {
+                std::fs::canonicalize(p).with_context(|| format!("resolve {}", p.display()))
+            };
+            let rt = Arc::new(ProcessRuntime::new(ProcessRuntimeConfig {
+                state_dir: absolute(&state_dir)?,
+                flower_bin: args.flower_bin.as_deref().map(absolute).transpose()?,
+                port_base: args.port_base,
+                node_name,
+                hide: args
+                    .supernode_sandbox
+                    .then(|| absolute(&state_dir))
+                    .transpose()?,
+            })?);
+            process = Some(rt.clone());
+            rt
         }
-        result.map_err(anyhow::Error::from)
+        RuntimeKind::Kubernetes => {
+            let (client, _) = kube.get(args.store.namespace.as_deref()).await?;
+            let id = args.policy.installation_id(&describe)?;
+            let policy = args.policy.policy()?;
+            tracing::info!(installation = %id, ?policy, "pod policy");
+            Arc::new(
+                KubeRuntime::with_applier(client, Applier::agent().with_installation(id))
+                    .with_policy(policy),
+            )
+        }
+    };
+    health.set("runtime", true);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        super::shutdown_signal().await;
+        tracing::info!("stopping");
+        let _ = stop_tx.send(true);
+    });
+    options.status_interval = args.status_interval;
+    let result = run_channel(options, runtime, stop_rx).await;
+    if let Some(rt) = process {
+        tracing::info!("stopping this agent's SuperNodes");
+        rt.shutdown().await;
     }
+    result.map_err(anyhow::Error::from)
 }
 
 #[cfg(test)]
