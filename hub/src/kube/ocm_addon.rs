@@ -334,14 +334,7 @@ impl<S: ClusterStore> Registrar<S> {
                 "FlowerHubApproved",
                 "the klusterlet of this cluster asked, OCM accepted the cluster and the flower-addon addon is enabled there",
             );
-            api.patch_subresource(
-                "approval",
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| format!("approving: {e}"))?;
+            patch_approval(&api, &name, &patch, "approving").await?;
         }
         let certificate = k8s_openapi::ByteString(issued.cert_pem.into_bytes());
         api.patch_status(
@@ -383,14 +376,7 @@ impl<S: ClusterStore> Registrar<S> {
                 .map_err(|e| format!("marking the CSR failed: {e}"))?;
         } else {
             let patch = conditions_patch(csr, "Denied", "FlowerHubRefused", why);
-            api.patch_subresource(
-                "approval",
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| format!("denying the CSR: {e}"))?;
+            patch_approval(&api, &name, &patch, "denying the CSR").await?;
         }
         Ok(())
     }
@@ -517,6 +503,24 @@ pub async fn register<S: ClusterStore>(store: &S, cluster: &str, key: &str) -> R
                 .map_err(store_err)
         }
     }
+}
+
+/// Merge-patches the `approval` subresource of CSR `name` (`what` names the step in errors).
+async fn patch_approval(
+    api: &Api<CertificateSigningRequest>,
+    name: &str,
+    patch: &serde_json::Value,
+    what: &str,
+) -> Result<(), String> {
+    api.patch_subresource(
+        "approval",
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{what}: {e}"))
 }
 
 /// Whether OCM's `ManagedCluster` has `spec.hubAcceptsClient: true`.
