@@ -477,18 +477,35 @@ impl ControlPlane {
             },
         )
         .await?;
-        kubeconfig::write(&kc, &name, &server, &ca_file, "admin", &token)?;
-        let client = kubeconfig::client(&kc).await?;
+        // The apiserver writes its certificate file (serving certificate, then its CA) in place:
+        // read too early, it holds the serving certificate alone, and a client trusting only
+        // that fails every handshake with UnknownIssuer (seen once in a full run). So each
+        // attempt reads the file afresh.
+        let ready: std::sync::Mutex<Option<Client>> = std::sync::Mutex::new(None);
         self.wait(
             &format!("{name} kube-apiserver /readyz"),
             &[&format!("{name}/kube-apiserver"), "etcd"],
             opts.step_timeout,
             || {
-                let client = client.clone();
-                async move { Ok(get_text(&client, "/readyz").await?.trim() == "ok") }
+                let (kc, name, server, ca_file, token) = (&kc, &name, &server, &ca_file, &token);
+                let ready = &ready;
+                async move {
+                    kubeconfig::write(kc, name, server, ca_file, "admin", token)?;
+                    let client = kubeconfig::client(kc).await?;
+                    let ok = get_text(&client, "/readyz").await?.trim() == "ok";
+                    if ok && let Ok(mut ready) = ready.lock() {
+                        *ready = Some(client);
+                    }
+                    Ok(ok)
+                }
             },
         )
         .await?;
+        let client = ready
+            .into_inner()
+            .ok()
+            .flatten()
+            .context("the apiserver was ready but no client was kept")?;
         Ok(Cluster {
             name,
             server,
