@@ -78,6 +78,21 @@ FLOWER_ADDON_OCM_BIN="$(e2e/ocm/build.sh)"
 export FLOWER_ADDON_OCM_BIN
 echo "    $FLOWER_ADDON_OCM_BIN ($((SECONDS - t_ocm)) s)"
 
+# Every Go-built tool is now cached with what it reads; the Go caches (~9 GB) would only serve
+# a rebuild, and target/ needs the disk (a full run on a machine with ~25 GB free ran out of it).
+step "trimming the Go build and module caches: e2e/k8s/trim-go-caches.sh (FLOWER_ADDON_KEEP_GO_CACHES=1 keeps them)"
+e2e/k8s/trim-go-caches.sh 2>&1 | sed 's/^/    /'
+# What the rest needs: target/ (10-18 GB from scratch) and the real nodes' containerd roots under
+# /tmp (~2 GB at a time). Said up front, so that a full disk is not first seen as a failed import.
+for dir in "${CARGO_TARGET_DIR:-.}" /tmp; do
+  free_gb="$(df -P -BG "$dir" | awk 'NR==2 {sub("G", "", $4); print $4}')"
+  if (( free_gb < 20 )); then
+    echo "    warning: only ${free_gb} GB free for $dir; the suite needs ~20 GB (target/ and the nodes' images)"
+  else
+    echo "    ${free_gb} GB free for $dir"
+  fi
+done
+
 # The quickstart runs once per Flower release of the matrix: the unified (1.42.0), transitional
 # (1.39.0 with HTTPS Control, 1.35.0 with gRPC Control) and classic (1.30.0 with flwr's
 # config.toml, 1.25.0 with the app's pyproject.toml) argument dialects. 1.42.0 and 1.25.0 run the

@@ -8,9 +8,11 @@
 #   addon                  `manager` (hub: ClusterManagementAddOns, AddOnTemplates, signers)
 #   registration-operator  `agent` (the klusterlet agent: registration + work in one, singleton mode)
 # The CRDs come from the module open-cluster-management.io/api of the same version (a requirement
-# of the wrapper module; the harness reads them from the module cache).
+# of the wrapper module) and the bootstrap RBAC from OCM's cluster-manager chart: both are copied
+# beside the binaries (modules/), so the harness needs no Go cache once this has run, and
+# test.sh can trim the Go caches (~9 GB).
 #
-# Output: ${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}/ocm/<version>/bin/
+# Output: ${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}/ocm/<version>/bin/ and .../modules/
 # Stdout gets exactly one line, that directory; progress goes to stderr (lines start with ==>).
 # A stamp written after full success makes later runs instant.
 #
@@ -35,10 +37,31 @@ for arg in "$@"; do
   esac
 done
 
+MODULES="${OUT}/modules"
+MODULES_STAMP="${MODULES}/.copy-complete"
+
+# Copies what the harness reads from OCM's modules (every CRD of the API module, the
+# cluster-manager chart's templates) to ${MODULES}, downloading the modules if the Go module
+# cache was trimmed. Runs in the wrapper module's directory.
+copy_module_files() {
+  local api ocm
+  [[ -f "${MODULES_STAMP}" ]] && return 0
+  log "==> copying OCM's CRDs and bootstrap RBAC to ${MODULES}"
+  api="$(go mod download -json open-cluster-management.io/api | awk -F'"' '$2=="Dir"{print $4}')"
+  ocm="$(go mod download -json open-cluster-management.io/ocm | awk -F'"' '$2=="Dir"{print $4}')"
+  [[ -d "${api}" && -d "${ocm}" ]] || die "go mod download gave no directory for OCM's modules"
+  rm -rf "${MODULES}"
+  mkdir -p "${MODULES}/api" "${MODULES}/ocm"
+  (cd "${api}" && find . -name '*.crd.yaml' -exec cp --parents -t "${MODULES}/api" {} +)
+  (cd "${ocm}" && cp -r --parents deploy/cluster-manager/chart/cluster-manager/templates "${MODULES}/ocm")
+  chmod -R u+w "${MODULES}"
+  date -u +%FT%TZ > "${MODULES_STAMP}"
+}
+
 mkdir -p "${BIN}"
 exec 9>"${OUT}/.lock"
 flock 9
-if [[ "${force}" == 0 && -f "${STAMP}" ]]; then
+if [[ "${force}" == 0 && -f "${STAMP}" && -f "${MODULES_STAMP}" ]]; then
   log "==> OCM ${OCM_VERSION} binaries already built"
   printf '%s\n' "${BIN}"
   exit 0
@@ -51,6 +74,13 @@ t_all=${SECONDS}
 # checksum database does not know some of its pseudo-versions).
 cd "${OCM_DIR}/wrapper"
 select_toolchain go.mod
+if [[ "${force}" == 0 && -f "${STAMP}" ]]; then
+  copy_module_files
+  printf '%s\n' "${BIN}"
+  exit 0
+fi
+[[ "${force}" == 0 ]] || rm -f "${MODULES_STAMP}"
+copy_module_files
 for cmd in "${CMDS[@]}"; do
   t0=${SECONDS}
   log "==> building ${cmd} ${OCM_VERSION} (cold: minutes; shares Kubernetes' module and build caches)"

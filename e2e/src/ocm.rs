@@ -61,20 +61,27 @@ pub fn bin_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The module `open-cluster-management.io/api` at [`VERSION`] in the Go module cache that
-/// `e2e/ocm/build.sh` fills (`<cache>/go/mod`).
-pub fn api_module() -> Result<PathBuf> {
-    let cache = std::env::var_os("FLOWER_ADDON_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/flower-addon")))
-        .context("neither FLOWER_ADDON_CACHE nor HOME is set")?;
-    let dir = cache.join(format!("go/mod/open-cluster-management.io/api@{VERSION}"));
+/// What `e2e/ocm/build.sh` copied beside the binaries from OCM's Go modules at [`VERSION`]
+/// (`modules/api`: the CRDs of `open-cluster-management.io/api`; `modules/ocm`: the templates of
+/// OCM's cluster-manager chart), so that no Go cache is needed to run the tests.
+fn module_files(module: &str) -> Result<PathBuf> {
+    let bin = bin_dir()?;
+    let dir = bin
+        .parent()
+        .context("the OCM binary directory has no parent")?
+        .join("modules")
+        .join(module);
     ensure!(
         dir.is_dir(),
-        "OCM's API module is not at {}: run e2e/ocm/build.sh (it downloads it)",
+        "OCM's {module} files are not at {}: run e2e/ocm/build.sh (it copies them there)",
         dir.display()
     );
     Ok(dir)
+}
+
+/// The CRDs of the module `open-cluster-management.io/api`, by their paths in the module.
+pub fn api_module() -> Result<PathBuf> {
+    module_files("api")
 }
 
 /// OCM's CRDs a hub needs: clusters, sets and bindings, placements and decisions, add-on
@@ -526,18 +533,9 @@ async fn install_bootstrap(hub: &Cluster, dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The module `open-cluster-management.io/ocm` at [`VERSION`] (its charts and manifests).
+/// The module `open-cluster-management.io/ocm` at [`VERSION`] (its cluster-manager chart).
 pub fn ocm_module() -> Result<PathBuf> {
-    let dir = api_module()?
-        .parent()
-        .context("the module cache")?
-        .join(format!("ocm@{VERSION}"));
-    ensure!(
-        dir.is_dir(),
-        "OCM's module is not at {}: run e2e/ocm/build.sh",
-        dir.display()
-    );
-    Ok(dir)
+    module_files("ocm")
 }
 
 /// Approves every bootstrap CSR (signer `kubernetes.io/kube-apiserver-client`) matching
