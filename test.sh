@@ -109,8 +109,12 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings (first run compiles everything: several minutes)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-step "building flower-hub and flower-agent"
-cargo build --quiet --bins
+# `cargo test --no-run` rather than `cargo build --bins`: the tests' dev-dependencies enable more
+# features of shared crates (tokio among them), so a plain build compiled ~95 crates a second time
+# for the tests. This builds every test binary and flower-hub/flower-agent (into target/debug,
+# what the image and the e2e tests use) with one feature set.
+step "building flower-hub, flower-agent and every test binary (cargo test --no-run)"
+cargo test --workspace --no-run --quiet
 
 step "container images for the real nodes: e2e/images/build.sh (base, pause, Flower, ours from ./Dockerfile)"
 t_img=$SECONDS
