@@ -14,10 +14,17 @@ if [[ -n "${FLOWER_ADDON_KEEP_GO_CACHES:-}" ]]; then
   log "==> keeping the Go caches (FLOWER_ADDON_KEEP_GO_CACHES is set)"
   exit 0
 fi
-size_mb() { du -sm "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+# Total size in MB of the paths of these that exist (0 when none does).
+size_mb() {
+  local p total=0
+  for p in "$@"; do
+    [[ -e "${p}" ]] && total=$(( total + $(du -sm "${p}" | cut -f1) ))
+  done
+  echo "${total}"
+}
 before="$(size_mb "${GOCACHE}" "${GOMODCACHE}")"
-if (( before == 0 )); then
-  log "==> no Go caches to trim"
+if (( before < 10 )); then
+  log "==> no Go caches to trim (${before} MB)"
   exit 0
 fi
 command -v go >/dev/null || die "go is required to clean its caches"
