@@ -11,6 +11,8 @@
 #   FLOWER_ADDON_CACHE cache root (default ~/.cache/flower-addon): venvs live there
 #   DEMO_ROUNDS        FedAvg rounds (default 3)
 #   DEMO_WORK          work directory (default: a new temp dir)
+#   FLOWER_ADDON_BIN_DIR  use the flower-hub and flower-agent in this directory instead of
+#                      building them (test.sh passes the ones its tests ran)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$PWD"
@@ -18,7 +20,7 @@ KEEP=0
 for arg in "$@"; do
   case "$arg" in
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "demo.sh: unknown argument: $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,13 +35,20 @@ step "Python venv with flwr==$FLOWER_VERSION (cached under ${FLOWER_ADDON_CACHE:
 VENV="$(e2e/flower/venv.sh "$FLOWER_VERSION" | tail -n 1)"
 [[ -x "$VENV/bin/flower-superlink" ]] || die "no flower-superlink in $VENV"
 
-step "building flower-hub and flower-agent (cargo build)"
-cargo build --quiet --bin flower-hub --bin flower-agent
-# Where cargo put them: CARGO_TARGET_DIR when set (relative to the repository, as cargo reads it).
-TARGET="${CARGO_TARGET_DIR:-target}"
-[[ "$TARGET" == /* ]] || TARGET="$ROOT/$TARGET"
-HUB="$TARGET/debug/flower-hub"
-AGENT="$TARGET/debug/flower-agent"
+if [[ -n "${FLOWER_ADDON_BIN_DIR:-}" ]]; then
+  BIN_DIR="$FLOWER_ADDON_BIN_DIR"
+  [[ "$BIN_DIR" == /* ]] || BIN_DIR="$ROOT/$BIN_DIR"
+  step "using flower-hub and flower-agent from $BIN_DIR (FLOWER_ADDON_BIN_DIR)"
+else
+  step "building flower-hub and flower-agent (cargo build)"
+  cargo build --quiet --bin flower-hub --bin flower-agent
+  # Where cargo put them: CARGO_TARGET_DIR when set (relative to the repository, as cargo reads it).
+  BIN_DIR="${CARGO_TARGET_DIR:-target}/debug"
+  [[ "$BIN_DIR" == /* ]] || BIN_DIR="$ROOT/$BIN_DIR"
+fi
+HUB="$BIN_DIR/flower-hub"
+AGENT="$BIN_DIR/flower-agent"
+[[ -x "$HUB" && -x "$AGENT" ]] || die "no flower-hub and flower-agent in $BIN_DIR"
 
 WORK="${DEMO_WORK:-$(mktemp -d /tmp/flower-addon-demo.XXXXXX)}"
 mkdir -p "$WORK/manifests" "$WORK/flwr-home"
