@@ -38,13 +38,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Namespace of the bench's Placement and Federation.
-const NS: &str = "bench";
+pub(super) const NS: &str = "bench";
 /// The Federation placed on every cluster.
 const FED: &str = "fed";
 /// Field manager of the bench's applies.
 const MANAGER: &str = "channel-bench";
 /// The hub's process name in the harness.
-const HUB_PROC: &str = "flower-hub";
+pub(super) const HUB_PROC: &str = "flower-hub";
 /// Verbs of `apiserver_request_total` that write.
 const WRITE_VERBS: [&str; 6] = [
     "POST",
@@ -66,8 +66,10 @@ const STEADY_SLICE: Duration = Duration::from_secs(15);
 
 pub(super) async fn driver(args: Args) -> anyhow::Result<()> {
     e2e::install_crypto();
+    // The soak's invariants hold for any build (its short variant runs in the debug suite);
+    // the scale figures need a release hub.
     ensure!(
-        !cfg!(debug_assertions),
+        !cfg!(debug_assertions) || args.flap > 0,
         "a debug build measures a debug hub: run `cargo build --release --bins` and then \
          `target/release/channel_bench --store kube`"
     );
@@ -80,6 +82,11 @@ pub(super) async fn driver(args: Args) -> anyhow::Result<()> {
     };
     eprintln!("starting the control plane (etcd, kube-apiserver, controller-manager, kwok)…");
     let mut cp = ControlPlane::start_with(&["hub"], options).await?;
+    if args.flap > 0 {
+        let result = super::soak::soak(&mut cp, &args).await;
+        cp.log_tails_on_error(&result, &[HUB_PROC]);
+        return result;
+    }
     let result = bench(&mut cp, &args).await;
     cp.log_tails_on_error(&result, &[HUB_PROC]);
     drop(cp);
@@ -369,15 +376,24 @@ fn pool_replicas(work: &ClusterWork) -> Option<i64> {
 }
 
 fn placement() -> serde_json::Value {
+    placement_of(None)
+}
+
+/// The Placement `everywhere`: every cluster, or `numberOfClusters` of them.
+pub(super) fn placement_of(number_of_clusters: Option<usize>) -> serde_json::Value {
+    let spec = match number_of_clusters {
+        Some(n) => serde_json::json!({"numberOfClusters": n}),
+        None => serde_json::json!({}),
+    };
     serde_json::json!({
         "apiVersion": "flower-addon.io/v1alpha1",
         "kind": "Placement",
         "metadata": {"name": "everywhere", "namespace": NS},
-        "spec": {},
+        "spec": spec,
     })
 }
 
-fn federation(replicas: i64) -> serde_json::Value {
+pub(super) fn federation(replicas: i64) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "flower-addon.io/v1alpha1",
         "kind": "Federation",
@@ -398,7 +414,11 @@ fn federation(replicas: i64) -> serde_json::Value {
     })
 }
 
-async fn apply(client: &Client, kind: &str, body: &serde_json::Value) -> anyhow::Result<()> {
+pub(super) async fn apply(
+    client: &Client,
+    kind: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<()> {
     let name = body["metadata"]["name"].as_str().unwrap_or_default();
     let params = PatchParams::apply(MANAGER).force();
     match kind {
@@ -417,7 +437,7 @@ async fn apply(client: &Client, kind: &str, body: &serde_json::Value) -> anyhow:
 }
 
 /// Scrapes the hub's `/metrics` (off the runtime: the scrape is a blocking read).
-async fn hub_samples(addr: SocketAddr) -> anyhow::Result<Samples> {
+pub(super) async fn hub_samples(addr: SocketAddr) -> anyhow::Result<Samples> {
     tokio::task::spawn_blocking(move || Samples::scrape(addr)).await?
 }
 
@@ -446,7 +466,7 @@ async fn request_counts(admin: &Client) -> anyhow::Result<BTreeMap<(String, Stri
 }
 
 /// The apiserver's write requests by verb, and by resource.
-async fn apiserver_writes(
+pub(super) async fn apiserver_writes(
     admin: &Client,
 ) -> anyhow::Result<(BTreeMap<String, f64>, BTreeMap<String, f64>)> {
     let mut by_verb: BTreeMap<String, f64> =

@@ -11,7 +11,7 @@
 //! p50/p99/max fan-out.
 //!
 //! `--store kube`: the same agents against `flower-hub serve` in Kubernetes mode on a real
-//! kube-apiserver (see [`kube`]).
+//! kube-apiserver (see [`kube`]); with `--flap SECONDS` the flapping soak instead (see [`soak`]).
 use anyhow::{Context, bail};
 use clap::Parser;
 use flower_addon_agent::channel::{RunOptions, run};
@@ -32,6 +32,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{Notify, watch};
 
 mod kube;
+mod soak;
 
 /// Where the hub keeps its clusters.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +79,23 @@ struct Args {
     /// (`--batch` = `--agents` starts every agent at once).
     #[arg(long)]
     agent_backoff: bool,
+    /// `--store kube`: the flapping soak instead of the scale bench: every agent drops and
+    /// re-opens its stream at random for this many seconds while the work changes, then the
+    /// soak checks each agent's work, the hub's RSS and descriptors, and apiserver writes
+    /// (0: no soak). Runs in a debug build too (the suite's short variant).
+    #[arg(long, default_value_t = 0)]
+    flap: u64,
+    /// `--flap`: longest time an agent holds its stream before dropping it, seconds (the
+    /// shortest is a twelfth of it; the pause before re-opening up to a tenth).
+    #[arg(long, default_value_t = 120)]
+    flap_hold_max: u64,
+    /// `--flap`: seconds between changes of the Federation's replicas or the Placement's
+    /// numberOfClusters.
+    #[arg(long, default_value_t = 15)]
+    flap_change_every: u64,
+    /// `--flap`: seed of the random holds, pauses and changes (a run can be repeated).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Internal: run as the hub child on this state dir.
     #[arg(long, hide = true)]
     serve_hub: Option<PathBuf>,
