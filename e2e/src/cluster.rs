@@ -17,7 +17,7 @@ use crate::dns::ClusterDns;
 use crate::harness::{BootLock, free_ports};
 use crate::kubeconfig;
 use crate::node::{NodeBinaries, NodeNetwork, RealNode};
-use crate::process::Processes;
+use crate::process::{Downed, Processes};
 
 /// Service CIDR of every cluster: inside 198.18.0.0/15 (the benchmarking range this harness
 /// keeps all its addresses in; real nodes' pod subnets are 198.19.0.0–198.19.239.255).
@@ -109,7 +109,9 @@ impl Cluster {
 
 /// A running control plane; every process is ended by pid when it is dropped.
 pub struct ControlPlane {
-    procs: Processes,
+    /// Behind a lock so that an outage ([`ControlPlane::stop_apiserver`], [`ControlPlane::stop_etcd`])
+    /// can be caused while the test holds its clusters (`&self`).
+    procs: std::sync::Mutex<Processes>,
     clusters: Vec<Cluster>,
     /// Time [`ControlPlane::start`] took.
     pub startup: Duration,
@@ -218,7 +220,7 @@ impl ControlPlane {
             bins.dir.display()
         );
         let mut cp = ControlPlane {
-            procs: Processes::default(),
+            procs: std::sync::Mutex::new(Processes::default()),
             clusters: Vec::new(),
             startup: Duration::ZERO,
             etcd_url: String::new(),
@@ -311,22 +313,25 @@ impl ControlPlane {
         self.etcd_url = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let etcd = self.bins.etcd.clone();
-        self.procs.start(
-            "etcd",
-            &etcd,
-            &[
-                s("--name=e2e"),
-                format!("--data-dir={}", etcd_dir.display()),
-                format!("--listen-client-urls={}", self.etcd_url),
-                format!("--advertise-client-urls={}", self.etcd_url),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=e2e={peer_url}"),
-                s("--unsafe-no-fsync=true"),
-                s("--log-level=warn"),
-            ],
-            &self.work_dir.join("etcd.log"),
-        )?;
+        self.procs
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .start(
+                "etcd",
+                &etcd,
+                &[
+                    s("--name=e2e"),
+                    format!("--data-dir={}", etcd_dir.display()),
+                    format!("--listen-client-urls={}", self.etcd_url),
+                    format!("--advertise-client-urls={}", self.etcd_url),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=e2e={peer_url}"),
+                    s("--unsafe-no-fsync=true"),
+                    s("--log-level=warn"),
+                ],
+                &self.work_dir.join("etcd.log"),
+            )?;
         let t = Instant::now();
         self.wait("etcd /health", &["etcd"], opts.step_timeout, || {
             etcd_healthy(port)
@@ -388,12 +393,15 @@ impl ControlPlane {
             )?;
             let args = self.apiserver_args(name, &dir, p.api, listen_ip, sa, opts);
             let apiserver = self.bins.kube_apiserver.clone();
-            self.procs.start(
-                &format!("{name}/kube-apiserver"),
-                &apiserver,
-                &args,
-                &dir.join("kube-apiserver.log"),
-            )?;
+            self.procs
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .start(
+                    &format!("{name}/kube-apiserver"),
+                    &apiserver,
+                    &args,
+                    &dir.join("kube-apiserver.log"),
+                )?;
             pending.push((name.to_string(), dir, token, p.api));
         }
         let mut clusters = Vec::new();
@@ -548,33 +556,42 @@ impl ControlPlane {
             format!("--cluster-signing-key-file={}", sa.client_ca_key.display()),
         ]);
         let bin = self.bins.kube_controller_manager.clone();
-        self.procs.start(
-            &format!("{}/kube-controller-manager", c.name),
-            &bin,
-            &cm,
-            &c.dir.join("kube-controller-manager.log"),
-        )?;
+        self.procs
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .start(
+                &format!("{}/kube-controller-manager", c.name),
+                &bin,
+                &cm,
+                &c.dir.join("kube-controller-manager.log"),
+            )?;
         let bin = self.bins.kube_scheduler.clone();
-        self.procs.start(
-            &format!("{}/kube-scheduler", c.name),
-            &bin,
-            &common(p.sched, "sched-certs"),
-            &c.dir.join("kube-scheduler.log"),
-        )?;
+        self.procs
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .start(
+                &format!("{}/kube-scheduler", c.name),
+                &bin,
+                &common(p.sched, "sched-certs"),
+                &c.dir.join("kube-scheduler.log"),
+            )?;
         let bin = self.bins.kwok.clone();
-        self.procs.start(
-            &format!("{}/kwok", c.name),
-            &bin,
-            &[
-                format!("--kubeconfig={kc}"),
-                s("--manage-all-nodes=false"),
-                format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
-                format!("--config={}", self.bins.kwok_stages.display()),
-                s("--node-lease-duration-seconds=40"),
-                format!("--server-address=127.0.0.1:{}", p.kwok),
-            ],
-            &c.dir.join("kwok.log"),
-        )?;
+        self.procs
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .start(
+                &format!("{}/kwok", c.name),
+                &bin,
+                &[
+                    format!("--kubeconfig={kc}"),
+                    s("--manage-all-nodes=false"),
+                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                    format!("--config={}", self.bins.kwok_stages.display()),
+                    s("--node-lease-duration-seconds=40"),
+                    format!("--server-address=127.0.0.1:{}", p.kwok),
+                ],
+                &c.dir.join("kwok.log"),
+            )?;
         Ok(())
     }
 
@@ -682,7 +699,9 @@ impl ControlPlane {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
-        self.procs.wait_for(what, Some(procs), timeout, probe).await
+        self.procs_mut()
+            .wait_for(what, Some(procs), timeout, probe)
+            .await
     }
 
     /// Every cluster, in start order.
@@ -733,22 +752,75 @@ impl ControlPlane {
             .with_context(|| format!("no real node {node}"))
     }
 
+    fn procs_mut(&mut self) -> &mut Processes {
+        self.procs
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn procs_locked(&self) -> std::sync::MutexGuard<'_, Processes> {
+        self.procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Stops cluster `cluster`'s kube-apiserver (SIGTERM, as a crash or maintenance would: its
+    /// clients get connection refused); [`ControlPlane::start_again`] starts it as it was.
+    pub fn stop_apiserver(&self, cluster: &str) -> Result<Downed> {
+        self.cluster(cluster)?;
+        self.procs_locked()
+            .take_down(&format!("{cluster}/kube-apiserver"))
+    }
+
+    /// Stops the etcd every apiserver shares (all clusters lose their storage at once; their
+    /// apiservers keep running and fail their requests); [`ControlPlane::start_again`] starts it
+    /// on the same data directory.
+    pub fn stop_etcd(&self) -> Result<Downed> {
+        self.procs_locked().take_down("etcd")
+    }
+
+    /// Starts a process stopped by [`ControlPlane::stop_apiserver`] or [`ControlPlane::stop_etcd`]
+    /// again and waits until every apiserver answers `/readyz` (after an etcd outage they
+    /// reconnect by themselves). Returns how long that took.
+    pub async fn start_again(&self, downed: Downed, timeout: Duration) -> Result<Duration> {
+        let t = Instant::now();
+        let name = downed.name().to_string();
+        self.procs_locked().bring_up(downed)?;
+        for c in &self.clusters {
+            crate::harness::wait_until(
+                &format!(
+                    "{} kube-apiserver /readyz after {name} was started again",
+                    c.name
+                ),
+                timeout.saturating_sub(t.elapsed()),
+                || async {
+                    self.procs_locked()
+                        .check_alive()
+                        .map_err(crate::harness::fatal)?;
+                    Ok(get_text(&c.client, "/readyz").await?.trim() == "ok")
+                },
+            )
+            .await?;
+        }
+        Ok(t.elapsed())
+    }
+
     /// The harness's processes (to start more, e.g. hub and agents, or stop one).
     pub fn processes(&mut self) -> &mut Processes {
-        &mut self.procs
+        self.procs_mut()
     }
 
     /// Prints the log tails of `names` on stderr when `result` is an error (a bench's failure
     /// shows what the daemon said), before the control plane is stopped.
     pub fn log_tails_on_error<T>(&mut self, result: &Result<T>, names: &[&str]) {
         if result.is_err() {
-            eprintln!("log tails:\n{}", self.procs.log_tails(Some(names)));
+            eprintln!("log tails:\n{}", self.procs_mut().log_tails(Some(names)));
         }
     }
 
     /// `(process name, RSS KiB)` of every running process.
     pub fn rss_kib(&self) -> Vec<(String, u64)> {
-        self.procs
+        self.procs_locked()
             .all()
             .iter()
             .map(|p| (p.name.clone(), p.rss_kib().unwrap_or(0)))
@@ -781,7 +853,7 @@ impl Drop for ControlPlane {
         // Nodes first (their cleanup needs no apiserver), then the control plane, then the bridge.
         self.real_nodes.clear();
         self.dns.clear();
-        self.procs.stop_all();
+        self.procs_mut().stop_all();
         self.node_net = None;
         eprintln!(
             "e2e: control plane stopped ({:.1}s){}",

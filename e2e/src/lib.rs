@@ -47,7 +47,7 @@ pub use bins::Binaries;
 pub use cluster::{Cluster, ControlPlane, Options};
 pub use deployment::ContainerCommand;
 pub use harness::{Wait, binary, free_port, free_ports, wait_for, wait_until};
-pub use node::{NodeBinaries, NodeNetwork, RealNode};
+pub use node::{NodeBinaries, NodeNetwork, Partition, RealNode};
 pub use observe::{applied_versions, pod_uids, wait_statefulsets_settled};
 
 /// Installs rustls' ring crypto provider for the process (idempotent).

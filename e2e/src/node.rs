@@ -572,6 +572,37 @@ impl RealNode {
         run("nsenter", &refs)
     }
 
+    /// Cuts this node (and its pods, whose traffic passes its netns's FORWARD chain) off from
+    /// `peers` (addresses or CIDRs), both directions: DROP rules at the top of INPUT, OUTPUT and
+    /// FORWARD in its netns. Connections hang as on a cut link (no reset). The returned
+    /// [`Partition`] heals it ([`Partition::heal`], or when dropped); the rules would go with the
+    /// netns anyway.
+    pub fn partition_from(&self, peers: &[String]) -> Result<Partition> {
+        let mut partition = Partition {
+            netns: self.netns.clone(),
+            rules: Vec::new(),
+        };
+        for peer in peers {
+            for rule in [
+                ["INPUT", "-s"],
+                ["OUTPUT", "-d"],
+                ["FORWARD", "-s"],
+                ["FORWARD", "-d"],
+            ] {
+                let rule = vec![
+                    rule[0].to_string(),
+                    rule[1].to_string(),
+                    peer.clone(),
+                    "-j".to_string(),
+                    "DROP".to_string(),
+                ];
+                partition.iptables("-I", &rule)?;
+                partition.rules.push(rule);
+            }
+        }
+        Ok(partition)
+    }
+
     /// `ctr -a <node socket> -n k8s.io ARGS…`.
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
         let sock = self.containerd_socket().display().to_string();
@@ -1367,5 +1398,48 @@ mod tests {
             normalize_reference("registry.k8s.io/pause:3.10.2"),
             "registry.k8s.io/pause:3.10.2"
         );
+    }
+}
+
+/// A node cut off from some peers by [`RealNode::partition_from`]; healed by [`Partition::heal`]
+/// or on drop.
+#[derive(Debug)]
+pub struct Partition {
+    netns: String,
+    rules: Vec<Vec<String>>,
+}
+
+impl Partition {
+    fn iptables(&self, op: &str, rule: &[String]) -> Result<String> {
+        let mut args = vec![
+            format!("--net=/run/netns/{}", self.netns),
+            "--".to_string(),
+            "iptables".to_string(),
+            "-w".to_string(),
+            op.to_string(),
+        ];
+        args.extend(rule.iter().cloned());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("nsenter", &refs)
+    }
+
+    /// Removes the DROP rules: the node reaches its peers again.
+    pub fn heal(mut self) -> Result<()> {
+        // Newest first; what is left after an error is tried again on drop.
+        while let Some(rule) = self.rules.last().cloned() {
+            self.iptables("-D", &rule)?;
+            self.rules.pop();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        for rule in std::mem::take(&mut self.rules).into_iter().rev() {
+            if let Err(error) = self.iptables("-D", &rule) {
+                eprintln!("e2e: healing a partition in {}: {error:#}", self.netns);
+            }
+        }
     }
 }

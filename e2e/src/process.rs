@@ -77,6 +77,63 @@ fn spawn_die_with_parent(mut cmd: Command) -> Result<Child> {
         .context("the spawner thread did not answer")??)
 }
 
+/// How a process was started (program, arguments, environment changes, working directory), to
+/// start it again the same way.
+#[derive(Clone, Debug)]
+struct Recipe {
+    program: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+    envs: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
+    dir: Option<PathBuf>,
+}
+
+impl Recipe {
+    fn of(cmd: &Command) -> Self {
+        Self {
+            program: cmd.get_program().to_owned(),
+            args: cmd.get_args().map(ToOwned::to_owned).collect(),
+            envs: cmd
+                .get_envs()
+                .map(|(k, v)| (k.to_owned(), v.map(ToOwned::to_owned)))
+                .collect(),
+            dir: cmd.get_current_dir().map(Path::to_path_buf),
+        }
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        for (key, value) in &self.envs {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        if let Some(dir) = &self.dir {
+            cmd.current_dir(dir);
+        }
+        cmd
+    }
+}
+
+/// A process ended by [`Processes::take_down`] (an outage), to be started again as it was by
+/// [`Processes::bring_up`]: same program, arguments, environment and log file (the previous log
+/// is kept as `log.N`).
+#[derive(Debug)]
+pub struct Downed {
+    name: String,
+    log: PathBuf,
+    recipe: Recipe,
+    group: bool,
+}
+
+impl Downed {
+    /// The process's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
 /// One process started by the harness.
 #[derive(Debug)]
 pub struct Proc {
@@ -87,6 +144,7 @@ pub struct Proc {
     child: Child,
     /// Leads a process group of its own: ended with everything it started.
     group: bool,
+    recipe: Recipe,
 }
 
 impl Proc {
@@ -189,6 +247,7 @@ impl Processes {
         let err = out.try_clone()?;
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         let program = cmd.get_program().to_string_lossy().into_owned();
+        let recipe = Recipe::of(&cmd);
         let child =
             spawn_die_with_parent(cmd).with_context(|| format!("starting {name} ({program})"))?;
         self.procs.push(Proc {
@@ -196,8 +255,38 @@ impl Processes {
             log: log.to_path_buf(),
             child,
             group,
+            recipe,
         });
         Ok(())
+    }
+
+    /// Ends process `name` (SIGTERM, then SIGKILL after the grace) and returns how to start it
+    /// again with [`Processes::bring_up`]: an outage of a daemon, e.g. an apiserver or etcd.
+    pub fn take_down(&mut self, name: &str) -> Result<Downed> {
+        let idx = self
+            .procs
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no process named {name}"))?;
+        let p = self.procs.remove(idx);
+        let downed = Downed {
+            name: p.name.clone(),
+            log: p.log.clone(),
+            recipe: p.recipe.clone(),
+            group: p.group,
+        };
+        end_all(vec![p]);
+        Ok(downed)
+    }
+
+    /// Starts a process ended by [`Processes::take_down`] again, as it was started.
+    pub fn bring_up(&mut self, downed: Downed) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = downed.recipe.command();
+        if downed.group {
+            cmd.process_group(0);
+        }
+        self.spawn(&downed.name, cmd, &downed.log, downed.group)
     }
 
     /// Fails, with the tail of its log, if any process has exited.

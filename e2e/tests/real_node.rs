@@ -22,11 +22,18 @@
 //!   still complete (6e); a `FlowerRun` of examples/fedavg on `auth` is submitted by the hub pod,
 //!   followed to `Complete` with its log tail and progress, and released when deleted; a
 //!   spoke relabelled out loses its SuperNodes and keys in both SuperLinks (6f); a
-//!   process-isolation Federation runs on spoke-2 (6b).
+//!   process-isolation Federation runs on spoke-2 (6b);
+//! - faults (`faults`): the hub cluster's kube-apiserver, then the shared etcd, stopped for a
+//!   minute tear nothing down on the spokes and everything converges after; a spoke cut off
+//!   from the hub for less than its lease grace keeps everything, one cut off for longer is
+//!   tainted unreachable, its share re-placed and its keys unregistered, and it rejoins.
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
 //! is missing.
+
+#[path = "real_node/faults.rs"]
+mod faults;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -187,9 +194,20 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;
+    faults::hub_control_plane_outages_tear_nothing_down(&cp, hub, &[spoke, spoke2]).await?;
+    faults::spoke_partitions_heal(
+        hub,
+        node,
+        [(spoke, spoke_node), (spoke2, spoke2_node)],
+        &[
+            ("auth", flwr[0].control_client()?, 6),
+            ("classic", flwr[1].control_client()?, 4),
+        ],
+    )
+    .await?;
     runs_complete(
         &flwr,
-        "after the hub and agent pods were replaced",
+        "after the hub and agent pods were replaced, the hub's control plane was down and the spokes were cut off",
         &[spoke, spoke2],
     )
     .await?;
@@ -1345,25 +1363,10 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
     flwr: &[FlwrFromTheHost; 2],
 ) -> Result<()> {
     // spoke-1's SuperNode keys (public halves of the private keys in its key Secrets).
-    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
     let mut federations = Vec::new();
     for (flwr, spoke2_online) in flwr.iter().zip([3, 2]) {
         let federation = flwr.federation.as_str();
-        let mut keys = Vec::new();
-        for pool in ["a", "b"] {
-            let secret = secrets
-                .get(&flower_addon_crds::render::node_key_secret_name(
-                    federation, pool,
-                ))
-                .await?;
-            for (pod, key) in secret.data.unwrap_or_default() {
-                let line = flower_addon_agent::node_key::public_key_of(
-                    &String::from_utf8_lossy(&key.0),
-                    &pod,
-                )?;
-                keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
-            }
-        }
+        let keys = faults::spoke_node_keys(spoke, federation).await?;
         ensure!(
             keys.len() == spoke2_online,
             "spoke-1 keys of {federation}: {}",
