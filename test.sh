@@ -125,39 +125,68 @@ IMAGES="$(FLOWER_ADDON_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" e2e/images/bu
 export FLOWER_ADDON_IMAGES="$IMAGES"
 echo "    $IMAGES ($((SECONDS - t_img)) s)"
 
-step "cargo test --workspace: unit, golden, CLI, loopback mTLS, real apiservers, real Flower"
-cargo test --workspace 2>&1 | tee "$LOG_DIR/cargo-test.log"
-cargo_passed="$(grep -E '^test result: ok\.' "$LOG_DIR/cargo-test.log" | awk '{s += $4} END {print s + 0}')"
-(( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
-PASSED=$((PASSED + cargo_passed))
+# real_node (three clusters on real nodes, our image, Flower, OCM, and the fault scenarios: the
+# hub's control plane down, spokes cut off) is the longest test by far and mostly waits (on
+# pods, leases and outages): it runs on its own after the others, with the quickstart demos
+# beside it instead of after it.
+REAL_NODE_TEST=pods_run_on_a_real_node
+step "cargo test --workspace (all but real_node): unit, golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower"
+cargo test --workspace -- --skip "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 
 # Flower 1.25.0's SuperLink sometimes fails a SuperNode's message pull with "Both bytes_sent and
 # bytes_recv cannot be zero" (a bug inside Flower; that SuperNode then never replies and the round
 # times out). Only for that exact signature the demo is run once more from scratch, saying so;
-# any other failure fails at once.
+# any other failure fails at once. Each demo that passed appends its version to demos-passed.
 FLOWER_125_BUG='Both bytes_sent and bytes_recv cannot be zero'
-for version in "${FLOWER_MATRIX[@]}"; do
-  case "$version" in 1.42.0 | 1.25.0) rounds=3 ;; *) rounds=1 ;; esac
-  for attempt in 1 2; do
-    step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run, $rounds rounds)"
-    work="$LOG_DIR/demo-$version-$attempt"
-    # The binaries the tests ran (a plain `cargo build` would compile ~95 crates again with the
-    # feature set of a build without the tests' dev-dependencies).
-    if FLOWER_ADDON_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" FLOWER_VERSION="$version" DEMO_ROUNDS="$rounds" DEMO_WORK="$work" \
-      ./demo.sh 2>&1 | tee "$LOG_DIR/demo-$version.log" \
-      && grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"; then
-      break
-    fi
-    if (( attempt == 1 )) && grep -rqs "$FLOWER_125_BUG" "$work"; then
-      echo "test.sh: Flower $version's SuperLink hit its known bug ($FLOWER_125_BUG); running the demo once more" >&2
-      printf 'flower-1.25-bug\tdemo.sh with Flower %s\n' "$version" >> "$FLOWER_ADDON_RETRY_LOG"
-      continue
-    fi
-    echo "test.sh: the demo with Flower $version failed (logs in $work)" >&2
-    exit 1
+run_demos() {
+  local version rounds attempt work
+  for version in "${FLOWER_MATRIX[@]}"; do
+    case "$version" in 1.42.0 | 1.25.0) rounds=3 ;; *) rounds=1 ;; esac
+    for attempt in 1 2; do
+      step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run, $rounds rounds)"
+      work="$LOG_DIR/demo-$version-$attempt"
+      # The binaries the tests ran (a plain `cargo build` would compile ~95 crates again with the
+      # feature set of a build without the tests' dev-dependencies).
+      if FLOWER_ADDON_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" FLOWER_VERSION="$version" DEMO_ROUNDS="$rounds" DEMO_WORK="$work" \
+        ./demo.sh > "$LOG_DIR/demo-$version.log" 2>&1 \
+        && grep -q 'finished:completed' "$LOG_DIR/demo-$version.log"; then
+        echo "$version" >> "$LOG_DIR/demos-passed"
+        break
+      fi
+      if (( attempt == 1 )) && grep -rqs "$FLOWER_125_BUG" "$work"; then
+        echo "test.sh: Flower $version's SuperLink hit its known bug ($FLOWER_125_BUG); running the demo once more"
+        printf 'flower-1.25-bug\tdemo.sh with Flower %s\n' "$version" >> "$FLOWER_ADDON_RETRY_LOG"
+        continue
+      fi
+      echo "test.sh: the demo with Flower $version failed (logs in $work); its output:"
+      cat "$LOG_DIR/demo-$version.log"
+      return 1
+    done
   done
-  PASSED=$((PASSED + 1))
-done
+}
+: > "$LOG_DIR/demos-passed"
+step "real_node (real nodes, OCM, faults), with the quickstart demos of Flower ${FLOWER_MATRIX[*]} beside it (./demo.sh; log $LOG_DIR/demos.log)"
+export -f run_demos step
+export LOG_DIR FLOWER_125_BUG T0
+# (The child's step lines count from the suite's start: SECONDS is set to where it is now.)
+FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" DEMOS_START=$SECONDS \
+  setsid bash -c 'SECONDS=$DEMOS_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); run_demos' \
+  > "$LOG_DIR/demos.log" 2>&1 &
+DEMOS_PID=$!
+trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$DEMOS_PID" 2>/dev/null || true' EXIT
+# --workspace: the same feature resolution as the build above (with -p e2e alone cargo would
+# compile the hub and agent libraries again for a smaller feature set).
+cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"
+await "$DEMOS_PID" "the quickstart demos" "$LOG_DIR/demos.log"
+grep -E '^==> \[|^test.sh:|finished:completed' "$LOG_DIR/demos.log" | grep -E 'quickstart end to end|test.sh:|finished' | sed 's/^/    /' || true
+cargo_passed="$(cat "$LOG_DIR/cargo-test.log" "$LOG_DIR/real-node.log" | grep -E '^test result: ok\.' | awk '{s += $4} END {print s + 0}')"
+(( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
+grep -qE '^test result: ok\. 1 passed' "$LOG_DIR/real-node.log" \
+  || { echo "test.sh: real_node did not run its test" >&2; exit 1; }
+demos_passed="$(wc -l < "$LOG_DIR/demos-passed")"
+(( demos_passed == ${#FLOWER_MATRIX[@]} )) \
+  || { echo "test.sh: $demos_passed of ${#FLOWER_MATRIX[@]} demos passed" >&2; exit 1; }
+PASSED=$((PASSED + cargo_passed + demos_passed))
 
 retries="$(wc -l < "$FLOWER_ADDON_RETRY_LOG")"
 if (( retries > 0 )); then

@@ -36,9 +36,11 @@ pub struct RunOptions {
     pub store: Option<CredentialStore>,
     /// Local address to connect from (benchmarks).
     pub local_ip: Option<IpAddr>,
-    /// First reconnect delay (default 1 s).
+    /// Shortest reconnect delay (default 1 s; the first is between half of it and it).
     pub reconnect_min: Duration,
-    /// Longest reconnect delay (default 30 s).
+    /// Longest reconnect delay (default 15 s): delays double from the shortest up to this, each
+    /// drawn between half of its step and the step, so that agents cut off together do not come
+    /// back together, and an agent is back at most this long after its hub is.
     pub reconnect_max: Duration,
     /// How often the runtime status is checked and sent if it changed (default 15 s).
     pub status_interval: Duration,
@@ -68,7 +70,7 @@ impl RunOptions {
             store,
             local_ip: None,
             reconnect_min: Duration::from_secs(1),
-            reconnect_max: Duration::from_secs(30),
+            reconnect_max: Duration::from_secs(15),
             status_interval: Duration::from_secs(15),
             renew_at: 0.8,
             events: None,
@@ -160,14 +162,7 @@ pub async fn run(
         credentials: Mutex::new(options.credentials.clone()),
         options,
     });
-    let new_backoff = |o: &RunOptions| {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(o.reconnect_min)
-            .with_max_delay(o.reconnect_max)
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
+    let new_backoff = |o: &RunOptions| reconnect_delays(o.reconnect_min, o.reconnect_max);
     let mut backoff = new_backoff(&state.options);
     let mut expiry_logged = false;
     let mut stopped_for_refusal = false;
@@ -253,6 +248,19 @@ pub async fn run(
             _ = tokio::time::sleep(delay) => {}
         }
     }
+}
+
+/// The agent's reconnect delays: doubling from `min` up to `max`, each drawn between half of its
+/// step and the step (backon's jitter adds up to the step itself, so the steps are half the
+/// bounds: with the bounds themselves as steps a delay reached twice the maximum, 60 s where
+/// 30 s was meant, measured after a hub outage).
+fn reconnect_delays(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(min / 2)
+        .with_max_delay(max / 2)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// When a connection failed because this agent and the hub do not trust each other's certificate
@@ -630,6 +638,28 @@ async fn renew_once(
         .lock()
         .map_err(|_| "poisoned lock".to_string())? = renewed;
     Ok(not_after)
+}
+
+#[cfg(test)]
+mod reconnect_tests {
+    use super::reconnect_delays;
+    use std::time::Duration;
+
+    #[test]
+    fn reconnect_delays_stay_within_their_bounds() {
+        let (min, max) = (Duration::from_secs(1), Duration::from_secs(15));
+        for _ in 0..50 {
+            let delays: Vec<Duration> = reconnect_delays(min, max).take(12).collect();
+            assert!(
+                delays.iter().all(|d| *d >= min / 2 && *d <= max),
+                "{delays:?} leave [{:?}, {max:?}]",
+                min / 2
+            );
+            // Grown to the upper half of the bound after a few attempts: no agent hammers a
+            // hub that stays down.
+            assert!(delays[8..].iter().all(|d| *d >= max / 2), "{delays:?}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -764,28 +764,50 @@ impl ControlPlane {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Stops cluster `cluster`'s kube-apiserver (SIGTERM, as a crash or maintenance would: its
-    /// clients get connection refused); [`ControlPlane::start_again`] starts it as it was.
-    pub fn stop_apiserver(&self, cluster: &str) -> Result<Downed> {
+    /// Crashes cluster `cluster`'s kube-apiserver (SIGKILL: its clients get connection refused,
+    /// its `kubernetes` endpoints stay) and with it that cluster's controller-manager and
+    /// scheduler, which in a real control plane exit when they cannot renew their leader lease
+    /// and start afresh when the apiserver is back (the harness runs them without leader
+    /// election; kept running, the controller-manager would judge the nodes by heartbeats it
+    /// could not see during the outage and mark them NotReady at once). Returns what
+    /// [`ControlPlane::start_again`] starts again.
+    pub fn stop_apiserver(&self, cluster: &str) -> Result<Vec<Downed>> {
         self.cluster(cluster)?;
-        self.procs_locked()
-            .take_down(&format!("{cluster}/kube-apiserver"))
+        let mut procs = self.procs_locked();
+        [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ]
+        .iter()
+        .map(|daemon| procs.take_down(&format!("{cluster}/{daemon}")))
+        .collect()
     }
 
-    /// Stops the etcd every apiserver shares (all clusters lose their storage at once; their
-    /// apiservers keep running and fail their requests); [`ControlPlane::start_again`] starts it
-    /// on the same data directory.
-    pub fn stop_etcd(&self) -> Result<Downed> {
-        self.procs_locked().take_down("etcd")
+    /// Crashes the etcd every apiserver shares (all clusters lose their storage at once; their
+    /// apiservers keep running and fail their requests), and, as in
+    /// [`ControlPlane::stop_apiserver`], every cluster's controller-manager and scheduler.
+    pub fn stop_etcd(&self) -> Result<Vec<Downed>> {
+        let mut procs = self.procs_locked();
+        let mut downed = vec![procs.take_down("etcd")?];
+        for c in &self.clusters {
+            for daemon in ["kube-controller-manager", "kube-scheduler"] {
+                downed.push(procs.take_down(&format!("{}/{daemon}", c.name))?);
+            }
+        }
+        Ok(downed)
     }
 
-    /// Starts a process stopped by [`ControlPlane::stop_apiserver`] or [`ControlPlane::stop_etcd`]
-    /// again and waits until every apiserver answers `/readyz` (after an etcd outage they
-    /// reconnect by themselves). Returns how long that took.
-    pub async fn start_again(&self, downed: Downed, timeout: Duration) -> Result<Duration> {
+    /// Starts what [`ControlPlane::stop_apiserver`] or [`ControlPlane::stop_etcd`] stopped, in
+    /// order: the apiserver or etcd first, and once every apiserver answers `/readyz` (after an
+    /// etcd outage they reconnect by themselves) the controller-managers and schedulers. Returns
+    /// how long until the apiservers were ready.
+    pub async fn start_again(&self, downed: Vec<Downed>, timeout: Duration) -> Result<Duration> {
         let t = Instant::now();
-        let name = downed.name().to_string();
-        self.procs_locked().bring_up(downed)?;
+        let mut downed = downed.into_iter();
+        let first = downed.next().context("nothing was stopped")?;
+        let name = first.name().to_string();
+        self.procs_locked().bring_up(first)?;
         for c in &self.clusters {
             crate::harness::wait_until(
                 &format!(
@@ -802,7 +824,11 @@ impl ControlPlane {
             )
             .await?;
         }
-        Ok(t.elapsed())
+        let ready = t.elapsed();
+        for rest in downed {
+            self.procs_locked().bring_up(rest)?;
+        }
+        Ok(ready)
     }
 
     /// The harness's processes (to start more, e.g. hub and agents, or stop one).

@@ -260,22 +260,30 @@ impl Processes {
         Ok(())
     }
 
-    /// Ends process `name` (SIGTERM, then SIGKILL after the grace) and returns how to start it
-    /// again with [`Processes::bring_up`]: an outage of a daemon, e.g. an apiserver or etcd.
+    /// Kills process `name` (SIGKILL, and its group if it leads one: a crash, or a machine that
+    /// lost power) and returns how to start it again with [`Processes::bring_up`]: an outage of
+    /// a daemon, e.g. an apiserver or etcd.
     pub fn take_down(&mut self, name: &str) -> Result<Downed> {
         let idx = self
             .procs
             .iter()
             .position(|p| p.name == name)
             .with_context(|| format!("no process named {name}"))?;
-        let p = self.procs.remove(idx);
+        let mut p = self.procs.remove(idx);
         let downed = Downed {
             name: p.name.clone(),
             log: p.log.clone(),
             recipe: p.recipe.clone(),
             group: p.group,
         };
-        end_all(vec![p]);
+        let pid = Pid::from_raw(p.pid() as i32);
+        let _ = if p.group {
+            killpg(pid, Signal::SIGKILL)
+        } else {
+            kill(pid, Signal::SIGKILL)
+        };
+        let _ = p.child.kill();
+        let _ = p.child.wait();
         Ok(downed)
     }
 
