@@ -25,6 +25,14 @@ pub fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The restarts of all a pod's containers, summed.
+pub fn container_restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum())
+}
+
 /// A pod's status as one line (for failure messages).
 pub fn describe(p: &Pod) -> String {
     serde_json::to_string(&p.status).unwrap_or_default()

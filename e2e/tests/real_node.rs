@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use e2e::harness::{fatal, wait_for};
 use e2e::node::{ImageArchive, image_archive};
-use e2e::pods::{describe, pod_phase, pod_ready, run_to_completion};
+use e2e::pods::{container_restarts, describe, pod_phase, pod_ready, run_to_completion};
 use e2e::{Cluster, ControlPlane, Options, RealNode, apply_yaml};
 use flower_addon_crds::render::FlowerDialect;
 use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
@@ -726,11 +726,7 @@ async fn supernode_pods(spoke: &Cluster) -> Result<Vec<(String, String, i32)>> {
         .items
         .into_iter()
         .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            let restarts = container_restarts(&p);
             (
                 p.metadata.name.unwrap_or_default(),
                 p.metadata.uid.unwrap_or_default(),
@@ -1016,11 +1012,7 @@ async fn a_standby_hub_takes_over_from_a_deleted_leader(
     .await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
     let pod = pods.get(&standby).await?;
-    let restarts: i32 = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+    let restarts = container_restarts(&pod);
     ensure!(
         !pod_ready(&pod) && pod_phase(&pod) == "Running" && restarts == 0,
         "the standby hub pod after 15 s: ready {}, phase {}, restarts {restarts}",

@@ -81,11 +81,7 @@ async fn hub_restarts(hub: &Cluster) -> Result<BTreeMap<String, i32>> {
         .items
         .into_iter()
         .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum());
+            let restarts = e2e::pods::container_restarts(&p);
             (p.metadata.name.unwrap_or_default(), restarts)
         })
         .collect())

@@ -513,10 +513,14 @@ fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTree
         .collect()
 }
 
-async fn bench(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<Report> {
-    let n = args.agents;
-    let mut report = Report::default();
-    let admin = cp.cluster("hub")?.client.clone();
+/// The hub as the README tells an admin to install it (`--lease-duration` from the arguments),
+/// the bench namespace bound to every cluster, the Placement over every cluster and the
+/// Federation with one replica: the addon, the hub's pid and its metrics address.
+pub(super) async fn install_hub(
+    cp: &mut ControlPlane,
+    args: &Args,
+    admin: &Client,
+) -> anyhow::Result<(Addon, u32, SocketAddr)> {
     eprintln!("installing the hub (CRDs, manifests/hub, flower-hub serve)…");
     let addon = Addon::install(
         cp,
@@ -544,9 +548,17 @@ async fn bench(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<Report> {
         )
         .await
         .context("creating the bench namespace")?;
-    e2e::addon::bind_every_cluster(&admin, NS).await?;
-    apply(&admin, "Placement", &placement()).await?;
-    apply(&admin, "Federation", &federation(1)).await?;
+    e2e::addon::bind_every_cluster(admin, NS).await?;
+    apply(admin, "Placement", &placement()).await?;
+    apply(admin, "Federation", &federation(1)).await?;
+    Ok((addon, hub_pid, hub_metrics))
+}
+
+async fn bench(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<Report> {
+    let n = args.agents;
+    let mut report = Report::default();
+    let admin = cp.cluster("hub")?.client.clone();
+    let (addon, hub_pid, hub_metrics) = install_hub(cp, args, &admin).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     report.rss_empty_kib = e2e::process::rss_kib(hub_pid).unwrap_or(0);
 

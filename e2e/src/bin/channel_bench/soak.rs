@@ -18,18 +18,16 @@
 //! The bench's simulated Federation has SuperNode authentication off (its SuperLink is a kwok
 //! pod, which cannot register a key), so keys are not part of this soak; the real-node
 //! partition test checks that a cut-off cluster's keys are unregistered and none is left twice.
-use super::kube::{HUB_PROC, NS, apiserver_writes, federation, hub_samples, placement_of};
+use super::kube::{apiserver_writes, federation, hub_samples, placement_of};
 use super::{Args, Credentials, provision_into};
 use anyhow::{Context, ensure};
 use e2e::ControlPlane;
-use e2e::addon::{Addon, AddonOptions, HUB_NS};
+use e2e::addon::HUB_NS;
 use flower_addon_agent::channel::{RunOptions, run};
 use flower_addon_agent::runtime::{MemoryRuntime, Runtime};
 use flower_addon_hub::core::source::WorkSource;
 use flower_addon_hub::kube::store::KubeStore;
 use flower_addon_hub::registration::ca::CaRole;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::net::{IpAddr, Ipv4Addr};
@@ -120,36 +118,7 @@ pub(super) async fn soak(cp: &mut ControlPlane, args: &Args) -> anyhow::Result<(
     let hold_max = Duration::from_secs(args.flap_hold_max.max(2));
     let change_every = Duration::from_secs(args.flap_change_every.max(1));
     let admin = cp.cluster("hub")?.client.clone();
-    eprintln!("installing the hub (CRDs, manifests/hub, flower-hub serve)…");
-    let addon = Addon::install(
-        cp,
-        &[],
-        &AddonOptions {
-            lease: args.lease.clone(),
-            ..Default::default()
-        },
-    )
-    .await?;
-    let hub_pid = cp
-        .processes()
-        .get(HUB_PROC)
-        .context("the hub process is not running")?
-        .pid();
-    let hub_metrics = addon
-        .ops
-        .get(HUB_PROC)
-        .context("the hub's metrics address")?
-        .metrics;
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": NS}}))?,
-        )
-        .await
-        .context("creating the bench namespace")?;
-    e2e::addon::bind_every_cluster(&admin, NS).await?;
-    super::kube::apply(&admin, "Placement", &placement_of(None)).await?;
-    super::kube::apply(&admin, "Federation", &federation(1)).await?;
+    let (addon, hub_pid, hub_metrics) = super::kube::install_hub(cp, args, &admin).await?;
 
     eprintln!("provisioning {n} ManagedClusters and their client certificates…");
     let store = KubeStore::without_watch(admin.clone(), HUB_NS);
