@@ -313,25 +313,22 @@ impl ControlPlane {
         self.etcd_url = format!("http://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let etcd = self.bins.etcd.clone();
-        self.procs
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .start(
-                "etcd",
-                &etcd,
-                &[
-                    s("--name=e2e"),
-                    format!("--data-dir={}", etcd_dir.display()),
-                    format!("--listen-client-urls={}", self.etcd_url),
-                    format!("--advertise-client-urls={}", self.etcd_url),
-                    format!("--listen-peer-urls={peer_url}"),
-                    format!("--initial-advertise-peer-urls={peer_url}"),
-                    format!("--initial-cluster=e2e={peer_url}"),
-                    s("--unsafe-no-fsync=true"),
-                    s("--log-level=warn"),
-                ],
-                &self.work_dir.join("etcd.log"),
-            )?;
+        procs_of(&mut self.procs).start(
+            "etcd",
+            &etcd,
+            &[
+                s("--name=e2e"),
+                format!("--data-dir={}", etcd_dir.display()),
+                format!("--listen-client-urls={}", self.etcd_url),
+                format!("--advertise-client-urls={}", self.etcd_url),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                s("--unsafe-no-fsync=true"),
+                s("--log-level=warn"),
+            ],
+            &self.work_dir.join("etcd.log"),
+        )?;
         let t = Instant::now();
         self.wait("etcd /health", &["etcd"], opts.step_timeout, || {
             etcd_healthy(port)
@@ -556,42 +553,33 @@ impl ControlPlane {
             format!("--cluster-signing-key-file={}", sa.client_ca_key.display()),
         ]);
         let bin = self.bins.kube_controller_manager.clone();
-        self.procs
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .start(
-                &format!("{}/kube-controller-manager", c.name),
-                &bin,
-                &cm,
-                &c.dir.join("kube-controller-manager.log"),
-            )?;
+        procs_of(&mut self.procs).start(
+            &format!("{}/kube-controller-manager", c.name),
+            &bin,
+            &cm,
+            &c.dir.join("kube-controller-manager.log"),
+        )?;
         let bin = self.bins.kube_scheduler.clone();
-        self.procs
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .start(
-                &format!("{}/kube-scheduler", c.name),
-                &bin,
-                &common(p.sched, "sched-certs"),
-                &c.dir.join("kube-scheduler.log"),
-            )?;
+        procs_of(&mut self.procs).start(
+            &format!("{}/kube-scheduler", c.name),
+            &bin,
+            &common(p.sched, "sched-certs"),
+            &c.dir.join("kube-scheduler.log"),
+        )?;
         let bin = self.bins.kwok.clone();
-        self.procs
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .start(
-                &format!("{}/kwok", c.name),
-                &bin,
-                &[
-                    format!("--kubeconfig={kc}"),
-                    s("--manage-all-nodes=false"),
-                    format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
-                    format!("--config={}", self.bins.kwok_stages.display()),
-                    s("--node-lease-duration-seconds=40"),
-                    format!("--server-address=127.0.0.1:{}", p.kwok),
-                ],
-                &c.dir.join("kwok.log"),
-            )?;
+        procs_of(&mut self.procs).start(
+            &format!("{}/kwok", c.name),
+            &bin,
+            &[
+                format!("--kubeconfig={kc}"),
+                s("--manage-all-nodes=false"),
+                format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                format!("--config={}", self.bins.kwok_stages.display()),
+                s("--node-lease-duration-seconds=40"),
+                format!("--server-address=127.0.0.1:{}", p.kwok),
+            ],
+            &c.dir.join("kwok.log"),
+        )?;
         Ok(())
     }
 
@@ -753,9 +741,7 @@ impl ControlPlane {
     }
 
     fn procs_mut(&mut self) -> &mut Processes {
-        self.procs
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        procs_of(&mut self.procs)
     }
 
     fn procs_locked(&self) -> std::sync::MutexGuard<'_, Processes> {
@@ -891,6 +877,14 @@ impl Drop for ControlPlane {
             }
         );
     }
+}
+
+/// The processes behind the control plane's lock, borrowed through the field alone (so that the
+/// other fields can be read in the same call).
+fn procs_of(procs: &mut std::sync::Mutex<Processes>) -> &mut Processes {
+    procs
+        .get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn etcd_healthy(port: u16) -> Result<bool> {
