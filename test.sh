@@ -85,6 +85,8 @@ e2e/k8s/trim-go-caches.sh 2>&1 | sed 's/^/    /'
 # What the rest needs: target/ (10-18 GB from scratch) and the real nodes' containerd roots under
 # /tmp (~2 GB at a time). Said up front, so that a full disk is not first seen as a failed import.
 for dir in "${CARGO_TARGET_DIR:-.}" /tmp; do
+  # A CARGO_TARGET_DIR that does not exist yet: the disk it will be made on.
+  while [[ ! -e "$dir" ]]; do dir="$(dirname "$dir")"; done
   free_gb="$(df -P -BG "$dir" | awk 'NR==2 {sub("G", "", $4); print $4}')"
   if (( free_gb < 20 )); then
     echo "    warning: only ${free_gb} GB free for $dir; the suite needs ~20 GB (target/ and the nodes' images)"
