@@ -7,6 +7,9 @@
 #                                     names, entrypoints, user, workdir as Flower's images
 #   flower-addon/fedavg:V             examples/fedavg on flwr/superexec:V (process isolation)
 #   ghcr.io/flower-addon/flower-addon:<cargo version>   the repository's own Dockerfile
+#   ghcr.io/flower-addon/flower-addon:<cargo version>-rebuilt   the same Dockerfile and binaries
+#                                     built a second time under another tag: what the rolling
+#                                     upgrade of the real-node tests upgrades to
 #
 # Output: one OCI archive per image in ${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}/images/oci/
 # and an index (images.tsv: reference, archive); stdout gets exactly one line, that directory.
@@ -26,6 +29,7 @@ PYTHON="${PYTHON:-python3}"
 PAUSE_REF="registry.k8s.io/pause:3.10.2"
 ADDON_VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' "${REPO_ROOT}/Cargo.toml")"
 ADDON_REF="ghcr.io/flower-addon/flower-addon:${ADDON_VERSION}"
+ADDON_REBUILT_REF="${ADDON_REF}-rebuilt"
 BASE_REF="docker.io/library/debian:bookworm-slim"
 
 only=() force=0
@@ -40,7 +44,9 @@ while (( $# )); do
 done
 wanted() { (( ${#only[@]} == 0 )) && return 0; local o; for o in "${only[@]}"; do [[ "$o" == "$1" ]] && return 0; done; return 1; }
 
-ensure_debs buildah mmdebstrap gcc libc6-dev iptables uidmap
+# runc: buildah runs RUN steps with it, and its package only recommends one (a fresh machine has
+# none until e2e/node/build.sh installs containerd's, which these builds do not wait for).
+ensure_debs buildah runc mmdebstrap gcc libc6-dev iptables uidmap
 lock_or_wait "${IMG_CACHE}/.build.lock"
 mkdir -p "${IMG_CACHE}/stamps" "${OCI_DIR}"
 T_ALL=${SECONDS}
@@ -207,14 +213,18 @@ if wanted addon; then
   done
   addon_hash="$(inputs_hash "${base_hash}" "${REPO_ROOT}/Dockerfile" "${REPO_ROOT}/.dockerignore" "${ADDON_REF}" \
     "${stage}/flower-hub" "${stage}/flower-agent")"
-  if up_to_date addon "${addon_hash}" flower-addon; then
-    log "==> ${ADDON_REF} (Dockerfile, ${bin_dir}): cached"
+  if up_to_date addon "${addon_hash}" flower-addon flower-addon-rebuilt; then
+    log "==> ${ADDON_REF} and ${ADDON_REBUILT_REF} (Dockerfile, ${bin_dir}): cached"
   else
     t0=${SECONDS}
     log "==> ${ADDON_REF}: buildah bud the repository Dockerfile with ${bin_dir}'s binaries (BIN_DIR=target/image)"
     need_image "${BASE_REF}" debian-bookworm-slim
     bud --build-arg "BIN_DIR=target/image" -t "${ADDON_REF}" -f "${REPO_ROOT}/Dockerfile" "${REPO_ROOT}"
     export_image "${ADDON_REF}" flower-addon
+    # A second build, not a second name for the first one: an upgrade to another image.
+    log "==> ${ADDON_REBUILT_REF}: the same Dockerfile built again (the rolling upgrade's target)"
+    bud --build-arg "BIN_DIR=target/image" -t "${ADDON_REBUILT_REF}" -f "${REPO_ROOT}/Dockerfile" "${REPO_ROOT}"
+    export_image "${ADDON_REBUILT_REF}" flower-addon-rebuilt
     stamp addon "${addon_hash}"
     timed addon "${t0}"
   fi
@@ -229,6 +239,7 @@ fi
       debian-bookworm-slim) ref="${BASE_REF}" ;;
       pause) ref="${PAUSE_REF}" ;;
       flower-addon) ref="${ADDON_REF}" ;;
+      flower-addon-rebuilt) ref="${ADDON_REBUILT_REF}" ;;
       flwr-*-*) c="${name#flwr-}"; ref="docker.io/flwr/${c%%-*}:${c#*-}" ;;
       fedavg-*) ref="docker.io/flower-addon/fedavg:${name#fedavg-}" ;;
       *) continue ;;
