@@ -130,7 +130,20 @@ impl Elector {
         let mut last_renewed = Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period).await;
-            match self.try_acquire_or_renew().await {
+            // A renewal counts only if it is answered before the deadline: an apiserver whose
+            // etcd is down holds the request for up to a minute, and a leader waiting on it
+            // would go on leading past its Lease (client-go bounds it the same way).
+            let left = self
+                .config
+                .renew_deadline
+                .saturating_sub(last_renewed.elapsed());
+            let Ok(renewed) = tokio::time::timeout(left, self.try_acquire_or_renew()).await else {
+                return self.lost(format!(
+                    "not renewed within the renew deadline ({:?}): the apiserver did not answer",
+                    self.config.renew_deadline
+                ));
+            };
+            match renewed {
                 Ok(true) => last_renewed = Instant::now(),
                 Ok(false) => return self.lost(format!("{} holds it now", self.holder())),
                 Err(error) => {
@@ -356,6 +369,59 @@ mod tests {
             renew_deadline: Duration::from_secs(renew),
             retry_period: Duration::from_secs(retry),
         }
+    }
+
+    #[tokio::test]
+    async fn a_renewal_the_apiserver_does_not_answer_loses_leadership_at_the_deadline() {
+        // The apiserver answers the first renewal and then holds every request (its etcd is
+        // down): the leader must stop at its renew deadline, not when the request gives up.
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = answered.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let count = count.clone();
+            async move {
+                if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                    std::future::pending::<()>().await;
+                }
+                let lease = serde_json::json!({
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": "flower-hub", "namespace": "ns", "resourceVersion": "1"},
+                    "spec": {"holderIdentity": "a", "leaseDurationSeconds": 3},
+                });
+                let _ = req;
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(
+                            serde_json::to_vec(&lease).expect("json"),
+                        ))
+                        .expect("response"),
+                )
+            }
+        });
+        let client = kube::Client::new(service, "ns");
+        let mut config = config(3, 2, 1);
+        config.lease_duration = Duration::from_millis(2500);
+        config.renew_deadline = Duration::from_millis(1500);
+        config.retry_period = Duration::from_millis(500);
+        let elector = Elector::new(client, config);
+        let started = Instant::now();
+        let lost = tokio::time::timeout(Duration::from_secs(10), elector.hold())
+            .await
+            .expect("hold returns while the apiserver holds the renewal");
+        let took = started.elapsed();
+        assert!(
+            lost.why.contains("renew deadline") && lost.why.contains("did not answer"),
+            "{}",
+            lost.why
+        );
+        assert!(
+            took < Duration::from_millis(2500),
+            "leadership lost after {took:?}: past the lease (2.5 s)"
+        );
+        assert!(answered.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     }
 
     #[test]
