@@ -596,6 +596,7 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
     the_admin_accepts_with_kubectl(&store, &client, &mut changes).await?;
     let controller = PlacementController::start(&hub_sa.client);
     an_unavailable_cluster_is_tainted_and_dropped(&store, &client).await?;
+    a_deleted_ca_is_not_replaced_under_joined_clusters(&store, &client).await?;
     revocation_and_deletion(&store, &client).await?;
     eprintln!("store scenario took {:.1}s", t0.elapsed().as_secs_f64());
     controller.stop().await
@@ -819,6 +820,61 @@ async fn an_unavailable_cluster_is_tainted_and_dropped(
     );
     store.put_status("spoke-1", &status).await?;
     wait_decisions(client, "all", &["spoke-1"]).await?;
+    Ok(())
+}
+
+/// The CA Secret deleted while a cluster holds a client certificate of it (as an admin's
+/// mistake or a restore gone wrong would): serve's CA loader refuses to make a new CA (which
+/// would lock every agent out), names the Secret and the fix, and writes nothing; once the
+/// Secret is restored from its backup, it loads the same CA. The file store does the same
+/// (`a_deleted_ca_is_not_replaced_while_clusters_hold_its_certificates`).
+async fn a_deleted_ca_is_not_replaced_under_joined_clusters(
+    store: &KubeStore,
+    client: &Client,
+) -> Result<()> {
+    let name = kube_store::ca_secret_name(flower_addon_hub::registration::ca::CaRole::Channel);
+    let secrets = Api::<Secret>::namespaced(client.clone(), HUB_NS);
+    let backup = secrets.get(name).await?;
+    let ca = flower_addon_hub::cli::serve::load_or_create_ca_secret(client.clone(), HUB_NS).await?;
+    let mut status = store
+        .get_cluster("spoke-1")
+        .await?
+        .context("spoke-1 is registered")?
+        .status;
+    status.client_cert_issuer = Some(ca.hash().to_owned());
+    store.put_status("spoke-1", &status).await?;
+    secrets.delete(name, &DeleteParams::default()).await?;
+    let error = flower_addon_hub::cli::serve::load_or_create_ca_secret(client.clone(), HUB_NS)
+        .await
+        .err()
+        .context("a new CA was made while spoke-1 holds a certificate of the deleted one")?;
+    let message = format!("{error:#}");
+    for part in [
+        &format!("Secret {HUB_NS}/{name}"),
+        "spoke-1",
+        ca.hash(),
+        "Restore",
+        "flower-hub revoke NAME --delete",
+    ] {
+        ensure!(message.contains(part), "{part:?} missing in: {message}");
+    }
+    ensure!(
+        secrets.get_opt(name).await?.is_none(),
+        "the refused start wrote a CA Secret"
+    );
+    let mut restored = backup;
+    restored.metadata.resource_version = None;
+    restored.metadata.uid = None;
+    restored.metadata.creation_timestamp = None;
+    restored.metadata.managed_fields = None;
+    secrets.create(&PostParams::default(), &restored).await?;
+    let again =
+        flower_addon_hub::cli::serve::load_or_create_ca_secret(client.clone(), HUB_NS).await?;
+    ensure!(
+        again.hash() == ca.hash(),
+        "the restored Secret's CA is loaded"
+    );
+    eprintln!("a deleted CA Secret under a joined cluster: refused with: {message}");
     Ok(())
 }
 

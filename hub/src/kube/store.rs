@@ -249,6 +249,10 @@ use mapping::*;
 pub use mapping::{hub_service_dns_names, hub_service_server_name, record_of};
 
 impl ClusterStore for KubeStore {
+    fn ca_location(&self, role: CaRole) -> String {
+        format!("Secret {}/{}", self.namespace, ca_secret_name(role))
+    }
+
     async fn load_ca_for(&self, role: CaRole) -> Result<Option<CaMaterial>, StoreError> {
         let name = ca_secret_name(role);
         self.secrets()

@@ -89,7 +89,17 @@ impl FileStore {
         let generation = self.read_generation();
         let mut now = HashMap::new();
         for name in self.cluster_names()? {
-            if let Some(reg) = self.read_registration(&name)? {
+            let reg = match self.read_registration(&name) {
+                Ok(reg) => reg,
+                // As in list_clusters: one unreadable record must not keep the hub from starting
+                // or from serving the other clusters.
+                Err(error @ StoreError::Corrupt { .. }) => {
+                    self.quarantine(&name, &error);
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            if let Some(reg) = reg {
                 now.insert(
                     name.clone(),
                     (self.accepted_path(&name).exists(), reg.key_fingerprint),
@@ -191,6 +201,10 @@ impl FileStore {
 }
 
 impl ClusterStore for FileStore {
+    fn ca_location(&self, role: CaRole) -> String {
+        self.dir.join(ca_files(role).0).display().to_string()
+    }
+
     async fn load_ca_for(&self, role: CaRole) -> Result<Option<CaMaterial>, StoreError> {
         read_json(&self.dir.join(ca_files(role).0))
     }
@@ -576,6 +590,83 @@ mod tests {
             .join("registration.json");
         assert_eq!(fs::read(kept).expect("kept"), b"{ not json");
         assert!(store.get_cluster("c1").await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_cluster_record_at_start_is_quarantined_and_the_store_opens() {
+        // Opening the store reads every registration: one damaged file used to stop the hub
+        // from starting at all.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        for name in ["c1", "c2"] {
+            store
+                .create_cluster(&registration(name, "fp"), true)
+                .await
+                .expect("create");
+        }
+        drop(store);
+        fs::write(dir.path().join("clusters/c2/registration.json"), b"").expect("truncate");
+        let store = FileStore::open(dir.path()).expect("the store opens with one bad record");
+        let listed = store.list_clusters().await.expect("list");
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].registration.name, "c1");
+        let moved = fs::read_dir(dir.path().join("clusters"))
+            .expect("dir")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with(".corrupt-c2-"))
+            })
+            .count();
+        assert_eq!(moved, 1);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_ca_is_not_replaced_while_clusters_hold_its_certificates() {
+        // A new work-channel CA would lock out every agent: the hub refuses to make one, names
+        // the file and the fix, and writes nothing; the restored file serves again.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        let ca = crate::registration::store::load_or_create_ca(&store)
+            .await
+            .expect("ca");
+        store
+            .create_cluster(&registration("c1", "fp"), true)
+            .await
+            .expect("create");
+        let backup = fs::read(dir.path().join("ca.json")).expect("ca.json");
+        fs::remove_file(dir.path().join("ca.json")).expect("delete ca.json");
+        // Before any certificate was issued, a missing CA is a first start.
+        let first = crate::registration::store::load_or_create_ca(&store)
+            .await
+            .expect("no certificate issued yet: a CA is made");
+        assert_ne!(first.hash(), ca.hash());
+        fs::write(dir.path().join("ca.json"), &backup).expect("restore");
+        let status = ClusterStatus {
+            client_cert_issuer: Some(ca.hash().to_owned()),
+            ..ClusterStatus::default()
+        };
+        store.put_status("c1", &status).await.expect("status");
+        fs::remove_file(dir.path().join("ca.json")).expect("delete ca.json");
+        let Err(error) = crate::registration::store::load_or_create_ca(&store).await else {
+            panic!("a new CA was made under a joined cluster");
+        };
+        let message = error.to_string();
+        for part in [
+            dir.path().join("ca.json").display().to_string(),
+            "1 joined cluster(s)".into(),
+            "c1".into(),
+            ca.hash().to_owned(),
+            "Restore".into(),
+            "flower-hub revoke NAME --delete".into(),
+        ] {
+            assert!(message.contains(&part), "{part:?} in {message}");
+        }
+        assert!(!dir.path().join("ca.json").exists(), "nothing written");
+        fs::write(dir.path().join("ca.json"), &backup).expect("restore");
+        let restored = crate::registration::store::load_or_create_ca(&store)
+            .await
+            .expect("the restored CA");
+        assert_eq!(restored.hash(), ca.hash());
     }
 
     #[tokio::test]

@@ -53,6 +53,21 @@ pub enum StoreError {
     /// The stored CA could not be loaded.
     #[error("certificate authority: {0}")]
     Ca(#[from] CaError),
+    /// The work-channel CA is gone while clusters hold client certificates it issued: a new CA
+    /// would lock every one of their agents out, so none is made.
+    #[error(
+        "the hub's certificate authority ({location}) is missing, but {count} joined cluster(s) hold client certificates it issued (e.g. {example}, issuer {issuer}); a new CA would lock every agent out, so the hub does not make one. Restore {location} from a backup; or, to start over on purpose, `flower-hub revoke NAME --delete` every cluster and join them again with new tokens"
+    )]
+    CaMissing {
+        /// Where the CA is kept (`Secret ns/flower-hub-ca`, `<state dir>/ca.json`).
+        location: String,
+        /// How many clusters hold certificates of a CA of this hub.
+        count: usize,
+        /// One of them.
+        example: String,
+        /// The issuer hash that cluster's certificate names.
+        issuer: String,
+    },
 }
 
 /// What an agent declared when it joined (the spec side of a `ManagedCluster`).
@@ -222,6 +237,10 @@ pub trait ClusterStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<CaMaterial, StoreError>> + Send {
         self.create_ca_for(CaRole::Channel, ca)
     }
+    /// Where the CA of `role` is kept, for messages (a Secret, a file).
+    fn ca_location(&self, role: CaRole) -> String {
+        format!("the {role:?} CA of the store")
+    }
     /// The stored CA of `role`, if any.
     fn load_ca_for(
         &self,
@@ -372,6 +391,23 @@ pub async fn load_or_create_ca_for<S: ClusterStore>(
 ) -> Result<HubCa, StoreError> {
     if let Some(material) = store.load_ca_for(role).await? {
         return Ok(HubCa::from_material(material)?);
+    }
+    if role == CaRole::Channel {
+        // A missing CA is a first start only when no joined cluster holds a certificate of it.
+        let holders: Vec<ClusterRecord> = store
+            .list_clusters()
+            .await?
+            .into_iter()
+            .filter(|c| c.status.client_cert_issuer.is_some())
+            .collect();
+        if let Some(first) = holders.first() {
+            return Err(StoreError::CaMissing {
+                location: store.ca_location(role),
+                count: holders.len(),
+                example: first.registration.name.clone(),
+                issuer: first.status.client_cert_issuer.clone().unwrap_or_default(),
+            });
+        }
     }
     let fresh = HubCa::generate_for(role)?;
     let stored = store.create_ca_for(role, fresh.material()).await?;
