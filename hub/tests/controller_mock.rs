@@ -14,7 +14,7 @@ use http::Method;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use mock_api::{Call, mock_client};
+use mock_api::{Call, mock_client, mock_client_refusing};
 use serde_json::json;
 
 fn federation(yaml: &str) -> Arc<Federation> {
@@ -282,6 +282,70 @@ async fn an_invalid_federation_applies_nothing_and_says_why() {
             .is_some_and(|m| m.contains("spec.superlink.superexecImage")),
         "{degraded}"
     );
+}
+
+#[tokio::test]
+async fn a_refused_write_is_degraded_with_its_fix_and_fails_the_reconcile() {
+    // The hub's RBAC lacks StatefulSets in this namespace: the error reaches the Federation (a
+    // Warning event and Degraded=True naming the fix), nothing is deleted, and the reconcile
+    // fails so that it is retried.
+    let fed = federation(VALID);
+    let (client, calls) = mock_client_refusing(
+        vec![serde_json::to_value(fed.as_ref()).expect("json")],
+        Some("/statefulsets/"),
+    );
+    let ca = Arc::new(HubCa::generate().expect("ca"));
+    let ctx = Arc::new(Context::new(
+        client,
+        ca,
+        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
+    ));
+    let error = reconcile(fed, ctx)
+        .await
+        .expect_err("a refused StatefulSet fails the reconcile");
+    assert!(error.to_string().contains("forbidden"), "{error}");
+    let calls = calls.lock().expect("log").clone();
+    assert!(
+        !calls.iter().any(|c| c.method == Method::DELETE),
+        "{calls:#?}"
+    );
+    let event = calls
+        .iter()
+        .find(|c| c.is_event())
+        .expect("a Warning event");
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(event.body["reason"], "ReconcileFailed");
+    let note = event.body["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("forbidden") && note.contains("lacks this permission"),
+        "{note}"
+    );
+    let status = calls
+        .iter()
+        .rev()
+        .find(|c| c.path.ends_with("/federations/fed/status"))
+        .expect("a status write");
+    let conditions = status.body["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .clone();
+    let degraded = conditions
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .expect("Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "ReconcileFailed");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("manifests/hub/rbac.yaml")),
+        "{degraded}"
+    );
+    let reconciling = conditions
+        .iter()
+        .find(|c| c["type"] == "Reconciling")
+        .expect("Reconciling");
+    assert_eq!(reconciling["reason"], "RetryingAfterError");
 }
 
 #[tokio::test]

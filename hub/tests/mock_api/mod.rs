@@ -46,6 +46,15 @@ const COLLECTIONS: &[&str] = &[
 /// creates echo the object back, a status patch returns the object of that kind in `stored`
 /// with the patched status, LISTs are empty, GETs are 404.
 pub fn mock_client(stored: Vec<Value>) -> (kube::Client, Arc<Mutex<Vec<Call>>>) {
+    mock_client_refusing(stored, None)
+}
+
+/// As [`mock_client`], but every write (PATCH, POST, PUT) whose path contains `refused` is
+/// answered 403 Forbidden, as an apiserver would under RBAC that lacks the permission.
+pub fn mock_client_refusing(
+    stored: Vec<Value>,
+    refused: Option<&'static str>,
+) -> (kube::Client, Arc<Mutex<Vec<Call>>>) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let log = calls.clone();
     let service = tower::service_fn(move |req: Request<Body>| {
@@ -64,7 +73,12 @@ pub fn mock_client(stored: Vec<Value>) -> (kube::Client, Arc<Mutex<Vec<Call>>>) 
                 query,
                 body: body.clone(),
             });
+            let write = matches!(parts.method, Method::PATCH | Method::POST | Method::PUT);
             let (status, reply) = match parts.method {
+                _ if write && refused.is_some_and(|r| path.contains(r)) => (
+                    403,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403, "message": format!("forbidden: cannot write {path}")}),
+                ),
                 Method::GET if COLLECTIONS.contains(&last.as_str()) => (
                     200,
                     json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}),

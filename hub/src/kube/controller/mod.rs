@@ -101,6 +101,31 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// What the admin can do about it, for the Federation's `Degraded` condition and event.
+    pub fn fix(&self) -> &'static str {
+        match self {
+            Self::Kube { source, .. } => match source {
+                kube::Error::Api(status) if status.code == 403 => {
+                    "the hub's ServiceAccount lacks this permission: install the chart's RBAC (or manifests/hub/rbac.yaml) for this namespace"
+                }
+                kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
+                    "the apiserver refused the object (an admission webhook, a quota or a LimitRange in this namespace): see the message"
+                }
+                _ => "the apiserver did not take the write; the hub retries every 15 s",
+            },
+            Self::Serialize { .. } | Self::Render(_) => {
+                "a defect in the hub: please report it with this message and the Federation"
+            }
+            Self::Ca(_) => {
+                "the hub's Flower CA (Secret flower-hub-flower-ca in the hub's namespace) is unreadable or incomplete: restore it from a backup, then restart the hub"
+            }
+            Self::NoNamespace(_) => "the Federation CRD must be namespaced: apply manifests/crds",
+            Self::NotCached(_) => {
+                "the hub could not list StatefulSets, Services, Secrets or Placements: check its RBAC and the apiserver"
+            }
+        }
+    }
+
     /// A stable, low-cardinality name of the error kind (metrics, logs).
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -368,9 +393,32 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     }
     let mut renew_in = None;
     let outcome = if problems.is_empty() {
-        let (outcome, renew) = apply_federation(&fed, &ctx, &namespace).await?;
-        renew_in = renew;
-        outcome
+        match apply_federation(&fed, &ctx, &namespace).await {
+            Ok((outcome, renew)) => {
+                renew_in = renew;
+                outcome
+            }
+            Err(error) => {
+                // Said where the admin looks (the Federation's conditions and events), not only
+                // in the hub's log; retried by `error_policy`.
+                let message = format!("{error}; {}", error.fix());
+                ctx.publish(&fed, EventType::Warning, "ReconcileFailed", message.clone())
+                    .await;
+                let placement = placement_state(&fed, &ctx, &namespace).await;
+                if let Err(status_error) = write_status(
+                    &fed,
+                    &ctx,
+                    &namespace,
+                    &Outcome::Failed(message),
+                    &placement,
+                )
+                .await
+                {
+                    tracing::warn!(federation = %name, %namespace, error = %status_error, "cannot record the reconcile error in the status");
+                }
+                return Err(error);
+            }
+        }
     } else {
         let message = crate::core::problems::joined(&problems);
         tracing::info!(federation = %name, %namespace, %message, "invalid; nothing applied");
@@ -378,17 +426,22 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
             .await;
         Outcome::Invalid(problems)
     };
-    let placement = match &fed.spec.placement_ref {
-        None => PlacementState::NotReferenced,
-        Some(r) if r.is_ocm() => ocm_placement_state(&ctx.client, &namespace, &r.name).await,
-        Some(r) => {
-            let found = cache::cached(&ctx.caches.placements, &namespace, &r.name);
-            PlacementState::of(&r.name, found.as_deref())
-        }
-    };
+    let placement = placement_state(&fed, &ctx, &namespace).await;
     write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
     let ocm = fed.spec.placement_ref.as_ref().is_some_and(|r| r.is_ocm());
     Ok(Action::requeue(requeue_after(renew_in, ocm)))
+}
+
+/// The state of the Placement `fed` names (none, OCM's, or ours from the cache).
+async fn placement_state(fed: &Federation, ctx: &Context, namespace: &str) -> PlacementState {
+    match &fed.spec.placement_ref {
+        None => PlacementState::NotReferenced,
+        Some(r) if r.is_ocm() => ocm_placement_state(&ctx.client, namespace, &r.name).await,
+        Some(r) => {
+            let found = cache::cached(&ctx.caches.placements, namespace, &r.name);
+            PlacementState::of(&r.name, found.as_deref())
+        }
+    }
 }
 
 /// How often a Federation naming an OCM Placement is reconciled at least: the hub does not

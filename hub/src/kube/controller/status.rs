@@ -171,6 +171,8 @@ impl PlacementState {
 pub enum Outcome {
     /// The spec is invalid; `(field path, message)` pairs.
     Invalid(Vec<(String, String)>),
+    /// Applying failed (retried): the error and what to do about it.
+    Failed(String),
     /// Objects applied; their readiness.
     Applied {
         /// The SuperLink StatefulSet.
@@ -192,7 +194,7 @@ pub fn federation_status(
     let generation = fed.metadata.generation;
     let external = match outcome {
         Outcome::Applied { external, .. } => external.as_ref(),
-        Outcome::Invalid(_) => None,
+        Outcome::Invalid(_) | Outcome::Failed(_) => None,
     };
     let mut status = FederationStatus {
         observed_generation: generation,
@@ -232,6 +234,24 @@ pub fn federation_status(
                 "False",
                 "InvalidSpec",
                 "waiting for a valid spec",
+            ));
+        }
+        Outcome::Failed(message) => {
+            // What was applied before keeps running: the last known readiness stays.
+            status.supernodes = previous.supernodes.clone();
+            status.ready_supernodes = previous.ready_supernodes;
+            status.desired_supernodes = previous.desired_supernodes;
+            status.selected_clusters = previous.selected_clusters;
+            status.pools = previous.pools.clone();
+            conditions.push(cond("Degraded", "True", "ReconcileFailed", message));
+            if let Some(ready) = previous.conditions.iter().find(|c| c.type_ == "Ready") {
+                conditions.push(ready.clone());
+            }
+            conditions.push(cond(
+                "Reconciling",
+                "True",
+                "RetryingAfterError",
+                "retried every 15 s until it succeeds (see Degraded)",
             ));
         }
         Outcome::Applied { superlink, .. } => {
