@@ -44,6 +44,31 @@ pub fn run(kubeconfig: Option<&Path>, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// `helm upgrade RELEASE` of the chart in `namespace` of the cluster of `kubeconfig`, keeping the
+/// release's values and moving it to image tag `tag` (a rolling upgrade to another image).
+pub fn upgrade_image_tag(
+    kubeconfig: &Path,
+    release: &str,
+    namespace: &str,
+    tag: &str,
+) -> Result<String> {
+    let chart = chart();
+    let set_tag = format!("image.tag={tag}");
+    run(
+        Some(kubeconfig),
+        &[
+            "upgrade",
+            release,
+            chart.to_str().context("chart path")?,
+            "--namespace",
+            namespace,
+            "--reuse-values",
+            "--set",
+            &set_tag,
+        ],
+    )
+}
+
 /// `helm install` of the chart's agent side as release `flower-addon-agent` into
 /// `flower-addon-agent` of the cluster of `kubeconfig`, with the bootstrap Secret made from
 /// `bootstrap` (`token`, `hub`, `caHash`, `clusterName`, … as in `agent.bootstrap`).

@@ -437,7 +437,9 @@ pub struct RealNode {
     netns: String,
     host_veth: String,
     cgroup_root: String,
-    procs: Processes,
+    /// Behind a lock so that a power cut ([`RealNode::power_cycle`]) can be caused while the
+    /// test holds the node (`&self`).
+    procs: std::sync::Mutex<Processes>,
     bins: NodeBinaries,
     _net: Arc<NodeNetwork>,
 }
@@ -479,7 +481,7 @@ impl RealNode {
             netns: format!("fae2e-{k}-{j}"),
             host_veth: format!("fae2e{k}v{j}"),
             cgroup_root: format!("/fae2e-{k}-{j}"),
-            procs: Processes::default(),
+            procs: std::sync::Mutex::new(Processes::default()),
             bins: bins.clone(),
             _net: Arc::clone(net),
         };
@@ -538,7 +540,7 @@ impl RealNode {
 
     /// `(process name, RSS KiB)` of the node's processes.
     pub fn rss_kib(&self) -> Vec<(String, u64)> {
-        self.procs
+        self.procs_locked()
             .all()
             .iter()
             .map(|p| (p.name.clone(), p.rss_kib().unwrap_or(0)))
@@ -556,7 +558,7 @@ impl RealNode {
         argv.extend(args.iter().cloned());
         let nsenter = self.bins.nsenter.clone();
         let log = self.dir.join(format!("{what}.log"));
-        self.procs
+        self.procs_locked()
             .start(&format!("{}/{what}", self.name), &nsenter, &argv, &log)
     }
 
@@ -601,6 +603,81 @@ impl RealNode {
             }
         }
         Ok(partition)
+    }
+
+    /// A power cut and a reboot of this node: kubelet, kube-proxy, containerd and every container
+    /// killed at once (SIGKILL), what a reboot loses removed (every mount under the node's
+    /// directory, containerd's and runc's state, which live in /run on a real node, and the pod
+    /// cgroups), and after `off` containerd, kubelet and kube-proxy started again as they were,
+    /// on their persistent state (images and snapshots, kubelet's directory, CNI IPAM). The node's
+    /// netns (its "NIC") stays. Returns how long after the start kubelet answered its healthz
+    /// and the node was Ready with a heartbeat of the new kubelet.
+    pub async fn power_cycle(
+        &self,
+        cluster: &Cluster,
+        off: Duration,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let res = self.resources();
+        let mut downed = Vec::new();
+        {
+            let mut procs = self.procs_locked();
+            for daemon in ["containerd", "kubelet", "kube-proxy"] {
+                downed.push(procs.take_down(&format!("{}/{daemon}", self.name))?);
+            }
+        }
+        kill_containers(&res);
+        remove_host_leftovers(&self.dir, &self.netns);
+        unmount_all(&res);
+        for volatile in ["containerd/state", "containerd/runc"] {
+            let path = self.dir.join(volatile);
+            if path.exists() {
+                std::fs::remove_dir_all(&path)
+                    .with_context(|| format!("removing {} (power cut)", path.display()))?;
+            }
+        }
+        remove_cgroups(&res, false);
+        tokio::time::sleep(off).await;
+
+        let t = Instant::now();
+        // Heartbeats are written to the second.
+        let started = k8s_openapi::jiff::Timestamp::now().as_second();
+        let mut downed = downed.into_iter();
+        let containerd = downed.next().context("containerd was not taken down")?;
+        self.procs_locked().bring_up(containerd)?;
+        self.wait(
+            timeout,
+            "containerd answering after the power cut",
+            || async { Ok(self.ctr(&["version"]).is_ok()) },
+        )
+        .await?;
+        for daemon in downed {
+            self.procs_locked().bring_up(daemon)?;
+        }
+        self.wait(timeout, "kubelet healthz after the power cut", || async {
+            Ok(healthz_in_netns(&self.netns, 10248))
+        })
+        .await?;
+        let nodes: Api<Node> = Api::all(cluster.client.clone());
+        self.wait(timeout, "node Ready after the power cut", || {
+            let nodes = nodes.clone();
+            let name = self.name.clone();
+            async move {
+                let Some(node) = nodes.get_opt(&name).await? else {
+                    return Ok(false);
+                };
+                let heartbeat = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .and_then(|c| c.last_heartbeat_time.as_ref())
+                    .is_some_and(|h| h.0.as_second() >= started);
+                Ok(heartbeat && node_ready(&node))
+            }
+        })
+        .await?;
+        Ok(t.elapsed())
     }
 
     /// `ctr -a <node socket> -n k8s.io ARGS…`.
@@ -745,37 +822,43 @@ impl RealNode {
             async move { Ok(nodes.get_opt(&name).await?.as_ref().is_some_and(node_ready)) }
         })
         .await?;
-        let ip = self.ip.to_string();
-        let netns = self.netns.clone();
-        self.wait(timeout, "kube-proxy healthz", || {
-            let netns = netns.clone();
-            let _ = &ip;
-            async move {
-                // kube-proxy's healthz answers 200 once it has synced its rules.
-                Ok(run(
-                    "nsenter",
-                    &[
-                        &format!("--net=/run/netns/{netns}"),
-                        "--",
-                        "bash",
-                        "-c",
-                        "exec 3<>/dev/tcp/127.0.0.1/10256 && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3",
-                    ],
-                )
-                .is_ok_and(|s| s.contains(" 200")))
-            }
+        // kube-proxy's healthz answers 200 once it has synced its rules.
+        self.wait(timeout, "kube-proxy healthz", || async {
+            Ok(healthz_in_netns(&self.netns, 10256))
         })
         .await?;
         Ok(())
     }
 
-    async fn wait<F, Fut>(&mut self, timeout: Duration, what: &str, probe: F) -> Result<()>
+    async fn wait<F, Fut>(&self, timeout: Duration, what: &str, mut probe: F) -> Result<()>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool>>,
     {
         let what = format!("{what} of {}", self.name);
-        self.procs.wait_for(&what, None, timeout, probe).await
+        let waited = crate::harness::wait_until(&what, timeout, || {
+            let alive = self
+                .procs_locked()
+                .check_alive()
+                .map_err(crate::harness::fatal);
+            let fut = probe();
+            async move {
+                alive?;
+                fut.await
+            }
+        })
+        .await;
+        match waited {
+            Ok(_) => Ok(()),
+            Err(e) if crate::harness::is_fatal(&e) => Err(e),
+            Err(e) => bail!("{e:#}{}", self.procs_locked().log_tails(None)),
+        }
+    }
+
+    fn procs_locked(&self) -> std::sync::MutexGuard<'_, Processes> {
+        self.procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn make_netns(&mut self, net: &NodeNetwork) -> Result<()> {
@@ -1007,10 +1090,12 @@ syncFrequency: 10s
     fn cleanup(&mut self) {
         let t = Instant::now();
         // kubelet and kube-proxy first (so nothing restarts containers), then containerd.
+        let mut procs = self.procs_locked();
         for name in ["kubelet", "kube-proxy", "containerd"] {
-            let _ = self.procs.stop(&format!("{}/{name}", self.name));
+            let _ = procs.stop(&format!("{}/{name}", self.name));
         }
-        self.procs.stop_all();
+        procs.stop_all();
+        drop(procs);
         let mounts = teardown(&self.resources(), Some(&self.bins.kube_proxy));
         eprintln!(
             "e2e: real node {} cleaned up ({:.1}s, {} mount(s))",
@@ -1038,9 +1123,26 @@ struct NodeResources {
     bridge: String,
 }
 
-/// Removes a node's containers, shims, mounts, cgroups, netns (with every iptables rule in it),
-/// veth and host files; returns how many mounts it unmounted. Its own processes must be gone.
-fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
+/// Whether `GET /healthz` on `127.0.0.1:port` in netns `netns` answers 200.
+fn healthz_in_netns(netns: &str, port: u16) -> bool {
+    run(
+        "nsenter",
+        &[
+            &format!("--net=/run/netns/{netns}"),
+            "--",
+            "bash",
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3"
+            ),
+        ],
+    )
+    .is_ok_and(|s| s.contains(" 200"))
+}
+
+/// Kills every container process of a node and their shims (SIGKILL), and anything else left in
+/// its pod cgroups. containerd, kubelet and kube-proxy are the caller's.
+fn kill_containers(res: &NodeResources) {
     // Container processes by the pids runc recorded, then their shims (which outlive
     // containerd): the containerd-shim-runc-v2 processes whose -address is this node's socket.
     let tasks = res
@@ -1089,6 +1191,38 @@ fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Unmounts every mount under the node's directory (overlay rootfs, shm, pod netns, kubelet
+/// volumes), deepest first; lazily, as a shim may still be exiting. Returns how many.
+fn unmount_all(res: &NodeResources) -> usize {
+    let prefix = res.dir.display().to_string();
+    let mut mounts = mount_points_under(&prefix);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in &mounts {
+        run_quiet("umount", &["--lazy", m]);
+    }
+    mounts.len()
+}
+
+/// Removes the node's cgroups below its root, deepest first; `with_root`: the root too.
+fn remove_cgroups(res: &NodeResources, with_root: bool) {
+    for h in cgroup_hierarchies() {
+        let root = h.join(res.cgroup_root.trim_start_matches('/'));
+        let mut dirs = find_dirs(&root);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            if with_root || d != root {
+                let _ = std::fs::remove_dir(&d);
+            }
+        }
+    }
+}
+
+/// Removes a node's containers, shims, mounts, cgroups, netns (with every iptables rule in it),
+/// veth and host files; returns how many mounts it unmounted. Its own processes must be gone.
+fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
+    kill_containers(res);
     // kube-proxy's and kubelet's iptables rules live in the node's netns and go with it;
     // `kube-proxy --cleanup` first anyway, as a real node would.
     if let Some(proxy) = kube_proxy
@@ -1104,23 +1238,8 @@ fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
             ],
         );
     }
-    // Mounts under the node dir (overlay rootfs, shm, pod netns, kubelet volumes), deepest
-    // first; lazily, as a shim may still be exiting.
-    let prefix = res.dir.display().to_string();
-    let mut mounts = mount_points_under(&prefix);
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for m in &mounts {
-        run_quiet("umount", &["--lazy", m]);
-    }
-    // cgroups, deepest first.
-    for h in cgroup_hierarchies() {
-        let root = h.join(res.cgroup_root.trim_start_matches('/'));
-        let mut dirs = find_dirs(&root);
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-        for d in dirs {
-            let _ = std::fs::remove_dir(&d);
-        }
-    }
+    let mounts = unmount_all(res);
+    remove_cgroups(res, true);
     if Path::new("/run/netns").join(&res.netns).exists() {
         run_quiet("ip", &["netns", "del", &res.netns]);
     }
@@ -1134,7 +1253,7 @@ fn teardown(res: &NodeResources, kube_proxy: Option<&Path>) -> usize {
     {
         eprintln!("e2e: cleanup: {e:#}");
     }
-    mounts.len()
+    mounts
 }
 
 /// Files containerd, the CNI library and kubelet write at fixed host paths whatever their

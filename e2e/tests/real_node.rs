@@ -23,10 +23,13 @@
 //!   followed to `Complete` with its log tail and progress, and released when deleted; a
 //!   spoke relabelled out loses its SuperNodes and keys in both SuperLinks (6f); a
 //!   process-isolation Federation runs on spoke-2 (6b);
-//! - faults (`faults`): the hub cluster's kube-apiserver, then the shared etcd, stopped for a
-//!   minute tear nothing down on the spokes and everything converges after; a spoke cut off
-//!   from the hub for less than its lease grace keeps everything, one cut off for longer is
-//!   tainted unreachable, its share re-placed and its keys unregistered, and it rejoins.
+//! - faults (`faults`): a spoke's node power-cycled during a FlowerRun brings its SuperNodes back
+//!   with the same identities and keys and the run completes (on a retry when Flower failed the
+//!   cut one); the hub cluster's kube-apiserver, then the shared etcd, stopped for a minute tear
+//!   nothing down on the spokes and everything converges after; a spoke cut off from the hub for less than its
+//!   lease grace keeps everything, one cut off for longer is tainted unreachable, its share
+//!   re-placed and its keys unregistered, and it rejoins; `helm upgrade` of the hub and an agent
+//!   to a rebuilt image during a run leaves the run and the SuperNodes alone.
 //!
 //! Needs root, the control-plane binaries (`e2e/k8s/build.sh`), the node binaries
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
@@ -117,6 +120,11 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     .iter()
     .map(|r| image_archive(r))
     .collect::<Result<_>>()?;
+    // What the rolling upgrade moves the hub and an agent to: our Dockerfile built again.
+    let rebuilt = image_archive(&format!(
+        "ghcr.io/flower-addon/flower-addon:{}",
+        faults::upgrade_tag()
+    ))?;
 
     let t0 = Instant::now();
     let cp = ControlPlane::start_with(
@@ -182,6 +190,11 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         FlwrFromTheHost::connect(hub, "1.42.0", "auth", 6)?,
         FlwrFromTheHost::connect(hub, "1.25.0", "classic", 4)?,
     ];
+    // Each placed Federation's Control API (through `flower-hub connect`) and SuperNode count.
+    let controls = [
+        ("auth", flwr[0].control_client()?, 6),
+        ("classic", flwr[1].control_client()?, 4),
+    ];
     runs_complete(&flwr, "the placed Federations", &[spoke, spoke2]).await?;
     the_fleet_endpoint_serves_no_control_api(hub, &flwr).await?;
     another_federations_serverapp_cannot_reach_control(hub).await?;
@@ -191,23 +204,25 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
     let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
     another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
+    faults::a_spoke_node_power_cycled_mid_run(hub, spoke, spoke_node, &controls).await?;
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;
-    faults::hub_control_plane_outages_tear_nothing_down(&cp, hub, &[spoke, spoke2]).await?;
+    faults::hub_control_plane_outages_tear_nothing_down(&cp, hub, node, &[spoke, spoke2]).await?;
     faults::spoke_partitions_heal(
         hub,
         node,
         [(spoke, spoke_node), (spoke2, spoke2_node)],
-        &[
-            ("auth", flwr[0].control_client()?, 6),
-            ("classic", flwr[1].control_client()?, 4),
-        ],
+        &controls,
     )
     .await?;
+    for real in [node, spoke2_node] {
+        real.import_images(std::slice::from_ref(&rebuilt))?;
+    }
+    faults::a_rolling_upgrade_during_a_run(hub, &[spoke, spoke2], &flwr[0], &controls[0].1).await?;
     runs_complete(
         &flwr,
-        "after the hub and agent pods were replaced, the hub's control plane was down and the spokes were cut off",
+        "after the hub and agent pods were replaced, the hub's control plane was down, a spoke's node was power-cycled, the spokes were cut off and the hub and an agent were upgraded",
         &[spoke, spoke2],
     )
     .await?;
@@ -1226,22 +1241,7 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         )?,
     )
     .await?;
-    let running = wait_for(
-        "FlowerRun fl/retry past its first round",
-        Duration::from_secs(180),
-        || {
-            let runs = runs.clone();
-            async move {
-                let status = runs.get("retry").await?.status.unwrap_or_default();
-                Ok(status
-                    .progress
-                    .as_ref()
-                    .is_some_and(|p| p.current >= 1)
-                    .then_some(status))
-            }
-        },
-    )
-    .await?;
+    let running = flower_run_past_round_one(&runs, "retry").await?;
     let cut_run: u64 = running.run_id.as_deref().unwrap_or_default().parse()?;
     let ids_before: BTreeSet<u64> = client.list_runs().await?.iter().map(|r| r.run_id).collect();
     let t = Instant::now();
@@ -1268,28 +1268,14 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         ids_before.is_subset(&ids_after),
         "Flower runs lost with the SuperLink pod (state not on the claim): before {ids_before:?}, after {ids_after:?}"
     );
-    let done = wait_for(
-        "FlowerRun fl/retry Complete or Failed after the SuperLink came back",
+    let done = flower_run_ended(
+        &runs,
+        "retry",
+        "after the SuperLink came back",
         Duration::from_secs(420),
-        || {
-            let runs = runs.clone();
-            async move {
-                let status = runs.get("retry").await?.status.unwrap_or_default();
-                let ended = status
-                    .conditions
-                    .iter()
-                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
-                Ok(ended.then_some(status))
-            }
-        },
     )
     .await?;
-    let cut = client
-        .list_runs()
-        .await?
-        .into_iter()
-        .find(|r| r.run_id == cut_run)
-        .context("the cut Flower run is not listed")?;
+    let cut = listed_run(&client, cut_run).await?;
     ensure!(
         done.attempts >= 2
             && done.flower_status.as_deref() == Some("finished:completed")
@@ -1810,6 +1796,67 @@ fn fedavg_run(
         "metadata": {"name": name},
         "spec": spec,
     }))?)
+}
+
+/// Flower run `run_id` as the SuperLink lists it.
+async fn listed_run(
+    client: &ControlClient,
+    run_id: u64,
+) -> Result<flower_addon_hub::flower::control::RunSummary> {
+    client
+        .list_runs()
+        .await?
+        .into_iter()
+        .find(|r| r.run_id == run_id)
+        .with_context(|| format!("Flower run {run_id} is not listed"))
+}
+
+/// Waits until FlowerRun `name` is past its first round (its progress says so); its status.
+async fn flower_run_past_round_one(
+    runs: &Api<flower_addon_crds::run::FlowerRun>,
+    name: &str,
+) -> Result<flower_addon_crds::run::FlowerRunStatus> {
+    wait_for(
+        &format!("FlowerRun fl/{name} past its first round"),
+        Duration::from_secs(180),
+        || {
+            let runs = runs.clone();
+            async move {
+                let status = runs.get(name).await?.status.unwrap_or_default();
+                Ok(status
+                    .progress
+                    .as_ref()
+                    .is_some_and(|p| p.current >= 1)
+                    .then_some(status))
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until FlowerRun `name` is Complete or Failed (`when`: after what); its status.
+async fn flower_run_ended(
+    runs: &Api<flower_addon_crds::run::FlowerRun>,
+    name: &str,
+    when: &str,
+    timeout: Duration,
+) -> Result<flower_addon_crds::run::FlowerRunStatus> {
+    wait_for(
+        &format!("FlowerRun fl/{name} Complete or Failed {when}"),
+        timeout,
+        || {
+            let runs = runs.clone();
+            async move {
+                let status = runs.get(name).await?.status.unwrap_or_default();
+                let ended = status
+                    .conditions
+                    .iter()
+                    .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+                Ok(ended.then_some(status))
+            }
+        },
+    )
+    .await
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -1,11 +1,12 @@
 //! Faults on the real nodes' clusters, each with its expectation printed before it is caused and
-//! its figures after: the hub cluster's kube-apiserver down for a minute, and a spoke cut off
-//! from the hub's node for less and for more than its lease grace.
+//! its figures after: a spoke's node power-cycled during a run, the hub cluster's kube-apiserver
+//! and then the shared etcd down for a minute, a spoke cut off from the hub's node for less and
+//! for more than its lease grace, and a `helm upgrade` of the hub and an agent during a run.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use e2e::harness::{fatal, wait_for};
 use e2e::pods::pod_ready;
 use e2e::{Cluster, ControlPlane};
@@ -107,37 +108,45 @@ async fn hub_state(hub: &Cluster, spokes: &[&Cluster]) -> String {
     out
 }
 
-/// The hub cluster's kube-apiserver crashed for [`OUTAGE`] while both
-/// spokes' SuperNodes are connected (with them the controller-managers and schedulers, which a
-/// real control plane restarts when they lose their leader lease). Expected: no SuperNode pod on a spoke is recreated or
-/// restarted; the hub pod restarts at most once (a leader that cannot renew its Lease stops, as
-/// controller-runtime's do, and waits as a standby until the apiserver is back) and does not
-/// crash-loop; within [`CONVERGENCE`] of the control plane answering again a hub pod leads and
-/// is Ready, both agents' work streams are open on it, and the Placement's decisions and the
+/// An outage of the hub cluster's control plane for [`OUTAGE`] while both spokes' SuperNodes
+/// are connected: first its kube-apiserver crashed (with it that cluster's controller-manager
+/// and scheduler, which a real control plane restarts when they lose their leader lease), then
+/// the etcd every cluster's apiserver shares (all three clusters lose their storage; their
+/// controller-managers and schedulers go too). Expected: no SuperNode pod on a spoke is
+/// recreated or restarted; the hub pod restarts at most once per outage (a leader that cannot
+/// renew its Lease stops, as controller-runtime's do, and waits as a standby until the apiserver
+/// is back) and does not crash-loop; within [`CONVERGENCE`] of the apiservers answering again
+/// both agents' work streams are open on the leading hub (its own log says so), and within
+/// [`CONVERGENCE`] of every apiserver serving again the Placement's decisions and the
 /// Federations' online counts are those of before (no re-placement).
 pub async fn hub_control_plane_outages_tear_nothing_down(
     cp: &ControlPlane,
     hub: &Cluster,
+    hub_node: &e2e::RealNode,
     spokes: &[&Cluster],
 ) -> Result<()> {
-    // The shared etcd crashed the same way ([`ControlPlane::stop_etcd`]) is not part of the
-    // suite yet: the hub was back with both agents' streams 12 s after etcd, but the apiservers
-    // then answered some requests with 504 for over a minute (their etcd clients reconnecting),
-    // which the convergence check cannot tell from the hub's own doing.
-    for what in ["the hub's kube-apiserver"] {
+    for what in ["the hub's kube-apiserver", "the shared etcd"] {
         eprintln!(
-            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once, and within {}s of the control plane answering again a leading hub with both agents' streams, the same decisions and online counts",
+            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once, both agents' streams on the hub within {}s of the apiservers answering again, and within {}s of every apiserver serving again the same decisions and online counts",
             OUTAGE.as_secs(),
+            CONVERGENCE.as_secs(),
             CONVERGENCE.as_secs()
         );
         let before = running(hub, spokes).await?;
         let restarts_before = hub_restarts(hub).await?;
-        let downed = cp.stop_apiserver("hub")?;
+        let etcd = what.contains("etcd");
+        let downed = if etcd {
+            cp.stop_etcd()?
+        } else {
+            cp.stop_apiserver("hub")?
+        };
         let t_down = Instant::now();
-        // The spokes' own apiservers stay up: their SuperNode pods are
-        // checked half-way through it too.
+        // Without etcd no apiserver answers; otherwise the spokes' own apiservers stay up and
+        // their SuperNode pods are checked half-way through it too.
         tokio::time::sleep(OUTAGE / 2).await;
-        let midway = {
+        let midway = if etcd {
+            None
+        } else {
             let mut now = BTreeMap::new();
             for spoke in spokes {
                 let mut pods = supernode_pods(spoke).await?;
@@ -149,6 +158,7 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         tokio::time::sleep(OUTAGE.saturating_sub(t_down.elapsed())).await;
         let ready_again = cp.start_again(downed, Duration::from_secs(60)).await?;
         let t_up = Instant::now();
+        let since = k8s_openapi::jiff::Timestamp::now() - ready_again;
         if let Some(midway) = midway {
             ensure!(
                 midway == before.supernodes,
@@ -156,46 +166,16 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
                 before.supernodes
             );
         }
-        let pods: Api<Pod> = Api::namespaced(hub.client.clone(), HUB_NS);
-        let lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=flower-hub");
-        // Converged: a Ready hub pod that has logged both agents' streams since the control
-        // plane came back, and the same decisions and online counts as before.
-        // Waited for longer than the target, so that a miss is measured and its state shown.
+        // The hub converged: it leads and both agents' work streams are open on it again, as its
+        // own log says. Read from the container log files on the hub's node, not through the
+        // apiserver: after an etcd outage the apiservers answer `/readyz` before every request
+        // succeeds again (each storage client reconnects after its own backoff), and what the
+        // hub does must not be judged by that. Waited for longer than the target, so that a miss
+        // is measured.
         let leader = wait_for(
-            &format!("after {what} came back: a Ready hub pod with both agents' work streams"),
+            &format!("after {what} came back: both agents' work streams opened on the hub (its log on the node)"),
             CONVERGENCE * 4,
-            || {
-                let (pods, lp) = (pods.clone(), lp.clone());
-                // Log lines since the stopped process was started again.
-                let since = (t_up.elapsed() + ready_again).as_secs() as i64 + 1;
-                async move {
-                    for p in pods.list(&lp).await?.items {
-                        if !pod_ready(&p) {
-                            continue;
-                        }
-                        let name = p.metadata.name.clone().unwrap_or_default();
-                        let log = pods
-                            .logs(
-                                &name,
-                                &LogParams {
-                                    since_seconds: Some(since),
-                                    ..Default::default()
-                                },
-                            )
-                            .await?;
-                        let opened = |cluster: &str| {
-                            log.lines().any(|l| {
-                                l.contains("work stream opened")
-                                    && l.contains(&format!("cluster={cluster}"))
-                            })
-                        };
-                        if opened("spoke-1") && opened("spoke-2") {
-                            return Ok(Some(name));
-                        }
-                    }
-                    Ok(None)
-                }
-            },
+            || async { streams_reopened(hub_node, since, &["spoke-1", "spoke-2"]) },
         )
         .await;
         let streams = t_up.elapsed();
@@ -206,6 +186,12 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
                 return Err(error);
             }
         };
+        // Then what the apiservers show: each serving the kinds the hub and the test use, and
+        // within the target of that the decisions and online counts of before.
+        for cluster in cp.clusters() {
+            serves_again(cluster, cluster.name == hub.name, Duration::from_secs(240)).await?;
+        }
+        let serving = t_up.elapsed();
         let after = wait_for(
             &format!("after {what} came back: the decisions and online counts of before"),
             CONVERGENCE * 4,
@@ -222,14 +208,16 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         )
         .await?;
         let converged = t_up.elapsed();
-        if converged > CONVERGENCE {
+        if streams > CONVERGENCE || converged - serving > CONVERGENCE {
             eprintln!("{}", hub_state(hub, spokes).await);
         }
         ensure!(
-            converged <= CONVERGENCE,
-            "after {what} came back: a leading hub with both agents' streams after {:.1}s, everything as before after {:.1}s (target {}s)",
+            streams <= CONVERGENCE && converged - serving <= CONVERGENCE,
+            "after {what} came back: both agents' streams on the hub after {:.1}s, every apiserver serving again after {:.1}s, decisions and online counts as before after {:.1}s (target: {}s for the streams, and {}s after the apiservers serve)",
             streams.as_secs_f64(),
+            serving.as_secs_f64(),
             converged.as_secs_f64(),
+            CONVERGENCE.as_secs(),
             CONVERGENCE.as_secs()
         );
         ensure!(
@@ -248,10 +236,11 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             );
         }
         eprintln!(
-            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then hub pod {leader} Ready with both agents' streams after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?}; {} SuperNode pods unchanged (UIDs, restarts)",
+            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?}; {} SuperNode pods unchanged (UIDs, restarts)",
             OUTAGE.as_secs_f64(),
             ready_again.as_secs_f64(),
             streams.as_secs_f64(),
+            serving.as_secs_f64(),
             converged.as_secs_f64(),
             restarts_before,
             restarts_after,
@@ -259,6 +248,116 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         );
     }
     Ok(())
+}
+
+/// The hub pod that has logged, at or after `since`, a work stream opened for each of
+/// `clusters` (its name), read from the container log files kubelet writes on the hub's node
+/// (`<node>/pod-logs/<ns>_<pod>_<uid>/hub/N.log`, CRI format: a timestamp first).
+fn streams_reopened(
+    hub_node: &e2e::RealNode,
+    since: k8s_openapi::jiff::Timestamp,
+    clusters: &[&str],
+) -> Result<Option<String>> {
+    let Ok(dirs) = std::fs::read_dir(hub_node.dir().join("pod-logs")) else {
+        return Ok(None);
+    };
+    for dir in dirs.flatten() {
+        let name = dir.file_name().to_string_lossy().into_owned();
+        let Some(pod) = name
+            .strip_prefix(&format!("{HUB_NS}_"))
+            .and_then(|rest| rest.rsplit_once('_'))
+            .map(|(pod, _uid)| pod.to_owned())
+        else {
+            continue;
+        };
+        let mut open = vec![false; clusters.len()];
+        for file in std::fs::read_dir(dir.path().join("hub"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let text = std::fs::read_to_string(file.path()).unwrap_or_default();
+            for line in text.lines() {
+                let Some(at) = line
+                    .split_whitespace()
+                    .next()
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                else {
+                    continue;
+                };
+                if at < since || !line.contains("work stream opened") {
+                    continue;
+                }
+                for (i, cluster) in clusters.iter().enumerate() {
+                    open[i] |= line.contains(&format!("cluster={cluster} "));
+                }
+            }
+        }
+        if open.iter().all(|o| *o) {
+            return Ok(Some(pod));
+        }
+    }
+    Ok(None)
+}
+
+/// Waits until `cluster`'s apiserver serves the kinds the hub, the agents and this test use,
+/// three times in a row (each round within 5 s): a ConfigMap created, read back and deleted,
+/// and Pods, Leases, Secrets and Events listed in every namespace; in the hub cluster also
+/// Federations and ManagedClusters. After an etcd outage `/readyz` answers before every storage
+/// client of the apiserver has reconnected (each backs off on its own), so one answered request
+/// says little.
+async fn serves_again(cluster: &Cluster, hub: bool, timeout: Duration) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+    let client = cluster.client.clone();
+    let one = kube::api::ListParams::default().limit(1);
+    let round = || {
+        let (client, one) = (client.clone(), one.clone());
+        async move {
+            let api = Api::<ConfigMap>::namespaced(client.clone(), "default");
+            let probe = serde_json::from_value::<ConfigMap>(serde_json::json!({
+                "metadata": {"generateName": "e2e-serving-"},
+                "data": {"probe": "1"},
+            }))?;
+            let made = api.create(&Default::default(), &probe).await?;
+            let name = made.metadata.name.clone().unwrap_or_default();
+            api.get(&name).await?;
+            api.delete(&name, &Default::default()).await?;
+            Api::<Pod>::all(client.clone()).list(&one).await?;
+            Api::<Lease>::all(client.clone()).list(&one).await?;
+            Api::<Secret>::all(client.clone()).list(&one).await?;
+            Api::<Event>::all(client.clone()).list(&one).await?;
+            if hub {
+                Api::<flower_addon_crds::Federation>::all(client.clone())
+                    .list(&one)
+                    .await?;
+                Api::<flower_addon_crds::ManagedCluster>::all(client.clone())
+                    .list(&one)
+                    .await?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    let in_a_row = std::cell::Cell::new(0);
+    wait_for(
+        &format!(
+            "{}'s apiserver serving again (3 rounds in a row)",
+            cluster.name
+        ),
+        timeout,
+        || {
+            let answered = round();
+            let in_a_row = &in_a_row;
+            async move {
+                match tokio::time::timeout(Duration::from_secs(5), answered).await {
+                    Ok(Ok(())) => in_a_row.set(in_a_row.get() + 1),
+                    _ => in_a_row.set(0),
+                }
+                Ok((in_a_row.get() >= 3).then_some(()))
+            }
+        },
+    )
+    .await
 }
 
 /// The public keys (SPKI DER) of `spoke`'s SuperNodes of `federation` (pools a and b), from the
@@ -644,4 +743,419 @@ async fn supernode_pods_of(
         .into_iter()
         .filter(|(name, _, _)| name.starts_with(&format!("{federation}-supernode-")))
         .collect())
+}
+
+/// `(name, uid, restarts)` of `spoke`'s SuperNode pods once every one is Ready again, each
+/// restarted more often than in `before` (a power cut ends every container), same names.
+async fn supernodes_back_restarted(
+    spoke: &Cluster,
+    before: &[(String, String, i32)],
+) -> Result<Vec<(String, String, i32)>> {
+    let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl");
+    let lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=supernode");
+    wait_for(
+        &format!(
+            "{}'s SuperNode pods Ready again, each restarted",
+            spoke.name
+        ),
+        Duration::from_secs(240),
+        || {
+            let (pods, lp) = (pods.clone(), lp.clone());
+            async move {
+                let list = pods.list(&lp).await?.items;
+                let all_back = list.len() == before.len()
+                    && list.iter().all(|p| {
+                        let name = p.metadata.name.as_deref().unwrap_or_default();
+                        pod_ready(p)
+                            && before.iter().any(|(n, _, restarts)| {
+                                n == name && e2e::pods::container_restarts(p) > *restarts
+                            })
+                    });
+                Ok(all_back.then_some(()))
+            }
+        },
+    )
+    .await?;
+    let mut now = supernode_pods(spoke).await?;
+    now.sort();
+    Ok(now)
+}
+
+/// A spoke's only node power-cycled during a FlowerRun (`backoffLimit: 2`, rounds that give up
+/// after 30 s): kubelet, kube-proxy, containerd and every container killed at once, what lives
+/// in /run and tmpfs on a real node gone, off for [`POWER_OFF`], then started again (see
+/// [`e2e::RealNode::power_cycle`]). Expected: the node Ready again; every SuperNode pod of the
+/// spoke back with the same name and UID (its Pod object never went away) and restarted, with
+/// the same keys (their Secrets), so each SuperLink lists the same node ids online as before;
+/// Flower ends the cut run as it sees it (completed when the node came back between two rounds'
+/// replies, else `finished:failed` with the round's missing replies) and the FlowerRun is
+/// Complete, on a retry when the cut run failed.
+pub async fn a_spoke_node_power_cycled_mid_run(
+    hub: &Cluster,
+    spoke: &Cluster,
+    node: &e2e::RealNode,
+    controls: &[(
+        &str,
+        flower_addon_hub::flower::control::ControlClient,
+        usize,
+    ); 2],
+) -> Result<()> {
+    use flower_addon_crds::run::FlowerRun;
+    const POWER_OFF: Duration = Duration::from_secs(10);
+    let (federation, control, min_nodes) = &controls[0];
+    eprintln!(
+        "real_node: fault: {}'s node power-cycled (off {}s) during FlowerRun fl/reboot on {federation} (backoffLimit 2, round-timeout 30s). Expected: the node Ready again, its SuperNode pods back with the same names, UIDs and keys (restarted), the same node ids online on each SuperLink, the cut Flower run completed or failed as Flower reports it, fl/reboot Complete (on a retry if it failed)",
+        spoke.name,
+        POWER_OFF.as_secs()
+    );
+    let mut pods_before = supernode_pods(spoke).await?;
+    pods_before.sort();
+    let mut keys_before = Vec::new();
+    let mut online_before = Vec::new();
+    for (federation, control, total) in controls {
+        keys_before.extend(spoke_node_keys(spoke, federation).await?);
+        let online = super::online_node_ids(control)
+            .await
+            .with_context(|| format!("{federation}'s SuperLink does not answer ListNodes"))?;
+        ensure!(
+            online.len() == *total,
+            "{federation}: {} SuperNodes online before the power cut, {total} placed",
+            online.len()
+        );
+        online_before.push(online);
+    }
+    keys_before.sort();
+    let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
+    runs.create(
+        &Default::default(),
+        &super::fedavg_run(
+            "reboot",
+            federation,
+            serde_json::json!({
+                "runConfig": {"num-server-rounds": 6, "min-nodes": min_nodes, "round-timeout": 30},
+                "backoffLimit": 2,
+            }),
+        )?,
+    )
+    .await?;
+    let running = super::flower_run_past_round_one(&runs, "reboot").await?;
+    let cut_run: u64 = running.run_id.as_deref().unwrap_or_default().parse()?;
+    let t = Instant::now();
+    let ready = node
+        .power_cycle(spoke, POWER_OFF, Duration::from_secs(120))
+        .await?;
+    let node_back = t.elapsed();
+    let pods_after = supernodes_back_restarted(spoke, &pods_before).await?;
+    let pods_back = t.elapsed();
+    let same_identity = |p: &[(String, String, i32)]| -> Vec<(String, String)> {
+        p.iter().map(|(n, u, _)| (n.clone(), u.clone())).collect()
+    };
+    ensure!(
+        same_identity(&pods_after) == same_identity(&pods_before),
+        "after the power cut {}'s SuperNode pods are {pods_after:?}; before {pods_before:?}",
+        spoke.name
+    );
+    let mut keys_after = Vec::new();
+    for (federation, _, _) in controls {
+        keys_after.extend(spoke_node_keys(spoke, federation).await?);
+    }
+    keys_after.sort();
+    ensure!(
+        keys_after == keys_before,
+        "the SuperNodes' keys on {} changed with the power cut",
+        spoke.name
+    );
+    for ((federation, control, _), before) in controls.iter().zip(&online_before) {
+        wait_for(
+            &format!("{federation}'s SuperLink listing the same node ids online again"),
+            Duration::from_secs(180),
+            || async move {
+                Ok(super::online_node_ids(control)
+                    .await
+                    .filter(|ids| ids == before))
+            },
+        )
+        .await?;
+    }
+    let online_again = t.elapsed();
+    let done = super::flower_run_ended(
+        &runs,
+        "reboot",
+        "after the power cut",
+        Duration::from_secs(420),
+    )
+    .await?;
+    let cut = super::listed_run(control, cut_run).await?;
+    let complete = done
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Complete" && c.status == "True");
+    // Flower's verdict on the cut run decides whether a retry was due.
+    let retried = done.run_id.as_deref() != Some(cut_run.to_string().as_str());
+    ensure!(
+        complete
+            && done.flower_status.as_deref() == Some("finished:completed")
+            && match cut.status.as_str() {
+                "finished:completed" => !retried && done.attempts == 1,
+                "finished:failed" => retried && done.attempts >= 2,
+                _ => false,
+            },
+        "fl/reboot after {}'s node was power-cycled mid-run (cut run {cut_run}: {} {:?}): {done:#?}",
+        spoke.name,
+        cut.status,
+        cut.details
+    );
+    eprintln!(
+        "real_node: fault: {}'s node power-cycled in round {} of fl/reboot (off {}s): node Ready {:.1}s after the start ({:.1}s after the cut), {} SuperNode pods Ready again with the same names, UIDs and keys after {:.1}s (restarts {:?} -> {:?}), the same node ids online on both SuperLinks after {:.1}s; Flower ended the cut run {cut_run} {} ({}); fl/reboot Complete on attempt {} (run {}) {:.1}s after the cut",
+        spoke.name,
+        running.progress.as_ref().map_or(0, |p| p.current),
+        POWER_OFF.as_secs(),
+        ready.as_secs_f64(),
+        node_back.as_secs_f64(),
+        pods_after.len(),
+        pods_back.as_secs_f64(),
+        pods_before.iter().map(|p| p.2).collect::<Vec<_>>(),
+        pods_after.iter().map(|p| p.2).collect::<Vec<_>>(),
+        online_again.as_secs_f64(),
+        cut.status,
+        if cut.details.is_empty() {
+            "no details"
+        } else {
+            cut.details.as_str()
+        },
+        done.attempts,
+        done.run_id.as_deref().unwrap_or("-"),
+        t.elapsed().as_secs_f64()
+    );
+    runs.delete("reboot", &Default::default()).await?;
+    wait_for(
+        "FlowerRun fl/reboot released and gone",
+        Duration::from_secs(30),
+        || {
+            let runs = runs.clone();
+            async move { Ok(runs.get_opt("reboot").await?.is_none().then_some(())) }
+        },
+    )
+    .await
+}
+
+/// The tag of the rebuilt image the rolling upgrade moves to (`e2e/images/build.sh` builds the
+/// repository Dockerfile a second time under it).
+pub fn upgrade_tag() -> String {
+    let tag = flower_addon_crds::render::ADDON_IMAGE
+        .rsplit(':')
+        .next()
+        .unwrap_or_default();
+    format!("{tag}-rebuilt")
+}
+
+/// The image of the first container of `pod`.
+fn image_of(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.as_deref())
+        .unwrap_or_default()
+}
+
+/// How many "work stream opened" lines for `cluster` pod `pod` of `pods` has logged.
+async fn streams_opened(pods: &Api<Pod>, pod: &str, cluster: &str) -> Result<usize> {
+    let log = pods.logs(pod, &LogParams::default()).await?;
+    Ok(log
+        .lines()
+        .filter(|l| l.contains("work stream opened") && l.contains(&format!("cluster={cluster}")))
+        .count())
+}
+
+/// `helm upgrade` of the hub's release and of spoke-2's agent release (installed with the chart)
+/// to a rebuilt image of our Dockerfile (another tag, [`upgrade_tag`]) while `flwr run` of
+/// `auth` is in progress. Expected: the run completes; no SuperNode pod on either spoke is
+/// recreated or restarted; the Placement's decisions and online counts stay; the hub's leader
+/// hands over (the old pod stops and releases its Lease, the Deployment is `Recreate`) to the
+/// new pod within 15 s of the old one stopping; both agents' streams reach the new hub, and
+/// spoke-2's upgraded agent opens a new one.
+pub async fn a_rolling_upgrade_during_a_run(
+    hub: &Cluster,
+    spokes: &[&Cluster; 2],
+    flwr: &super::FlwrFromTheHost,
+    control: &flower_addon_hub::flower::control::ControlClient,
+) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    const HAND_OVER: Duration = Duration::from_secs(15);
+    let tag = upgrade_tag();
+    let rounds = 6;
+    eprintln!(
+        "real_node: fault: helm upgrade of the hub and of {}'s agent to flower-addon:{tag} (a rebuilt image) during a {rounds}-round flwr run of {}. Expected: the run completes, no SuperNode pod recreated or restarted, decisions and online counts unchanged, the hub's leader handed over within {}s of the old pod stopping",
+        spokes[1].name,
+        flwr.federation,
+        HAND_OVER.as_secs()
+    );
+    let before = running(hub, spokes).await?;
+    let pods: Api<Pod> = Api::namespaced(hub.client.clone(), HUB_NS);
+    let leases: Api<Lease> = Api::namespaced(hub.client.clone(), HUB_NS);
+    let holder = || async {
+        anyhow::Ok(
+            leases
+                .get("flower-hub")
+                .await?
+                .spec
+                .and_then(|s| s.holder_identity)
+                .unwrap_or_default(),
+        )
+    };
+    let old_leader = holder().await?;
+    let runs_before: Vec<u64> = control
+        .list_runs()
+        .await?
+        .iter()
+        .map(|r| r.run_id)
+        .collect();
+    let (host_flwr, app, federation, min_nodes) = (
+        flwr.flwr.clone(),
+        flwr.app.clone(),
+        flwr.federation.clone(),
+        flwr.min_nodes,
+    );
+    let t_run = Instant::now();
+    let run = tokio::task::spawn_blocking(move || {
+        host_flwr.run_with_config(
+            &app,
+            &federation,
+            &format!("num-server-rounds={rounds} min-nodes={min_nodes}"),
+            String::new,
+        )
+    });
+    let run_id = wait_for(
+        "the flwr run running on the SuperLink",
+        Duration::from_secs(120),
+        || {
+            let runs_before = &runs_before;
+            async move {
+                Ok(control
+                    .list_runs()
+                    .await?
+                    .into_iter()
+                    .find(|r| !runs_before.contains(&r.run_id) && r.status == "running")
+                    .map(|r| r.run_id))
+            }
+        },
+    )
+    .await?;
+
+    // The hub: the old leader stops (releasing its Lease), then the new pod starts and leads.
+    let t = Instant::now();
+    e2e::helm::upgrade_image_tag(&hub.kubeconfig, "flower-addon", HUB_NS, &tag)?;
+    let lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=flower-hub");
+    let mut old_stopped: Option<Instant> = None;
+    let new_leader = loop {
+        let list = pods.list(&lp).await?.items;
+        let old_running = list.iter().any(|p| {
+            p.metadata.name.as_deref() == Some(old_leader.as_str())
+                && p.metadata.deletion_timestamp.is_none()
+        });
+        if !old_running && old_stopped.is_none() {
+            old_stopped = Some(Instant::now());
+        }
+        let leader = holder().await.unwrap_or_default();
+        if let Some(p) = list.iter().find(|p| {
+            p.metadata.name.as_deref() == Some(leader.as_str())
+                && leader != old_leader
+                && pod_ready(p)
+                && image_of(p).ends_with(&format!(":{tag}"))
+        }) {
+            break p.metadata.name.clone().unwrap_or_default();
+        }
+        if t.elapsed() > Duration::from_secs(180) {
+            eprintln!("{}", hub_state(hub, spokes).await);
+            anyhow::bail!(
+                "no hub pod of {tag} Ready and leading 180 s after helm upgrade (Lease holder {leader:?})"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let led = Instant::now();
+    let hand_over = led.duration_since(old_stopped.unwrap_or(led));
+    let upgraded_hub = t.elapsed();
+    ensure!(
+        hand_over <= HAND_OVER,
+        "the hub's leader took {:.1}s to hand over to {new_leader} (target {}s)",
+        hand_over.as_secs_f64(),
+        HAND_OVER.as_secs()
+    );
+    wait_for(
+        "both agents' work streams on the upgraded hub",
+        Duration::from_secs(60),
+        || async {
+            let mut open = true;
+            for spoke in spokes {
+                open &= streams_opened(&pods, &new_leader, &spoke.name).await? > 0;
+            }
+            Ok(open.then_some(()))
+        },
+    )
+    .await?;
+    let hub_streams = t.elapsed();
+
+    // spoke-2's agent (a chart release): Recreate, its new pod opens a new stream.
+    let spoke = spokes[1];
+    let streams = streams_opened(&pods, &new_leader, &spoke.name).await?;
+    let t_agent = Instant::now();
+    e2e::helm::upgrade_image_tag(
+        &spoke.kubeconfig,
+        "flower-addon-agent",
+        e2e::addon::AGENT_NS,
+        &tag,
+    )?;
+    let agent_pods: Api<Pod> = Api::namespaced(spoke.client.clone(), e2e::addon::AGENT_NS);
+    let agent_lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=flower-agent");
+    wait_for(
+        &format!(
+            "{}'s agent pod of {tag} Ready with a new work stream",
+            spoke.name
+        ),
+        Duration::from_secs(120),
+        || {
+            let (agent_pods, agent_lp, pods) = (agent_pods.clone(), agent_lp.clone(), &pods);
+            let (new_leader, tag) = (&new_leader, &tag);
+            async move {
+                let list = agent_pods.list(&agent_lp).await?.items;
+                let upgraded = list.len() == 1
+                    && list
+                        .iter()
+                        .all(|p| pod_ready(p) && image_of(p).ends_with(&format!(":{tag}")));
+                Ok(
+                    (upgraded && streams_opened(pods, new_leader, &spoke.name).await? > streams)
+                        .then_some(()),
+                )
+            }
+        },
+    )
+    .await?;
+    let upgraded_agent = t_agent.elapsed();
+    let status = super::listed_run(control, run_id).await?.status;
+    ensure!(
+        status == "running",
+        "flwr run {run_id} is {status:?} once both upgrades are done: the upgrades did not happen during the run (more rounds needed)"
+    );
+    let finished = run.await??;
+    ensure!(
+        finished == run_id.to_string(),
+        "flwr run finished {finished}, the SuperLink ran {run_id}"
+    );
+    let after = running(hub, spokes).await?;
+    ensure!(
+        after == before,
+        "the rolling upgrade changed what runs: before {before:?}, after {after:?}"
+    );
+    eprintln!(
+        "real_node: fault: helm upgrade to flower-addon:{tag} during flwr run {run_id} ({rounds} rounds): hub pod {new_leader} Ready and leading {:.1}s after the upgrade (hand-over {:.1}s after the old leader stopped), both agents' streams on it after {:.1}s; {}'s agent upgraded and its stream open again in {:.1}s; the run finished:completed {:.1}s after it started; {} SuperNode pods, decisions and online counts unchanged",
+        upgraded_hub.as_secs_f64(),
+        hand_over.as_secs_f64(),
+        hub_streams.as_secs_f64(),
+        spoke.name,
+        upgraded_agent.as_secs_f64(),
+        t_run.elapsed().as_secs_f64(),
+        after.supernodes.values().map(Vec::len).sum::<usize>()
+    );
+    Ok(())
 }
