@@ -128,12 +128,23 @@ export FLOWER_ADDON_IMAGES="$IMAGES"
 echo "    $IMAGES ($((SECONDS - t_img)) s)"
 
 # real_node (three clusters on real nodes, our image, Flower, OCM, and the fault scenarios: the
-# hub's control plane down, spokes cut off) is the longest test by far and mostly waits (on
-# pods, leases and outages): it runs on its own after the others, with the quickstart demos
-# beside it instead of after it.
+# hub's control plane and etcd down, a node power-cycled, spokes cut off, a rolling upgrade) is
+# the longest test by far and mostly waits (on pods, leases and outages): it runs after the
+# others, and beside it the tests that run Flower as processes on loopback (standalone hubs,
+# agents and SuperNodes; nothing they start can meet real_node's nodes, netns or ports), then
+# the quickstart demos.
 REAL_NODE_TEST=pods_run_on_a_real_node
-step "cargo test --workspace (all but real_node): unit, golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower"
-cargo test --workspace -- --skip "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/cargo-test.log"
+BESIDE_TESTS=(standalone_flower standalone_local standalone_runs)
+beside_targets=()
+for t in "${BESIDE_TESTS[@]}"; do beside_targets+=(--test "$t"); done
+# Their test names, skipped (exactly) in the first run: each runs once.
+beside_skips=()
+while IFS= read -r name; do
+  beside_skips+=(--skip "$name")
+done < <(cargo test --workspace --quiet "${beside_targets[@]}" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+(( ${#beside_skips[@]} > 0 )) || { echo "test.sh: no tests listed in ${BESIDE_TESTS[*]}" >&2; exit 1; }
+step "cargo test --workspace (all but real_node and ${BESIDE_TESTS[*]}): unit, golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower"
+cargo test --workspace -- --exact --skip "$REAL_NODE_TEST" "${beside_skips[@]}" 2>&1 | tee "$LOG_DIR/cargo-test.log"
 
 # Flower 1.25.0's SuperLink sometimes fails a SuperNode's message pull with "Both bytes_sent and
 # bytes_recv cannot be zero" (a bug inside Flower; that SuperNode then never replies and the round
@@ -167,24 +178,37 @@ run_demos() {
   done
 }
 : > "$LOG_DIR/demos-passed"
-step "real_node (real nodes, OCM, faults), with the quickstart demos of Flower ${FLOWER_MATRIX[*]} beside it (./demo.sh; log $LOG_DIR/demos.log)"
-export -f run_demos step
+step "real_node (real nodes, OCM, faults), with ${BESIDE_TESTS[*]} and then the quickstart demos of Flower ${FLOWER_MATRIX[*]} beside it (log $LOG_DIR/beside.log)"
+# Beside real_node: the loopback Flower tests (cargo takes its build lock only to see that
+# nothing needs building), then the demos.
+run_beside() {
+  set -o pipefail
+  step "beside real_node: cargo test ${BESIDE_TESTS_LIST}"
+  # shellcheck disable=SC2086
+  cargo test --workspace $BESIDE_TARGETS 2>&1 | tee "$LOG_DIR/beside-tests.log" || return 1
+  run_demos
+}
+export -f run_demos run_beside step
 export LOG_DIR FLOWER_125_BUG T0
 # (The child's step lines count from the suite's start: SECONDS is set to where it is now.)
-FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" DEMOS_START=$SECONDS \
-  setsid bash -c 'SECONDS=$DEMOS_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); run_demos' \
-  > "$LOG_DIR/demos.log" 2>&1 &
+FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" BESIDE_TESTS_LIST="${BESIDE_TESTS[*]}" \
+  BESIDE_TARGETS="${beside_targets[*]}" DEMOS_START=$SECONDS \
+  setsid bash -c 'SECONDS=$DEMOS_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); run_beside' \
+  > "$LOG_DIR/beside.log" 2>&1 &
 DEMOS_PID=$!
 trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$DEMOS_PID" 2>/dev/null || true' EXIT
 # --workspace: the same feature resolution as the build above (with -p e2e alone cargo would
 # compile the hub and agent libraries again for a smaller feature set).
 cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"
-await "$DEMOS_PID" "the quickstart demos" "$LOG_DIR/demos.log"
-grep -E '^==> \[|^test.sh:|finished:completed' "$LOG_DIR/demos.log" | grep -E 'quickstart end to end|test.sh:|finished' | sed 's/^/    /' || true
-cargo_passed="$(cat "$LOG_DIR/cargo-test.log" "$LOG_DIR/real-node.log" | grep -E '^test result: ok\.' | awk '{s += $4} END {print s + 0}')"
+await "$DEMOS_PID" "${BESIDE_TESTS[*]} and the quickstart demos" "$LOG_DIR/beside.log"
+grep -E '^test result|^==> \[|^test.sh:|finished:completed' "$LOG_DIR/beside.log" | grep -E 'test result|beside real_node|quickstart end to end|test.sh:|finished' | sed 's/^/    /' || true
+cargo_passed="$(cat "$LOG_DIR/cargo-test.log" "$LOG_DIR/real-node.log" "$LOG_DIR/beside-tests.log" | grep -E '^test result: ok\.' | awk '{s += $4} END {print s + 0}')"
 (( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
 grep -qE '^test result: ok\. 1 passed' "$LOG_DIR/real-node.log" \
   || { echo "test.sh: real_node did not run its test" >&2; exit 1; }
+beside_ran="$(grep -cE '^test result: ok\. [1-9]' "$LOG_DIR/beside-tests.log" || true)"
+(( beside_ran == ${#BESIDE_TESTS[@]} )) \
+  || { echo "test.sh: $beside_ran of ${#BESIDE_TESTS[@]} test binaries beside real_node ran tests" >&2; exit 1; }
 demos_passed="$(wc -l < "$LOG_DIR/demos-passed")"
 (( demos_passed == ${#FLOWER_MATRIX[@]} )) \
   || { echo "test.sh: $demos_passed of ${#FLOWER_MATRIX[@]} demos passed" >&2; exit 1; }
