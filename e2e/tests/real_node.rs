@@ -219,7 +219,14 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     for real in [node, spoke2_node] {
         real.import_images(std::slice::from_ref(&rebuilt))?;
     }
-    faults::a_rolling_upgrade_during_a_run(hub, &[spoke, spoke2], &flwr[0], &controls[0].1).await?;
+    faults::a_rolling_upgrade_during_a_run(
+        hub,
+        &[spoke, spoke2],
+        &flwr[0],
+        &controls[0].1,
+        &[("auth", controls[0].2), ("classic", controls[1].2)],
+    )
+    .await?;
     runs_complete(
         &flwr,
         "after the hub and agent pods were replaced, the hub's control plane was down, a spoke's node was power-cycled, the spokes were cut off and the hub and an agent were upgraded",

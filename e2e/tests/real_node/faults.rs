@@ -979,6 +979,7 @@ pub async fn a_rolling_upgrade_during_a_run(
     spokes: &[&Cluster; 2],
     flwr: &super::FlwrFromTheHost,
     control: &flower_addon_hub::flower::control::ControlClient,
+    totals: &[(&str, usize)],
 ) -> Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     const HAND_OVER: Duration = Duration::from_secs(15);
@@ -990,7 +991,37 @@ pub async fn a_rolling_upgrade_during_a_run(
         flwr.federation,
         HAND_OVER.as_secs()
     );
-    let before = running(hub, spokes).await?;
+    // The step before may still be converging (a healed spoke's SuperNodes re-registering, a
+    // deleted Federation's pods going): start from a settled state, every placed SuperNode
+    // online and no change over 5 s.
+    let settled = |now: &Running| {
+        totals.iter().all(|(federation, total)| {
+            now.online
+                .iter()
+                .filter(|(f, _, _)| f == federation)
+                .map(|(_, _, online)| online.unwrap_or(0).max(0) as usize)
+                .sum::<usize>()
+                == *total
+        }) && now.supernodes.values().flatten().all(|(name, _, _)| {
+            totals
+                .iter()
+                .any(|(federation, _)| name.starts_with(&format!("{federation}-supernode-")))
+        })
+    };
+    let before = wait_for(
+        "every placed SuperNode online and nothing changing before the upgrade",
+        Duration::from_secs(240),
+        || async {
+            let first = running(hub, spokes).await.map_err(fatal)?;
+            if !settled(&first) {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let again = running(hub, spokes).await.map_err(fatal)?;
+            Ok((again == first).then_some(again))
+        },
+    )
+    .await?;
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), HUB_NS);
     let leases: Api<Lease> = Api::namespaced(hub.client.clone(), HUB_NS);
     let holder = || async {
