@@ -1006,6 +1006,14 @@ pub async fn a_rolling_upgrade_during_a_run(
             totals
                 .iter()
                 .any(|(federation, _)| name.starts_with(&format!("{federation}-supernode-")))
+        }) && totals.iter().all(|(federation, total)| {
+            // As many pods as placed SuperNodes: none left over from before.
+            now.supernodes
+                .values()
+                .flatten()
+                .filter(|(name, _, _)| name.starts_with(&format!("{federation}-supernode-")))
+                .count()
+                == *total
         })
     };
     let before = wait_for(
