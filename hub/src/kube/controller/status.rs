@@ -205,12 +205,8 @@ pub fn federation_status(
     let placement = placement.condition();
     match outcome {
         Outcome::Invalid(problems) => {
-            // Keep the last known readiness: nothing was touched, workloads keep running.
-            status.supernodes = previous.supernodes.clone();
-            status.ready_supernodes = previous.ready_supernodes;
-            status.desired_supernodes = previous.desired_supernodes;
-            status.selected_clusters = previous.selected_clusters;
-            status.pools = previous.pools.clone();
+            // Nothing was touched, workloads keep running: their last known readiness stays.
+            keep_readiness(&mut status, &previous);
             let message = problems
                 .iter()
                 .map(|(path, msg)| {
@@ -237,12 +233,8 @@ pub fn federation_status(
             ));
         }
         Outcome::Failed(message) => {
-            // What was applied before keeps running: the last known readiness stays.
-            status.supernodes = previous.supernodes.clone();
-            status.ready_supernodes = previous.ready_supernodes;
-            status.desired_supernodes = previous.desired_supernodes;
-            status.selected_clusters = previous.selected_clusters;
-            status.pools = previous.pools.clone();
+            // What was applied before keeps running: its last known readiness stays.
+            keep_readiness(&mut status, &previous);
             conditions.push(cond("Degraded", "True", "ReconcileFailed", message));
             if let Some(ready) = previous.conditions.iter().find(|c| c.type_ == "Ready") {
                 conditions.push(ready.clone());
@@ -413,6 +405,15 @@ fn pool_totals_over_clusters(fed: &Federation, totals: &ClusterTotals) -> Vec<Wo
 /// Condition type set `False` (reason `NewerThanVerified`) while `spec.version` is a Flower release
 /// newer than the ones flower-addon is verified with; absent otherwise.
 pub const VERSION_CONDITION: &str = "FlowerVersionVerified";
+
+/// The readiness fields of `previous`, for an outcome that applied nothing.
+fn keep_readiness(status: &mut FederationStatus, previous: &FederationStatus) {
+    status.supernodes = previous.supernodes.clone();
+    status.ready_supernodes = previous.ready_supernodes;
+    status.desired_supernodes = previous.desired_supernodes;
+    status.selected_clusters = previous.selected_clusters;
+    status.pools = previous.pools.clone();
+}
 
 fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
     Condition {
