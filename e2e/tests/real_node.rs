@@ -995,16 +995,7 @@ async fn a_standby_hub_takes_over_from_a_deleted_leader(
                 .map(|_| ())
         }
     };
-    let holder = || async {
-        anyhow::Ok(
-            leases
-                .get("flower-hub")
-                .await?
-                .spec
-                .and_then(|s| s.holder_identity)
-                .unwrap_or_default(),
-        )
-    };
+    let holder = || hub_lease_holder(&leases);
     let before = supernode_pods(spoke).await?;
     scale(2).await?;
     // Two pods: the old one Ready, the new one Running but not Ready, and still so after more
@@ -1803,6 +1794,18 @@ fn fedavg_run(
         "metadata": {"name": name},
         "spec": spec,
     }))?)
+}
+
+/// The holder of the hub's leader Lease (`flower-hub`), empty when none.
+async fn hub_lease_holder(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+) -> Result<String> {
+    Ok(leases
+        .get("flower-hub")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default())
 }
 
 /// Flower run `run_id` as the SuperLink lists it.

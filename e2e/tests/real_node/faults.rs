@@ -1032,16 +1032,7 @@ pub async fn a_rolling_upgrade_during_a_run(
     .await?;
     let pods: Api<Pod> = Api::namespaced(hub.client.clone(), HUB_NS);
     let leases: Api<Lease> = Api::namespaced(hub.client.clone(), HUB_NS);
-    let holder = || async {
-        anyhow::Ok(
-            leases
-                .get("flower-hub")
-                .await?
-                .spec
-                .and_then(|s| s.holder_identity)
-                .unwrap_or_default(),
-        )
-    };
+    let holder = || super::hub_lease_holder(&leases);
     let old_leader = holder().await?;
     let runs_before: Vec<u64> = control
         .list_runs()
