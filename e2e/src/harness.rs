@@ -501,6 +501,66 @@ pub fn loadavg() -> String {
         )
 }
 
+/// A tmpfs mounted for a test, lazily unmounted when dropped (also on failure).
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. `16m`, mode 1777: any container user writes to it) at `at`
+    /// (made if missing). Needs root: fails naming that otherwise.
+    pub fn mount(at: &std::path::Path, size: &str) -> Result<Self> {
+        std::fs::create_dir_all(at)?;
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=1777"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .context("mount (a tmpfs for a test: needs root)")?;
+        ensure!(
+            out.status.success(),
+            "mount -t tmpfs at {} (needs root): {}",
+            at.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Self(at.to_owned()))
+    }
+
+    /// Fills it with a file until the filesystem refuses a write; the bytes written.
+    pub fn fill(&self) -> Result<u64> {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join("filler"))?;
+        let chunk = vec![0u8; 64 * 1024];
+        let mut written = 0u64;
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(written)
+    }
+
+    /// Removes what [`Self::fill`] wrote.
+    pub fn empty(&self) -> Result<()> {
+        Ok(std::fs::remove_file(self.0.join("filler"))?)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -235,6 +235,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     .await?;
     a_relabelled_spoke_loses_its_supernodes_and_keys(hub, spoke, &flwr).await?;
     process_isolation_runs(hub).await?;
+    faults::a_full_database_volume_is_named(hub, node).await?;
     an_ocm_user_enables_the_addon_and_flower_runs(hub, spoke, spoke2, &channel, &mut ocm).await?;
 
     eprintln!("real_node: RSS of the nodes' processes:");

@@ -116,6 +116,15 @@ fn flower_run(name: &str, config: &str, extra: &str) -> String {
 /// the FAB of examples/fedavg in ConfigMap `fedavg-fab`; returns it once the Federation is
 /// Ready, with a Control client, and the FAB's hash.
 async fn ready_hub(dir: &std::path::Path, version: &str) -> Result<(Hub, String)> {
+    ready_hub_with(dir, version, |_| Ok(())).await
+}
+
+/// [`ready_hub`], with `prepare` called on the state directory before the hub starts.
+async fn ready_hub_with(
+    dir: &std::path::Path,
+    version: &str,
+    prepare: impl FnOnce(&std::path::Path) -> Result<()>,
+) -> Result<(Hub, String)> {
     let mut hub = Hub {
         bin: binary("flower-hub")?,
         venv: flower_venv(version)?,
@@ -146,6 +155,7 @@ async fn ready_hub(dir: &std::path::Path, version: &str) -> Result<(Hub, String)
             base64::engine::general_purpose::STANDARD.encode(&fab.bytes)
         ),
     )?;
+    prepare(&hub.state)?;
     hub.start()?;
     let t0 = Instant::now();
     Wait::new("the Federation ready", Duration::from_secs(180))
@@ -197,6 +207,139 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
 
 struct Fab {
     hash: String,
+}
+
+// The SuperLink's database volume full (a tmpfs under the Federation's state directory): the
+// SuperLink stays up but fails every write with "Internal server error"; the hub reads why from
+// its log and says so in `superlinkHealthy` (condition SuperLinkHealthy in Kubernetes mode),
+// restarts and tears down nothing, and once the volume has room the new SuperNode registers, the
+// condition clears and a run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_database_volume_is_named_and_nothing_is_torn_down() -> Result<()> {
+    e2e::install_crypto();
+    let dir = tempfile::tempdir()?;
+    let t0 = Instant::now();
+    let fed_dir = dir.path().join("state/federations/default/quickstart");
+    // Declared before the hub: dropped (unmounted) after the hub's processes are stopped.
+    let volume = e2e::harness::Tmpfs::mount(&fed_dir, "24m")?;
+    let (hub, fab_hash) = ready_hub_with(dir.path(), "1.42.0", |_| Ok(())).await?;
+    let database = fed_dir.join("superlink.db");
+    let superlink =
+        || e2e::harness::processes_mentioning(&format!("--database={}", database.display()));
+    let superlink_before = superlink();
+    // The SuperLink process (and whatever wraps it: the sandbox) on this database.
+    ensure!(
+        !superlink_before.is_empty(),
+        "no SuperLink process on {}",
+        database.display()
+    );
+    let fed = |status: &Value| status["federations"][0].clone();
+    let healthy = fed(&hub.status())["superlinkHealthy"].clone();
+    ensure!(
+        healthy["status"] == "True" && healthy["reason"] == "NoFailuresLogged",
+        "a working SuperLink is healthy: {healthy:#}"
+    );
+    let filled = volume.fill()?;
+    // A third SuperNode (pool site-b 1 → 2): its key must be registered, a database write.
+    let manifest = hub.manifests.join("federation.yaml");
+    let text = std::fs::read_to_string(&manifest)?;
+    let at = text.rfind("replicas: 1").context("site-b's replicas")?;
+    std::fs::write(
+        &manifest,
+        format!(
+            "{}replicas: 2{}",
+            &text[..at],
+            &text[at + "replicas: 1".len()..]
+        ),
+    )?;
+    let t_full = Instant::now();
+    let seen = Wait::new(
+        "superlinkHealthy False/DatabaseStorageFull",
+        Duration::from_secs(90),
+    )
+    .every(Duration::from_millis(500))
+    .detail(|| {
+        format!(
+            "status: {:#}\nhub log:\n{}",
+            fed(&hub.status()),
+            tail(&hub.log(), 30)
+        )
+    })
+    .for_value_blocking(|| {
+        let h = fed(&hub.status())["superlinkHealthy"].clone();
+        Ok((h["status"] == "False" && h["reason"] == "DatabaseStorageFull").then_some(h))
+    })?;
+    let named_in = t_full.elapsed();
+    let message = seen["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("database or disk is full")
+            && message.contains(&database.display().to_string())
+            && message.contains("free space"),
+        "the message quotes the SuperLink and names the database and the fix: {message}"
+    );
+    ensure!(
+        hub.log().contains("the SuperLink fails"),
+        "the hub logs it: {}",
+        tail(&hub.log(), 30)
+    );
+    let during = fed(&hub.status());
+    ensure!(
+        superlink() == superlink_before,
+        "the SuperLink was not restarted: {:?} → {:?}",
+        superlink_before,
+        superlink()
+    );
+    // Room again: the SuperLink recovers by itself; the hub registers the key and says so.
+    volume.empty()?;
+    let t_room = Instant::now();
+    Wait::new("healthy again, 3/3 SuperNodes", Duration::from_secs(120))
+        .every(Duration::from_millis(500))
+        .detail(|| {
+            format!(
+                "status: {:#}\nhub log:\n{}",
+                fed(&hub.status()),
+                tail(&hub.log(), 30)
+            )
+        })
+        .until_blocking(|| {
+            let f = fed(&hub.status());
+            Ok(f["superlinkHealthy"]["status"] == "True"
+                && f["supernodes"] == "3/3"
+                && f["ready"] == true)
+        })?;
+    let recovered_in = t_room.elapsed();
+    ensure!(
+        superlink() == superlink_before,
+        "the SuperLink was not restarted after recovering"
+    );
+    // And it trains: a run completes on the three SuperNodes.
+    std::fs::write(
+        hub.manifests.join("run-after-full.yaml"),
+        flower_run("after-full", "{num-server-rounds: 1, min-nodes: 3}", ""),
+    )?;
+    let done = hub.wait_run(
+        "after-full",
+        "Complete or Failed",
+        Duration::from_secs(240),
+        |s| {
+            condition(s, "Complete").is_some_and(|c| c.0 == "True")
+                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
+        },
+    )?;
+    ensure!(
+        is(&done, "Complete", "Completed"),
+        "the run after recovery: {done:#}"
+    );
+    ensure!(done["fabHash"] == fab_hash.as_str(), "{done:#}");
+    eprintln!(
+        "standalone_runs: database volume full ({filled} bytes of filler): SuperLinkHealthy False/DatabaseStorageFull {:.1}s after the scale-up (SuperNodes {} meanwhile); healthy and 3/3 {:.1}s after the filler went; a run completed; SuperLink pid unchanged; total {:.1}s",
+        named_in.as_secs_f64(),
+        during["supernodes"],
+        recovered_in.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(hub);
+    Ok(())
 }
 
 // The classic dialect (Flower 1.25: gRPC Control, its `default` federation, gRPC log stream):

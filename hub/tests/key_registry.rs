@@ -1,7 +1,9 @@
 //! The hub's SuperNode key registry against a stand-in Control API: a SuperLink that lost its
 //! registrations (restarted on an emptyDir database) is not listed again before `RELIST`
 //! unless its workload changed; once told (`relist_soon`, what the Kubernetes hub does on a
-//! SuperLink StatefulSet event), the next sync registers every key again.
+//! SuperLink StatefulSet event), the next sync registers every key again. A SuperLink that fails
+//! writes with a bare "Internal server error" has its log read and the cause named (a full
+//! database volume, with where it is); once it works again the problem is gone.
 mod fake_control;
 
 use std::collections::BTreeSet;
@@ -41,6 +43,151 @@ async fn stand_in_superlink() -> (
     (ca, dir, held, address)
 }
 
+/// [`stand_in_superlink`] with the whole stand-in state.
+async fn stand_in_fake() -> (
+    std::sync::Arc<FederationCa>,
+    tempfile::TempDir,
+    fake_control::Fake,
+    String,
+) {
+    let ca = HubCa::generate_for(CaRole::Flower)
+        .expect("ca")
+        .federation("team", "fed")
+        .expect("Federation CA");
+    let pair = ca
+        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
+        .expect("cert");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
+    std::fs::write(&key, &pair.key_pem).expect("key file");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let fake = fake_control::Fake::default();
+    let _server = fake_control::serve_fake(listener, &cert, &key, fake.clone());
+    (ca, dir, fake, address)
+}
+
+#[tokio::test]
+async fn a_superlink_failing_writes_on_a_full_database_is_named_from_its_log() {
+    use flower_addon_hub::flower::diagnose::{FaultKind, FileLog, LogSource};
+    use std::sync::atomic::Ordering;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (ca, dir, fake, address) = stand_in_fake().await;
+    let fed = ("team".to_owned(), "fed".to_owned());
+    let log_path = dir.path().join("superlink.log");
+    std::fs::write(&log_path, "INFO :      Starting Flower SuperLink\n").expect("log");
+    let target = KeyTarget {
+        federation: fed.clone(),
+        endpoint: ControlEndpoint {
+            dialect: FlowerDialect::Unified,
+            address,
+            server_name: "127.0.0.1".into(),
+            ca_pem: Some(ca.cert_pem().to_owned()),
+            tunnel: None,
+        },
+        wanted: BTreeSet::from([KEY.to_owned()]),
+        complete: true,
+        log: Some(LogSource {
+            describe: format!("log file {}", log_path.display()),
+            storage: "Its database is /state/superlink.db: free space there".into(),
+            reader: std::sync::Arc::new(FileLog::new(log_path.clone())),
+        }),
+    };
+    let registry = NodeKeyRegistry::new();
+
+    // Working: registered and online, nothing read from the log, no problem.
+    fake.online.store(true, Ordering::SeqCst);
+    registry.sync(vec![target.clone()]).await;
+    let keys = registry.get(&fed).expect("synced");
+    assert_eq!(keys.registered.len(), 1);
+    assert_eq!(keys.problem, None);
+
+    // The volume fills up: the SuperLink logs why and answers 500 to the next registration (a
+    // second key). The hub reads the log once and names it.
+    fake.full.store(true, Ordering::SeqCst);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log_path)
+        .and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(b"\x1b[91mERROR \x1b[0m:     [/v1/control/register-node][UnexpectedError:OperationalError] (sqlite3.OperationalError) database or disk is full\n")
+        })
+        .expect("append");
+    let second = flower_addon_agent::node_key::generate_node_key()
+        .expect("key")
+        .public_openssh;
+    let mut both = target.clone();
+    both.wanted.insert(second.clone());
+    registry.relist_soon(&fed);
+    registry.sync(vec![both.clone()]).await;
+    let keys = registry.get(&fed).expect("synced");
+    let problem = keys.problem.expect("the full database named");
+    assert_eq!(problem.fault.kind, FaultKind::Storage);
+    assert_eq!(problem.fault.reason(), "DatabaseStorageFull");
+    assert!(
+        problem.message.contains("database or disk is full")
+            && problem
+                .message
+                .contains("/state/superlink.db: free space there"),
+        "{}",
+        problem.message
+    );
+    assert!(keys.error.is_some_and(|e| e.contains("HTTP 500")));
+    assert_eq!(keys.registered.len(), 1, "the first key stays registered");
+
+    // Room again: the registration goes through, every key is online, the problem is gone.
+    fake.full.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    registry.sync(vec![both]).await;
+    let keys = registry.get(&fed).expect("synced");
+    assert_eq!(keys.registered.len(), 2, "{keys:?}");
+    assert_eq!(keys.problem, None, "healthy again");
+}
+
+#[tokio::test]
+async fn a_500_without_a_logged_cause_names_nothing() {
+    // Negative: the hub names a cause only from what the SuperLink logged; a log without a
+    // failure line (or none at all) leaves the problem unset.
+    use flower_addon_hub::flower::diagnose::{FileLog, LogSource};
+    use std::sync::atomic::Ordering;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (ca, dir, fake, address) = stand_in_fake().await;
+    let fed = ("team".to_owned(), "fed".to_owned());
+    fake.full.store(true, Ordering::SeqCst);
+    for log in [Some("INFO : all fine\n"), None] {
+        let log_path = dir.path().join("quiet.log");
+        let _ = std::fs::remove_file(&log_path);
+        if let Some(text) = log {
+            std::fs::write(&log_path, text).expect("log");
+        }
+        let registry = NodeKeyRegistry::new();
+        let target = KeyTarget {
+            federation: fed.clone(),
+            endpoint: ControlEndpoint {
+                dialect: FlowerDialect::Unified,
+                address: address.clone(),
+                server_name: "127.0.0.1".into(),
+                ca_pem: Some(ca.cert_pem().to_owned()),
+                tunnel: None,
+            },
+            wanted: BTreeSet::from([KEY.to_owned()]),
+            complete: true,
+            log: Some(LogSource {
+                describe: "quiet".into(),
+                storage: String::new(),
+                reader: std::sync::Arc::new(FileLog::new(log_path)),
+            }),
+        };
+        registry.sync(vec![target]).await;
+        let keys = registry.get(&fed).expect("synced");
+        assert!(keys.error.is_some_and(|e| e.contains("HTTP 500")));
+        assert_eq!(keys.problem, None, "log {log:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_marked() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -57,6 +204,7 @@ async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_mar
         },
         wanted: BTreeSet::from([KEY.to_owned()]),
         complete: true,
+        log: None,
     };
     let registry = NodeKeyRegistry::new();
     let held_count = || held.lock().expect("held").len();

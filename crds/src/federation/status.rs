@@ -36,7 +36,9 @@ pub struct FederationStatus {
     /// Totals over every selected cluster, of which `clusters` lists at most 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_totals: Option<ClusterTotals>,
-    /// `Ready`, `Reconciling`, `PlacementSatisfied`, `Degraded`.
+    /// `Ready`, `Reconciling`, `PlacementSatisfied`, `Degraded`, `FlowerVersionVerified`, and
+    /// `SuperLinkHealthy` (written by the hub's work source: whether the SuperLink fails calls,
+    /// and why, from its log).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

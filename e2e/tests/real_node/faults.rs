@@ -1189,3 +1189,208 @@ pub async fn a_rolling_upgrade_during_a_run(
     );
     Ok(())
 }
+
+/// The SuperLink's database volume full (Kubernetes mode): Federation `full` (hub cluster, no
+/// Placement, SuperNode authentication) keeps its SuperLink database on a claim whose `local`
+/// volume is a 16 MiB tmpfs on the hub's real node. The test fills it and adds a SuperNode
+/// (pool `a` 1 → 2: its key must be registered, a database write). Expected, as in standalone
+/// mode (`standalone_runs`): Flower keeps its SuperLink up and answers "Internal server error";
+/// the hub reads the cause from the SuperLink container's log and sets
+/// `SuperLinkHealthy=False/DatabaseStorageFull` naming the claim and the fix, with a Warning event
+/// of that reason; the SuperLink pod is not restarted and no pod is recreated (SuperNode
+/// containers may restart: Flower exits a SuperNode whose heartbeats fail). Once the volume has room the key registers,
+/// the second SuperNode comes online and the condition is `True` again.
+pub async fn a_full_database_volume_is_named(
+    hub: &Cluster,
+    hub_node: &e2e::RealNode,
+) -> Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    let t0 = Instant::now();
+    eprintln!(
+        "real_node: database volume full — expect SuperLinkHealthy=False/DatabaseStorageFull naming the claim, a Warning event, the SuperLink pod not restarted, no pod recreated, and recovery once it has room"
+    );
+    let (path, storage) = hub_node.local_volume("full-superlink-state")?;
+    let volume = e2e::harness::Tmpfs::mount(&path, "16m")?;
+    e2e::apply_yaml(&hub.client, &storage, "default").await?;
+    let federation = r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {name: full, namespace: fl}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  insecure: false
+  superlink:
+    image: flwr/superlink:1.42.0
+    volumeClaimTemplates:
+      - metadata: {name: superlink-state}
+        spec:
+          accessModes: [ReadWriteOnce]
+          storageClassName: e2e-local
+          volumeName: full-superlink-state
+          resources: {requests: {storage: 16Mi}}
+  supernodes:
+    image: flwr/supernode:1.42.0
+    pools:
+      - {name: a, replicas: REPLICAS, images: {}}
+"#;
+    e2e::apply_yaml(&hub.client, &federation.replace("REPLICAS", "1"), "fl").await?;
+    let feds = Api::<flower_addon_crds::Federation>::namespaced(hub.client.clone(), "fl");
+    let health = |fed: &flower_addon_crds::Federation| {
+        fed.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "SuperLinkHealthy")
+                .cloned()
+        })
+    };
+    let ready_with = |want: &'static str| {
+        let feds = feds.clone();
+        move || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("full").await?;
+                let status = fed.status.clone().unwrap_or_default();
+                let healthy = health(&fed).is_some_and(|c| c.status == "True");
+                let ready = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                Ok((healthy && ready && status.supernodes.as_deref() == Some(want)).then_some(()))
+            }
+        }
+    };
+    wait_for(
+        "Federation full Ready with 1/1 SuperNodes and SuperLinkHealthy=True",
+        Duration::from_secs(180),
+        ready_with("1/1"),
+    )
+    .await?;
+    let pods = Api::<Pod>::namespaced(hub.client.clone(), "fl");
+    let snapshot = || {
+        let pods = pods.clone();
+        async move {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels("app.kubernetes.io/instance=full"))
+                .await?;
+            let mut out: Vec<(String, String, i32)> = list
+                .items
+                .iter()
+                .map(|p| {
+                    (
+                        p.metadata.name.clone().unwrap_or_default(),
+                        p.metadata.uid.clone().unwrap_or_default(),
+                        e2e::pods::container_restarts(p),
+                    )
+                })
+                .collect();
+            out.sort();
+            anyhow::Ok(out)
+        }
+    };
+    let before = snapshot().await?;
+    ensure!(
+        before.iter().any(|(n, _, _)| n == "full-superlink-0"),
+        "the SuperLink pod is labelled as the Federation's: {before:?}"
+    );
+    let filled = volume.fill()?;
+    e2e::apply_yaml(&hub.client, &federation.replace("REPLICAS", "2"), "fl").await?;
+    let t_full = Instant::now();
+    let condition = wait_for(
+        "SuperLinkHealthy=False/DatabaseStorageFull on Federation full",
+        Duration::from_secs(120),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("full").await?;
+                Ok(health(&fed)
+                    .filter(|c| c.status == "False" && c.reason == "DatabaseStorageFull"))
+            }
+        },
+    )
+    .await?;
+    let named_in = t_full.elapsed();
+    ensure!(
+        condition.message.contains("database or disk is full")
+            && condition
+                .message
+                .contains("superlink-state-full-superlink-0")
+            && condition.message.contains("expand it"),
+        "the message quotes the SuperLink and names the claim and the fix: {}",
+        condition.message
+    );
+    let events = Api::<Event>::namespaced(hub.client.clone(), "fl")
+        .list(&Default::default())
+        .await?;
+    let warned = events.items.iter().any(|e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("full")
+            && e.type_.as_deref() == Some("Warning")
+            && e.reason.as_deref() == Some("DatabaseStorageFull")
+    });
+    ensure!(warned, "a Warning event DatabaseStorageFull on fl/full");
+    // The SuperLink pod is neither restarted nor recreated; SuperNode pods are not recreated
+    // (Flower's SuperNodes exit when their heartbeats fail, so their containers may restart).
+    let kept = |now: &[(String, String, i32)]| -> Result<i32> {
+        let mut supernode_restarts = 0;
+        for (name, uid, restarts) in &before {
+            let Some(same) = now.iter().find(|(n, _, _)| n == name) else {
+                anyhow::bail!("{name} gone: {before:?} → {now:?}");
+            };
+            ensure!(&same.1 == uid, "{name} recreated: {before:?} → {now:?}");
+            if name == "full-superlink-0" {
+                ensure!(
+                    same.2 == *restarts,
+                    "the SuperLink restarted: {before:?} → {now:?}"
+                );
+            } else {
+                supernode_restarts += same.2 - restarts;
+            }
+        }
+        Ok(supernode_restarts)
+    };
+    kept(&snapshot().await?)?;
+    volume.empty()?;
+    let t_room = Instant::now();
+    // SuperNode containers that exited meanwhile come back after their crash-loop back-off.
+    wait_for(
+        "Federation full Ready with 2/2 SuperNodes and SuperLinkHealthy=True again",
+        Duration::from_secs(300),
+        ready_with("2/2"),
+    )
+    .await?;
+    let recovered_in = t_room.elapsed();
+    let supernode_restarts = kept(&snapshot().await?)?;
+    eprintln!(
+        "real_node: database volume full ({filled} bytes of filler in 16 MiB): SuperLinkHealthy=False/DatabaseStorageFull and a Warning event {:.1}s after the scale-up; healthy, Ready and 2/2 {:.1}s after the filler went; the SuperLink pod not restarted, no pod recreated, {supernode_restarts} SuperNode container restart(s) (Flower exits a SuperNode whose heartbeats fail); {:.1}s in all",
+        named_in.as_secs_f64(),
+        recovered_in.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    feds.delete("full", &Default::default()).await?;
+    wait_for(
+        "Federation full's pods gone",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let left = pods
+                    .list(
+                        &kube::api::ListParams::default().labels("app.kubernetes.io/instance=full"),
+                    )
+                    .await?;
+                Ok(left.items.is_empty().then_some(()))
+            }
+        },
+    )
+    .await?;
+    // The claim outlives the StatefulSet (as any StatefulSet claim); the volume is retained.
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    Api::<PersistentVolumeClaim>::namespaced(hub.client.clone(), "fl")
+        .delete("superlink-state-full-superlink-0", &Default::default())
+        .await?;
+    Api::<PersistentVolume>::all(hub.client.clone())
+        .delete("full-superlink-state", &Default::default())
+        .await?;
+    drop(volume);
+    Ok(())
+}

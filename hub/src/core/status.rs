@@ -195,6 +195,27 @@ pub fn listed_clusters(all: Vec<ClusterStatus>) -> Vec<ClusterStatus> {
     indexed.into_iter().map(|(_, c)| c).collect()
 }
 
+/// Condition type saying whether the Federation's SuperLink works: `False` while it fails the
+/// hub's calls or its SuperNodes' heartbeats and its log says why ([`crate::flower::diagnose`]:
+/// reason `DatabaseStorageFull` or `UnexpectedError`, the message naming the fix). Written for
+/// Federations with SuperNode authentication (the hub calls their SuperLink), by both hub modes.
+pub const SUPERLINK_HEALTHY: &str = "SuperLinkHealthy";
+
+/// `(status, reason, message)` of [`SUPERLINK_HEALTHY`] given what the SuperLink last logged as
+/// failing, while it fails.
+pub fn superlink_health(
+    problem: Option<&crate::flower::registry::Diagnosis>,
+) -> (&'static str, &'static str, String) {
+    match problem {
+        Some(p) => ("False", p.fault.reason(), p.message.clone()),
+        None => (
+            "True",
+            "NoFailuresLogged",
+            "the SuperLink answers the hub's calls and logged no failure when last read".to_owned(),
+        ),
+    }
+}
+
 /// Whether a Federation is ready: the one rule of both hub modes. It is ready when its SuperLink
 /// runs (`superlink`), nothing keeps it from being placed or reached (`problems`: its Placement,
 /// its external address, pools that no selected cluster can run), at least one cluster is

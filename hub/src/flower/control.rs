@@ -122,6 +122,19 @@ pub enum ControlError {
     Key(#[from] KeyError),
 }
 
+impl ControlError {
+    /// Whether the SuperLink failed the call unexpectedly ([`Refusal::Internal`]).
+    pub fn is_internal(&self) -> bool {
+        matches!(
+            self,
+            Self::Refused {
+                kind: Refusal::Internal,
+                ..
+            }
+        )
+    }
+}
+
 /// What kind of refusal the SuperLink gave (both dialects map onto these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -129,6 +142,9 @@ pub enum Refusal {
     AlreadyExists,
     /// No such node (or run).
     NotFound,
+    /// The SuperLink failed unexpectedly (HTTP 500, gRPC `INTERNAL`/`UNKNOWN`): it logged the
+    /// cause and answered a bare "Internal server error" ([`super::diagnose`] reads the log).
+    Internal,
     /// Anything else.
     Other,
 }
@@ -349,6 +365,7 @@ fn grpc_error(method: &'static str, address: String, status: &tonic::Status) -> 
         Code::AlreadyExists => Refusal::AlreadyExists,
         Code::FailedPrecondition if detail.contains("already in use") => Refusal::AlreadyExists,
         Code::NotFound => Refusal::NotFound,
+        Code::Internal | Code::Unknown => Refusal::Internal,
         _ => Refusal::Other,
     };
     ControlError::Refused {
@@ -597,6 +614,7 @@ fn http_error(
     let kind = match (code, status.as_u16()) {
         (Some(23), _) => Refusal::AlreadyExists,
         (Some(24), _) | (None, 404) => Refusal::NotFound,
+        (_, 500) => Refusal::Internal,
         _ => Refusal::Other,
     };
     ControlError::Refused {

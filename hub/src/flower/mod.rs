@@ -4,6 +4,7 @@
 //! formats ([`keys`]), keeping a SuperLink's registered keys equal to what the core wants
 //! ([`sync_keys`]), and the files runs output with the sidecar serving them ([`outputs`]).
 pub mod control;
+pub mod diagnose;
 pub mod fab;
 pub mod fab_url;
 pub mod front;
@@ -32,6 +33,9 @@ pub struct KeySync {
     pub failed: Vec<String>,
     /// Wanted keys the SuperLink will never register again ([`KeyPlan::retired`]).
     pub retired: BTreeSet<String>,
+    /// Whether a registration or removal failed unexpectedly ([`ControlError::is_internal`]):
+    /// the SuperLink logged why ([`diagnose`]).
+    pub internal: bool,
 }
 
 /// Makes the SuperLink behind `client` hold exactly `wanted` (OpenSSH public key lines): lists
@@ -84,13 +88,17 @@ pub async fn sync_keys_with(
             .collect()
             .await;
     let mut newly_registered = 0;
+    let mut internal = false;
     for (line, result) in registrations {
         match result {
             Ok(r) => {
                 newly_registered += usize::from(matches!(r, Registration::Registered(_)));
                 registered.insert(line);
             }
-            Err(e) => failed.push(format!("{}: {e}", short(&line))),
+            Err(e) => {
+                internal |= e.is_internal();
+                failed.push(format!("{}: {e}", short(&line)));
+            }
         }
     }
     let removals: Vec<(u64, Result<(), ControlError>)> = futures::stream::iter(unregister)
@@ -102,7 +110,10 @@ pub async fn sync_keys_with(
     for (id, result) in removals {
         match result {
             Ok(()) => unregistered += 1,
-            Err(e) => failed.push(format!("node {id}: {e}")),
+            Err(e) => {
+                internal |= e.is_internal();
+                failed.push(format!("node {id}: {e}"));
+            }
         }
     }
     Ok(KeySync {
@@ -112,6 +123,7 @@ pub async fn sync_keys_with(
         unregistered,
         failed,
         retired,
+        internal,
     })
 }
 

@@ -4,7 +4,8 @@
 //! reconcile pass, the Kubernetes work source in a task of its own; both read back the
 //! registered keys (sent to agents as `registered_node_keys`, so a SuperNode starts only with a
 //! registered key) and the online ones (Federation status: SuperNodes connected to the SuperLink).
-use super::control::{ControlClient, ControlEndpoint};
+use super::control::{ControlClient, ControlEndpoint, ControlError};
+use super::diagnose::{LogSource, SuperLinkFault, last_fault};
 use super::{KeySync, sync_keys_with};
 use dashmap::DashMap;
 use std::collections::BTreeSet;
@@ -19,6 +20,8 @@ pub type FedKey = (String, String);
 pub const RELIST: Duration = Duration::from_secs(10);
 /// How soon a failed sync is tried again.
 const RETRY: Duration = Duration::from_secs(2);
+/// How often, at most, a SuperLink's log is read ([`super::diagnose`]).
+pub const PEEK_EVERY: Duration = Duration::from_secs(30);
 
 /// What one Federation's SuperLink should hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +37,19 @@ pub struct KeyTarget {
     /// (a restarted hub would otherwise unregister every running SuperNode before the agents
     /// report), so it only registers.
     pub complete: bool,
+    /// The SuperLink's log, read when it fails calls unexpectedly or its SuperNodes drop
+    /// offline ([`super::diagnose`]); `None`: not read.
+    pub log: Option<LogSource>,
+}
+
+/// Why a SuperLink fails, as its log says ([`super::diagnose`]), for the Federation's
+/// `SuperLinkHealthy` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnosis {
+    /// What it logged.
+    pub fault: SuperLinkFault,
+    /// The condition's message: the line and the fix ([`SuperLinkFault::message`]).
+    pub message: String,
 }
 
 /// What the registry knows of one Federation's SuperLink.
@@ -50,6 +66,8 @@ pub struct FederationKeys {
     pub listed: bool,
     /// The last sync's error, if it failed.
     pub error: Option<String>,
+    /// What the SuperLink last logged as failing, while it fails ([`super::diagnose`]).
+    pub problem: Option<Diagnosis>,
 }
 
 struct Entry {
@@ -59,6 +77,9 @@ struct Entry {
     tried_at: Instant,
     /// Set by [`NodeKeyRegistry::relist_soon`]: the SuperLink may have restarted.
     stale: bool,
+    /// Its log's reader ([`KeyTarget::log`]) and when it last read.
+    log: Option<LogSource>,
+    peeked_at: Option<Instant>,
     keys: FederationKeys,
 }
 
@@ -93,7 +114,20 @@ impl NodeKeyRegistry {
             let due = self.due(&target);
             let Some(client) = due else { continue };
             let result = sync_keys_with(&client, &target.wanted, target.complete).await;
-            if self.record(&target, client, result) {
+            // The reader of the last sync (it knows how far it read), unless the log moved.
+            let log = self
+                .entries
+                .get(&target.federation)
+                .and_then(|e| e.log.clone())
+                .filter(|l| Some(l) == target.log.as_ref())
+                .or_else(|| target.log.clone());
+            let peeked = match &log {
+                Some(log) if self.wants_peek(&target.federation, &result) => {
+                    Some(log.reader.recent().await)
+                }
+                _ => None,
+            };
+            if self.record(&target, client, log, result, peeked) {
                 changed.push(target.federation);
             }
         }
@@ -126,9 +160,63 @@ impl NodeKeyRegistry {
             .unwrap_or_default()
     }
 
+    /// Sets what is known of a Federation's SuperLink as a sync would (tests of the readers).
+    #[cfg(test)]
+    pub(crate) fn insert_for_test(&self, federation: FedKey, keys: FederationKeys) {
+        let client = ControlClient::new(ControlEndpoint {
+            dialect: flower_addon_crds::render::FlowerDialect::Unified,
+            address: "127.0.0.1:9".into(),
+            server_name: "127.0.0.1".into(),
+            ca_pem: None,
+            tunnel: None,
+        })
+        .expect("a client");
+        self.entries.insert(
+            federation,
+            Entry {
+                client: Arc::new(client),
+                wanted: BTreeSet::new(),
+                complete: true,
+                tried_at: Instant::now(),
+                stale: false,
+                log: None,
+                peeked_at: None,
+                keys,
+            },
+        );
+    }
+
     /// Everything known of the Federation's SuperLink (`None` before its first sync attempt).
     pub fn get(&self, federation: &FedKey) -> Option<FederationKeys> {
         self.entries.get(federation).map(|e| e.keys.clone())
+    }
+
+    /// Whether the SuperLink's log should be read after this sync: a call failed unexpectedly,
+    /// or SuperNodes it holds dropped offline (or are still offline after a fault was seen),
+    /// and it was not read in the last [`PEEK_EVERY`].
+    fn wants_peek(&self, federation: &FedKey, result: &Result<KeySync, ControlError>) -> bool {
+        let entry = self.entries.get(federation);
+        if entry
+            .as_ref()
+            .and_then(|e| e.peeked_at)
+            .is_some_and(|at| at.elapsed() < PEEK_EVERY)
+        {
+            return false;
+        }
+        match result {
+            Err(error) => error.is_internal(),
+            Ok(sync) => {
+                let offline = sync.registered.iter().any(|k| !sync.online.contains(k));
+                let dropped = entry.as_ref().is_some_and(|e| {
+                    e.keys
+                        .online
+                        .iter()
+                        .any(|k| sync.registered.contains(k) && !sync.online.contains(k))
+                });
+                let faulty = entry.as_ref().is_some_and(|e| e.keys.problem.is_some());
+                sync.internal || dropped || (faulty && offline)
+            }
+        }
     }
 
     fn due(&self, target: &KeyTarget) -> Option<Arc<ControlClient>> {
@@ -163,7 +251,9 @@ impl NodeKeyRegistry {
         &self,
         target: &KeyTarget,
         client: Arc<ControlClient>,
-        result: Result<KeySync, super::control::ControlError>,
+        log: Option<LogSource>,
+        result: Result<KeySync, ControlError>,
+        peeked: Option<Result<String, String>>,
     ) -> bool {
         let now = Instant::now();
         let mut entry = self
@@ -175,13 +265,44 @@ impl NodeKeyRegistry {
                 complete: false,
                 tried_at: now,
                 stale: false,
+                log: None,
+                peeked_at: None,
                 keys: FederationKeys::default(),
             });
         entry.client = client;
+        entry.log = log;
         entry.tried_at = now;
         entry.stale = false;
         let before = entry.keys.clone();
         let fed = &target.federation;
+        // Healthy again: no call failed unexpectedly, and a write went through or every
+        // SuperNode it holds is online.
+        let healthy = result.as_ref().is_ok_and(|s| {
+            !s.internal
+                && (s.newly_registered + s.unregistered > 0
+                    || s.registered.iter().all(|k| s.online.contains(k)))
+        });
+        match peeked {
+            Some(Ok(text)) => {
+                entry.peeked_at = Some(now);
+                // Nothing logged since the last look: whatever failed before has stopped.
+                entry.keys.problem = last_fault(&text).map(|fault| Diagnosis {
+                    message: fault.message(target.log.as_ref().map_or("", |l| l.storage.as_str())),
+                    fault,
+                });
+                if let Some(problem) = &entry.keys.problem
+                    && before.problem.as_ref() != Some(problem)
+                {
+                    tracing::warn!(namespace = %fed.0, federation = %fed.1, reason = problem.fault.reason(), message = %problem.message, "the SuperLink fails");
+                }
+            }
+            Some(Err(error)) => {
+                entry.peeked_at = Some(now);
+                tracing::warn!(namespace = %fed.0, federation = %fed.1, %error, "cannot read the SuperLink's log");
+            }
+            None if healthy => entry.keys.problem = None,
+            None => {}
+        }
         match result {
             Ok(sync) => {
                 if sync.newly_registered > 0 || sync.unregistered > 0 {
@@ -202,6 +323,7 @@ impl NodeKeyRegistry {
                     listed: true,
                     // Failed keys are retried after RETRY.
                     error: (!sync.failed.is_empty()).then(|| sync.failed.join("; ")),
+                    problem: entry.keys.problem.take(),
                 };
             }
             Err(error) => {
@@ -212,8 +334,12 @@ impl NodeKeyRegistry {
                 entry.keys.error = Some(error.to_string());
             }
         }
+        if before.problem.is_some() && entry.keys.problem.is_none() {
+            tracing::info!(namespace = %fed.0, federation = %fed.1, "the SuperLink works again");
+        }
         entry.keys.registered != before.registered
             || entry.keys.online != before.online
             || entry.keys.retired != before.retired
+            || entry.keys.problem != before.problem
     }
 }

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::core::render::{federation_dialect, superlink_name};
 use crate::core::superlink::{SuperLinkPorts, separate_control};
 use crate::flower::control::{ControlEndpoint, IoStream, Opener, Opening, Tunnel};
+use crate::flower::diagnose::LogSource;
 use crate::registration::ca::HubCa;
 
 /// Makes the tunnel to port `port` of pod `namespace/pod`.
@@ -152,6 +153,83 @@ pub fn in_cluster_endpoint(
 }
 
 /// A [`Forward`] for tests: its tunnels describe where they lead and fail when opened.
+/// Reads the SuperLink container's log through the API server (`get` on `pods/log`: the hub's
+/// ClusterRole has it): what it logged since the last read ([`crate::flower::diagnose`]).
+struct PodLog {
+    api: kube::Api<Pod>,
+    pod: String,
+    read_at: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// How far back the first read of a SuperLink's log goes, seconds.
+const FIRST_LOG_WINDOW: u64 = 300;
+
+impl crate::flower::diagnose::SuperLinkLog for PodLog {
+    fn recent(
+        &self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send + '_>> {
+        Box::pin(async move {
+            let since = {
+                let mut at = self.read_at.lock().unwrap_or_else(|p| p.into_inner());
+                let since = at.map_or(FIRST_LOG_WINDOW, |t| t.elapsed().as_secs() + 1);
+                *at = Some(std::time::Instant::now());
+                since
+            };
+            let params = kube::api::LogParams {
+                container: Some(crate::core::render::SUPERLINK_CONTAINER.to_owned()),
+                since_seconds: Some(i64::try_from(since).unwrap_or(i64::MAX)),
+                tail_lines: Some(2_000),
+                limit_bytes: Some(
+                    i64::try_from(crate::flower::diagnose::LOG_WINDOW).unwrap_or(i64::MAX),
+                ),
+                ..kube::api::LogParams::default()
+            };
+            self.api
+                .logs(&self.pod, &params)
+                .await
+                .map_err(|e| format!("log of pod {}: {e}", self.pod))
+        })
+    }
+}
+
+/// The log of the Federation's SuperLink container, and where its database is and how to
+/// give it room ([`crate::flower::diagnose::LogSource`]).
+pub fn superlink_log(fed: &Federation, client: &kube::Client) -> LogSource {
+    let name = fed.metadata.name.as_deref().unwrap_or_default();
+    let namespace = fed.metadata.namespace.as_deref().unwrap_or("default");
+    let statefulset = superlink_name(name);
+    let pod = format!("{statefulset}-0");
+    let state = crate::core::render::STATE_VOLUME;
+    let storage = if fed
+        .spec
+        .superlink
+        .volume_claim_templates
+        .iter()
+        .any(|c| c.metadata.name == state)
+    {
+        format!(
+            "Its database is on the claim {state}-{pod} in namespace {namespace}: expand it \
+             (raise spec.resources.requests.storage of that PersistentVolumeClaim; its \
+             StorageClass must allow volume expansion) or free space on its volume"
+        )
+    } else {
+        format!(
+            "Its database is on an emptyDir of pod {namespace}/{pod}, on its node's disk: free \
+             space on that node (or raise the emptyDir's sizeLimit), or give the Federation a \
+             claim named {state} in spec.superlink.volumeClaimTemplates"
+        )
+    };
+    LogSource {
+        describe: format!("container superlink of pod {namespace}/{pod}"),
+        storage,
+        reader: Arc::new(PodLog {
+            api: kube::Api::namespaced(client.clone(), namespace),
+            pod,
+            read_at: std::sync::Mutex::new(None),
+        }),
+    }
+}
+
 #[cfg(test)]
 pub fn unreachable_forward() -> Forward {
     struct Fails;

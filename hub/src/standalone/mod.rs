@@ -270,12 +270,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
                         .keys
                         .get(&(s.namespace.clone(), s.name.clone()))
                         .filter(|k| k.listed);
-                    s.finish(
-                        &self.work,
-                        &superlinks,
-                        keys.as_ref().map(|k| &k.online),
-                        |c| available.contains(c),
-                    )
+                    s.finish(&self.work, &superlinks, keys.as_ref(), |c| {
+                        available.contains(c)
+                    })
                 })
                 .collect(),
             clusters: clusters

@@ -105,11 +105,13 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let Some(endpoint) = self.control_endpoint(fed) else {
                 continue;
             };
+            let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
             targets.push(crate::flower::registry::KeyTarget {
-                federation: key,
                 endpoint,
                 wanted: wanted.keys,
                 complete: wanted.complete,
+                log: Some(superlink_log(&paths)),
+                federation: key,
             });
         }
         // Off the pass: one sync at a time, started with this pass's targets when the last one
@@ -164,5 +166,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
             "0.0.0.0" | "::" | "" => "127.0.0.1".to_owned(),
             bound => bound.to_owned(),
         }
+    }
+}
+
+/// The standalone SuperLink's log file, and where its database is ([`crate::flower::diagnose`]).
+fn superlink_log(paths: &SuperLinkPaths) -> crate::flower::diagnose::LogSource {
+    crate::flower::diagnose::LogSource {
+        describe: format!("log file {}", paths.log.display()),
+        storage: format!(
+            "Its database is {} (under the hub's --state-dir): free space on that filesystem, \
+             or move the state directory to a larger one with the hub stopped",
+            paths.database.display()
+        ),
+        reader: std::sync::Arc::new(crate::flower::diagnose::FileLog::new(paths.log.clone())),
     }
 }

@@ -66,6 +66,10 @@ pub struct FederationSummary {
     /// Error that stopped reconciling this Federation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether its SuperLink works, as condition `SuperLinkHealthy` says in Kubernetes mode
+    /// ([`crate::core::status::superlink_health`]; SuperNode authentication only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superlink_healthy: Option<HealthSummary>,
     /// Fleet address the SuperNodes dial (`status.endpoints.fleet` in Kubernetes mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<String>,
@@ -123,9 +127,19 @@ impl FederationSummary {
         mut self,
         work: &InMemoryWorkSource,
         superlinks: &BTreeMap<(String, String), bool>,
-        online: Option<&std::collections::BTreeSet<String>>,
+        keys: Option<&crate::flower::registry::FederationKeys>,
         connected: impl Fn(&str) -> bool,
     ) -> Self {
+        let online = keys.map(|k| &k.online);
+        self.superlink_healthy = keys.map(|k| {
+            let (status, reason, message) =
+                crate::core::status::superlink_health(k.problem.as_ref());
+            HealthSummary {
+                status: status.to_owned(),
+                reason: reason.to_owned(),
+                message,
+            }
+        });
         self.superlink_running = superlinks
             .get(&(self.namespace.clone(), self.name.clone()))
             .copied()
@@ -194,6 +208,18 @@ impl FederationSummary {
         };
         self
     }
+}
+
+/// A condition as `status.json` shows it: `status` (`True`/`False`), `reason`, `message`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthSummary {
+    /// `True` or `False`.
+    pub status: String,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What happened and what to do.
+    pub message: String,
 }
 
 /// Status of one registered cluster.

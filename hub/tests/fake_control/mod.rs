@@ -72,6 +72,11 @@ pub struct Fake {
     pub runs: Arc<Mutex<Runs>>,
     /// Every method called, as `control: <method>`.
     pub journal: Journal,
+    /// While set, writes (`register-node`, `unregister-node`) fail as Flower fails them on a
+    /// full database: HTTP 500 "Internal server error" (the cause only in its log).
+    pub full: Arc<std::sync::atomic::AtomicBool>,
+    /// While set, `list-nodes` lists every node `online` (else `registered`).
+    pub online: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Fake {
@@ -153,6 +158,12 @@ async fn answer(
         return reply;
     }
     let mut nodes = fake.nodes.lock().expect("nodes");
+    if fake.full.load(std::sync::atomic::Ordering::SeqCst)
+        && matches!(method.as_str(), "register-node" | "unregister-node")
+    {
+        return json(500, r#"{"detail": "Internal server error"}"#);
+    }
+    let online = fake.online.load(std::sync::atomic::Ordering::SeqCst);
     let reply = match method.as_str() {
         "register-node" => {
             let request = RegisterNodeRequest::decode(body).expect("RegisterNodeRequest");
@@ -178,7 +189,7 @@ async fn answer(
                 .iter()
                 .map(|(id, key)| NodeInfo {
                     node_id: *id,
-                    status: "registered".into(),
+                    status: if online { "online" } else { "registered" }.into(),
                     public_key: key.clone(),
                     ..NodeInfo::default()
                 })

@@ -35,6 +35,8 @@ const TLS_VOLUME: &str = "superlink-tls";
 /// Volume holding the runs' outputs (`spec.outputs`): a claim named this in the StatefulSet's
 /// claims (`volumeClaimTemplate`), the existing claim `claimName`, or an `emptyDir`.
 pub const OUTPUTS_VOLUME: &str = "outputs";
+/// The SuperLink's own container (its log is read when it fails: [`crate::flower::diagnose`]).
+pub const SUPERLINK_CONTAINER: &str = "superlink";
 /// The outputs sidecar's container name: serves the outputs read-only on the pod's loopback to
 /// the hub and to `flower-hub run fetch`, through port-forwards.
 pub const OUTPUTS_CONTAINER: &str = "outputs";
@@ -192,7 +194,7 @@ pub fn render_superlink(
     append_mounts(&mut mounts, &superlink.volume_mounts);
 
     let mut containers = vec![Container {
-        name: "superlink".to_owned(),
+        name: SUPERLINK_CONTAINER.to_owned(),
         image: Some(superlink.image.clone()),
         args: Some(superlink_argv(fed, version, dialect, &layout)),
         ports: Some(ports),

@@ -46,6 +46,19 @@ fn http_errors_map_to_refusals() {
             ..
         }
     ));
+    assert!(!e.is_internal());
+    // Flower hides every unexpected failure (a full database) behind this answer.
+    let e = http_error(
+        "register-node",
+        "a:1".into(),
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        br#"{"detail": "Internal server error"}"#,
+    );
+    assert!(e.is_internal(), "{e:?}");
+    assert!(
+        e.to_string().contains("HTTP 500: Internal server error"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -66,6 +79,8 @@ fn grpc_errors_map_to_refusals() {
             ..
         }
     ));
+    let s = tonic::Status::unknown("Exception calling application: database or disk is full");
+    assert!(grpc_error("RegisterNode", "a:1".into(), &s).is_internal());
     let s = tonic::Status::unavailable("tcp connect error");
     assert!(matches!(
         grpc_error("ListNodes", "a:1".into(), &s),

@@ -20,7 +20,7 @@
 //!
 //! Beside it: the Placement controller ([`placement`]) and the FlowerRun controller ([`runs`]).
 
-mod apply;
+pub(crate) mod apply;
 pub mod cache;
 pub mod placement;
 pub mod runs;

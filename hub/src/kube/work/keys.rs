@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
+use flower_addon_crds::Federation;
 use flower_addon_crds::render::MANAGED_BY;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -20,6 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::{Report, Stores};
+use crate::flower::diagnose::LogSource;
 use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
 use crate::registration::ca::HubCa;
 
@@ -41,7 +43,7 @@ pub(super) async fn sync_node_keys(
         format!("app.kubernetes.io/component=superlink,app.kubernetes.io/managed-by={MANAGED_BY}");
     let forward = crate::kube::control::port_forward(client.clone());
     let superlinks = watcher(
-        Api::<StatefulSet>::all(client),
+        Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(&selector),
     )
     .default_backoff()
@@ -57,7 +59,8 @@ pub(super) async fn sync_node_keys(
             }
             _ = tokio::time::sleep(SYNC_EVERY) => {}
         }
-        let targets = targets(&stores, &reports, &ca, &forward);
+        let log = |fed: &Federation| Some(crate::kube::control::superlink_log(fed, &client));
+        let targets = targets(&stores, &reports, &ca, &forward, &log);
         if !registry.sync(targets).await.is_empty() {
             keys_changed.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -78,6 +81,7 @@ fn targets(
     reports: &DashMap<String, Report>,
     ca: &HubCa,
     forward: &crate::kube::control::Forward,
+    log: &dyn Fn(&Federation) -> Option<LogSource>,
 ) -> Vec<KeyTarget> {
     if !super::is_ready(stores) {
         return Vec::new();
@@ -123,6 +127,7 @@ fn targets(
             endpoint,
             wanted: wanted.keys,
             complete: wanted.complete,
+            log: log(&fed),
         });
     }
     out
@@ -181,6 +186,7 @@ mod tests {
             &reports,
             &ca,
             &crate::kube::control::unreachable_forward(),
+            &|_| None,
         );
         assert_eq!(targets.len(), 1, "{targets:?}");
         let t = &targets[0];
@@ -214,7 +220,8 @@ mod tests {
                 &unlisted,
                 &reports,
                 &flower_ca(),
-                &crate::kube::control::unreachable_forward()
+                &crate::kube::control::unreachable_forward(),
+                &|_| None
             )
             .is_empty()
         );
@@ -237,7 +244,8 @@ mod tests {
                 &stores,
                 &reports,
                 &flower_ca(),
-                &crate::kube::control::unreachable_forward()
+                &crate::kube::control::unreachable_forward(),
+                &|_| None
             )[0]
             .complete,
             "nothing reported"
@@ -248,6 +256,7 @@ mod tests {
             &reports,
             &flower_ca(),
             &crate::kube::control::unreachable_forward(),
+            &|_| None,
         );
         assert!(!one[0].complete, "s2 not reported");
         assert_eq!(one[0].wanted, BTreeSet::from(["k1".to_owned()]));
@@ -257,7 +266,8 @@ mod tests {
                 &stores,
                 &reports,
                 &flower_ca(),
-                &crate::kube::control::unreachable_forward()
+                &crate::kube::control::unreachable_forward(),
+                &|_| None
             )[0]
             .complete
         );

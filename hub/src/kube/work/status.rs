@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use flower_addon_crds::{Federation, ManagedCluster};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -25,11 +27,12 @@ pub const CLUSTER_STATUS_FIELD_MANAGER: &str = "flower-addon-hub-clusters";
 const STATUS_RESYNC: Duration = Duration::from_secs(10);
 
 /// What the status writer last wrote for a Federation: the resourceVersion of the cached object
-/// it was computed from, the listed clusters and the totals.
+/// it was computed from, the listed clusters, the totals and the `SuperLinkHealthy` condition.
 type WrittenStatus = (
     Option<String>,
     Vec<flower_addon_crds::ClusterStatus>,
     flower_addon_crds::ClusterTotals,
+    Option<Condition>,
 );
 
 /// Keeps `status.clusters` of every Federation current from the agents' reports (and the hub's
@@ -47,6 +50,7 @@ pub(super) async fn write_cluster_statuses(
     // was computed from: while the reflector has not yet seen that write, the cache still shows
     // the old status, and the same write is not sent again.
     let mut written: BTreeMap<(String, String), WrittenStatus> = BTreeMap::new();
+    let recorder = crate::kube::controller::apply::recorder(client.clone());
     loop {
         tokio::select! {
             changed = reported.changed() => if changed.is_err() { return },
@@ -94,20 +98,44 @@ pub(super) async fn write_cluster_statuses(
             let version = fed.resource_version();
             let last = written.get(&key);
             let totals_written = current_totals == Some(&totals)
-                || last.is_some_and(|(at, _, t)| *at == version && *t == totals);
+                || last.is_some_and(|(at, _, t, _)| *at == version && *t == totals);
             let listed_written = !needs_status_write(
                 current,
                 &want,
-                last.map(|(at, listed, _)| (at, listed)),
+                last.map(|(at, listed, _, _)| (at, listed)),
                 &version,
             );
-            if totals_written && listed_written {
+            let current_health = fed.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == crate::core::status::SUPERLINK_HEALTHY)
+            });
+            let health = keys.as_ref().map(|k| {
+                let (status, reason, message) =
+                    crate::core::status::superlink_health(k.problem.as_ref());
+                health_condition(
+                    current_health,
+                    status,
+                    reason,
+                    message,
+                    fed.metadata.generation,
+                )
+            });
+            let health_written = same_condition(current_health, health.as_ref())
+                || last.is_some_and(|(at, _, _, h)| {
+                    *at == version && same_condition(h.as_ref(), health.as_ref())
+                });
+            if totals_written && listed_written && health_written {
                 continue;
+            }
+            let mut status = serde_json::json!({"clusters": want, "clusterTotals": totals});
+            if let Some(health) = &health {
+                status["conditions"] = serde_json::json!([health]);
             }
             let body = serde_json::json!({
                 "apiVersion": flower_addon_crds::API_VERSION,
                 "kind": "Federation",
-                "status": {"clusters": want, "clusterTotals": totals},
+                "status": status,
             });
             let name = fed.name_any();
             let result = Api::<Federation>::namespaced(client.clone(), &namespace)
@@ -119,13 +147,63 @@ pub(super) async fn write_cluster_statuses(
                 .await;
             match result {
                 Ok(_) => {
-                    written.insert(key, (version, want, totals));
+                    if let Some(h) = health.as_ref().filter(|h| {
+                        h.status == "False"
+                            && !current_health
+                                .is_some_and(|c| c.status == "False" && c.reason == h.reason)
+                    }) {
+                        crate::kube::controller::apply::publish(
+                            &recorder,
+                            fed.as_ref(),
+                            EventType::Warning,
+                            "Diagnose",
+                            &h.reason,
+                            h.message.clone(),
+                        )
+                        .await;
+                    }
+                    written.insert(key, (version, want, totals, health));
                 }
                 Err(error) => {
                     tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
                 }
             }
         }
+    }
+}
+
+/// The `SuperLinkHealthy` condition, keeping `current`'s transition time while its status holds.
+fn health_condition(
+    current: Option<&Condition>,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: crate::core::status::SUPERLINK_HEALTHY.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: current.filter(|c| c.status == status).map_or_else(
+            || Time(k8s_openapi::jiff::Timestamp::now()),
+            |c| c.last_transition_time.clone(),
+        ),
+    }
+}
+
+/// Whether two conditions say the same (their times and generations aside).
+fn same_condition(a: Option<&Condition>, b: Option<&Condition>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            a.type_ == b.type_
+                && a.status == b.status
+                && a.reason == b.reason
+                && a.message == b.message
+        }
+        (None, None) => true,
+        _ => false,
     }
 }
 

@@ -163,3 +163,75 @@ async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
     assert_eq!(clusters[0]["supernodes"], "1/2");
     assert_eq!(clusters[0]["connected"], true);
 }
+
+#[tokio::test]
+async fn a_failing_superlink_gets_its_condition_and_a_warning_event() {
+    // What the key registry read from a SuperLink's log (a full database) becomes condition
+    // SuperLinkHealthy=False in the same status write (this writer's field manager), with a
+    // Warning event naming the reason; a Federation whose SuperLink works gets it True.
+    use crate::flower::diagnose::{FaultKind, SuperLinkFault};
+    use crate::flower::registry::{Diagnosis, FederationKeys};
+    let fed = federation("[{name: a, replicas: 2, images: {}}]");
+    let (client, calls) = mock_api::mock_client(vec![serde_json::to_value(&fed).expect("json")]);
+    let stores = stores(
+        vec![fed],
+        vec![decision("both", &["s1"])],
+        vec![managed("s1", &[])],
+    );
+    let registry = Arc::new(NodeKeyRegistry::new());
+    let fault = SuperLinkFault {
+        kind: FaultKind::Storage,
+        line: "ERROR : [/v1/fleet/heartbeat][UnexpectedError:OperationalError] (sqlite3.OperationalError) database or disk is full".into(),
+    };
+    registry.insert_for_test(
+        ("team".into(), "fed".into()),
+        FederationKeys {
+            listed: true,
+            problem: Some(Diagnosis {
+                message: fault.message("expand claim superlink-state-fed-superlink-0"),
+                fault,
+            }),
+            ..FederationKeys::default()
+        },
+    );
+    let (tx, rx) = watch::channel(0u64);
+    let writer = tokio::spawn(write_cluster_statuses(
+        client,
+        stores,
+        Arc::new(DashMap::new()),
+        registry,
+        rx,
+    ));
+    tx.send_modify(|n| *n += 1);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    writer.abort();
+    let calls = calls.lock().expect("log").clone();
+    let patch = calls
+        .iter()
+        .find(|c| c.line().ends_with("/federations/fed/status"))
+        .unwrap_or_else(|| panic!("a status write: {calls:#?}"));
+    let conditions = patch.body["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .clone();
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!(conditions[0]["type"], "SuperLinkHealthy");
+    assert_eq!(conditions[0]["status"], "False");
+    assert_eq!(conditions[0]["reason"], "DatabaseStorageFull");
+    let message = conditions[0]["message"].as_str().expect("message");
+    assert!(
+        message.contains("database or disk is full")
+            && message.contains("expand claim superlink-state-fed-superlink-0"),
+        "{message}"
+    );
+    let event = calls
+        .iter()
+        .find(|c| c.line().contains("/events"))
+        .unwrap_or_else(|| panic!("a Warning event: {calls:#?}"));
+    assert_eq!(event.body["type"], "Warning", "{:#}", event.body);
+    assert_eq!(
+        event.body["reason"], "DatabaseStorageFull",
+        "{:#}",
+        event.body
+    );
+}
