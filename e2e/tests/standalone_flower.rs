@@ -1214,6 +1214,35 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
         "  retired: the old CA left every bundle, SuperNodes restarted on the new one and online after {:.1}s",
         t.elapsed().as_secs_f64()
     );
+
+    // The SuperLink's key garbled on disk (the certificate, SANs marker and CA untouched): the
+    // restarted hub issues a new pair instead of starting a SuperLink that cannot load it, and
+    // the SuperNodes (same CA) come back online.
+    let t = Instant::now();
+    let key = w.hub_ca().with_file_name("tls.key");
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n",
+    )?;
+    let cert_before = std::fs::read(w.hub_ca().with_file_name("tls.crt"))?;
+    restart_hub(w)?;
+    let client = control(w, next.clone())?;
+    Wait::new(
+        "a new SuperLink pair and edge-1's 3 SuperNodes online",
+        Duration::from_secs(120),
+    )
+    .detail(|| w.logs())
+    .until_blocking(|| {
+        let cert = std::fs::read(w.hub_ca().with_file_name("tls.crt"))?;
+        let key = std::fs::read(&key)?;
+        Ok(cert != cert_before
+            && flower_addon_hub::core::renewal::pair_is_usable(&cert, &key)
+            && online(&rt, &client) == 3)
+    })?;
+    eprintln!(
+        "  garbled SuperLink key: issued again, SuperNodes online after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -1257,7 +1286,7 @@ fn standalone_hub_agents_and_real_flower() {
             false,
         ),
         (
-            "8 Flower CA rotated: staged, promoted, retired; SuperNodes and runs follow",
+            "8 Flower CA rotated: staged, promoted, retired; SuperNodes and runs follow; a garbled SuperLink key issued again",
             s8_flower_ca_rotation,
             false,
         ),

@@ -35,6 +35,27 @@ pub fn needs_renewal(
     now >= renewal_due(not_before, not_after, validity)
 }
 
+/// Whether `cert_pem` and `key_pem` still make a usable TLS pair: the certificate parses, the
+/// key parses, and the key is the certificate's (the one check of both hub modes before keeping a
+/// SuperLink certificate: a Secret or file garbled under annotations or a SANs marker that still
+/// look right must be re-issued, not served to a SuperLink that then cannot start).
+pub fn pair_is_usable(cert_pem: &[u8], key_pem: &[u8]) -> bool {
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(cert_pem) else {
+        return false;
+    };
+    let Ok(cert) = pem.parse_x509() else {
+        return false;
+    };
+    let Ok(key_text) = std::str::from_utf8(key_pem) else {
+        return false;
+    };
+    let Ok(key) = rcgen::KeyPair::from_pem(key_text) else {
+        return false;
+    };
+    use rcgen::PublicKeyData;
+    cert.public_key().raw == key.subject_public_key_info().as_slice()
+}
+
 /// How long until the certificate is due, zero when it is (for the next reconcile's timing).
 pub fn until_renewal(
     not_before: SystemTime,
@@ -52,6 +73,40 @@ mod tests {
     use super::*;
 
     const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    #[test]
+    fn only_a_parsing_matching_pair_is_usable() {
+        // Negative cases: a garbled certificate or key, or a key of another certificate, is not
+        // kept (it would be served to a SuperLink that cannot start with it).
+        let ca =
+            crate::registration::ca::HubCa::generate_for(crate::registration::ca::CaRole::Flower)
+                .expect("ca")
+                .federation("team", "fed")
+                .expect("Federation CA");
+        let one = ca
+            .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
+            .expect("cert");
+        let other = ca
+            .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
+            .expect("cert");
+        let (cert, key) = (one.cert_pem.as_bytes(), one.key_pem.as_bytes());
+        assert!(pair_is_usable(cert, key));
+        assert!(
+            !pair_is_usable(cert, other.key_pem.as_bytes()),
+            "another key"
+        );
+        assert!(!pair_is_usable(b"garbage", key), "garbled certificate");
+        assert!(!pair_is_usable(
+            cert,
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+        ));
+        assert!(
+            !pair_is_usable(&cert[..cert.len() / 2], key),
+            "cut certificate"
+        );
+        assert!(!pair_is_usable(cert, b""), "empty key");
+        assert!(!pair_is_usable(cert, &[0xff, 0xfe]), "not text");
+    }
 
     #[test]
     fn a_certificate_is_renewed_at_four_fifths_of_its_life() {

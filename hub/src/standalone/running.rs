@@ -152,13 +152,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .as_deref()
             .is_some_and(|pem| first_certificate(pem) == first_certificate(ca.cert_pem()));
         let validity = self.config.superlink_cert_validity;
+        // Kept only when the certificate and key still make a usable pair (both modes check
+        // the same: [`crate::core::renewal::pair_is_usable`]).
         let in_force = std::fs::read_to_string(&paths.cert)
             .ok()
+            .filter(|pem| {
+                std::fs::read(&paths.key)
+                    .is_ok_and(|key| crate::core::renewal::pair_is_usable(pem.as_bytes(), &key))
+            })
             .and_then(|pem| certificate_validity(&pem));
         if let Some((not_before, not_after)) = in_force
             && current.as_deref() == Some(want.as_str())
             && same_ca
-            && paths.key.exists()
             && !crate::core::renewal::needs_renewal(
                 not_before,
                 not_after,

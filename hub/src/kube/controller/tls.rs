@@ -96,10 +96,14 @@ pub fn still_valid(
     let same_ca = annotations.get(CA_HASH_ANNOTATION).map(String::as_str) == Some(ca.hash());
     let (not_before, not_after) = validity_of(existing);
     let fresh = !crate::core::renewal::needs_renewal(not_before, not_after, validity, now);
+    // Present and usable: a garbled certificate or key under right-looking annotations is
+    // issued again.
     let complete = existing.data.as_ref().is_some_and(|d| {
-        ["tls.crt", "tls.key", "ca.crt"]
-            .iter()
-            .all(|k| d.contains_key(*k))
+        d.contains_key("ca.crt")
+            && match (d.get("tls.crt"), d.get("tls.key")) {
+                (Some(cert), Some(key)) => crate::core::renewal::pair_is_usable(&cert.0, &key.0),
+                _ => false,
+            }
     });
     same_sans && same_ca && fresh && complete
 }
@@ -335,5 +339,29 @@ spec:
             now,
             Duration::from_secs(3600)
         ));
+        // Garbled under right-looking annotations (a bad restore, a hand edit): issued again.
+        for (key, bytes) in [
+            ("tls.crt", &b"not a certificate"[..]),
+            (
+                "tls.key",
+                &b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n"[..],
+            ),
+        ] {
+            let mut garbled = secret.clone();
+            garbled
+                .data
+                .as_mut()
+                .expect("data")
+                .insert(key.to_owned(), ByteString(bytes.to_vec()));
+            assert!(!still_valid(&garbled, &sans, &ca, now, validity), "{key}");
+        }
+        // Another valid pair's key: not this certificate's.
+        let other = issue_secret(&f, &ca, &sans, validity).unwrap();
+        let mut mixed = secret.clone();
+        mixed.data.as_mut().expect("data").insert(
+            "tls.key".to_owned(),
+            other.data.as_ref().expect("data")["tls.key"].clone(),
+        );
+        assert!(!still_valid(&mixed, &sans, &ca, now, validity));
     }
 }
