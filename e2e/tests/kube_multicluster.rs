@@ -676,6 +676,33 @@ async fn tokens_are_hashed_secrets_with_an_expiry(
         "the token secret itself is stored"
     );
     ensure!(store.list_tokens().await?.len() == 1, "one token listed");
+    // A damaged token Secret (its token.json cut short) is left out of the listing; the other
+    // token is still listed, and it is deleted by id like any token.
+    let damaged = tokens::generate(Duration::from_secs(600), "e2e damaged");
+    store.put_token(&damaged.record).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), HUB_NS);
+    let damaged_name = format!("{}{}", kube_store::TOKEN_SECRET_PREFIX, damaged.record.id);
+    secrets
+        .patch(
+            &damaged_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"data": {"token.json": "eyJpZCI6"}})),
+        )
+        .await?;
+    let listed: Vec<String> = store
+        .list_tokens()
+        .await?
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    ensure!(
+        listed == [id.to_owned()],
+        "the damaged token left out, the other listed: {listed:?}"
+    );
+    ensure!(
+        store.delete_token(&damaged.record.id).await?,
+        "the damaged token deleted by id"
+    );
     ensure!(store.delete_token(id).await?, "token deleted");
     ensure!(
         store.get_token(id).await?.is_none(),
@@ -1995,7 +2022,7 @@ async fn a_hub_restart_changes_nothing(
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
     let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
     let clusters = Api::<ManagedCluster>::all(client.clone());
-    e2e::wait_until(
+    let heartbeats = e2e::wait_until(
         "both agents heartbeat to the restarted hub",
         WAIT,
         || async {
@@ -2011,7 +2038,23 @@ async fn a_hub_restart_changes_nothing(
             Ok(all)
         },
     )
-    .await?;
+    .await;
+    if heartbeats.is_err() {
+        // What the next person needs to tell a slow reconnect from a lost heartbeat write.
+        for spoke in ["spoke-1", "spoke-2"] {
+            let status = clusters.get(spoke).await.ok().and_then(|c| c.status);
+            eprintln!(
+                "{spoke}: lastHeartbeat {:?}, hub restarted at {restarted}, conditions {:?}",
+                status.as_ref().and_then(|s| s.last_heartbeat.clone()),
+                status.map(|s| s.conditions)
+            );
+        }
+    }
+    cp.log_tails_on_error(
+        &heartbeats,
+        &["flower-hub", "agent-spoke-1", "agent-spoke-2"],
+    );
+    heartbeats?;
     e2e::wait_until(
         "both clusters connected in the Federation status",
         WAIT,

@@ -383,8 +383,18 @@ impl ClusterStore for KubeStore {
             .items
             .iter()
             .filter(|s| s.type_.as_deref() == Some(TOKEN_SECRET_TYPE))
-            .map(token_of)
-            .collect::<Result<Vec<_>, _>>()?;
+            // One damaged Secret must not hide every other token.
+            .filter_map(|s| match token_of(s) {
+                Ok(t) => Some(t),
+                Err(error) => {
+                    crate::registration::store::file::unreadable_token(
+                        &format!("Secret {}/{}", self.namespace, s.name_any()),
+                        &error,
+                    );
+                    None
+                }
+            })
+            .collect::<Vec<_>>();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
