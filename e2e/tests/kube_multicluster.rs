@@ -2017,10 +2017,19 @@ async fn a_hub_restart_changes_nothing(
         applied.push(scrape(addon, agent)?.count(APPLIED_OK, &[("result", "ok")]));
     }
     cp.processes().stop("flower-hub")?;
+    // Heartbeats are recorded in whole seconds, and a restarted hub with its agents back may
+    // write theirs within the second it was started in (seen: 0.7 s), which may be the second
+    // the stopped hub last wrote in: start it in the next second, so that a heartbeat of that
+    // second or later is the new hub's (a wait on the clock, not on the system under test).
+    let stopped_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let restarted = stopped_ms.div_euclid(1000) + 1;
+    tokio::time::sleep(Duration::from_millis(
+        (restarted * 1000 - stopped_ms) as u64,
+    ))
+    .await;
     let t = Instant::now();
     addon.start(cp, "flower-hub")?;
     let feds = Api::<flower_addon_crds::Federation>::namespaced(client.clone(), NS);
-    let restarted = k8s_openapi::jiff::Timestamp::now().as_second();
     let clusters = Api::<ManagedCluster>::all(client.clone());
     let heartbeats = e2e::wait_until(
         "both agents heartbeat to the restarted hub",
@@ -2033,7 +2042,7 @@ async fn a_hub_restart_changes_nothing(
                     .await?
                     .status
                     .and_then(|s| s.last_heartbeat)
-                    .is_some_and(|t| t.0.as_second() > restarted);
+                    .is_some_and(|t| t.0.as_second() >= restarted);
             }
             Ok(all)
         },
