@@ -70,6 +70,14 @@ impl Hub {
             .for_value_blocking(|| Ok(self.run(name).filter(|s| done(s))))
     }
 
+    /// Waits until FlowerRun `name` is Complete or Failed, at most `limit`.
+    fn wait_ended(&self, name: &str, limit: Duration) -> Result<Value> {
+        self.wait_run(name, "Complete or Failed", limit, |s| {
+            condition(s, "Complete").is_some_and(|c| c.0 == "True")
+                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
+        })
+    }
+
     /// Every Flower run the SuperLink lists, by id.
     async fn flower_runs(&self) -> Result<BTreeMap<u64, String>> {
         let control = self.control.as_ref().context("no Control client")?;
@@ -317,15 +325,7 @@ async fn a_full_database_volume_is_named_and_nothing_is_torn_down() -> Result<()
         hub.manifests.join("run-after-full.yaml"),
         flower_run("after-full", "{num-server-rounds: 1, min-nodes: 3}", ""),
     )?;
-    let done = hub.wait_run(
-        "after-full",
-        "Complete or Failed",
-        Duration::from_secs(240),
-        |s| {
-            condition(s, "Complete").is_some_and(|c| c.0 == "True")
-                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
-        },
-    )?;
+    let done = hub.wait_ended("after-full", Duration::from_secs(240))?;
     ensure!(
         is(&done, "Complete", "Completed"),
         "the run after recovery: {done:#}"
@@ -369,15 +369,7 @@ async fn a_run_completes_with_its_log_and_progress(hub: &Hub, fab_hash: &str) ->
         is(s, "Submitted", "Submitted")
     })?;
     let submitted_in = t.elapsed();
-    let done = hub.wait_run(
-        "fedavg",
-        "Complete or Failed",
-        Duration::from_secs(300),
-        |s| {
-            condition(s, "Complete").is_some_and(|c| c.0 == "True")
-                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
-        },
-    )?;
+    let done = hub.wait_ended("fedavg", Duration::from_secs(300))?;
     ensure!(
         is(&done, "Complete", "Completed"),
         "the run did not complete: {done:#}"
@@ -569,15 +561,7 @@ async fn a_fab_from_a_url_runs_and_a_wrong_hash_fails(hub: &mut Hub) -> Result<(
         Duration::from_secs(60),
         |s| condition(s, "Submitted").is_some_and(|c| c.0 == "False" && c.2.contains(&silent)),
     )?;
-    let done = hub.wait_run(
-        "fromurl",
-        "Complete or Failed",
-        Duration::from_secs(240),
-        |s| {
-            condition(s, "Complete").is_some_and(|c| c.0 == "True")
-                || condition(s, "Failed").is_some_and(|c| c.0 == "True")
-        },
-    )?;
+    let done = hub.wait_ended("fromurl", Duration::from_secs(240))?;
     ensure!(is(&done, "Complete", "Completed"), "{done:#}");
     ensure!(done["fabHash"] == fab.hash.as_str(), "{done:#}");
     for file in ["run-url.yaml", "run-badhash.yaml", "run-nobody.yaml"] {

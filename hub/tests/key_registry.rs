@@ -24,23 +24,29 @@ async fn stand_in_superlink() -> (
     fake_control::Nodes,
     String,
 ) {
-    let ca = HubCa::generate_for(CaRole::Flower)
-        .expect("ca")
-        .federation("team", "fed")
-        .expect("Federation CA");
-    let pair = ca
-        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
-        .expect("cert");
-    let dir = tempfile::tempdir().expect("tmp");
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-    std::fs::write(&key, &pair.key_pem).expect("key file");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr").to_string();
-    let (held, _server) = fake_control::serve(listener, &cert, &key);
-    (ca, dir, held, address)
+    let (ca, dir, fake, address) = stand_in_fake().await;
+    (ca, dir, fake.nodes, address)
+}
+
+/// What team/fed's SuperLink at `address` (its CA `ca`) should hold: [`KEY`]; its log `log`.
+fn target(
+    ca: &FederationCa,
+    address: &str,
+    log: Option<flower_addon_hub::flower::diagnose::LogSource>,
+) -> KeyTarget {
+    KeyTarget {
+        federation: ("team".to_owned(), "fed".to_owned()),
+        endpoint: ControlEndpoint {
+            dialect: FlowerDialect::Unified,
+            address: address.to_owned(),
+            server_name: "127.0.0.1".into(),
+            ca_pem: Some(ca.cert_pem().to_owned()),
+            tunnel: None,
+        },
+        wanted: BTreeSet::from([KEY.to_owned()]),
+        complete: true,
+        log,
+    }
 }
 
 /// [`stand_in_superlink`] with the whole stand-in state.
@@ -79,23 +85,15 @@ async fn a_superlink_failing_writes_on_a_full_database_is_named_from_its_log() {
     let fed = ("team".to_owned(), "fed".to_owned());
     let log_path = dir.path().join("superlink.log");
     std::fs::write(&log_path, "INFO :      Starting Flower SuperLink\n").expect("log");
-    let target = KeyTarget {
-        federation: fed.clone(),
-        endpoint: ControlEndpoint {
-            dialect: FlowerDialect::Unified,
-            address,
-            server_name: "127.0.0.1".into(),
-            ca_pem: Some(ca.cert_pem().to_owned()),
-            tunnel: None,
-        },
-        wanted: BTreeSet::from([KEY.to_owned()]),
-        complete: true,
-        log: Some(LogSource {
+    let target = target(
+        &ca,
+        &address,
+        Some(LogSource {
             describe: format!("log file {}", log_path.display()),
             storage: "Its database is /state/superlink.db: free space there".into(),
             reader: std::sync::Arc::new(FileLog::new(log_path.clone())),
         }),
-    };
+    );
     let registry = NodeKeyRegistry::new();
 
     // Working: registered and online, nothing read from the log, no problem.
@@ -164,23 +162,15 @@ async fn a_500_without_a_logged_cause_names_nothing() {
             std::fs::write(&log_path, text).expect("log");
         }
         let registry = NodeKeyRegistry::new();
-        let target = KeyTarget {
-            federation: fed.clone(),
-            endpoint: ControlEndpoint {
-                dialect: FlowerDialect::Unified,
-                address: address.clone(),
-                server_name: "127.0.0.1".into(),
-                ca_pem: Some(ca.cert_pem().to_owned()),
-                tunnel: None,
-            },
-            wanted: BTreeSet::from([KEY.to_owned()]),
-            complete: true,
-            log: Some(LogSource {
+        let target = target(
+            &ca,
+            &address,
+            Some(LogSource {
                 describe: "quiet".into(),
                 storage: String::new(),
                 reader: std::sync::Arc::new(FileLog::new(log_path)),
             }),
-        };
+        );
         registry.sync(vec![target]).await;
         let keys = registry.get(&fed).expect("synced");
         assert!(keys.error.is_some_and(|e| e.contains("HTTP 500")));
@@ -193,19 +183,7 @@ async fn a_superlink_that_lost_its_keys_gets_them_back_at_the_next_sync_once_mar
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (ca, _dir, held, address) = stand_in_superlink().await;
     let fed = ("team".to_owned(), "fed".to_owned());
-    let target = KeyTarget {
-        federation: fed.clone(),
-        endpoint: ControlEndpoint {
-            dialect: FlowerDialect::Unified,
-            address,
-            server_name: "127.0.0.1".into(),
-            ca_pem: Some(ca.cert_pem().to_owned()),
-            tunnel: None,
-        },
-        wanted: BTreeSet::from([KEY.to_owned()]),
-        complete: true,
-        log: None,
-    };
+    let target = target(&ca, &address, None);
     let registry = NodeKeyRegistry::new();
     let held_count = || held.lock().expect("held").len();
 
