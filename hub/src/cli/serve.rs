@@ -90,6 +90,12 @@ pub struct ServeArgs {
     /// longer-lived certificates at once.
     #[arg(long, default_value = "90d", value_parser = parse_duration)]
     pub superlink_cert_validity: Duration,
+    /// Standalone: first local port tried for the SuperNodes the hub machine runs itself (pools
+    /// of Federations without a Placement), as `flower-agent run --port-base` for an agent. Give
+    /// hubs and agents sharing one machine distinct ranges: two processes starting SuperNodes at
+    /// the same moment can both find the same port free.
+    #[arg(long, env = "FLOWER_HUB_LOCAL_PORT_BASE", default_value_t = 19500)]
+    pub local_port_base: u16,
     /// Standalone: run each SuperLink (and its ServerApps) and the hub machine's own SuperNodes
     /// in a mount namespace where the state directory is empty but for their own directory, so
     /// code run through `flwr run` cannot read the CA keys or tokens. Needs root or unprivileged
@@ -293,6 +299,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 superlink_host: args.superlink_host.clone(),
                 advertise: args.advertise_address.clone(),
                 superlink_cert_validity: args.superlink_cert_validity,
+                local_port_base: args.local_port_base,
                 sandbox: args.flower_sandbox,
                 superlink_network: (args.flower_sandbox
                     && args.superlink_network == SuperLinkNetwork::Isolated)

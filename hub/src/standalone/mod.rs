@@ -51,6 +51,8 @@ pub struct StandaloneConfig {
     pub advertise: Vec<String>,
     /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
     pub superlink_cert_validity: Duration,
+    /// First local port tried for the hub machine's own SuperNodes (`--local-port-base`).
+    pub local_port_base: u16,
     /// Whether SuperLinks and the hub machine's SuperNodes run with `state_dir` hidden but for
     /// their own directory ([`flower_addon_agent::sandbox`]).
     pub sandbox: bool,

@@ -25,7 +25,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 let config = flower_addon_agent::process_runtime::ProcessRuntimeConfig {
                     state_dir: self.config.state_dir.join("local-pools"),
                     flower_bin: self.config.flower_bin.clone(),
-                    port_base: 19500,
+                    port_base: self.config.local_port_base,
                     node_name: "hub".into(),
                     hide: self.config.sandbox.then(|| self.config.state_dir.clone()),
                 };

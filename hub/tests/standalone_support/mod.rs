@@ -82,6 +82,7 @@ impl Dirs {
             advertise: vec!["127.0.0.1".into()],
             superlink_cert_validity:
                 flower_addon_hub::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
+            local_port_base: 19500,
             sandbox: true,
             superlink_network: Some(flower_addon_hub::standalone::NetnsBridge {
                 program: flower_hub_binary(),
