@@ -106,15 +106,30 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 let _ = stop_tx.send(true);
             });
         }
-        let ca = Arc::new(load_or_create_ca_secret(client.clone(), &args.namespace).await?);
-        let flower_ca = Arc::new(
-            load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower).await?,
+        // Just after an outage the apiserver answers /readyz before every request succeeds
+        // (504s while its storage clients reconnect): a new leader retries these reads instead
+        // of exiting (which cost the hub pod a second restart per etcd outage). Anything else
+        // (the lost-CA refusal among them) still stops the hub.
+        let ca = Arc::new(
+            retry_transient("reading the work-channel CA", &stop_rx, || {
+                load_or_create_ca_secret(client.clone(), &args.namespace)
+            })
+            .await?,
         );
-        super::mark_cas_in_force(
-            &crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace),
-            &ca,
-            &flower_ca,
-        )
+        let flower_ca = Arc::new(
+            retry_transient("reading the Flower CA", &stop_rx, || {
+                load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower)
+            })
+            .await?,
+        );
+        retry_transient("marking the CAs in force", &stop_rx, || async {
+            super::mark_cas_in_force(
+                &crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace),
+                &ca,
+                &flower_ca,
+            )
+            .await
+        })
         .await?;
         println!(
             "flower-hub: Kubernetes mode, work-channel CA in secret {}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {}/{}",
@@ -235,6 +250,47 @@ pub async fn load_or_create_ca_secret(
     load_or_create_ca_secret_for(client, namespace, CaRole::Channel).await
 }
 
+/// Whether `error` is the API server briefly unable to answer (HTTP 5xx or 429, a connection or
+/// timeout error), however deeply the store wrapped it: worth retrying, not exiting for.
+fn is_transient(error: &anyhow::Error) -> bool {
+    error.chain().any(|e| {
+        let kube = e.downcast_ref::<kube::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<kube::Error>())
+        });
+        match kube {
+            Some(kube::Error::Api(status)) => status.code >= 500 || status.code == 429,
+            Some(kube::Error::HyperError(_) | kube::Error::Service(_)) => true,
+            _ => false,
+        }
+    })
+}
+
+/// Runs `step` until it succeeds, retrying [`is_transient`] errors with a back-off (0.5 s
+/// doubling to 5 s) until `stop`; any other error is returned at once.
+async fn retry_transient<T, Fut>(
+    what: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+    mut step: impl FnMut() -> Fut,
+) -> anyhow::Result<T>
+where
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let mut delay = std::time::Duration::from_millis(500);
+    loop {
+        match step().await {
+            Ok(value) => return Ok(value),
+            Err(error) if is_transient(&error) && !*stop.borrow() => {
+                tracing::warn!(error = %format!("{error:#}"), "{what}: the API server did not answer; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 /// The CA of `role` from its Secret in `namespace` (created on first start).
 pub async fn load_or_create_ca_secret_for(
     client: kube::Client,
@@ -256,6 +312,49 @@ pub async fn load_or_create_ca_secret_for(
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn store_error(code: u16) -> anyhow::Error {
+        let status = kube::core::Status::failure("etcd not ready", "Timeout").with_code(code);
+        anyhow::Error::new(crate::registration::store::StoreError::Io {
+            path: "get Secret flower-addon-system/flower-hub-ca".into(),
+            source: std::io::Error::other(kube::Error::Api(Box::new(status))),
+        })
+        .context("the CA Secret flower-addon-system/flower-hub-ca")
+    }
+
+    #[test]
+    fn only_an_apiserver_that_cannot_answer_yet_is_retried() {
+        // The 504 an apiserver gives while etcd comes back, however the store wrapped it, is
+        // retried; a refusal (403) or the lost-CA refusal stops the hub as before.
+        assert!(is_transient(&store_error(504)));
+        assert!(is_transient(&store_error(503)));
+        assert!(is_transient(&store_error(429)));
+        assert!(!is_transient(&store_error(403)));
+        assert!(!is_transient(&store_error(404)));
+        assert!(!is_transient(&anyhow::anyhow!("the CA Secret is missing")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_error_is_retried_and_another_is_returned() {
+        let (_tx, stop) = tokio::sync::watch::channel(false);
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let value = retry_transient("test", &stop, || {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { if n < 3 { Err(store_error(504)) } else { Ok(n) } }
+        })
+        .await
+        .expect("retried until it worked");
+        assert_eq!(value, 3);
+        let refused: anyhow::Result<()> =
+            retry_transient("test", &stop, || async { Err(store_error(403)) }).await;
+        assert!(refused.is_err(), "a refusal is returned at once");
+        // Stopping ends the retries.
+        let (tx, stop) = tokio::sync::watch::channel(false);
+        tx.send(true).expect("send");
+        let stopped: anyhow::Result<()> =
+            retry_transient("test", &stop, || async { Err(store_error(504)) }).await;
+        assert!(stopped.is_err());
+    }
 
     #[test]
     fn the_kubernetes_server_certificate_names_the_hub_service() {
