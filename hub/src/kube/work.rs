@@ -194,7 +194,7 @@ impl KubeWorkSource {
                 fed_writer,
                 watcher(Api::<Federation>::all(client.clone()), Default::default()),
             )
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
             changes::federation_inputs,
         )
         .boxed();
@@ -206,7 +206,7 @@ impl KubeWorkSource {
                     watcher::Config::default().labels(PLACEMENT_LABEL),
                 ),
             )
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
             changes::decision_inputs,
         )
         .boxed();
@@ -219,7 +219,7 @@ impl KubeWorkSource {
                 )
                 .modify(strip_managed_fields),
             )
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
             changes::cluster_inputs,
         )
         .boxed();
@@ -237,7 +237,7 @@ impl KubeWorkSource {
                 )
                 .modify(strip_managed_fields),
             )
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
             hold::statefulset_inputs,
         )
         .boxed();
@@ -708,6 +708,51 @@ impl WorkSource for KubeWorkSource {
         };
         self.reports.insert(cluster.to_owned(), report);
         self.reported.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// The work source's watch back-off: 0.5 s doubling to at most 5 s (kube-runtime's default goes
+/// to 30 s), reset after 2 minutes without errors. After an apiserver or etcd outage the first
+/// lists meet 504s until every storage client has reconnected; with the default a few of those
+/// kept a restarted hub's work channel closed for 34 s after the apiservers were back (measured
+/// under load on real nodes), and every agent waited with it.
+struct ShortBackoff {
+    next: std::time::Duration,
+    last_error: Option<std::time::Instant>,
+}
+
+impl Default for ShortBackoff {
+    fn default() -> Self {
+        Self {
+            next: SHORT_BACKOFF_FIRST,
+            last_error: None,
+        }
+    }
+}
+
+const SHORT_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+const SHORT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Iterator for ShortBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self
+            .last_error
+            .is_some_and(|at| at.elapsed() > std::time::Duration::from_secs(120))
+        {
+            self.next = SHORT_BACKOFF_FIRST;
+        }
+        self.last_error = Some(std::time::Instant::now());
+        let delay = self.next;
+        self.next = (self.next * 2).min(SHORT_BACKOFF_MAX);
+        Some(delay)
+    }
+}
+
+impl kube::runtime::utils::Backoff for ShortBackoff {
+    fn reset(&mut self) {
+        self.next = SHORT_BACKOFF_FIRST;
     }
 }
 
