@@ -280,19 +280,20 @@ async fn a_full_database_volume_is_named_and_nothing_is_torn_down() -> Result<()
             &text[at + "replicas: 1".len()..]
         ),
     )?;
+    let detail = || {
+        format!(
+            "status: {:#}\nhub log:\n{}",
+            fed(&hub.status()),
+            tail(&hub.log(), 30)
+        )
+    };
     let t_full = Instant::now();
     let seen = Wait::new(
         "superlinkHealthy False/DatabaseStorageFull",
         Duration::from_secs(90),
     )
     .every(Duration::from_millis(500))
-    .detail(|| {
-        format!(
-            "status: {:#}\nhub log:\n{}",
-            fed(&hub.status()),
-            tail(&hub.log(), 30)
-        )
-    })
+    .detail(detail)
     .for_value_blocking(|| {
         let h = fed(&hub.status())["superlinkHealthy"].clone();
         Ok((h["status"] == "False" && h["reason"] == "DatabaseStorageFull").then_some(h))
@@ -322,13 +323,7 @@ async fn a_full_database_volume_is_named_and_nothing_is_torn_down() -> Result<()
     let t_room = Instant::now();
     Wait::new("healthy again, 3/3 SuperNodes", Duration::from_secs(120))
         .every(Duration::from_millis(500))
-        .detail(|| {
-            format!(
-                "status: {:#}\nhub log:\n{}",
-                fed(&hub.status()),
-                tail(&hub.log(), 30)
-            )
-        })
+        .detail(detail)
         .until_blocking(|| {
             let f = fed(&hub.status());
             Ok(f["superlinkHealthy"]["status"] == "True"
