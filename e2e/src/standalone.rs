@@ -76,3 +76,15 @@ pub fn serve_command(
         .env("FLWR_TELEMETRY_ENABLED", "0");
     serve
 }
+
+/// The first port of a standalone hub's own SuperNodes (`--local-port-base`), apart from the
+/// other hubs of this test binary: its tests run at once, and two hubs starting SuperNodes at
+/// the same moment would both find the same port free.
+pub fn local_port_base() -> Result<u16> {
+    static GIVEN: std::sync::Mutex<Option<crate::harness::SpacedPorts>> =
+        std::sync::Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    given
+        .get_or_insert_with(|| crate::harness::SpacedPorts::new(16))
+        .take_run(8)
+}

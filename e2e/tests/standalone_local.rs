@@ -1,6 +1,8 @@
 //! A Federation without `placementRef` on the standalone hub runs its pools on the hub machine
 //! (the standalone counterpart of flower-operator's "in the hub cluster"), with real Flower
 //! 1.42.0, TLS and SuperNode authentication; stopping the hub leaves no Flower process behind.
+//! A second hub (run at once) checks what a ServerApp can reach: not the hub's state, not
+//! another Federation's Control API.
 //!
 //! Needs `target/debug/flower-hub` (test.sh builds it first) and `e2e/flower/venv.sh`.
 use std::path::Path;
@@ -12,7 +14,7 @@ use e2e::harness::{
     Processes, Wait, binary, flower_venv, free_ports, processes_mentioning, wait_until_blocking,
 };
 
-use e2e::standalone::{federation_without_placement, status};
+use e2e::standalone::{federation_without_placement, serve_command, status};
 
 /// The sorted `FAE2E_*` and `CUDA_VISIBLE*` variables of each SuperNode process (by pool) among
 /// the processes mentioning `needle`.
@@ -58,12 +60,15 @@ fn superlink_certificate_is_renewed(
         "SuperNodes: {supernodes_before:?}"
     );
     let t = Instant::now();
-    let renewed = Wait::new("the SuperLink certificate renewed", Duration::from_secs(90))
-        .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
-        .for_value_blocking(|| {
-            let now = std::fs::read_to_string(&cert_file)?;
-            Ok((now != first).then_some(now))
-        })?;
+    let renewed = Wait::new(
+        "the SuperLink certificate renewed",
+        Duration::from_secs(150),
+    )
+    .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
+    .for_value_blocking(|| {
+        let now = std::fs::read_to_string(&cert_file)?;
+        Ok((now != first).then_some(now))
+    })?;
     let renewed_after = t.elapsed();
     let log = std::fs::read_to_string(hub_log)?;
     ensure!(
@@ -90,6 +95,25 @@ fn superlink_certificate_is_renewed(
         "SuperNodes restarted: {supernodes_before:?} -> {:?}",
         supernode_pids(state)
     );
+    let flwr = connect(hub_bin, venv, state, dir)?;
+    let t_run = Instant::now();
+    let run = flwr.run_to_completion(
+        &e2e::repo_root().join("examples/fedavg"),
+        "quickstart",
+        2,
+        || std::fs::read_to_string(hub_log).unwrap_or_default(),
+    )?;
+    eprintln!(
+        "SuperLink certificate renewed {:.1}s after the first check (validity {RENEWAL_TEST_VALIDITY}); served by the restarted SuperLink; run {run} with both SuperNodes completed in {:.1}s",
+        renewed_after.as_secs_f64(),
+        t_run.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `flower-hub connect quickstart` into a `flwr` home under `dir`: `flwr` on this machine as a
+/// user would run it.
+fn connect(hub_bin: &Path, venv: &Path, state: &Path, dir: &Path) -> Result<e2e::flwr::HostFlwr> {
     let home = dir.join("flwr-home");
     let ca = dir.join("superlink-ca.crt");
     let out = Command::new(hub_bin)
@@ -105,26 +129,12 @@ fn superlink_certificate_is_renewed(
         "flower-hub connect: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let flwr = e2e::flwr::HostFlwr {
+    Ok(e2e::flwr::HostFlwr {
         venv: venv.to_path_buf(),
         home,
         cwd: dir.to_path_buf(),
         app_connections: false,
-    };
-    let t_run = Instant::now();
-    let run = flwr.run_to_completion(
-        &e2e::repo_root().join("examples/fedavg"),
-        "quickstart",
-        2,
-        || std::fs::read_to_string(hub_log).unwrap_or_default(),
-    )?;
-    eprintln!(
-        "SuperLink certificate renewed {:.1}s after the first check (validity 60 s); served by the restarted SuperLink; run {run} with both SuperNodes completed in {:.1}s",
-        renewed_after.as_secs_f64(),
-        t_run.elapsed().as_secs_f64()
-    );
-    a_serverapp_cannot_read_the_hub_state(&flwr, state, hub_log)?;
-    a_serverapp_cannot_reach_another_federations_control_api(hub_bin, &flwr, state, hub_log)
+    })
 }
 
 /// Whoever reaches a Control API runs code on that Federation's SuperNodes, and a ServerApp is
@@ -348,61 +358,84 @@ fn served_certificate(addr: std::net::SocketAddr, ca_pem: &str) -> Option<Vec<u8
     conn.peer_certificates()?.first().map(|c| c.to_vec())
 }
 
-#[test]
-fn federation_without_placement_runs_on_the_standalone_hub() {
-    // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
-    // registered keys (2/2 ready), and a stopped hub stops them all.
-    let hub_bin = binary("flower-hub").expect("flower-hub");
-    let venv = flower_venv("1.42.0").expect("the Flower 1.42.0 venv");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifests = dir.path().join("manifests");
-    std::fs::create_dir_all(&manifests).unwrap();
-    let state = dir.path().join("state");
-    let ports = free_ports(3).expect("free ports");
-    let fed = federation_without_placement(&ports).expect("the quickstart Federation");
-    std::fs::write(manifests.join("federation.yaml"), fed).unwrap();
+/// The SuperLink certificate validity of the renewal test: renewed at 80 % (every 72 s), short
+/// enough to see a renewal within the test and long enough that the run after the first
+/// renewal ends before the next one restarts the SuperLink (which stops a running run): with
+/// 40 s a run on a loaded 2-core machine was cut by the second renewal, and with 60 s (every
+/// 48 s) the ServerApp probes that followed it were. Those now run on a hub of their own with
+/// the default validity.
+const RENEWAL_TEST_VALIDITY: &str = "90s";
 
+/// A standalone hub serving the quickstart Federation without `placementRef`, ready 2/2.
+struct LocalHub {
+    procs: Processes,
+    /// Holds `state`, `manifests` and the hub's log.
+    dir: tempfile::TempDir,
+    state: std::path::PathBuf,
+    log: std::path::PathBuf,
+    /// The Federation's Fleet, Control and ServerAppIo ports.
+    ports: Vec<u16>,
+    /// Its entry in `flower-hub status --json` once ready.
+    ready: serde_json::Value,
+}
+
+/// Starts `flower-hub serve --standalone` (its own SuperNodes on a port range of their own)
+/// with `extra` arguments on the quickstart Federation, and waits for it to be ready.
+fn start_local_hub(hub_bin: &Path, venv: &Path, extra: &[&str]) -> Result<LocalHub> {
+    let dir = tempfile::tempdir()?;
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let state = dir.path().join("state");
+    let ports = free_ports(3)?;
+    std::fs::write(
+        manifests.join("federation.yaml"),
+        federation_without_placement(&ports)?,
+    )?;
+    let base = e2e::standalone::local_port_base()?.to_string();
+    let mut args = vec!["--local-port-base", base.as_str()];
+    args.extend_from_slice(extra);
+    let serve = serve_command(hub_bin, &state, &manifests, venv, &args);
+    let log = dir.path().join("hub.log");
     let mut procs = Processes::default();
-    let mut serve = Command::new(&hub_bin);
-    serve
-        .args([
-            "serve",
-            "--standalone",
-            "--listen",
-            "127.0.0.1:0",
-            "--state-dir",
-        ])
-        .arg(&state)
-        .arg("--manifests")
-        .arg(&manifests)
-        .arg("--flower-bin")
-        .arg(venv.join("bin"))
-        // Short enough to see a renewal (at 80 %: every 48 s) within the test, and long enough
-        // that the run after the first renewal ends before the next one restarts the SuperLink
-        // (which stops a running run): with 40 s, a run on a loaded 2-core machine was cut by
-        // the second renewal.
-        .args(["--superlink-cert-validity", "60s"])
-        .env("FLWR_TELEMETRY_ENABLED", "0");
-    let hub_log = dir.path().join("hub.log");
-    procs
-        .start_group("hub", serve, &hub_log)
-        .expect("start flower-hub");
+    procs.start_group("hub", serve, &log)?;
     let t0 = Instant::now();
     let ready = Wait::new("the Federation ready", Duration::from_secs(180))
         .every(Duration::from_millis(500))
         .detail(|| {
             format!(
                 "status: {}\nhub log: {}",
-                status(&hub_bin, &state),
-                std::fs::read_to_string(&hub_log).unwrap_or_default()
+                status(hub_bin, &state),
+                std::fs::read_to_string(&log).unwrap_or_default()
             )
         })
         .for_value_blocking(|| {
-            let fed = status(&hub_bin, &state)["federations"][0].clone();
+            let fed = status(hub_bin, &state)["federations"][0].clone();
             Ok((fed["ready"] == true).then_some(fed))
-        })
-        .expect("ready");
+        })?;
     eprintln!("ready in {:.1}s: {ready}", t0.elapsed().as_secs_f64());
+    Ok(LocalHub {
+        procs,
+        dir,
+        state,
+        log,
+        ports,
+        ready,
+    })
+}
+
+#[test]
+fn federation_without_placement_runs_on_the_standalone_hub() {
+    // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
+    // registered keys (2/2 ready), and a stopped hub stops them all.
+    let hub_bin = binary("flower-hub").expect("flower-hub");
+    let venv = flower_venv("1.42.0").expect("the Flower 1.42.0 venv");
+    let hub = start_local_hub(
+        &hub_bin,
+        &venv,
+        &["--superlink-cert-validity", RENEWAL_TEST_VALIDITY],
+    )
+    .expect("a standalone hub with the quickstart Federation ready");
+    let (state, hub_log, ports, ready) = (&hub.state, &hub.log, &hub.ports, &hub.ready);
     assert_eq!(ready["supernodes"], "2/2");
     // The hub machine is the hub's own cluster, named like every other selection.
     assert_eq!(
@@ -447,13 +480,15 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         "{ready}"
     );
 
-    superlink_certificate_is_renewed(&hub_bin, &state, &venv, dir.path(), &hub_log)
+    superlink_certificate_is_renewed(&hub_bin, state, &venv, hub.dir.path(), hub_log)
         .expect("SuperLink certificate renewal");
 
     // A graceful stop of the hub (SIGTERM to it alone) stops the SuperLink and the hub's own
     // SuperNodes.
-    let hub = procs.get("hub").expect("the hub process");
-    hub.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    let hub_process = hub.procs.get("hub").expect("the hub process");
+    hub_process
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
     let t1 = Instant::now();
     wait_until_blocking(
         "every Flower process gone after the hub was stopped",
@@ -469,4 +504,21 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
         "everything stopped {:.1}s after SIGTERM",
         t1.elapsed().as_secs_f64()
     );
+}
+
+#[test]
+fn serverapps_reach_neither_the_hub_state_nor_another_federations_control_api() {
+    // Invariant: a ServerApp (code whoever reaches a Control API runs next to the SuperLink)
+    // reads neither the hub's CA keys nor another Federation's Control API, and a SuperNode
+    // trusts only its own Federation's SuperLink. A hub of its own with the default certificate
+    // validity: no renewal restarts a SuperLink under these runs.
+    let hub_bin = binary("flower-hub").expect("flower-hub");
+    let venv = flower_venv("1.42.0").expect("the Flower 1.42.0 venv");
+    let hub = start_local_hub(&hub_bin, &venv, &[])
+        .expect("a standalone hub with the quickstart Federation ready");
+    let flwr = connect(&hub_bin, &venv, &hub.state, hub.dir.path()).expect("flower-hub connect");
+    a_serverapp_cannot_read_the_hub_state(&flwr, &hub.state, &hub.log)
+        .expect("a ServerApp reading the hub's state");
+    a_serverapp_cannot_reach_another_federations_control_api(&hub_bin, &flwr, &hub.state, &hub.log)
+        .expect("a ServerApp reaching another Federation's Control API");
 }

@@ -17,17 +17,6 @@ use e2e::standalone::{federation_without_placement, serve_command, status};
 use flower_addon_hub::flower::control::{ControlClient, ControlEndpoint};
 use serde_json::Value;
 
-/// The first port of each hub's own SuperNodes (`--local-port-base`), apart from the other
-/// hubs of this binary: its tests run at once, and two hubs starting SuperNodes at the same
-/// moment would both find the same port free.
-fn local_port_base() -> Result<u16> {
-    static GIVEN: std::sync::Mutex<Option<e2e::harness::SpacedPorts>> = std::sync::Mutex::new(None);
-    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
-    given
-        .get_or_insert_with(|| e2e::harness::SpacedPorts::new(16))
-        .take_run(8)
-}
-
 struct Hub {
     bin: PathBuf,
     local_port_base: u16,
@@ -154,7 +143,7 @@ async fn ready_hub_with(
 ) -> Result<(Hub, String)> {
     let mut hub = Hub {
         bin: binary("flower-hub")?,
-        local_port_base: local_port_base()?,
+        local_port_base: e2e::standalone::local_port_base()?,
         venv: flower_venv(version)?,
         state: dir.join("state"),
         manifests: dir.join("manifests"),
