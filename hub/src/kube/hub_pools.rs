@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use crate::core::HUB_CLUSTER;
 use crate::core::source::WorkSource;
+use crate::kube::backoff::ShortBackoff;
 use crate::kube::work::KubeWorkSource;
 
 /// Field manager (and `flower-addon.io/applied-by` value) of the hub's own pools; distinct from
@@ -72,12 +73,12 @@ pub async fn run(
     let mine = watcher::Config::default()
         .labels(&format!("{APPLIED_BY_LABEL}={LOCAL_POOLS_FIELD_MANAGER}"));
     let sts_events = watcher(Api::<StatefulSet>::all(client.clone()), mine.clone())
-        .default_backoff()
+        .backoff(ShortBackoff::default())
         .reflect(sts_writer)
         .map(|_| ())
         .boxed();
     let ds_events = watcher(Api::<DaemonSet>::all(client.clone()), mine)
-        .default_backoff()
+        .backoff(ShortBackoff::default())
         .reflect(ds_writer)
         .map(|_| ())
         .boxed();

@@ -1,6 +1,7 @@
 //! Kubernetes mode's per-Federation and per-cluster gauges, read at scrape time from caches the
 //! hub keeps anyway (the work source's Federations and ManagedClusters) plus one watch of the
 //! SuperLink pods for their container restarts: a scrape sends no request to the apiserver.
+use crate::kube::backoff::ShortBackoff;
 use crate::metrics::{FederationLabels, FederationSample};
 use flower_addon_agent::ops::Refresh;
 use flower_addon_crds::{Federation, ManagedCluster};
@@ -33,7 +34,7 @@ pub fn refresh(
         Api::<Pod>::all(client),
         watcher::Config::default().labels(&superlink_pods_selector()),
     )
-    .default_backoff()
+    .backoff(ShortBackoff::default())
     .modify(|pod| {
         // Only the restart counts are read: keep the cache small.
         pod.managed_fields_mut().clear();

@@ -5,6 +5,7 @@
 //! a SuperLink's Control API ([`control`]). Around them: leader election
 //! ([`leader`]), the readiness gate that passes once the watches have listed ([`list_gate`]) and
 //! the scrape-time gauges ([`metrics`]).
+pub mod backoff;
 pub mod control;
 pub mod controller;
 pub mod hub_pools;

@@ -35,6 +35,7 @@ use crate::core::render::{federation_dialect, spoke_fleet_address};
 use crate::core::source::{InMemoryWorkSource, WorkSource};
 use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
+use crate::kube::backoff::ShortBackoff;
 use crate::kube::controller::placement::cluster_view;
 use crate::registration::ca::HubCa;
 
@@ -424,7 +425,7 @@ fn ocm_reflectors(client: &Client) -> (OcmStores, Vec<futures::stream::BoxStream
                 )
                 .modify(|o| o.metadata.managed_fields = None),
             )
-            .default_backoff()
+            .backoff(ShortBackoff::default())
             .filter_map(|event| futures::future::ready(event.ok().map(|_| ())))
             .boxed(),
         );
@@ -708,51 +709,6 @@ impl WorkSource for KubeWorkSource {
         };
         self.reports.insert(cluster.to_owned(), report);
         self.reported.send_modify(|n| *n = n.wrapping_add(1));
-    }
-}
-
-/// The work source's watch back-off: 0.5 s doubling to at most 5 s (kube-runtime's default goes
-/// to 30 s), reset after 2 minutes without errors. After an apiserver or etcd outage the first
-/// lists meet 504s until every storage client has reconnected; with the default a few of those
-/// kept a restarted hub's work channel closed for 34 s after the apiservers were back (measured
-/// under load on real nodes), and every agent waited with it.
-struct ShortBackoff {
-    next: std::time::Duration,
-    last_error: Option<std::time::Instant>,
-}
-
-impl Default for ShortBackoff {
-    fn default() -> Self {
-        Self {
-            next: SHORT_BACKOFF_FIRST,
-            last_error: None,
-        }
-    }
-}
-
-const SHORT_BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
-const SHORT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(5);
-
-impl Iterator for ShortBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self
-            .last_error
-            .is_some_and(|at| at.elapsed() > std::time::Duration::from_secs(120))
-        {
-            self.next = SHORT_BACKOFF_FIRST;
-        }
-        self.last_error = Some(std::time::Instant::now());
-        let delay = self.next;
-        self.next = (self.next * 2).min(SHORT_BACKOFF_MAX);
-        Some(delay)
-    }
-}
-
-impl kube::runtime::utils::Backoff for ShortBackoff {
-    fn reset(&mut self) {
-        self.next = SHORT_BACKOFF_FIRST;
     }
 }
 

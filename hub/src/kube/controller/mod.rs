@@ -50,6 +50,7 @@ use crate::core::render::{
     federation_dialect, render_hub, superlink_tls_secret_name,
 };
 use crate::core::sans::SuperLinkNames;
+use crate::kube::backoff::ShortBackoff;
 use crate::registration::ca::{CaError, HubCa};
 use flower_addon_agent::ops::Health;
 
@@ -256,7 +257,8 @@ pub async fn run(
     let feds = listed
         .watch(
             "federations",
-            watcher(Api::<Federation>::all(client.clone()), Default::default()).default_backoff(),
+            watcher(Api::<Federation>::all(client.clone()), Default::default())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(fed_writer)
         .applied_objects()
@@ -264,35 +266,39 @@ pub async fn run(
     let sts = listed
         .watch(
             "statefulsets",
-            watcher(Api::<StatefulSet>::all(client.clone()), owned.clone()).default_backoff(),
+            watcher(Api::<StatefulSet>::all(client.clone()), owned.clone())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(sts_writer)
         .touched_objects();
     let svcs = listed
         .watch(
             "services",
-            watcher(Api::<Service>::all(client.clone()), owned.clone()).default_backoff(),
+            watcher(Api::<Service>::all(client.clone()), owned.clone())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(svc_writer)
         .touched_objects();
     let policies = listed
         .watch(
             "networkpolicies",
-            watcher(Api::<NetworkPolicy>::all(client.clone()), owned.clone()).default_backoff(),
+            watcher(Api::<NetworkPolicy>::all(client.clone()), owned.clone())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(policy_writer)
         .touched_objects();
     let tls = listed
         .watch(
             "secrets",
-            watcher(Api::<Secret>::all(client.clone()), owned).default_backoff(),
+            watcher(Api::<Secret>::all(client.clone()), owned).backoff(ShortBackoff::default()),
         )
         .reflect(secret_writer)
         .touched_objects();
     let placement_events = listed
         .watch(
             "placements",
-            watcher(Api::<Placement>::all(client.clone()), Default::default()).default_backoff(),
+            watcher(Api::<Placement>::all(client.clone()), Default::default())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(placement_writer)
         .touched_objects();
@@ -331,6 +337,7 @@ pub async fn run(
         .owns_stream(svcs)
         .owns_stream(policies)
         .owns_stream(tls)
+        .trigger_backoff(ShortBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |fed, ctx| measured("federation", reconcile(fed, ctx)),

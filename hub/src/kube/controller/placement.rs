@@ -39,6 +39,7 @@ use crate::core::clustersets::{ClusterSetView, binding_pairs};
 use crate::core::placement::{
     ClusterView, DECISIONS_PER_PAGE, TaintEffect, TaintView, evaluate, paginate, placement_policy,
 };
+use crate::kube::backoff::ShortBackoff;
 
 /// Condition type: the selection has every cluster the Placement asks for.
 pub const CONDITION_SATISFIED: &str = "PlacementSatisfied";
@@ -178,7 +179,7 @@ pub async fn run(
                 watcher::Config::default(),
             )
             .modify(crate::kube::work::strip_managed_fields)
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
         )
         .reflect(writer)
         .filter_map(move |event| {
@@ -199,7 +200,7 @@ pub async fn run(
                 Api::<PlacementDecision>::all(client.clone()),
                 watcher::Config::default().labels(PLACEMENT_LABEL),
             )
-            .default_backoff(),
+            .backoff(ShortBackoff::default()),
         )
         .reflect(decision_writer)
         .touched_objects();
@@ -219,6 +220,7 @@ pub async fn run(
             futures::stream::select(cluster_changes, decided_elsewhere(&client)),
             futures::stream::select(set_changes, binding_changes),
         ))
+        .trigger_backoff(ShortBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |placement, ctx| super::measured("placement", reconcile(placement, ctx)),
@@ -258,7 +260,7 @@ fn decided_elsewhere(client: &Client) -> impl futures::Stream<Item = ()> + Send 
         Api::<PlacementDecision>::all(client.clone()),
         watcher::Config::default().labels(PLACEMENT_LABEL),
     )
-    .default_backoff()
+    .backoff(ShortBackoff::default())
     .filter_map(move |event| {
         let fire = match event {
             Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
@@ -296,7 +298,8 @@ where
     let changes = listed
         .watch(
             name,
-            watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
+            watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+                .backoff(ShortBackoff::default()),
         )
         .reflect(writer)
         .touched_objects()

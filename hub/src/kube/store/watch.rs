@@ -16,6 +16,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use super::ANN_KEY_FINGERPRINT;
+use crate::kube::backoff::ShortBackoff;
 
 /// Which ManagedCluster watch events [`crate::registration::store::ClusterStore::changes`]
 /// announces: a change of acceptance or of the bound key, a new cluster, a deletion (also one
@@ -82,7 +83,7 @@ pub(super) fn spawn(
     tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default())
             .modify(crate::kube::work::strip_managed_fields)
-            .default_backoff()
+            .backoff(ShortBackoff::default())
             .boxed();
         let mut filter = ChangeFilter::default();
         while let Some(event) = events.next().await {

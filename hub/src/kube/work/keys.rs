@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use super::{Report, Stores};
 use crate::flower::diagnose::LogSource;
 use crate::flower::registry::{FedKey, KeyTarget, NodeKeyRegistry};
+use crate::kube::backoff::ShortBackoff;
 use crate::registration::ca::HubCa;
 
 /// How often SuperLinks are synced without new reports.
@@ -46,7 +47,7 @@ pub(super) async fn sync_node_keys(
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default().labels(&selector),
     )
-    .default_backoff()
+    .backoff(ShortBackoff::default())
     .applied_objects();
     let mut superlinks = std::pin::pin!(superlinks);
     loop {

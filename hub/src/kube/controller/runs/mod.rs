@@ -43,6 +43,7 @@ use crate::core::run::needs_app;
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::runs::LogFollowers;
+use crate::kube::backoff::ShortBackoff;
 use crate::registration::ca::HubCa;
 
 pub use reconcile::reconcile;
@@ -185,12 +186,12 @@ pub async fn run(
     let (federations, fed_writer) = reflector::store::<Federation>();
     let (runs, run_writer) = reflector::store::<FlowerRun>();
     let run_events = watcher(Api::<FlowerRun>::all(client.clone()), Default::default())
-        .default_backoff()
+        .backoff(ShortBackoff::default())
         .reflect(run_writer)
         .applied_objects()
         .predicate_filter(run_inputs, PredicateConfig::default());
     let fed_events = watcher(Api::<Federation>::all(client.clone()), Default::default())
-        .default_backoff()
+        .backoff(ShortBackoff::default())
         .reflect(fed_writer)
         .applied_objects()
         .predicate_filter(federation_inputs, PredicateConfig::default());
@@ -198,7 +199,7 @@ pub async fn run(
         Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .backoff(ShortBackoff::default())
     .touched_objects();
     let forward = crate::kube::control::port_forward(client.clone());
     let endpoint: EndpointOf =
@@ -226,6 +227,7 @@ pub async fn run(
                 })
             },
         )
+        .trigger_backoff(ShortBackoff::default())
         .graceful_shutdown_on(shutdown)
         .run(
             |run, ctx| measured("flowerrun", reconcile(run, ctx)),
