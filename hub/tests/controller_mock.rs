@@ -2,6 +2,7 @@
 //! controller-rs): every request it makes is recorded and the test asserts the exact sequence —
 //! what is applied, in which order, with which field manager, and that an invalid spec applies
 //! nothing. Fast (no cluster), beside the real-apiserver e2e tests.
+mod fake_control;
 mod mock_api;
 
 use std::sync::Arc;
@@ -595,5 +596,184 @@ async fn the_embedded_runtime_sends_only_what_changed() {
             "DELETE /api/v1/namespaces/team/services/fed-supernode-a",
             "DELETE /apis/apps/v1/namespaces/team/statefulsets/fed-supernode-a",
         ],
+    );
+}
+
+/// A stand-in SuperLink Control API for `team/fed` (its certificate from `ca`'s Federation CA)
+/// and the endpoint that reaches it.
+async fn stand_in_superlink(
+    ca: &HubCa,
+    dir: &std::path::Path,
+) -> (
+    fake_control::Fake,
+    flower_addon_hub::flower::control::ControlEndpoint,
+) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let federation_ca = ca.federation("team", "fed").expect("Federation CA");
+    let pair = federation_ca
+        .issue_superlink_cert(
+            "fed",
+            &["127.0.0.1".into()],
+            std::time::Duration::from_secs(3600),
+        )
+        .expect("cert");
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
+    std::fs::write(&key, &pair.key_pem).expect("key file");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let fake = fake_control::Fake::default();
+    fake_control::serve_fake(listener, &cert, &key, fake.clone());
+    let endpoint = flower_addon_hub::flower::control::ControlEndpoint {
+        dialect: flower_addon_crds::render::FlowerDialect::Unified,
+        address,
+        server_name: "127.0.0.1".into(),
+        ca_pem: Some(federation_ca.bundle_pem().to_owned()),
+        tunnel: None,
+    };
+    (fake, endpoint)
+}
+
+#[tokio::test]
+async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
+    // A SuperLink certificate due for renewal only because it aged is kept while a run is in
+    // progress on the SuperLink (a new one rolls the pod, and Flower stops its runs): no Secret
+    // written, the pod template marked with the certificate in force, an event naming the run
+    // and the deadline (once), a reconcile again soon, and no request on a reconcile within the
+    // recheck. Once the run finished, the next reconcile issues it and rolls the pod.
+    use flower_addon_hub::kube::controller::tls::{NOT_AFTER_ANNOTATION, NOT_BEFORE_ANNOTATION};
+    use k8s_openapi::api::core::v1::Secret;
+    let fed = federation(&VALID.replace("insecure: true", "insecure: false"));
+    let ca = Arc::new(HubCa::generate().expect("ca"));
+    let dir = tempfile::tempdir().expect("tmp");
+    let (fake, endpoint) = stand_in_superlink(&ca, dir.path()).await;
+    let validity = std::time::Duration::from_secs(1000);
+    let context = |client, caches| {
+        let mut ctx = Context::new(client, ca.clone(), caches);
+        ctx.settings.superlink_cert_validity = validity;
+        let endpoint = endpoint.clone();
+        ctx.control = Arc::new(move |_| Some(endpoint.clone()));
+        ctx
+    };
+    let lines = |calls: &Arc<std::sync::Mutex<Vec<Call>>>| -> Vec<String> {
+        calls.lock().expect("log").iter().map(Call::line).collect()
+    };
+    const SECRET: &str = "PATCH /api/v1/namespaces/team/secrets/fed-superlink-tls";
+    const SUPERLINK: &str = "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink";
+    // The first reconcile issues the certificate; as stored, it is made 85 % old.
+    let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).unwrap()]);
+    let none = || Caches::fixed(vec![], vec![], vec![], vec![], vec![]);
+    reconcile(fed.clone(), Arc::new(context(client, none())))
+        .await
+        .expect("reconcile");
+    let first = calls.lock().expect("log").clone();
+    let (_, services, policies) = stored(&first);
+    let secret_call = first
+        .iter()
+        .find(|c| c.line() == SECRET)
+        .expect("the certificate issued");
+    let mut secret: Secret = serde_json::from_value(secret_call.body.clone()).expect("Secret");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let aged_not_after = (now + 150).to_string();
+    let annotations = secret.metadata.annotations.get_or_insert_default();
+    annotations.insert(NOT_BEFORE_ANNOTATION.into(), (now - 850).to_string());
+    annotations.insert(NOT_AFTER_ANNOTATION.into(), aged_not_after.clone());
+    secret.metadata.namespace = Some("team".into());
+    let mut converged = fed.as_ref().clone();
+    converged.status = serde_json::from_value(first.last().expect("status").body["status"].clone())
+        .expect("status");
+    let converged = Arc::new(converged);
+    fake.runs.lock().expect("runs").runs.insert(
+        41,
+        flower_addon_proto::flwr::Run {
+            run_id: 41,
+            status: Some(flower_addon_proto::flwr::RunStatus {
+                status: "running".into(),
+                sub_status: String::new(),
+                details: String::new(),
+            }),
+            ..Default::default()
+        },
+    );
+
+    // Due, with run 41 running: kept.
+    let (client, calls) = mock_client(vec![serde_json::to_value(converged.as_ref()).unwrap()]);
+    let caches = |statefulsets| {
+        Caches::fixed(
+            statefulsets,
+            services.clone(),
+            policies.clone(),
+            vec![secret.clone()],
+            vec![],
+        )
+    };
+    let ctx = Arc::new(context(client, caches(vec![])));
+    let action = reconcile(converged.clone(), ctx.clone())
+        .await
+        .expect("reconcile");
+    let waited = calls.lock().expect("log").clone();
+    assert!(
+        !lines(&calls).contains(&SECRET.to_owned()),
+        "the Secret is not written while the run is in progress: {:#?}",
+        lines(&calls)
+    );
+    let superlink = waited
+        .iter()
+        .find(|c| c.line() == SUPERLINK)
+        .expect("the SuperLink applied");
+    assert_eq!(
+        superlink.body["spec"]["template"]["metadata"]["annotations"][NOT_AFTER_ANNOTATION],
+        aged_not_after.as_str(),
+        "the pod template marked with the certificate in force"
+    );
+    let event = waited
+        .iter()
+        .find(|c| c.path.ends_with("/events"))
+        .expect("an event");
+    assert_eq!(event.body["reason"], "CertificateRenewalWaits");
+    let note = event.body["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("run(s) 41 in progress") && note.contains("at the latest at"),
+        "{note}"
+    );
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(10_100)),
+        "asked again after the recheck"
+    );
+    assert_eq!(fake.calls(), ["list-runs"]);
+
+    // Within the recheck, on the converged objects: no request, no second event, not asked.
+    let (statefulsets, _, _) = stored(&waited);
+    let (client, calls) = mock_client(vec![serde_json::to_value(converged.as_ref()).unwrap()]);
+    let mut again = context(client, caches(statefulsets.clone()));
+    again.renewals = std::mem::take(&mut Arc::into_inner(ctx).expect("one context").renewals);
+    reconcile(converged.clone(), Arc::new(again))
+        .await
+        .expect("reconcile");
+    assert_eq!(lines(&calls), Vec::<String>::new());
+    assert_eq!(fake.calls(), ["list-runs"]);
+
+    // Finished: the next reconcile (asking again at once) issues the new certificate and rolls
+    // the pod template.
+    fake.runs
+        .lock()
+        .expect("runs")
+        .set_status(41, "finished:completed");
+    let (client, calls) = mock_client(vec![serde_json::to_value(converged.as_ref()).unwrap()]);
+    let mut ctx = context(client, caches(statefulsets));
+    ctx.renewals = flower_addon_hub::flower::renewal::RenewalHolds::new(std::time::Duration::ZERO);
+    reconcile(converged, Arc::new(ctx))
+        .await
+        .expect("reconcile");
+    let renewed = lines(&calls);
+    assert!(
+        renewed.contains(&SECRET.to_owned()) && renewed.contains(&SUPERLINK.to_owned()),
+        "renewed and the SuperLink rolled: {renewed:#?}"
     );
 }

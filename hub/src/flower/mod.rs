@@ -11,6 +11,7 @@ pub mod front;
 pub mod keys;
 pub mod outputs;
 pub mod registry;
+pub mod renewal;
 pub mod runs;
 
 use crate::core::nodekeys::{self, KeyPlan};

@@ -103,6 +103,8 @@ pub struct StandaloneHub<S: ClusterStore> {
     held: BTreeSet<FedKey>,
     /// The FlowerRuns ([`runs`]).
     runs: runs::StandaloneRuns,
+    /// SuperLink certificate renewals waiting for runs in progress.
+    renewals: crate::flower::renewal::RenewalHolds,
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
@@ -131,6 +133,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             local: None,
             ready: None,
             held: BTreeSet::new(),
+            renewals: Default::default(),
         }
     }
 
@@ -240,6 +243,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .cloned()
             .collect();
         for key in gone {
+            self.renewals.forget(&key);
             if let Some(sl) = self.superlinks.remove(&key) {
                 tracing::info!(namespace = %key.0, federation = %key.1, "Federation removed: stopping its SuperLink");
                 stop_superlink(sl).await;
@@ -356,7 +360,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             let certificate = if fed.spec.insecure {
                 String::new()
             } else {
-                self.ensure_superlink_tls(fed, &paths)?
+                self.ensure_superlink_tls(fed, &paths).await?
             };
             self.ensure_superlink(fed, version, dialect, &paths, certificate)
                 .await?;

@@ -126,9 +126,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
     }
 
     /// Issues the SuperLink certificate when there is none, its names or CA changed, or it is
-    /// due ([`crate::core::renewal`]); returns its validity (`not_before..not_after`, Unix
+    /// due ([`crate::core::renewal`]; due by age, it waits for the runs in progress:
+    /// [`crate::flower::renewal`]); returns its validity (`not_before..not_after`, Unix
     /// seconds), which [`Self::ensure_superlink`] restarts the SuperLink on when it changes.
-    pub(super) fn ensure_superlink_tls(
+    pub(super) async fn ensure_superlink_tls(
         &self,
         fed: &Federation,
         paths: &SuperLinkPaths,
@@ -160,22 +161,24 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 std::fs::read(&paths.key)
                     .is_ok_and(|key| crate::core::renewal::pair_is_usable(pem.as_bytes(), &key))
             })
-            .and_then(|pem| certificate_validity(&pem));
+            .and_then(|pem| crate::core::renewal::certificate_validity(&pem));
         if let Some((not_before, not_after)) = in_force
             && current.as_deref() == Some(want.as_str())
             && same_ca
-            && !crate::core::renewal::needs_renewal(
+        {
+            let keep = !crate::core::renewal::needs_renewal(
                 not_before,
                 not_after,
                 validity,
                 std::time::SystemTime::now(),
-            )
-        {
-            // A staged or retired rotation changes what to trust, not the certificate.
-            if ca_file.as_deref() != Some(ca.bundle_pem()) {
-                write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
+            ) || self.renewal_waits(fed, not_before, not_after).await;
+            if keep {
+                // A staged or retired rotation changes what to trust, not the certificate.
+                if ca_file.as_deref() != Some(ca.bundle_pem()) {
+                    write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
+                }
+                return Ok(validity_marker(not_before, not_after));
             }
-            return Ok(validity_marker(not_before, not_after));
         }
         let issued = ca
             .issue_superlink_cert(&name, &sans, validity)
@@ -185,9 +188,49 @@ impl<S: ClusterStore> StandaloneHub<S> {
         write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
         write_file(&sans_file, want.as_bytes())?;
         tracing::info!(federation = %name, sans = %sans.join(","), "issued the SuperLink certificate");
-        let (not_before, not_after) = certificate_validity(&issued.cert_pem)
+        let (not_before, not_after) = crate::core::renewal::certificate_validity(&issued.cert_pem)
             .ok_or("the issued SuperLink certificate does not parse")?;
         Ok(validity_marker(not_before, not_after))
+    }
+
+    /// Whether the certificate of `fed`, due by age, waits for the runs in progress on its
+    /// SuperLink (the rule of both modes: [`crate::flower::renewal`]); says so in the log when it
+    /// starts waiting and when it stops.
+    async fn renewal_waits(
+        &self,
+        fed: &Federation,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> bool {
+        use crate::flower::renewal::Renewal;
+        let key = fed_key(fed);
+        let decision = self
+            .renewals
+            .decide(
+                &key,
+                self.control_endpoint(fed),
+                not_before,
+                not_after,
+                self.config.superlink_cert_validity,
+            )
+            .await;
+        match decision {
+            Renewal::Wait {
+                runs, until, first, ..
+            } => {
+                if first {
+                    tracing::info!(namespace = %key.0, federation = %key.1, "{}", Renewal::waiting_message(&runs, until));
+                }
+                true
+            }
+            Renewal::Now {
+                waited_for: Some(runs),
+            } => {
+                tracing::info!(namespace = %key.0, federation = %key.1, ?runs, "SuperLink certificate renewal no longer waits (the runs ended, or its deadline came): renewing it");
+                false
+            }
+            Renewal::Now { waited_for: None } => false,
+        }
     }
 
     pub(super) async fn ensure_superlink(
@@ -487,20 +530,6 @@ async fn start_front(
     }));
     tracing::info!(federation = %fed_key(fed).1, fleet = %format!("{}:{}", listen.0, listen.1), control = %upstream, "Fleet front started: the Control API stays on loopback");
     Ok((stop, task))
-}
-
-/// The validity of a PEM certificate.
-fn certificate_validity(pem: &str) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
-    let cert = pem.parse_x509().ok()?;
-    let at = |t: x509_parser::time::ASN1Time| {
-        let secs = u64::try_from(t.timestamp()).ok()?;
-        Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
-    };
-    Some((
-        at(cert.validity().not_before)?,
-        at(cert.validity().not_after)?,
-    ))
 }
 
 /// `not_before..not_after` in Unix seconds.

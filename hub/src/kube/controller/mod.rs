@@ -155,7 +155,14 @@ pub struct Context {
     /// The status last written per Federation (by uid), with the resourceVersion it was computed
     /// from ([`write_status`]).
     written: std::sync::Mutex<HashMap<String, (Option<String>, FederationStatus)>>,
+    /// Where each Federation's Control API is, to ask for runs in progress before a renewal.
+    pub control: crate::kube::controller::runs::EndpointOf,
+    /// SuperLink certificate renewals waiting for runs in progress.
+    pub renewals: crate::flower::renewal::RenewalHolds,
 }
+
+/// Event reason: a SuperLink certificate due for renewal waits for the runs in progress.
+pub const RENEWAL_WAITS: &str = "CertificateRenewalWaits";
 
 /// Beyond this many remembered statuses the memory is cleared (it only saves no-op writes).
 const WRITTEN_MAX: usize = 10_000;
@@ -164,6 +171,8 @@ impl Context {
     /// A context for `client`, `ca` and `caches`.
     pub fn new(client: Client, ca: Arc<HubCa>, caches: Caches) -> Self {
         let recorder = apply::recorder(client.clone());
+        let forward = crate::kube::control::port_forward(client.clone());
+        let flower_ca = ca.clone();
         Self {
             client,
             ca,
@@ -171,11 +180,61 @@ impl Context {
             settings: Settings::default(),
             caches,
             written: Default::default(),
+            control: Arc::new(move |fed| {
+                crate::kube::control::in_cluster_endpoint(fed, &flower_ca, &forward)
+            }),
+            renewals: Default::default(),
         }
     }
 
     async fn publish(&self, fed: &Federation, type_: EventType, reason: &str, note: String) {
         apply::publish(&self.recorder, fed, type_, "Reconcile", reason, note).await;
+    }
+
+    /// Whether the certificate of `fed`, due by age, waits for the runs in progress on its
+    /// SuperLink (the rule of both modes: [`crate::flower::renewal`]), and when to decide again;
+    /// an event says so when it starts waiting and when it stops.
+    async fn renewal_waits(
+        &self,
+        fed: &Federation,
+        not_before: std::time::SystemTime,
+        not_after: std::time::SystemTime,
+    ) -> Option<Duration> {
+        use crate::flower::renewal::Renewal;
+        let key = (fed.namespace().unwrap_or_default(), fed.name_any());
+        let decision = self
+            .renewals
+            .decide(
+                &key,
+                (self.control)(fed),
+                not_before,
+                not_after,
+                self.settings.superlink_cert_validity,
+            )
+            .await;
+        match decision {
+            Renewal::Wait {
+                runs,
+                until,
+                recheck,
+                first,
+            } => {
+                if first {
+                    let message = Renewal::waiting_message(&runs, until);
+                    tracing::info!(namespace = %key.0, federation = %key.1, "{message}");
+                    self.publish(fed, EventType::Normal, RENEWAL_WAITS, message)
+                        .await;
+                }
+                Some(recheck)
+            }
+            Renewal::Now {
+                waited_for: Some(runs),
+            } => {
+                tracing::info!(namespace = %key.0, federation = %key.1, ?runs, "SuperLink certificate renewal no longer waits (the runs ended, or its deadline came): renewing it");
+                None
+            }
+            Renewal::Now { waited_for: None } => None,
+        }
     }
 }
 
@@ -391,6 +450,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         .ok_or_else(|| Error::NoNamespace(format!("Federation {name}")))?;
     if fed.meta().deletion_timestamp.is_some() {
         // Owner references let the garbage collector remove everything.
+        ctx.renewals.forget(&(namespace, name));
         return Ok(Action::await_change());
     }
     ctx.caches.ready().await?;

@@ -91,11 +91,18 @@ pub fn still_valid(
     now: SystemTime,
     validity: Duration,
 ) -> bool {
+    let (not_before, not_after) = validity_of(existing);
+    serves_but_for_age(existing, sans, ca)
+        && !crate::core::renewal::needs_renewal(not_before, not_after, validity, now)
+}
+
+/// Whether `existing` would serve but for its age: same SANs and CA, certificate and key
+/// present and a usable pair. A certificate that passes this but is due may wait for the runs
+/// in progress ([`crate::flower::renewal`]); one that fails it is issued again at once.
+pub fn serves_but_for_age(existing: &Secret, sans: &[String], ca: &FederationCa) -> bool {
     let annotations = existing.annotations();
     let same_sans = annotations.get(SANS_ANNOTATION) == Some(&sans.join(","));
     let same_ca = annotations.get(CA_HASH_ANNOTATION).map(String::as_str) == Some(ca.hash());
-    let (not_before, not_after) = validity_of(existing);
-    let fresh = !crate::core::renewal::needs_renewal(not_before, not_after, validity, now);
     // Present and usable: a garbled certificate or key under right-looking annotations is
     // issued again.
     let complete = existing.data.as_ref().is_some_and(|d| {
@@ -105,7 +112,7 @@ pub fn still_valid(
                 _ => false,
             }
     });
-    same_sans && same_ca && fresh && complete
+    same_sans && same_ca && complete
 }
 
 /// `existing` with `ca.crt` set to the CA bundle in force, when it holds another (a CA rotation
@@ -238,13 +245,27 @@ pub(super) async fn ensure_certificate(
         .map_err(Error::Ca)?;
     if let Some(existing) = existing.as_ref()
         && owned
-        && still_valid(existing, &sans, &ca, now, validity)
+        && serves_but_for_age(existing, &sans, &ca)
     {
-        if let Some(updated) = with_current_bundle(existing, &ca) {
-            apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
-            tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
+        let (not_before, not_after) = validity_of(existing);
+        let kept = if crate::core::renewal::needs_renewal(not_before, not_after, validity, now) {
+            // Due by age: it waits for the runs in progress (the pod would roll under them).
+            ctx.renewal_waits(fed, not_before, not_after)
+                .await
+                .map(|recheck| Certificate {
+                    renew_in: recheck,
+                    ..certificate_of(existing, validity, now)
+                })
+        } else {
+            Some(certificate_of(existing, validity, now))
+        };
+        if let Some(certificate) = kept {
+            if let Some(updated) = with_current_bundle(existing, &ca) {
+                apply::apply_body(&secrets_api, &secret_name, &cache::body(&updated)?).await?;
+                tracing::info!(federation = %fed.name_any(), %namespace, "SuperLink CA bundle updated");
+            }
+            return Ok(certificate);
         }
-        return Ok(certificate_of(existing, validity, now));
     }
     let secret = issue_secret(fed, &ca, &sans, validity)?;
     let certificate = certificate_of(&secret, validity, now);
