@@ -42,8 +42,11 @@ fn supernode_envs(needle: &str) -> Vec<(String, Vec<String>)> {
 }
 
 /// The hub renews the SuperLink certificate at 80 % of `--superlink-cert-validity`
-/// (60 s here) and restarts the SuperLink on it: the Fleet port then serves the new certificate,
-/// the SuperNodes (same processes) reconnect, and a `flwr run` with both of them completes.
+/// ([`RENEWAL_TEST_VALIDITY`]) and restarts the SuperLink on it — but not under a run in
+/// progress: a run held running past the due time keeps the certificate in force (the hub says
+/// it waits, naming the run) and completes; the certificate is renewed after it. The Fleet port
+/// then serves the new certificate, the SuperNodes (same processes) reconnect, and a `flwr run`
+/// with both of them completes.
 fn superlink_certificate_is_renewed(
     hub_bin: &Path,
     state: &Path,
@@ -52,17 +55,91 @@ fn superlink_certificate_is_renewed(
     hub_log: &Path,
 ) -> Result<()> {
     e2e::install_crypto();
-    let cert_file = state.join("federations/default/quickstart/tls/tls.crt");
+    let fed_dir = state.join("federations/default/quickstart");
+    let cert_file = fed_dir.join("tls/tls.crt");
     let first = std::fs::read_to_string(&cert_file)?;
+    let (not_before, not_after) = flower_addon_hub::core::renewal::certificate_validity(&first)
+        .context("the SuperLink certificate's validity")?;
+    let life = not_after.duration_since(not_before)?;
+    let due = not_before + life.mul_f64(flower_addon_hub::core::renewal::RENEW_AT);
     let supernodes_before = supernode_pids(state);
     ensure!(
         supernodes_before.len() == 2,
         "SuperNodes: {supernodes_before:?}"
     );
+    // A run held in progress (the probe app waits for `release`) from before the certificate
+    // is due until after it.
+    let flwr = connect(hub_bin, venv, state, dir)?;
+    let release = fed_dir.join("release-held-run");
+    let held = {
+        let (flwr, log) = (flwr.clone(), hub_log.to_path_buf());
+        let config = format!("probe-wait-for=\"{}\"", release.display());
+        std::thread::spawn(move || {
+            flwr.run_with_config(
+                &e2e::repo_root().join("e2e/flower/probe"),
+                "quickstart",
+                &config,
+                || std::fs::read_to_string(&log).unwrap_or_default(),
+            )
+        })
+    };
+    // The hub says it waits once the certificate is due (it must not renew it first: the
+    // run was in progress before).
     let t = Instant::now();
+    let waiting = Wait::new(
+        "the hub to say the renewal waits for the held run",
+        Duration::from_secs(180),
+    )
+    .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
+    .for_value_blocking(|| {
+        ensure!(
+            std::fs::read_to_string(&cert_file)? == first,
+            "the certificate was renewed under the held run"
+        );
+        let log = std::fs::read_to_string(hub_log)?;
+        Ok(log
+            .lines()
+            .find(|l| l.contains("SuperLink certificate renewal waits for run(s)"))
+            .map(str::to_owned))
+    });
+    let waiting = match waiting {
+        Ok(line) => line,
+        Err(e) => {
+            std::fs::write(&release, "")?;
+            let _ = held.join();
+            return Err(e);
+        }
+    };
+    // Held past a recheck of the hub (it asks the SuperLink again every few seconds).
+    let hold_until = due + flower_addon_hub::flower::renewal::RECHECK + Duration::from_secs(2);
+    if let Ok(left) = hold_until.duration_since(std::time::SystemTime::now()) {
+        std::thread::sleep(left);
+    }
+    let waited_at = std::time::SystemTime::now();
+    let unchanged = std::fs::read_to_string(&cert_file)? == first;
+    let restarted =
+        std::fs::read_to_string(hub_log)?.contains("SuperLink certificate renewed: restarting it");
+    std::fs::write(&release, "")?;
+    let run = held
+        .join()
+        .map_err(|_| anyhow::anyhow!("the held run's thread panicked"))?
+        .context("the run held over the renewal's due time")?;
+    ensure!(
+        unchanged && !restarted,
+        "{:.1}s past the due time with run {run} in progress the certificate must stay (unchanged: {unchanged}; SuperLink restarted: {restarted})",
+        waited_at
+            .duration_since(due)
+            .unwrap_or_default()
+            .as_secs_f64()
+    );
+    eprintln!(
+        "the renewal waited for run {run} ({:.1}s after the first check): {waiting}",
+        t.elapsed().as_secs_f64()
+    );
+    let t_release = Instant::now();
     let renewed = Wait::new(
-        "the SuperLink certificate renewed",
-        Duration::from_secs(150),
+        "the SuperLink certificate renewed after the held run",
+        Duration::from_secs(60),
     )
     .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
     .for_value_blocking(|| {
@@ -74,6 +151,10 @@ fn superlink_certificate_is_renewed(
     ensure!(
         log.contains("SuperLink certificate renewed: restarting it"),
         "the hub did not restart the SuperLink on the new certificate:\n{log}"
+    );
+    eprintln!(
+        "renewed {:.1}s after the held run completed",
+        t_release.elapsed().as_secs_f64()
     );
     // The control port serves the renewed certificate once the SuperLink is back.
     let status = status(hub_bin, state)["federations"][0].clone();
@@ -95,7 +176,6 @@ fn superlink_certificate_is_renewed(
         "SuperNodes restarted: {supernodes_before:?} -> {:?}",
         supernode_pids(state)
     );
-    let flwr = connect(hub_bin, venv, state, dir)?;
     let t_run = Instant::now();
     let run = flwr.run_to_completion(
         &e2e::repo_root().join("examples/fedavg"),
@@ -358,13 +438,13 @@ fn served_certificate(addr: std::net::SocketAddr, ca_pem: &str) -> Option<Vec<u8
     conn.peer_certificates()?.first().map(|c| c.to_vec())
 }
 
-/// The SuperLink certificate validity of the renewal test: renewed at 80 % (every 72 s), short
-/// enough to see a renewal within the test and long enough that the run after the first
-/// renewal ends before the next one restarts the SuperLink (which stops a running run): with
-/// 40 s a run on a loaded 2-core machine was cut by the second renewal, and with 60 s (every
-/// 48 s) the ServerApp probes that followed it were. Those now run on a hub of their own with
-/// the default validity.
-const RENEWAL_TEST_VALIDITY: &str = "90s";
+/// The SuperLink certificate validity of the renewal test: due at 80 % (120 s), waiting for
+/// runs at most until 95 % (142.5 s). A run is held in progress over the due time and released
+/// one recheck later; it must end before the 95 % mark, where the renewal stops waiting and the
+/// SuperLink restart would cut it: 22 s for that on a loaded 2-core machine. The ServerApp
+/// probes run on a hub of their own with the default validity (with 60 s, renewed every 48 s,
+/// they ran into a renewal under the suite's load).
+const RENEWAL_TEST_VALIDITY: &str = "150s";
 
 /// A standalone hub serving the quickstart Federation without `placementRef`, ready 2/2.
 struct LocalHub {

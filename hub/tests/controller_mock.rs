@@ -743,7 +743,7 @@ async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
     );
     assert_eq!(
         action,
-        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(10_100)),
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_millis(5_100)),
         "asked again after the recheck"
     );
     assert_eq!(fake.calls(), ["list-runs"]);

@@ -14,7 +14,7 @@ use super::registry::FedKey;
 use crate::core::renewal::{renewal_waits, runs_in_progress};
 
 /// How often a waiting renewal asks the SuperLink again.
-pub const RECHECK: Duration = Duration::from_secs(10);
+pub const RECHECK: Duration = Duration::from_secs(5);
 
 /// What to do with a SuperLink certificate that is due.
 #[derive(Clone, Debug, PartialEq, Eq)]

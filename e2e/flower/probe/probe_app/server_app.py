@@ -6,13 +6,16 @@
 - network: it must not connect to any of `probe-refused` (another Federation's Control API) and
   must connect to every one of `probe-reached` (proof that the network path is there, so a
   refusal means the port is closed to it, not that nothing is reachable); space-separated
-  `host:port` lists, empty: no check.
+  `host:port` lists, empty: no check;
+- time: with `probe-wait-for` set, it runs until that file exists (at most 10 minutes), so a
+  test can hold a run in progress for as long as it needs.
 
 It completes when every check holds, printing what it tried."""
 
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 from flwr.app import Context
@@ -64,7 +67,20 @@ def _network(context: Context) -> None:
         print(f"probe: {address} refused ({why})", flush=True)
 
 
+def _wait(context: Context) -> None:
+    wait_for = str(context.run_config.get("probe-wait-for", ""))
+    if not wait_for:
+        return
+    deadline = time.monotonic() + 600
+    while not Path(wait_for).exists():
+        if time.monotonic() > deadline:
+            raise ProbeError(f"probe: {wait_for} did not appear within 10 minutes")
+        time.sleep(0.5)
+    print(f"probe: {wait_for} appeared", flush=True)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     _files(context)
     _network(context)
+    _wait(context)
