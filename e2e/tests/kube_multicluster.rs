@@ -597,6 +597,7 @@ async fn kube_store_keeps_registration_state_in_managed_clusters_and_secrets() -
     let controller = PlacementController::start(&hub_sa.client);
     an_unavailable_cluster_is_tainted_and_dropped(&store, &client).await?;
     a_deleted_ca_is_not_replaced_under_joined_clusters(&store, &client).await?;
+    a_lost_flower_ca_is_made_anew_and_said(&store, &client, &hub_sa.client).await?;
     revocation_and_deletion(&store, &client).await?;
     eprintln!("store scenario took {:.1}s", t0.elapsed().as_secs_f64());
     controller.stop().await
@@ -902,6 +903,62 @@ async fn a_deleted_ca_is_not_replaced_under_joined_clusters(
         "the restored Secret's CA is loaded"
     );
     eprintln!("a deleted CA Secret under a joined cluster: refused with: {message}");
+    Ok(())
+}
+
+/// The Flower CA Secret deleted after the hub ran: unlike the work-channel CA it heals (a new
+/// one signs new SuperLink certificates, SuperNodes get its bundle through their agents), but
+/// users' `flwr` trust files break, so serve's loader says so (naming the Secret, what users do
+/// and how to keep the old CA) and the hub publishes it as a Warning event on the new Secret,
+/// under the hub's RBAC. A first start says nothing.
+async fn a_lost_flower_ca_is_made_anew_and_said(
+    store: &KubeStore,
+    client: &Client,
+    hub: &Client,
+) -> Result<()> {
+    use flower_addon_hub::registration::ca::CaRole;
+    use flower_addon_hub::registration::store::load_or_create_ca_noting_loss;
+    let name = kube_store::ca_secret_name(CaRole::Flower);
+    let first = load_or_create_ca_noting_loss(store, CaRole::Flower).await?;
+    ensure!(
+        first.replaced_lost.is_none(),
+        "a first start: {:?}",
+        first.replaced_lost
+    );
+    let channel =
+        flower_addon_hub::cli::serve::load_or_create_ca_secret(client.clone(), HUB_NS).await?;
+    flower_addon_hub::cli::serve::mark_cas_in_force(store, &channel, &first.ca).await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), HUB_NS);
+    secrets.delete(name, &DeleteParams::default()).await?;
+    let again = load_or_create_ca_noting_loss(store, CaRole::Flower).await?;
+    let message = again
+        .replaced_lost
+        .clone()
+        .context("a Flower CA made anew after the hub ran says so")?;
+    for part in [
+        &format!("Secret {HUB_NS}/{name}"),
+        "flower-hub connect",
+        "restore",
+    ] {
+        ensure!(message.contains(part), "{part:?} missing in: {message}");
+    }
+    ensure!(again.ca.cert_pem() != first.ca.cert_pem(), "a new CA");
+    flower_addon_hub::cli::serve::publish_lost_flower_ca(hub.clone(), HUB_NS, &message).await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), HUB_NS)
+        .list(&ListParams::default())
+        .await?;
+    let event = events
+        .items
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(flower_addon_hub::cli::serve::LOST_FLOWER_CA_REASON))
+        .context("no FlowerCaRecreated event")?;
+    ensure!(
+        event.type_.as_deref() == Some("Warning")
+            && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            && event.note.as_deref() == Some(message.as_str()),
+        "{event:?}"
+    );
+    eprintln!("a lost Flower CA made anew: a Warning event on {name}: {message}");
     Ok(())
 }
 

@@ -402,5 +402,6 @@ fn raise_fd_limit() {
 
 mod kubernetes;
 pub use kubernetes::{
-    CA_SECRET, kubernetes_advertise, load_or_create_ca_secret, load_or_create_ca_secret_for,
+    CA_SECRET, LOST_FLOWER_CA_REASON, kubernetes_advertise, load_or_create_ca_secret,
+    load_or_create_ca_secret_for, publish_lost_flower_ca,
 };

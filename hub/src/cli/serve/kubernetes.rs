@@ -116,12 +116,23 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             })
             .await?,
         );
-        let flower_ca = Arc::new(
-            retry_transient("reading the Flower CA", &stop_rx, || {
-                load_or_create_ca_secret_for(client.clone(), &args.namespace, CaRole::Flower)
-            })
-            .await?,
-        );
+        let flower_ca = retry_transient("reading the Flower CA", &stop_rx, || async {
+            let store = crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace);
+            crate::registration::store::load_or_create_ca_noting_loss(&store, CaRole::Flower)
+                .await
+                .with_context(|| {
+                    format!(
+                        "the CA Secret {}/{}",
+                        args.namespace,
+                        crate::kube::store::FLOWER_CA_SECRET
+                    )
+                })
+        })
+        .await?;
+        if let Some(message) = &flower_ca.replaced_lost {
+            publish_lost_flower_ca(client.clone(), &args.namespace, message).await;
+        }
+        let flower_ca = Arc::new(flower_ca.ca);
         retry_transient("marking the CAs in force", &stop_rx, || async {
             super::mark_cas_in_force(
                 &crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace),
@@ -292,6 +303,30 @@ where
 }
 
 /// The CA of `role` from its Secret in `namespace` (created on first start).
+/// A Warning event `FlowerCaRecreated` on the new Flower CA Secret (best effort: the hub log
+/// has the same warning).
+pub async fn publish_lost_flower_ca(client: kube::Client, namespace: &str, message: &str) {
+    let secrets =
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace);
+    match secrets.get(crate::kube::store::FLOWER_CA_SECRET).await {
+        Ok(secret) => {
+            crate::kube::controller::apply::publish(
+                &crate::kube::controller::apply::recorder(client),
+                &secret,
+                kube::runtime::events::EventType::Warning,
+                "Start",
+                LOST_FLOWER_CA_REASON,
+                message.to_owned(),
+            )
+            .await;
+        }
+        Err(error) => tracing::debug!(%error, "no event for the new Flower CA"),
+    }
+}
+
+/// Event reason: the Flower CA was missing and made anew.
+pub const LOST_FLOWER_CA_REASON: &str = "FlowerCaRecreated";
+
 pub async fn load_or_create_ca_secret_for(
     client: kube::Client,
     namespace: &str,

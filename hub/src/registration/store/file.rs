@@ -542,6 +542,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lost_flower_ca_is_made_anew_and_said() {
+        // A first start makes the Flower CA quietly; once the hub has run (its CAs marked in
+        // force), a Flower CA that is gone is made anew with a warning that names the file and
+        // what users must do; a present one is loaded as it is.
+        use crate::registration::ca::CaRole;
+        use crate::registration::store::{load_or_create_ca, load_or_create_ca_noting_loss};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::open(dir.path()).expect("open");
+        let channel = load_or_create_ca(&store).await.expect("channel CA");
+        let first = load_or_create_ca_noting_loss(&store, CaRole::Flower)
+            .await
+            .expect("Flower CA");
+        assert_eq!(first.replaced_lost, None, "a first start");
+        crate::cli::serve::mark_cas_in_force(&store, &channel, &first.ca)
+            .await
+            .expect("mark");
+        std::fs::remove_file(dir.path().join("flower-ca.json")).expect("remove");
+        let again = load_or_create_ca_noting_loss(&store, CaRole::Flower)
+            .await
+            .expect("Flower CA");
+        let message = again.replaced_lost.expect("the loss is said");
+        assert!(
+            message.contains("flower-ca.json")
+                && message.contains("flower-hub connect")
+                && message.contains("restore"),
+            "{message}"
+        );
+        assert_ne!(again.ca.cert_pem(), first.ca.cert_pem());
+        let loaded = load_or_create_ca_noting_loss(&store, CaRole::Flower)
+            .await
+            .expect("Flower CA");
+        assert_eq!(loaded.replaced_lost, None);
+        assert_eq!(loaded.ca.cert_pem(), again.ca.cert_pem());
+    }
+
+    #[tokio::test]
     async fn create_is_exclusive_and_accept_round_trips() {
         // A cluster name can be created once; acceptance and deletion are visible to a second
         // store instance on the same directory (as the CLI and the serving hub are).

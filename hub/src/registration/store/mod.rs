@@ -389,9 +389,43 @@ pub async fn load_or_create_ca_for<S: ClusterStore>(
     store: &S,
     role: CaRole,
 ) -> Result<HubCa, StoreError> {
+    Ok(load_or_create_ca_noting_loss(store, role).await?.ca)
+}
+
+/// A CA loaded or created, and whether it replaced one that was lost.
+#[derive(Debug)]
+pub struct LoadedCa {
+    /// The CA in force.
+    pub ca: HubCa,
+    /// When the Flower CA was missing although this hub ran before (it marks its CAs in force
+    /// at every start): what a new one means and how to keep the old one. Already logged as a
+    /// warning; the Kubernetes hub also publishes it as an event.
+    pub replaced_lost: Option<String>,
+}
+
+/// What a Flower CA made anew after it was lost means, and the fix.
+pub fn lost_flower_ca_message(location: &str) -> String {
+    format!(
+        "the Flower CA ({location}) was missing although this hub ran with one before, so a new one was made: every Federation's SuperLink certificate is issued again under it and its SuperLink restarts (runs in progress stop); SuperNodes get the new CA bundle through their agents and reconnect; every flwr user must fetch the new CA (flower-hub connect FEDERATION, or the Federation's ca.crt). To keep the old CA instead, stop the hub, restore {location} from a backup and start it again"
+    )
+}
+
+/// [`load_or_create_ca_for`], saying whether a Flower CA was made anew after it was lost (a
+/// work-channel CA that is lost is refused instead: [`StoreError::CaMissing`]). The Flower CA
+/// heals by itself, SuperNodes included, but users' trust files break, so it is loud about it.
+pub async fn load_or_create_ca_noting_loss<S: ClusterStore>(
+    store: &S,
+    role: CaRole,
+) -> Result<LoadedCa, StoreError> {
     if let Some(material) = store.load_ca_for(role).await? {
-        return Ok(HubCa::from_material(material)?);
+        return Ok(LoadedCa {
+            ca: HubCa::from_material(material)?,
+            replaced_lost: None,
+        });
     }
+    // Every start marks both CAs in force together, after making both: a work-channel CA
+    // marked in force without a Flower CA beside it means the Flower CA was there and is gone.
+    let lost = role == CaRole::Flower && store.ca_in_force(CaRole::Channel).await?.is_some();
     if role == CaRole::Channel {
         // A missing CA is a first start only when no joined cluster holds a certificate of it.
         let holders: Vec<ClusterRecord> = store
@@ -411,6 +445,13 @@ pub async fn load_or_create_ca_for<S: ClusterStore>(
     }
     let fresh = HubCa::generate_for(role)?;
     let stored = store.create_ca_for(role, fresh.material()).await?;
-    tracing::info!(?role, "created a hub certificate authority");
-    Ok(HubCa::from_material(stored)?)
+    let replaced_lost = lost.then(|| lost_flower_ca_message(&store.ca_location(role)));
+    match &replaced_lost {
+        Some(message) => tracing::warn!(?role, "{message}"),
+        None => tracing::info!(?role, "created a hub certificate authority"),
+    }
+    Ok(LoadedCa {
+        ca: HubCa::from_material(stored)?,
+        replaced_lost,
+    })
 }
