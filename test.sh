@@ -48,8 +48,8 @@ trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" 2>/dev/null || true' EXIT
 await() {
   local t=$SECONDS
   if ! wait "$1"; then
-    echo "test.sh: $2 failed; what panicked (up to 40 lines each, backtraces left out), then the end of its log ($3):" >&2
-    awk '/panicked at/ { p = 1; n = 0 } p && /^[Ss]tack backtrace:/ { p = 0 } p && n < 40 { print; n++ }' "$3" >&2
+    echo "test.sh: $2 failed; what each failing test said (up to 60 lines each, backtraces left out), then the end of its log ($3):" >&2
+    awk '/^---- .* stdout ----$|panicked at/ { p = 1; n = 0 } p && /^[Ss]tack backtrace:/ { p = 0 } p && n < 60 { print; n++ }' "$3" >&2
     echo "--- the end of $3:" >&2
     tail -n 30 "$3" >&2
     exit 1

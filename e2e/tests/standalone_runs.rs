@@ -45,6 +45,24 @@ impl Hub {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `lines` lines of each of the hub's own SuperNodes' logs (for a run that failed
+    /// in a round: which SuperNode did not answer, and what it was doing).
+    fn supernode_logs(&self, lines: usize) -> String {
+        let dir = self.state.join("local-pools/logs/default");
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| entries.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.sort();
+        logs.iter()
+            .filter(|p| p.to_string_lossy().ends_with(".supernode.log"))
+            .map(|p| {
+                let text = std::fs::read_to_string(p).unwrap_or_default();
+                format!("--- {}:\n{}", p.display(), tail(&text, lines))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn status(&self) -> Value {
         status(&self.bin, &self.state)
     }
@@ -673,8 +691,9 @@ async fn the_run_command_submits_follows_and_deletes(hub: &Hub) -> Result<()> {
     );
     ensure!(
         out.status.success(),
-        "run submit --follow failed:\n{stdout}\n{stderr}\nhub log:\n{}",
-        tail(&hub.log(), 30)
+        "run submit --follow failed:\n{stdout}\n{stderr}\nhub log:\n{}\nSuperNode logs:\n{}",
+        tail(&hub.log(), 30),
+        hub.supernode_logs(40)
     );
     ensure!(
         stdout.contains("round 2/2") && stderr.contains("round 2/2") && stderr.contains("Complete"),

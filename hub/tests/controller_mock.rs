@@ -599,43 +599,6 @@ async fn the_embedded_runtime_sends_only_what_changed() {
     );
 }
 
-/// A stand-in SuperLink Control API for `team/fed` (its certificate from `ca`'s Federation CA)
-/// and the endpoint that reaches it.
-async fn stand_in_superlink(
-    ca: &HubCa,
-    dir: &std::path::Path,
-) -> (
-    fake_control::Fake,
-    flower_addon_hub::flower::control::ControlEndpoint,
-) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let federation_ca = ca.federation("team", "fed").expect("Federation CA");
-    let pair = federation_ca
-        .issue_superlink_cert(
-            "fed",
-            &["127.0.0.1".into()],
-            std::time::Duration::from_secs(3600),
-        )
-        .expect("cert");
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-    std::fs::write(&key, &pair.key_pem).expect("key file");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr").to_string();
-    let fake = fake_control::Fake::default();
-    fake_control::serve_fake(listener, &cert, &key, fake.clone());
-    let endpoint = flower_addon_hub::flower::control::ControlEndpoint {
-        dialect: flower_addon_crds::render::FlowerDialect::Unified,
-        address,
-        server_name: "127.0.0.1".into(),
-        ca_pem: Some(federation_ca.bundle_pem().to_owned()),
-        tunnel: None,
-    };
-    (fake, endpoint)
-}
-
 #[tokio::test]
 async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
     // A SuperLink certificate due for renewal only because it aged is kept while a run is in
@@ -647,8 +610,12 @@ async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
     use k8s_openapi::api::core::v1::Secret;
     let fed = federation(&VALID.replace("insecure: true", "insecure: false"));
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let dir = tempfile::tempdir().expect("tmp");
-    let (fake, endpoint) = stand_in_superlink(&ca, dir.path()).await;
+    let fake_control::StandIn {
+        fake,
+        endpoint,
+        dir: _dir,
+        ..
+    } = fake_control::stand_in(&ca, fake_control::Fake::default()).await;
     let validity = std::time::Duration::from_secs(1000);
     let context = |client, caches| {
         let mut ctx = Context::new(client, ca.clone(), caches);

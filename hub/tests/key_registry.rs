@@ -56,24 +56,15 @@ async fn stand_in_fake() -> (
     fake_control::Fake,
     String,
 ) {
-    let ca = HubCa::generate_for(CaRole::Flower)
-        .expect("ca")
-        .federation("team", "fed")
-        .expect("Federation CA");
-    let pair = ca
-        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
-        .expect("cert");
-    let dir = tempfile::tempdir().expect("tmp");
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-    std::fs::write(&key, &pair.key_pem).expect("key file");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr").to_string();
-    let fake = fake_control::Fake::default();
-    let _server = fake_control::serve_fake(listener, &cert, &key, fake.clone());
-    (ca, dir, fake, address)
+    let flower_ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+    let stand_in = fake_control::stand_in(&flower_ca, fake_control::Fake::default()).await;
+    let fake_control::StandIn {
+        ca,
+        dir,
+        fake,
+        endpoint,
+    } = stand_in;
+    (ca, dir, fake, endpoint.address)
 }
 
 #[tokio::test]

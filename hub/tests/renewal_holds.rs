@@ -13,26 +13,8 @@ use flower_addon_proto::flwr::{Run, RunStatus};
 
 const LIFE: Duration = Duration::from_secs(1000);
 
-/// A stand-in SuperLink holding runs `(id, status)` and the endpoint that reaches it.
-async fn superlink(
-    runs: &[(u64, &str)],
-    dir: &std::path::Path,
-) -> (fake_control::Fake, ControlEndpoint) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let ca = HubCa::generate_for(CaRole::Flower)
-        .expect("ca")
-        .federation("team", "fed")
-        .expect("Federation CA");
-    let pair = ca
-        .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
-        .expect("cert");
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-    std::fs::write(&key, &pair.key_pem).expect("key file");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("addr").to_string();
+/// A stand-in SuperLink holding runs `(id, status)`.
+async fn superlink(runs: &[(u64, &str)]) -> fake_control::StandIn {
     let fake = fake_control::Fake::default();
     for (id, status) in runs {
         let (status, sub_status) = status.split_once(':').unwrap_or((status, ""));
@@ -49,15 +31,8 @@ async fn superlink(
             },
         );
     }
-    fake_control::serve_fake(listener, &cert, &key, fake.clone());
-    let endpoint = ControlEndpoint {
-        dialect: FlowerDialect::Unified,
-        address,
-        server_name: "127.0.0.1".into(),
-        ca_pem: Some(ca.bundle_pem().to_owned()),
-        tunnel: None,
-    };
-    (fake, endpoint)
+    let flower_ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+    fake_control::stand_in(&flower_ca, fake).await
 }
 
 /// A certificate of [`LIFE`] that is `aged` (a share of its life) old now.
@@ -72,12 +47,8 @@ fn key() -> (String, String) {
 
 #[tokio::test]
 async fn a_due_certificate_waits_only_for_unfinished_runs() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let (fake, endpoint) = superlink(
-        &[(3, "finished:completed"), (9, "pending"), (5, "running")],
-        dir.path(),
-    )
-    .await;
+    let fake_control::StandIn { fake, endpoint, .. } =
+        superlink(&[(3, "finished:completed"), (9, "pending"), (5, "running")]).await;
     let holds = RenewalHolds::new(Duration::ZERO);
     let (not_before, not_after) = aged(0.85);
     let decision = holds
@@ -123,8 +94,7 @@ async fn a_due_certificate_waits_only_for_unfinished_runs() {
 async fn a_renewal_that_may_not_wait_asks_nothing() {
     // Past 95 % of its life, or living longer than the configured validity (the policy was
     // shortened): renewed at once, the SuperLink not even asked.
-    let dir = tempfile::tempdir().expect("tmp");
-    let (fake, endpoint) = superlink(&[(5, "running")], dir.path()).await;
+    let fake_control::StandIn { fake, endpoint, .. } = superlink(&[(5, "running")]).await;
     let holds = RenewalHolds::default();
     let (not_before, not_after) = aged(0.96);
     let late = holds

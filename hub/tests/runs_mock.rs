@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
-use flower_addon_crds::render::FlowerDialect;
 use flower_addon_crds::run::{FlowerRun, FlowerRunStatus};
 use flower_addon_crds::{Federation, RUN_FINALIZER};
 use flower_addon_hub::flower::control::ControlEndpoint;
@@ -102,35 +101,15 @@ struct Setup {
 
 impl Setup {
     async fn new(fed: Federation, objects: Vec<Value>) -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let ca = HubCa::generate_for(CaRole::Flower)
-            .expect("ca")
-            .federation("team", "fed")
-            .expect("Federation CA");
-        let pair = ca
-            .issue_superlink_cert("fed", &["127.0.0.1".into()], Duration::from_secs(3600))
-            .expect("cert");
-        let dir = tempfile::tempdir().expect("tmp");
-        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&cert, &pair.cert_pem).expect("cert file");
-        std::fs::write(&key, &pair.key_pem).expect("key file");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("addr").to_string();
         let journal = Journal::default();
         let fake = fake_control::Fake {
             journal: journal.clone(),
             ..Default::default()
         };
-        fake_control::serve_fake(listener, &cert, &key, fake.clone());
-        let endpoint = Arc::new(Mutex::new(Some(ControlEndpoint {
-            dialect: FlowerDialect::Unified,
-            address,
-            server_name: "127.0.0.1".into(),
-            ca_pem: Some(ca.cert_pem().to_owned()),
-            tunnel: None,
-        })));
+        let flower_ca = HubCa::generate_for(CaRole::Flower).expect("ca");
+        let stand_in = fake_control::stand_in(&flower_ca, fake.clone()).await;
+        let endpoint = Arc::new(Mutex::new(Some(stand_in.endpoint.clone())));
+        let dir = stand_in.dir;
         let dial = endpoint.clone();
         let endpoint_of: EndpointOf = Arc::new(move |_| dial.lock().expect("endpoint").clone());
         let (client, objects) = objects_client(objects, journal.clone());

@@ -9,6 +9,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use flower_addon_crds::render::FlowerDialect;
+use flower_addon_hub::flower::control::ControlEndpoint;
+use flower_addon_hub::registration::ca::{FederationCa, HubCa};
 use flower_addon_proto::flwr::{
     ListNodesResponse, ListRunsResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse, Run,
     RunStatus, StartRunRequest, StartRunResponse, StopRunRequest, StopRunResponse,
@@ -88,6 +91,52 @@ impl Fake {
             .iter()
             .filter_map(|l| l.strip_prefix("control: ").map(str::to_owned))
             .collect()
+    }
+}
+
+/// A stand-in SuperLink of Federation `team/fed` on a free loopback port.
+pub struct StandIn {
+    /// The Federation CA its certificate is from.
+    pub ca: Arc<FederationCa>,
+    /// Holds its certificate and key files (and whatever else the test puts there).
+    pub dir: tempfile::TempDir,
+    /// Its state.
+    pub fake: Fake,
+    /// How the hub reaches it (unified dialect, TLS verified with the Federation's CA bundle).
+    pub endpoint: ControlEndpoint,
+}
+
+/// Starts a [`StandIn`] serving `fake`, with a certificate for 127.0.0.1 from the Federation CA
+/// `flower_ca` derives for `team/fed`.
+pub async fn stand_in(flower_ca: &HubCa, fake: Fake) -> StandIn {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca = flower_ca.federation("team", "fed").expect("Federation CA");
+    let pair = ca
+        .issue_superlink_cert(
+            "fed",
+            &["127.0.0.1".into()],
+            std::time::Duration::from_secs(3600),
+        )
+        .expect("cert");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("cert file");
+    std::fs::write(&key, &pair.key_pem).expect("key file");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    serve_fake(listener, &cert, &key, fake.clone());
+    let endpoint = ControlEndpoint {
+        dialect: FlowerDialect::Unified,
+        address,
+        server_name: "127.0.0.1".into(),
+        ca_pem: Some(ca.bundle_pem().to_owned()),
+        tunnel: None,
+    };
+    StandIn {
+        ca,
+        dir,
+        fake,
+        endpoint,
     }
 }
 
