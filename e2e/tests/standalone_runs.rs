@@ -104,15 +104,31 @@ impl Hub {
         })
     }
 
-    /// Every Flower run the SuperLink lists, by id.
+    /// Every Flower run the SuperLink lists, by id. A SuperLink that does not answer is asked
+    /// again for up to 60 s (each retry printed, with the error: the run lists are what the
+    /// callers check, not that the SuperLink answers at one instant), then the hub log is
+    /// attached to the error.
     async fn flower_runs(&self) -> Result<BTreeMap<u64, String>> {
         let control = self.control.as_ref().context("no Control client")?;
-        Ok(control
-            .list_runs()
-            .await?
-            .into_iter()
-            .map(|r| (r.run_id, r.status))
-            .collect())
+        let t = Instant::now();
+        loop {
+            match control.list_runs().await {
+                Ok(runs) => return Ok(runs.into_iter().map(|r| (r.run_id, r.status)).collect()),
+                Err(error) if t.elapsed() < Duration::from_secs(60) => {
+                    eprintln!(
+                        "standalone_runs: ListRuns failed {:.1}s after the first try, asking again: {error}",
+                        t.elapsed().as_secs_f64()
+                    );
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(error) => {
+                    return Err(anyhow::Error::new(error).context(format!(
+                        "ListRuns failed for 60 s; hub log:\n{}",
+                        tail(&self.log(), 60)
+                    )));
+                }
+            }
+        }
     }
 }
 
