@@ -51,14 +51,63 @@ pub fn free_port() -> Result<u16> {
 
 /// `n` distinct free loopback ports, all held at once while they are picked.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("reserving loopback ports")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        let (port, listeners) = hold_run(1, |_| true)?;
+        ports.push(port);
+        held.push(listeners);
+    }
+    Ok(ports)
+}
+
+/// Where test ports come from: below the kernel's ephemeral range (`ip_local_port_range`, from
+/// 32768 by default), so that no outgoing connection of another process (an apiserver's, a
+/// kubelet's, a SuperNode's) is given a port between a test choosing it and its program binding
+/// it, which is what a port from `bind(0)` risked under real_node's load ("Address already in
+/// use" from an agent started 2 s after its port was chosen); and above the product's default
+/// port bases (19100, 19500) and the services a test cluster runs.
+fn test_port_range() -> std::ops::Range<u16> {
+    const FIRST: u16 = 20000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    FIRST..ephemeral.max(FIRST + 4096)
+}
+
+/// Ports this process handed out already: never handed out twice, so two tests of one binary
+/// cannot be given the same port while neither has bound it yet.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A random port `p` of [`test_port_range`] with `p..p + len` all free (bound, and held by the
+/// returned listeners) and none handed out before by this process, for which `wanted(p)` holds.
+fn hold_run(len: u16, wanted: impl Fn(u16) -> bool) -> Result<(u16, Vec<TcpListener>)> {
+    let range = test_port_range();
+    let span = range.end - range.start - len;
+    let mut random = [0u8; 2 * 400];
+    {
+        use std::io::Read;
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut random))
+            .context("reading /dev/urandom to choose test ports")?;
+    }
+    for pair in random.chunks_exact(2) {
+        let port = range.start + u16::from_le_bytes([pair[0], pair[1]]) % span;
+        let mut given = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if !wanted(port) || given.range(port..port + len).next().is_some() {
+            continue;
+        }
+        let held: std::io::Result<Vec<TcpListener>> = (port..port + len)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if let Ok(listeners) = held {
+            given.extend(port..port + len);
+            return Ok((port, listeners));
+        }
+    }
+    bail!("no {len} free loopback ports in a row in {range:?} after 400 tries")
 }
 
 /// Free loopback ports at least `spacing` apart from each other and below 60000, for programs
@@ -89,25 +138,12 @@ impl SpacedPorts {
     /// P+1, the process runtime's `--port-base`). An ephemeral port held by some connection
     /// would otherwise make it fail with "address already in use".
     pub fn take_run(&mut self, len: u16) -> Result<u16> {
-        for _ in 0..200 {
-            let port = free_port()?;
-            let away = self.given.iter().all(|g| g.abs_diff(port) > self.spacing);
-            if !away || port >= 60000 - len {
-                continue;
-            }
-            let held: std::io::Result<Vec<TcpListener>> = (port..port + len)
-                .map(|p| TcpListener::bind(("127.0.0.1", p)))
-                .collect();
-            if held.is_ok() {
-                self.given.push(port);
-                return Ok(port);
-            }
-        }
-        bail!(
-            "no {len} free ports {} away from {:?}",
-            self.spacing,
-            self.given
-        )
+        let spacing = self.spacing;
+        let given = &self.given;
+        let (port, _held) = hold_run(len, |port| given.iter().all(|g| g.abs_diff(port) > spacing))
+            .with_context(|| format!("no {len} free ports {spacing} away from {given:?}"))?;
+        self.given.push(port);
+        Ok(port)
     }
 }
 
@@ -564,6 +600,33 @@ impl Drop for Tmpfs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_ports_come_from_below_the_ephemeral_range_and_never_twice() {
+        // Invariant: no port handed out lies where the kernel gives outgoing connections their
+        // local port, a run's ports are free and in a row, and no port is handed out twice.
+        let range = test_port_range();
+        let first = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let ephemeral: u16 = first.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(
+            range.start >= 20000 && range.end <= ephemeral.max(24096),
+            "{range:?}"
+        );
+        let mut seen = std::collections::BTreeSet::new();
+        for port in free_ports(50).unwrap() {
+            assert!(range.contains(&port), "{port} outside {range:?}");
+            assert!(seen.insert(port), "{port} handed out twice");
+        }
+        let mut spaced = SpacedPorts::new(12);
+        let bases = [spaced.take_run(12).unwrap(), spaced.take_run(12).unwrap()];
+        assert!(bases[0].abs_diff(bases[1]) > 12, "{bases:?}");
+        for base in bases {
+            for port in base..base + 12 {
+                assert!(seen.insert(port), "{port} handed out twice");
+                TcpListener::bind(("127.0.0.1", port)).unwrap();
+            }
+        }
+    }
 
     #[test]
     fn a_fatal_error_ends_the_wait_at_once() {

@@ -1149,11 +1149,14 @@ fn kill_containers(res: &NodeResources) {
         .dir
         .join("containerd/state/io.containerd.runtime.v2.task");
     let sock = res.dir.join("containerd.sock").display().to_string();
+    // A pid file can outlive its container (a task containerd had not deleted when it was taken
+    // down, a killed run's node), and pids come round again soon here (pid_max 32768): only a
+    // process in this node's cgroups is one of its containers, never another test's hub.
     for pidfile in find_files(&tasks, &["init.pid"]) {
         if let Some(pid) = std::fs::read_to_string(&pidfile)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
-            .filter(|p| *p > 1)
+            .filter(|p| *p > 1 && in_cgroup_under(*p, &res.cgroup_root))
         {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -1404,6 +1407,21 @@ fn node_alive(dir: &Path) -> bool {
         })
 }
 
+/// Whether process `pid` is in cgroup `root` or below it, in any hierarchy.
+fn in_cgroup_under(pid: i32, root: &str) -> bool {
+    let root = root.trim_end_matches('/');
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|cgroups| {
+        cgroups.lines().any(|line| {
+            line.splitn(3, ':').nth(2).is_some_and(|path| {
+                path == root
+                    || path
+                        .strip_prefix(root)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+        })
+    })
+}
+
 /// Pids of the containerd-shim-runc-v2 processes serving the containerd at `socket`.
 fn shim_pids(socket: &str) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -1498,6 +1516,17 @@ fn find_dirs(root: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_process_of_the_node_cgroups_counts_as_its_container() {
+        // Invariant: a stale init.pid whose pid now belongs to another process (this test's,
+        // in no node's cgroup) is not killed as a container.
+        let me = i32::try_from(std::process::id()).unwrap();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = own.lines().next().unwrap().splitn(3, ':').nth(2).unwrap();
+        assert!(in_cgroup_under(me, path), "{own}");
+        assert!(!in_cgroup_under(me, "/fae2e-no-such-node"), "{own}");
+    }
 
     #[test]
     fn normalizes_references_like_docker() {

@@ -160,7 +160,7 @@ impl World {
     fn wait_probes(&self, who: usize) -> Result<()> {
         let addr = ([127, 0, 0, 1], self.ops_ports[who] + 1).into();
         Wait::new("/healthz and /readyz to pass", Duration::from_secs(30))
-            .detail(|| format!("{:?}", e2e::scrape::get(addr, "/readyz")))
+            .detail(|| format!("{:?}\n{}", e2e::scrape::get(addr, "/readyz"), self.logs()))
             .until_blocking(|| {
                 let up = |path| e2e::scrape::get(addr, path).is_ok_and(|(code, _)| code == 200);
                 Ok(up("/healthz") && up("/readyz"))
