@@ -432,15 +432,34 @@ impl KubeRuntime {
                         keys::daemonset_key_names(d, nodes.as_deref().unwrap_or_default())
                     }
                 };
-                let found =
-                    keys::ensure_pool_keys(&self.client, &self.applier, plan, &pool.name, &names)
-                        .await?;
-                desired.insert((
+                let found = keys::ensure_pool_keys(
+                    &self.client,
+                    &self.applier,
+                    plan,
+                    (&pool.name, workload),
+                    &names,
+                )
+                .await?;
+                let key = (
                     Kind::Secret,
                     ns.to_owned(),
                     node_key_secret_name(&plan.name, &pool.name),
-                ));
-                pool_keys.insert(pool.name.clone(), found);
+                );
+                if let Some(lost) = &found.lost {
+                    self.record(
+                        &key,
+                        lost.uid.clone(),
+                        events::Event {
+                            type_: events::EventType::Warning,
+                            reason: keys::NODE_KEYS_RECREATED.to_owned(),
+                            note: Some(lost.note()),
+                            action: "Recreate".to_owned(),
+                            secondary: None,
+                        },
+                    );
+                }
+                desired.insert(key);
+                pool_keys.insert(pool.name.clone(), found.keys);
             }
         }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;

@@ -116,6 +116,17 @@ pub fn retire_node_key(path: &Path, retired: &[String]) {
     }
 }
 
+/// What the agent says when SuperNode key `path` was deleted while its public half stayed: the
+/// process runtime's counterpart of the Kubernetes runtime's `NodeKeysRecreated` event.
+pub fn lost_key_message(path: &Path) -> String {
+    format!(
+        "the SuperNode key {} was deleted: made a new one. This SuperNode waits until the hub has \
+         registered the new key with the SuperLink, which forgets the old one (its runs lose it). \
+         The key is the SuperNode's identity: leave the agent's state directory to the agent.",
+        path.display()
+    )
+}
+
 /// Creates the key file `path` (0600, atomically) unless it exists, writes its public key to
 /// `<path>.pub` and returns the public key line. An existing key is read, never replaced.
 pub fn ensure_node_key(path: &Path) -> Result<String, NodeKeyError> {
@@ -123,16 +134,20 @@ pub fn ensure_node_key(path: &Path) -> Result<String, NodeKeyError> {
         path: path.display().to_string(),
         source,
     };
+    let pub_path = path.with_extension("key.pub");
     let public = if path.exists() {
         let text = std::fs::read_to_string(path).map_err(io)?;
         public_key_of(&text, &path.display().to_string())?
     } else {
+        if pub_path.exists() {
+            // Its public half outlived it: the key was deleted, not never made.
+            tracing::warn!(key = %path.display(), "{}", lost_key_message(path));
+        }
         let key = generate_node_key()?;
         crate::files::write_atomic(path, key.private_openssh.as_bytes(), crate::files::PRIVATE)
             .map_err(io)?;
         key.public_openssh
     };
-    let pub_path = path.with_extension("key.pub");
     crate::files::write_if_changed(
         &pub_path,
         format!("{public}\n").as_bytes(),
@@ -166,6 +181,51 @@ mod tests {
             key.public_openssh
         );
         assert_ne!(generate_node_key().unwrap(), key);
+    }
+
+    /// Runs `f` with the log going to a buffer; returns its result and what it logged.
+    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
+        (out, text)
+    }
+
+    #[test]
+    fn a_deleted_key_whose_public_half_stayed_is_made_anew_and_said() {
+        // The process runtime's side of a lost key: a key file deleted behind the agent's back
+        // (its .pub stayed) is made anew and the agent says so; a kept key and a key retired on
+        // purpose (both halves removed) are not reported as lost.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys/pool-0.key");
+        let (first, log) = logged(|| ensure_node_key(&path).unwrap());
+        assert!(!log.contains("was deleted"), "{log}");
+        let (kept, log) = logged(|| ensure_node_key(&path).unwrap());
+        assert_eq!(kept, first);
+        assert!(!log.contains("was deleted"), "{log}");
+        std::fs::remove_file(&path).unwrap();
+        let (second, log) = logged(|| ensure_node_key(&path).unwrap());
+        assert_ne!(key_body(&second), key_body(&first));
+        assert!(log.contains(&lost_key_message(&path)), "{log}");
+        retire_node_key(&path, std::slice::from_ref(&second));
+        let (_, log) = logged(|| ensure_node_key(&path).unwrap());
+        assert!(!log.contains("was deleted"), "{log}");
     }
 
     #[test]

@@ -275,6 +275,7 @@ async fn kube_runtime_applies_prunes_and_reports() -> Result<()> {
     an_unrenderable_federation_keeps_its_objects(&client, &runtime, &two_pools, &versions).await?;
     a_removed_pool_is_pruned(&client, &runtime, &two_pools, &versions).await?;
     scaling_down_removes_the_extra_keys(&client, &runtime, &two_pools).await?;
+    a_deleted_key_secret_is_made_anew_and_said(&client, &agent.client, &two_pools).await?;
     let nodes = spoke.nodes.clone();
     a_mode_switch_prunes_the_old_kind(&client, &runtime, &nodes).await?;
     a_removed_federation_is_pruned(&client, &runtime).await?;
@@ -570,6 +571,74 @@ async fn scaling_down_removes_the_extra_keys(
         "replicas after scale-down"
     );
     wait_pools(runtime, "pool a 1/1", counts(&[("a", 1, 1, "True")])).await?;
+    Ok(())
+}
+
+/// 4c. Pool a's key Secret deleted by hand: the next full apply (an agent restarted here; a
+///     running one every `FULL_EVERY`) makes a new key for a-0, says so in a Warning event on the
+///     Secret (none was recorded for the Secrets made before), and runs a-0 again only once the
+///     new key is registered.
+async fn a_deleted_key_secret_is_made_anew_and_said(
+    client: &Client,
+    agent: &Client,
+    two_pools: &ClusterWork,
+) -> Result<()> {
+    const SECRET: &str = "fed-supernode-a-node-keys";
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS);
+    let recreated = |list: Vec<k8s_openapi::api::events::v1::Event>| {
+        list.into_iter()
+            .filter(|e| e.reason.as_deref() == Some("NodeKeysRecreated"))
+            .count()
+    };
+    ensure!(
+        recreated(events.list(&Default::default()).await?.items) == 0,
+        "NodeKeysRecreated recorded for a key Secret made for the first time"
+    );
+    let secrets = Api::<Secret>::namespaced(client.clone(), NS);
+    let before = secrets.get(SECRET).await?.data.unwrap_or_default();
+    secrets.delete(SECRET, &Default::default()).await?;
+    wait_gone::<Secret>(client, SECRET).await?;
+    let keys = &two_pools.federations[0].registered_node_keys;
+    let one = registered(
+        snapshot(0, vec![federation(NS, FED, "StatefulSet", &[("a", 1)])]),
+        9,
+        keys,
+    );
+    let restarted = KubeRuntime::new(agent.clone());
+    restarted.apply_work(&one).await?;
+    let after = secrets.get(SECRET).await?.data.unwrap_or_default();
+    ensure!(
+        after.keys().collect::<Vec<_>>() == ["fed-supernode-a-0"]
+            && after.get("fed-supernode-a-0") != before.get("fed-supernode-a-0"),
+        "a new key for a-0 in the Secret made again"
+    );
+    let note = wait_event(client, "Secret", SECRET, "NodeKeysRecreated").await?;
+    ensure!(
+        note.contains(&format!(
+            "Secret {NS}/{SECRET} was deleted while StatefulSet {NS}/fed-supernode-a used it"
+        )) && note.contains("fed-supernode-a-0")
+            && note.contains("registered the new keys"),
+        "NodeKeysRecreated note: {note}"
+    );
+    ensure!(
+        replicas(client, "fed-supernode-a").await? == Some(0),
+        "a-0 must wait for its new key to be registered"
+    );
+    register_all(&restarted, &one, 9).await?;
+    ensure!(
+        replicas(client, "fed-supernode-a").await? == Some(1),
+        "a-0 runs again once its new key is registered"
+    );
+    wait_pools(
+        &restarted,
+        "pool a 1/1 on the new key",
+        counts(&[("a", 1, 1, "True")]),
+    )
+    .await?;
+    ensure!(
+        recreated(events.list(&Default::default()).await?.items) == 1,
+        "one NodeKeysRecreated event for one deleted Secret"
+    );
     Ok(())
 }
 

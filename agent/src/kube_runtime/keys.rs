@@ -218,6 +218,9 @@ pub struct MergedKeys {
     pub data: BTreeMap<String, ByteString>,
     /// What the pool's SuperNodes may use.
     pub keys: PoolKeys,
+    /// Names recorded as registered whose key is gone from the Secret (someone edited it) and
+    /// was made anew.
+    pub lost: Vec<String>,
 }
 
 /// Merges `existing` Secret data with the `desired` names: stored keys are kept byte for byte
@@ -244,8 +247,12 @@ pub fn merge_pool_keys(
     let mut out = MergedKeys {
         data: BTreeMap::new(),
         keys: PoolKeys::default(),
+        lost: Vec::new(),
     };
     for name in desired {
+        if recorded.contains(name) && !stored.contains_key(name) {
+            out.lost.push(name.clone());
+        }
         let kept = match stored.get(name) {
             Some(bytes) => {
                 let text = String::from_utf8_lossy(&bytes.0);
@@ -339,15 +346,99 @@ pub fn key_secret(
 
 // === Kubernetes I/O ===
 
+/// What [`ensure_pool_keys`] found and did.
+#[derive(Debug)]
+pub(super) struct EnsuredKeys {
+    /// What the pool's SuperNodes may use.
+    pub keys: PoolKeys,
+    /// Keys that were in use and are gone, made anew: said as a Warning event on the Secret.
+    pub lost: Option<LostKeys>,
+}
+
+/// Node keys a pool's SuperNodes were using that someone deleted; new ones were made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct LostKeys {
+    /// The key Secret, `Secret <ns>/<name>`.
+    pub secret: String,
+    /// Its uid after the write (the event's object).
+    pub uid: Option<String>,
+    /// The pool's workload that mounts it, `StatefulSet <ns>/<name>`, when the whole Secret was
+    /// deleted; `None` when keys were deleted from it.
+    pub deleted_under: Option<String>,
+    /// The pods or nodes whose key was made anew.
+    pub names: Vec<String>,
+}
+
+/// The Warning event's reason for [`LostKeys`].
+pub const NODE_KEYS_RECREATED: &str = "NodeKeysRecreated";
+
+impl LostKeys {
+    /// The event's note: what was lost, what it costs and what to do.
+    pub fn note(&self) -> String {
+        let what = match &self.deleted_under {
+            Some(workload) => format!("{} was deleted while {workload} used it", self.secret),
+            None => format!("keys of {} were deleted", self.secret),
+        };
+        format!(
+            "{what}: made new SuperNode keys for {}. Those SuperNodes stop until the hub has \
+             registered the new keys with the SuperLink, which forgets the old ones (their runs \
+             lose them). The keys are the SuperNodes' identities: leave this Secret to \
+             flower-agent (it is removed with its pool).",
+            self.names.join(", ")
+        )
+    }
+}
+
+/// Whether the pool's workload (`kind` `name`, as the runtime renders it) exists and mounts the
+/// key Secret `secret`: a missing Secret was then deleted, not never made.
+async fn workload_mounts(
+    client: &Client,
+    namespace: &str,
+    workload: &Workload,
+    secret: &str,
+) -> Result<Option<String>, KubeRuntimeError> {
+    let (kind, name, template) = match workload {
+        Workload::StatefulSet(s) => {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            let found = Api::<StatefulSet>::namespaced(client.clone(), namespace)
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("get StatefulSet {namespace}/{name}")))?;
+            ("StatefulSet", name, found.map(|s| s.spec.template))
+        }
+        Workload::DaemonSet(d) => {
+            let name = d.metadata.name.clone().unwrap_or_default();
+            let found = Api::<DaemonSet>::namespaced(client.clone(), namespace)
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("get DaemonSet {namespace}/{name}")))?;
+            ("DaemonSet", name, found.map(|d| d.spec.template))
+        }
+    };
+    let mounts = template
+        .and_then(|t| t.spec)
+        .and_then(|spec| spec.volumes)
+        .unwrap_or_default()
+        .iter()
+        .any(|v| {
+            v.secret
+                .as_ref()
+                .is_some_and(|s| s.secret_name.as_deref() == Some(secret))
+        });
+    Ok(mounts.then(|| format!("{kind} {namespace}/{name}")))
+}
+
 /// Makes sure `pool`'s key Secret holds a key for each of `names` (and no other), records the
-/// names the hub registered, and returns the keys; writes nothing when nothing changed.
+/// names the hub registered, and returns the keys; writes nothing when nothing changed. Keys in
+/// use that someone deleted (the whole Secret while `workload` mounts it, or registered keys
+/// from it) are made anew and returned as [`EnsuredKeys::lost`].
 pub(super) async fn ensure_pool_keys(
     client: &Client,
     applier: &super::Applier,
     plan: &FederationPlan,
-    pool: &str,
+    (pool, workload): (&str, &Workload),
     names: &[String],
-) -> Result<PoolKeys, KubeRuntimeError> {
+) -> Result<EnsuredKeys, KubeRuntimeError> {
     let name = node_key_secret_name(&plan.name, pool);
     let what = format!("Secret {}/{name}", plan.namespace);
     let api = Api::<Secret>::namespaced(client.clone(), &plan.namespace);
@@ -371,14 +462,42 @@ pub(super) async fn ensure_pool_keys(
         applier.stamp(&mut secret.metadata, &plan.namespace, &plan.name);
         let written = match &existing {
             None => api.create(&params, &secret).await,
-            Some(old) if unchanged(old, &secret) => return Ok(merged.keys),
+            Some(old) if unchanged(old, &secret) => {
+                return Ok(EnsuredKeys {
+                    keys: merged.keys,
+                    lost: None,
+                });
+            }
             // `secret` carries the read resourceVersion: a write in between is a conflict.
             Some(_) => api.replace(&name, &params, &secret).await,
         };
         match written {
-            Ok(_) => {
+            Ok(stored) => {
                 tracing::info!(secret = %what, keys = merged.keys.public.len(), registered = merged.keys.registered.len(), "node keys written");
-                return Ok(merged.keys);
+                let deleted_under = match existing {
+                    None if !names.is_empty() => {
+                        workload_mounts(client, &plan.namespace, workload, &name).await?
+                    }
+                    _ => None,
+                };
+                let lost = match deleted_under {
+                    Some(workload) => Some((Some(workload), names.to_vec())),
+                    None if !merged.lost.is_empty() => Some((None, merged.lost)),
+                    None => None,
+                }
+                .map(|(deleted_under, names)| LostKeys {
+                    secret: what.clone(),
+                    uid: stored.metadata.uid,
+                    deleted_under,
+                    names,
+                });
+                if let Some(lost) = &lost {
+                    tracing::warn!(secret = %what, "{}", lost.note());
+                }
+                return Ok(EnsuredKeys {
+                    keys: merged.keys,
+                    lost,
+                });
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 tracing::debug!(secret = %what, "node keys changed concurrently; reading again");

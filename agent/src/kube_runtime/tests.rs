@@ -356,6 +356,54 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
 }
 
 #[test]
+fn a_registered_key_deleted_from_the_secret_is_made_anew_and_named_lost() {
+    // A key someone deleted from the Secret while it was registered gets a new key pair that
+    // waits for its own registration, and is reported so the runtime can say so; a key never
+    // registered (a new pod) is not "lost".
+    let plan = plan(&work(false));
+    let desired = names(&["fed-supernode-a-0", "fed-supernode-a-1"]);
+    let first = merge_pool_keys(
+        None,
+        "Secret team/k",
+        &desired,
+        (&[], &[]),
+        crate::node_key::generate_node_key,
+    )
+    .unwrap();
+    assert!(first.lost.is_empty(), "a first Secret loses nothing");
+    let hub_list = vec![first.keys.public["fed-supernode-a-0"].clone()];
+    let seen = merge_pool_keys(
+        Some(&key_secret(&plan, "a", None, &first)),
+        "Secret team/k",
+        &desired,
+        (&hub_list, &[]),
+        no_new_keys,
+    )
+    .unwrap();
+    let mut edited = key_secret(&plan, "a", None, &seen);
+    let data = edited.data.as_mut().unwrap();
+    data.remove("fed-supernode-a-0");
+    data.remove("fed-supernode-a-1");
+    let remade = merge_pool_keys(
+        Some(&edited),
+        "Secret team/k",
+        &desired,
+        (&[], &[]),
+        crate::node_key::generate_node_key,
+    )
+    .unwrap();
+    assert_eq!(remade.lost, names(&["fed-supernode-a-0"]));
+    assert_ne!(
+        remade.keys.public["fed-supernode-a-0"],
+        first.keys.public["fed-supernode-a-0"]
+    );
+    assert!(
+        remade.keys.registered.is_empty(),
+        "a new key waits for its registration"
+    );
+}
+
+#[test]
 fn scale_down_removes_keys_and_their_registration() {
     // Ordinals beyond the desired count lose key and registration: scaling up again makes a new
     // identity that waits for its own registration.
