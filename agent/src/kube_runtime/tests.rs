@@ -305,11 +305,11 @@ fn a_key_the_hub_did_not_register_never_starts_its_pod() {
     assert_eq!(registered.keys.registered.len(), 1);
 }
 
-#[test]
-fn stored_keys_are_kept_and_registration_is_sticky() {
-    // A key in the Secret is never regenerated, and once the hub registered it the pod keeps
-    // running even when a restarted hub briefly sends no keys.
-    let plan = plan(&work(false));
+/// Keys made for pool a's pods a-0 and a-1, then the hub's list with a-0's: the first merge, the
+/// second, and the Secret holding the first.
+fn keys_with_a0_registered(
+    plan: &crate::work::FederationPlan,
+) -> (super::keys::MergedKeys, super::keys::MergedKeys, Secret) {
     let desired = names(&["fed-supernode-a-0", "fed-supernode-a-1"]);
     let first = merge_pool_keys(
         None,
@@ -319,8 +319,7 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
         crate::node_key::generate_node_key,
     )
     .unwrap();
-    assert!(first.keys.registered.is_empty());
-    let secret = key_secret(&plan, "a", None, &first);
+    let secret = key_secret(plan, "a", None, &first);
     let hub_list = vec![first.keys.public["fed-supernode-a-0"].clone()];
     let seen = merge_pool_keys(
         Some(&secret),
@@ -330,6 +329,17 @@ fn stored_keys_are_kept_and_registration_is_sticky() {
         no_new_keys,
     )
     .unwrap();
+    (first, seen, secret)
+}
+
+#[test]
+fn stored_keys_are_kept_and_registration_is_sticky() {
+    // A key in the Secret is never regenerated, and once the hub registered it the pod keeps
+    // running even when a restarted hub briefly sends no keys.
+    let plan = plan(&work(false));
+    let desired = names(&["fed-supernode-a-0", "fed-supernode-a-1"]);
+    let (first, seen, secret) = keys_with_a0_registered(&plan);
+    assert!(first.keys.registered.is_empty());
     assert_eq!(seen.data, first.data, "stored keys are kept byte for byte");
     assert_eq!(
         seen.keys.registered,
@@ -361,25 +371,9 @@ fn a_registered_key_deleted_from_the_secret_is_made_anew_and_named_lost() {
     // waits for its own registration, and is reported so the runtime can say so; a key never
     // registered (a new pod) is not "lost".
     let plan = plan(&work(false));
-    let desired = names(&["fed-supernode-a-0", "fed-supernode-a-1"]);
-    let first = merge_pool_keys(
-        None,
-        "Secret team/k",
-        &desired,
-        (&[], &[]),
-        crate::node_key::generate_node_key,
-    )
-    .unwrap();
+    let (first, seen, _) = keys_with_a0_registered(&plan);
     assert!(first.lost.is_empty(), "a first Secret loses nothing");
-    let hub_list = vec![first.keys.public["fed-supernode-a-0"].clone()];
-    let seen = merge_pool_keys(
-        Some(&key_secret(&plan, "a", None, &first)),
-        "Secret team/k",
-        &desired,
-        (&hub_list, &[]),
-        no_new_keys,
-    )
-    .unwrap();
+    assert!(seen.lost.is_empty(), "a registration loses nothing");
     let mut edited = key_secret(&plan, "a", None, &seen);
     let data = edited.data.as_mut().unwrap();
     data.remove("fed-supernode-a-0");
@@ -387,7 +381,7 @@ fn a_registered_key_deleted_from_the_secret_is_made_anew_and_named_lost() {
     let remade = merge_pool_keys(
         Some(&edited),
         "Secret team/k",
-        &desired,
+        &names(&["fed-supernode-a-0", "fed-supernode-a-1"]),
         (&[], &[]),
         crate::node_key::generate_node_key,
     )
