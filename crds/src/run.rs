@@ -43,6 +43,9 @@ pub mod reason {
     pub const FEDERATION_NOT_READY: &str = "FederationNotReady";
     /// The SuperLink's Control API does not answer (the run waits and retries).
     pub const SUPERLINK_UNAVAILABLE: &str = "SuperLinkUnavailable";
+    /// A retry waits for the Federation's SuperNodes to reach the SuperLink again after the
+    /// failed attempt (not a failure).
+    pub const SUPERNODES_NOT_SERVING: &str = "SuperNodesNotServing";
     /// Flower ended the run `finished:failed` and no retries are left.
     pub const FLOWER_FAILED: &str = "FlowerFailed";
     /// The run was stopped (`spec.suspend` while running, or by someone else).

@@ -247,6 +247,19 @@ impl World {
         Ok(serde_json::from_str(&text)?)
     }
 
+    /// A Control API client of the quickstart SuperLink, trusting its CA as it is on disk now.
+    fn control_client(&self) -> Result<flower_addon_hub::flower::control::ControlClient> {
+        Ok(flower_addon_hub::flower::control::ControlClient::new(
+            flower_addon_hub::flower::control::ControlEndpoint {
+                dialect: flower_addon_crds::render::FlowerDialect::Unified,
+                address: format!("127.0.0.1:{}", self.extra_port),
+                server_name: "127.0.0.1".into(),
+                ca_pem: Some(std::fs::read_to_string(self.hub_ca())?),
+                tunnel: None,
+            },
+        )?)
+    }
+
     fn hub_ca(&self) -> PathBuf {
         self.hub_dir
             .join("federations")
@@ -720,6 +733,93 @@ fn s2_scale_up(w: &mut World) -> Result<()> {
         |v| v == 3.0,
     )?;
     eprintln!("  metrics: one more fan-out, 5 desired SuperNodes, 3 supervised on edge-1");
+    Ok(())
+}
+
+/// The last `SuperNode ID: <id>` a SuperNode log shows from byte `from` on.
+fn node_id_in(log: &Path, from: u64) -> Option<u64> {
+    let text = std::fs::read(log).ok()?;
+    let text = String::from_utf8_lossy(text.get(from as usize..)?).into_owned();
+    text.lines()
+        .filter_map(|l| l.split("SuperNode ID: ").nth(1))
+        .filter_map(|id| id.trim().parse().ok())
+        .last()
+}
+
+/// site-a-0 killed with its process group (SIGKILL: no goodbye to the SuperLink, as in a crash
+/// or a power cut) and started again at once by its agent, while Flower still holds its session
+/// for up to 60 s and refuses the new one. Expected: the Fleet front answers that refusal 503
+/// (logged), so the new SuperNode retries instead of exiting: it is restarted exactly once,
+/// comes back as the same node id, serving (a fresh heartbeat, not the old session), and a run
+/// that needs every SuperNode completes.
+fn s2b_supernode_killed_without_goodbye(w: &mut World) -> Result<()> {
+    let key = w.key(0, "site-a", 0);
+    let log = w.supernode_log(0, "site-a", 0);
+    let old = one_pid(supernode_pids(&key), "site-a-0")?;
+    let id = node_id_in(&log, 0).context("site-a-0 logged no node id")?;
+    let from = std::fs::metadata(&log)?.len();
+    let hub_log = w.dir.join("hub.log");
+    let hub_from = std::fs::metadata(&hub_log)?.len();
+    let restarts = |w: &World| -> Result<f64> {
+        Ok(w.scrape(1)?.count(
+            "flower_addon_agent_process_restarts_total",
+            &[("program", "flower-supernode")],
+        ))
+    };
+    let restarts_before = restarts(w)?;
+    nix::sys::signal::killpg(Pid::from_raw(old as i32), Signal::SIGKILL)?;
+    let t = Instant::now();
+    let client = w.control_client()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let new = Wait::new(
+        format!("site-a-0 (node {id}) restarted and serving again as itself"),
+        Duration::from_secs(150),
+    )
+    .detail(|| format!("{}\n--- site-a-0:\n{}", w.logs(), tail(&log, 30)))
+    .for_value_blocking(|| {
+        let pid = match supernode_pids(&key).as_slice() {
+            [p] if *p != old => *p,
+            _ => return Ok(None),
+        };
+        let serving = rt
+            .block_on(client.list_nodes())
+            .is_ok_and(|nodes| nodes.iter().any(|n| n.node_id == id && n.serving()));
+        Ok((node_id_in(&log, from) == Some(id) && serving).then_some(pid))
+    })?;
+    let back = t.elapsed();
+    let since = String::from_utf8_lossy(&std::fs::read(&log)?[from as usize..]).into_owned();
+    ensure!(
+        !since.contains("Failed to activate"),
+        "the restarted site-a-0 was refused and exited:\n{since}"
+    );
+    ensure!(
+        supernode_pids(&key) == [new],
+        "site-a-0 restarted more than once: {:?}",
+        supernode_pids(&key)
+    );
+    let restarted = restarts(w)? - restarts_before;
+    ensure!(
+        restarted == 1.0,
+        "edge-1 restarted flower-supernode {restarted} times after one kill"
+    );
+    let hub_text = String::from_utf8_lossy(&std::fs::read(&hub_log)?[hub_from as usize..])
+        .into_owned();
+    ensure!(
+        hub_text.contains("still holds its last session"),
+        "the front did not hold the restarted SuperNode off (was its old session already gone?):\n{}",
+        tail(&hub_log, 20)
+    );
+    let n = status_of(&w.status()?, FED)
+        .and_then(|f| f["desiredSupernodes"].as_u64())
+        .context("desiredSupernodes")?;
+    w.wait_ready(n, Duration::from_secs(90))?;
+    let run = w.flwr_run(n)?;
+    eprintln!(
+        "  site-a-0 (node {id}) killed without a goodbye: restarted once (pid {old} -> {new}), held off by the front until Flower let its old session go, serving again as node {id} after {:.1}s; run {run} with min-nodes={n} completed",
+        back.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -1261,13 +1361,18 @@ fn standalone_hub_agents_and_real_flower() {
         w.dir.display(),
         w.venv.display()
     );
-    let scenarios: [(&str, Scenario, bool); 8] = [
+    let scenarios: [(&str, Scenario, bool); 9] = [
         (
             "1 quickstart: 4/4 ready, flwr run completes",
             s1_quickstart,
             true,
         ),
         ("2 site-a 2 -> 3 without restarts", s2_scale_up, false),
+        (
+            "2b a SuperNode killed without a goodbye comes back as itself, without a crash loop",
+            s2b_supernode_killed_without_goodbye,
+            false,
+        ),
         ("3 unregistered key refused", s3_unregistered_key, false),
         ("4 wrong CA refused", s4_wrong_ca, false),
         (
@@ -1316,7 +1421,7 @@ fn standalone_hub_agents_and_real_flower() {
         .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n}: {e:#}")))
         .collect();
     assert!(
-        failures.is_empty() && results.len() == 8,
+        failures.is_empty() && results.len() == 9,
         "failed scenarios:\n{}",
         failures.join("\n\n")
     );

@@ -220,3 +220,88 @@ async fn an_unreachable_superlink_is_a_bad_gateway() {
         502
     );
 }
+
+/// A stand-in SuperLink that refuses every `ActivateNode` with `code` (HTTP 412, as Flower
+/// 1.42 does) and answers every other request 200.
+async fn refusing_superlink(code: i64) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                    let path = req.uri().path().to_owned();
+                    let _ = req.into_body().collect().await;
+                    let mut response = Response::new(Full::new(Bytes::from(format!("{path} ok"))));
+                    if path == "/v1/fleet/activate-node" {
+                        *response.body_mut() = Full::new(Bytes::from(format!(
+                            r#"{{"code": {code}, "detail": "Failed to activate SuperNode."}}"#
+                        )));
+                        *response.status_mut() = hyper::StatusCode::PRECONDITION_FAILED;
+                    }
+                    Ok::<_, Infallible>(response)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    address
+}
+
+async fn post_as(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    key: &str,
+) -> (u16, Option<String>, String) {
+    sender.ready().await.unwrap();
+    let request = Request::post(path)
+        .header("host", "superlink")
+        .header("flwr-public-key", key)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, retry_after, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn a_supernode_back_before_its_old_session_ended_is_told_to_retry() {
+    // Invariant: Flower's activation refusal (412, code 2004) of a key whose requests the
+    // SuperLink accepted a moment ago becomes 503 + Retry-After (the SuperNode retries by itself
+    // instead of exiting into a crash loop); the refusal of a key never seen passes as Flower
+    // gave it, and so does any other refusal; the connection serves on after each.
+    let address = start_front(refusing_superlink(2004).await, None).await;
+    let mut sender = connect(&address, None).await.unwrap();
+    let (status, _, _) = post_as(&mut sender, "/v1/fleet/send-node-heartbeat", "known").await;
+    assert_eq!(status, 200);
+    let (status, retry_after, text) =
+        post_as(&mut sender, "/v1/fleet/activate-node", "known").await;
+    assert_eq!((status, retry_after.as_deref()), (503, Some("5")), "{text}");
+    assert!(text.contains("previous session is still held"), "{text}");
+    let (status, retry_after, text) =
+        post_as(&mut sender, "/v1/fleet/activate-node", "stranger").await;
+    assert_eq!((status, retry_after), (412, None));
+    assert!(text.contains(r#""code": 2004"#), "Flower's body passes: {text}");
+    let (status, _, _) = post_as(&mut sender, "/v1/fleet/pull-messages", "stranger").await;
+    assert_eq!(status, 200, "the connection serves on");
+
+    // Another refusal of a known key is not reinterpreted.
+    let address = start_front(refusing_superlink(2003).await, None).await;
+    let mut sender = connect(&address, None).await.unwrap();
+    assert_eq!(
+        post_as(&mut sender, "/v1/fleet/pull-messages", "known").await.0,
+        200
+    );
+    let (status, retry_after, text) =
+        post_as(&mut sender, "/v1/fleet/activate-node", "known").await;
+    assert_eq!((status, retry_after), (412, None));
+    assert!(text.contains(r#""code": 2003"#), "{text}");
+}

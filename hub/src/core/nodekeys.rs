@@ -4,9 +4,12 @@
 //! the wanted set here and hand the difference to the Control API client.
 use flower_addon_proto::Status;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::jiff;
 
 /// A node as the SuperLink lists it (adapter-independent).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListedNode {
     /// The SuperLink's node id.
     pub node_id: u64,
@@ -14,13 +17,62 @@ pub struct ListedNode {
     pub status: String,
     /// DER `SubjectPublicKeyInfo` of its key (`None` when the SuperLink listed no PEM).
     pub public_key_der: Option<Vec<u8>>,
+    /// How long before the listing the SuperNode last reached the SuperLink (its activation or
+    /// heartbeat), by the SuperLink's own clock ([`contact_age`]); `None` when the SuperLink
+    /// does not say.
+    pub last_contact_age: Option<Duration>,
+    /// The heartbeat interval the SuperNode announced (`None` when not listed).
+    pub heartbeat_interval: Option<Duration>,
 }
 
+/// Flower's `HEARTBEAT_PATIENCE` (1.25 to 1.42): a SuperNode stays `online` until this many
+/// heartbeat intervals after its last heartbeat or activation (`online_until`).
+pub const HEARTBEAT_PATIENCE: u32 = 2;
+
 impl ListedNode {
-    /// Whether the SuperLink sees this SuperNode connected.
+    /// Whether the SuperLink lists this SuperNode `online`. Flower keeps a SuperNode that stopped
+    /// without saying goodbye (killed, its node powered off) `online` for up to
+    /// [`HEARTBEAT_PATIENCE`] heartbeat intervals (60 s) after its last heartbeat: use
+    /// [`Self::serving`] for "connected now".
     pub fn online(&self) -> bool {
         self.status == "online"
     }
+
+    /// Whether this SuperNode is connected now: `online`, and its last heartbeat or activation
+    /// no older than [`SERVING_WITHIN`] heartbeat intervals. A live SuperNode sends a heartbeat
+    /// every 0.8 intervals (±10 %), so it always passes; one that died silently stops passing
+    /// 45 s after its last heartbeat instead of Flower's 60 s. A listing without the heartbeat
+    /// fields falls back to `online`.
+    pub fn serving(&self) -> bool {
+        self.online()
+            && match (self.last_contact_age, self.heartbeat_interval) {
+                (Some(age), Some(interval)) => age <= interval.mul_f64(SERVING_WITHIN),
+                _ => true,
+            }
+    }
+}
+
+/// How many heartbeat intervals after its last contact a SuperNode still counts as serving
+/// ([`ListedNode::serving`]): heartbeats come every 0.88 intervals at most, so 1.5 leaves a
+/// late heartbeat 18 s (at Flower's 30 s interval) before a live SuperNode is counted out.
+pub const SERVING_WITHIN: f64 = 1.5;
+
+/// How long before `now` (the SuperLink's `ListNodesResponse.now`, RFC 3339) a node with
+/// `online_until` (seconds since the epoch) and `heartbeat_interval` (seconds) last reached the
+/// SuperLink: Flower sets `online_until` to that moment plus [`HEARTBEAT_PATIENCE`] intervals at
+/// each activation and heartbeat. `None` when a value is missing or unreadable; a contact after
+/// `now` (rounding) is age zero.
+pub fn contact_age(now: &str, online_until: f64, heartbeat_interval: f64) -> Option<Duration> {
+    if !(online_until.is_finite() && heartbeat_interval.is_finite())
+        || online_until <= 0.0
+        || heartbeat_interval <= 0.0
+    {
+        return None;
+    }
+    let now: jiff::Timestamp = now.trim().parse().ok()?;
+    let now = now.as_nanosecond() as f64 / 1e9;
+    let contact = online_until - f64::from(HEARTBEAT_PATIENCE) * heartbeat_interval;
+    Duration::try_from_secs_f64((now - contact).max(0.0)).ok()
 }
 
 /// How many keys each `(cluster, pool)` may have registered: the pool's replicas on that cluster
@@ -140,7 +192,8 @@ pub struct KeyPlan {
     pub unregister: Vec<u64>,
     /// Wanted keys the SuperLink already holds.
     pub registered: BTreeSet<String>,
-    /// Wanted keys whose SuperNode the SuperLink lists `online`.
+    /// Wanted keys whose SuperNode is connected ([`ListedNode::serving`]: `online`, and not
+    /// a session Flower still lists after its SuperNode died).
     pub online: BTreeSet<String>,
     /// Wanted keys the SuperLink lists as `unregistered`: Flower refuses to register a key
     /// again once it was unregistered (code 23, "already in use", in every release 1.25-1.42),
@@ -171,7 +224,7 @@ pub fn plan(wanted: &BTreeMap<Vec<u8>, String>, listed: &[ListedNode]) -> KeyPla
             Some((der, line)) => {
                 held.insert(der);
                 out.registered.insert(line.clone());
-                if node.online() {
+                if node.serving() {
                     out.online.insert(line.clone());
                 }
             }
@@ -309,21 +362,25 @@ supernodes:
                 node_id: 7,
                 status: "online".into(),
                 public_key_der: Some(vec![1]),
+                ..ListedNode::default()
             },
             ListedNode {
                 node_id: 9,
                 status: "registered".into(),
                 public_key_der: Some(vec![3]),
+                ..ListedNode::default()
             },
             ListedNode {
                 node_id: 5,
                 status: "offline".into(),
                 public_key_der: None,
+                ..ListedNode::default()
             },
             ListedNode {
                 node_id: 11,
                 status: "unregistered".into(),
                 public_key_der: Some(vec![2]),
+                ..ListedNode::default()
             },
         ];
         let p = plan(&wanted, &listed);
@@ -336,5 +393,55 @@ supernodes:
         let p = plan(&BTreeMap::new(), &listed[..2]);
         assert_eq!(p.unregister, vec![7, 9]);
         assert!(p.register.is_empty());
+    }
+
+    #[test]
+    fn contact_age_reads_flowers_online_until() {
+        // Invariant: the last contact is `online_until` minus two heartbeat intervals, measured
+        // on the SuperLink's own clock (its `now`), whatever the hub's clock says.
+        let now = "2026-12-05T19:30:00.500000+00:00";
+        let epoch = 1_796_499_000.5; // 2026-12-05T19:30:00.5Z
+        assert_eq!(
+            contact_age(now, epoch + 60.0 - 10.0, 30.0),
+            Some(Duration::from_secs(10))
+        );
+        // Just activated (online_until = now + 2 intervals): age zero, also past rounding.
+        assert_eq!(contact_age(now, epoch + 60.0, 30.0), Some(Duration::ZERO));
+        assert_eq!(contact_age(now, epoch + 61.0, 30.0), Some(Duration::ZERO));
+        for (now, until, interval) in [
+            ("not a time", epoch, 30.0),
+            (now, 0.0, 30.0),
+            (now, epoch, 0.0),
+            (now, f64::NAN, 30.0),
+            (now, epoch, f64::INFINITY),
+        ] {
+            assert_eq!(contact_age(now, until, interval), None, "{now} {until} {interval}");
+        }
+    }
+
+    #[test]
+    fn a_session_flower_still_lists_after_its_supernode_died_is_not_serving() {
+        // Invariant: a SuperNode whose last heartbeat is older than 1.5 intervals does not count
+        // as connected (Flower lists it `online` for up to 2 intervals), one within it does, and
+        // a listing without heartbeat fields trusts Flower's status.
+        let node = |status: &str, age: Option<u64>| ListedNode {
+            node_id: 1,
+            status: status.into(),
+            public_key_der: Some(vec![1]),
+            last_contact_age: age.map(Duration::from_secs),
+            heartbeat_interval: age.map(|_| Duration::from_secs(30)),
+        };
+        assert!(node("online", Some(0)).serving());
+        assert!(node("online", Some(45)).serving());
+        assert!(!node("online", Some(46)).serving());
+        assert!(node("online", Some(46)).online());
+        assert!(node("online", None).serving());
+        assert!(!node("offline", Some(0)).serving());
+        let wanted = BTreeMap::from([(vec![1], "k1".to_owned())]);
+        assert!(plan(&wanted, &[node("online", Some(50))]).online.is_empty());
+        assert_eq!(
+            plan(&wanted, &[node("online", Some(20))]).online,
+            BTreeSet::from(["k1".to_owned()])
+        );
     }
 }

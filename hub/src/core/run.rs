@@ -84,6 +84,18 @@ pub enum SuperLinkState {
     Runs(Vec<ListedRun>),
 }
 
+/// The SuperNodes the SuperLink lists `online`, when asked ([`needs_supernodes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SuperNodesState {
+    /// Not asked.
+    NotAsked,
+    /// Its Control API did not answer (why).
+    Unreachable(String),
+    /// Each SuperNode the SuperLink lists `online`: its node id and how long before the listing
+    /// it last reached the SuperLink (`None`: the SuperLink does not say).
+    Online(Vec<(u64, Option<Duration>)>),
+}
+
 /// Everything [`decide`] looks at besides the run's status.
 #[derive(Clone, Debug)]
 pub struct Facts<'a> {
@@ -101,6 +113,8 @@ pub struct Facts<'a> {
     pub app: Option<AppState>,
     /// The SuperLink.
     pub superlink: SuperLinkState,
+    /// Its SuperNodes; asked only while a retry waits for them ([`needs_supernodes`]).
+    pub supernodes: SuperNodesState,
     /// The spec's run config as Flower lists it (`flower::control::config_text`).
     pub config_text: BTreeMap<String, String>,
     /// [`run_config_hash`] of the spec.
@@ -183,6 +197,31 @@ pub fn needs_superlink(status: &FlowerRunStatus, deleting: bool) -> bool {
     }
     !is_finished(status)
 }
+
+/// Whether [`decide`] needs the SuperLink's SuperNodes ([`SuperNodesState`]): a failed attempt
+/// waits to be submitted again. A retry goes only to SuperNodes that reached the SuperLink after
+/// the failure ([`retry_failed_at`]).
+pub fn needs_supernodes(status: &FlowerRunStatus, deleting: bool) -> bool {
+    !deleting
+        && !is_finished(status)
+        && status.run_id.is_none()
+        && status.pending_submission.is_none()
+        && retry_failed_at(status).is_some()
+}
+
+/// When the attempt that a pending retry follows failed: the `Running=False` condition with
+/// reason `Retrying`.
+pub fn retry_failed_at(status: &FlowerRunStatus) -> Option<Timestamp> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RUN_RUNNING && c.status == "False" && c.reason == "Retrying")
+        .map(|c| c.last_transition_time.0)
+}
+
+/// How often a retry waiting for SuperNodes looks again (a live SuperNode sends a heartbeat
+/// every 24 s).
+pub const SUPERNODES_POLL: Duration = Duration::from_secs(3);
 
 /// Whether [`decide`] needs the app checked: no Flower run yet for the current attempt.
 pub fn needs_app(status: &FlowerRunStatus, deleting: bool) -> bool {
@@ -408,6 +447,11 @@ fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         d.requeue = Some(until(now, due));
         return;
     }
+    if let Some(failed_at) = retry_failed_at(&d.status)
+        && !supernodes_serving_since(d, facts, failed_at)
+    {
+        return;
+    }
     let attempt = d.status.attempts + 1;
     d.status.pending_submission = Some(PendingSubmission {
         attempt,
@@ -420,6 +464,68 @@ fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
     });
     d.status.details = Some(format!("submitting attempt {attempt}"));
     d.action = Action::Submit;
+}
+
+/// Whether every SuperNode the SuperLink lists `online` reached it after `failed_at` (the
+/// failure a retry follows); otherwise the run waits, saying which. Flower keeps a SuperNode
+/// that died without a goodbye (its pod killed, its node powered off) listed `online` for up to
+/// two heartbeat intervals, and a restarted one cannot connect until that session ends: a
+/// retry sent before then gives that SuperNode's messages to nobody and fails as the last
+/// attempt did. A live SuperNode sends a heartbeat every 24 s, so this waits at most that long
+/// for SuperNodes that are serving.
+fn supernodes_serving_since(d: &mut Decision, facts: &Facts<'_>, failed_at: Timestamp) -> bool {
+    let since_failure = facts
+        .now
+        .duration_since(failed_at)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    let online = match &facts.supernodes {
+        SuperNodesState::Online(online) => online,
+        SuperNodesState::Unreachable(why) => {
+            let message = format!("the SuperLink's Control API does not answer: {why}");
+            wait(
+                d,
+                reason::SUPERLINK_UNAVAILABLE,
+                message,
+                Some(UNREACHABLE_RETRY),
+                facts.now,
+            );
+            return false;
+        }
+        SuperNodesState::NotAsked => {
+            d.requeue = Some(SUPERNODES_POLL);
+            return false;
+        }
+    };
+    let silent: Vec<u64> = online
+        .iter()
+        .filter(|(_, age)| age.is_some_and(|age| age >= since_failure))
+        .map(|(id, _)| *id)
+        .collect();
+    if silent.is_empty() {
+        return true;
+    }
+    let shown: Vec<String> = silent.iter().take(5).map(u64::to_string).collect();
+    let more = if silent.len() > shown.len() {
+        format!(" and {} more", silent.len() - shown.len())
+    } else {
+        String::new()
+    };
+    let message = format!(
+        "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then: {} of {} have not (node {}{more}). A SuperNode that stopped without a goodbye stays listed online for up to 60 s, and one restarted meanwhile connects only after that",
+        d.status.attempts,
+        silent.len(),
+        online.len(),
+        shown.join(", "),
+    );
+    wait(
+        d,
+        reason::SUPERNODES_NOT_SERVING,
+        message,
+        Some(SUPERNODES_POLL),
+        facts.now,
+    );
+    false
 }
 
 fn adopt_or_resubmit(d: &mut Decision, facts: &Facts<'_>, pending: &PendingSubmission) {

@@ -285,6 +285,7 @@ impl ControlClient {
             }
             Transport::Http(h) => h.call("list-nodes", &request).await?,
         };
+        let now = answer.now;
         Ok(answer
             .nodes_info
             .into_iter()
@@ -292,6 +293,15 @@ impl ControlClient {
                 node_id: n.node_id,
                 status: n.status,
                 public_key_der: keys::pem_to_der(&n.public_key),
+                last_contact_age: crate::core::nodekeys::contact_age(
+                    &now,
+                    n.online_until,
+                    n.heartbeat_interval,
+                ),
+                heartbeat_interval: (n.heartbeat_interval.is_finite()
+                    && n.heartbeat_interval > 0.0)
+                    .then(|| Duration::try_from_secs_f64(n.heartbeat_interval).ok())
+                    .flatten(),
             })
             .collect())
     }

@@ -47,6 +47,7 @@
 mod admission;
 mod body;
 pub mod limits;
+pub mod sessions;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -71,6 +72,7 @@ use admission::{Admission, Refusal, Slot};
 pub use body::BodyCut;
 use body::{LimitedBody, StallGuard};
 pub use limits::{FrontLimits, LimitsError};
+use sessions::RecentKeys;
 
 /// How often at most the front logs a summary of the connections it refused.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -185,6 +187,7 @@ struct Front {
     config: FrontConfig,
     limits: FrontLimits,
     admission: Arc<Admission>,
+    sessions: RecentKeys,
 }
 
 /// Serves `listener` with the default [`FrontLimits`] until `shutdown` completes.
@@ -212,6 +215,7 @@ pub async fn serve_with_limits(
         config,
         limits,
         admission: admission.clone(),
+        sessions: RecentKeys::default(),
     });
     // Dropped on return, which aborts every connection still open.
     let mut connections = JoinSet::new();
@@ -351,6 +355,12 @@ async fn forward(
         );
     }
     let fleet = path != "/health";
+    let activation = path == sessions::ACTIVATE_PATH;
+    let node_key = request
+        .headers()
+        .get(sessions::PUBLIC_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     // A Content-Length over the limit is refused before the SuperLink hears of it.
     if request.body().size_hint().lower() > limits.max_body_bytes {
         let cut = BodyCut::TooLarge {
@@ -394,6 +404,15 @@ async fn forward(
         Ok(response) => {
             if fleet && response.status().is_success() {
                 front.admission.mark_known(key);
+                if let Some(node_key) = &node_key {
+                    front.sessions.seen(node_key);
+                }
+            }
+            if activation
+                && response.status() == StatusCode::PRECONDITION_FAILED
+                && let Some(ago) = node_key.as_deref().and_then(|k| front.sessions.recent(k))
+            {
+                return held_off(response, peer, ago).await;
             }
             response.map(|b| b.boxed())
         }
@@ -411,6 +430,54 @@ async fn forward(
             )
         }
     }
+}
+
+/// Largest refusal body read to tell Flower's activation refusal from other answers.
+const REFUSAL_BODY_MAX: usize = 64 << 10;
+
+/// A refused activation of a key that was connected `ago`: when it is Flower's activation
+/// refusal, `503` with `Retry-After`, so the SuperNode asks again by itself instead of exiting
+/// ([`sessions`]); anything else as the SuperLink gave it.
+async fn held_off(response: Response<Incoming>, peer: SocketAddr, ago: Duration) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        http_body_util::Limited::new(body, REFUSAL_BODY_MAX).collect(),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => {
+            return answer(
+                StatusCode::BAD_GATEWAY,
+                "the SuperLink's answer could not be read\n".into(),
+            );
+        }
+    };
+    if !sessions::is_activation_refusal(&bytes) {
+        return Response::from_parts(
+            parts,
+            Full::new(bytes).map_err(|never| match never {}).boxed(),
+        );
+    }
+    tracing::info!(
+        %peer,
+        last_seen_secs = ago.as_secs(),
+        "fleet front: a SuperNode that was connected {} s ago is starting again while the SuperLink still holds its last session (Flower lets it go 60 s after its last heartbeat): answering 503 so it retries instead of exiting",
+        ago.as_secs()
+    );
+    let mut held = answer(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "this SuperNode's previous session is still held by the SuperLink (it was connected {} s ago and stopped without a goodbye); Flower lets it go 60 s after its last heartbeat: retry\n",
+            ago.as_secs()
+        ),
+    );
+    held.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(sessions::RETRY_AFTER_SECS),
+    );
+    held
 }
 
 fn answer(status: StatusCode, text: String) -> Response<Body> {

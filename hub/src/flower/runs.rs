@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::control::{ControlClient, ControlError, LogChunk};
 use super::fab::{self, ConfigValue};
 use super::fab_url::FabUrlCache;
-use crate::core::run::{self as core_run, AppState, ListedRun, SuperLinkState};
+use crate::core::run::{self as core_run, AppState, ListedRun, SuperLinkState, SuperNodesState};
 
 /// An app ready to submit: the FAB and the checked run config.
 #[derive(Clone, Debug)]
@@ -288,6 +288,20 @@ pub async fn list(client: &ControlClient) -> SuperLinkState {
                 .collect(),
         ),
         Err(e) => SuperLinkState::Unreachable(e.to_string()),
+    }
+}
+
+/// The SuperNodes the SuperLink lists `online`, with how long ago each last reached it.
+pub async fn supernodes(client: &ControlClient) -> SuperNodesState {
+    match client.list_nodes().await {
+        Ok(nodes) => SuperNodesState::Online(
+            nodes
+                .into_iter()
+                .filter(|n| n.online())
+                .map(|n| (n.node_id, n.last_contact_age))
+                .collect(),
+        ),
+        Err(e) => SuperNodesState::Unreachable(e.to_string()),
     }
 }
 

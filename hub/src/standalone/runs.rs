@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;
 use super::status::FederationSummary;
-use crate::core::run::{self as core_run, Action, FederationState, SuperLinkState};
+use crate::core::run::{self as core_run, Action, FederationState, SuperLinkState, SuperNodesState};
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::outputs;
@@ -296,6 +296,15 @@ impl StandaloneRuns {
             })
             .filter_map(|(_, s)| s.status.run_id.as_deref()?.parse().ok())
             .collect();
+        let supernodes = match &client {
+            Some(client)
+                if federation == FederationState::Ready
+                    && core_run::needs_supernodes(current, deleting) =>
+            {
+                flower_runs::supernodes(client).await
+            }
+            _ => SuperNodesState::NotAsked,
+        };
         let facts = core_run::Facts {
             run_name: &run_name,
             spec,
@@ -304,6 +313,7 @@ impl StandaloneRuns {
             federation,
             app,
             superlink,
+            supernodes,
             config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
             run_config_hash: core_run::run_config_hash(spec),
             claimed,

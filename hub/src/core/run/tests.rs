@@ -40,6 +40,7 @@ fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'
             fab_hash: "h".into(),
         }),
         superlink: SuperLinkState::Runs(runs),
+        supernodes: SuperNodesState::Online(Vec::new()),
         config_text: BTreeMap::new(),
         run_config_hash: run_config_hash(spec),
         claimed: BTreeSet::new(),
@@ -298,6 +299,80 @@ fn a_failed_run_is_retried_under_backoff_limit_then_fails() {
         d3.status.conditions
     );
     assert!(d3.status.details.unwrap().contains("again"));
+}
+
+#[test]
+fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
+    // Invariant: a retry is not submitted while a SuperNode the SuperLink lists online has not
+    // reached it since the failed attempt (a dead SuperNode's session Flower still lists, or a
+    // restarted one that cannot connect yet); it says which, looks again soon, and goes once
+    // every listed SuperNode has. SuperNodes are listed only while a retry waits.
+    let mut spec = spec();
+    spec.backoff_limit = Some(1);
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 0);
+    assert!(!needs_supernodes(&s, false), "a run in progress lists no SuperNodes");
+    let failed = listed(1, "finished:failed", "h");
+    let d = decide(&s, &facts(&spec, vec![failed.clone()], 5));
+    assert_eq!(retry_failed_at(&d.status), Some(at(5)));
+    assert!(needs_supernodes(&d.status, false));
+    assert!(!needs_supernodes(&d.status, true), "not while deleting");
+    // 15 s after the failure: node 7 last reached the SuperLink 20 s ago (before the
+    // failure), node 8 3 s ago.
+    let mut f = facts(&spec, vec![failed.clone()], 20);
+    f.supernodes = SuperNodesState::Online(vec![
+        (7, Some(Duration::from_secs(20))),
+        (8, Some(Duration::from_secs(3))),
+        (9, None),
+    ]);
+    let waiting = decide(&d.status, &f);
+    assert_eq!(waiting.action, Action::Nothing);
+    assert_eq!(waiting.requeue, Some(SUPERNODES_POLL));
+    assert!(
+        is(
+            &waiting.status,
+            RUN_SUBMITTED,
+            "False",
+            reason::SUPERNODES_NOT_SERVING
+        ),
+        "{:?}",
+        waiting.status.conditions
+    );
+    let message = waiting.status.details.clone().unwrap();
+    assert!(message.contains("1 of 3 have not (node 7)"), "{message}");
+    assert!(waiting
+        .events
+        .iter()
+        .any(|e| e.reason == reason::SUPERNODES_NOT_SERVING));
+    // Asked again with the same answer: no second event.
+    let again = decide(&waiting.status, &f);
+    assert!(again.events.is_empty());
+    // The adapter did not ask: nothing is sent, and it looks again soon.
+    let mut unasked = facts(&spec, vec![failed.clone()], 21);
+    unasked.supernodes = SuperNodesState::NotAsked;
+    let d_unasked = decide(&waiting.status, &unasked);
+    assert_eq!(d_unasked.action, Action::Nothing);
+    assert_eq!(d_unasked.requeue, Some(SUPERNODES_POLL));
+    // The Control API does not answer: it waits, saying so.
+    let mut down = facts(&spec, vec![failed.clone()], 21);
+    down.supernodes = SuperNodesState::Unreachable("refused".into());
+    let d_down = decide(&waiting.status, &down);
+    assert_eq!(d_down.action, Action::Nothing);
+    assert!(is(
+        &d_down.status,
+        RUN_SUBMITTED,
+        "False",
+        reason::SUPERLINK_UNAVAILABLE
+    ));
+    // Node 7 came back (activated 2 s ago): attempt 2 goes.
+    let mut back = facts(&spec, vec![failed], 30);
+    back.supernodes = SuperNodesState::Online(vec![
+        (7, Some(Duration::from_secs(2))),
+        (8, Some(Duration::from_secs(13))),
+    ]);
+    let go = decide(&waiting.status, &back);
+    assert_eq!(go.action, Action::Submit);
+    assert_eq!(go.status.pending_submission.as_ref().unwrap().attempt, 2);
+    assert!(!needs_supernodes(&go.status, false), "submitted: no more listing");
 }
 
 #[test]

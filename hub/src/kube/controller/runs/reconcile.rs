@@ -21,7 +21,7 @@ use super::{CONFLICT_RETRY, FedKey, RunContext, RunKey, has_finalizer};
 use crate::core::render::superlink_name;
 use crate::core::run::{
     self as core_run, ACTIVE_POLL, Action as RunAction, AppState, FederationState, RunEvent,
-    SuperLinkState, UNREACHABLE_RETRY,
+    SuperLinkState, SuperNodesState, UNREACHABLE_RETRY,
 };
 use crate::flower::control::ControlClient;
 use crate::flower::outputs;
@@ -96,6 +96,15 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
         .filter(|r| r.spec.federation_ref.name == fed_key.1)
         .filter_map(|r| r.status.as_ref()?.run_id.as_deref()?.parse().ok())
         .collect();
+    let supernodes = match &client {
+        Some(client)
+            if federation == FederationState::Ready
+                && core_run::needs_supernodes(&current, deleting) =>
+        {
+            flower_runs::supernodes(client).await
+        }
+        _ => SuperNodesState::NotAsked,
+    };
     let facts = core_run::Facts {
         run_name: &run_name,
         spec,
@@ -104,6 +113,7 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
         federation,
         app,
         superlink,
+        supernodes,
         config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
         run_config_hash: core_run::run_config_hash(spec),
         claimed,
