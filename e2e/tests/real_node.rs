@@ -1189,12 +1189,14 @@ async fn the_fleet_endpoint_serves_no_control_api(
 }
 
 /// The node ids a SuperLink lists `online` (`None` while it does not answer).
+/// The node ids the SuperLink lists online and serving (a fresh heartbeat: not a session
+/// Flower still holds for a SuperNode that died).
 async fn online_node_ids(client: &ControlClient) -> Option<BTreeSet<u64>> {
     let nodes = client.list_nodes().await.ok()?;
     Some(
         nodes
             .iter()
-            .filter(|n| n.online())
+            .filter(|n| n.serving())
             .map(|n| n.node_id)
             .collect(),
     )
@@ -1384,7 +1386,7 @@ async fn a_relabelled_spoke_loses_its_supernodes_and_keys(
                     .iter()
                     .filter(of_spoke1)
                     .all(|n| n.status == "unregistered");
-                let online = nodes.iter().filter(|n| n.online()).count();
+                let online = nodes.iter().filter(|n| n.serving()).count();
                 Ok((spoke1_gone && online == *spoke2_online).then_some(nodes))
             },
         )
@@ -2424,7 +2426,7 @@ spec:
                     .iter()
                     .filter(|n| n.public_key_der.as_ref().is_some_and(|k| keys.contains(k)))
                     .all(|n| n.status == "unregistered");
-                Ok((gone && nodes.iter().filter(|n| n.online()).count() == 1).then_some(()))
+                Ok((gone && nodes.iter().filter(|n| n.serving()).count() == 1).then_some(()))
             }
         },
     )

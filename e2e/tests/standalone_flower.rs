@@ -1130,7 +1130,7 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
         Ok(new_keys.iter().all(|k| {
             nodes
                 .iter()
-                .any(|n| n.online() && n.public_key_der.as_ref() == Some(k))
+                .any(|n| n.serving() && n.public_key_der.as_ref() == Some(k))
         }))
     };
     Wait::new(
@@ -1186,7 +1186,7 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
     }
     fn online(rt: &tokio::runtime::Runtime, client: &ControlClient) -> usize {
         rt.block_on(client.list_nodes())
-            .map(|nodes| nodes.iter().filter(|n| n.online()).count())
+            .map(|nodes| nodes.iter().filter(|n| n.serving()).count())
             .unwrap_or(0)
     }
     // Three SuperNodes, none of them `before`, online at the SuperLink (asked trusting `ca`).
@@ -1270,7 +1270,7 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
     .until_blocking(|| {
         Ok(rt
             .block_on(client.list_nodes())
-            .is_ok_and(|nodes| nodes.iter().filter(|n| n.online()).count() == 3))
+            .is_ok_and(|nodes| nodes.iter().filter(|n| n.serving()).count() == 3))
     })?;
     // flwr users take the new CA file from `flower-hub connect`.
     let flwr_home = w.dir.join("flwr-home").display().to_string();

@@ -415,7 +415,7 @@ async fn superlink_holds(
                 .iter()
                 .filter(|n| n.public_key_der.as_ref().is_some_and(|k| gone.contains(k)))
                 .all(|n| n.status == "unregistered");
-            let now = nodes.iter().filter(|n| n.online()).count();
+            let now = nodes.iter().filter(|n| n.serving()).count();
             Ok((gone_ok && now == online).then_some(nodes.len()))
         },
     )
@@ -865,10 +865,13 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         "the SuperNodes' keys on {} changed with the power cut",
         spoke.name
     );
+    // Serving, not merely listed: Flower keeps the dead SuperNodes' sessions online for up to
+    // 60 s. 1.25's SuperNodes (no Fleet front) exit while Flower refuses them and come back
+    // after the kubelet's crash-loop back-off (10 s, 20 s, 40 s …); hence the generous bound.
     for ((federation, control, _), before) in controls.iter().zip(&online_before) {
         wait_for(
-            &format!("{federation}'s SuperLink listing the same node ids online again"),
-            Duration::from_secs(180),
+            &format!("{federation}'s SuperLink listing the same node ids online and serving again"),
+            Duration::from_secs(420),
             || async move {
                 Ok(super::online_node_ids(control)
                     .await
@@ -878,6 +881,22 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         .await?;
     }
     let online_again = t.elapsed();
+    // The 1.42 SuperNodes reach the SuperLink through the Fleet front, which answers their
+    // refused activations 503 while Flower holds their old sessions: they retried instead of
+    // exiting, so each was restarted once (by the power cut), not into a crash loop.
+    let mut pods_online = supernode_pods(spoke).await?;
+    pods_online.sort();
+    let front_federation = controls[0].0;
+    let crash_looped: Vec<_> = pods_online
+        .iter()
+        .filter(|(name, _, _)| name.starts_with(&format!("{front_federation}-supernode-")))
+        .filter(|p| !pods_after.contains(p))
+        .collect();
+    ensure!(
+        crash_looped.is_empty(),
+        "{front_federation}'s SuperNodes on {} restarted again after the power cut (a refused activation exited instead of retrying): {crash_looped:?}; right after the cut: {pods_after:?}",
+        spoke.name
+    );
     let done = super::flower_run_ended(
         &runs,
         "reboot",
@@ -906,7 +925,7 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         cut.details
     );
     eprintln!(
-        "real_node: fault: {}'s node power-cycled in round {} of fl/reboot (off {}s): node Ready {:.1}s after the start ({:.1}s after the cut), {} SuperNode pods Ready again with the same names, UIDs and keys after {:.1}s (restarts {:?} -> {:?}), the same node ids online on both SuperLinks after {:.1}s; Flower ended the cut run {cut_run} {} ({}); fl/reboot Complete on attempt {} (run {}) {:.1}s after the cut",
+        "real_node: fault: {}'s node power-cycled in round {} of fl/reboot (off {}s): node Ready {:.1}s after the start ({:.1}s after the cut), {} SuperNode pods Ready again with the same names, UIDs and keys after {:.1}s (restarts {:?} -> {:?}; once serving {:?}), the same node ids online and serving on both SuperLinks after {:.1}s; Flower ended the cut run {cut_run} {} ({}); fl/reboot Complete on attempt {} (run {}) {:.1}s after the cut",
         spoke.name,
         running.progress.as_ref().map_or(0, |p| p.current),
         POWER_OFF.as_secs(),
@@ -916,6 +935,7 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         pods_back.as_secs_f64(),
         pods_before.iter().map(|p| p.2).collect::<Vec<_>>(),
         pods_after.iter().map(|p| p.2).collect::<Vec<_>>(),
+        pods_online.iter().map(|p| p.2).collect::<Vec<_>>(),
         online_again.as_secs_f64(),
         cut.status,
         if cut.details.is_empty() {
