@@ -142,7 +142,7 @@ pub use applier::{Applier, OwnerFn};
 pub use error::KubeRuntimeError;
 use error::kube_err;
 pub use keys::{FederationKeys, PoolKeys};
-pub use policy::{Allowance, PodPolicy, PodSecurityLevel};
+pub use policy::{Admin, Allowance, PodPolicy, PodSecurityLevel};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
 use status::WorkloadCache;
@@ -404,7 +404,7 @@ impl KubeRuntime {
         if let Some(why) = self.policy.namespace_refusal(ns) {
             return Err(refused(vec![why]));
         }
-        let violations = self.policy.violations(base);
+        let violations = policy::violations(&self.policy, base);
         if !violations.is_empty() {
             return Err(refused(violations));
         }

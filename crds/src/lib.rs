@@ -11,6 +11,7 @@ pub mod crdgen;
 pub mod federation;
 pub mod parse;
 pub mod placement;
+pub mod policy;
 pub mod quantity;
 pub mod render;
 pub mod rules;

@@ -741,9 +741,8 @@ fn node_id_in(log: &Path, from: u64) -> Option<u64> {
     let text = std::fs::read(log).ok()?;
     let text = String::from_utf8_lossy(text.get(from as usize..)?).into_owned();
     text.lines()
-        .filter_map(|l| l.split("SuperNode ID: ").nth(1))
-        .filter_map(|id| id.trim().parse().ok())
-        .last()
+        .rev()
+        .find_map(|l| l.split("SuperNode ID: ").nth(1)?.trim().parse().ok())
 }
 
 /// site-a-0 killed with its process group (SIGKILL: no goodbye to the SuperLink, as in a crash
@@ -804,8 +803,8 @@ fn s2b_supernode_killed_without_goodbye(w: &mut World) -> Result<()> {
         restarted == 1.0,
         "edge-1 restarted flower-supernode {restarted} times after one kill"
     );
-    let hub_text = String::from_utf8_lossy(&std::fs::read(&hub_log)?[hub_from as usize..])
-        .into_owned();
+    let hub_text =
+        String::from_utf8_lossy(&std::fs::read(&hub_log)?[hub_from as usize..]).into_owned();
     ensure!(
         hub_text.contains("still holds its last session"),
         "the front did not hold the restarted SuperNode off (was its old session already gone?):\n{}",

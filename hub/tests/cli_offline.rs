@@ -48,18 +48,53 @@ spec:
 
 #[test]
 fn every_example_validates() {
-    // The shipped examples are valid: exit 0 and nothing on stderr.
+    // The shipped examples are valid: exit 0 and nothing on stderr, with the allowances the
+    // AMD GPU example names (its pool runs in the hub cluster: see the next test).
     let files = examples();
     assert!(!files.is_empty());
     let args: Vec<&str> = files
         .iter()
         .map(|p| p.to_str().expect("utf-8 path"))
         .collect();
-    let mut all = vec!["validate"];
+    let mut all = vec!["validate", "--allow", "privileged,host-path"];
     all.extend(&args);
     let out = hub(&all);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stderr), "");
+}
+
+#[test]
+fn a_hub_local_amd_gpu_pool_needs_the_hub_admins_allowance() {
+    // Invariant: by default the hub refuses a pod in its own cluster with host paths or a
+    // privileged container (the AMD pool of a Federation without a Placement), naming the pool,
+    // the field and the `flower-hub serve` flag; with the flags it validates and renders.
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/federation-mixed-gpu.yaml");
+    let file = file.to_str().expect("utf-8 path");
+    let out = hub(&["validate", file]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 3, "{err}");
+    for part in [
+        "spec.supernodes.pools[2]: volume dev-kfd (hostPath /dev/kfd) is not allowed in the hub cluster",
+        "`flower-hub serve --allow host-path`",
+        "container supernode: privileged is not allowed in the hub cluster",
+        "`flower-hub serve --allow privileged`",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let out = hub(&["render", file]);
+    assert!(!out.status.success(), "render refuses the same");
+    assert_eq!(text(&out.stderr), err);
+    let out = hub(&[
+        "render",
+        "--allow",
+        "privileged",
+        "--allow",
+        "host-path",
+        file,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("privileged: true"));
 }
 
 #[test]

@@ -426,6 +426,7 @@ async fn hub_local_pools_are_applied_by_the_embedded_runtime_as_the_hub_clusters
         "CA PEM",
         &[],
         &[],
+        &flower_addon_crds::policy::PodPolicy::new(flower_addon_crds::policy::Admin::Hub),
     )
     .expect("work");
     assert_eq!(works.len(), 1);
@@ -536,6 +537,7 @@ async fn the_embedded_runtime_sends_only_what_changed() {
             "",
             &[],
             &[],
+            &flower_addon_crds::policy::PodPolicy::new(flower_addon_crds::policy::Admin::Hub),
         )
         .expect("work");
         ClusterWork {

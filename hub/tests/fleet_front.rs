@@ -230,18 +230,20 @@ async fn refusing_superlink(code: i64) -> String {
         loop {
             let (tcp, _) = listener.accept().await.unwrap();
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req: Request<Incoming>| async move {
-                    let path = req.uri().path().to_owned();
-                    let _ = req.into_body().collect().await;
-                    let mut response = Response::new(Full::new(Bytes::from(format!("{path} ok"))));
-                    if path == "/v1/fleet/activate-node" {
-                        *response.body_mut() = Full::new(Bytes::from(format!(
-                            r#"{{"code": {code}, "detail": "Failed to activate SuperNode."}}"#
-                        )));
-                        *response.status_mut() = hyper::StatusCode::PRECONDITION_FAILED;
-                    }
-                    Ok::<_, Infallible>(response)
-                });
+                let service =
+                    hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                        let path = req.uri().path().to_owned();
+                        let _ = req.into_body().collect().await;
+                        let mut response =
+                            Response::new(Full::new(Bytes::from(format!("{path} ok"))));
+                        if path == "/v1/fleet/activate-node" {
+                            *response.body_mut() = Full::new(Bytes::from(format!(
+                                r#"{{"code": {code}, "detail": "Failed to activate SuperNode."}}"#
+                            )));
+                            *response.status_mut() = hyper::StatusCode::PRECONDITION_FAILED;
+                        }
+                        Ok::<_, Infallible>(response)
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), service)
                     .await;
@@ -269,7 +271,11 @@ async fn post_as(
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_owned());
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, retry_after, String::from_utf8_lossy(&body).into_owned())
+    (
+        status,
+        retry_after,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -289,7 +295,10 @@ async fn a_supernode_back_before_its_old_session_ended_is_told_to_retry() {
     let (status, retry_after, text) =
         post_as(&mut sender, "/v1/fleet/activate-node", "stranger").await;
     assert_eq!((status, retry_after), (412, None));
-    assert!(text.contains(r#""code": 2004"#), "Flower's body passes: {text}");
+    assert!(
+        text.contains(r#""code": 2004"#),
+        "Flower's body passes: {text}"
+    );
     let (status, _, _) = post_as(&mut sender, "/v1/fleet/pull-messages", "stranger").await;
     assert_eq!(status, 200, "the connection serves on");
 
@@ -297,7 +306,9 @@ async fn a_supernode_back_before_its_old_session_ended_is_told_to_retry() {
     let address = start_front(refusing_superlink(2003).await, None).await;
     let mut sender = connect(&address, None).await.unwrap();
     assert_eq!(
-        post_as(&mut sender, "/v1/fleet/pull-messages", "known").await.0,
+        post_as(&mut sender, "/v1/fleet/pull-messages", "known")
+            .await
+            .0,
         200
     );
     let (status, retry_after, text) =

@@ -222,6 +222,7 @@ async fn standalone_work_equals_the_kube_work_function_on_its_selection_and_rend
         fed_ca.bundle_pem(),
         &all,
         &[],
+        &flower_addon_crds::policy::PodPolicy::new(flower_addon_crds::policy::Admin::Hub),
     )
     .expect("kube work");
     assert_eq!(kube.len(), 2);

@@ -73,11 +73,12 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct PolicyArgs {
     /// Allow pods to use this (comma-separated or repeated): host-path, host-network, host-pid,
-    /// host-ipc, privileged, host-port, other-volumes, secrets, unconfined, run-as-root; and
+    /// host-ipc, privileged, host-port, other-volumes, secrets, unconfined, run-as-root,
+    /// service-account-token; and
     /// weaker-namespaces (work in an existing namespace whose Pod Security label is weaker than
     /// --namespace-pod-security). Default: none (e.g. AMD GPU pools need
     /// `--allow privileged,host-path`).
-    #[arg(long = "allow", value_enum, value_delimiter = ',')]
+    #[arg(long = "allow", value_delimiter = ',', value_parser = parse_allowance)]
     pub allow: Vec<Allowance>,
     /// A service account pods may name besides `default` (repeatable).
     #[arg(long = "allow-service-account", value_name = "NAME")]
@@ -86,7 +87,7 @@ pub struct PolicyArgs {
     /// labels): set on those the agent creates and on existing ones without an `enforce` label;
     /// work in an existing namespace with a weaker `enforce` label is refused (see --allow).
     /// `none`: namespaces are neither labelled nor checked.
-    #[arg(long, value_enum, default_value = "baseline")]
+    #[arg(long, default_value = "baseline", value_parser = parse_level)]
     pub namespace_pod_security: PodSecurityLevel,
     /// The only namespaces work may go to (comma-separated or repeated), for an agent whose RBAC
     /// is a Role in each of them (Helm value `agent.namespaces`) instead of cluster-wide; work
@@ -99,6 +100,16 @@ pub struct PolicyArgs {
     /// so two agents in one cluster (joined to two hubs) never touch each other's objects.
     #[arg(long, value_name = "ID")]
     pub installation_id: Option<String>,
+}
+
+/// `--allow NAME`.
+pub fn parse_allowance(name: &str) -> Result<Allowance, String> {
+    name.parse()
+}
+
+/// `--namespace-pod-security LEVEL`.
+pub fn parse_level(name: &str) -> Result<PodSecurityLevel, String> {
+    name.parse()
 }
 
 impl PolicyArgs {

@@ -359,6 +359,8 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
     if let Some(template) = &pool.pod_template {
         merge_pod_template(&mut pod_meta, &mut pod, template);
     }
+    // Towards Pod Security `restricted`: non-root, RuntimeDefault seccomp, no capabilities.
+    crate::policy::harden(&mut pod);
     let template = PodTemplateSpec {
         metadata: Some(pod_meta),
         spec: Some(pod),

@@ -3,6 +3,7 @@ pub mod front;
 pub mod netns;
 pub mod offline;
 pub mod outputs;
+pub mod policy;
 pub mod registration;
 pub mod serve;
 pub mod spoke;

@@ -16,6 +16,9 @@ pub struct ValidateArgs {
     /// (multi-document streams allowed).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// The hub admin's pod policy the Federations are judged by (as `flower-hub serve`'s).
+    #[command(flatten)]
+    pub policy: crate::cli::policy::HubPolicyArgs,
 }
 
 /// Arguments of `flower-hub render`.
@@ -53,6 +56,9 @@ pub struct RenderArgs {
     /// Without labels the cluster has none: pools with a `clusterSelector` are not shown.
     #[arg(long = "label", requires = "cluster", value_parser = flower_addon_agent::cli::join::parse_pair)]
     pub labels: Vec<(String, String)>,
+    /// The hub admin's pod policy the Federations are judged by (as `flower-hub serve`'s).
+    #[command(flatten)]
+    pub policy: crate::cli::policy::HubPolicyArgs,
 }
 
 /// `flower-hub crds`.
@@ -71,6 +77,7 @@ pub fn read_objects(path: &Path) -> Result<Vec<Object>, String> {
 
 /// `flower-hub validate`.
 pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let policy = args.policy.policy()?;
     let mut problems = 0usize;
     for file in &args.files {
         let shown = file.display();
@@ -83,7 +90,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             }
         };
         for object in &objects {
-            for (path, message) in object_problems(object) {
+            for (path, message) in object_problems(object, &policy) {
                 eprintln!("{shown}: {path}: {message}");
                 problems += 1;
             }
@@ -97,10 +104,13 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Validation problems of one object as `(field path, message)`: the CRD rules first; when they
-/// pass, what the renderer would still refuse.
-pub fn object_problems(object: &Object) -> Vec<(String, String)> {
+/// pass, what the renderer would still refuse, then what the hub's pod `policy` refuses.
+pub fn object_problems(
+    object: &Object,
+    policy: &flower_addon_crds::policy::PodPolicy,
+) -> Vec<(String, String)> {
     match object {
-        Object::Federation(fed) => crate::core::problems::problems(fed),
+        Object::Federation(fed) => crate::core::problems::problems(fed, policy),
         Object::Placement(placement) => flower_addon_crds::validate_placement(placement)
             .into_iter()
             .map(|e| (e.path, e.message))
@@ -134,6 +144,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             args.clusters
         );
     }
+    let policy = args.policy.policy()?;
     let mut all = Vec::new();
     let mut invalid = false;
     for file in &args.files {
@@ -146,7 +157,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             }
         };
         for object in objects {
-            let problems = object_problems(&object);
+            let problems = object_problems(&object, &policy);
             for (path, message) in &problems {
                 eprintln!("{}: {path}: {message}", file.display());
             }

@@ -136,6 +136,9 @@ pub struct ServeArgs {
     /// (`status.hostIP`); set a reachable one when nodes have private addresses.
     #[arg(long, env = "FLOWER_HUB_NODE_ADDRESS")]
     pub node_address: Option<String>,
+    /// The hub admin's pod policy: what SuperLink pods and hub-local pools may do.
+    #[command(flatten)]
+    pub pod_policy: crate::cli::policy::HubPolicyArgs,
     /// Namespace of the hub's own objects, e.g. the CA Secret (Kubernetes mode).
     #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
     pub namespace: String,
@@ -313,6 +316,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     args.advertise_address.iter().map(String::as_str),
                     &args.superlink_name,
                 )?,
+                pod_policy: args.pod_policy.policy()?,
             },
         )
         .with_health(health, STANDALONE_READY);

@@ -415,7 +415,11 @@ supernodes:
             (now, f64::NAN, 30.0),
             (now, epoch, f64::INFINITY),
         ] {
-            assert_eq!(contact_age(now, until, interval), None, "{now} {until} {interval}");
+            assert_eq!(
+                contact_age(now, until, interval),
+                None,
+                "{now} {until} {interval}"
+            );
         }
     }
 

@@ -64,6 +64,7 @@ pub fn offline_applier() -> Applier {
 pub async fn run(
     client: Client,
     work: Arc<KubeWorkSource>,
+    policy: flower_addon_crds::policy::PodPolicy,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     // The pools' workloads are watched: their status is read from the cache (no GET per pool
@@ -83,7 +84,10 @@ pub async fn run(
         .map(|_| ())
         .boxed();
     let mut workload_events = futures::stream::select(sts_events, ds_events);
+    // The hub admin's pod policy, as a spoke's agent applies its own (namespaces are the
+    // Federation author's: the hub neither refuses nor labels them).
     let runtime = KubeRuntime::with_applier(client.clone(), applier(work.federations()))
+        .with_policy(policy)
         .with_workload_cache(statefulsets, daemonsets);
     let mut changes = work.changes();
     let mut applied: Option<ClusterWork> = None;

@@ -31,7 +31,14 @@ pub async fn run_hub_cluster(
     settings: controller::Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), work::KubeWorkError> {
-    let work = Arc::new(work::KubeWorkSource::start(client.clone(), ca.clone()).await?);
+    let work = Arc::new(
+        work::KubeWorkSource::start_with_policy(
+            client.clone(),
+            ca.clone(),
+            settings.pod_policy.clone(),
+        )
+        .await?,
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -41,6 +48,7 @@ pub async fn run_hub_cluster(
         ca.clone(),
         stopped(stop_rx.clone()),
     ));
+    let pod_policy = settings.pod_policy.clone();
     let federations = tokio::spawn(controller::run(
         client.clone(),
         ca,
@@ -48,7 +56,7 @@ pub async fn run_hub_cluster(
         flower_addon_agent::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));
-    let local_pools = tokio::spawn(hub_pools::run(client, work, stopped(stop_rx)));
+    let local_pools = tokio::spawn(hub_pools::run(client, work, pod_policy, stopped(stop_rx)));
     shutdown.await;
     let _ = stop_tx.send(true);
     let _ = federations.await;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
+use flower_addon_crds::policy::{Admin, PodPolicy};
 use flower_addon_crds::{Federation, ManagedCluster, PLACEMENT_LABEL, PlacementDecision};
 use flower_addon_proto::{ClusterWork, FederationWork, Status as AgentStatus};
 use futures::StreamExt;
@@ -181,6 +182,16 @@ impl KubeWorkSource {
     /// and returns. `ca` is the Flower CA: each Federation's SuperNodes verify its SuperLink with
     /// the Federation's own CA derived from it.
     pub async fn start(client: Client, ca: Arc<HubCa>) -> Result<Self, KubeWorkError> {
+        Self::start_with_policy(client, ca, PodPolicy::new(Admin::Hub)).await
+    }
+
+    /// [`Self::start`] judging Federations by the hub admin's pod `policy` (a Federation whose
+    /// hub-cluster pods it refuses gets no work anywhere: [`crate::core::problems`]).
+    pub async fn start_with_policy(
+        client: Client,
+        ca: Arc<HubCa>,
+        policy: PodPolicy,
+    ) -> Result<Self, KubeWorkError> {
         let status_client = client.clone();
         let keys_client = client.clone();
         let client_for_ocm = client.clone();
@@ -290,6 +301,7 @@ impl KubeWorkSource {
         let task = tokio::spawn(async move {
             let mut state = State {
                 ca,
+                policy,
                 registry: task_registry,
                 sent: BTreeMap::new(),
                 last_good: BTreeMap::new(),
@@ -467,6 +479,8 @@ fn work_hash(work: &ClusterWork) -> u64 {
 
 struct State {
     ca: Arc<HubCa>,
+    /// The hub admin's pod policy ([`crate::core::problems`]).
+    policy: PodPolicy,
     registry: Arc<NodeKeyRegistry>,
     /// A hash of the work last sent to each cluster (the work itself is the inner source's):
     /// 10,000 clusters' work is held once, not once more here.
@@ -567,6 +581,7 @@ impl State {
                     bundle.bundle_pem(),
                     &registered,
                     &retired,
+                    &self.policy,
                 )
                 .map(Arc::new)
             });
@@ -655,8 +670,9 @@ pub fn federation_work(
     ca_pem: &str,
     registered_node_keys: &[String],
     retired_node_keys: &[String],
+    policy: &PodPolicy,
 ) -> Result<Vec<(String, FederationWork)>, String> {
-    let problems = crate::core::problems::problems(fed);
+    let problems = crate::core::problems::problems(fed, policy);
     if !problems.is_empty() {
         return Err(crate::core::problems::joined(&problems));
     }

@@ -5,10 +5,10 @@
 //! An invalid file is reported (file, field path, message) and ignored, and it does not stop the
 //! other files: the objects it held before keep their last valid version, so a typo never tears
 //! a running federation down.
+use flower_addon_crds::policy::PodPolicy;
 use flower_addon_crds::{
     Federation, FlowerRun, ManagedClusterSet, ManagedClusterSetBinding, Placement,
-    validate_cluster_set, validate_cluster_set_binding, validate_federation, validate_flower_run,
-    validate_placement,
+    validate_cluster_set, validate_cluster_set_binding, validate_flower_run, validate_placement,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use std::collections::BTreeMap;
@@ -20,6 +20,7 @@ type Key = (String, String);
 /// The valid objects of a manifests directory and the problems found in it.
 pub struct Manifests {
     dir: PathBuf,
+    policy: PodPolicy,
     fingerprint: Vec<(PathBuf, SystemTime, u64)>,
     /// Last valid objects of every file.
     by_file: BTreeMap<PathBuf, FileObjects>,
@@ -37,10 +38,12 @@ struct FileObjects {
 }
 
 impl Manifests {
-    /// Watches `dir` (nothing is read until [`Manifests::refresh`]).
-    pub fn new(dir: PathBuf) -> Self {
+    /// Watches `dir` (nothing is read until [`Manifests::refresh`]); Federations are judged by
+    /// the hub admin's pod `policy` as well as by their own rules ([`crate::core::problems`]).
+    pub fn new(dir: PathBuf, policy: PodPolicy) -> Self {
         Self {
             dir,
+            policy,
             fingerprint: Vec::new(),
             by_file: BTreeMap::new(),
             problems: Vec::new(),
@@ -70,7 +73,7 @@ impl Manifests {
         }
         self.by_file.retain(|path, _| files.contains(path));
         for path in files {
-            match load_file(&path) {
+            match load_file(&path, &self.policy) {
                 Ok(objects) => {
                     self.by_file.insert(path, objects);
                 }
@@ -185,7 +188,7 @@ fn keep<T: kube::Resource>(
     file: &str,
     mut object: T,
     namespaced: bool,
-    validate: fn(&T) -> Vec<flower_addon_crds::FieldError>,
+    validate: impl Fn(&T) -> Vec<(String, String)>,
     into: &mut Vec<T>,
     problems: &mut Vec<String>,
 ) {
@@ -199,15 +202,27 @@ fn keep<T: kube::Resource>(
         problems.extend(
             errors
                 .iter()
-                .map(|e| format!("{file}: {}: {}", e.path, e.message)),
+                .map(|(path, message)| format!("{file}: {path}: {message}")),
         );
+    }
+}
+
+/// `validate` as `(field path, message)` pairs.
+fn fields<T>(
+    validate: fn(&T) -> Vec<flower_addon_crds::FieldError>,
+) -> impl Fn(&T) -> Vec<(String, String)> {
+    move |object| {
+        validate(object)
+            .into_iter()
+            .map(|e| (e.path, e.message))
+            .collect()
     }
 }
 
 const ONLY_THESE_KINDS: &str = "only Federation, Placement, ManagedClusterSet, ManagedClusterSetBinding, FlowerRun and ConfigMap objects belong in the manifests directory";
 
 /// Reads and validates one file; all or nothing.
-fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
+fn load_file(path: &Path, policy: &PodPolicy) -> Result<FileObjects, Vec<String>> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| vec![format!("{name}: {e}")])?;
     let objects =
@@ -218,17 +233,27 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
         use flower_addon_crds::Object;
         let p = &mut problems;
         match object {
-            Object::Federation(f) => {
-                keep(&name, f, true, validate_federation, &mut out.federations, p)
-            }
-            Object::Placement(pl) => {
-                keep(&name, pl, true, validate_placement, &mut out.placements, p)
-            }
+            Object::Federation(f) => keep(
+                &name,
+                f,
+                true,
+                |f| crate::core::problems::problems(f, policy),
+                &mut out.federations,
+                p,
+            ),
+            Object::Placement(pl) => keep(
+                &name,
+                pl,
+                true,
+                fields(validate_placement),
+                &mut out.placements,
+                p,
+            ),
             Object::ManagedClusterSet(set) => keep(
                 &name,
                 set,
                 false,
-                validate_cluster_set,
+                fields(validate_cluster_set),
                 &mut out.cluster_sets,
                 p,
             ),
@@ -236,11 +261,18 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
                 &name,
                 b,
                 true,
-                validate_cluster_set_binding,
+                fields(validate_cluster_set_binding),
                 &mut out.bindings,
                 p,
             ),
-            Object::FlowerRun(r) => keep(&name, r, true, validate_flower_run, &mut out.runs, p),
+            Object::FlowerRun(r) => keep(
+                &name,
+                r,
+                true,
+                fields(validate_flower_run),
+                &mut out.runs,
+                p,
+            ),
             Object::ConfigMap(c) => keep(&name, c, true, |_| Vec::new(), &mut out.config_maps, p),
             _ => p.push(format!("{name}: {ONLY_THESE_KINDS}")),
         }
@@ -255,6 +287,7 @@ fn load_file(path: &Path) -> Result<FileObjects, Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flower_addon_crds::policy::Admin;
 
     const GOOD: &str = r#"
 apiVersion: flower-addon.io/v1alpha1
@@ -277,7 +310,7 @@ spec:
         let file = dir.path().join("fed.yaml");
         std::fs::write(&file, GOOD).unwrap();
         std::fs::write(dir.path().join("other.yaml"), "kind: [").unwrap();
-        let mut m = Manifests::new(dir.path().into());
+        let mut m = Manifests::new(dir.path().into(), PodPolicy::new(Admin::Hub));
         assert!(m.refresh());
         assert_eq!(m.federations().count(), 1);
         assert_eq!(m.problems().len(), 1, "{:?}", m.problems());
@@ -313,7 +346,7 @@ spec:
             ),
         )
         .unwrap();
-        let mut m = Manifests::new(dir.path().into());
+        let mut m = Manifests::new(dir.path().into(), PodPolicy::new(Admin::Hub));
         m.refresh();
         assert_eq!(m.federations().count(), 0);
         assert!(

@@ -62,6 +62,9 @@ pub struct StandaloneConfig {
     /// Names a Federation may ask for in its SuperLink certificate
     /// ([`crate::core::sans`]: `--advertise-address`es and `--superlink-name`).
     pub superlink_names: crate::core::sans::SuperLinkNames,
+    /// The hub admin's pod policy: a Federation is judged as the Kubernetes hub judges it
+    /// ([`crate::core::problems`]), so the same input is refused the same way in both modes.
+    pub pod_policy: flower_addon_crds::policy::PodPolicy,
 }
 
 /// How SuperLinks get a network namespace of their own ([`netns`]).
@@ -116,7 +119,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         ca: Arc<HubCa>,
         config: StandaloneConfig,
     ) -> Self {
-        let manifests = Manifests::new(config.manifests_dir.clone());
+        let manifests = Manifests::new(config.manifests_dir.clone(), config.pod_policy.clone());
         let runs = runs::StandaloneRuns::new(&config.state_dir);
         Self {
             runs,

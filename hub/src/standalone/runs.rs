@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;
 use super::status::FederationSummary;
-use crate::core::run::{self as core_run, Action, FederationState, SuperLinkState, SuperNodesState};
+use crate::core::run::{
+    self as core_run, Action, FederationState, SuperLinkState, SuperNodesState,
+};
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::outputs;

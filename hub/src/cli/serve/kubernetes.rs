@@ -155,8 +155,13 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         let listeners = bind(&args.listen).await?;
         health.set(CHANNEL_READY, true);
+        let pod_policy = args.pod_policy.policy()?;
         let work = Arc::new(
-            crate::kube::work::KubeWorkSource::start(client.clone(), flower_ca.clone())
+            crate::kube::work::KubeWorkSource::start_with_policy(
+                client.clone(),
+                flower_ca.clone(),
+                pod_policy.clone(),
+            )
             .await?,
         );
         health.set(WORK_SOURCE_READY, true);
@@ -185,6 +190,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 node_address,
                 superlink_cert_validity: args.superlink_cert_validity,
                 superlink_names,
+                pod_policy: pod_policy.clone(),
             },
             health.clone(),
             wait_stop(stop_rx.clone()),
@@ -192,6 +198,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let local_pools = tokio::spawn(crate::kube::hub_pools::run(
             client.clone(),
             work.clone(),
+            pod_policy,
             wait_stop(stop_rx.clone()),
         ));
         let runs = tokio::spawn(crate::kube::controller::runs::run(

@@ -15,7 +15,7 @@ mod superlink;
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{
     ClusterContext, DialectError, FlowerDialect, FlowerVersion, RenderError, SuperNodePoolInput,
-    render_supernode_pool,
+    Workload, pool_workload_name, render_supernode_pool,
 };
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
@@ -176,6 +176,83 @@ pub fn render_hub(fed: &Federation) -> Result<HubObjects, HubRenderError> {
         control_service,
         network_policy,
     })
+}
+
+/// What the hub's pod policy refuses in the pods this Federation makes in the hub cluster, as
+/// `(field path, message)` pairs: its SuperLink pod (`spec.superlink`), and, for a Federation
+/// without a Placement (its pools run in the hub cluster), each pool
+/// (`spec.supernodes.pools[i]`). Each message names the field and the `flower-hub serve`
+/// flag that allows it. Rendered as the hub applies them (hardened, the template merged), so
+/// what is judged is what would run. Empty when the Federation does not render (its render
+/// problems say why).
+pub fn policy_problems(
+    fed: &Federation,
+    policy: &flower_addon_crds::policy::PodPolicy,
+) -> Vec<(String, String)> {
+    let Ok((version, dialect)) = federation_dialect(fed) else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    if let Ok(superlink) = render_superlink(fed, version, dialect) {
+        let own = std::collections::BTreeSet::from([superlink_tls_secret_name(fed)]);
+        if let Some(spec) = &superlink.spec.template.spec {
+            for v in policy.pod_violations(spec, &own) {
+                problems.push(("spec.superlink".to_owned(), v));
+            }
+        }
+    }
+    if fed.spec.placement_ref.is_some() {
+        return problems;
+    }
+    let fleet = in_cluster_fleet_address(fed);
+    let ca = flower_addon_crds::render::spoke_ca_secret_name(name(fed));
+    let shares =
+        crate::core::work::split_work(&fed.spec, &["hub".to_owned()], |p, _| Some(p.clone()));
+    let share = shares.first().map(|s| &s.pools[..]).unwrap_or_default();
+    for pool in share {
+        let context = ClusterContext {
+            name: "hub".to_owned(),
+            index: 0,
+            clusters: 1,
+            partition_offset: u64::from(pool.partition_offset),
+            partitions: shares.first().map_or(0, |s| u64::from(s.partitions_total)),
+        };
+        let input = SuperNodePoolInput {
+            federation: name(fed),
+            namespace: namespace(fed),
+            spec: &fed.spec,
+            pool: &pool.spec,
+            dialect,
+            version,
+            fleet_address: &fleet,
+            ca_secret_name: &ca,
+            cluster: &context,
+        };
+        let Ok(workload) = render_supernode_pool(&input) else {
+            continue;
+        };
+        let workload_name = pool_workload_name(name(fed), &pool.spec.name);
+        let own =
+            std::collections::BTreeSet::from([ca.clone(), format!("{workload_name}-node-keys")]);
+        let spec = match &workload {
+            Workload::StatefulSet(s) => s.spec.template.spec.as_ref(),
+            Workload::DaemonSet(d) => d.spec.template.spec.as_ref(),
+        };
+        let index = fed
+            .spec
+            .supernodes
+            .pools
+            .iter()
+            .position(|p| p.name == pool.spec.name)
+            .unwrap_or_default();
+        for v in spec
+            .map(|spec| policy.pod_violations(spec, &own))
+            .unwrap_or_default()
+        {
+            problems.push((format!("spec.supernodes.pools[{index}]"), v));
+        }
+    }
+    problems
 }
 
 /// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports

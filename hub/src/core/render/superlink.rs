@@ -299,6 +299,8 @@ pub fn render_superlink(
             .get_or_insert_with(PodSecurityContext::default);
         security.fs_group.get_or_insert(FLOWER_IMAGE_GROUP);
     }
+    // Towards Pod Security `restricted`: non-root, RuntimeDefault seccomp, no capabilities.
+    flower_addon_crds::policy::harden(&mut pod);
     Ok(StatefulSet {
         metadata: ObjectMeta {
             name: Some(object_name.clone()),

@@ -310,7 +310,10 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
     let mut spec = spec();
     spec.backoff_limit = Some(1);
     let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 0);
-    assert!(!needs_supernodes(&s, false), "a run in progress lists no SuperNodes");
+    assert!(
+        !needs_supernodes(&s, false),
+        "a run in progress lists no SuperNodes"
+    );
     let failed = listed(1, "finished:failed", "h");
     let d = decide(&s, &facts(&spec, vec![failed.clone()], 5));
     assert_eq!(retry_failed_at(&d.status), Some(at(5)));
@@ -339,10 +342,12 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
     );
     let message = waiting.status.details.clone().unwrap();
     assert!(message.contains("1 of 3 have not (node 7)"), "{message}");
-    assert!(waiting
-        .events
-        .iter()
-        .any(|e| e.reason == reason::SUPERNODES_NOT_SERVING));
+    assert!(
+        waiting
+            .events
+            .iter()
+            .any(|e| e.reason == reason::SUPERNODES_NOT_SERVING)
+    );
     // Asked again with the same answer: no second event.
     let again = decide(&waiting.status, &f);
     assert!(again.events.is_empty());
@@ -372,7 +377,10 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
     let go = decide(&waiting.status, &back);
     assert_eq!(go.action, Action::Submit);
     assert_eq!(go.status.pending_submission.as_ref().unwrap().attempt, 2);
-    assert!(!needs_supernodes(&go.status, false), "submitted: no more listing");
+    assert!(
+        !needs_supernodes(&go.status, false),
+        "submitted: no more listing"
+    );
 }
 
 #[test]

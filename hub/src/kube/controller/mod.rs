@@ -248,6 +248,8 @@ pub struct Settings {
     pub superlink_cert_validity: Duration,
     /// Names a Federation may ask for in its SuperLink certificate ([`crate::core::sans`]).
     pub superlink_names: SuperLinkNames,
+    /// What the pods the hub makes in its cluster may do ([`crate::core::problems`]).
+    pub pod_policy: flower_addon_crds::policy::PodPolicy,
 }
 
 impl Default for Settings {
@@ -256,6 +258,9 @@ impl Default for Settings {
             node_address: None,
             superlink_cert_validity: crate::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
             superlink_names: SuperLinkNames::default(),
+            pod_policy: flower_addon_crds::policy::PodPolicy::new(
+                flower_addon_crds::policy::Admin::Hub,
+            ),
         }
     }
 }
@@ -454,7 +459,7 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     ctx.caches.ready().await?;
-    let mut problems = problems(&fed);
+    let mut problems = problems(&fed, &ctx.settings.pod_policy);
     if problems.is_empty() {
         problems = crate::core::sans::san_problems(&fed, &ctx.settings.superlink_names);
     }

@@ -36,8 +36,16 @@ fn pools_split_over_the_decided_clusters_with_global_partitions() {
             BTreeMap::from([("gpu".to_string(), "yes".to_string())]),
         ),
     ]);
-    let works =
-        federation_work(&fed, &["s1".into(), "s2".into()], &labels, "CA", &[], &[]).expect("work");
+    let works = federation_work(
+        &fed,
+        &["s1".into(), "s2".into()],
+        &labels,
+        "CA",
+        &[],
+        &[],
+        &hub_policy(),
+    )
+    .expect("work");
     assert_eq!(works.len(), 2);
     let (c1, w1) = &works[0];
     let (c2, w2) = &works[1];
@@ -65,7 +73,18 @@ fn an_invalid_federation_yields_no_new_work() {
     // work) instead of an empty list that would prune running SuperNodes.
     let mut fed = federation("[{name: a, replicas: 1, images: {}}]");
     fed.spec.superlink.external_address = None;
-    assert!(federation_work(&fed, &["s1".into()], &BTreeMap::new(), "CA", &[], &[]).is_err());
+    assert!(
+        federation_work(
+            &fed,
+            &["s1".into()],
+            &BTreeMap::new(),
+            "CA",
+            &[],
+            &[],
+            &hub_policy()
+        )
+        .is_err()
+    );
 }
 
 /// Stores filled as the reflectors would after their first list.
@@ -191,6 +210,7 @@ fn a_federation_naming_an_ocm_placement_is_placed_by_ocms_decisions_and_labels()
         "CA",
         &[],
         &[],
+        &hub_policy(),
     )
     .expect("work");
     let pools = |cluster: &str| -> Vec<String> {
@@ -331,6 +351,7 @@ fn a_cluster_the_placement_no_longer_decides_gets_empty_work_even_when_none_is_l
 /// A work-source state that has sent nothing yet.
 fn fresh_state() -> State {
     State {
+        policy: hub_policy(),
         ca: Arc::new(
             crate::registration::ca::HubCa::generate_for(crate::registration::ca::CaRole::Flower)
                 .expect("CA"),
@@ -553,4 +574,9 @@ async fn a_hold_runs_out_after_hold_max() {
             .spec_json
             .contains("\"replicas\":3")
     );
+}
+
+/// The hub's default pod policy.
+fn hub_policy() -> flower_addon_crds::policy::PodPolicy {
+    flower_addon_crds::policy::PodPolicy::new(flower_addon_crds::policy::Admin::Hub)
 }

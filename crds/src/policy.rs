@@ -1,0 +1,659 @@
+//! One pod policy for every pod the project creates: the SuperNode pools a spoke runs, and in the
+//! hub cluster the SuperLink pods and the pools of Federations without a Placement.
+//!
+//! A Federation author writes pod templates (`spec.superlink.podTemplate`, each pool's
+//! `podTemplate`, volumes); the pods are created by the hub's or the agent's ServiceAccount, not
+//! the author's. So what such a pod may do is the cluster admin's to decide, here, and not the
+//! author's. By default ([`PodPolicy::new`]) nothing beyond `baseline`, non-root, no
+//! ServiceAccount but the namespace's `default` and no ServiceAccount token; every pod is
+//! hardened towards `restricted` ([`harden`]). The admin opens each door by name
+//! (`flower-agent run --allow …` on a spoke, `flower-hub serve --allow …` on the hub); a
+//! refusal names the field and that flag ([`Admin`]).
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
+};
+
+/// Something a pod may be allowed to do (`--allow NAME`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Allowance {
+    /// `hostPath` volumes (e.g. AMD GPU pools with `mountAll`).
+    HostPath,
+    /// `hostNetwork: true`.
+    HostNetwork,
+    /// `hostPID: true`.
+    HostPid,
+    /// `hostIPC: true`.
+    HostIpc,
+    /// `securityContext.privileged: true` on a container (e.g. AMD GPU pools).
+    Privileged,
+    /// `hostPort` on a container port.
+    HostPort,
+    /// Volume types beyond configMap, emptyDir, persistentVolumeClaim, ephemeral, downwardAPI
+    /// and projected ones of those (NFS, iSCSI, CSI, …).
+    OtherVolumes,
+    /// Secrets other than those the project made for the Federation, as volumes or environment.
+    Secrets,
+    /// `seccompProfile`/`appArmorProfile` `Unconfined`, `procMount: Unmasked`, sysctls outside
+    /// Kubernetes' safe set.
+    Unconfined,
+    /// `runAsUser: 0` or `runAsNonRoot: false`.
+    RunAsRoot,
+    /// `automountServiceAccountToken: true`: the pod gets its ServiceAccount's API token.
+    ServiceAccountToken,
+    /// Work in a namespace that existed before and whose Pod Security `enforce` label is weaker
+    /// than the policy's level (an unlabelled one is labelled instead).
+    WeakerNamespaces,
+}
+
+impl Allowance {
+    /// Every allowance, in the order `--help` lists them.
+    pub const ALL: [Self; 12] = [
+        Self::HostPath,
+        Self::HostNetwork,
+        Self::HostPid,
+        Self::HostIpc,
+        Self::Privileged,
+        Self::HostPort,
+        Self::OtherVolumes,
+        Self::Secrets,
+        Self::Unconfined,
+        Self::RunAsRoot,
+        Self::ServiceAccountToken,
+        Self::WeakerNamespaces,
+    ];
+
+    /// Its name on the command line and in Helm values.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::HostPath => "host-path",
+            Self::HostNetwork => "host-network",
+            Self::HostPid => "host-pid",
+            Self::HostIpc => "host-ipc",
+            Self::Privileged => "privileged",
+            Self::HostPort => "host-port",
+            Self::OtherVolumes => "other-volumes",
+            Self::Secrets => "secrets",
+            Self::Unconfined => "unconfined",
+            Self::RunAsRoot => "run-as-root",
+            Self::ServiceAccountToken => "service-account-token",
+            Self::WeakerNamespaces => "weaker-namespaces",
+        }
+    }
+}
+
+impl fmt::Display for Allowance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.flag())
+    }
+}
+
+impl FromStr for Allowance {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.flag() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown allowance {s:?}; one of: {}",
+                    Self::ALL.map(Self::flag).join(", ")
+                )
+            })
+    }
+}
+
+/// Pod Security Standards level put on the namespaces pods go to
+/// (`pod-security.kubernetes.io/enforce`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodSecurityLevel {
+    /// No label: the cluster's default applies.
+    None,
+    /// `privileged` (anything goes).
+    Privileged,
+    /// `baseline` (the default): no host namespaces, host paths, privileged containers.
+    Baseline,
+    /// `restricted`: baseline plus non-root, no privilege escalation, dropped capabilities.
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    /// Every level, as named on the command line.
+    pub const NAMES: [&'static str; 4] = ["none", "privileged", "baseline", "restricted"];
+
+    /// The level a `pod-security.kubernetes.io/enforce` label value names (`None` for a value
+    /// Kubernetes does not know).
+    fn of_label(value: &str) -> Option<Self> {
+        match value {
+            "privileged" => Some(Self::Privileged),
+            "baseline" => Some(Self::Baseline),
+            "restricted" => Some(Self::Restricted),
+            _ => None,
+        }
+    }
+
+    /// How strict the level is (privileged 0 … restricted 2).
+    fn strictness(self) -> u8 {
+        match self {
+            Self::None | Self::Privileged => 0,
+            Self::Baseline => 1,
+            Self::Restricted => 2,
+        }
+    }
+
+    /// The label value (`None` for [`Self::None`]).
+    pub fn label_value(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Privileged => Some("privileged"),
+            Self::Baseline => Some("baseline"),
+            Self::Restricted => Some("restricted"),
+        }
+    }
+}
+
+impl FromStr for PodSecurityLevel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            s => Self::of_label(s).ok_or_else(|| {
+                format!(
+                    "unknown Pod Security level {s:?}; one of: {}",
+                    Self::NAMES.join(", ")
+                )
+            }),
+        }
+    }
+}
+
+/// The Pod Security label checked and set on namespaces pods go to.
+pub const ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
+
+/// Namespaces of Kubernetes itself: labelling them could stop the cluster's own pods.
+const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// The uid of Flower's images (`app`, 49999, in `flwr/base`): pods run as it unless their
+/// template names another (the images name the user, so `runAsNonRoot` alone cannot be
+/// verified by the kubelet).
+pub const FLOWER_UID: i64 = 49_999;
+
+/// Whose admin sets the policy, for the flag a refusal names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admin {
+    /// A spoke's agent (`flower-agent run`, Helm value `agent.podPolicy`).
+    Spoke,
+    /// The hub (`flower-hub serve`, Helm value `hub.podPolicy`): SuperLink pods and the pools of
+    /// Federations without a Placement.
+    Hub,
+}
+
+impl Admin {
+    fn where_(self) -> &'static str {
+        match self {
+            Self::Spoke => "this cluster",
+            Self::Hub => "the hub cluster",
+        }
+    }
+
+    /// How the admin allows `what` (`--allow X`).
+    fn allows(self, flag: &str) -> String {
+        match self {
+            Self::Spoke => format!(
+                "its admin allows it with `flower-agent run {flag}` (Helm value agent.podPolicy)"
+            ),
+            Self::Hub => format!(
+                "the hub's admin allows it with `flower-hub serve {flag}` (Helm value hub.podPolicy)"
+            ),
+        }
+    }
+}
+
+/// What the pods the project creates may do, and how namespaces they go to are labelled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPolicy {
+    /// Whose admin set it.
+    pub admin: Admin,
+    /// What is allowed beyond the default.
+    pub allowed: BTreeSet<Allowance>,
+    /// Service accounts pods may name besides `default`.
+    pub service_accounts: BTreeSet<String>,
+    /// Level for namespaces pods go to.
+    pub namespace_level: PodSecurityLevel,
+    /// Whether objects of the same name that this runtime did not create are refused (true on
+    /// spokes) instead of taken over.
+    pub refuse_foreign_objects: bool,
+    /// The only namespaces work may go to (`--namespaces`); `None`: any namespace but
+    /// Kubernetes' own.
+    pub namespaces: Option<BTreeSet<String>>,
+    /// Whether nothing is checked.
+    unrestricted: bool,
+}
+
+impl PodPolicy {
+    /// The default of `admin`: nothing beyond `baseline`, non-root, only the `default` service
+    /// account and no token; on spokes, namespaces labelled `baseline` and foreign objects
+    /// refused (the hub writes into its Federations' own namespaces and leaves their labels to
+    /// their admins).
+    pub fn new(admin: Admin) -> Self {
+        Self {
+            admin,
+            allowed: BTreeSet::new(),
+            service_accounts: BTreeSet::new(),
+            namespace_level: match admin {
+                Admin::Spoke => PodSecurityLevel::Baseline,
+                Admin::Hub => PodSecurityLevel::None,
+            },
+            refuse_foreign_objects: admin == Admin::Spoke,
+            namespaces: None,
+            unrestricted: false,
+        }
+    }
+
+    /// A spoke's default ([`Self::new`] for [`Admin::Spoke`]).
+    pub fn spoke_default() -> Self {
+        Self::new(Admin::Spoke)
+    }
+
+    /// No check, no namespace labels, objects of the same name taken over (tests, and tools that
+    /// render without judging).
+    pub fn unrestricted() -> Self {
+        Self {
+            namespace_level: PodSecurityLevel::None,
+            refuse_foreign_objects: false,
+            unrestricted: true,
+            ..Self::new(Admin::Hub)
+        }
+    }
+
+    /// Labels for a namespace created for work.
+    pub fn namespace_labels(&self) -> Vec<(String, String)> {
+        self.namespace_level
+            .label_value()
+            .map(|level| {
+                ["enforce", "audit", "warn"]
+                    .iter()
+                    .map(|mode| {
+                        (
+                            format!("pod-security.kubernetes.io/{mode}"),
+                            level.to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Why work may not go to `namespace` (`None`: it may): Kubernetes' own namespaces never
+    /// take work on a spoke, and with `--namespaces` only those listed do.
+    pub fn namespace_refusal(&self, namespace: &str) -> Option<String> {
+        if self.unrestricted || self.admin == Admin::Hub {
+            return None;
+        }
+        if SYSTEM_NAMESPACES.contains(&namespace) {
+            return Some(format!(
+                "namespace {namespace} is Kubernetes' own and takes no work from the hub; put the Federation in a namespace of its own"
+            ));
+        }
+        match &self.namespaces {
+            Some(allowed) if !allowed.contains(namespace) => Some(format!(
+                "namespace {namespace} is not one this agent manages (`flower-agent run --namespaces {}`); the spoke admin adds it there (Helm value `agent.namespaces`), which also grants the agent's Role in it",
+                allowed.iter().cloned().collect::<Vec<_>>().join(",")
+            )),
+            _ => None,
+        }
+    }
+
+    /// What to do with a namespace that exists, given its labels: `Ok(labels to add)` (the Pod
+    /// Security labels it lacks when it has no `enforce` label; nothing when its level is at
+    /// least the policy's), or why work may not go there (its `enforce` level is weaker, and
+    /// `--allow weaker-namespaces` was not given).
+    pub fn existing_namespace(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>, String> {
+        let Some(want) = self.namespace_level.label_value() else {
+            return Ok(Vec::new());
+        };
+        let Some(value) = labels.get(ENFORCE_LABEL) else {
+            // Unlabelled: the cluster's default applies there today; label it as a namespace
+            // made for work, keeping any audit/warn label its admin set.
+            return Ok(self
+                .namespace_labels()
+                .into_iter()
+                .filter(|(k, _)| !labels.contains_key(k))
+                .collect());
+        };
+        let weaker = PodSecurityLevel::of_label(value)
+            .is_none_or(|have| have.strictness() < self.namespace_level.strictness());
+        if weaker && !self.allowed.contains(&Allowance::WeakerNamespaces) {
+            return Err(format!(
+                "namespace {namespace} exists with Pod Security {ENFORCE_LABEL}={value}, weaker than {}'s {want}; its admin labels it (`kubectl label namespace {namespace} {ENFORCE_LABEL}={want} --overwrite`) or {}",
+                self.admin.where_(),
+                self.admin
+                    .allows(&format!("--allow {}", Allowance::WeakerNamespaces.flag()))
+            ));
+        }
+        Ok(Vec::new())
+    }
+
+    /// Every violation of one pod, each naming the field and the flag that allows it; empty when
+    /// the policy holds. `own_secrets`: the Secrets the project made for this Federation (its
+    /// CA bundle, TLS and node keys), which its pods may mount.
+    pub fn pod_violations(&self, spec: &PodSpec, own_secrets: &BTreeSet<String>) -> Vec<String> {
+        if self.unrestricted {
+            return Vec::new();
+        }
+        let mut found = host_access(spec);
+        found.extend(volumes_and_secrets(spec, own_secrets));
+        found.extend(confinement(spec));
+        let mut out: Vec<String> = found
+            .into_iter()
+            .filter(|(allowance, _)| !self.allowed.contains(allowance))
+            .map(|(allowance, what)| {
+                format!(
+                    "{what} is not allowed in {} ({})",
+                    self.admin.where_(),
+                    self.admin.allows(&format!("--allow {}", allowance.flag()))
+                )
+            })
+            .collect();
+        let account = spec
+            .service_account_name
+            .as_deref()
+            .or(spec.service_account.as_deref())
+            .unwrap_or("default");
+        if account != "default" && !self.service_accounts.contains(account) {
+            out.push(format!(
+                "serviceAccountName {account} is not allowed in {} ({})",
+                self.admin.where_(),
+                self.admin
+                    .allows(&format!("--allow-service-account {account}"))
+            ));
+        }
+        out
+    }
+}
+
+/// Host namespaces, host paths, privileged containers and host ports.
+fn host_access(spec: &PodSpec) -> Vec<(Allowance, String)> {
+    let mut found = Vec::new();
+    if spec.host_network == Some(true) {
+        found.push((Allowance::HostNetwork, "hostNetwork".to_owned()));
+    }
+    if spec.host_pid == Some(true) {
+        found.push((Allowance::HostPid, "hostPID".to_owned()));
+    }
+    if spec.host_ipc == Some(true) {
+        found.push((Allowance::HostIpc, "hostIPC".to_owned()));
+    }
+    for volume in spec.volumes.iter().flatten() {
+        if let Some(host) = &volume.host_path {
+            found.push((
+                Allowance::HostPath,
+                format!("volume {} (hostPath {})", volume.name, host.path),
+            ));
+        }
+    }
+    for c in containers(spec) {
+        if c.security_context
+            .as_ref()
+            .and_then(|s| s.privileged)
+            .unwrap_or(false)
+        {
+            found.push((
+                Allowance::Privileged,
+                format!("container {}: privileged", c.name),
+            ));
+        }
+        if c.security_context
+            .as_ref()
+            .and_then(|s| s.capabilities.as_ref())
+            .and_then(|caps| caps.add.as_ref())
+            .is_some_and(|add| !add.is_empty())
+        {
+            found.push((
+                Allowance::Privileged,
+                format!("container {}: capabilities added", c.name),
+            ));
+        }
+        for port in c.ports.iter().flatten() {
+            if let Some(host_port) = port.host_port.filter(|p| *p != 0) {
+                found.push((
+                    Allowance::HostPort,
+                    format!("container {}: hostPort {host_port}", c.name),
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// Volume types and Secrets (what a pod can use to read the cluster's Secrets or storage).
+fn volumes_and_secrets(spec: &PodSpec, own_secrets: &BTreeSet<String>) -> Vec<(Allowance, String)> {
+    let mut found: Vec<(Allowance, String)> = Vec::new();
+    let secret = |found: &mut Vec<(Allowance, String)>, name: &str, used_by: String| {
+        if !own_secrets.contains(name) {
+            found.push((
+                Allowance::Secrets,
+                format!("{used_by}: Secret {name} (not one made for this Federation)"),
+            ));
+        }
+    };
+    for volume in spec.volumes.iter().flatten() {
+        let used_by = format!("volume {}", volume.name);
+        if let Some(s) = &volume.secret {
+            secret(
+                &mut found,
+                s.secret_name.as_deref().unwrap_or_default(),
+                used_by.clone(),
+            );
+        }
+        if let Some(projected) = &volume.projected {
+            for source in projected.sources.iter().flatten() {
+                if let Some(s) = &source.secret {
+                    secret(&mut found, &s.name, used_by.clone());
+                }
+                if source.service_account_token.is_some() {
+                    found.push((
+                        Allowance::ServiceAccountToken,
+                        format!("{used_by}: a projected serviceAccountToken"),
+                    ));
+                }
+            }
+        }
+        let plain = volume.config_map.is_some()
+            || volume.empty_dir.is_some()
+            || volume.persistent_volume_claim.is_some()
+            || volume.ephemeral.is_some()
+            || volume.downward_api.is_some()
+            || volume.secret.is_some()
+            || volume.projected.is_some()
+            || volume.host_path.is_some();
+        if !plain {
+            found.push((
+                Allowance::OtherVolumes,
+                format!("{used_by} (a type other than configMap, emptyDir, persistentVolumeClaim, ephemeral, downwardAPI, projected)"),
+            ));
+        }
+    }
+    for c in containers(spec) {
+        for from in c.env_from.iter().flatten() {
+            if let Some(s) = &from.secret_ref {
+                secret(&mut found, &s.name, format!("container {} envFrom", c.name));
+            }
+        }
+        for env in c.env.iter().flatten() {
+            if let Some(s) = env
+                .value_from
+                .as_ref()
+                .and_then(|v| v.secret_key_ref.as_ref())
+            {
+                secret(
+                    &mut found,
+                    &s.name,
+                    format!("container {} env {}", c.name, env.name),
+                );
+            }
+        }
+    }
+    if spec.automount_service_account_token == Some(true) {
+        found.push((
+            Allowance::ServiceAccountToken,
+            "automountServiceAccountToken true".to_owned(),
+        ));
+    }
+    found
+}
+
+/// Sysctls the Pod Security `baseline` level allows (Kubernetes' safe set).
+const SAFE_SYSCTLS: &[&str] = &[
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_syncookies",
+];
+
+/// Pod- and container-level settings that leave the confinement: unconfined profiles, unsafe
+/// sysctls, an unmasked /proc, root.
+fn confinement(spec: &PodSpec) -> Vec<(Allowance, String)> {
+    let mut found = Vec::new();
+    let unconfined = |p: Option<&str>| p == Some("Unconfined");
+    if let Some(pod) = &spec.security_context {
+        if unconfined(pod.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
+            found.push((
+                Allowance::Unconfined,
+                "pod securityContext.seccompProfile Unconfined".to_owned(),
+            ));
+        }
+        if unconfined(pod.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
+            found.push((
+                Allowance::Unconfined,
+                "pod securityContext.appArmorProfile Unconfined".to_owned(),
+            ));
+        }
+        for sysctl in pod.sysctls.iter().flatten() {
+            if !SAFE_SYSCTLS.contains(&sysctl.name.as_str()) {
+                found.push((
+                    Allowance::Unconfined,
+                    format!("pod securityContext.sysctls {}", sysctl.name),
+                ));
+            }
+        }
+        if pod.run_as_user == Some(0) {
+            found.push((
+                Allowance::RunAsRoot,
+                "pod securityContext.runAsUser 0".to_owned(),
+            ));
+        }
+        if pod.run_as_non_root == Some(false) {
+            found.push((
+                Allowance::RunAsRoot,
+                "pod securityContext.runAsNonRoot false".to_owned(),
+            ));
+        }
+    }
+    for c in containers(spec) {
+        let Some(sc) = &c.security_context else {
+            continue;
+        };
+        if unconfined(sc.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
+            found.push((
+                Allowance::Unconfined,
+                format!("container {}: seccompProfile Unconfined", c.name),
+            ));
+        }
+        if unconfined(sc.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
+            found.push((
+                Allowance::Unconfined,
+                format!("container {}: appArmorProfile Unconfined", c.name),
+            ));
+        }
+        if sc.proc_mount.as_deref() == Some("Unmasked") {
+            found.push((
+                Allowance::Unconfined,
+                format!("container {}: procMount Unmasked", c.name),
+            ));
+        }
+        if sc.run_as_user == Some(0) {
+            found.push((
+                Allowance::RunAsRoot,
+                format!("container {}: runAsUser 0", c.name),
+            ));
+        }
+        if sc.run_as_non_root == Some(false) {
+            found.push((
+                Allowance::RunAsRoot,
+                format!("container {}: runAsNonRoot false", c.name),
+            ));
+        }
+    }
+    found
+}
+
+fn containers(spec: &PodSpec) -> impl Iterator<Item = &k8s_openapi::api::core::v1::Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+}
+
+/// Hardens a rendered pod towards Pod Security `restricted`, filling only what its template left
+/// unset: the pod runs as non-root ([`FLOWER_UID`] unless the template names a user) under the
+/// runtime's default seccomp profile; each container that is not privileged may not escalate its
+/// privileges and drops every capability. A template that sets a field keeps its value (the
+/// policy judges it: [`PodPolicy::pod_violations`]).
+pub fn harden(spec: &mut PodSpec) {
+    let pod = spec
+        .security_context
+        .get_or_insert_with(PodSecurityContext::default);
+    if pod.run_as_user.is_none() {
+        pod.run_as_user = Some(FLOWER_UID);
+    }
+    if pod.run_as_non_root.is_none() && pod.run_as_user != Some(0) {
+        pod.run_as_non_root = Some(true);
+    }
+    if pod.seccomp_profile.is_none() {
+        pod.seccomp_profile = Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            ..SeccompProfile::default()
+        });
+    }
+    for c in spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+    {
+        let sc = c
+            .security_context
+            .get_or_insert_with(SecurityContext::default);
+        if sc.privileged == Some(true) {
+            continue;
+        }
+        if sc.allow_privilege_escalation.is_none() {
+            sc.allow_privilege_escalation = Some(false);
+        }
+        if sc.capabilities.is_none() {
+            sc.capabilities = Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
