@@ -9,6 +9,7 @@ pub mod channel;
 pub mod cli;
 pub mod credentials;
 pub mod files;
+pub mod guard;
 pub mod join;
 pub mod kube_runtime;
 pub mod metrics;

@@ -26,6 +26,10 @@ enum Command {
         after_help = "Examples:\n  flower-agent run --state-dir /var/lib/flower-agent --runtime process --flower-bin /opt/flwr/bin\n  flower-agent run --credentials-secret flower-agent-credentials --bootstrap-secret flower-agent-bootstrap"
     )]
     Run(Box<run::RunArgs>),
+    /// Run one supervised program and end everything it leaves behind when it exits, is stopped
+    /// or the agent dies (what `run --runtime process` starts its SuperNodes under).
+    #[command(hide = true)]
+    Guard(flower_addon_agent::guard::GuardArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  flower-agent completions bash > /etc/bash_completion.d/flower-agent"
@@ -43,10 +47,20 @@ fn main() -> ExitCode {
         .install_default()
         .expect("install the rustls ring crypto provider");
     let cli = Cli::parse();
+    if let Command::Guard(args) = &cli.command {
+        return flower_addon_agent::guard::run(&args.name);
+    }
+    if matches!(cli.command, Command::Run(_))
+        && let Ok(exe) = std::env::current_exe()
+    {
+        // Every program `run` supervises runs under `flower-agent guard`: none outlives it.
+        flower_addon_agent::supervise::guard_with(exe);
+    }
     flower_addon_agent::cli::init_tracing_with("info", cli.global.log_format);
     let result = match cli.command {
         Command::Join(args) => join::join(*args),
         Command::Run(args) => run::run(*args),
+        Command::Guard(_) => unreachable!("handled above"),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-agent",

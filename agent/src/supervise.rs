@@ -67,6 +67,18 @@ pub struct Supervised {
     task: Option<JoinHandle<()>>,
 }
 
+/// The binary whose `guard` subcommand every supervised program runs under ([`crate::guard`]);
+/// set once by `flower-agent` and `flower-hub` at start ([`guard_with`]). Unset (a library
+/// user, a test), programs run without a guard: they are SIGTERMed when the supervisor dies, but
+/// what they start is not.
+static GUARD: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Runs every program supervised from now on under `program guard` ([`crate::guard`]):
+/// `program` is the running `flower-agent` or `flower-hub` itself.
+pub fn guard_with(program: PathBuf) {
+    let _ = GUARD.set(program);
+}
+
 /// A run that lasted this long resets the backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(30);
 /// How long a process gets to exit after SIGTERM before SIGKILL.
@@ -202,9 +214,21 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         .create(true)
         .append(true)
         .open(&spec.log_file)?;
-    let mut cmd = Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .envs(&spec.env)
+    let mut cmd = match GUARD.get() {
+        Some(guard) => {
+            let (program, args, env) =
+                crate::guard::wrap(guard, &spec.name, &spec.program, &spec.args);
+            let mut cmd = Command::new(program);
+            cmd.args(args).envs(env);
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new(&spec.program);
+            cmd.args(&spec.args);
+            cmd
+        }
+    };
+    cmd.envs(&spec.env)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
@@ -248,7 +272,19 @@ pub fn die_with_parent(cmd: &mut Command) {
 
 async fn terminate(child: &mut Child) {
     if let Some(pid) = child.id() {
-        kill_group(pid, nix::sys::signal::Signal::SIGTERM);
+        if GUARD.get().is_some() {
+            // The guard passes the SIGTERM on to its program's group once: a second SIGTERM
+            // makes Flower's SuperNode exit without deactivating, which leaves its session
+            // online on the SuperLink for a minute.
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        } else {
+            kill_group(pid, nix::sys::signal::Signal::SIGTERM);
+        }
         if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
             // Helpers (flwr-clientapp, superexec) share the group; make sure they are gone too.
             kill_group(pid, nix::sys::signal::Signal::SIGKILL);

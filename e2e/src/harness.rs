@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -468,6 +468,21 @@ pub fn processes_mentioning_line(needle: &str) -> Vec<u32> {
         .into_iter()
         .filter(|(_, args)| args.join(" ").contains(needle))
         .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// `(pid, argv)` of the live processes of directory `dir`: an argument mentions it, or their
+/// working directory is in it (a `flwr-clientapp` started by a SuperNode there names no path).
+pub fn processes_of(dir: &Path) -> Vec<(u32, Vec<String>)> {
+    let needle = dir.display().to_string();
+    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    live_processes()
+        .into_iter()
+        .filter(|(pid, args)| {
+            args.iter().any(|a| a.contains(&needle))
+                || std::fs::read_link(format!("/proc/{pid}/cwd"))
+                    .is_ok_and(|cwd| cwd.starts_with(&canonical) || cwd.starts_with(dir))
+        })
         .collect()
 }
 

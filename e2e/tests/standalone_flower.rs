@@ -745,8 +745,8 @@ fn node_id_in(log: &Path, from: u64) -> Option<u64> {
         .find_map(|l| l.split("SuperNode ID: ").nth(1)?.trim().parse().ok())
 }
 
-/// site-a-0 killed with its process group (SIGKILL: no goodbye to the SuperLink, as in a crash
-/// or a power cut) and started again at once by its agent, while Flower still holds its session
+/// site-a-0's SuperNode SIGKILLed (no goodbye to the SuperLink, as in a crash or a power cut)
+/// and started again at once by its agent, while Flower still holds its session
 /// for up to 60 s and refuses the new one. Expected: the Fleet front answers that refusal 503
 /// (logged), so the new SuperNode retries instead of exiting: it is restarted exactly once,
 /// comes back as the same node id, serving (a fresh heartbeat, not the old session), and a run
@@ -766,7 +766,9 @@ fn s2b_supernode_killed_without_goodbye(w: &mut World) -> Result<()> {
         ))
     };
     let restarts_before = restarts(w)?;
-    nix::sys::signal::killpg(Pid::from_raw(old as i32), Signal::SIGKILL)?;
+    // The SuperNode alone, as the kernel's OOM killer would: its guard ends what it started
+    // and the agent starts it again.
+    kill(Pid::from_raw(old as i32), Signal::SIGKILL)?;
     let t = Instant::now();
     let client = w.control_client()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -941,20 +943,24 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
         c["available"] == "True" && !tainted(c),
         "edge-2 not healthy before the kill: {c}"
     );
-    // SIGKILL to the agent alone (not its group): its SuperNodes must notice by themselves.
+    let of_edge2 = |w: &World| e2e::harness::processes_of(&w.agents[1]);
+    ensure!(
+        !of_edge2(w).is_empty(),
+        "no process of edge-2's state directory before the kill"
+    );
+    // SIGKILL to the agent alone (not its group): the guard of each program it supervised
+    // (`flower-agent guard`) ends that program and everything it started, within 5 s.
     w.procs.get_mut("agent-2")?.signal(Signal::SIGKILL)?;
-    w.wait_exit("agent-2", Duration::from_secs(10))?;
+    w.wait_exit("agent-2", Duration::from_secs(30))?;
     let t = Instant::now();
-    Wait::new("edge-2's SuperNodes to exit", Duration::from_secs(10))
-        .detail(|| {
-            format!(
-                "still alive: {:?}",
-                pids.iter().filter(|p| alive(**p)).collect::<Vec<_>>()
-            )
-        })
-        .until_blocking(|| Ok(pids.iter().all(|p| !alive(*p))))?;
+    Wait::new(
+        "every process of edge-2's state directory gone within 5 s of its agent's SIGKILL",
+        Duration::from_secs(5),
+    )
+    .detail(|| format!("still alive: {:?}", of_edge2(w)))
+    .until_blocking(|| Ok(of_edge2(w).is_empty() && pids.iter().all(|p| !alive(*p))))?;
     eprintln!(
-        "  SuperNodes {pids:?} gone {:.1}s after the agent",
+        "  SuperNodes {pids:?} and every other process of edge-2's state directory gone {:.1}s after the agent",
         t.elapsed().as_secs_f64()
     );
     let t_lease = Wait::new(

@@ -763,6 +763,25 @@ async fn a_lost_answer_is_adopted_not_resubmitted(hub: &mut Hub) -> Result<()> {
     while crashed.exited().is_none() && t_kill.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Every program the hub supervised runs under its guard, which ends it and whatever it
+    // started (flwr-clientapp, flwr-serverapp) when the hub dies: nothing of the hub's state
+    // directory is left 5 s after the SIGKILL.
+    let orphans = || e2e::harness::processes_of(&hub.state);
+    loop {
+        let left = orphans();
+        if left.is_empty() {
+            break;
+        }
+        ensure!(
+            t_kill.elapsed() < Duration::from_secs(5),
+            "5 s after the hub's SIGKILL these processes of its state directory still run: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "standalone_runs: nothing of the killed hub's state directory left {:.1}s after its SIGKILL",
+        t_kill.elapsed().as_secs_f64()
+    );
     hub.procs.stop("hub")?;
     let file = hub.state.join("runs/default/adopt.json");
     let mut stored: Value = serde_json::from_slice(&std::fs::read(&file)?)?;

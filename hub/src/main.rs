@@ -86,6 +86,10 @@ enum Command {
         after_help = "Example (what the standalone hub runs):\n  flower-hub netns-bridge --export 9093=control.sock --export 9092=fleet.sock -- flower-superlink --insecure --control-api-address 127.0.0.1:9093 …"
     )]
     NetnsBridge(netns::NetnsBridgeArgs),
+    /// Run one supervised program and end everything it leaves behind when it exits, is stopped
+    /// or the hub dies (what `serve` starts its SuperLinks and SuperNodes under).
+    #[command(hide = true)]
+    Guard(flower_addon_agent::guard::GuardArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -103,6 +107,15 @@ fn main() -> ExitCode {
         .install_default()
         .expect("install the rustls ring crypto provider");
     let cli = Cli::parse();
+    if let Command::Guard(args) = &cli.command {
+        return flower_addon_agent::guard::run(&args.name);
+    }
+    if matches!(cli.command, Command::Serve(_))
+        && let Ok(exe) = std::env::current_exe()
+    {
+        // Every program `serve` supervises runs under `flower-hub guard`: none outlives the hub.
+        flower_addon_agent::supervise::guard_with(exe);
+    }
     // Servers keep Rust's ignored SIGPIPE: a write to a gone peer stays an error they handle.
     if !matches!(
         cli.command,
@@ -140,6 +153,7 @@ fn main() -> ExitCode {
         Command::FleetFront(args) => front::fleet_front(args),
         Command::OutputsServer(args) => outputs::outputs_server(args),
         Command::NetnsBridge(args) => netns::netns_bridge(args),
+        Command::Guard(_) => unreachable!("handled above"),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,
             "flower-hub",

@@ -1,0 +1,177 @@
+//! `flower-agent guard` with real processes: whatever a supervised program leaves behind —
+//! children in its group, and grandchildren that left it with `setsid` — is ended when the
+//! program exits, when the guard is stopped, and within 5 s when its supervisor is SIGKILLed;
+//! the guard exits as its program did.
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flower_addon_agent::guard::{EXEC_ENV, PARENT_ENV};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_flower-agent");
+
+/// Pids of live (non-zombie) `sleep MARKER…` processes (or, for a marker that is not a number,
+/// of processes with an argument containing it).
+fn alive_with(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        // The sleeps, or (with a marker that is not a number) any process naming it.
+        let sleeping = args.first().is_some_and(|a| a == "sleep")
+            && args.get(1).is_some_and(|a| a.starts_with(marker));
+        let named = marker.parse::<f64>().is_err() && args.iter().any(|a| a.contains(marker));
+        if !zombie && (sleeping || named) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < limit,
+            "{what}: not within {limit:?}\n{}",
+            String::from_utf8_lossy(
+                &Command::new("ps")
+                    .args(["-eo", "pid,ppid,pgid,stat,args"])
+                    .output()
+                    .map(|o| o.stdout)
+                    .unwrap_or_default()
+            )
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    t.elapsed()
+}
+
+/// A marker no other run can share: `sleep` seconds made of `n` and this test process's pid.
+fn marker(n: u32) -> String {
+    format!("{n}{}.5", std::process::id())
+}
+
+/// A shell script as the program: it starts `sleep <marker>` in its group and one in a session
+/// of its own, then runs `tail`.
+fn script(marker: &str, tail: &str) -> String {
+    format!(
+        "sleep {marker} & setsid sleep {marker}1 & {tail}",
+        marker = marker,
+        tail = tail
+    )
+}
+
+/// `flower-agent guard NAME` for `sh -c SCRIPT`, as the supervisor `parent` (this process unless
+/// given) starts it.
+fn guard(script: &str, parent: Option<u32>) -> Command {
+    let mut cmd = Command::new(AGENT);
+    cmd.args(["guard", "guard-under-test"])
+        .env(
+            EXEC_ENV,
+            serde_json::to_string(&["/bin/sh", "-c", script]).unwrap(),
+        )
+        .env(
+            PARENT_ENV,
+            parent.unwrap_or_else(std::process::id).to_string(),
+        )
+        .stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+fn what_an_exited_program_left_is_ended_and_its_code_kept() {
+    // Invariant: the guard exits with its program's code only once the program's leftovers (in
+    // its group, and in a session of their own) are gone.
+    let marker = &marker(3001);
+    let status = guard(&script(marker, "sleep 0.3; exit 7"), None)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+    assert!(alive_with(marker).is_empty(), "{:?}", alive_with(marker));
+}
+
+#[test]
+fn a_stopped_guard_ends_everything_and_exits_as_its_program() {
+    // Invariant: SIGTERM to the guard reaches the program; a program that ignores it is SIGKILLed
+    // after the stop grace; the guard then dies by the program's signal.
+    let marker = &marker(3002);
+    let mut child = guard(
+        &script(marker, "trap '' TERM; while :; do sleep 0.1; done"),
+        None,
+    )
+    .spawn()
+    .unwrap();
+    wait_until(
+        "the program and its children started",
+        Duration::from_secs(10),
+        || alive_with(marker).len() == 2,
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    assert!(alive_with(marker).is_empty(), "{:?}", alive_with(marker));
+}
+
+#[test]
+fn a_sigkilled_supervisor_leaves_nothing_within_five_seconds() {
+    // Invariant: when the supervisor dies without a word (SIGKILL), the guard ends its program
+    // and everything the program started, even a program that ignores SIGTERM, within 5 s.
+    let marker = &marker(3003);
+    let inner = script(marker, "trap '' TERM; while :; do sleep 0.1; done");
+    let exec = serde_json::to_string(&["/bin/sh", "-c", inner.as_str()]).unwrap();
+    // The supervisor: a shell that starts the guard with itself as the parent, then waits.
+    let supervisor = Command::new("/bin/sh")
+        .args([
+            "-c",
+            &format!("{PARENT_ENV}=$$ \"$0\" guard guard-of-{marker} & wait"),
+            AGENT,
+        ])
+        .env(EXEC_ENV, exec)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the program and its children started",
+        Duration::from_secs(10),
+        || alive_with(marker).len() == 2,
+    );
+    let mut supervisor = supervisor;
+    supervisor.kill().unwrap();
+    let _ = supervisor.wait();
+    let gone = wait_until(
+        "everything of the killed supervisor gone",
+        Duration::from_secs(5),
+        || alive_with(marker).is_empty() && alive_with(&format!("guard-of-{marker}")).is_empty(),
+    );
+    eprintln!("gone {gone:?} after the supervisor's SIGKILL");
+}
+
+#[test]
+fn a_guard_whose_supervisor_is_gone_starts_nothing() {
+    // Invariant: a guard started for a supervisor that is not its parent (it died before the
+    // guard ran) refuses to start the program.
+    let marker = &marker(3004);
+    let out = guard(&script(marker, "sleep 5"), Some(1)).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("supervisor is gone"));
+    assert!(alive_with(marker).is_empty());
+}
