@@ -17,6 +17,7 @@ pub mod sans;
 pub mod source;
 pub mod status;
 pub mod superlink;
+pub mod text;
 pub mod work;
 
 /// Name of the hub's own cluster: `{cluster}` of the pools of Federations without

@@ -607,8 +607,11 @@ fn follow(d: &mut Decision, facts: &Facts<'_>) {
     };
     let previous = d.status.flower_status.clone();
     d.status.flower_status = Some(run.status.clone());
-    if !run.details.is_empty() {
-        d.status.details = Some(run.details.clone());
+    // What the ServerApp raised: bounded and stripped of control characters, so no app can make
+    // a status write fail or drive the terminal of whoever reads it.
+    let details = crate::core::text::bounded(&run.details, crate::core::text::MAX_DETAILS);
+    if !details.is_empty() {
+        d.status.details = Some(details.clone());
     }
     let changed = previous.as_deref() != Some(run.status.as_str());
     match run.status.as_str() {
@@ -675,10 +678,10 @@ fn follow(d: &mut Decision, facts: &Facts<'_>) {
         status if status.starts_with("finished") => {
             let message = format!(
                 "Flower run {run_id} ended {status}{}",
-                if run.details.is_empty() {
+                if details.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", run.details)
+                    format!(": {details}")
                 }
             );
             attempt_failed(d, facts, reason::FLOWER_FAILED, &message);
@@ -975,7 +978,17 @@ pub fn record_outputs(
 ) -> Option<Duration> {
     match listed {
         Ok(files) => {
-            status.outputs = files;
+            // File names are the app's: bounded and stripped like its log.
+            status.outputs = files
+                .into_iter()
+                .map(|f| flower_addon_crds::run::RunOutput {
+                    path: crate::core::text::bounded_line(
+                        &f.path,
+                        crate::core::text::MAX_OUTPUT_PATH,
+                    ),
+                    ..f
+                })
+                .collect();
             status.outputs_listed_at = Some(Time(now));
             None
         }
@@ -1026,7 +1039,10 @@ pub fn add_log(s: &mut FlowerRunStatus, text: &str, timestamp: f64) {
                 });
             }
         }
-        s.log_tail.push(line.chars().take(1000).collect());
+        s.log_tail.push(crate::core::text::bounded_line(
+            line,
+            crate::core::text::MAX_LOG_LINE,
+        ));
     }
     let excess = s.log_tail.len().saturating_sub(LOG_TAIL_LINES);
     s.log_tail.drain(..excess);

@@ -143,7 +143,7 @@ pub fn run(cmd: RunCommand) -> anyhow::Result<ExitCode> {
                 if !args.follow {
                     let status = get(&hub, ns, name).await?;
                     for line in &status.log_tail {
-                        println!("{line}");
+                        println!("{}", crate::core::text::printable(line));
                     }
                     return Ok(ExitCode::SUCCESS);
                 }
@@ -393,7 +393,7 @@ async fn follow(hub: &Hub, ns: &str, name: &str, print_log: bool) -> anyhow::Res
         };
         if print_log {
             for line in new_lines(&printed, &status.log_tail) {
-                println!("{line}");
+                println!("{}", crate::core::text::printable(line));
             }
             printed = status.log_tail.clone();
             if let Some(p) = &status.progress

@@ -637,3 +637,46 @@ fn a_run_gets_its_output_directory_under_the_federations_root() {
     };
     assert_eq!(OutputDir::new(&named, "/o", "a", "b").key, "save-to");
 }
+
+#[test]
+fn what_a_serverapp_raises_and_logs_is_bounded_and_stripped() {
+    // Invariant: a ServerApp's 3 MB exception with terminal escapes, its hostile log lines and
+    // output file names reach the status bounded and without control characters, so the status
+    // stays far under the apiserver's object size limit and prints safely.
+    let spec = spec();
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 0);
+    let mut failed = listed(1, "finished:failed", "h");
+    failed.details = format!("\u{1b}]0;owned\u{7}{}\u{1b}[2J", "x".repeat(3 << 20));
+    let d = decide(&s, &facts(&spec, vec![failed], 5));
+    let details = d.status.details.clone().unwrap();
+    assert!(details.len() < crate::core::text::MAX_DETAILS + 100, "{}", details.len());
+    assert!(!details.contains('\u{1b}') && !details.contains('\u{7}'));
+    let message = &condition(&d.status, RUN_FAILED).unwrap().message;
+    assert!(message.len() < crate::core::text::MAX_DETAILS + 200);
+    assert!(d.events.iter().all(|e| e.message.len() < crate::core::text::MAX_DETAILS + 200));
+    let serialized = serde_json::to_vec(&d.status).unwrap();
+    assert!(serialized.len() < 16 << 10, "{} bytes", serialized.len());
+
+    let mut logged = FlowerRunStatus::default();
+    add_log(
+        &mut logged,
+        &format!("\u{1b}[31m[ROUND 1/3]\u{1b}[0m\rspoof\n{}\n", "y".repeat(1 << 20)),
+        1.0,
+    );
+    assert_eq!(logged.progress.as_ref().map(|p| p.current), Some(1));
+    assert!(logged.log_tail.iter().all(|l| !l.contains(['\u{1b}', '\r'])
+        && l.len() < crate::core::text::MAX_LOG_LINE + 40));
+
+    let mut outputs = FlowerRunStatus::default();
+    record_outputs(
+        &mut outputs,
+        Ok(vec![flower_addon_crds::run::RunOutput {
+            path: format!("a\u{1b}[2Jb{}", "z".repeat(10_000)),
+            size: 1,
+            sha256: "00".into(),
+        }]),
+        at(1),
+    );
+    let path = &outputs.outputs[0].path;
+    assert!(path.starts_with("ab") && path.len() < crate::core::text::MAX_OUTPUT_PATH + 40);
+}
