@@ -107,7 +107,11 @@ mod tests {
         let text = "é".repeat(3_000_000); // 6 MB
         let cut = bounded(&text, MAX_DETAILS);
         assert!(cut.len() < MAX_DETAILS + 40, "{}", cut.len());
-        assert!(cut.ends_with("… (5995904 bytes cut)"), "{}", &cut[cut.len() - 40..]);
+        assert!(
+            cut.ends_with("… (5995904 bytes cut)"),
+            "{}",
+            &cut[cut.len() - 40..]
+        );
         assert_eq!(bounded("short", 5), "short");
     }
 

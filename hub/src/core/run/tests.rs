@@ -649,23 +649,37 @@ fn what_a_serverapp_raises_and_logs_is_bounded_and_stripped() {
     failed.details = format!("\u{1b}]0;owned\u{7}{}\u{1b}[2J", "x".repeat(3 << 20));
     let d = decide(&s, &facts(&spec, vec![failed], 5));
     let details = d.status.details.clone().unwrap();
-    assert!(details.len() < crate::core::text::MAX_DETAILS + 100, "{}", details.len());
+    assert!(
+        details.len() < crate::core::text::MAX_DETAILS + 100,
+        "{}",
+        details.len()
+    );
     assert!(!details.contains('\u{1b}') && !details.contains('\u{7}'));
     let message = &condition(&d.status, RUN_FAILED).unwrap().message;
     assert!(message.len() < crate::core::text::MAX_DETAILS + 200);
-    assert!(d.events.iter().all(|e| e.message.len() < crate::core::text::MAX_DETAILS + 200));
+    assert!(
+        d.events
+            .iter()
+            .all(|e| e.message.len() < crate::core::text::MAX_DETAILS + 200)
+    );
     let serialized = serde_json::to_vec(&d.status).unwrap();
     assert!(serialized.len() < 16 << 10, "{} bytes", serialized.len());
 
     let mut logged = FlowerRunStatus::default();
     add_log(
         &mut logged,
-        &format!("\u{1b}[31m[ROUND 1/3]\u{1b}[0m\rspoof\n{}\n", "y".repeat(1 << 20)),
+        &format!(
+            "\u{1b}[31m[ROUND 1/3]\u{1b}[0m\rspoof\n{}\n",
+            "y".repeat(1 << 20)
+        ),
         1.0,
     );
     assert_eq!(logged.progress.as_ref().map(|p| p.current), Some(1));
-    assert!(logged.log_tail.iter().all(|l| !l.contains(['\u{1b}', '\r'])
-        && l.len() < crate::core::text::MAX_LOG_LINE + 40));
+    assert!(
+        logged.log_tail.iter().all(
+            |l| !l.contains(['\u{1b}', '\r']) && l.len() < crate::core::text::MAX_LOG_LINE + 40
+        )
+    );
 
     let mut outputs = FlowerRunStatus::default();
     record_outputs(

@@ -84,8 +84,23 @@ impl std::fmt::Display for ParseError {
     }
 }
 
-/// Parses a TOML document (tomli refuses a byte-order mark; so do we).
+/// The largest TOML document read (a Flower app's `pyproject.toml` is a few KiB): what a
+/// hostile FAB could make the hub parse and hold is bounded by it.
+pub const MAX_DOCUMENT: usize = 1 << 20;
+
+/// Parses a TOML document (tomli refuses a byte-order mark; so do we). Documents over
+/// [`MAX_DOCUMENT`] bytes and nesting beyond the parser's limit (about 100 levels) are errors.
 pub fn parse(text: &str) -> Result<Table, ParseError> {
+    if text.len() > MAX_DOCUMENT {
+        return Err(ParseError {
+            message: format!(
+                "the document is {} bytes; a Flower app's pyproject.toml is a few KiB, and at most {MAX_DOCUMENT} bytes (1 MiB) with up to 100 levels of nesting are read",
+                text.len()
+            ),
+            line: 1,
+            column: 1,
+        });
+    }
     if text.starts_with('\u{feff}') {
         return Err(ParseError {
             message: "the text starts with a UTF-8 byte-order mark, which Flower's TOML reader \
@@ -101,8 +116,15 @@ pub fn parse(text: &str) -> Result<Table, ParseError> {
         let at = e.span().map_or(0, |s| s.start).min(text.len());
         let before = text.get(..at).unwrap_or_default();
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let message = e.message().trim_end();
         ParseError {
-            message: e.message().trim_end().to_owned(),
+            message: if message.contains("recursion limit") || message.contains("recursion depth") {
+                format!(
+                    "{message}: keys, tables or arrays nested too deeply (a Flower app's pyproject.toml nests a few levels)"
+                )
+            } else {
+                message.to_owned()
+            },
             line: before.matches('\n').count() + 1,
             column: before[line_start..].chars().count() + 1,
         }
@@ -412,5 +434,38 @@ mod tests {
         // tomli: 'a = """x\r\ny"""' is "x\ny".
         let t = parse("a = \"\"\"x\r\ny\"\"\"\r\n").unwrap();
         assert_eq!(get(&t, "a"), Some(&Toml::Str("x\ny".to_owned())));
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+
+    #[test]
+    fn deep_or_huge_documents_are_errors_or_bounded_never_a_crash() {
+        // Invariant: documents nested 100,000 levels (dotted keys, table headers, inline arrays
+        // and tables) and one with a million keys give an error that says what is wrong, or a
+        // table, without overflowing the stack of a test thread (2 MiB).
+        let deep = 100_000;
+        let dotted = format!("{} = 1\n", vec!["k"; deep].join("."));
+        let header = format!("[{}]\nx = 1\n", vec!["t"; deep].join("."));
+        let arrays = format!("a = {}1{}\n", "[".repeat(deep), "]".repeat(deep));
+        let inline = format!("a = {}{}\n", "{b = ".repeat(deep), "}".repeat(deep));
+        for (what, text) in [
+            ("dotted", dotted),
+            ("header", header),
+            ("arrays", arrays),
+            ("inline", inline),
+        ] {
+            match parse(&text) {
+                Err(e) => assert!(e.to_string().contains("nested too deeply"), "{what}: {e}"),
+                Ok(_) => panic!("{what}: a 100,000-deep document was accepted"),
+            }
+        }
+        let many: String = (0..1_000_000).map(|i| format!("k{i} = 1\n")).collect();
+        match parse(&many) {
+            Err(e) => assert!(e.to_string().contains("at most 1048576 bytes"), "{e}"),
+            Ok(_) => panic!("a million keys were accepted"),
+        }
     }
 }
