@@ -31,6 +31,8 @@ fn limited() -> ChannelConfig {
             max_anonymous_per_peer: 8,
             anonymous_lifetime: LIFETIME,
             max_per_cluster: 2,
+            reserve: 4,
+            light_peer: 2,
         },
         ..config()
     }
@@ -132,21 +134,35 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     let other_dir = tempfile::tempdir().expect("tmp");
     hub.join_accepted("edge-2", other_dir.path()).await;
 
-    // Anonymous TLS connections fill the overall pool (12) from two addresses; the next one,
-    // from a third address, is closed right after its handshake.
+    // Anonymous TLS connections: one address fills the pool but its reserve (12 - 4); the
+    // reserve goes only to addresses holding at most 2 connections: a flooding address's third
+    // is closed right after its handshake, while new addresses (joining agents) get the rest;
+    // past the overall cap (12) nobody gets in.
     let mut anonymous = Vec::new();
-    for last in [3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4] {
-        anonymous.push(tls_from(last, &hub, None).await.expect("anonymous TLS"));
-    }
-    // The client's handshake ends before the hub's: wait until the hub has counted each one
-    // in the pool, which it does before it serves HTTP/2 on it (its SETTINGS frame arrives).
-    for stream in &mut anonymous {
+    // The client's handshake ends before the hub's: each is waited for until the hub has counted
+    // it in the pool, which it does before it serves HTTP/2 on it (its SETTINGS frame arrives).
+    for last in [3, 3, 3, 3, 3, 3, 3, 3, 4, 4] {
+        let mut stream = tls_from(last, &hub, None).await.expect("anonymous TLS");
         assert!(
-            served(stream, Duration::from_secs(10)).await,
-            "an anonymous connection within the cap is served"
+            served(&mut stream, Duration::from_secs(10)).await,
+            "an anonymous connection within the cap (or a light address's in the reserve) is served"
         );
+        anonymous.push(stream);
     }
-    let mut over = tls_from(5, &hub, None).await.expect("handshake");
+    let mut flooding = tls_from(4, &hub, None).await.expect("handshake");
+    assert!(
+        closed(&mut flooding, Duration::from_secs(1)).await,
+        "an address holding more than 2 stays out of the reserve"
+    );
+    for last in [5, 5] {
+        let mut stream = tls_from(last, &hub, None).await.expect("anonymous TLS");
+        assert!(
+            served(&mut stream, Duration::from_secs(10)).await,
+            "a new address (a joining agent) gets a place in the reserve"
+        );
+        anonymous.push(stream);
+    }
+    let mut over = tls_from(7, &hub, None).await.expect("handshake");
     assert!(
         closed(&mut over, Duration::from_secs(1)).await,
         "anonymous over the overall cap"
@@ -199,7 +215,7 @@ async fn a_flood_without_certificates_is_capped_while_agents_and_joins_go_on() {
     let _ = stop_tx.send(true);
     agent.await.expect("agent").expect("run");
     // Connections that never speak HTTP/2 would hold the hub's graceful stop.
-    drop((held, ninth, over, second, third, later, anonymous));
+    drop((held, ninth, flooding, over, second, third, later, anonymous));
     hub.stop().await;
 }
 

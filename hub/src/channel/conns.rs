@@ -12,6 +12,11 @@
 //! cut short retries on a new connection). Handshaking and anonymous connections together are
 //! capped per peer address, an IPv6 one by its /64 ([`ConnLimits::max_anonymous_per_peer`]), so one address cannot fill
 //! the pools that other joining agents need. A connection over a cap is closed at once.
+//!
+//! A few addresses together can still fill a pool (17 × 64 > 1,024). So the last
+//! [`ConnLimits::reserve`] places of each pool (handshakes and anonymous connections) go only to
+//! addresses holding at most [`ConnLimits::light_peer`] connections: a joining agent, which
+//! opens one, gets through whatever a handful of flooding addresses hold.
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +43,12 @@ pub struct ConnLimits {
     pub anonymous_lifetime: Duration,
     /// Connections at once with the certificate of one cluster (default 4).
     pub max_per_cluster: usize,
+    /// The places at the end of the handshake and anonymous pools kept for addresses holding
+    /// at most [`Self::light_peer`] connections (default 256).
+    pub reserve: usize,
+    /// How many handshaking and anonymous connections an address may hold and still use the
+    /// reserve (default 4, this one included).
+    pub light_peer: usize,
 }
 
 impl Default for ConnLimits {
@@ -49,6 +60,8 @@ impl Default for ConnLimits {
             max_anonymous_per_peer: 64,
             anonymous_lifetime: Duration::from_secs(30),
             max_per_cluster: 4,
+            reserve: 256,
+            light_peer: 4,
         }
     }
 }
@@ -78,11 +91,17 @@ enum Holder {
     Cluster(String),
 }
 
-/// Takes one from `counter` unless it is at `max`.
-fn take(counter: &AtomicUsize, max: usize) -> bool {
+/// Takes one from `counter` unless it is at `max`, or at `max - reserve` for a peer that is not
+/// `light`.
+fn take(counter: &AtomicUsize, max: usize, reserve: usize, light: bool) -> bool {
+    let cap = if light {
+        max
+    } else {
+        max.saturating_sub(reserve)
+    };
     counter
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-            (n < max).then_some(n + 1)
+            (n < cap).then_some(n + 1)
         })
         .is_ok()
 }
@@ -106,14 +125,18 @@ impl Gate {
 
     /// A handshake slot for a new connection from `peer`, or `None` when a cap is reached.
     pub(crate) fn accept(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
-        if !take(&self.handshakes, self.limits.max_handshakes) {
-            return None;
-        }
         let peer = PeerKey::of(peer);
         let mut count = self.per_peer.entry(peer).or_insert(0);
         if *count >= self.limits.max_anonymous_per_peer {
-            drop(count);
-            self.handshakes.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        let light = *count < self.limits.light_peer;
+        if !take(
+            &self.handshakes,
+            self.limits.max_handshakes,
+            self.limits.reserve,
+            light,
+        ) {
             return None;
         }
         *count += 1;
@@ -143,7 +166,16 @@ impl Gate {
                 })
             }
             None => {
-                if !take(&self.anonymous, self.limits.max_anonymous) {
+                let light = self
+                    .per_peer
+                    .get(&peer)
+                    .is_none_or(|n| *n <= self.limits.light_peer);
+                if !take(
+                    &self.anonymous,
+                    self.limits.max_anonymous,
+                    self.limits.reserve,
+                    light,
+                ) {
                     return None;
                 }
                 self.handshakes.fetch_sub(1, Ordering::SeqCst);
@@ -225,6 +257,45 @@ mod tests {
         assert!(gate.settle(again, Some("spoke-1")).is_some());
         assert!(gate.per_cluster.is_empty(), "{:?}", gate.per_cluster);
         assert_eq!(gate.handshakes.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_joining_agent_gets_through_a_flood_from_a_few_addresses() {
+        // Invariant: 17 addresses holding 64 connections each (over the anonymous cap of 1,024)
+        // cannot take the reserve: a new address still gets a handshake and an anonymous place.
+        let gate = Gate::new(ConnLimits::default());
+        let mut flood = Vec::new();
+        for a in 0..17u8 {
+            let ip: IpAddr = format!("127.0.1.{a}").parse().unwrap();
+            for _ in 0..64 {
+                match gate.accept(ip).and_then(|s| gate.settle(s, None)) {
+                    Some(slot) => flood.push(slot),
+                    None => break,
+                }
+            }
+        }
+        let limits = ConnLimits::default();
+        // Past the reserve's edge each flooding address has only its first `light_peer`.
+        assert!(
+            gate.anonymous_open() <= limits.max_anonymous - limits.reserve + 17 * limits.light_peer,
+            "the flood took {} places",
+            gate.anonymous_open()
+        );
+        let joiner: IpAddr = "127.0.2.1".parse().unwrap();
+        let slot = gate
+            .accept(joiner)
+            .expect("a handshake place for the joining agent");
+        let slot = gate
+            .settle(slot, None)
+            .expect("an anonymous place for the joining agent");
+        // A flooding address stays out of the reserve.
+        assert!(
+            gate.accept("127.0.1.16".parse().unwrap())
+                .and_then(|s| gate.settle(s, None))
+                .is_none()
+        );
+        drop((slot, flood));
+        assert_eq!(gate.anonymous_open(), 0);
     }
 
     #[test]
