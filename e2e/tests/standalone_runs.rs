@@ -36,7 +36,9 @@ impl Hub {
             &self.state,
             &self.manifests,
             &self.venv,
-            &["--local-port-base", &base],
+            // The FAB server of a_fab_from_a_url_runs_and_a_wrong_hash_fails listens on
+            // 127.0.0.1, which the hub refuses by default.
+            &["--local-port-base", &base, "--fab-url-allow", "127.0.0.1"],
         );
         self.procs.start_group("hub", serve, &self.log)
     }
@@ -588,6 +590,37 @@ async fn a_fab_from_a_url_runs_and_a_wrong_hash_fails(hub: &mut Hub) -> Result<(
         hub.manifests.join("run-nobody.yaml"),
         from_url("nobody", &silent, &fab.hash),
     )?;
+    // Where the admin did not allow: loopback beyond 127.0.0.1 (the same server, through
+    // 127.0.0.2), the cloud metadata address, and a redirect to it are refused naming the rule.
+    let refused = [
+        (
+            "loopback",
+            format!("http://127.0.0.2:{}/fedavg.fab", ports[0]),
+            "refused: loopback addresses",
+        ),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "refused: link-local addresses (cloud metadata services)",
+        ),
+    ];
+    for (name, target, _) in &refused {
+        std::fs::write(
+            hub.manifests.join(format!("run-{name}.yaml")),
+            from_url(name, target, &fab.hash),
+        )?;
+    }
+    for (name, _, rule) in &refused {
+        let failed = hub.wait_run(name, "Failed", Duration::from_secs(60), |s| {
+            condition(s, "Failed").is_some_and(|c| c.0 == "True")
+        })?;
+        let (_, reason, message) = condition(&failed, "Failed").unwrap_or_default();
+        ensure!(
+            reason == "InvalidApp" && message.contains(rule) && message.contains("--fab-url-allow"),
+            "{name}: {failed:#}"
+        );
+        std::fs::remove_file(hub.manifests.join(format!("run-{name}.yaml")))?;
+    }
     let bad = hub.wait_run("badhash", "Failed", Duration::from_secs(60), |s| {
         condition(s, "Failed").is_some_and(|c| c.0 == "True")
     })?;

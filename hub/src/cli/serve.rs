@@ -139,6 +139,17 @@ pub struct ServeArgs {
     /// The hub admin's pod policy: what SuperLink pods and hub-local pools may do.
     #[command(flatten)]
     pub pod_policy: crate::cli::policy::HubPolicyArgs,
+    /// Where FlowerRuns' `spec.app.fab.url` may be downloaded from besides public addresses: an
+    /// IP address, a CIDR range or a host name (comma-separated or repeated). By default
+    /// loopback, link-local (cloud metadata), private, shared and special-purpose addresses and
+    /// the Kubernetes API server are refused. Helm value `hub.fabUrlAllow`.
+    #[arg(
+        long = "fab-url-allow",
+        env = "FLOWER_HUB_FAB_URL_ALLOW",
+        value_delimiter = ',',
+        value_name = "CIDR|HOST"
+    )]
+    pub fab_url_allow: Vec<String>,
     /// Namespace of the hub's own objects, e.g. the CA Secret (Kubernetes mode).
     #[arg(long, env = "POD_NAMESPACE", default_value = "flower-addon-system")]
     pub namespace: String,
@@ -317,6 +328,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     &args.superlink_name,
                 )?,
                 pod_policy: args.pod_policy.policy()?,
+                fab_egress: crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
+                    .map_err(anyhow::Error::msg)?,
             },
         )
         .with_health(health, STANDALONE_READY);

@@ -21,9 +21,11 @@ use super::control::IoStream;
 use super::fab::{self, FAB_MAX_SIZE, FabError};
 
 mod cache;
+pub mod egress;
 mod target;
 
 pub use cache::FabUrlCache;
+pub use egress::Egress;
 use target::Target;
 
 /// How long one download may take, connecting and redirects included.
@@ -48,6 +50,8 @@ pub struct DownloadLimits {
     pub connect_timeout: Duration,
     /// Most redirects followed ([`MAX_REDIRECTS`]).
     pub max_redirects: usize,
+    /// Which addresses may be dialled ([`Egress`]; default: public ones only).
+    pub egress: Egress,
 }
 
 impl Default for DownloadLimits {
@@ -57,6 +61,7 @@ impl Default for DownloadLimits {
             timeout: DOWNLOAD_TIMEOUT,
             connect_timeout: CONNECT_TIMEOUT,
             max_redirects: MAX_REDIRECTS,
+            egress: Egress::default(),
         }
     }
 }
@@ -118,6 +123,17 @@ pub enum UrlError {
         host: String,
         /// The resolver's answer.
         reason: String,
+    },
+    /// Every address the host resolved to is one the hub may not dial ([`Egress`]). Says the
+    /// rule and nothing about the target.
+    #[error(
+        "spec.app.fab.url: refused: {rule}. The hub downloads FABs from public addresses only \
+         unless its admin allows more (`flower-hub serve --fab-url-allow CIDR|HOST`, Helm value \
+         hub.fabUrlAllow); or put the FAB in a ConfigMap and use configMapRef"
+    )]
+    Refused {
+        /// The rule that refused it.
+        rule: &'static str,
     },
     /// No TCP connection (refused, unreachable).
     #[error(
@@ -296,7 +312,8 @@ impl UrlError {
             | Self::InsecureRedirect { .. }
             | Self::BadRedirect { .. }
             | Self::HashMismatch { .. }
-            | Self::NotFab { .. } => false,
+            | Self::NotFab { .. }
+            | Self::Refused { .. } => false,
         }
     }
 }
@@ -456,7 +473,7 @@ async fn get(
     limits: &DownloadLimits,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<Exchange, UrlError> {
-    let io = tokio::time::timeout(limits.connect_timeout, connect(target, tls))
+    let io = tokio::time::timeout(limits.connect_timeout, connect(target, &limits.egress, tls))
         .await
         .map_err(|_| UrlError::Timeout {
             url: target.url.clone(),
@@ -491,9 +508,11 @@ async fn get(
 }
 
 /// Resolves `target`'s host and opens TCP (and TLS for https) to the first address that
-/// answers.
+/// answers among those `egress` allows (checked on the very address dialled, so a DNS answer
+/// cannot change between the check and the connection).
 async fn connect(
     target: &Target,
+    egress: &Egress,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<Box<dyn IoStream>, UrlError> {
     let address = target.address();
@@ -511,6 +530,23 @@ async fn connect(
             host: target.host.clone(),
             reason: "no addresses".into(),
         });
+    }
+    let mut refused = None;
+    let addresses: Vec<_> = addresses
+        .into_iter()
+        .filter(|socket| match egress.check(&target.host, socket.ip()) {
+            Ok(()) => true,
+            Err(rule) => {
+                refused.get_or_insert(rule);
+                false
+            }
+        })
+        .collect();
+    if addresses.is_empty()
+        && let Some(rule) = refused
+    {
+        tracing::info!(url = %target.url, rule, "FAB download refused by the hub's egress rules");
+        return Err(UrlError::Refused { rule });
     }
     let mut failures = Vec::new();
     let mut tcp = None;

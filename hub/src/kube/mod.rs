@@ -46,6 +46,7 @@ pub async fn run_hub_cluster(
     let runs = tokio::spawn(controller::runs::run(
         client.clone(),
         ca.clone(),
+        settings.fab_egress.clone(),
         stopped(stop_rx.clone()),
     ));
     let pod_policy = settings.pod_policy.clone();

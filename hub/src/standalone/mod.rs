@@ -65,6 +65,8 @@ pub struct StandaloneConfig {
     /// The hub admin's pod policy: a Federation is judged as the Kubernetes hub judges it
     /// ([`crate::core::problems`]), so the same input is refused the same way in both modes.
     pub pod_policy: flower_addon_crds::policy::PodPolicy,
+    /// Where FlowerRuns' FAB URLs may be downloaded from ([`crate::flower::fab_url::Egress`]).
+    pub fab_egress: crate::flower::fab_url::Egress,
 }
 
 /// How SuperLinks get a network namespace of their own ([`netns`]).
@@ -120,7 +122,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         config: StandaloneConfig,
     ) -> Self {
         let manifests = Manifests::new(config.manifests_dir.clone(), config.pod_policy.clone());
-        let runs = runs::StandaloneRuns::new(&config.state_dir);
+        let runs = runs::StandaloneRuns::new(&config.state_dir, config.fab_egress.clone());
         Self {
             runs,
             store,

@@ -74,7 +74,7 @@ pub struct StandaloneRuns {
 impl StandaloneRuns {
     /// Loads every stored run under `<state_dir>/runs/`. A file that cannot be read is reported
     /// and its run left alone until the file is fixed or removed (see [`load`]).
-    pub fn new(state_dir: &Path) -> Self {
+    pub fn new(state_dir: &Path, egress: crate::flower::fab_url::Egress) -> Self {
         let dir = state_dir.join(RUNS_DIR);
         let mut broken = BTreeMap::new();
         let stored = load(&dir, &mut broken);
@@ -89,7 +89,7 @@ impl StandaloneRuns {
             clients: BTreeMap::new(),
             broken,
             problems: Vec::new(),
-            fab_urls: FabUrlCache::new(),
+            fab_urls: FabUrlCache::with_egress(egress),
         }
     }
 

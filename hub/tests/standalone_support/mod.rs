@@ -91,6 +91,7 @@ impl Dirs {
             pod_policy: flower_addon_crds::policy::PodPolicy::new(
                 flower_addon_crds::policy::Admin::Hub,
             ),
+            fab_egress: flower_addon_hub::flower::fab_url::Egress::default(),
         }
     }
 }

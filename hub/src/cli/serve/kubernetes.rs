@@ -66,7 +66,16 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
             })
         };
         serve_ops(&args, health.clone(), false, Some(deferred)).await?;
-        let client = kube::Client::try_default().await.context(
+        let kube_config = kube::Config::infer().await.context(
+            "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
+        )?;
+        let fab_egress = api_server_refused(
+            crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
+                .map_err(anyhow::Error::msg)?,
+            &kube_config.cluster_url,
+        )
+        .await;
+        let client = kube::Client::try_from(kube_config).context(
             "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
         )?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -191,6 +200,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 superlink_cert_validity: args.superlink_cert_validity,
                 superlink_names,
                 pod_policy: pod_policy.clone(),
+                fab_egress: fab_egress.clone(),
             },
             health.clone(),
             wait_stop(stop_rx.clone()),
@@ -204,6 +214,7 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let runs = tokio::spawn(crate::kube::controller::runs::run(
             client.clone(),
             runs_ca,
+            fab_egress,
             wait_stop(stop_rx.clone()),
         ));
         let ocm_addon = tokio::spawn(crate::kube::ocm_addon::run(
@@ -348,6 +359,30 @@ pub async fn load_or_create_ca_secret_for(
                 crate::kube::store::ca_secret_name(role)
             )
         })
+}
+
+/// `egress` refusing the addresses of the API server at `url` (what a FAB URL must not reach
+/// from inside the hub).
+async fn api_server_refused(
+    mut egress: crate::flower::fab_url::Egress,
+    url: &http::Uri,
+) -> crate::flower::fab_url::Egress {
+    let Some(host) = url.host() else {
+        return egress;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_u16().unwrap_or(443);
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(addresses) => {
+            for address in addresses {
+                egress = egress.refusing_api_server(address.ip());
+            }
+        }
+        Err(e) => {
+            tracing::warn!(%host, error = %e, "cannot resolve the API server's host; FAB downloads refuse it by the other rules only")
+        }
+    }
+    egress
 }
 
 #[cfg(test)]

@@ -41,10 +41,21 @@ pub(super) struct CacheState {
     /// FAB bytes in `done`.
     pub(super) bytes: usize,
     /// The last transient failure of each URL: when, and its message.
-    failed: HashMap<String, (Instant, String)>,
+    failed: HashMap<String, Failing>,
     /// One download at a time per key: later callers wait for it and take its result.
     downloading: HashMap<Key, Arc<tokio::sync::Mutex<()>>>,
 }
+
+/// A URL whose downloads failed for now: when last, what, how often in a row.
+struct Failing {
+    at: Instant,
+    message: String,
+    attempts: u32,
+}
+
+/// Transient failures in a row after which a URL is given up for good (about 5 minutes at the
+/// default 10 s between tries): the run then fails instead of waiting for ever.
+pub(super) const MAX_ATTEMPTS: u32 = 30;
 
 #[derive(Clone)]
 pub(super) enum Done {
@@ -81,6 +92,16 @@ impl FabUrlCache {
 
     /// An empty cache downloading within `limits`, leaving a URL alone for `retry_after` after
     /// a transient failure.
+    pub fn with_egress(egress: super::Egress) -> Self {
+        Self::with_limits(
+            DownloadLimits {
+                egress,
+                ..DownloadLimits::default()
+            },
+            RETRY_AFTER,
+        )
+    }
+
     pub fn with_limits(limits: DownloadLimits, retry_after: Duration) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -110,17 +131,18 @@ impl FabUrlCache {
             if let Some(done) = state.done.get(&key) {
                 return done.clone().into();
             }
-            if let Some((at, message)) = state.failed.get(url)
-                && at.elapsed() < self.shared.retry_after
+            if let Some(failing) = state.failed.get(url)
+                && failing.at.elapsed() < self.shared.retry_after
             {
-                return FabBytes::Missing(message.clone());
+                return FabBytes::Missing(failing.message.clone());
             }
         }
         let result = download(url, Some(sha256), &self.shared.limits).await;
         let mut state = self.lock();
         state.downloading.remove(&key);
         let retry_after = self.shared.retry_after;
-        state.failed.retain(|_, (at, _)| at.elapsed() < retry_after);
+        // A failure older than two retry intervals no longer counts towards MAX_ATTEMPTS.
+        state.failed.retain(|_, f| f.at.elapsed() < retry_after * 2);
         match result {
             Ok(bytes) => {
                 tracing::info!(%url, bytes = bytes.len(), "downloaded FAB");
@@ -129,14 +151,30 @@ impl FabUrlCache {
                 FabBytes::Found(bytes)
             }
             Err(e) if e.is_transient() => {
-                tracing::warn!(%url, error = %e, "FAB download failed; retrying later");
+                let attempts = state.failed.get(url).map_or(0, |f| f.attempts) + 1;
+                if attempts >= MAX_ATTEMPTS {
+                    tracing::warn!(%url, error = %e, attempts, "FAB download failed; giving up");
+                    let message = format!(
+                        "{e}; gave up after {attempts} attempts {} s apart",
+                        self.shared.retry_after.as_secs_f64()
+                    );
+                    state.failed.remove(url);
+                    state.insert(key, Done::Refused(message.clone()));
+                    return FabBytes::Unusable(message);
+                }
+                tracing::warn!(%url, error = %e, attempts, "FAB download failed; retrying later");
                 let message = format!(
-                    "{e}; retried every {} s",
+                    "{e}; attempt {attempts} of {MAX_ATTEMPTS}, retried every {} s",
                     self.shared.retry_after.as_secs_f64()
                 );
-                state
-                    .failed
-                    .insert(url.to_owned(), (Instant::now(), message.clone()));
+                state.failed.insert(
+                    url.to_owned(),
+                    Failing {
+                        at: Instant::now(),
+                        message: message.clone(),
+                        attempts,
+                    },
+                );
                 FabBytes::Missing(message)
             }
             Err(e) => {

@@ -1,6 +1,7 @@
 //! Downloads from servers on 127.0.0.1 (plain and TLS), the limits, the error kinds and the
 //! cache. Nothing here reaches another address.
 use super::cache::{CACHE_ENTRIES, CacheState, Done};
+use super::egress::Egress;
 use super::target::{Target, TargetError};
 use super::*;
 use std::collections::{BTreeMap, HashMap};
@@ -45,6 +46,14 @@ struct Server {
 impl Server {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    fn port(&self) -> u16 {
+        self.base
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port")
     }
 }
 
@@ -146,12 +155,20 @@ fn sha(bytes: &[u8]) -> String {
 }
 
 /// Limits whose timeouts keep a failing test short.
+/// Short limits, and the test servers' loopback address allowed (the default refuses it).
 fn quick() -> DownloadLimits {
     DownloadLimits {
         timeout: Duration::from_millis(500),
         connect_timeout: Duration::from_millis(500),
+        egress: loopback(),
         ..DownloadLimits::default()
     }
+}
+
+/// Egress that allows 127.0.0.1 (where the test servers listen) and nothing else beyond the
+/// default.
+fn loopback() -> Egress {
+    Egress::allowing(&["127.0.0.1".into()]).expect("egress")
 }
 
 /// A CA, a TLS server configuration with a certificate for 127.0.0.1 from it, and a client
@@ -233,6 +250,7 @@ async fn a_content_length_over_10_mib_is_refused_before_the_body() {
     let server = serve(vec![("/big.fab", Reply::Declared(size))]).await;
     let limits = DownloadLimits {
         timeout: Duration::from_secs(2),
+        egress: loopback(),
         ..DownloadLimits::default()
     };
     let e = download(&server.url("/big.fab"), None, &limits)
@@ -266,6 +284,7 @@ async fn a_chunked_body_over_10_mib_is_refused_while_streaming() {
     .await;
     let limits = DownloadLimits {
         timeout: Duration::from_secs(5),
+        egress: loopback(),
         ..DownloadLimits::default()
     };
     let e = download(&server.url("/big.fab"), None, &limits)
@@ -419,6 +438,85 @@ async fn redirects_are_followed_up_to_five() {
         )),
         "{e}"
     );
+}
+
+#[tokio::test]
+async fn loopback_metadata_and_redirects_to_them_are_refused_naming_the_rule_only() {
+    // Invariant: by default the hub dials no loopback or link-local address, and a redirect from
+    // an allowed server to one is refused at that hop; the message names the rule and the flag
+    // but nothing the target answered; refusals are permanent; nothing reached the refused server.
+    let (bytes, hash) = fedavg();
+    let inner = serve(vec![("/app.fab", Reply::File(bytes.clone()))]).await;
+    let default = DownloadLimits {
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        ..DownloadLimits::default()
+    };
+    for (url, rule) in [
+        (inner.url("/app.fab"), "loopback addresses"),
+        (
+            "http://169.254.169.254/latest/meta-data/".to_owned(),
+            "link-local addresses (cloud metadata services)",
+        ),
+        (
+            format!("http://localhost:{}/app.fab", inner.port()),
+            "loopback addresses",
+        ),
+    ] {
+        let e = download(&url, Some(&hash), &default).await.expect_err(&url);
+        assert!(
+            matches!(e, UrlError::Refused { rule: r } if r == rule),
+            "{url}: {e:?}"
+        );
+        assert!(!e.is_transient());
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("spec.app.fab.url: refused: {rule}."))
+                && text.contains("--fab-url-allow")
+                && !text.contains("127.0.0.1")
+                && !text.contains("169.254"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        inner.hits.load(Ordering::SeqCst),
+        0,
+        "a refused server is never dialled"
+    );
+    // 127.0.0.1 allowed; it redirects to [::1] (loopback, not allowed): refused at that hop.
+    let hop = serve(vec![
+        (
+            "/hop",
+            Reply::Redirect(format!("http://[::1]:{}/app.fab", inner.port())),
+        ),
+        ("/app.fab", Reply::File(bytes.clone())),
+    ])
+    .await;
+    let allowed_first = DownloadLimits {
+        egress: Egress::allowing(&["127.0.0.1/32".into()]).expect("egress"),
+        ..default
+    };
+    let e = download(&hop.url("/hop"), Some(&hash), &allowed_first)
+        .await
+        .expect_err("redirect to loopback");
+    assert!(
+        matches!(
+            e,
+            UrlError::Refused {
+                rule: "loopback addresses"
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        hop.hits.load(Ordering::SeqCst),
+        1,
+        "the allowed hop was asked once"
+    );
+    let got = download(&hop.url("/app.fab"), Some(&hash), &allowed_first)
+        .await
+        .expect("allowed by the admin");
+    assert_eq!(got, bytes);
 }
 
 #[tokio::test]
@@ -674,7 +772,10 @@ async fn the_cache_waits_out_a_transient_failure_before_asking_again() {
         message.contains("answered HTTP 503 Service Unavailable"),
         "{message}"
     );
-    assert!(message.ends_with("; retried every 0.3 s"), "{message}");
+    assert!(
+        message.ends_with("; attempt 1 of 30, retried every 0.3 s"),
+        "{message}"
+    );
     // Another sha256 of the same URL waits too: the back-off is the URL's.
     assert_eq!(cache.get(&url, &hash).await, first);
     assert_eq!(cache.get(&url, &"b".repeat(64)).await, first);
@@ -732,4 +833,30 @@ proptest! {
             prop_assert!(next.path_and_query.starts_with('/'), "{}", next.path_and_query);
         }
     }
+}
+
+#[tokio::test]
+async fn the_cache_gives_a_failing_url_up_after_thirty_attempts() {
+    // Invariant: a URL that keeps failing transiently is retried a bounded number of times and
+    // then refused for good, so its run fails (with the last error) instead of waiting for ever.
+    let server = serve(vec![("/busy.fab", Reply::Status(503))]).await;
+    let retry = Duration::from_millis(50);
+    let cache = FabUrlCache::with_limits(quick(), retry);
+    let url = server.url("/busy.fab");
+    let hash = "a".repeat(64);
+    for attempt in 1..super::cache::MAX_ATTEMPTS {
+        let got = cache.get(&url, &hash).await;
+        assert!(
+            matches!(&got, FabBytes::Missing(m) if m.contains(&format!("attempt {attempt} of 30"))),
+            "{got:?}"
+        );
+        tokio::time::sleep(retry + Duration::from_millis(10)).await;
+    }
+    let last = cache.get(&url, &hash).await;
+    assert!(
+        matches!(&last, FabBytes::Unusable(m) if m.contains("503") && m.ends_with("gave up after 30 attempts 0.05 s apart")),
+        "{last:?}"
+    );
+    assert_eq!(cache.get(&url, &hash).await, last, "remembered");
+    assert_eq!(server.hits.load(Ordering::SeqCst), 30);
 }

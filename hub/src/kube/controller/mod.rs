@@ -250,6 +250,8 @@ pub struct Settings {
     pub superlink_names: SuperLinkNames,
     /// What the pods the hub makes in its cluster may do ([`crate::core::problems`]).
     pub pod_policy: flower_addon_crds::policy::PodPolicy,
+    /// Where FlowerRuns' FAB URLs may be downloaded from.
+    pub fab_egress: crate::flower::fab_url::Egress,
 }
 
 impl Default for Settings {
@@ -261,6 +263,7 @@ impl Default for Settings {
             pod_policy: flower_addon_crds::policy::PodPolicy::new(
                 flower_addon_crds::policy::Admin::Hub,
             ),
+            fab_egress: crate::flower::fab_url::Egress::default(),
         }
     }
 }

@@ -80,6 +80,12 @@ pub struct RunContext {
 }
 
 impl RunContext {
+    /// Downloads FAB URLs only where `egress` allows ([`crate::flower::fab_url::Egress`]).
+    pub fn with_fab_egress(mut self, egress: crate::flower::fab_url::Egress) -> Self {
+        self.fab_urls = FabUrlCache::with_egress(egress);
+        self
+    }
+
     /// A context reading `federations` and `runs`, dialling each Federation's SuperLink where
     /// `endpoint` says.
     pub fn new(
@@ -181,6 +187,7 @@ fn waiting_runs(
 pub async fn run(
     client: Client,
     ca: Arc<HubCa>,
+    egress: crate::flower::fab_url::Egress,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (federations, fed_writer) = reflector::store::<Federation>();
@@ -204,7 +211,8 @@ pub async fn run(
     let forward = crate::kube::control::port_forward(client.clone());
     let endpoint: EndpointOf =
         Arc::new(move |fed| crate::kube::control::in_cluster_endpoint(fed, &ca, &forward));
-    let context = RunContext::new(client, federations, runs.clone(), endpoint);
+    let context =
+        RunContext::new(client, federations, runs.clone(), endpoint).with_fab_egress(egress);
     let (for_feds, for_config_maps) = (runs.clone(), runs.clone());
     Controller::for_stream(run_events, runs)
         .watches_stream(fed_events, move |fed: Federation| {
