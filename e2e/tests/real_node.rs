@@ -204,7 +204,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
     let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
     another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
-    faults::a_spoke_node_power_cycled_mid_run(hub, spoke, spoke_node, &controls).await?;
+    faults::a_spoke_node_power_cycled_mid_run(hub, spoke, &[spoke2], spoke_node, &controls).await?;
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
     a_standby_hub_takes_over_from_a_deleted_leader(hub, spoke).await?;

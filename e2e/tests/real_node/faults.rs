@@ -793,6 +793,7 @@ async fn supernodes_back_restarted(
 pub async fn a_spoke_node_power_cycled_mid_run(
     hub: &Cluster,
     spoke: &Cluster,
+    others: &[&Cluster],
     node: &e2e::RealNode,
     controls: &[(
         &str,
@@ -905,6 +906,20 @@ pub async fn a_spoke_node_power_cycled_mid_run(
     )
     .await?;
     let cut = super::listed_run(control, cut_run).await?;
+    // What each SuperNode of both spokes last said (read only when the run did not complete).
+    let complete_now = done
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Complete" && c.status == "True");
+    let tails = if complete_now {
+        String::new()
+    } else {
+        let mut tails = supernode_log_tails(spoke, 25).await;
+        for other in others {
+            tails += &supernode_log_tails(other, 25).await;
+        }
+        tails
+    };
     let complete = done
         .conditions
         .iter()
@@ -919,7 +934,7 @@ pub async fn a_spoke_node_power_cycled_mid_run(
                 "finished:failed" => retried && done.attempts >= 2,
                 _ => false,
             },
-        "fl/reboot after {}'s node was power-cycled mid-run (cut run {cut_run}: {} {:?}): {done:#?}",
+        "fl/reboot after {}'s node was power-cycled mid-run (cut run {cut_run}: {} {:?}): {done:#?}\n--- the SuperNodes' logs:\n{tails}",
         spoke.name,
         cut.status,
         cut.details
@@ -957,6 +972,33 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         },
     )
     .await
+}
+
+/// The last `lines` lines of every SuperNode container of `cluster` (its current run, and the
+/// one before when it restarted), for a failure message.
+async fn supernode_log_tails(cluster: &Cluster, lines: i64) -> String {
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), "fl");
+    let lp = kube::api::ListParams::default().labels("app.kubernetes.io/name=supernode");
+    let Ok(list) = pods.list(&lp).await else {
+        return format!("({}: cannot list SuperNode pods)\n", cluster.name);
+    };
+    let mut out = String::new();
+    for pod in list.items {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        for previous in [true, false] {
+            let params = LogParams {
+                container: Some("supernode".into()),
+                previous,
+                tail_lines: Some(lines),
+                ..LogParams::default()
+            };
+            if let Ok(log) = pods.logs(&name, &params).await {
+                let which = if previous { "previous" } else { "current" };
+                out += &format!("--- {}/{name} ({which}):\n{log}\n", cluster.name);
+            }
+        }
+    }
+    out
 }
 
 /// The tag of the rebuilt image the rolling upgrade moves to (`e2e/images/build.sh` builds the
