@@ -231,7 +231,7 @@ async fn install_addon(cp: &mut e2e::ControlPlane, spokes: &[&str]) -> Result<()
     Ok(())
 }
 
-/// `up --with-addon` on real nodes, as the README's Helm path: the hub as its release's pod,
+/// `up --with-addon` on real nodes, as docs/kubernetes.md's Helm path: the hub as its release's pod,
 /// an agent from the chart per spoke (accepted with env=demo), the demo Federation with TLS and
 /// SuperNode authentication, and `flower-hub connect` kept running so `flwr` reaches it.
 async fn install_addon_pods(

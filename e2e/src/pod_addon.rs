@@ -1,4 +1,4 @@
-//! flower-addon installed as the README's Helm path says, on clusters with real nodes: the hub
+//! flower-addon installed as docs/kubernetes.md's Helm path says, on clusters with real nodes: the hub
 //! as its Deployment (chart defaults) in the hub cluster, and per spoke an agent from the chart
 //! with the values of `flower-hub token create -o json`, accepted with labels. Used by
 //! `e2e up --with-addon`; the hub pod registers SuperNode keys through the SuperLink Services,

@@ -661,7 +661,7 @@ async fn service_names_resolve_to_routed_cluster_ips(
 /// The hub installed from manifests/hub runs as a pod of our image and its channel NodePort
 /// accepts connections; returns that `node:port`.
 async fn the_hub_runs_from_its_manifests(hub: &Cluster, node: &RealNode) -> Result<String> {
-    // As the README's Helm install: the chart's default values (which the plain manifests are).
+    // As docs/kubernetes.md's Helm install: the chart's default values (which the plain manifests are).
     let t = Instant::now();
     let channel = e2e::pod_addon::install_hub(hub, node).await?;
     eprintln!(

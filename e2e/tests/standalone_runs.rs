@@ -254,7 +254,7 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     a_fab_from_a_url_runs_and_a_wrong_hash_fails(&mut hub).await?;
     // After the runs that need every SuperNode to answer: a run stopped mid-round can leave a
     // Flower 1.42 SuperNode waiting forever for the reply to a message it pulled just before
-    // the stop (README, "A run is stopped mid-round"). The next step restarts every process.
+    // the stop (docs/operations.md, "A run is stopped mid-round"). The next step restarts every process.
     suspend_and_deadline_stop_running_runs(&hub).await?;
     a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
     eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
