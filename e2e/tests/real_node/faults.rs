@@ -3,7 +3,7 @@
 //! and then the shared etcd down for a minute, a spoke cut off from the hub's node for less and
 //! for more than its lease grace, and a `helm upgrade` of the hub and an agent during a run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -869,14 +869,27 @@ pub async fn a_spoke_node_power_cycled_mid_run(
     // Serving, not merely listed: Flower keeps the dead SuperNodes' sessions online for up to
     // 60 s. 1.25's SuperNodes (no Fleet front) exit while Flower refuses them and come back
     // after the kubelet's crash-loop back-off (10 s, 20 s, 40 s …); hence the generous bound.
+    // "Again" means a contact after the cut: Flower lists the dead sessions online (and with
+    // heartbeats fresh enough to count as serving) for a while after it.
     for ((federation, control, _), before) in controls.iter().zip(&online_before) {
         wait_for(
-            &format!("{federation}'s SuperLink listing the same node ids online and serving again"),
+            &format!(
+                "{federation}'s SuperLink listing the same node ids online, each with a contact since the power cut"
+            ),
             Duration::from_secs(420),
             || async move {
-                Ok(super::online_node_ids(control)
-                    .await
-                    .filter(|ids| ids == before))
+                let since_cut = t.elapsed();
+                let Ok(nodes) = control.list_nodes().await else {
+                    return Ok(None);
+                };
+                let back: BTreeSet<u64> = nodes
+                    .iter()
+                    .filter(|n| {
+                        n.serving() && n.last_contact_age.is_some_and(|age| age < since_cut)
+                    })
+                    .map(|n| n.node_id)
+                    .collect();
+                Ok((&back == before).then_some(()))
             },
         )
         .await?;
@@ -940,7 +953,7 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         cut.details
     );
     eprintln!(
-        "real_node: fault: {}'s node power-cycled in round {} of fl/reboot (off {}s): node Ready {:.1}s after the start ({:.1}s after the cut), {} SuperNode pods Ready again with the same names, UIDs and keys after {:.1}s (restarts {:?} -> {:?}; once serving {:?}), the same node ids online and serving on both SuperLinks after {:.1}s; Flower ended the cut run {cut_run} {} ({}); fl/reboot Complete on attempt {} (run {}) {:.1}s after the cut",
+        "real_node: fault: {}'s node power-cycled in round {} of fl/reboot (off {}s): node Ready {:.1}s after the start ({:.1}s after the cut), {} SuperNode pods Ready again with the same names, UIDs and keys after {:.1}s (restarts {:?} -> {:?}; once back {:?}), the same node ids back on both SuperLinks (a contact since the cut) after {:.1}s; Flower ended the cut run {cut_run} {} ({}); fl/reboot Complete on attempt {} (run {}) {:.1}s after the cut",
         spoke.name,
         running.progress.as_ref().map_or(0, |p| p.current),
         POWER_OFF.as_secs(),
