@@ -97,6 +97,21 @@ pub struct ListArgs {
     /// Only this namespace (default: all).
     #[arg(long = "federation-namespace")]
     pub federation_namespace: Option<String>,
+    /// Output: a table, or every run with its whole status as JSON or YAML (a list of
+    /// `{namespace, name, federation, status}`), for scripts.
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    pub output: ListOutput,
+}
+
+/// Output format of `run list`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListOutput {
+    /// One line per run.
+    Table,
+    /// A JSON array.
+    Json,
+    /// A YAML sequence.
+    Yaml,
 }
 
 /// Arguments of `run logs`.
@@ -464,11 +479,19 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             })
             .collect(),
     };
-    let table = crate::standalone::status::HubStatus {
-        runs: entries,
-        ..Default::default()
-    };
-    print!("{}", table.run_table());
+    let mut entries = entries;
+    entries.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    match args.output {
+        ListOutput::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
+        ListOutput::Yaml => print!("{}", serde_saphyr::to_string(&entries)?),
+        ListOutput::Table => {
+            let table = crate::standalone::status::HubStatus {
+                runs: entries,
+                ..Default::default()
+            };
+            print!("{}", table.run_table());
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
