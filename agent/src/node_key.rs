@@ -1,5 +1,5 @@
 //! SuperNode authentication keys, made where the SuperNode runs and never sent anywhere: one
-//! OpenSSH EC P-384 private key per SuperNode (Flower refuses RSA and PKCS#8; see FLOWER.md), of
+//! OpenSSH EC P-384 private key per SuperNode (Flower refuses RSA and PKCS#8; see e2e/flower/NOTES.md), of
 //! which only the public line (`ecdsa-sha2-nistp384 …`) goes to the hub, which registers it with
 //! the SuperLink. The process runtime keeps each key in a file, the Kubernetes runtime in a
 //! Secret per pool; both make and read keys here.

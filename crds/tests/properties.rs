@@ -1,4 +1,4 @@
-//! Property tests (#13 item 9) on what enters from users: `nodeConfig` encoding round-trips
+//! Property tests on what enters from users: `nodeConfig` encoding round-trips
 //! through Flower's own parsing rule, and manifest parsing never panics and round-trips the
 //! Federations it accepts. Case counts are set per property (see `CASES_*`) to keep the suite
 //! inside its time budget; the counts are printed by `cargo test -- --nocapture`.

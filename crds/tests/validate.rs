@@ -164,7 +164,7 @@ fn service_ports_range() {
     );
 }
 
-// #13 item 1: the Control API's node port only with exposeControl; source ranges are CIDRs of a
+// The Control API's node port only with exposeControl; source ranges are CIDRs of a
 // LoadBalancer.
 #[test]
 fn control_exposure_and_source_ranges() {

@@ -1,4 +1,4 @@
-//! #11 item 1: the Helm chart `manifests/chart/flower-addon`, with a real `helm` built from its Go
+//! The Helm chart `manifests/chart/flower-addon`, with a real `helm` built from its Go
 //! module (`e2e/helm/build.sh`, path in `FLOWER_ADDON_HELM`; test.sh sets it):
 //! - `helm lint` passes for the hub side, the agent side and with the ServiceMonitor;
 //! - the plain manifests in `manifests/hub/`, `manifests/agent/` and `manifests/ocm/` are `helm

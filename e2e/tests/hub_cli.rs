@@ -235,7 +235,7 @@ async fn token_accept_revoke_and_status_work_on_the_hub_cluster_api() -> Result<
     unreachable_api_and_mixed_modes_are_refused(&h, hub, cp.work_dir()).await
 }
 
-/// 7. #13 item 4: `flower-hub ca` on the hub cluster's API. Before the hub made the Flower CA
+/// 7. `flower-hub ca` on the hub cluster's API. Before the hub made the Flower CA
 ///    there is nothing to rotate; then stage → promote → retire edit its Secret (next CA beside
 ///    the current one; the next one signing and the old one still trusted; the old one gone),
 ///    and a step out of order is refused naming the step to take.

@@ -427,7 +427,7 @@ async fn a_restarted_controller_changes_nothing(
     Ok((running, versions, pods))
 }
 
-/// 7. #11 item 8: with a validity shorter than the certificate's (due at once; then at 80 %), a
+/// 7. With a validity shorter than the certificate's (due at once; then at 80 %), a
 ///    reconcile issues a new SuperLink certificate for that validity and marks the SuperLink's
 ///    pod template with its end of validity, so the SuperLink pod is replaced; the next
 ///    reconcile keeps both.
@@ -518,7 +518,7 @@ async fn an_invalid_spec_is_degraded_without_side_effects(
     )
     .await?;
     wait_degraded(client, &["spec.version"]).await?;
-    // 5b. #13 item 4: a certificate name the hub's admin did not allow (and another
+    // 5b. A certificate name the hub's admin did not allow (and another
     //     Federation's Service name) → Degraded naming each field and the fix; no certificate
     //     issued, nothing touched (checked below).
     let mut fed = federation("StatefulSet", "flwr/superlink:1.42.0", &[("a", 3)], &[]);
@@ -660,7 +660,7 @@ async fn pool_ca_digests(client: &Client) -> Result<Vec<String>> {
     Ok(digests)
 }
 
-/// 8. #13 item 4: the Flower CA rotated (what `flower-hub ca rotate` stores, the hub restarted
+/// 8. The Flower CA rotated (what `flower-hub ca rotate` stores, the hub restarted
 ///    after each step). Staged: the SuperLink Secret's `ca.crt` holds both CAs, its certificate
 ///    is kept, the pools roll (new CA digest). Promoted: a certificate of the new CA, both still
 ///    trusted, the pools do not roll (same CAs). Retired: only the new CA, the pools roll.

@@ -639,7 +639,7 @@ async fn tokens_are_hashed_secrets_with_an_expiry(
         "token round trip: {got:?}"
     );
     tokens::verify(got.as_ref(), secret, token.record.created_unix + 1)?;
-    // A use count is kept in the Secret and checked with each use (#13 item 7).
+    // A use count is kept in the Secret and checked with each use.
     let once = tokens::generate_scoped(
         Duration::from_secs(600),
         "e2e once",
@@ -1414,7 +1414,7 @@ async fn wait_metric(
     Ok(())
 }
 
-/// #11 items 2 and 3 in Kubernetes mode: the hub and both agents pass their probes, the hub
+/// In Kubernetes mode the hub and both agents pass their probes, the hub
 /// counts 2 connected agents, 2 accepted joins, 2 available clusters, the Federation's 4
 /// SuperNodes desired and ready, its SuperLink's restarts (0), and reconciles of both
 /// controllers; each agent is connected and has applied work.
@@ -1612,7 +1612,7 @@ async fn the_fleet_endpoint_comes_from_the_node_port(
     };
     let derived = port("fleet")?;
     let endpoints = status.endpoints.clone().unwrap_or_default();
-    // #13 item 1: the NodePort SuperNodes reach serves no Control API (no `control` node port,
+    // The NodePort SuperNodes reach serves no Control API (no `control` node port,
     // no external Control endpoint).
     ensure!(
         endpoints.fleet.as_deref() == Some(derived.as_str())

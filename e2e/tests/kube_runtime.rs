@@ -721,7 +721,7 @@ async fn a_removed_federation_is_pruned(client: &Client, runtime: &KubeRuntime) 
     Ok(())
 }
 
-/// 8. The spoke's pod policy (#13 item 5): the namespace the runtime created carries the Pod
+/// 8. The spoke's pod policy: the namespace the runtime created carries the Pod
 ///    Security `baseline` labels; a Federation whose pods want the host network and a foreign
 ///    service account is refused as a whole (no key Secret, no workload), naming each violation
 ///    and the flag that allows it; allowed by the admin, it applies. An object of the pool's name

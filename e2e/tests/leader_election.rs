@@ -1,4 +1,4 @@
-//! #11 item 4: two `flower-hub serve --leader-elect` replicas (the hub Deployment's command line,
+//! Two `flower-hub serve --leader-elect` replicas (the hub Deployment's command line,
 //! the hub's own RBAC) against a real hub apiserver. One leads: it holds the Lease, is ready,
 //! serves the work channel and reconciles; the other stands by, alive but not ready, with no
 //! work channel and no reconcile. A leader stopped gracefully hands over at the standby's next

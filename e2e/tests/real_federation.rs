@@ -169,11 +169,11 @@ async fn federation_pods_connect_on_a_real_node() -> Result<()> {
         "default",
     )
     .await?;
-    eprintln!("real_federation: hand-made SuperNode pods (#9 6c): {refused}");
+    eprintln!("real_federation: hand-made SuperNode pods: {refused}");
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &ids).await
 }
 
-/// #9 item 6d: the SuperLink pod deleted → the StatefulSet brings it back on the same claim
+/// The SuperLink pod deleted → the StatefulSet brings it back on the same claim
 /// (`--database` on the `superlink-state` volume), so the SuperLink still knows every SuperNode
 /// (the same node ids serve Fleet requests again, no key registered anew) and the run before;
 /// a new run completes.

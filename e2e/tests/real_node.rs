@@ -15,7 +15,7 @@
 //!   that NodePort; two TLS Federations with SuperNode authentication (2 pools each), one on
 //!   Flower 1.42.0 and one on 1.25.0, placed on both spokes, get their 6 + 4 SuperNodes online,
 //!   and `flwr run` of each release from the host, connected with `flower-hub connect`
-//!   (`--flwr-home`, or `--app` for 1.25), completes (#9 6a); hand-made SuperNode pods on a
+//!   (`--flwr-home`, or `--app` for 1.25), completes; hand-made SuperNode pods on a
 //!   spoke with an unregistered key or another CA are refused (6c, 1.42.0); the 1.42.0
 //!   SuperLink pod deleted comes back with its database from a claim, the same SuperNodes and
 //!   its runs (6d); the hub pod and an agent pod replaced leave the SuperNodes running and runs
@@ -201,7 +201,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     let refused =
         e2e::supernodes::hand_made_supernodes_are_refused(&spoke2.client, "fl", "auth", "a")
             .await?;
-    eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0, #9 6c): {refused}");
+    eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0): {refused}");
     let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
     another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
     faults::a_spoke_node_power_cycled_mid_run(hub, spoke, &[spoke2], spoke_node, &controls).await?;
@@ -347,7 +347,7 @@ spec:
   placementRef: {name: spokes}
   superlink:
     image: flwr/superlink:1.25.0
-    # The opt-in (#13): flwr reaches the Control API on its own NodePort.
+    # The opt-in: flwr reaches the Control API on its own NodePort.
     service: {type: NodePort, exposeControl: true}
   supernodes:
     image: flwr/supernode:1.25.0
@@ -793,7 +793,7 @@ async fn replace_pod(cluster: &Cluster, namespace: &str, selector: &str) -> Resu
     .await
 }
 
-/// #9 item 6e: the hub pod, then the agent pod, deleted and replaced: no SuperNode pod of either
+/// The hub pod, then the agent pod, deleted and replaced: no SuperNode pod of either
 /// Federation is recreated or restarted (same UIDs, same restart counts), and each SuperLink
 /// still lists spoke-1's SuperNodes online (the new hub's status says so).
 async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
@@ -863,7 +863,7 @@ async fn restarts_of_the_hub_and_agent_pods_leave_supernodes_running(
     Ok(())
 }
 
-/// #11 items 2 and 3 on real pods: a pod in the hub cluster (Python from the SuperLink image)
+/// On real pods: a pod in the hub cluster (Python from the SuperLink image)
 /// fetches the hub pod's `/readyz` and `/metrics` at its pod IP, as Prometheus would: ready, two
 /// agents connected, both spokes available, and `auth`'s 6 SuperNodes desired, ready and online.
 async fn the_hub_pod_serves_metrics_and_probes(hub: &Cluster) -> Result<()> {
@@ -966,7 +966,7 @@ async fn the_hub_pod_serves_metrics_and_probes(hub: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// #11 item 4 on real pods: the hub Deployment scaled to 2 runs one leader (Ready, holding the
+/// On real pods: the hub Deployment scaled to 2 runs one leader (Ready, holding the
 /// Lease) and one standby (Running, alive, not Ready, so the channel Service does not send agents
 /// to it). Deleting the leader pod hands over: the standby becomes Ready and holds the Lease, the
 /// spokes' agents reconnect through the Service (their next status report reaches the new
@@ -1110,7 +1110,7 @@ async fn a_standby_hub_takes_over_from_a_deleted_leader(
     Ok(())
 }
 
-/// #13 item 1 on real pods: `auth` (the default) exposes only its Fleet API on the NodePort
+/// On real pods: `auth` (the default) exposes only its Fleet API on the NodePort
 /// SuperNodes reach — the `fleet-front` sidecar answers Control API calls there with 403, and
 /// no Control endpoint is published — while `flwr` reached it through `flower-hub connect`'s
 /// port-forward; `classic` opted in with `exposeControl` and serves Control on its own NodePort.
@@ -1162,7 +1162,7 @@ async fn the_fleet_endpoint_serves_no_control_api(
         "auth publishes a Control endpoint: {endpoints:?}"
     );
     let fleet = endpoints.fleet.context("auth status.endpoints.fleet")?;
-    // The attack of #13 item 1: the Control API at the address every spoke reaches, with only
+    // The attack: the Control API at the address every spoke reaches, with only
     // the public CA. The same call through the port-forward is served.
     let through_fleet = ControlClient::new(ControlEndpoint {
         address: fleet.clone(),
@@ -1180,7 +1180,7 @@ async fn the_fleet_endpoint_serves_no_control_api(
     let runs = flwr[0].control_client()?.list_runs().await?;
     ensure!(!runs.is_empty(), "no run listed through the port-forward");
     eprintln!(
-        "real_node: #13: auth's NodePort {fleet} serves Fleet only (Control refused: 403 from the fleet-front sidecar), {} run(s) listed through flower-hub connect's port-forward {}; classic exposes Control by opt-in at {}",
+        "real_node: auth's NodePort {fleet} serves Fleet only (Control refused: 403 from the fleet-front sidecar), {} run(s) listed through flower-hub connect's port-forward {}; classic exposes Control by opt-in at {}",
         runs.len(),
         flwr[0].control,
         flwr[1].control
@@ -1332,7 +1332,7 @@ async fn a_deleted_superlink_pod_comes_back_with_its_state(
         .await
 }
 
-/// #9 item 6f on both Flower releases: spoke-1 relabelled out of the Placement (by the admin, on
+/// On both Flower releases: spoke-1 relabelled out of the Placement (by the admin, on
 /// its ManagedCluster): its SuperNode pods are gone, their keys are unregistered, and each
 /// SuperLink's own node list (its Control API, read from the host through the Federation's
 /// Control endpoint) has none of them online, only spoke-2's.
@@ -2165,7 +2165,7 @@ impl FlwrFromTheHost {
         })?)
     }
 
-    /// #9 items 6a and 6e: `flwr run examples/fedavg FEDERATION` (2 rounds, `min_nodes`
+    /// `flwr run examples/fedavg FEDERATION` (2 rounds, `min_nodes`
     /// SuperNodes) from the host ends `finished:completed`.
     async fn run_completes(&self, when: &str) -> Result<()> {
         let t = Instant::now();
@@ -2190,7 +2190,7 @@ impl FlwrFromTheHost {
     }
 }
 
-/// `flwr run` on both Flower releases at once (#9 6a and 6e). A 1.25.0 run that fails is run
+/// `flwr run` on both Flower releases at once. A 1.25.0 run that fails is run
 /// again (at most twice) only when a SuperNode of it logged Flower 1.25's own bug during that
 /// attempt (e2e/flower/NOTES.md, fact 9; test.sh does the same for the demo); any other failure
 /// fails at once. The bug is a race in the SuperLink (a pull of an object the ServerApp has not
@@ -2464,7 +2464,7 @@ spec:
     Ok(())
 }
 
-/// #9 item 6b: the same on 1.42.0 with process isolation (the ServerApp and ClientApps in
+/// The same on 1.42.0 with process isolation (the ServerApp and ClientApps in
 /// `flwr/superexec` sidecars), placed by the same Placement (now spoke-2 only): both SuperNodes
 /// online, and `flwr run` from the host completes.
 async fn process_isolation_runs(hub: &Cluster) -> Result<()> {

@@ -1039,7 +1039,7 @@ fn s6_agent_killed(w: &mut World) -> Result<()> {
     Ok(())
 }
 
-/// #12 item 2 / #13 item 3 on real Flower: revoking a cluster unregisters its SuperNodes' keys
+/// On real Flower: revoking a cluster unregisters its SuperNodes' keys
 /// from the SuperLink (read back through the hub's own Control API client) and its SuperNodes
 /// stop.
 fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
@@ -1054,7 +1054,7 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
         ca_pem: Some(std::fs::read_to_string(w.hub_ca())?),
         tunnel: None,
     })?;
-    // #13 item 1: the Fleet port SuperNodes dial (the hub's Fleet front) serves no Control API.
+    // The Fleet port SuperNodes dial (the hub's Fleet front) serves no Control API.
     let through_fleet = ControlClient::new(ControlEndpoint {
         address: format!("127.0.0.1:{}", w.grpc_port),
         ..client.endpoint().clone()
@@ -1151,7 +1151,7 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
     Ok(())
 }
 
-/// #13 item 4 on real Flower: the Flower CA rotated in three steps, the hub restarted after
+/// On real Flower: the Flower CA rotated in three steps, the hub restarted after
 /// each (`flower-hub ca rotate` says so). Staged, both CAs are trusted and edge-1's SuperNodes
 /// restart on the new bundle; promoted, the SuperLink serves a certificate of the new CA and
 /// the SuperNodes, trusting both, come back online and a run completes; retired, only the new

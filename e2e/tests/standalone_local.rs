@@ -358,7 +358,7 @@ fn a_supernode_trusts_only_its_own_federations_superlink(
     Ok(())
 }
 
-/// #13 item 2: whoever reaches the Control API runs a ServerApp next to the SuperLink; that code
+/// Whoever reaches the Control API runs a ServerApp next to the SuperLink; that code
 /// sees the SuperLink's own directory but not the rest of the hub's state directory (the channel
 /// and Flower CA keys, tokens). The probe app fails its run if it can read the key.
 fn a_serverapp_cannot_read_the_hub_state(

@@ -107,9 +107,9 @@ impl Hub {
     }
 
     /// Every Flower run the SuperLink lists, by id. A SuperLink that does not answer is asked
-    /// again for up to 60 s (each retry printed, with the error: the run lists are what the
-    /// callers check, not that the SuperLink answers at one instant), then the hub log is
-    /// attached to the error.
+    /// again for up to 60 s (the run lists are what the callers check, not that the SuperLink
+    /// answers at one instant); each retry is declared (`retried`, kind `list-runs`: counted in
+    /// test.sh's summary), and after 60 s the hub log is attached to the error.
     async fn flower_runs(&self) -> Result<BTreeMap<u64, String>> {
         let control = self.control.as_ref().context("no Control client")?;
         let t = Instant::now();
@@ -117,9 +117,12 @@ impl Hub {
             match control.list_runs().await {
                 Ok(runs) => return Ok(runs.into_iter().map(|r| (r.run_id, r.status)).collect()),
                 Err(error) if t.elapsed() < Duration::from_secs(60) => {
-                    eprintln!(
-                        "standalone_runs: ListRuns failed {:.1}s after the first try, asking again: {error}",
-                        t.elapsed().as_secs_f64()
+                    e2e::harness::retried(
+                        "list-runs",
+                        format!(
+                            "standalone_runs: ListRuns failed {:.1}s after the first try, asking again: {error}",
+                            t.elapsed().as_secs_f64()
+                        ),
                     );
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }

@@ -1,7 +1,7 @@
 //! Flower argument dialects: which flags and ports a given Flower release understands.
 //!
 //! Flower's deployment CLI changed between the 1.25-era releases flower-operator targets and the
-//! current ones (see `FLOWER.md`): the three fixed gRPC APIs (ServerAppIO 9091, Fleet 9092,
+//! current ones (see `e2e/flower/NOTES.md`): the three fixed gRPC APIs (ServerAppIO 9091, Fleet 9092,
 //! Control 9093) and the SuperNode's `--clientappio-api-address` were replaced by one server per
 //! component configured with `--host`/`--port`. We render per dialect, chosen from
 //! `spec.version` or, when it is unset, from the SuperLink image tag.

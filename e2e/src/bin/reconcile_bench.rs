@@ -1,4 +1,4 @@
-//! Reconcile latency and apiserver requests of `flower-hub serve` in Kubernetes mode (#15 item 4):
+//! Reconcile latency and apiserver requests of `flower-hub serve` in Kubernetes mode:
 //! a real control plane from the e2e harness, the release hub as a child process under its
 //! least-privilege ServiceAccount (as `manifests/hub/deployment.yaml` runs it), Federations with
 //! no placementRef (the hub cluster runs the SuperLink and, through the hub's embedded runtime,
@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
-#[command(about = "flower-hub reconcile latency and apiserver requests (#15 item 4)")]
+#[command(about = "flower-hub reconcile latency and apiserver requests")]
 struct Args {
     /// Federations created and timed.
     #[arg(long, default_value_t = 20)]
@@ -137,11 +137,11 @@ const RESOURCES: [&str; 16] = [
 /// the embedded runtime's observation period (5 s).
 const QUIET: Duration = Duration::from_secs(6);
 
-/// Targets of #15 item 4.
+/// Its targets.
 const TARGET_CREATE_P50: Duration = Duration::from_millis(15);
 const TARGET_CHANGE_P50: Duration = Duration::from_millis(7);
 const TARGET_REQUESTS_PER_CHANGE: f64 = 1.0;
-/// #15 item 5: hub idle RSS with 0 Federations.
+/// Hub idle RSS with 0 Federations.
 const TARGET_IDLE_RSS_MIB: f64 = 20.0;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -594,7 +594,7 @@ impl SpokesReport {
 
 // === Federations ===
 
-/// The Federation of #15's comparison: StatefulSet mode, subprocess isolation, insecure, one
+/// The Federation of the comparison: StatefulSet mode, subprocess isolation, insecure, one
 /// pool `a` of 2, no placementRef (the hub cluster runs everything).
 fn federation(name: &str) -> Result<Federation> {
     Ok(serde_json::from_value(json!({
