@@ -100,7 +100,13 @@ struct Setup {
 }
 
 impl Setup {
+    /// Every reconcile asks the SuperLink (no shared run list), so each step sees its change.
     async fn new(fed: Federation, objects: Vec<Value>) -> Self {
+        Self::sharing(fed, objects, Duration::ZERO).await
+    }
+
+    /// [`Setup::new`] with run lists shared for `window`.
+    async fn sharing(fed: Federation, objects: Vec<Value>, window: Duration) -> Self {
         let journal = Journal::default();
         let fake = fake_control::Fake {
             journal: journal.clone(),
@@ -119,7 +125,9 @@ impl Setup {
             writer.listed();
         }
         feds.apply_watcher_event(&watcher::Event::Apply(fed));
-        let ctx = Arc::new(RunContext::new(client, fed_store, run_store, endpoint_of));
+        let ctx = Arc::new(
+            RunContext::new(client, fed_store, run_store, endpoint_of).with_list_shared_for(window),
+        );
         Self {
             ctx,
             objects,
@@ -538,4 +546,41 @@ async fn a_reconcile_on_a_stale_object_never_submits_again() {
         s.fake.calls().iter().filter(|c| *c == "start-run").count(),
         1
     );
+}
+
+#[tokio::test]
+async fn runs_reconciled_at_once_share_one_list_runs() {
+    // Invariant: passes within LIST_SHARED_FOR share one ListRuns answer of their SuperLink (not
+    // one per FlowerRun per pass); a submission drops it, so the next pass asks again; after the
+    // window a pass asks again.
+    let (fab, _) = fab();
+    let mut s = Setup::sharing(
+        federation(true, "all ready"),
+        vec![
+            flower_run(json!({"num-server-rounds": 2, "min-nodes": 2})),
+            config_map(&fab),
+        ],
+        flower_addon_hub::kube::controller::runs::LIST_SHARED_FOR,
+    )
+    .await;
+    let lists = |s: &Setup| s.fake.calls().iter().filter(|c| *c == "list-runs").count();
+    s.pass().await;
+    assert!(
+        s.fake.calls().iter().any(|c| c == "start-run"),
+        "{:?}",
+        s.fake.calls()
+    );
+    let after_submit = lists(&s);
+    for _ in 0..3 {
+        s.pass().await;
+    }
+    assert_eq!(
+        lists(&s),
+        after_submit + 1,
+        "three passes right after the submission asked once: {:?}",
+        s.fake.calls()
+    );
+    tokio::time::sleep(flower_addon_hub::kube::controller::runs::LIST_SHARED_FOR).await;
+    s.pass().await;
+    assert_eq!(lists(&s), after_submit + 2, "asked again after the window");
 }

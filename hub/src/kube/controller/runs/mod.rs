@@ -39,7 +39,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::{Error, measured};
-use crate::core::run::needs_app;
+use crate::core::run::{SuperLinkState, needs_app};
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::runs::LogFollowers;
@@ -77,7 +77,19 @@ pub struct RunContext {
     followers: Mutex<LogFollowers<RunKey>>,
     /// FABs downloaded from `spec.app.fab.url` (once per URL and hash).
     fab_urls: FabUrlCache,
+    /// Each Federation's last run list, shared by the runs reconciled within
+    /// [`LIST_SHARED_FOR`]: one `ListRuns` per SuperLink, not one per FlowerRun.
+    lists: Mutex<HashMap<FedKey, SharedList>>,
+    /// [`LIST_SHARED_FOR`], or what a test sets.
+    list_shared_for: Duration,
 }
+
+/// One Federation's last run list and when it was asked.
+type SharedList = Arc<tokio::sync::Mutex<Option<(std::time::Instant, SuperLinkState)>>>;
+
+/// How long one `ListRuns` answer serves every run of its Federation (runs in progress are
+/// polled every 2 s; a submission or stop by any of them drops it at once).
+pub const LIST_SHARED_FOR: Duration = Duration::from_secs(1);
 
 impl RunContext {
     /// Downloads FAB URLs only where `egress` allows ([`crate::flower::fab_url::Egress`]).
@@ -103,7 +115,45 @@ impl RunContext {
             clients: Mutex::default(),
             followers: Mutex::new(LogFollowers::new()),
             fab_urls: FabUrlCache::new(),
+            lists: Mutex::default(),
+            list_shared_for: LIST_SHARED_FOR,
         }
+    }
+
+    /// Shares a Federation's run list for `window` instead of [`LIST_SHARED_FOR`] (zero: every
+    /// reconcile asks).
+    pub fn with_list_shared_for(mut self, window: Duration) -> Self {
+        self.list_shared_for = window;
+        self
+    }
+
+    /// The run list of `key`'s SuperLink: the one asked less than [`LIST_SHARED_FOR`] ago, or
+    /// a new one (runs reconciled at once wait for one answer instead of asking each).
+    async fn list_runs(&self, key: &FedKey, client: &ControlClient) -> SuperLinkState {
+        let slot = self
+            .lists
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().await;
+        if let Some((at, state)) = slot.as_ref()
+            && at.elapsed() < self.list_shared_for
+        {
+            return state.clone();
+        }
+        let state = crate::flower::runs::list(client).await;
+        *slot = Some((std::time::Instant::now(), state.clone()));
+        state
+    }
+
+    /// Drops `key`'s shared run list: a run was submitted or stopped, so the next pass asks.
+    fn forget_list(&self, key: &FedKey) {
+        self.lists
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 
     /// The Control client of `fed` (kept while its endpoint stays the same); `None` when it has

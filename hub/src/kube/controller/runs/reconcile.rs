@@ -79,7 +79,7 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
     };
     let superlink = if asks_superlink(&current, spec, deleting, &federation, app.as_ref()) {
         match &client {
-            Some(client) => flower_runs::list(client).await,
+            Some(client) => ctx.list_runs(&fed_key, client).await,
             None => SuperLinkState::Unreachable(format!(
                 "Federation {} has no SuperLink to reach",
                 fed_key.1
@@ -160,6 +160,7 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
             // stored whatever happened to the object's metadata meanwhile.
             read_at = None;
             status = flower_runs::submit(client, &status, app).await;
+            ctx.forget_list(&fed_key);
             events.push(submission_event(&status));
             requeue = Some(if status.run_id.is_some() {
                 ACTIVE_POLL
@@ -168,7 +169,9 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
             });
         }
         (RunAction::Stop(run_id) | RunAction::StopAndRelease(run_id), Some(client)) => {
-            if let Err(why) = flower_runs::stop(client, *run_id).await {
+            let stopped = flower_runs::stop(client, *run_id).await;
+            ctx.forget_list(&fed_key);
+            if let Err(why) = stopped {
                 status.details = Some(format!("stopping Flower run {run_id}: {why}"));
                 requeue = Some(UNREACHABLE_RETRY);
             } else if matches!(decision.action, RunAction::StopAndRelease(_)) {
