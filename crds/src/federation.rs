@@ -124,7 +124,16 @@ pub struct OutputsSpec {
         regex(pattern = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     )]
     pub run_config_key: Option<String>,
+    /// The most bytes one run's outputs may take, a Kubernetes quantity (default `1Gi`): the
+    /// outputs `emptyDir`'s `sizeLimit` when no claim holds them; a run whose files add up to
+    /// more is neither listed nor fetched (its status says so), so no file, however large or
+    /// sparse, is read past it. Standalone hubs hold runs to it the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 }
+
+/// `spec.outputs.sizeLimit` when unset.
+pub const DEFAULT_OUTPUTS_SIZE_LIMIT: &str = "1Gi";
 
 /// The claim of `spec.outputs.volumeClaimTemplate`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
@@ -138,6 +147,18 @@ pub struct OutputsClaimTemplate {
 pub const DEFAULT_OUTPUTS_RUN_CONFIG_KEY: &str = "output-dir";
 
 impl OutputsSpec {
+    /// `sizeLimit` in bytes ([`DEFAULT_OUTPUTS_SIZE_LIMIT`] when unset); `None` when it does
+    /// not parse (validation refuses that).
+    pub fn size_limit_bytes(&self) -> Option<u64> {
+        let text = self
+            .size_limit
+            .as_ref()
+            .map_or(DEFAULT_OUTPUTS_SIZE_LIMIT, |q| q.0.as_str());
+        crate::parse_quantity(text)
+            .filter(|b| b.is_finite() && *b >= 1.0)
+            .map(|b| b as u64)
+    }
+
     /// `runConfigKey`, [`DEFAULT_OUTPUTS_RUN_CONFIG_KEY`] when unset.
     pub fn run_config_key(&self) -> &str {
         self.run_config_key

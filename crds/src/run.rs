@@ -54,6 +54,9 @@ pub mod reason {
     pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     /// `backoffLimit` attempts were used up.
     pub const BACKOFF_LIMIT_EXCEEDED: &str = "BackoffLimitExceeded";
+    /// The run's outputs are over the Federation's `spec.outputs.sizeLimit` (condition
+    /// `OutputsListed=False`): neither listed nor fetched.
+    pub const OUTPUTS_OVER_QUOTA: &str = "OutputsOverQuota";
 }
 
 /// Desired state of one Flower run.

@@ -79,6 +79,12 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
         if outputs.claim_name.is_some() && outputs.volume_claim_template.is_some() {
             errors.push(FieldError::new("spec.outputs", MSG_OUTPUTS_ONE_VOLUME));
         }
+        if outputs.size_limit.is_some() && outputs.size_limit_bytes().is_none() {
+            errors.push(FieldError::new(
+                "spec.outputs.sizeLimit",
+                "must be a quantity of at least one byte (e.g. 1Gi, 500Mi)",
+            ));
+        }
         if let Some(key) = &outputs.run_config_key {
             let mut chars = key.chars();
             let valid = key.len() <= 128

@@ -389,7 +389,8 @@ fn outputs_are_a_volume_of_the_superlink_with_a_read_only_sidecar() {
         [
             "outputs-server",
             "--listen=127.0.0.1:9099",
-            "--dir=/var/lib/flwr/outputs"
+            "--dir=/var/lib/flwr/outputs",
+            "--max-bytes=1073741824"
         ]
     );
     assert_eq!(
@@ -411,11 +412,28 @@ fn outputs_are_a_volume_of_the_superlink_with_a_read_only_sidecar() {
     );
     let empty = hub(&with("{}"));
     let pod = superlink_pod(&empty);
-    assert!(
+    let size_limit = |pod: &k8s_openapi::api::core::v1::PodSpec| {
         pod.volumes
             .iter()
             .flatten()
-            .any(|v| v.name == "outputs" && v.empty_dir.is_some())
+            .find(|v| v.name == "outputs")
+            .and_then(|v| v.empty_dir.clone())
+            .and_then(|e| e.size_limit)
+            .map(|q| q.0)
+    };
+    // The emptyDir is held to spec.outputs.sizeLimit (1Gi unless set), as is the sidecar.
+    assert_eq!(size_limit(pod).as_deref(), Some("1Gi"));
+    let limited = hub(&with("{ sizeLimit: 200Mi }"));
+    assert_eq!(
+        size_limit(superlink_pod(&limited)).as_deref(),
+        Some("200Mi")
+    );
+    assert!(
+        container(superlink_pod(&limited), "outputs")
+            .args
+            .iter()
+            .flatten()
+            .any(|a| a == "--max-bytes=209715200")
     );
     assert_eq!(pod.security_context.as_ref().and_then(|s| s.fs_group), None);
     // Without outputs: no volume, no sidecar.

@@ -19,6 +19,10 @@ pub struct OutputsServerArgs {
     /// The outputs root: each run's files are below `<dir>/<namespace>/<run>/`. Only read.
     #[arg(long, default_value = outputs::OUTPUTS_MOUNT_DIR)]
     pub dir: PathBuf,
+    /// The most bytes one run's outputs may take (the Federation's `spec.outputs.sizeLimit`):
+    /// a run over it is answered 413, nothing of it hashed.
+    #[arg(long, default_value_t = u64::MAX)]
+    pub max_bytes: u64,
 }
 
 /// Serves run outputs until SIGINT/SIGTERM.
@@ -38,7 +42,7 @@ pub fn outputs_server(args: OutputsServerArgs) -> anyhow::Result<ExitCode> {
                 dir = %args.dir.display(),
                 "outputs server: serving run outputs read-only"
             );
-            outputs::serve(listener, args.dir, async {
+            outputs::serve(listener, args.dir, args.max_bytes, async {
                 super::serve::shutdown_signal().await;
             })
             .await?;

@@ -969,13 +969,47 @@ pub fn outputs_to_list(status: &FlowerRunStatus, declared: bool) -> bool {
     declared && is_finished(status) && status.run_id.is_some() && status.outputs_listed_at.is_none()
 }
 
+/// Why a run's outputs could not be listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutputsFailure {
+    /// For now (the SuperLink pod is restarting, the listing timed out): tried again.
+    Retry(String),
+    /// The run's files are over the Federation's `spec.outputs.sizeLimit`: for good.
+    OverQuota(String),
+}
+
+/// How long listing a finished run's outputs may take, in both hub modes.
+pub const OUTPUTS_LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The condition a run gets when its outputs are not listed for good.
+pub const OUTPUTS_LISTED: &str = "OutputsListed";
+
 /// Records a listing of the run's outputs (or why there is none); returns when to try again
 /// (`None`: done). Failures are retried for [`OUTPUTS_LIST_WINDOW`] after the run finished.
 pub fn record_outputs(
     status: &mut FlowerRunStatus,
-    listed: Result<Vec<flower_addon_crds::run::RunOutput>, String>,
+    listed: Result<Vec<flower_addon_crds::run::RunOutput>, OutputsFailure>,
     now: Timestamp,
 ) -> Option<Duration> {
+    let listed = match listed {
+        Ok(files) => Ok(files),
+        Err(OutputsFailure::OverQuota(message)) => {
+            // Over the Federation's limit it stays: not retried; said by a condition.
+            let message = crate::core::text::bounded(&message, crate::core::text::MAX_DETAILS);
+            status.outputs_listed_at = Some(Time(now));
+            status.details = Some(message.clone());
+            set(
+                status,
+                OUTPUTS_LISTED,
+                false,
+                reason::OUTPUTS_OVER_QUOTA,
+                &message,
+                now,
+            );
+            return None;
+        }
+        Err(OutputsFailure::Retry(why)) => Err(why),
+    };
     match listed {
         Ok(files) => {
             // File names are the app's: bounded and stripped like its log.

@@ -45,6 +45,13 @@ const CHUNK: usize = 64 * 1024;
 /// Why outputs could not be listed, served or copied.
 #[derive(Debug, thiserror::Error)]
 pub enum OutputsError {
+    /// The run's files add up to more than the Federation's `spec.outputs.sizeLimit`: neither
+    /// listed nor fetched (no file is read past the limit).
+    #[error("{message}")]
+    OverQuota {
+        /// What is over and what to do.
+        message: String,
+    },
     /// A file or directory could not be read or written.
     #[error("{}: {source}", path.display())]
     Io {
@@ -235,17 +242,26 @@ pub fn run_dir(root: &Path, namespace: &str, run: &str) -> PathBuf {
 /// devices, FIFOs and sockets), sorted by path, with sizes and SHA-256s. A missing `dir` lists
 /// nothing; more than [`MAX_FILES`] files, or a name that is not UTF-8 or holds a backslash, is
 /// an error. `dir` itself must not be a symlink (its parents may be).
-pub fn list_dir(dir: &Path) -> Result<Vec<RunOutput>, OutputsError> {
+///
+/// `max_bytes` (the Federation's `spec.outputs.sizeLimit`) bounds what is read: the files' sizes
+/// are added up first, and a run over it is refused ([`OutputsError::OverQuota`]) before any
+/// byte is hashed; each file is then hashed up to the size it had, so a file that grows
+/// meanwhile is not read further.
+pub fn list_dir(dir: &Path, max_bytes: u64) -> Result<Vec<RunOutput>, OutputsError> {
     let fd = match nix::fcntl::open(dir, dir_flags(), Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::ENOENT) => return Ok(Vec::new()),
         Err(e) => return Err(OutputsError::io(dir, e)),
     };
-    list_fd(fd.as_fd(), dir)
+    list_fd(fd.as_fd(), dir, max_bytes)
 }
 
 /// [`list_dir`] of the directory open as `dir`, named `shown` in errors.
-fn list_fd(dir: BorrowedFd<'_>, shown: &Path) -> Result<Vec<RunOutput>, OutputsError> {
+fn list_fd(
+    dir: BorrowedFd<'_>,
+    shown: &Path,
+    max_bytes: u64,
+) -> Result<Vec<RunOutput>, OutputsError> {
     let mut paths = Vec::new();
     walk(dir, "", 0, shown, &mut paths)?;
     if paths.len() > MAX_FILES {
@@ -256,16 +272,39 @@ fn list_fd(dir: BorrowedFd<'_>, shown: &Path) -> Result<Vec<RunOutput>, OutputsE
         });
     }
     paths.sort();
-    paths
+    // Sizes first (one file open at a time), so nothing is hashed of a run over the limit.
+    let mut opened = Vec::with_capacity(paths.len());
+    let mut total = 0u64;
+    for path in paths {
+        let segments: Vec<&str> = path.split('/').collect();
+        let at = shown.join(&path);
+        let size = open_beneath(dir, &segments)
+            .and_then(|f| f.metadata())
+            .map_err(|e| OutputsError::io(&at, e))?
+            .len();
+        total = total.saturating_add(size);
+        opened.push((path, size));
+    }
+    if total > max_bytes {
+        return Err(OutputsError::OverQuota {
+            message: format!(
+                "the run's {} output file(s) in {} take {total} bytes, more than the Federation's spec.outputs.sizeLimit ({max_bytes} bytes): they are not listed or fetched; write less, or raise the limit",
+                opened.len(),
+                shown.display()
+            ),
+        });
+    }
+    opened
         .into_iter()
-        .map(|path| {
+        .map(|(path, size)| {
             let segments: Vec<&str> = path.split('/').collect();
             let at = shown.join(&path);
-            let mut file = open_beneath(dir, &segments).map_err(|e| OutputsError::io(&at, e))?;
-            let (size, sha256) = hash(&mut file).map_err(|e| OutputsError::io(&at, e))?;
-            let size = i64::try_from(size).map_err(|_| OutputsError::BadListing {
+            let file = open_beneath(dir, &segments).map_err(|e| OutputsError::io(&at, e))?;
+            let (hashed, sha256) =
+                hash(&mut file.take(size)).map_err(|e| OutputsError::io(&at, e))?;
+            let size = i64::try_from(hashed).map_err(|_| OutputsError::BadListing {
                 path: path.clone(),
-                why: format!("{size} bytes is too large to list"),
+                why: format!("{hashed} bytes is too large to list"),
             })?;
             Ok(RunOutput { path, size, sha256 })
         })

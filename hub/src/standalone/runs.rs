@@ -380,7 +380,23 @@ impl StandaloneRuns {
         }
         if !deleting && core_run::outputs_to_list(&status, outputs_root.is_some()) {
             let dir = self.outputs_root(fed_key).join(&key.0).join(&key.1);
-            let listed = outputs::list_dir(&dir).map_err(|e| e.to_string());
+            let max_bytes = outputs_root
+                .and_then(|(spec, _)| spec.size_limit_bytes())
+                .unwrap_or(u64::MAX);
+            // Off the hub's task, and bounded: at most the size limit is read, within a minute.
+            let listing = tokio::task::spawn_blocking(move || outputs::list_dir(&dir, max_bytes));
+            let listed = match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, listing).await {
+                Ok(Ok(Ok(files))) => Ok(files),
+                Ok(Ok(Err(outputs::OutputsError::OverQuota { message }))) => {
+                    Err(core_run::OutputsFailure::OverQuota(message))
+                }
+                Ok(Ok(Err(e))) => Err(core_run::OutputsFailure::Retry(e.to_string())),
+                Ok(Err(e)) => Err(core_run::OutputsFailure::Retry(e.to_string())),
+                Err(_) => Err(core_run::OutputsFailure::Retry(format!(
+                    "listing took longer than {} s",
+                    core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
+                ))),
+            };
             // Retried on the next pass while it fails (for the core's window).
             let _ = core_run::record_outputs(&mut status, listed, Timestamp::now());
         }

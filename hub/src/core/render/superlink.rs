@@ -165,10 +165,15 @@ pub fn render_superlink(
                         read_only: None,
                     }
                 }),
-                empty_dir: outputs
-                    .claim_name
-                    .is_none()
-                    .then(EmptyDirVolumeSource::default),
+                // An emptyDir is held to the size limit by the kubelet; a claim by its size.
+                empty_dir: outputs.claim_name.is_none().then(|| EmptyDirVolumeSource {
+                    size_limit: Some(outputs.size_limit.clone().unwrap_or_else(|| {
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                            flower_addon_crds::DEFAULT_OUTPUTS_SIZE_LIMIT.to_owned(),
+                        )
+                    })),
+                    ..EmptyDirVolumeSource::default()
+                }),
                 ..Volume::default()
             });
         }
@@ -263,6 +268,13 @@ pub fn render_superlink(
                 "outputs-server".to_owned(),
                 format!("--listen=127.0.0.1:{OUTPUTS_PORT}"),
                 format!("--dir={OUTPUTS_MOUNT_DIR}"),
+                format!(
+                    "--max-bytes={}",
+                    spec.outputs
+                        .as_ref()
+                        .and_then(|o| o.size_limit_bytes())
+                        .unwrap_or(u64::MAX)
+                ),
             ]),
             volume_mounts: Some(vec![VolumeMount {
                 read_only: Some(true),

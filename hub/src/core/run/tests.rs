@@ -578,7 +578,11 @@ fn outputs_are_listed_once_after_a_finished_flower_run_and_retried_for_a_while()
     );
     assert!(outputs_to_list(&status, true));
     // A failure within the window: details say so, retried soon.
-    let retry = record_outputs(&mut status, Err("pod not running".into()), at(30));
+    let retry = record_outputs(
+        &mut status,
+        Err(OutputsFailure::Retry("pod not running".into())),
+        at(30),
+    );
     assert_eq!(retry, Some(OUTPUTS_RETRY));
     assert!(
         status
@@ -609,7 +613,11 @@ fn outputs_are_listed_once_after_a_finished_flower_run_and_retried_for_a_while()
     set(&mut late, RUN_FAILED, true, "FlowerFailed", "failed", at(0));
     let secs = OUTPUTS_LIST_WINDOW.as_secs() as i64;
     assert_eq!(
-        record_outputs(&mut late, Err("gone".into()), at(secs + 1)),
+        record_outputs(
+            &mut late,
+            Err(OutputsFailure::Retry("gone".into())),
+            at(secs + 1)
+        ),
         None
     );
     assert!(late.outputs_listed_at.is_some());
@@ -693,4 +701,28 @@ fn what_a_serverapp_raises_and_logs_is_bounded_and_stripped() {
     );
     let path = &outputs.outputs[0].path;
     assert!(path.starts_with("ab") && path.len() < crate::core::text::MAX_OUTPUT_PATH + 40);
+}
+
+#[test]
+fn outputs_over_the_size_limit_end_with_a_condition_and_no_retry() {
+    // Invariant: a run whose outputs are over the Federation's limit gets OutputsListed=False
+    // (OutputsOverQuota) with the message, is not listed again, and keeps no file list.
+    let mut status = FlowerRunStatus::default();
+    let retry = record_outputs(
+        &mut status,
+        Err(OutputsFailure::OverQuota(
+            "8796093022210 bytes, more than 1Gi".into(),
+        )),
+        at(30),
+    );
+    assert_eq!(retry, None);
+    assert!(status.outputs_listed_at.is_some());
+    assert!(status.outputs.is_empty());
+    assert!(is(
+        &status,
+        OUTPUTS_LISTED,
+        "False",
+        reason::OUTPUTS_OVER_QUOTA
+    ));
+    assert!(status.details.unwrap().contains("more than 1Gi"));
 }

@@ -275,6 +275,7 @@ async fn get(
         .unwrap_or_default();
     let message = String::from_utf8_lossy(&body).trim().to_owned();
     Err(match (status.as_u16(), file) {
+        (413, None) => OutputsError::OverQuota { message },
         (404, Some(path)) => OutputsError::Missing {
             path: path.to_owned(),
             dir: format!("the outputs sidecar of pod {}", target.pod()).into(),

@@ -38,6 +38,7 @@ type Body = UnsyncBoxBody<Bytes, io::Error>;
 pub async fn serve(
     listener: TcpListener,
     root: PathBuf,
+    max_bytes: u64,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let root = Arc::new(root);
@@ -64,7 +65,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let root = root.clone();
-                async move { Ok::<_, Infallible>(answer(&request, root).await) }
+                async move { Ok::<_, Infallible>(answer(&request, root, max_bytes).await) }
             });
             let served = server::Builder::new()
                 .timer(TokioTimer::new())
@@ -179,7 +180,7 @@ fn percent_decode(raw: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-async fn answer(request: &Request<Incoming>, root: Arc<PathBuf>) -> Response<Body> {
+async fn answer(request: &Request<Incoming>, root: Arc<PathBuf>, max_bytes: u64) -> Response<Body> {
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -203,7 +204,7 @@ async fn answer(request: &Request<Incoming>, root: Arc<PathBuf>) -> Response<Bod
         }
     };
     let result = match route {
-        Route::List { namespace, run } => list(root, namespace, run).await,
+        Route::List { namespace, run } => list(root, namespace, run, max_bytes).await,
         Route::File {
             namespace,
             run,
@@ -222,7 +223,7 @@ fn internal(what: &str, e: impl std::fmt::Display) -> (StatusCode, String) {
     (StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}\n"))
 }
 
-async fn list(root: Arc<PathBuf>, namespace: String, run: String) -> Answer {
+async fn list(root: Arc<PathBuf>, namespace: String, run: String, max_bytes: u64) -> Answer {
     let listed = tokio::task::spawn_blocking(move || {
         let shown = super::run_dir(&root, &namespace, &run);
         let mut held = nix::fcntl::open(root.as_path(), root_flags(), Mode::empty())
@@ -235,11 +236,17 @@ async fn list(root: Arc<PathBuf>, namespace: String, run: String) -> Answer {
                 Err(e) => return Err(OutputsError::io(shown, e)),
             };
         }
-        list_fd(held.as_fd(), &shown)
+        list_fd(held.as_fd(), &shown, max_bytes)
     })
     .await
     .map_err(|e| internal("listing", e))?
-    .map_err(|e| internal("listing", e))?;
+    .map_err(|e| match e {
+        // The client tells this one apart: a run over the limit stays so.
+        OutputsError::OverQuota { message } => {
+            (StatusCode::PAYLOAD_TOO_LARGE, format!("{message}\n"))
+        }
+        e => internal("listing", e),
+    })?;
     let json = serde_json::to_vec(&listed).map_err(|e| internal("listing", e))?;
     let mut response = Response::new(
         Full::new(Bytes::from(json))

@@ -48,7 +48,7 @@ fn list_dir_walks_nested_regular_files_only() {
     // Only regular files are listed, sorted, '/'-separated, with streamed size and sha256;
     // symlinks (inside or out) and FIFOs are skipped, never followed.
     let (_tmp, root) = fixture();
-    let listed = list_dir(&run_dir(&root, "demo", "r1")).unwrap();
+    let listed = list_dir(&run_dir(&root, "demo", "r1"), u64::MAX).unwrap();
     assert_eq!(
         listed,
         vec![
@@ -59,10 +59,48 @@ fn list_dir_walks_nested_regular_files_only() {
 }
 
 #[test]
+fn a_run_over_the_size_limit_is_refused_before_any_byte_is_hashed() {
+    // Invariant: a run whose files add up to more than the limit (here an 8 TiB sparse file) is
+    // refused from the files' sizes alone, at once, naming the sizes and the field; within the
+    // limit it is listed as usual.
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("small.txt"), b"ok").unwrap();
+    let sparse = std::fs::File::create(run.join("huge.bin")).unwrap();
+    sparse.set_len(8 << 40).unwrap();
+    let t = std::time::Instant::now();
+    let err = list_dir(&run, 1 << 30).unwrap_err();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(30),
+        "nothing was hashed"
+    );
+    let message = err.to_string();
+    assert!(
+        matches!(err, OutputsError::OverQuota { .. })
+            && message.contains(&format!("take {} bytes", (8u64 << 40) + 2))
+            && message.contains("spec.outputs.sizeLimit (1073741824 bytes)"),
+        "{message}"
+    );
+    std::fs::remove_file(run.join("huge.bin")).unwrap();
+    assert_eq!(
+        list_dir(&run, 1 << 30).unwrap(),
+        vec![output("small.txt", b"ok")]
+    );
+    assert!(matches!(
+        list_dir(&run, 1),
+        Err(OutputsError::OverQuota { .. })
+    ));
+}
+
+#[test]
 fn list_dir_of_a_missing_dir_is_empty() {
     // A run that wrote nothing has no directory: an empty listing, not an error.
     let tmp = tempfile::tempdir().unwrap();
-    assert_eq!(list_dir(&tmp.path().join("nope")).unwrap(), vec![]);
+    assert_eq!(
+        list_dir(&tmp.path().join("nope"), u64::MAX).unwrap(),
+        vec![]
+    );
 }
 
 #[test]
@@ -71,7 +109,7 @@ fn list_dir_refuses_a_symlinked_run_dir() {
     let (tmp, root) = fixture();
     let link = run_dir(&root, "demo", "r2");
     symlink(tmp.path().join("outside"), &link).unwrap();
-    let err = list_dir(&link).unwrap_err();
+    let err = list_dir(&link, u64::MAX).unwrap_err();
     assert!(matches!(err, OutputsError::Symlink { .. }), "{err}");
 }
 
@@ -82,7 +120,7 @@ fn list_dir_stops_past_the_file_limit() {
     for i in 0..=MAX_FILES {
         write(&tmp.path().join(format!("d{}/f{i}", i % 7)), b"");
     }
-    let err = list_dir(tmp.path()).unwrap_err();
+    let err = list_dir(tmp.path(), u64::MAX).unwrap_err();
     let text = err.to_string();
     assert!(
         matches!(
@@ -106,7 +144,7 @@ fn list_dir_refuses_names_no_output_path_can_carry() {
     // A backslash would be listed but never served: refuse it at listing time.
     let tmp = tempfile::tempdir().unwrap();
     write(&tmp.path().join("sub/a\\b"), b"x");
-    let err = list_dir(tmp.path()).unwrap_err();
+    let err = list_dir(tmp.path(), u64::MAX).unwrap_err();
     assert!(err.to_string().contains("sub/a\\\\b"), "{err}");
 }
 
@@ -116,12 +154,12 @@ fn list_dir_bounds_nesting() {
     let tmp = tempfile::tempdir().unwrap();
     let deep: PathBuf = (0..=MAX_DEPTH).map(|i| format!("d{i}")).collect();
     write(&tmp.path().join(&deep).join("f"), b"");
-    let err = list_dir(tmp.path()).unwrap_err();
+    let err = list_dir(tmp.path(), u64::MAX).unwrap_err();
     assert!(matches!(err, OutputsError::TooDeep { .. }), "{err}");
     let shallow: PathBuf = (0..MAX_DEPTH).map(|i| format!("d{i}")).collect();
     let tmp = tempfile::tempdir().unwrap();
     write(&tmp.path().join(&shallow).join("f"), b"");
-    assert_eq!(list_dir(tmp.path()).unwrap().len(), 1);
+    assert_eq!(list_dir(tmp.path(), u64::MAX).unwrap().len(), 1);
 }
 
 #[test]
@@ -151,7 +189,7 @@ fn copy_verified_copies_and_checks() {
     // Listed files land under dest with their directories, and no .part is left behind.
     let (tmp, root) = fixture();
     let src = run_dir(&root, "demo", "r1");
-    let listed = list_dir(&src).unwrap();
+    let listed = list_dir(&src, u64::MAX).unwrap();
     let dest = tmp.path().join("fetched");
     copy_verified(&src, &listed, &dest).unwrap();
     assert_eq!(
@@ -159,7 +197,7 @@ fn copy_verified_copies_and_checks() {
         b"{\"acc\":0.9}"
     );
     assert_eq!(std::fs::read(dest.join("model.pt")).unwrap(), b"weights");
-    assert_eq!(list_dir(&dest).unwrap(), listed);
+    assert_eq!(list_dir(&dest, u64::MAX).unwrap(), listed);
 }
 
 #[test]
@@ -216,7 +254,7 @@ async fn start(root: PathBuf) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, root, async {
+    tokio::spawn(serve(listener, root, u64::MAX, async {
         let _ = stopped.await;
     }));
     (addr, stop)
@@ -266,7 +304,10 @@ async fn server_lists_and_streams_files() {
     let listing = send(addr, "GET", "/v1/runs/demo/r1").await;
     assert_eq!(listing.status, 200);
     let listed: Vec<RunOutput> = serde_json::from_slice(&listing.body).unwrap();
-    assert_eq!(listed, list_dir(&run_dir(&root, "demo", "r1")).unwrap());
+    assert_eq!(
+        listed,
+        list_dir(&run_dir(&root, "demo", "r1"), u64::MAX).unwrap()
+    );
 
     let file = send(
         addr,
@@ -429,7 +470,10 @@ async fn the_client_lists_and_downloads_over_one_connection() {
     let listed = client::list_over(&mut conn, "ns", "p", "demo", "r1")
         .await
         .unwrap();
-    assert_eq!(listed, list_dir(&run_dir(&root, "demo", "r1")).unwrap());
+    assert_eq!(
+        listed,
+        list_dir(&run_dir(&root, "demo", "r1"), u64::MAX).unwrap()
+    );
     assert_eq!(
         client::list_over(&mut conn, "ns", "p", "demo", "r9")
             .await
@@ -443,7 +487,7 @@ async fn the_client_lists_and_downloads_over_one_connection() {
             .await
             .unwrap();
     }
-    assert_eq!(list_dir(&dest).unwrap(), listed);
+    assert_eq!(list_dir(&dest, u64::MAX).unwrap(), listed);
 
     // A file that changed since it was listed is refused and leaves nothing behind.
     let stale = RunOutput {

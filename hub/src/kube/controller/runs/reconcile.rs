@@ -30,8 +30,6 @@ use crate::kube::controller::{Error, Result};
 
 /// How soon a run whose FAB is being downloaded from its URL is looked at again.
 const DOWNLOAD_RETRY: Duration = Duration::from_secs(3);
-/// How long listing a finished run's outputs may take.
-const OUTPUTS_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the rest of a finished run's log is read.
 const FINAL_LOG_WAIT: Duration = Duration::from_secs(5);
 
@@ -198,12 +196,16 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
     {
         let pod = format!("{}-0", superlink_name(&fed_key.1));
         let listing = outputs::list_via_api(&ctx.client, &namespace, &pod, &namespace, &name);
-        let listed = match tokio::time::timeout(OUTPUTS_LIST_TIMEOUT, listing).await {
-            Ok(listed) => listed.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
+        let listed = match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, listing).await {
+            Ok(Ok(files)) => Ok(files),
+            Ok(Err(outputs::OutputsError::OverQuota { message })) => {
+                Err(core_run::OutputsFailure::OverQuota(message))
+            }
+            Ok(Err(e)) => Err(core_run::OutputsFailure::Retry(e.to_string())),
+            Err(_) => Err(core_run::OutputsFailure::Retry(format!(
                 "pod {namespace}/{pod} did not answer within {} s",
-                OUTPUTS_LIST_TIMEOUT.as_secs()
-            )),
+                core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
+            ))),
         };
         if let Some(retry) = core_run::record_outputs(&mut status, listed, now()) {
             requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
