@@ -803,9 +803,13 @@ pub async fn a_spoke_node_power_cycled_mid_run(
 ) -> Result<()> {
     use flower_addon_crds::run::FlowerRun;
     const POWER_OFF: Duration = Duration::from_secs(10);
+    // Long enough for six ClientApp processes to start and train on a loaded 2-core machine
+    // (30 s was not: replies came after it with one core kept busy), short enough that a round
+    // that lost its replies fails the cut run well within the wait below.
+    const ROUND_TIMEOUT_SECS: u64 = 90;
     let (federation, control, min_nodes) = &controls[0];
     eprintln!(
-        "real_node: fault: {}'s node power-cycled (off {}s) during FlowerRun fl/reboot on {federation} (backoffLimit 2, round-timeout 30s). Expected: the node Ready again, its SuperNode pods back with the same names, UIDs and keys (restarted), the same node ids online on each SuperLink, the cut Flower run completed or failed as Flower reports it, fl/reboot Complete (on a retry if it failed)",
+        "real_node: fault: {}'s node power-cycled (off {}s) during FlowerRun fl/reboot on {federation} (backoffLimit 2, round-timeout {ROUND_TIMEOUT_SECS}s). Expected: the node Ready again, its SuperNode pods back with the same names, UIDs and keys (restarted), the same node ids online on each SuperLink, the cut Flower run completed or failed as Flower reports it, fl/reboot Complete (on a retry if it failed)",
         spoke.name,
         POWER_OFF.as_secs()
     );
@@ -833,7 +837,7 @@ pub async fn a_spoke_node_power_cycled_mid_run(
             "reboot",
             federation,
             serde_json::json!({
-                "runConfig": {"num-server-rounds": 6, "min-nodes": min_nodes, "round-timeout": 30},
+                "runConfig": {"num-server-rounds": 6, "min-nodes": min_nodes, "round-timeout": ROUND_TIMEOUT_SECS},
                 "backoffLimit": 2,
             }),
         )?,
@@ -915,7 +919,9 @@ pub async fn a_spoke_node_power_cycled_mid_run(
         &runs,
         "reboot",
         "after the power cut",
-        Duration::from_secs(420),
+        // Up to three attempts of six rounds, each round up to ROUND_TIMEOUT_SECS, with the
+        // retry back-off between them: a bound for a slow machine, not a guess of a fast one.
+        Duration::from_secs(1200),
     )
     .await?;
     let cut = super::listed_run(control, cut_run).await?;
