@@ -2016,10 +2016,104 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
         message.contains("pods/portforward"),
         "the port-forward's refusal: {message}"
     );
+    let policy = a_namespace_editor_gets_no_host_access_in_the_hub_cluster(&alice, hub).await?;
     eprintln!(
-        "real_node: user alice (edit in team-b): FlowerRun in fl refused (403); hers in team-b waits: {waiting:?}; fetch of fl/fedavg refused; port-forward refused: {message}"
+        "real_node: user alice (edit in team-b): FlowerRun in fl refused (403); hers in team-b waits: {waiting:?}; fetch of fl/fedavg refused; port-forward refused: {message}; {policy}"
     );
     Ok(())
+}
+
+/// alice (edit in team-b) writes a Federation without Placement whose SuperLink podTemplate asks
+/// for the host's PID namespace and a `hostPath: /` volume and whose pool asks for the host
+/// network, root and the hub's ServiceAccount: the hub creates no pod of it and the Federation is
+/// `Degraded` (`InvalidSpec`), naming each field and the `flower-hub serve` flag that would
+/// allow it. What it says, for the summary line.
+async fn a_namespace_editor_gets_no_host_access_in_the_hub_cluster(
+    alice: &kube::Client,
+    hub: &Cluster,
+) -> Result<String> {
+    use flower_addon_crds::Federation;
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let fed: Federation = serde_saphyr::from_str(&format!(
+        r#"
+apiVersion: flower-addon.io/v1alpha1
+kind: Federation
+metadata: {{name: breakout, namespace: team-b}}
+spec:
+  mode: StatefulSet
+  isolationMode: subprocess
+  superlink:
+    image: {SUPERLINK_IMAGE}
+    podTemplate:
+      spec:
+        hostPID: true
+        volumes: [{{name: root, hostPath: {{path: /}}}}]
+  supernodes:
+    image: {SUPERNODE_IMAGE}
+    pools:
+      - name: a
+        replicas: 1
+        images: {{}}
+        podTemplate:
+          spec:
+            hostNetwork: true
+            serviceAccountName: flower-hub
+            securityContext: {{runAsUser: 0}}
+"#
+    ))?;
+    let feds = Api::<Federation>::namespaced(alice.clone(), "team-b");
+    feds.create(&Default::default(), &fed).await?;
+    let t = Instant::now();
+    let message = wait_for(
+        "team-b/breakout Degraded (InvalidSpec) by the hub's pod policy",
+        Duration::from_secs(60),
+        || {
+            let feds = feds.clone();
+            async move {
+                let status = feds.get("breakout").await?.status.unwrap_or_default();
+                Ok(status
+                    .conditions
+                    .iter()
+                    .find(|c| {
+                        c.type_ == "Degraded" && c.status == "True" && c.reason == "InvalidSpec"
+                    })
+                    .map(|c| c.message.clone()))
+            }
+        },
+    )
+    .await?;
+    for part in [
+        "spec.superlink: hostPID is not allowed in the hub cluster",
+        "--allow host-pid",
+        "volume root (hostPath /)",
+        "--allow host-path",
+        "spec.supernodes.pools[0]: hostNetwork",
+        "runAsUser 0",
+        "--allow run-as-root",
+        "--allow-service-account flower-hub",
+    ] {
+        ensure!(
+            message.contains(part),
+            "{part:?} not in the Degraded message: {message}"
+        );
+    }
+    let statefulsets = Api::<StatefulSet>::namespaced(hub.client.clone(), "team-b")
+        .list(&Default::default())
+        .await?;
+    ensure!(
+        statefulsets.items.is_empty(),
+        "the hub made workloads of the refused Federation: {:?}",
+        statefulsets
+            .items
+            .iter()
+            .map(|s| s.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    feds.delete("breakout", &Default::default()).await?;
+    Ok(format!(
+        "her Federation asking for hostPID, hostPath /, hostNetwork, root and the hub's ServiceAccount: Degraded naming each flag after {:.1}s, no workload made",
+        t.elapsed().as_secs_f64()
+    ))
 }
 
 /// `flwr` on the host, connected the way the README tells users: `flower-hub connect FED` writes
