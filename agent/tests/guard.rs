@@ -60,6 +60,15 @@ fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Dura
     t.elapsed()
 }
 
+/// Waits until the program's two `sleep`s run (see [`script`]).
+fn started(marker: &str) {
+    wait_until(
+        "the program and its children started",
+        Duration::from_secs(10),
+        || alive_with(marker).len() == 2,
+    );
+}
+
 /// A marker no other run can share: `sleep` seconds made of `n` and this test process's pid.
 fn marker(n: u32) -> String {
     format!("{n}{}.5", std::process::id())
@@ -115,11 +124,7 @@ fn a_stopped_guard_ends_everything_and_exits_as_its_program() {
     )
     .spawn()
     .unwrap();
-    wait_until(
-        "the program and its children started",
-        Duration::from_secs(10),
-        || alive_with(marker).len() == 2,
-    );
+    started(marker);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -149,11 +154,7 @@ fn a_sigkilled_supervisor_leaves_nothing_within_five_seconds() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    wait_until(
-        "the program and its children started",
-        Duration::from_secs(10),
-        || alive_with(marker).len() == 2,
-    );
+    started(marker);
     let mut supervisor = supervisor;
     supervisor.kill().unwrap();
     let _ = supervisor.wait();

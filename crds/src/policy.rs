@@ -236,6 +236,26 @@ pub struct PodPolicy {
 }
 
 impl PodPolicy {
+    /// The default of `admin` allowing `allowed` and the ServiceAccounts `service_accounts`
+    /// (what `--allow` and `--allow-service-account` give); an error names a ServiceAccount that
+    /// is not one.
+    pub fn allowing(
+        admin: Admin,
+        allowed: &[Allowance],
+        service_accounts: &[String],
+    ) -> Result<Self, String> {
+        for name in service_accounts {
+            crate::dns_label(name).map_err(|why| {
+                format!("--allow-service-account {name:?}: {why} (a ServiceAccount name)")
+            })?;
+        }
+        Ok(Self {
+            allowed: allowed.iter().copied().collect(),
+            service_accounts: service_accounts.iter().cloned().collect(),
+            ..Self::new(admin)
+        })
+    }
+
     /// The default of `admin`: nothing beyond `baseline`, non-root, only the `default` service
     /// account and no token; on spokes, namespaces labelled `baseline` and foreign objects
     /// refused (the hub writes into its Federations' own namespaces and leaves their labels to

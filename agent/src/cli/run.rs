@@ -115,21 +115,19 @@ pub fn parse_level(name: &str) -> Result<PodSecurityLevel, String> {
 impl PolicyArgs {
     /// The policy these flags describe.
     pub fn policy(&self) -> anyhow::Result<PodPolicy> {
-        for name in &self.allow_service_account {
-            flower_addon_crds::dns_label(name).map_err(|why| {
-                anyhow::anyhow!("--allow-service-account {name:?}: {why} (a ServiceAccount name)")
-            })?;
-        }
+        let mut policy = PodPolicy::allowing(
+            flower_addon_crds::policy::Admin::Spoke,
+            &self.allow,
+            &self.allow_service_account,
+        )
+        .map_err(anyhow::Error::msg)?;
         for name in &self.namespaces {
             flower_addon_crds::dns_label(name).map_err(|why| {
                 anyhow::anyhow!("--namespaces {name:?}: {why} (a namespace name)")
             })?;
         }
-        let mut policy = PodPolicy::spoke_default();
         policy.namespaces =
             (!self.namespaces.is_empty()).then(|| self.namespaces.iter().cloned().collect());
-        policy.allowed = self.allow.iter().copied().collect();
-        policy.service_accounts = self.allow_service_account.iter().cloned().collect();
         policy.namespace_level = self.namespace_pod_security;
         Ok(policy)
     }

@@ -28,19 +28,12 @@ fn parse_allowance(name: &str) -> Result<Allowance, String> {
 impl HubPolicyArgs {
     /// The policy these flags describe.
     pub fn policy(&self) -> anyhow::Result<PodPolicy> {
-        for name in &self.allow_service_account {
-            flower_addon_crds::dns_label(name).map_err(|why| {
-                anyhow::anyhow!("--allow-service-account {name:?}: {why} (a ServiceAccount name)")
-            })?;
-        }
         if self.allow.contains(&Allowance::WeakerNamespaces) {
             anyhow::bail!(
                 "--allow weaker-namespaces: the hub does not label or check namespaces (that is `flower-agent run`'s); leave it out"
             );
         }
-        let mut policy = PodPolicy::new(Admin::Hub);
-        policy.allowed = self.allow.iter().copied().collect();
-        policy.service_accounts = self.allow_service_account.iter().cloned().collect();
-        Ok(policy)
+        PodPolicy::allowing(Admin::Hub, &self.allow, &self.allow_service_account)
+            .map_err(anyhow::Error::msg)
     }
 }

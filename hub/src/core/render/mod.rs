@@ -206,45 +206,17 @@ pub fn policy_problems(
     }
     let fleet = in_cluster_fleet_address(fed);
     let ca = flower_addon_crds::render::spoke_ca_secret_name(name(fed));
-    let shares =
-        crate::core::work::split_work(&fed.spec, &["hub".to_owned()], |p, _| Some(p.clone()));
-    let share = shares.first().map(|s| &s.pools[..]).unwrap_or_default();
-    for pool in share {
-        let context = ClusterContext {
-            name: "hub".to_owned(),
-            index: 0,
-            clusters: 1,
-            partition_offset: u64::from(pool.partition_offset),
-            partitions: shares.first().map_or(0, |s| u64::from(s.partitions_total)),
-        };
-        let input = SuperNodePoolInput {
-            federation: name(fed),
-            namespace: namespace(fed),
-            spec: &fed.spec,
-            pool: &pool.spec,
-            dialect,
-            version,
-            fleet_address: &fleet,
-            ca_secret_name: &ca,
-            cluster: &context,
-        };
-        let Ok(workload) = render_supernode_pool(&input) else {
+    for (index, pool, rendered) in render_pools_alone(fed, version, dialect, &fleet, &ca) {
+        let Ok(workload) = rendered else {
             continue;
         };
-        let workload_name = pool_workload_name(name(fed), &pool.spec.name);
+        let workload_name = pool_workload_name(name(fed), &pool);
         let own =
             std::collections::BTreeSet::from([ca.clone(), format!("{workload_name}-node-keys")]);
         let spec = match &workload {
             Workload::StatefulSet(s) => s.spec.template.spec.as_ref(),
             Workload::DaemonSet(d) => d.spec.template.spec.as_ref(),
         };
-        let index = fed
-            .spec
-            .supernodes
-            .pools
-            .iter()
-            .position(|p| p.name == pool.spec.name)
-            .unwrap_or_default();
         for v in spec
             .map(|spec| policy.pod_violations(spec, &own))
             .unwrap_or_default()
@@ -253,6 +225,52 @@ pub fn policy_problems(
         }
     }
     problems
+}
+
+/// Each pool of `fed` rendered as if it alone ran on one cluster (all of its replicas there),
+/// dialling `fleet` with the CA Secret `ca`: `(index in spec.supernodes.pools, pool name,
+/// result)`. What [`render_problems`] and [`policy_problems`] judge.
+fn render_pools_alone(
+    fed: &Federation,
+    version: FlowerVersion,
+    dialect: FlowerDialect,
+    fleet: &str,
+    ca: &str,
+) -> Vec<(usize, String, Result<Workload, RenderError>)> {
+    let shares =
+        crate::core::work::split_work(&fed.spec, &["check".to_owned()], |p, _| Some(p.clone()));
+    let share = shares.first().map(|s| &s.pools[..]).unwrap_or_default();
+    share
+        .iter()
+        .map(|pool| {
+            let context = ClusterContext {
+                name: "check".to_owned(),
+                index: 0,
+                clusters: 1,
+                partition_offset: u64::from(pool.partition_offset),
+                partitions: shares.first().map_or(0, |s| u64::from(s.partitions_total)),
+            };
+            let input = SuperNodePoolInput {
+                federation: name(fed),
+                namespace: namespace(fed),
+                spec: &fed.spec,
+                pool: &pool.spec,
+                dialect,
+                version,
+                fleet_address: fleet,
+                ca_secret_name: ca,
+                cluster: &context,
+            };
+            let index = fed
+                .spec
+                .supernodes
+                .pools
+                .iter()
+                .position(|p| p.name == pool.spec.name)
+                .unwrap_or_default();
+            (index, pool.spec.name.clone(), render_supernode_pool(&input))
+        })
+        .collect()
 }
 
 /// Everything the renderer would refuse, as `(field path, message)` pairs, so `validate` reports
@@ -300,29 +318,8 @@ pub fn render_problems(fed: &Federation) -> Vec<(String, String)> {
     } else {
         in_cluster_fleet_address(fed)
     };
-    let shares =
-        crate::core::work::split_work(&fed.spec, &["check".to_owned()], |p, _| Some(p.clone()));
-    let share = shares.first().map(|s| &s.pools[..]).unwrap_or_default();
-    for (index, pool) in share.iter().enumerate() {
-        let context = ClusterContext {
-            name: "check".to_owned(),
-            index: 0,
-            clusters: 1,
-            partition_offset: u64::from(pool.partition_offset),
-            partitions: shares.first().map_or(0, |s| u64::from(s.partitions_total)),
-        };
-        let input = SuperNodePoolInput {
-            federation: name(fed),
-            namespace: namespace(fed),
-            spec: &fed.spec,
-            pool: &pool.spec,
-            dialect,
-            version,
-            fleet_address: &fleet,
-            ca_secret_name: "check",
-            cluster: &context,
-        };
-        if let Err(source) = render_supernode_pool(&input) {
+    for (index, _, rendered) in render_pools_alone(fed, version, dialect, &fleet, "check") {
+        if let Err(source) = rendered {
             push(HubRenderError::Pool { index, source });
         }
     }
