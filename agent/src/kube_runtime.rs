@@ -146,7 +146,8 @@ pub use policy::{Admin, Allowance, PodPolicy, PodSecurityLevel};
 use render::declared_pools;
 pub use render::{render_federation, render_federation_with_keys};
 use status::WorkloadCache;
-use writes::{apply, delete_object, ensure_namespace};
+use writes::{apply, delete_object};
+pub use writes::{ensure_namespace, label_namespace};
 
 // === impl KubeRuntime ===
 

@@ -62,3 +62,27 @@ fn subcommands_are_read_from_the_help() {
     assert_eq!(listed_subcommands(text), ["one", "two-words"]);
     assert!(listed_subcommands("Usage: x\n\nOptions:\n  -h  Help\n").is_empty());
 }
+
+#[test]
+fn allowing_what_the_namespaces_pod_security_refuses_is_said_at_start() {
+    // Invariant: `--allow privileged` with the default `baseline` namespace label would give
+    // pods the API server refuses; the agent says so before it connects anywhere, naming both
+    // flags (the levels that admit them are the policy's unit tests).
+    let out = agent(&[
+        "run",
+        "--runtime",
+        "kubernetes",
+        "--hub",
+        "127.0.0.1:1",
+        "--allow",
+        "privileged,host-path",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    for part in [
+        "`flower-agent run --allow host-path,privileged` with --namespace-pod-security baseline",
+        "also pass --namespace-pod-security privileged",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+}

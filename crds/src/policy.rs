@@ -257,18 +257,15 @@ impl PodPolicy {
     }
 
     /// The default of `admin`: nothing beyond `baseline`, non-root, only the `default` service
-    /// account and no token; on spokes, namespaces labelled `baseline` and foreign objects
-    /// refused (the hub writes into its Federations' own namespaces and leaves their labels to
-    /// their admins).
+    /// account and no token, and the namespaces pods go to labelled `baseline` (on the hub: the
+    /// Federations' own namespaces, where it writes SuperLinks and hub-local pools); on spokes,
+    /// foreign objects refused.
     pub fn new(admin: Admin) -> Self {
         Self {
             admin,
             allowed: BTreeSet::new(),
             service_accounts: BTreeSet::new(),
-            namespace_level: match admin {
-                Admin::Spoke => PodSecurityLevel::Baseline,
-                Admin::Hub => PodSecurityLevel::None,
-            },
+            namespace_level: PodSecurityLevel::Baseline,
             refuse_foreign_objects: admin == Admin::Spoke,
             namespaces: None,
             unrestricted: false,
@@ -289,6 +286,45 @@ impl PodPolicy {
             unrestricted: true,
             ..Self::new(Admin::Hub)
         }
+    }
+
+    /// Why the allowances and the namespace level contradict each other (`None`: they do not):
+    /// the API server's Pod Security admission refuses, in a namespace labelled `baseline`, pods
+    /// with host namespaces, host paths or ports, privileged containers or unconfined profiles,
+    /// and in one labelled `restricted` also root and other volume types, whatever `--allow`
+    /// says. `command`: the flags' command (`flower-agent run`, `flower-hub serve`).
+    pub fn level_conflict(&self, command: &str) -> Option<String> {
+        if self.unrestricted {
+            return None;
+        }
+        let mut refused = vec![
+            Allowance::HostPath,
+            Allowance::HostNetwork,
+            Allowance::HostPid,
+            Allowance::HostIpc,
+            Allowance::Privileged,
+            Allowance::HostPort,
+            Allowance::Unconfined,
+        ];
+        match self.namespace_level {
+            PodSecurityLevel::None | PodSecurityLevel::Privileged => return None,
+            PodSecurityLevel::Baseline => {}
+            PodSecurityLevel::Restricted => {
+                refused.extend([Allowance::RunAsRoot, Allowance::OtherVolumes]);
+            }
+        }
+        let level = self.namespace_level.label_value().unwrap_or_default();
+        let both: Vec<&str> = refused
+            .into_iter()
+            .filter(|a| self.allowed.contains(a))
+            .map(Allowance::flag)
+            .collect();
+        (!both.is_empty()).then(|| {
+            format!(
+                "`{command} --allow {}` with --namespace-pod-security {level}: the API server refuses such pods in namespaces labelled {level}; also pass --namespace-pod-security privileged (or none, to leave the namespaces' labels to their admins)",
+                both.join(",")
+            )
+        })
     }
 
     /// Labels for a namespace created for work.

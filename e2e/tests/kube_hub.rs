@@ -17,7 +17,7 @@ use flower_addon_hub::kube::controller::{self, APPLIED_BY_LABEL, Context, HUB_FI
 use flower_addon_hub::kube::hub_pools::LOCAL_POOLS_FIELD_MANAGER;
 use flower_addon_hub::registration::ca::HubCa;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::oneshot;
@@ -243,6 +243,16 @@ async fn two_pools_converge_owned_by_the_federation(
     .await?;
     let took = wait_ready(client, "3/3").await?;
     eprintln!("Federation 3/3 Ready in {:.1}s", took.as_secs_f64());
+    // The namespace the hub wrote into (unlabelled until now) has the hub's Pod Security level,
+    // so the API server enforces it on every pod there too.
+    let labels = namespace_labels(client).await?;
+    for mode in ["enforce", "audit", "warn"] {
+        let key = format!("pod-security.kubernetes.io/{mode}");
+        ensure!(
+            labels.get(&key).map(String::as_str) == Some("baseline"),
+            "namespace {NS} not labelled {key}=baseline by the hub: {labels:?}"
+        );
+    }
     let fed = get_fed(client).await?;
     let uid = fed.uid().unwrap_or_default();
     for name in ["fed-superlink", "fed-supernode-a", "fed-supernode-b"] {
@@ -535,6 +545,24 @@ async fn an_invalid_spec_is_degraded_without_side_effects(
         ],
     )
     .await?;
+    // 5c. The namespace labelled weaker than the hub's level (by its admin, or anyone who may):
+    //     the next change is Degraded naming the namespace, the label command and the flag;
+    //     nothing touched.
+    label_namespace(client, "privileged").await?;
+    apply_federation(
+        client,
+        &federation("StatefulSet", "flwr/superlink:1.42.0", &[("a", 3)], &[]),
+    )
+    .await?;
+    wait_degraded(
+        client,
+        &[
+            "metadata.namespace: namespace team exists with Pod Security pod-security.kubernetes.io/enforce=privileged, weaker than the hub cluster's baseline",
+            "kubectl label namespace team pod-security.kubernetes.io/enforce=baseline --overwrite",
+            "flower-hub serve --allow weaker-namespaces",
+        ],
+    )
+    .await?;
     let fed = get_fed(client).await?;
     ensure!(
         condition(&fed, "Ready").is_some_and(|(s, _)| s == "False"),
@@ -555,6 +583,25 @@ async fn an_invalid_spec_is_degraded_without_side_effects(
             .any(|r| r == "InvalidSpec"),
         "no InvalidSpec event"
     );
+    label_namespace(client, "baseline").await?;
+    Ok(())
+}
+
+/// The labels of namespace [`NS`].
+async fn namespace_labels(client: &Client) -> Result<BTreeMap<String, String>> {
+    let ns = Api::<Namespace>::all(client.clone()).get(NS).await?;
+    Ok(ns.metadata.labels.unwrap_or_default())
+}
+
+/// Sets namespace [`NS`]'s Pod Security `enforce` label, as its admin would.
+async fn label_namespace(client: &Client, level: &str) -> Result<()> {
+    let patch = serde_json::json!({
+        "metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}
+    });
+    Api::<Namespace>::all(client.clone())
+        .patch(NS, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("label namespace {NS} enforce={level}"))?;
     Ok(())
 }
 

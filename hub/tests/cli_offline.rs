@@ -360,3 +360,27 @@ fn render_for_a_labelled_cluster_merges_its_overrides() {
     let edge = render(&["site=edge"]);
     assert!(edge.contains("value: edge"), "{edge}");
 }
+
+#[test]
+fn serving_what_the_namespaces_pod_security_refuses_is_said_at_start() {
+    // Invariant: `flower-hub serve --allow host-pid` with the default `baseline` namespace
+    // label would give pods the API server refuses; the hub says so before it connects, naming
+    // both flags; `validate` and `render` judge the Federation alone and take the same flags.
+    let out = hub(&["serve", "--allow", "host-pid,secrets"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    for part in [
+        "`flower-hub serve --allow host-pid` with --namespace-pod-security baseline",
+        "also pass --namespace-pod-security privileged (or none",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/federation-mixed-gpu.yaml");
+    let out = hub(&[
+        "validate",
+        "--allow",
+        "privileged,host-path",
+        file.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

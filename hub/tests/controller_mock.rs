@@ -13,7 +13,7 @@ use flower_addon_hub::kube::controller::{Caches, Context, HUB_FIELD_MANAGER, rec
 use flower_addon_hub::registration::ca::HubCa;
 use http::Method;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use mock_api::{Call, mock_client, mock_client_refusing};
 use serde_json::json;
@@ -38,8 +38,28 @@ spec:
     pools: [{name: a, replicas: 2}]
 "#;
 
+/// Namespace `team` with the Pod Security `enforce` label `level` (`None`: no label).
+fn team(level: Option<&str>) -> Namespace {
+    let labels = level.map(|l| json!({"pod-security.kubernetes.io/enforce": l}));
+    serde_json::from_value(json!({"metadata": {"name": "team", "labels": labels}}))
+        .expect("namespace")
+}
+
+/// The controller's caches holding these objects and namespace `team` labelled `baseline`, as the
+/// hub left it.
+fn cached(
+    statefulsets: Vec<StatefulSet>,
+    services: Vec<Service>,
+    policies: Vec<NetworkPolicy>,
+    secrets: Vec<k8s_openapi::api::core::v1::Secret>,
+    placements: Vec<flower_addon_crds::Placement>,
+) -> Caches {
+    Caches::fixed(statefulsets, services, policies, secrets, placements)
+        .with_namespaces(vec![team(Some("baseline"))])
+}
+
 async fn run(fed: Arc<Federation>) -> Vec<Call> {
-    run_with(fed, Caches::fixed(vec![], vec![], vec![], vec![], vec![])).await
+    run_with(fed, cached(vec![], vec![], vec![], vec![], vec![])).await
 }
 
 async fn run_with(fed: Arc<Federation>, caches: Caches) -> Vec<Call> {
@@ -137,7 +157,7 @@ async fn a_converged_federation_costs_no_request() {
     let mut converged = fed.as_ref().clone();
     converged.status = serde_json::from_value(first.last().expect("status").body["status"].clone())
         .expect("status");
-    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
+    let caches = cached(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(Arc::new(converged.clone()), caches).await;
     assert!(calls.is_empty(), "{calls:#?}");
 
@@ -149,7 +169,7 @@ async fn a_converged_federation_costs_no_request() {
         .labels
         .get_or_insert_default()
         .insert("app.kubernetes.io/name".into(), "changed".into());
-    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
+    let caches = cached(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(Arc::new(converged), caches).await;
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert_eq!(lines.len(), 1, "{lines:#?}");
@@ -172,7 +192,7 @@ async fn a_reconcile_on_a_cache_behind_its_own_status_write_writes_nothing() {
     let (statefulsets, services, policies) = stored(&first);
     let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).expect("json")]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
+    let caches = cached(statefulsets, services, policies, vec![], vec![]);
     let ctx = Arc::new(Context::new(client, ca, caches));
     let status_writes = || {
         calls
@@ -221,7 +241,7 @@ async fn an_orphan_in_the_cache_is_deleted_without_listing() {
     unlabelled.metadata.name = Some("fed-unlabelled".into());
     unlabelled.metadata.labels = None;
     statefulsets.extend([orphan, foreign, unlabelled]);
-    let caches = Caches::fixed(statefulsets, services, policies, vec![], vec![]);
+    let caches = cached(statefulsets, services, policies, vec![], vec![]);
     let calls = run_with(fed, caches).await;
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert!(
@@ -286,6 +306,46 @@ async fn an_invalid_federation_applies_nothing_and_says_why() {
 }
 
 #[tokio::test]
+async fn the_namespace_gets_the_pod_security_labels_it_lacks_and_a_weaker_one_is_refused() {
+    // Invariant: the hub labels a Federation's unlabelled namespace with its Pod Security level
+    // (one server-side apply, before anything else) so the API server enforces it too; in a
+    // namespace labelled weaker nothing is applied and the Federation is Degraded naming the
+    // namespace, the label command and the flag; a labelled one costs no request (above).
+    let fed = federation(VALID);
+    let empty = || Caches::fixed(vec![], vec![], vec![], vec![], vec![]);
+    let calls = run_with(fed.clone(), empty().with_namespaces(vec![team(None)])).await;
+    let first = &calls[0];
+    assert_eq!(first.line(), "PATCH /api/v1/namespaces/team", "{calls:#?}");
+    assert!(
+        first.query.contains("fieldManager=flower-addon-hub"),
+        "{}",
+        first.query
+    );
+    for mode in ["enforce", "audit", "warn"] {
+        assert_eq!(
+            first.body["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")],
+            "baseline",
+            "{}",
+            first.body
+        );
+    }
+    assert!(
+        calls.iter().any(|c| c.path.contains("/statefulsets/")),
+        "labelled, the SuperLink is applied: {calls:#?}"
+    );
+
+    let calls = run_with(fed, empty().with_namespaces(vec![team(Some("privileged"))])).await;
+    let note = only_an_event_and_the_status(&calls);
+    for part in [
+        "metadata.namespace: namespace team exists with Pod Security pod-security.kubernetes.io/enforce=privileged",
+        "kubectl label namespace team pod-security.kubernetes.io/enforce=baseline --overwrite",
+        "`flower-hub serve --allow weaker-namespaces`",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note}");
+    }
+}
+
+#[tokio::test]
 async fn a_refused_write_is_degraded_with_its_fix_and_fails_the_reconcile() {
     // The hub's RBAC lacks StatefulSets in this namespace: the error reaches the Federation (a
     // Warning event and Degraded=True naming the fix), nothing is deleted, and the reconcile
@@ -299,7 +359,7 @@ async fn a_refused_write_is_degraded_with_its_fix_and_fails_the_reconcile() {
     let ctx = Arc::new(Context::new(
         client,
         ca,
-        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
+        cached(vec![], vec![], vec![], vec![], vec![]),
     ));
     let error = reconcile(fed, ctx)
         .await
@@ -366,7 +426,7 @@ async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
     let ctx = Arc::new(Context::new(
         client,
         ca,
-        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
+        cached(vec![], vec![], vec![], vec![], vec![]),
     ));
     reconcile(federation(&fed), ctx).await.expect("reconcile");
     let calls = calls.lock().expect("log").clone();
@@ -382,11 +442,7 @@ async fn a_certificate_name_the_hub_does_not_have_issues_nothing() {
         serde_json::to_value(federation(&fed).as_ref()).unwrap(),
     ]);
     let ca = Arc::new(HubCa::generate().expect("ca"));
-    let mut ctx = Context::new(
-        client,
-        ca,
-        Caches::fixed(vec![], vec![], vec![], vec![], vec![]),
-    );
+    let mut ctx = Context::new(client, ca, cached(vec![], vec![], vec![], vec![], vec![]));
     ctx.settings.superlink_names =
         SuperLinkNames::new([], &["*.example.org".to_owned()]).expect("names");
     reconcile(federation(&fed), Arc::new(ctx))
@@ -633,7 +689,7 @@ async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
     const SUPERLINK: &str = "PATCH /apis/apps/v1/namespaces/team/statefulsets/fed-superlink";
     // The first reconcile issues the certificate; as stored, it is made 85 % old.
     let (client, calls) = mock_client(vec![serde_json::to_value(fed.as_ref()).unwrap()]);
-    let none = || Caches::fixed(vec![], vec![], vec![], vec![], vec![]);
+    let none = || cached(vec![], vec![], vec![], vec![], vec![]);
     reconcile(fed.clone(), Arc::new(context(client, none())))
         .await
         .expect("reconcile");
@@ -673,7 +729,7 @@ async fn a_certificate_due_by_age_waits_for_the_runs_in_progress() {
     // Due, with run 41 running: kept.
     let (client, calls) = mock_client(vec![serde_json::to_value(converged.as_ref()).unwrap()]);
     let caches = |statefulsets| {
-        Caches::fixed(
+        cached(
             statefulsets,
             services.clone(),
             policies.clone(),

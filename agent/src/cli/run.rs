@@ -77,7 +77,8 @@ pub struct PolicyArgs {
     /// service-account-token; and
     /// weaker-namespaces (work in an existing namespace whose Pod Security label is weaker than
     /// --namespace-pod-security). Default: none (e.g. AMD GPU pools need
-    /// `--allow privileged,host-path`).
+    /// `--allow privileged,host-path --namespace-pod-security privileged`: the API server
+    /// refuses such pods in namespaces labelled baseline, and so does this flag at start).
     #[arg(long = "allow", value_delimiter = ',', value_parser = parse_allowance)]
     pub allow: Vec<Allowance>,
     /// A service account pods may name besides `default` (repeatable).
@@ -165,6 +166,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!(
             "--runtime process keeps its SuperNodes' keys and files in --state-dir: give --state-dir DIR"
         );
+    }
+    if args.runtime == RuntimeKind::Kubernetes
+        && let Some(why) = args.policy.policy()?.level_conflict("flower-agent run")
+    {
+        anyhow::bail!(why);
     }
     // One thread: everything the agent does waits on the network or its children, and a
     // worker per core (with a malloc arena each) would make its memory grow with the machine.

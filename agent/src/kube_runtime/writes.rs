@@ -17,7 +17,7 @@ use super::{Kind, KubeRuntimeError, ObjectKey, PodPolicy, kube_err};
 /// labels, or, when it exists, adds the labels it lacks (server-side apply as `manager`, only
 /// when it has no `enforce` label) or returns why work may not go there (its level is weaker).
 /// Never deletes a namespace (it may hold user data) nor changes a label its admin set.
-pub(super) async fn ensure_namespace(
+pub async fn ensure_namespace(
     client: &Client,
     namespace: &str,
     policy: &PodPolicy,
@@ -31,23 +31,7 @@ pub(super) async fn ensure_namespace(
             Ok(add) => add,
             Err(refusal) => return Ok(Some(refusal)),
         };
-        if !add.is_empty() {
-            let labels: serde_json::Map<String, serde_json::Value> =
-                add.into_iter().map(|(k, v)| (k, v.into())).collect();
-            let body = serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": labels},
-            });
-            api.patch(
-                namespace,
-                &PatchParams::apply(manager),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map_err(kube_err(format!("label Namespace {namespace}")))?;
-            tracing::info!(%namespace, ?labels, "existing namespace labelled for Pod Security");
-        }
+        label_namespace(client, namespace, add, manager).await?;
         return Ok(None);
     }
     let labels = policy.namespace_labels();
@@ -70,6 +54,36 @@ pub(super) async fn ensure_namespace(
             source,
         }),
     }
+}
+
+/// Adds the labels `add` (the Pod Security labels an existing namespace lacks:
+/// [`PodPolicy::existing_namespace`]) by server-side apply as `manager`; nothing when empty.
+pub async fn label_namespace(
+    client: &Client,
+    namespace: &str,
+    add: Vec<(String, String)>,
+    manager: &str,
+) -> Result<(), KubeRuntimeError> {
+    if add.is_empty() {
+        return Ok(());
+    }
+    let labels: serde_json::Map<String, serde_json::Value> =
+        add.into_iter().map(|(k, v)| (k, v.into())).collect();
+    let body = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": labels},
+    });
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            namespace,
+            &PatchParams::apply(manager),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(kube_err(format!("label Namespace {namespace}")))?;
+    tracing::info!(%namespace, ?labels, "existing namespace labelled for Pod Security");
+    Ok(())
 }
 
 /// Server-side applies the JSON `body` of `K` `name` as field manager `manager` (forced: the

@@ -399,3 +399,47 @@ fn work_goes_only_to_managed_non_system_namespaces() {
             .is_none()
     );
 }
+
+#[test]
+fn allowances_beyond_the_namespace_level_are_refused_at_start() {
+    // Invariant: an admin who allows what the API server's Pod Security admission would refuse
+    // in the namespaces the policy labels is told at once, naming both flags and the fix; the
+    // other combinations are fine.
+    let mut policy = PodPolicy::spoke_default();
+    assert_eq!(policy.level_conflict("flower-agent run"), None);
+    policy.allowed = [
+        Allowance::Privileged,
+        Allowance::HostPath,
+        Allowance::Secrets,
+    ]
+    .into();
+    let why = policy
+        .level_conflict("flower-agent run")
+        .expect("a conflict");
+    assert!(
+        why.starts_with(
+            "`flower-agent run --allow host-path,privileged` with --namespace-pod-security baseline"
+        ),
+        "{why}"
+    );
+    assert!(why.contains("--namespace-pod-security privileged"), "{why}");
+    policy.namespace_level = PodSecurityLevel::Privileged;
+    assert_eq!(policy.level_conflict("flower-agent run"), None);
+    policy.namespace_level = PodSecurityLevel::None;
+    assert_eq!(policy.level_conflict("flower-agent run"), None);
+    let mut hub = PodPolicy::new(Admin::Hub);
+    hub.allowed = [Allowance::RunAsRoot, Allowance::ServiceAccountToken].into();
+    assert_eq!(
+        hub.level_conflict("flower-hub serve"),
+        None,
+        "baseline admits root"
+    );
+    hub.namespace_level = PodSecurityLevel::Restricted;
+    let why = hub
+        .level_conflict("flower-hub serve")
+        .expect("restricted refuses root");
+    assert!(
+        why.contains("`flower-hub serve --allow run-as-root`"),
+        "{why}"
+    );
+}

@@ -44,6 +44,9 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(config) = &leader {
         config.validate().map_err(anyhow::Error::msg)?;
     }
+    if let Some(why) = args.pod_policy.policy()?.level_conflict("flower-hub serve") {
+        anyhow::bail!(why);
+    }
     runtime.block_on(async move {
         let mut checks = vec![
             CHANNEL_READY,

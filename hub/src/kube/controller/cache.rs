@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use flower_addon_crds::Placement;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::Api;
@@ -45,6 +45,9 @@ pub struct Caches {
     pub secrets: Store<Secret>,
     /// Every Placement (a Federation mirrors its Placement's `PlacementSatisfied`).
     pub placements: Store<Placement>,
+    /// Every namespace (the Pod Security labels of the Federations' own are checked and set:
+    /// [`super::namespace_problems`]).
+    pub namespaces: Store<Namespace>,
 }
 
 impl Caches {
@@ -63,6 +66,15 @@ impl Caches {
             network_policies: fixed_store(network_policies),
             secrets: fixed_store(secrets),
             placements: fixed_store(placements),
+            namespaces: fixed_store(Vec::new()),
+        }
+    }
+
+    /// These stores with `namespaces` as the namespaces' (tests).
+    pub fn with_namespaces(self, namespaces: Vec<Namespace>) -> Self {
+        Self {
+            namespaces: fixed_store(namespaces),
+            ..self
         }
     }
 
@@ -94,7 +106,8 @@ impl Caches {
             list(client, &owned).await?,
             list(client, &owned).await?,
             list(client, &ListParams::default()).await?,
-        ))
+        )
+        .with_namespaces(list(client, &ListParams::default()).await?))
     }
 
     /// Waits until every store has listed once, so a reconcile never takes "not cached" for
@@ -108,6 +121,7 @@ impl Caches {
             until_listed(&self.network_policies).await.ok();
             until_listed(&self.secrets).await.ok();
             until_listed(&self.placements).await.ok();
+            until_listed(&self.namespaces).await.ok();
         };
         tokio::time::timeout(READY_TIMEOUT, all)
             .await

@@ -35,7 +35,7 @@ use std::time::Duration;
 use flower_addon_crds::{Federation, FederationStatus, Placement};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
@@ -289,6 +289,17 @@ fn reconcile_inputs(fed: &Federation) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// What of a namespace its Federations' reconciles read: its Pod Security labels.
+fn pod_security_labels(ns: &Namespace) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    ns.labels()
+        .iter()
+        .filter(|(k, _)| k.starts_with("pod-security.kubernetes.io/"))
+        .for_each(|label| label.hash(&mut hasher));
+    Some(hasher.finish())
+}
+
 /// Runs the Federation controller until `shutdown` resolves (graceful: running reconciles end):
 /// the Federation watch (filtered by [`reconcile_inputs`]), the watches of what the hub applied
 /// and of Placements, each feeding a cache ([`Caches`]) the reconcile reads. `health` gets the
@@ -311,6 +322,7 @@ pub async fn run(
             "networkpolicies",
             "secrets",
             "placements",
+            "namespaces",
         ],
     );
     let owned =
@@ -321,6 +333,7 @@ pub async fn run(
     let (network_policies, policy_writer) = reflector::store::<NetworkPolicy>();
     let (secrets, secret_writer) = reflector::store::<Secret>();
     let (placements, placement_writer) = reflector::store::<Placement>();
+    let (namespaces, namespace_writer) = reflector::store::<Namespace>();
     let feds = listed
         .watch(
             "federations",
@@ -369,6 +382,15 @@ pub async fn run(
         )
         .reflect(placement_writer)
         .touched_objects();
+    let namespace_events = listed
+        .watch(
+            "namespaces",
+            watcher(Api::<Namespace>::all(client.clone()), Default::default())
+                .backoff(ShortBackoff::default()),
+        )
+        .reflect(namespace_writer)
+        .touched_objects()
+        .predicate_filter(pod_security_labels, PredicateConfig::default());
     let mut context = Context::new(
         client,
         ca,
@@ -378,11 +400,23 @@ pub async fn run(
             network_policies,
             secrets,
             placements,
+            namespaces,
         },
     );
     context.settings = settings;
     let referencing = federations.clone();
+    let in_namespace = federations.clone();
     Controller::for_stream(feds, federations)
+        // A namespace's Pod Security labels decide whether its Federations may run there.
+        .watches_stream(namespace_events, move |ns: Namespace| {
+            let namespace = ns.name_any();
+            in_namespace
+                .state()
+                .iter()
+                .filter(|f| f.namespace().as_deref() == Some(namespace.as_str()))
+                .map(|f| ObjectRef::from_obj(f.as_ref()))
+                .collect::<Vec<_>>()
+        })
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
         .watches_stream(placement_events, move |placement: Placement| {
             let namespace = placement.namespace();
@@ -466,6 +500,9 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     if problems.is_empty() {
         problems = crate::core::sans::san_problems(&fed, &ctx.settings.superlink_names);
     }
+    if problems.is_empty() {
+        problems = namespace_problems(&ctx, &namespace).await?;
+    }
     let mut renew_in = None;
     let outcome = if problems.is_empty() {
         match apply_federation(&fed, &ctx, &namespace).await {
@@ -505,6 +542,40 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
     write_status(&fed, &ctx, &namespace, &outcome, &placement).await?;
     let ocm = fed.spec.placement_ref.as_ref().is_some_and(|r| r.is_ocm());
     Ok(Action::requeue(requeue_after(renew_in, ocm)))
+}
+
+/// Why the Federation's namespace may not take its SuperLink (its Pod Security `enforce` label is
+/// weaker than the hub's `--namespace-pod-security`, and `--allow weaker-namespaces` was not
+/// given); the labels it lacks are added first, as on spokes
+/// ([`flower_addon_agent::kube_runtime::ensure_namespace`]), so the API server enforces the
+/// same level on every pod there.
+async fn namespace_problems(ctx: &Context, namespace: &str) -> Result<Vec<(String, String)>> {
+    use flower_addon_agent::kube_runtime::{ensure_namespace, label_namespace};
+    let policy = &ctx.settings.pod_policy;
+    let cached = ctx.caches.namespaces.get(&ObjectRef::new(namespace));
+    let refusal = match cached {
+        // Read from the cache: a converged Federation costs no request.
+        Some(ns) => match policy.existing_namespace(namespace, ns.labels()) {
+            Ok(add) => label_namespace(&ctx.client, namespace, add, apply::HUB_FIELD_MANAGER)
+                .await
+                .map(|()| None),
+            Err(refusal) => Ok(Some(refusal)),
+        },
+        // A namespace made a moment ago, not in the cache yet.
+        None => ensure_namespace(&ctx.client, namespace, policy, apply::HUB_FIELD_MANAGER).await,
+    }
+    .map_err(|error| match error {
+        flower_addon_agent::kube_runtime::KubeRuntimeError::Kube { action, source } => {
+            Error::Kube { action, source }
+        }
+        other => Error::Kube {
+            action: format!("label Namespace {namespace}: {other}"),
+            source: kube::Error::Service(other.to_string().into()),
+        },
+    })?;
+    Ok(refusal
+        .map(|why| vec![("metadata.namespace".to_owned(), why)])
+        .unwrap_or_default())
 }
 
 /// The state of the Placement `fed` names (none, OCM's, or ours from the cache).
