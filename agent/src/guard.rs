@@ -30,6 +30,10 @@ use nix::unistd::Pid;
 pub const EXEC_ENV: &str = "FLOWER_ADDON_GUARD_EXEC";
 /// The pid of the supervisor that started the guard.
 pub const PARENT_ENV: &str = "FLOWER_ADDON_GUARD_PARENT";
+/// Set (to a uid) by a supervisor whose sandbox confines its program
+/// ([`crate::sandbox::Sandbox::confine`]): the guard starts the program as the first process of a
+/// PID namespace of its own, with its own `/proc`, as that uid without any privilege.
+pub const RUN_AS_ENV: &str = "FLOWER_ADDON_GUARD_RUN_AS";
 /// How long what is left gets between SIGTERM and SIGKILL once the supervisor died.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(3);
 /// … and on a normal stop or after the program exited (the supervisor itself SIGKILLs the
@@ -100,7 +104,8 @@ fn guard(name: &str) -> Result<ExitCode, String> {
     signals
         .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
-    let child = spawn(program, args)?;
+    // The waiter starts before a PID namespace for the program exists: after it, the guard can
+    // no longer start threads (they would have to share a PID namespace with its children).
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         while let Ok(signal) = signals.wait() {
@@ -109,6 +114,27 @@ fn guard(name: &str) -> Result<ExitCode, String> {
             }
         }
     });
+    let run_as = match std::env::var(RUN_AS_ENV) {
+        Ok(uid) => Some(
+            uid.parse::<u32>()
+                .map_err(|_| format!("{RUN_AS_ENV}={uid:?} is not a uid"))?,
+        ),
+        Err(_) => None,
+    };
+    if run_as.is_some() {
+        // The program is the first process of the new namespace: it and what it starts see
+        // only each other. The guard stays outside, able to end them all.
+        #[allow(unsafe_code)]
+        // SAFETY: a plain system call; the guard forks once, after it.
+        let result = unsafe { nix::libc::unshare(nix::libc::CLONE_NEWPID) };
+        if result != 0 {
+            return Err(format!(
+                "PID namespace: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    let child = spawn(program, args, run_as)?;
     let mut status = None;
     let end = loop {
         reap(child, &mut status);
@@ -144,17 +170,24 @@ fn guard(name: &str) -> Result<ExitCode, String> {
 }
 
 #[allow(unsafe_code)]
-fn spawn(program: &str, args: &[String]) -> Result<Pid, String> {
+fn spawn(program: &str, args: &[String], run_as: Option<u32>) -> Result<Pid, String> {
     use std::os::unix::process::CommandExt;
     let mut cmd = std::process::Command::new(program);
-    cmd.args(args).env_remove(EXEC_ENV).env_remove(PARENT_ENV);
-    // SAFETY: between fork and exec only async-signal-safe calls (sigprocmask, prctl); nothing
-    // is allocated.
+    cmd.args(args)
+        .env_remove(EXEC_ENV)
+        .env_remove(PARENT_ENV)
+        .env_remove(RUN_AS_ENV);
+    // SAFETY: between fork and exec only async-signal-safe calls (sigprocmask, prctl, unshare,
+    // mount, set*id); nothing is allocated.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             SigSet::empty()
                 .thread_set_mask()
                 .map_err(std::io::Error::from)?;
+            if let Some(uid) = run_as {
+                crate::sandbox::own_proc()?;
+                crate::sandbox::drop_privileges(uid)?;
+            }
             // Should the guard itself be SIGKILLed, its program goes with it.
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
         });

@@ -136,6 +136,7 @@ impl ProcessRuntime {
             .as_ref()
             .map(|hide| crate::sandbox::Sandbox {
                 network: false,
+                confine: true,
                 hide: hide.clone(),
                 keep: self
                     .config

@@ -12,9 +12,20 @@
 //! interface is its loopback: what it serves there nobody else reaches, and it reaches nobody —
 //! the standalone hub runs each SuperLink so (with its ServerApps), and bridges the ports it
 //! must serve through Unix sockets in its directory (`flower-hub netns-bridge`).
+//!
+//! With [`Sandbox::confine`], a supervisor running as root also takes its privileges away: the
+//! child runs as an unprivileged uid of its directory's own ([`confined_uid`]; gid the same, no
+//! supplementary groups), with no capability (bounding set emptied), `no_new_privs`, its
+//! directory owned by that uid, and — under a guard ([`crate::guard`]) — in a PID namespace of its
+//! own with its own `/proc`, so it sees and signals nothing else. What such a uid could not reach
+//! on the host (a Flower installation under `/root`, a state directory inside a private
+//! temporary directory) is shown read-only (its own directory read-write) through a tmpfs over
+//! the first directory on the way it may not traverse; the rest of that directory stays hidden.
 
-use std::ffi::CString;
+use std::collections::BTreeSet;
+use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// What to hide from a child, and what to keep.
@@ -26,49 +37,229 @@ pub struct Sandbox {
     pub keep: PathBuf,
     /// Also a network namespace of its own, with only its loopback (up).
     pub network: bool,
+    /// As root, run the child unprivileged ([`confined_uid`]), in a PID namespace of its own under
+    /// a guard. Not root, nothing changes: the user namespace above already holds no privilege
+    /// over the host.
+    pub confine: bool,
+}
+
+/// The first uid (and gid) the confined children run as: [`confined_uid`] is in
+/// `FIRST_CONFINED_UID..FIRST_CONFINED_UID + CONFINED_UIDS`, above the ranges distributions give
+/// users (below 60000) and container runtimes' usual sub-uid ranges (100000–165535).
+pub const FIRST_CONFINED_UID: u32 = 1_000_000;
+/// How many uids [`confined_uid`] spreads directories over.
+pub const CONFINED_UIDS: u32 = 1_000_000;
+
+/// The uid a confined child of directory `keep` runs as: one per directory (a Federation's), the
+/// same on every start, so the files it made stay its own and children of other Federations
+/// (other uids) can neither signal nor read them.
+pub fn confined_uid(keep: &Path) -> u32 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(keep.as_os_str().as_bytes());
+    let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    FIRST_CONFINED_UID + n % CONFINED_UIDS
+}
+
+/// Gives `path` (and what is in it) to the confined uid of directory `keep` when a confined child
+/// owns `keep` ([`Sandbox::confine`]): for what the supervisor makes there after the child
+/// started (a run's outputs directory). Otherwise nothing changes.
+pub fn hand_over(path: &Path, keep: &Path) -> std::io::Result<()> {
+    let keep = absolute(keep)?;
+    let uid = confined_uid(&keep);
+    if nix::unistd::geteuid().is_root() && std::fs::metadata(&keep)?.uid() == uid {
+        give(path, uid)?;
+    }
+    Ok(())
+}
+
+/// One directory shown again inside a tmpfs over one of its ancestors.
+struct Bind {
+    path: CString,
+    read_only: bool,
+    /// Opened in the child's mount namespace before the tmpfs covers it (a bind mount's source
+    /// must be in the caller's namespace).
+    fd: nix::libc::c_int,
 }
 
 /// Everything the child needs, made before `fork` (nothing is allocated after it).
 pub(crate) struct Prepared {
-    hide: CString,
-    keep: CString,
-    /// `keep`'s ancestors below `hide`, then `keep`: made inside the tmpfs.
+    /// tmpfs mounts, none inside another.
+    hide: Vec<CString>,
+    /// Directories made inside them, parents first.
     dirs: Vec<CString>,
+    binds: Vec<Bind>,
+    keep: CString,
     uid_map: CString,
     gid_map: CString,
     network: bool,
+    /// Confined: the uid (and gid) to run as.
+    run_as: Option<u32>,
+    /// Whether [`Prepared::enter`] takes the privileges itself (no guard to do it in a PID
+    /// namespace: [`Prepared::leave_privileges_to_the_guard`]).
+    drop_here: bool,
 }
 
 impl Sandbox {
-    /// Checks the paths; the result is moved into the child's `pre_exec`.
-    pub(crate) fn prepare(&self) -> std::io::Result<Prepared> {
+    /// Checks the paths, and confined as root gives `keep` to its uid; `reach`: what the child
+    /// runs (programs, interpreters, installations: [`reach_for`]), shown read-only where the
+    /// uid could not get there. The result is moved into the child's `pre_exec`.
+    pub(crate) fn prepare(&self, reach: &[PathBuf]) -> std::io::Result<Prepared> {
         let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
         let (hide, keep) = (absolute(&self.hide)?, absolute(&self.keep)?);
-        let below = keep.strip_prefix(&hide).map_err(|_| {
-            invalid(format!(
+        if !keep.starts_with(&hide) {
+            return Err(invalid(format!(
                 "sandbox: {} is not inside {}",
                 keep.display(),
                 hide.display()
-            ))
-        })?;
-        let mut dirs = Vec::new();
-        let mut at = hide.clone();
-        for part in below.components() {
-            at.push(part);
-            dirs.push(cstring(&at)?);
+            )));
+        }
+        let root = nix::unistd::geteuid().is_root();
+        let run_as = (self.confine && root).then(|| confined_uid(&keep));
+        let mut hidden = BTreeSet::from([hide.clone()]);
+        let mut shown = vec![(keep.clone(), false)];
+        if let Some(uid) = run_as {
+            give(&keep, uid)?;
+            if let Some(blocked) = blocked_ancestor(&keep, uid) {
+                hidden.insert(blocked);
+            }
+            for path in reach {
+                let Ok(path) = absolute(path) else { continue };
+                if let Some(blocked) = blocked_ancestor(&path, uid) {
+                    hidden.insert(blocked);
+                    shown.push((path, true));
+                }
+            }
+        }
+        // Only the outermost of nested hidden directories gets a tmpfs.
+        let outermost: Vec<PathBuf> = hidden
+            .iter()
+            .filter(|h| !hidden.iter().any(|o| o != *h && h.starts_with(o)))
+            .cloned()
+            .collect();
+        let mut dirs = BTreeSet::new();
+        let mut binds = Vec::new();
+        for (path, read_only) in shown {
+            let Some(under) = outermost.iter().find(|h| path.starts_with(h)) else {
+                continue;
+            };
+            let mut at = under.clone();
+            for part in path
+                .strip_prefix(under)
+                .unwrap_or(Path::new(""))
+                .components()
+            {
+                at.push(part);
+                dirs.insert(at.clone());
+            }
+            binds.push(Bind {
+                path: cstring(&path)?,
+                read_only,
+                fd: -1,
+            });
         }
         let uid = nix::unistd::getuid().as_raw();
         let gid = nix::unistd::getgid().as_raw();
         let text = |s: String| CString::new(s).map_err(|e| invalid(e.to_string()));
         Ok(Prepared {
-            hide: cstring(&hide)?,
+            hide: outermost
+                .iter()
+                .map(|p| cstring(p))
+                .collect::<Result<_, _>>()?,
+            dirs: dirs.iter().map(|p| cstring(p)).collect::<Result<_, _>>()?,
+            binds,
             keep: cstring(&keep)?,
-            dirs,
             uid_map: text(format!("{uid} {uid} 1\n"))?,
             gid_map: text(format!("{gid} {gid} 1\n"))?,
             network: self.network,
+            run_as,
+            drop_here: true,
         })
     }
+}
+
+/// What a program needs to read to run: its directory, and for a script its interpreter's — a
+/// virtual environment's `bin/python` brings the environment and, through its `pyvenv.cfg`, the
+/// Python installation it was made from. Each as the prefix above a `bin` directory.
+pub fn reach_for(program: &Path) -> Vec<PathBuf> {
+    let mut found = BTreeSet::new();
+    let mut add = |path: &Path| {
+        for path in [Some(path.to_path_buf()), std::fs::canonicalize(path).ok()]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(dir) = path.parent() {
+                let prefix = match dir.file_name() {
+                    Some(name) if name == "bin" => dir.parent().unwrap_or(dir),
+                    _ => dir,
+                };
+                found.insert(prefix.to_path_buf());
+            }
+        }
+    };
+    add(program);
+    if let Some(interpreter) = shebang(program) {
+        add(&interpreter);
+        // A virtual environment names the installation it runs on.
+        let venv = interpreter.parent().and_then(Path::parent);
+        if let Some(home) = venv.and_then(|v| venv_home(&v.join("pyvenv.cfg"))) {
+            add(&home.join("python"));
+        }
+    }
+    found.into_iter().collect()
+}
+
+/// The interpreter of a `#!` script.
+fn shebang(program: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let text = std::str::from_utf8(line).ok()?.trim();
+    let path = text.split_whitespace().next()?;
+    path.starts_with('/').then(|| PathBuf::from(path))
+}
+
+/// `home` of a `pyvenv.cfg` (the installation's `bin` directory).
+fn venv_home(cfg: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(cfg).ok()?;
+    text.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == "home").then(|| PathBuf::from(value.trim()))
+    })
+}
+
+/// The first directory on the way to `path` (itself excluded) that `uid` (with gid `uid` and no
+/// other group) may not pass through.
+fn blocked_ancestor(path: &Path, uid: u32) -> Option<PathBuf> {
+    let mut at = PathBuf::from("/");
+    for part in path.components().skip(1) {
+        let meta = std::fs::metadata(&at).ok()?;
+        let bit = if meta.uid() == uid {
+            0o100
+        } else if meta.gid() == uid {
+            0o010
+        } else {
+            0o001
+        };
+        if meta.mode() & bit == 0 {
+            return Some(at);
+        }
+        at.push(part);
+    }
+    None
+}
+
+/// Makes `dir` and everything in it `uid`'s (gid the same), symbolic links themselves and not
+/// what they point to.
+fn give(dir: &Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(dir)?.is_dir() {
+        for entry in std::fs::read_dir(dir)? {
+            give(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
 }
 
 fn absolute(path: &Path) -> std::io::Result<PathBuf> {
@@ -81,18 +272,23 @@ fn cstring(path: &Path) -> std::io::Result<CString> {
 }
 
 impl Prepared {
+    /// The uid a confined child runs as, once [`Self::enter`] or its guard has taken the
+    /// privileges.
+    pub(crate) fn run_as(&self) -> Option<u32> {
+        self.run_as
+    }
+
+    /// The guard starting the program takes the privileges, in a PID namespace of its own
+    /// ([`crate::guard`]), instead of [`Self::enter`].
+    pub(crate) fn leave_privileges_to_the_guard(&mut self) {
+        self.drop_here = false;
+    }
+
     /// Enters the sandbox. Runs in the child between `fork` and `exec`: only system calls, no
     /// allocation, no lock.
     #[allow(unsafe_code)]
-    pub(crate) fn enter(&self) -> std::io::Result<()> {
+    pub(crate) fn enter(&mut self) -> std::io::Result<()> {
         use nix::libc;
-        let check = |r: libc::c_int| {
-            if r == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        };
         // SAFETY: plain system calls on NUL-terminated strings prepared before fork; the child is
         // single-threaded here and nothing is allocated.
         unsafe {
@@ -115,33 +311,132 @@ impl Prepared {
                 libc::MS_REC | libc::MS_PRIVATE,
                 std::ptr::null(),
             ))?;
-            // The working directory keeps `keep` reachable under the tmpfs, for the bind below.
-            check(libc::chdir(self.keep.as_ptr()))?;
-            check(libc::mount(
-                c"tmpfs".as_ptr(),
-                self.hide.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                c"mode=0700".as_ptr().cast(),
-            ))?;
+            for bind in &mut self.binds {
+                bind.fd = libc::open(
+                    bind.path.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                if bind.fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // Confined, the uid passes through the tmpfs to what is shown in it.
+            let (tmpfs_mode, dir_mode) = if self.run_as.is_some() {
+                (c"mode=0711", 0o711)
+            } else {
+                (c"mode=0700", 0o700)
+            };
+            for hide in &self.hide {
+                check(libc::mount(
+                    c"tmpfs".as_ptr(),
+                    hide.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    tmpfs_mode.as_ptr().cast(),
+                ))?;
+            }
             for dir in &self.dirs {
-                if libc::mkdir(dir.as_ptr(), 0o700) != 0
+                if libc::mkdir(dir.as_ptr(), dir_mode) != 0
                     && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
                 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            check(libc::mount(
-                c".".as_ptr(),
-                self.keep.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ))?;
+            for bind in &self.binds {
+                // The directory as opened above, now under the tmpfs: bound to its own path.
+                check(libc::fchdir(bind.fd))?;
+                check(libc::mount(
+                    c".".as_ptr(),
+                    bind.path.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ))?;
+                libc::close(bind.fd);
+                if bind.read_only {
+                    check(libc::mount(
+                        std::ptr::null(),
+                        bind.path.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID,
+                        std::ptr::null(),
+                    ))?;
+                }
+            }
             check(libc::chdir(self.keep.as_ptr()))?;
+            if let (Some(uid), true) = (self.run_as, self.drop_here) {
+                drop_privileges(uid)?;
+                // A change of uid clears the parent-death signal the supervisor asked for.
+                check(libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGTERM as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ))?;
+            }
         }
         Ok(())
     }
+}
+
+fn check(r: nix::libc::c_int) -> std::io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Gives up root for good, in the child between `fork` and `exec`: `no_new_privs`, every
+/// capability out of the bounding set, no supplementary group, then gid and uid `uid` (which
+/// empties the permitted and effective sets).
+#[allow(unsafe_code)]
+pub(crate) fn drop_privileges(uid: u32) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: plain system calls on values; nothing is allocated.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+        for cap in 0..64 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                // EINVAL past the kernel's last capability.
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                    break;
+                }
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setresgid(uid, uid, uid))?;
+        check(libc::setresuid(uid, uid, uid))?;
+    }
+    Ok(())
+}
+
+/// In the first process of a new PID namespace, between `fork` and `exec`: a mount namespace of
+/// its own with a `/proc` of that PID namespace, so the program lists only its own processes.
+#[allow(unsafe_code)]
+pub(crate) fn own_proc() -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: see `Prepared::enter`.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))?;
+    }
+    Ok(())
 }
 
 /// Brings interface `lo` of the current network namespace up (a new namespace has it down).
@@ -174,7 +469,7 @@ unsafe fn loopback_up() -> std::io::Result<()> {
 
 /// Writes `text` to a `/proc/self` file (open, write, close).
 #[allow(unsafe_code)]
-unsafe fn write_proc(path: &std::ffi::CStr, text: &std::ffi::CStr) -> std::io::Result<()> {
+unsafe fn write_proc(path: &CStr, text: &CStr) -> std::io::Result<()> {
     use nix::libc;
     // SAFETY: see `Prepared::enter`.
     unsafe {
@@ -190,4 +485,66 @@ unsafe fn write_proc(path: &std::ffi::CStr, text: &std::ffi::CStr) -> std::io::R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_per_directory_in_its_range_and_the_same_every_time() {
+        let a = confined_uid(Path::new("/state/federations/team/a"));
+        let b = confined_uid(Path::new("/state/federations/team/b"));
+        assert_ne!(a, b);
+        assert_eq!(a, confined_uid(Path::new("/state/federations/team/a")));
+        for uid in [a, b] {
+            assert!((FIRST_CONFINED_UID..FIRST_CONFINED_UID + CONFINED_UIDS).contains(&uid));
+        }
+    }
+
+    #[test]
+    fn a_script_reaches_its_environment_and_the_installation_it_was_made_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let python = dir.path().join("python/3.11/bin");
+        let venv = dir.path().join("venv");
+        std::fs::create_dir_all(&python).unwrap();
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(python.join("python3.11"), "").unwrap();
+        std::os::unix::fs::symlink(python.join("python3.11"), venv.join("bin/python")).unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            format!("home = {}\nversion = 3.11\n", python.display()),
+        )
+        .unwrap();
+        let script = venv.join("bin/flower-supernode");
+        std::fs::write(
+            &script,
+            format!("#!{}/bin/python\nimport flwr\n", venv.display()),
+        )
+        .unwrap();
+        let reach = reach_for(&script);
+        assert!(reach.contains(&venv), "{reach:?}");
+        assert!(reach.contains(&dir.path().join("python/3.11")), "{reach:?}");
+    }
+
+    #[test]
+    fn the_first_directory_a_uid_cannot_pass_is_found() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        let inner = closed.join("open/venv");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let uid = FIRST_CONFINED_UID;
+        let blocked = blocked_ancestor(&inner, uid);
+        // Unless the temporary directory's own ancestors block already.
+        let expected = blocked_ancestor(dir.path(), uid).unwrap_or(closed.clone());
+        assert_eq!(blocked, Some(expected));
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert_eq!(
+            blocked_ancestor(&inner, uid),
+            blocked_ancestor(dir.path(), uid)
+        );
+    }
 }

@@ -214,6 +214,27 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         .create(true)
         .append(true)
         .open(&spec.log_file)?;
+    // What a confined child must still read: the program (and its interpreter, its Python), a
+    // program it is given to start (`netns-bridge … -- flower-superlink`), and the guard.
+    let prepared = match &spec.sandbox {
+        Some(sandbox) => {
+            let mut reach = crate::sandbox::reach_for(&resolve(&spec.program, &spec.env));
+            for arg in spec.args.iter().map(std::path::Path::new) {
+                if arg.is_absolute() && arg.is_file() {
+                    reach.extend(crate::sandbox::reach_for(arg));
+                }
+            }
+            if let Some(guard) = GUARD.get() {
+                reach.extend(crate::sandbox::reach_for(guard));
+            }
+            let mut prepared = sandbox.prepare(&reach)?;
+            if GUARD.get().is_some() {
+                prepared.leave_privileges_to_the_guard();
+            }
+            Some((prepared, sandbox.keep.clone()))
+        }
+        None => None,
+    };
     let mut cmd = match GUARD.get() {
         Some(guard) => {
             let (program, args, env) =
@@ -238,11 +259,33 @@ fn spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
         cmd.current_dir(cwd);
     }
     die_with_parent(&mut cmd);
-    if let Some(sandbox) = &spec.sandbox {
-        let prepared = sandbox.prepare()?;
+    if let Some((prepared, keep)) = prepared {
+        if let Some(uid) = prepared.run_as() {
+            // Its home is its own directory (Python and Flower write under $HOME).
+            cmd.env("HOME", keep);
+            if GUARD.get().is_some() {
+                cmd.env(crate::guard::RUN_AS_ENV, uid.to_string());
+            }
+        }
         enter_sandbox(&mut cmd, prepared);
     }
     cmd.spawn()
+}
+
+/// `program` as the child's `PATH` finds it (`env`'s over the supervisor's).
+fn resolve(program: &std::path::Path, env: &BTreeMap<String, String>) -> PathBuf {
+    if program.components().count() > 1 {
+        return program.to_path_buf();
+    }
+    let path = env
+        .get("PATH")
+        .cloned()
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| program.to_path_buf())
 }
 
 /// Makes the child enter `prepared` ([`crate::sandbox`]) before it runs the program.
@@ -251,6 +294,7 @@ fn enter_sandbox(cmd: &mut Command, prepared: crate::sandbox::Prepared) {
     // SAFETY: `enter` makes only system calls on data prepared before fork (no allocation, no
     // lock).
     unsafe {
+        let mut prepared = prepared;
         cmd.pre_exec(move || prepared.enter());
     }
 }
@@ -370,6 +414,7 @@ mod tests {
             network: false,
             hide: state.clone(),
             keep: own.clone(),
+            confine: false,
         });
         let sup = Supervised::start(spec);
         let log_file = dir.path().join("boxed.log");

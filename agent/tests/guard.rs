@@ -176,3 +176,95 @@ fn a_guard_whose_supervisor_is_gone_starts_nothing() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("supervisor is gone"));
     assert!(alive_with(marker).is_empty());
 }
+
+#[tokio::test]
+async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
+    // Invariant: supervised as root with a confining sandbox, the program runs as its directory's
+    // own uid, with no capability and no_new_privs, as the first process of a PID namespace of
+    // its own (it sees its own processes only and signals nothing outside), cannot mount, reads
+    // nothing of the hidden state directory, and writes its own directory, which is its uid's.
+    use flower_addon_agent::sandbox::{Sandbox, confined_uid};
+    use flower_addon_agent::supervise::{ProcessSpec, Supervised, guard_with};
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test confines as root does: run the suite as root (./test.sh does)"
+    );
+    guard_with(AGENT.into());
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let own = state.join("federations/team/fed");
+    std::fs::create_dir_all(own.join("mnt")).unwrap();
+    std::fs::write(state.join("ca.key"), "SECRET").unwrap();
+    let me = std::process::id();
+    let script = format!(
+        "echo uid=$(id -u) pid=$$ procs=$(ls /proc | grep -c '^[0-9]'); \
+         grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; \
+         cat {state}/ca.key || echo HIDDEN; \
+         kill -0 {me} 2>/dev/null && echo SIGNALLED || echo NO_SIGNAL; \
+         mount -t tmpfs x {own}/mnt 2>/dev/null && echo MOUNTED || echo NO_MOUNT; \
+         echo W > {own}/written; echo HOME=$HOME; echo DONE; sleep 30",
+        state = state.display(),
+        own = own.display()
+    );
+    let log_file = dir.path().join("confined.log");
+    let sup = Supervised::start(ProcessSpec {
+        name: "confined".into(),
+        program: "/bin/sh".into(),
+        args: vec!["-c".into(), script],
+        env: Default::default(),
+        cwd: None,
+        log_file: log_file.clone(),
+        sandbox: Some(Sandbox {
+            hide: state.clone(),
+            keep: own.clone(),
+            network: true,
+            confine: true,
+        }),
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+        if log.contains("DONE") {
+            break log;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no output: {log:?} {:?}",
+            sup.state()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The program still runs under its guard: nothing failed on the way.
+    let state = sup.state();
+    assert_eq!(state.restarts, 0, "{state:?}\n{log}");
+    assert!(state.pid.is_some(), "{state:?}\n{log}");
+    sup.stop().await;
+    let uid = confined_uid(&std::fs::canonicalize(&own).unwrap());
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("uid="))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with(&format!("uid={uid} pid=1 procs=")),
+        "{log}"
+    );
+    let procs: u32 = line.rsplit('=').next().unwrap().parse().unwrap();
+    assert!(procs <= 4, "sees {procs} processes: {log}");
+    for expected in [
+        "CapEff:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "HIDDEN",
+        "NO_SIGNAL",
+        "NO_MOUNT",
+    ] {
+        assert!(log.contains(expected), "{expected:?} not in {log}");
+    }
+    assert!(!log.contains("SECRET"), "{log}");
+    assert!(
+        log.contains(&format!("HOME={}", own.canonicalize().unwrap().display())),
+        "{log}"
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(own.join("written")).unwrap().uid(), uid);
+}

@@ -392,6 +392,43 @@ fn a_serverapp_cannot_read_the_hub_state(
     Ok(())
 }
 
+/// The hub runs as root (the suite does): a ServerApp still runs as an unprivileged uid without
+/// capabilities, alone in a PID namespace (the hub's process neither seen, signalled nor entered
+/// through `/proc/PID/root`), and can neither unmount nor enter a network namespace
+/// (`e2e/flower/probe`'s `probe-host-pid` checks; the run fails if one does not hold).
+fn a_serverapp_runs_unprivileged_alone(
+    flwr: &e2e::flwr::HostFlwr,
+    state: &Path,
+    hub_log: &Path,
+    hub_pid: u32,
+) -> Result<()> {
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "this test runs the hub as root, as the suite does (./test.sh)"
+    );
+    let config = format!(
+        "probe-hidden=\"{}\" probe-own=\"{}\" probe-host-pid=\"{hub_pid}\"",
+        state.join("flower-ca.json").display(),
+        state
+            .join("federations/default/quickstart/tls/tls.crt")
+            .display(),
+    );
+    let t = Instant::now();
+    let run = flwr
+        .run_with_config(
+            &e2e::repo_root().join("e2e/flower/probe"),
+            "quickstart",
+            &config,
+            || std::fs::read_to_string(hub_log).unwrap_or_default(),
+        )
+        .context("a confined ServerApp")?;
+    eprintln!(
+        "run {run}: a ServerApp ran unprivileged, alone in its PID namespace, and could not see, signal or enter the hub's process, unmount or enter a network namespace ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// The pids of the SuperNode processes under `state`.
 fn supernode_pids(state: &Path) -> Vec<u32> {
     let mut pids: Vec<u32> = processes_mentioning(&state.display().to_string())
@@ -599,6 +636,9 @@ fn serverapps_reach_neither_the_hub_state_nor_another_federations_control_api() 
     let flwr = connect(&hub_bin, &venv, &hub.state, hub.dir.path()).expect("flower-hub connect");
     a_serverapp_cannot_read_the_hub_state(&flwr, &hub.state, &hub.log)
         .expect("a ServerApp reading the hub's state");
+    let hub_pid = hub.procs.get("hub").expect("the hub process").pid();
+    a_serverapp_runs_unprivileged_alone(&flwr, &hub.state, &hub.log, hub_pid)
+        .expect("a ServerApp of a hub run as root");
     a_serverapp_cannot_reach_another_federations_control_api(&hub_bin, &flwr, &hub.state, &hub.log)
         .expect("a ServerApp reaching another Federation's Control API");
 }

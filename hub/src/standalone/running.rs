@@ -110,6 +110,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 hide: self.config.state_dir.clone(),
                 keep: paths.dir.clone(),
                 network: self.isolated().is_some(),
+                confine: true,
             })
     }
 

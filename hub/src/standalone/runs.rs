@@ -274,7 +274,14 @@ impl StandaloneRuns {
             let output = outputs_root.as_ref().map(|(outputs, root)| {
                 // The root exists, as the volume's mount does in Kubernetes; the app makes
                 // its run's directory.
-                if let Err(e) = std::fs::create_dir_all(root) {
+                // The SuperLink's directory holds it: its confined ServerApps write there.
+                let made = std::fs::create_dir_all(root).and_then(|()| match root.parent() {
+                    Some(superlink_dir) => {
+                        flower_addon_agent::sandbox::hand_over(root, superlink_dir)
+                    }
+                    None => Ok(()),
+                });
+                if let Err(e) = made {
                     tracing::warn!(dir = %root.display(), error = %e, "cannot make the outputs directory");
                 }
                 core_run::OutputDir::new(outputs, &root.to_string_lossy(), &key.0, &key.1)
