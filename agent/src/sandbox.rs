@@ -303,14 +303,7 @@ impl Prepared {
             if self.network {
                 loopback_up()?;
             }
-            // Nothing mounted here reaches the host's namespace.
-            check(libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
+            private_mounts()?;
             for bind in &mut self.binds {
                 bind.fd = libc::open(
                     bind.path.as_ptr(),
@@ -388,6 +381,23 @@ fn check(r: nix::libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// Makes every mount of the current (new) mount namespace private: nothing mounted here reaches
+/// the host's namespace.
+#[allow(unsafe_code)]
+fn private_mounts() -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: a plain system call on constant strings.
+    check(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    })
+}
+
 /// Gives up root for good, in the child between `fork` and `exec`: `no_new_privs`, every
 /// capability out of the bounding set, no supplementary group, then gid and uid `uid` (which
 /// empties the permitted and effective sets).
@@ -421,13 +431,7 @@ pub(crate) fn own_proc() -> std::io::Result<()> {
     // SAFETY: see `Prepared::enter`.
     unsafe {
         check(libc::unshare(libc::CLONE_NEWNS))?;
-        check(libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ))?;
+        private_mounts()?;
         check(libc::mount(
             c"proc".as_ptr(),
             c"/proc".as_ptr(),

@@ -275,13 +275,7 @@ fn a_serverapp_cannot_reach_another_federations_control_api(
         .and_then(|f| f["control"].as_str().map(str::to_owned))
         .context("quickstart's control address")?;
     let config = format!("probe-refused=\"{control}\" probe-reached=\"{own}\"");
-    let run = flwr
-        .run_with_config(
-            &e2e::repo_root().join("e2e/flower/probe"),
-            "quickstart",
-            &config,
-            || std::fs::read_to_string(hub_log).unwrap_or_default(),
-        )
+    let run = probe(flwr, hub_log, &config)
         .context("a ServerApp of quickstart connecting to neighbour's Control API")?;
     eprintln!(
         "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host), but reached its own at {own} ({:.1}s)",
@@ -376,13 +370,7 @@ fn a_serverapp_cannot_read_the_hub_state(
             own.display()
         );
         let t = Instant::now();
-        let run = flwr
-            .run_with_config(
-                &e2e::repo_root().join("e2e/flower/probe"),
-                "quickstart",
-                &config,
-                || std::fs::read_to_string(hub_log).unwrap_or_default(),
-            )
+        let run = probe(flwr, hub_log, &config)
             .with_context(|| format!("a ServerApp reading {secret}"))?;
         eprintln!(
             "run {run}: a ServerApp could not read {secret}, but its SuperLink's own certificate ({:.1}s)",
@@ -414,19 +402,23 @@ fn a_serverapp_runs_unprivileged_alone(
             .display(),
     );
     let t = Instant::now();
-    let run = flwr
-        .run_with_config(
-            &e2e::repo_root().join("e2e/flower/probe"),
-            "quickstart",
-            &config,
-            || std::fs::read_to_string(hub_log).unwrap_or_default(),
-        )
-        .context("a confined ServerApp")?;
+    let run = probe(flwr, hub_log, &config).context("a confined ServerApp")?;
     eprintln!(
         "run {run}: a ServerApp ran unprivileged, alone in its PID namespace, and could not see, signal or enter the hub's process, unmount or enter a network namespace ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Runs `e2e/flower/probe` on quickstart with `config` (its checks: `--run-config`); the run id
+/// once it completed (a failed check fails the run).
+fn probe(flwr: &e2e::flwr::HostFlwr, hub_log: &Path, config: &str) -> Result<String> {
+    flwr.run_with_config(
+        &e2e::repo_root().join("e2e/flower/probe"),
+        "quickstart",
+        config,
+        || std::fs::read_to_string(hub_log).unwrap_or_default(),
+    )
 }
 
 /// The pids of the SuperNode processes under `state`.

@@ -52,8 +52,10 @@ pub struct RunArgs {
     pub node_name: Option<String>,
     /// Process runtime: run each SuperNode (and its ClientApps) in a mount namespace where the
     /// state directory is empty but for its Federation's own directory, so code a ServerApp
-    /// sends cannot read this agent's key or other Federations' files. Needs root or
-    /// unprivileged user namespaces; `false` turns it off.
+    /// sends cannot read this agent's key or other Federations' files; an agent run as root also
+    /// runs them as an unprivileged uid of their Federation's own, without capabilities, in a
+    /// PID namespace of their own. Needs root or unprivileged user namespaces; `false` turns it
+    /// off.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub supernode_sandbox: bool,
     /// How often the observed status is checked (sent only when it changed), e.g. `5s`.

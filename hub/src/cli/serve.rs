@@ -98,8 +98,10 @@ pub struct ServeArgs {
     pub local_port_base: u16,
     /// Standalone: run each SuperLink (and its ServerApps) and the hub machine's own SuperNodes
     /// in a mount namespace where the state directory is empty but for their own directory, so
-    /// code run through `flwr run` cannot read the CA keys or tokens. Needs root or unprivileged
-    /// user namespaces; `false` turns it off (then that code runs with the hub's file access).
+    /// code run through `flwr run` cannot read the CA keys or tokens; a hub run as root also
+    /// runs them as an unprivileged uid of their Federation's own, without capabilities, in a PID
+    /// namespace of their own. Needs root or unprivileged user namespaces; `false` turns it off
+    /// (then that code runs with the hub's privileges).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub flower_sandbox: bool,
     /// Standalone, with the sandbox: `isolated` runs each SuperLink (with its ServerApps and
