@@ -124,6 +124,12 @@ impl Sandbox {
             }
             for path in reach {
                 let Ok(path) = absolute(path) else { continue };
+                if !std::fs::metadata(&path).is_ok_and(|m| passable(&m, uid)) {
+                    return Err(invalid(format!(
+                        "sandbox: {} (what the program runs from) is closed to the unprivileged uid {uid} the sandbox runs it as: open it to others (chmod o+rx), or install Flower elsewhere",
+                        path.display()
+                    )));
+                }
                 if let Some(blocked) = blocked_ancestor(&path, uid) {
                     hidden.insert(blocked);
                     shown.push((path, true));
@@ -234,20 +240,24 @@ fn venv_home(cfg: &Path) -> Option<PathBuf> {
 fn blocked_ancestor(path: &Path, uid: u32) -> Option<PathBuf> {
     let mut at = PathBuf::from("/");
     for part in path.components().skip(1) {
-        let meta = std::fs::metadata(&at).ok()?;
-        let bit = if meta.uid() == uid {
-            0o100
-        } else if meta.gid() == uid {
-            0o010
-        } else {
-            0o001
-        };
-        if meta.mode() & bit == 0 {
+        if !passable(&std::fs::metadata(&at).ok()?, uid) {
             return Some(at);
         }
         at.push(part);
     }
     None
+}
+
+/// Whether `uid` (with gid `uid` and no other group) may pass through a directory.
+fn passable(meta: &std::fs::Metadata, uid: u32) -> bool {
+    let bit = if meta.uid() == uid {
+        0o100
+    } else if meta.gid() == uid {
+        0o010
+    } else {
+        0o001
+    };
+    meta.mode() & bit != 0
 }
 
 /// Makes `dir` and everything in it `uid`'s (gid the same), symbolic links themselves and not

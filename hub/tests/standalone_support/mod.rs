@@ -59,6 +59,17 @@ impl Dirs {
         for d in [&state, &manifests, &bin] {
             std::fs::create_dir_all(d).expect("dir");
         }
+        // As a Flower installation is, `bin/` is open to the unprivileged uids a hub run as root
+        // runs its SuperLinks as (one per Federation); every stand-in appends to `starts`.
+        let starts = bin.join("starts");
+        std::fs::write(&starts, "").expect("starts");
+        for (path, mode) in [
+            (dir.path(), 0o755),
+            (bin.as_path(), 0o755),
+            (&starts, 0o666),
+        ] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        }
         let superlink = bin.join("flower-superlink");
         std::fs::write(&superlink, STAND_IN_SUPERLINK).expect("script");
         std::fs::set_permissions(&superlink, std::fs::Permissions::from_mode(0o755))
