@@ -1248,7 +1248,30 @@ pub async fn a_rolling_upgrade_during_a_run(
         status == "running",
         "flwr run {run_id} is {status:?} once both upgrades are done: the upgrades did not happen during the run (more rounds needed)"
     );
-    let finished = run.await??;
+    let finished = match run.await? {
+        Ok(finished) => finished,
+        Err(error) => {
+            // Which SuperNode did not answer, and what the SuperLink said, for the message.
+            let mut tails = String::new();
+            for spoke in spokes {
+                tails += &supernode_log_tails(spoke, 30).await;
+            }
+            let superlink = Api::<Pod>::namespaced(hub.client.clone(), "fl")
+                .logs(
+                    &format!("{}-superlink-0", flwr.federation),
+                    &LogParams {
+                        container: Some("superlink".into()),
+                        tail_lines: Some(60),
+                        ..LogParams::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| format!("(cannot read it: {e})"));
+            return Err(error.context(format!(
+                "flwr run {run_id} during the rolling upgrade\n--- the SuperNodes' logs:\n{tails}--- {}'s SuperLink log:\n{superlink}", flwr.federation
+            )));
+        }
+    };
     ensure!(
         finished == run_id.to_string(),
         "flwr run finished {finished}, the SuperLink ran {run_id}"
