@@ -13,6 +13,7 @@ pub mod guard;
 pub mod join;
 pub mod kube_runtime;
 pub mod metrics;
+pub mod netns;
 pub mod node_key;
 pub mod ocm_addon;
 pub mod ops;

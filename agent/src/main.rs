@@ -1,6 +1,6 @@
 //! `flower-agent`: the flower-addon agent command line.
 use clap::{Parser, Subcommand};
-use flower_addon_agent::cli::{join, run};
+use flower_addon_agent::cli::{join, netns, run};
 use std::process::ExitCode;
 
 /// flower-addon agent: joins a hub, keeps the mTLS work channel open and runs the SuperNode pools
@@ -26,6 +26,12 @@ enum Command {
         after_help = "Examples:\n  flower-agent run --state-dir /var/lib/flower-agent --runtime process --flower-bin /opt/flwr/bin\n  flower-agent run --credentials-secret flower-agent-credentials --bootstrap-secret flower-agent-bootstrap"
     )]
     Run(Box<run::RunArgs>),
+    /// Run a program in the network namespace `run --runtime process` gave it (a SuperNode, a
+    /// SuperExec), bridging its loopback ports to Unix sockets in its Federation's directory.
+    #[command(
+        after_help = "Example (what the process runtime runs):\n  flower-agent netns-bridge --import 198.18.0.1:9092=pool-0.fleet.sock --export 19100=pool-0.appio.sock -- flower-supernode --superlink 198.18.0.1:9092 …"
+    )]
+    NetnsBridge(netns::NetnsBridgeArgs),
     /// Run one supervised program and end everything it leaves behind when it exits, is stopped
     /// or the agent dies (what `run --runtime process` starts its SuperNodes under).
     #[command(hide = true)]
@@ -60,6 +66,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Join(args) => join::join(*args),
         Command::Run(args) => run::run(*args),
+        Command::NetnsBridge(args) => netns::netns_bridge(args),
         Command::Guard(_) => unreachable!("handled above"),
         Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
             shell,

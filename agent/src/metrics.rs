@@ -93,8 +93,17 @@ impl AgentMetrics {
     }
 }
 
-/// The label of a supervised `program` path: its file name.
-pub fn program_label(program: &std::path::Path) -> ProgramLabels {
+/// The label of a supervised `program` path run with `args`: its file name, or that of the
+/// program a `netns-bridge` runs (`… netns-bridge … -- PROGRAM …`), which is what it supervises.
+pub fn program_label(program: &std::path::Path, args: &[String]) -> ProgramLabels {
+    let bridged = match args.first().map(String::as_str) {
+        Some("netns-bridge") => args
+            .iter()
+            .position(|a| a == "--")
+            .and_then(|at| args.get(at + 1)),
+        _ => None,
+    };
+    let program = bridged.map_or(program, |p| std::path::Path::new(p.as_str()));
     ProgramLabels {
         program: program
             .file_name()
@@ -167,5 +176,27 @@ pub fn register_resident_memory(registry: &mut Registry) {
 pub fn refresh() {
     if let Some(bytes) = crate::ops::resident_memory_bytes() {
         agent().resident_memory.set(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bridged_program_is_labelled_as_itself() {
+        let plain = program_label(std::path::Path::new("/venv/bin/flower-supernode"), &[]);
+        assert_eq!(plain.program, "flower-supernode");
+        let args: Vec<String> = [
+            "netns-bridge",
+            "--import=9092=f.sock",
+            "--",
+            "/venv/bin/flower-supernode",
+            "--insecure",
+        ]
+        .map(String::from)
+        .to_vec();
+        let bridged = program_label(std::path::Path::new("/usr/bin/flower-agent"), &args);
+        assert_eq!(bridged.program, "flower-supernode");
     }
 }

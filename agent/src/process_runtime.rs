@@ -40,6 +40,9 @@ pub struct ProcessRuntimeConfig {
     /// A directory (containing `state_dir`) hidden from the SuperNodes but for their
     /// Federation's own directory ([`crate::sandbox`]); None: not hidden.
     pub hide: Option<PathBuf>,
+    /// With `hide`: the program (this binary) whose `netns-bridge` runs each replica in a
+    /// network namespace of its own ([`network`]); None: the host network.
+    pub bridge: Option<PathBuf>,
 }
 
 /// Identity of one replica.
@@ -69,6 +72,8 @@ struct Replica {
     public_key: Option<String>,
     supernode: Supervised,
     superexec: Option<Supervised>,
+    /// In a network namespace of its own: the runtime's end of its Fleet socket.
+    forwarder: Option<network::FleetForwarder>,
     /// How far its log has been read for readiness ([`readiness::LogScan`]).
     log_scan: std::sync::Mutex<readiness::LogScan>,
 }
@@ -84,6 +89,10 @@ struct DesiredReplica {
     /// it would only get it refused (and restarted with backoff).
     registered: bool,
     port: u16,
+    /// The SuperLink's Fleet address (`HOST:PORT`) and, in a network namespace of its own,
+    /// where the SuperNode finds it inside.
+    fleet_address: String,
+    fleet_inside: Option<network::FleetInside>,
 }
 
 /// Desired replicas per pool, in work order, keyed by (namespace, federation), with the pool's
@@ -129,22 +138,47 @@ impl ProcessRuntime {
     }
 
     /// What a replica's processes do not see: [`ProcessRuntimeConfig::hide`] but for its
-    /// Federation's directory.
-    fn sandbox(&self, key: &ReplicaKey) -> Option<crate::sandbox::Sandbox> {
+    /// Federation's directory; in `network`, when they run in a network namespace of their own.
+    fn sandbox(
+        &self,
+        key: &ReplicaKey,
+        network: Option<crate::sandbox::Network>,
+    ) -> Option<crate::sandbox::Sandbox> {
         self.config
             .hide
             .as_ref()
             .map(|hide| crate::sandbox::Sandbox {
-                network: false,
+                network,
                 confine: true,
                 hide: hide.clone(),
-                keep: self
-                    .config
-                    .state_dir
-                    .join("federations")
-                    .join(&key.namespace)
-                    .join(&key.federation),
+                keep: self.fed_dir(key),
             })
+    }
+
+    fn fed_dir(&self, key: &ReplicaKey) -> PathBuf {
+        self.config
+            .state_dir
+            .join("federations")
+            .join(&key.namespace)
+            .join(&key.federation)
+    }
+
+    /// The bridge program when replicas run in network namespaces of their own.
+    fn bridge(&self) -> Option<&Path> {
+        self.config
+            .bridge
+            .as_deref()
+            .filter(|_| self.config.hide.is_some())
+    }
+
+    /// A Flower program by absolute path where it can be found (a bridge runs it as an argument,
+    /// and the sandbox shows what absolute arguments need).
+    fn absolute_program(&self, name: &str) -> PathBuf {
+        let program = self.program(name);
+        if program.components().count() == 1 {
+            return which(&program).unwrap_or(program);
+        }
+        program
     }
 
     fn program(&self, name: &str) -> PathBuf {
@@ -285,6 +319,16 @@ impl ProcessRuntime {
             let superexec_argv = (owned.spec.isolation_mode
                 == flower_addon_crds::IsolationMode::Process)
                 .then(|| render::superexec_clientapp_argv(owned.version, port));
+            let fleet_inside = self
+                .bridge()
+                .map(|_| network::fleet_inside(&owned.fleet_address))
+                .transpose()
+                .map_err(|e| {
+                    RuntimeError::Apply(format!(
+                        "federation {}/{}: {e}",
+                        key.namespace, key.federation
+                    ))
+                })?;
             let registered = public_key
                 .as_ref()
                 .is_none_or(|k| registered_keys.iter().any(|r| r.trim() == k.trim()));
@@ -296,6 +340,8 @@ impl ProcessRuntime {
                 superexec_argv,
                 public_key,
                 port,
+                fleet_address: owned.fleet_address.clone(),
+                fleet_inside,
             });
         }
         Ok((out, pools))
@@ -417,27 +463,8 @@ impl Runtime for ProcessRuntime {
                     .join("homes")
                     .join(format!("{}-{}", d.key.pool, d.key.index));
                 env.insert("FLWR_HOME".into(), home.display().to_string());
-                let supernode = Supervised::start(ProcessSpec {
-                    name: format!("supernode/{}", d.key.slug()),
-                    program: self.program(render::SUPERNODE_PROGRAM),
-                    args: d.argv.clone(),
-                    env: env.clone(),
-                    cwd: Some(self.config.state_dir.clone()),
-                    log_file: log_file.clone(),
-                    sandbox: self.sandbox(&d.key),
-                });
-                let superexec = d.superexec_argv.map(|args| {
-                    Supervised::start(ProcessSpec {
-                        name: format!("superexec/{}", d.key.slug()),
-                        program: self.program(render::SUPEREXEC_PROGRAM),
-                        args,
-                        env: env.clone(),
-                        cwd: Some(self.config.state_dir.clone()),
-                        log_file: log_dir.join(format!("{name}.superexec.log")),
-                        sandbox: self.sandbox(&d.key),
-                    })
-                });
-                tracing::info!(replica = %d.key.slug(), port = d.port, "started SuperNode");
+                let started = self.start_replica(&d, &env, &log_dir, &name, &log_file)?;
+                tracing::info!(replica = %d.key.slug(), port = d.port, own_network = started.forwarder.is_some(), "started SuperNode");
                 state.replicas.insert(
                     d.key,
                     Replica {
@@ -446,8 +473,9 @@ impl Runtime for ProcessRuntime {
                         port: d.port,
                         log_file,
                         public_key: d.public_key,
-                        supernode,
-                        superexec,
+                        supernode: started.supernode,
+                        superexec: started.superexec,
+                        forwarder: started.forwarder,
                         log_scan: Default::default(),
                     },
                 );
@@ -527,11 +555,125 @@ impl ProcessRuntime {
     }
 }
 
+/// A replica's processes, as started.
+struct Started {
+    supernode: Supervised,
+    superexec: Option<Supervised>,
+    forwarder: Option<network::FleetForwarder>,
+}
+
+impl ProcessRuntime {
+    /// Starts a replica's SuperNode (and SuperExec): on the host network, or each under a
+    /// `netns-bridge` in the replica's own network namespace — the SuperNode importing its
+    /// Fleet socket (served here) at the address it dials and exporting its ClientAppIo port,
+    /// the SuperExec importing that.
+    fn start_replica(
+        &self,
+        d: &DesiredReplica,
+        env: &BTreeMap<String, String>,
+        log_dir: &Path,
+        name: &str,
+        log_file: &Path,
+    ) -> Result<Started, RuntimeError> {
+        let supernode_program = self.absolute_program(render::SUPERNODE_PROGRAM);
+        let superexec_program = self.absolute_program(render::SUPEREXEC_PROGRAM);
+        let spec =
+            |what: &str, program: PathBuf, args: Vec<String>, log: PathBuf, network| ProcessSpec {
+                name: format!("{what}/{}", d.key.slug()),
+                program,
+                args,
+                env: env.clone(),
+                cwd: Some(self.config.state_dir.clone()),
+                log_file: log,
+                sandbox: self.sandbox(&d.key, network),
+            };
+        let superexec_log = log_dir.join(format!("{name}.superexec.log"));
+        let (Some(bridge), Some(inside)) = (self.bridge(), &d.fleet_inside) else {
+            let supernode = Supervised::start(spec(
+                "supernode",
+                supernode_program,
+                d.argv.clone(),
+                log_file.to_path_buf(),
+                None,
+            ));
+            let superexec = d.superexec_argv.clone().map(|args| {
+                Supervised::start(spec(
+                    "superexec",
+                    superexec_program,
+                    args,
+                    superexec_log.clone(),
+                    None,
+                ))
+            });
+            return Ok(Started {
+                supernode,
+                superexec,
+                forwarder: None,
+            });
+        };
+        let sockets = network::ReplicaSockets::new(&self.fed_dir(&d.key), &d.key.pool, d.key.index);
+        let io = |e: std::io::Error| {
+            RuntimeError::Apply(format!(
+                "replica {}: its network namespace's files in {}: {e}",
+                d.key.slug(),
+                sockets.fleet.parent().unwrap_or(Path::new("")).display()
+            ))
+        };
+        let network = network::replica_network(inside, &sockets).map_err(io)?;
+        let forwarder =
+            network::FleetForwarder::start(&sockets.fleet, &d.fleet_address).map_err(io)?;
+        let fleet = crate::netns::Bridged {
+            host: inside.host,
+            port: inside.port,
+            socket: sockets.fleet.clone(),
+        };
+        let appio = crate::netns::Bridged {
+            host: std::net::IpAddr::from([127, 0, 0, 1]),
+            port: d.port,
+            socket: sockets.appio.clone(),
+        };
+        let exports = if d.superexec_argv.is_some() {
+            vec![appio.clone()]
+        } else {
+            Vec::new()
+        };
+        let mut supernode_spec = spec(
+            "supernode",
+            bridge.to_path_buf(),
+            network::bridged_argv(&[fleet], &exports, &supernode_program, &d.argv),
+            log_file.to_path_buf(),
+            Some(network.clone()),
+        );
+        if inside.name.is_some() {
+            // gRPC's own resolver may not read /etc/hosts; the C library's does.
+            supernode_spec
+                .env
+                .insert("GRPC_DNS_RESOLVER".into(), "native".into());
+        }
+        let supernode = Supervised::start(supernode_spec);
+        let superexec = d.superexec_argv.as_ref().map(|args| {
+            Supervised::start(spec(
+                "superexec",
+                bridge.to_path_buf(),
+                network::bridged_argv(std::slice::from_ref(&appio), &[], &superexec_program, args),
+                superexec_log.clone(),
+                Some(network.clone()),
+            ))
+        });
+        Ok(Started {
+            supernode,
+            superexec,
+            forwarder: Some(forwarder),
+        })
+    }
+}
+
 async fn stop_replica(replica: Replica) {
     if let Some(se) = replica.superexec {
         se.stop().await;
     }
     replica.supernode.stop().await;
+    drop(replica.forwarder);
 }
 
 /// Writes the marker before a (re)start so readiness only looks at the current run's output.
@@ -569,6 +711,7 @@ fn which(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+mod network;
 mod readiness;
 use readiness::{ready_condition, replica_ready};
 #[cfg(test)]

@@ -10,8 +10,11 @@
 //!
 //! With [`Sandbox::network`] the child also gets a network namespace of its own whose only
 //! interface is its loopback: what it serves there nobody else reaches, and it reaches nobody —
-//! the standalone hub runs each SuperLink so (with its ServerApps), and bridges the ports it
-//! must serve through Unix sockets in its directory (`flower-hub netns-bridge`).
+//! the standalone hub runs each SuperLink so (with its ServerApps), the process runtime each
+//! SuperNode (with its ClientApps), and they bridge what must pass through Unix sockets in the
+//! Federation's directory ([`crate::netns`]). A SuperNode dialling its SuperLink at an address
+//! of the outside network finds that address on its loopback ([`Network::addresses`]) and, for
+//! a host name, in an `/etc/hosts` of its own ([`Network::hosts`]), where its bridge listens.
 //!
 //! With [`Sandbox::confine`], a supervisor running as root also takes its privileges away: the
 //! child runs as an unprivileged uid of its directory's own ([`confined_uid`]; gid the same, no
@@ -36,11 +39,22 @@ pub struct Sandbox {
     /// A directory inside `hide` the child still sees (read-write).
     pub keep: PathBuf,
     /// Also a network namespace of its own, with only its loopback (up).
-    pub network: bool,
+    pub network: Option<Network>,
     /// As root, run the child unprivileged ([`confined_uid`]), in a PID namespace of its own under
     /// a guard. Not root, nothing changes: the user namespace above already holds no privilege
     /// over the host.
     pub confine: bool,
+}
+
+/// The network namespace of a sandbox: its loopback, with more addresses on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Network {
+    /// IPv4 addresses added to the loopback (each a /32), so that a program dialling one of
+    /// them reaches what listens there inside (the bridge of [`crate::netns`]), not the network.
+    pub addresses: Vec<std::net::Ipv4Addr>,
+    /// A file shown as `/etc/hosts` inside, so that a host name the program dials resolves to
+    /// one of [`Self::addresses`].
+    pub hosts: Option<PathBuf>,
 }
 
 /// The first uid (and gid) the confined children run as: [`confined_uid`] is in
@@ -92,6 +106,10 @@ pub(crate) struct Prepared {
     uid_map: CString,
     gid_map: CString,
     network: bool,
+    /// [`Network::addresses`], in network byte order.
+    addresses: Vec<u32>,
+    /// [`Network::hosts`].
+    hosts: Option<CString>,
     /// Confined: the uid (and gid) to run as.
     run_as: Option<u32>,
     /// Whether [`Prepared::enter`] takes the privileges itself (no guard to do it in a PID
@@ -176,7 +194,19 @@ impl Sandbox {
             keep: cstring(&keep)?,
             uid_map: text(format!("{uid} {uid} 1\n"))?,
             gid_map: text(format!("{gid} {gid} 1\n"))?,
-            network: self.network,
+            network: self.network.is_some(),
+            addresses: self
+                .network
+                .iter()
+                .flat_map(|n| &n.addresses)
+                .map(|a| u32::from_ne_bytes(a.octets()))
+                .collect(),
+            hosts: self
+                .network
+                .as_ref()
+                .and_then(|n| n.hosts.as_deref())
+                .map(|h| absolute(h).and_then(|h| cstring(&h)))
+                .transpose()?,
             run_as,
             drop_here: true,
         })
@@ -312,6 +342,9 @@ impl Prepared {
             }
             if self.network {
                 loopback_up()?;
+                for (index, address) in self.addresses.iter().enumerate() {
+                    add_loopback_address(index, *address)?;
+                }
             }
             private_mounts()?;
             for bind in &mut self.binds {
@@ -365,6 +398,15 @@ impl Prepared {
                         std::ptr::null(),
                     ))?;
                 }
+            }
+            if let Some(hosts) = &self.hosts {
+                check(libc::mount(
+                    hosts.as_ptr(),
+                    c"/etc/hosts".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))?;
             }
             check(libc::chdir(self.keep.as_ptr()))?;
             if let (Some(uid), true) = (self.run_as, self.drop_here) {
@@ -471,6 +513,51 @@ unsafe fn loopback_up() -> std::io::Result<()> {
         if result == 0 {
             request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
             result = libc::ioctl(fd, libc::SIOCSIFFLAGS, &request);
+        }
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if result != 0 {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// Adds IPv4 `address` (network byte order) to interface `lo` as a /32, labelled `lo:<index + 1>`
+/// (the kernel's alias labels: the ioctls need no netlink).
+#[allow(unsafe_code)]
+unsafe fn add_loopback_address(index: usize, address: u32) -> std::io::Result<()> {
+    use nix::libc;
+    if index >= 9 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "sandbox: at most 9 addresses on the loopback",
+        ));
+    }
+    // SAFETY: see `Prepared::enter`; `ifreq` is plain data, zeroed, its name a NUL-terminated
+    // "lo:N", its address union written as the `sockaddr_in` the ioctls read.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (at, byte) in [b'l', b'o', b':', b'1' + index as u8]
+            .into_iter()
+            .enumerate()
+        {
+            request.ifr_name[at] = byte as libc::c_char;
+        }
+        let set = |request: &mut libc::ifreq, value: u32| {
+            let sin = (&raw mut request.ifr_ifru).cast::<libc::sockaddr_in>();
+            (*sin).sin_family = libc::AF_INET as libc::sa_family_t;
+            (*sin).sin_addr.s_addr = value;
+        };
+        set(&mut request, address);
+        let mut result = libc::ioctl(fd, libc::SIOCSIFADDR, &request);
+        if result == 0 {
+            set(&mut request, u32::MAX);
+            result = libc::ioctl(fd, libc::SIOCSIFNETMASK, &request);
         }
         let error = std::io::Error::last_os_error();
         libc::close(fd);

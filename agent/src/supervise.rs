@@ -141,7 +141,7 @@ async fn supervise(
         .without_max_times();
     let mut backoff = builder.build();
     let metrics = crate::metrics::agent();
-    let program = crate::metrics::program_label(&spec.program);
+    let program = crate::metrics::program_label(&spec.program, &spec.args);
     loop {
         if *stop_rx.borrow() {
             return;
@@ -411,7 +411,7 @@ mod tests {
         );
         let mut spec = sh("boxed", dir.path(), &script);
         spec.sandbox = Some(crate::sandbox::Sandbox {
-            network: false,
+            network: None,
             hide: state.clone(),
             keep: own.clone(),
             confine: false,

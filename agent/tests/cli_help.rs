@@ -19,7 +19,7 @@ fn agent(args: &[&str]) -> std::process::Output {
 }
 
 /// Subcommands that exist: whatever `--help` lists must include them.
-const KNOWN: [&str; 3] = ["join", "run", "completions"];
+const KNOWN: [&str; 4] = ["join", "run", "netns-bridge", "completions"];
 
 #[test]
 fn every_subcommand_help_has_an_example_and_completions_work() {

@@ -182,8 +182,9 @@ async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
     // Invariant: supervised as root with a confining sandbox, the program runs as its directory's
     // own uid, with no capability and no_new_privs, as the first process of a PID namespace of
     // its own (it sees its own processes only and signals nothing outside), cannot mount, reads
-    // nothing of the hidden state directory, and writes its own directory, which is its uid's.
-    use flower_addon_agent::sandbox::{Sandbox, confined_uid};
+    // nothing of the hidden state directory, and writes its own directory, which is its uid's;
+    // its network namespace has the addresses asked for on its loopback and its own /etc/hosts.
+    use flower_addon_agent::sandbox::{Network, Sandbox, confined_uid};
     use flower_addon_agent::supervise::{ProcessSpec, Supervised, guard_with};
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -195,6 +196,8 @@ async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
     let own = state.join("federations/team/fed");
     std::fs::create_dir_all(own.join("mnt")).unwrap();
     std::fs::write(state.join("ca.key"), "SECRET").unwrap();
+    let hosts = own.join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n198.18.7.7 superlink.test\n").unwrap();
     let me = std::process::id();
     let script = format!(
         "echo uid=$(id -u) pid=$$ procs=$(ls /proc | grep -c '^[0-9]'); \
@@ -202,7 +205,10 @@ async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
          cat {state}/ca.key || echo HIDDEN; \
          kill -0 {me} 2>/dev/null && echo SIGNALLED || echo NO_SIGNAL; \
          mount -t tmpfs x {own}/mnt 2>/dev/null && echo MOUNTED || echo NO_MOUNT; \
-         echo W > {own}/written; echo HOME=$HOME; echo DONE; sleep 30",
+         echo W > {own}/written; echo HOME=$HOME; \
+         grep -q '198.18.7.7 superlink.test' /etc/hosts && echo OWN_HOSTS; \
+         grep -c '198.18.7.7' /proc/net/fib_trie | sed 's/^/ADDRESS_ROUTES=/'; \
+         echo DONE; sleep 30",
         state = state.display(),
         own = own.display()
     );
@@ -217,7 +223,10 @@ async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
         sandbox: Some(Sandbox {
             hide: state.clone(),
             keep: own.clone(),
-            network: true,
+            network: Some(Network {
+                addresses: vec![std::net::Ipv4Addr::new(198, 18, 7, 7)],
+                hosts: Some(hosts.clone()),
+            }),
             confine: true,
         }),
     });
@@ -257,10 +266,21 @@ async fn a_confined_program_runs_unprivileged_alone_in_its_namespaces() {
         "HIDDEN",
         "NO_SIGNAL",
         "NO_MOUNT",
+        "OWN_HOSTS",
     ] {
         assert!(log.contains(expected), "{expected:?} not in {log}");
     }
     assert!(!log.contains("SECRET"), "{log}");
+    assert!(
+        !log.contains("ADDRESS_ROUTES=0") && log.contains("ADDRESS_ROUTES="),
+        "the loopback lacks 198.18.7.7: {log}"
+    );
+    assert!(
+        !std::fs::read_to_string("/etc/hosts")
+            .unwrap_or_default()
+            .contains("superlink.test"),
+        "the host's /etc/hosts changed"
+    );
     assert!(
         log.contains(&format!("HOME={}", own.canonicalize().unwrap().display())),
         "{log}"

@@ -64,12 +64,16 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-/// Pids of the SuperNodes started with `--auth-supernode-private-key key`.
+/// Pids of the SuperNodes started with `--auth-supernode-private-key key` (the SuperNode itself,
+/// not the `flower-agent netns-bridge` that runs it in its own network namespace).
 fn supernode_pids(key: &Path) -> Vec<u32> {
     let key = key.display().to_string();
     live_processes()
         .into_iter()
-        .filter(|(_, a)| a.windows(2).any(|w| w[0] == KEY_FLAG && w[1] == key))
+        .filter(|(_, a)| {
+            a.windows(2).any(|w| w[0] == KEY_FLAG && w[1] == key)
+                && !a.iter().any(|x| x == "netns-bridge")
+        })
         .map(|(p, _)| p)
         .collect()
 }
@@ -266,6 +270,22 @@ impl World {
             .join(NS)
             .join(FED)
             .join("tls/ca.crt")
+    }
+
+    /// Whether SuperNode `pool-index` of agent `agent` activated with the SuperLink since its
+    /// last start: its log shows Flower's `SuperNode ID:` after the runtime's start marker. (The
+    /// SuperLink alone cannot tell: it lists a restarted SuperNode's key as online while it still
+    /// holds its previous session.)
+    fn activated(&self, agent: usize, pool: &str, index: u32) -> bool {
+        let log = self.agents[agent]
+            .join("logs")
+            .join(NS)
+            .join(format!("{FED}-{pool}-{index}.supernode.log"));
+        std::fs::read_to_string(log).is_ok_and(|text| {
+            text.rsplit("=== flower-agent: starting")
+                .next()
+                .is_some_and(|since| since.contains("SuperNode ID: "))
+        })
     }
 
     fn key(&self, agent: usize, pool: &str, index: u32) -> PathBuf {
@@ -1194,18 +1214,20 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
             .map(|nodes| nodes.iter().filter(|n| n.serving()).count())
             .unwrap_or(0)
     }
-    // Three SuperNodes, none of them `before`, online at the SuperLink (asked trusting `ca`).
+    // Three SuperNodes, none of them `before`, each activated since its restart and online at
+    // the SuperLink (asked trusting `ca`).
     let online_again = |w: &World, what: &str, before: &[u32], ca: String| -> Result<Vec<u32>> {
         let client = control(w, ca)?;
         Wait::new(
-            format!("{what}: edge-1's 3 SuperNodes restarted and online"),
+            format!("{what}: edge-1's 3 SuperNodes restarted, activated and online"),
             Duration::from_secs(120),
         )
         .detail(|| w.logs())
         .for_value_blocking(|| {
             let now = pids(w);
             let fresh = now.len() == 3 && !now.iter().any(|p| before.contains(p));
-            Ok((fresh && online(&rt, &client) == 3).then_some(now))
+            let activated = (0..3).all(|i| w.activated(0, "site-a", i));
+            Ok((fresh && activated && online(&rt, &client) == 3).then_some(now))
         })
     };
     let restart_hub = |w: &mut World| -> Result<()> {

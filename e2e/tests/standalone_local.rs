@@ -24,7 +24,12 @@ fn supernode_envs(needle: &str) -> Vec<(String, Vec<String>)> {
         .filter_map(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if !cmdline.contains("flower-supernode") || cmdline.contains("flower-superexec") {
+            // The SuperNode itself, not the netns-bridge or guard it runs under.
+            if !cmdline.contains("flower-supernode")
+                || cmdline.contains("flower-superexec")
+                || cmdline.contains("netns-bridge")
+                || cmdline.contains(" guard ")
+            {
                 return None;
             }
             let pool = ["site-a", "site-b"]
@@ -224,7 +229,9 @@ fn connect(hub_bin: &Path, venv: &Path, state: &Path, dir: &Path) -> Result<e2e:
 /// probe app connects to `neighbour`'s Control port (must be refused) and to its own SuperLink's
 /// (must be reached: the probe can see a listening port), and fails its run otherwise. Before
 /// it, `neighbour`'s Control port is checked to serve TLS from the host, so a refusal is not a
-/// SuperLink that is not up yet.
+/// SuperLink that is not up yet. quickstart's ClientApps (each SuperNode in a network namespace
+/// of its own) must not reach that Control port either, nor the ClientAppIo port of
+/// `neighbour`'s SuperNode (which, on one network, would run their code as neighbour's).
 fn a_serverapp_cannot_reach_another_federations_control_api(
     hub_bin: &Path,
     flwr: &e2e::flwr::HostFlwr,
@@ -274,11 +281,22 @@ fn a_serverapp_cannot_reach_another_federations_control_api(
         .and_then(|feds| feds.iter().find(|f| f["name"] == "quickstart"))
         .and_then(|f| f["control"].as_str().map(str::to_owned))
         .context("quickstart's control address")?;
-    let config = format!("probe-refused=\"{control}\" probe-reached=\"{own}\"");
+    let appio = Wait::new(
+        "neighbour's SuperNode started (its ClientAppIo port in the hub log)",
+        Duration::from_secs(120),
+    )
+    .detail(|| std::fs::read_to_string(hub_log).unwrap_or_default())
+    .for_value_blocking(|| {
+        let log = std::fs::read_to_string(hub_log).unwrap_or_default();
+        Ok(supernode_port(&log, "other/neighbour/site-a-0"))
+    })?;
+    let config = format!(
+        "probe-refused=\"{control}\" probe-reached=\"{own}\" probe-client-refused=\"{control} 127.0.0.1:{appio}\""
+    );
     let run = probe(flwr, hub_log, &config)
-        .context("a ServerApp of quickstart connecting to neighbour's Control API")?;
+        .context("a ServerApp and ClientApps of quickstart connecting to neighbour")?;
     eprintln!(
-        "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host), but reached its own at {own} ({:.1}s)",
+        "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host), but reached its own at {own}; its ClientApps reached neither that nor neighbour's SuperNode at 127.0.0.1:{appio} ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
     std::fs::remove_file(manifests.join("neighbour.yaml"))?;
@@ -395,16 +413,16 @@ fn a_serverapp_runs_unprivileged_alone(
         "this test runs the hub as root, as the suite does (./test.sh)"
     );
     let config = format!(
-        "probe-hidden=\"{}\" probe-own=\"{}\" probe-host-pid=\"{hub_pid}\"",
+        "probe-hidden=\"{}\" probe-own=\"{}\" probe-host-pid=\"{hub_pid}\" probe-client-host-pid=\"{hub_pid}\"",
         state.join("flower-ca.json").display(),
         state
             .join("federations/default/quickstart/tls/tls.crt")
             .display(),
     );
     let t = Instant::now();
-    let run = probe(flwr, hub_log, &config).context("a confined ServerApp")?;
+    let run = probe(flwr, hub_log, &config).context("a confined ServerApp and ClientApps")?;
     eprintln!(
-        "run {run}: a ServerApp ran unprivileged, alone in its PID namespace, and could not see, signal or enter the hub's process, unmount or enter a network namespace ({:.1}s)",
+        "run {run}: a ServerApp and the ClientApps ran unprivileged, alone in their PID namespaces, and could not read the hub's state, see, signal or enter the hub's process, unmount or enter a network namespace ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
     Ok(())
@@ -421,13 +439,27 @@ fn probe(flwr: &e2e::flwr::HostFlwr, hub_log: &Path, config: &str) -> Result<Str
     )
 }
 
+/// The ClientAppIo port the hub gave its own SuperNode `replica` (`namespace/federation/pool-N`),
+/// from its `started SuperNode` log line.
+fn supernode_port(hub_log: &str, replica: &str) -> Option<u16> {
+    let named = format!("replica={replica} ");
+    hub_log
+        .lines()
+        .rev()
+        .find(|line| line.contains("started SuperNode") && line.contains(&named))?
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("port="))?
+        .parse()
+        .ok()
+}
+
 /// The pids of the SuperNode processes under `state`.
 fn supernode_pids(state: &Path) -> Vec<u32> {
     let mut pids: Vec<u32> = processes_mentioning(&state.display().to_string())
         .into_iter()
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains("flower-supernode"))
+                .is_ok_and(|c| c.contains("flower-supernode") && !c.contains("netns-bridge"))
         })
         .collect();
     pids.sort_unstable();

@@ -167,6 +167,21 @@ fn flower_run(name: &str, config: &str, extra: &str) -> String {
     )
 }
 
+/// Writes ConfigMap `name` holding the FAB of the app in `app_dir` (of the repository) into the
+/// hub's manifests as `file`: built by the hub's own builder (byte for byte `flwr build`), as
+/// `kubectl create configmap --from-file` writes it. Returns the FAB's hash.
+fn fab_config_map(hub: &Hub, name: &str, app_dir: &str, file: &str) -> Result<String> {
+    let fab = flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join(app_dir))?;
+    std::fs::write(
+        hub.manifests.join(file),
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\nbinaryData:\n  app.fab: {}\n",
+            base64::engine::general_purpose::STANDARD.encode(&fab.bytes)
+        ),
+    )?;
+    Ok(fab.hash)
+}
+
 /// A standalone hub running the quickstart Federation (no placement) on Flower `version`, with
 /// the FAB of examples/fedavg in ConfigMap `fedavg-fab`; returns it once the Federation is
 /// Ready, with a Control client, and the FAB's hash.
@@ -200,17 +215,7 @@ async fn ready_hub_with(
             // Runs keep their files under the state dir; the app gets `output-dir`.
             .replacen("spec:\n  mode:", "spec:\n  outputs: {}\n  mode:", 1),
     )?;
-    // The FAB, built by the hub's own builder (byte for byte `flwr build`), as the ConfigMap
-    // `kubectl create configmap --from-file` writes.
-    let fab =
-        flower_addon_hub::flower::fab::build_from_dir(&e2e::repo_root().join("examples/fedavg"))?;
-    std::fs::write(
-        hub.manifests.join("fab.yaml"),
-        format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: fedavg-fab\nbinaryData:\n  app.fab: {}\n",
-            base64::engine::general_purpose::STANDARD.encode(&fab.bytes)
-        ),
-    )?;
+    let fab_hash = fab_config_map(&hub, "fedavg-fab", "examples/fedavg", "fab.yaml")?;
     prepare(&hub.state)?;
     hub.start()?;
     let t0 = Instant::now();
@@ -240,7 +245,7 @@ async fn ready_hub_with(
         ca_pem: Some(ca),
         tunnel: None,
     })?);
-    Ok((hub, fab.hash))
+    Ok((hub, fab_hash))
 }
 
 // The life cycle on the current Flower (unified dialect: Control over HTTPS).
@@ -255,6 +260,7 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     an_unknown_key_fails_before_any_flower_call(&hub).await?;
     the_run_command_submits_follows_and_deletes(&hub).await?;
     a_fab_from_a_url_runs_and_a_wrong_hash_fails(&mut hub).await?;
+    hostile_apps_leave_the_hub_answering(&hub).await?;
     // After the runs that need every SuperNode to answer: a run stopped mid-round can leave a
     // Flower 1.42 SuperNode waiting forever for the reply to a message it pulled just before
     // the stop (docs/operations.md, "A run is stopped mid-round"). The next step restarts every process.
@@ -552,6 +558,97 @@ async fn an_unknown_key_fails_before_any_flower_call(hub: &Hub) -> Result<()> {
         "no Flower run was started"
     );
     eprintln!("standalone_runs: unknown key refused before any Flower call: {message}");
+    Ok(())
+}
+
+/// A ServerApp is tenant code, and what it leaves behind is read by the hub: one that fails with
+/// a 3 MB message full of terminal escapes, and one that leaves an 8 TiB sparse file in its output
+/// directory, leave the hub answering — the first with a bounded status free of control
+/// characters, the second over the outputs quota (`OutputsListed=False`, `OutputsOverQuota`,
+/// nothing listed or hashed) — and a fedavg run submitted right after completes as usual.
+async fn hostile_apps_leave_the_hub_answering(hub: &Hub) -> Result<()> {
+    fab_config_map(hub, "probe-fab", "e2e/flower/probe", "probe-fab.yaml")?;
+    let probe_run = |name: &str, config: &str| {
+        flower_run(name, config, "").replace(
+            "configMapRef: {name: fedavg-fab, key: app.fab}",
+            "configMapRef: {name: probe-fab, key: app.fab}",
+        )
+    };
+    let t = Instant::now();
+    std::fs::write(
+        hub.manifests.join("run-loud.yaml"),
+        probe_run("loud", "{probe-raise-bytes: 3000000}"),
+    )?;
+    std::fs::write(
+        hub.manifests.join("run-sparse.yaml"),
+        probe_run("sparse", "{probe-sparse-bytes: 8796093022208}"),
+    )?;
+    let loud = hub.wait_ended("loud", Duration::from_secs(300))?;
+    let (_, reason, message) = condition(&loud, "Failed").unwrap_or_default();
+    ensure!(reason == "FlowerFailed", "the loud run: {loud:#}");
+    let text = loud.to_string();
+    ensure!(
+        text.len() < 64 * 1024,
+        "the loud run's status is {} bytes (bounded: < 64 KiB)",
+        text.len()
+    );
+    let written = serde_json::to_string(&loud)?;
+    ensure!(
+        !written.contains("\\u001b") && !written.contains("\\u0007"),
+        "terminal escapes or bells in the status: {}",
+        &written[..written.len().min(2000)]
+    );
+    ensure!(
+        message.len() <= 8 * 1024
+            && loud["details"]
+                .as_str()
+                .is_some_and(|d| d.len() <= 8 * 1024),
+        "details or message unbounded: {} / {} bytes",
+        message.len(),
+        loud["details"].as_str().map_or(0, str::len)
+    );
+    let sparse = hub.wait_run(
+        "sparse",
+        "OutputsListed=False (OutputsOverQuota)",
+        Duration::from_secs(300),
+        |s| {
+            condition(s, "OutputsListed")
+                .is_some_and(|c| c.0 == "False" && c.1 == "OutputsOverQuota")
+        },
+    )?;
+    ensure!(
+        is(&sparse, "Complete", "Completed"),
+        "the sparse run: {sparse:#}"
+    );
+    ensure!(
+        sparse["outputs"].as_array().is_none_or(Vec::is_empty),
+        "outputs listed over the quota: {sparse:#}"
+    );
+    let hostile_in = t.elapsed();
+    // The hub still reconciles as usual: a run after them completes.
+    let t = Instant::now();
+    std::fs::write(
+        hub.manifests.join("run-after-hostile.yaml"),
+        flower_run("after-hostile", "{num-server-rounds: 1, min-nodes: 2}", ""),
+    )?;
+    let after = hub.wait_ended("after-hostile", Duration::from_secs(300))?;
+    ensure!(
+        is(&after, "Complete", "Completed"),
+        "a run after the hostile ones: {after:#}"
+    );
+    for name in ["loud", "sparse", "after-hostile"] {
+        std::fs::remove_file(hub.manifests.join(format!("run-{name}.yaml")))?;
+    }
+    eprintln!(
+        "standalone_runs: a 3 MB failure ({} bytes of status, details {} bytes) and an 8 TiB sparse output ({}) handled in {:.1}s; a fedavg run after them Complete in {:.1}s",
+        text.len(),
+        loud["details"].as_str().map_or(0, str::len),
+        condition(&sparse, "OutputsListed")
+            .map(|c| c.2)
+            .unwrap_or_default(),
+        hostile_in.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

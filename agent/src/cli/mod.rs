@@ -1,5 +1,6 @@
 //! Command-line front ends. `main.rs` only dispatches; each module owns its arguments.
 pub mod join;
+pub mod netns;
 pub mod run;
 
 /// How log lines are written (`--log-format`, env `FLOWER_LOG_FORMAT`).

@@ -58,6 +58,13 @@ pub struct RunArgs {
     /// off.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub supernode_sandbox: bool,
+    /// Process runtime, with the sandbox: `isolated` runs each SuperNode (with its ClientApps
+    /// and SuperExec) in a network namespace of its own that reaches only its SuperLink's Fleet
+    /// API (through this agent), so a ClientApp cannot reach another Federation's SuperNodes or
+    /// Control API on this machine, nor the network. `host`: the machine's network (ClientApps
+    /// that download data need it). `--supernode-sandbox false` implies `host`.
+    #[arg(long, value_enum, default_value_t = crate::netns::NetworkMode::Isolated)]
+    pub supernode_network: crate::netns::NetworkMode,
     /// How often the observed status is checked (sent only when it changed), e.g. `5s`.
     #[arg(long, default_value = "3s", value_parser = super::join::parse_duration)]
     pub status_interval: std::time::Duration,
@@ -299,6 +306,11 @@ async fn run_with(
                     .supernode_sandbox
                     .then(|| absolute(&state_dir))
                     .transpose()?,
+                bridge: (args.supernode_sandbox
+                    && args.supernode_network == crate::netns::NetworkMode::Isolated)
+                    .then(std::env::current_exe)
+                    .transpose()
+                    .context("--supernode-network isolated: cannot find the flower-agent binary")?,
             })?);
             process = Some(rt.clone());
             rt

@@ -25,6 +25,7 @@ fn a_missing_flower_install_is_a_clear_error() {
         port_base: 19000,
         node_name: "n".into(),
         hide: None,
+        bridge: None,
     })
     .err()
     .unwrap();
@@ -49,6 +50,7 @@ async fn work_names_that_are_not_dns_labels_never_become_paths() {
         port_base: 19000,
         node_name: "n".into(),
         hide: Some(state.clone()),
+        bridge: None,
     })
     .unwrap();
     for (namespace, name, pool) in [

@@ -1,6 +1,6 @@
 //! Command-line front ends. `main.rs` only dispatches; each module owns its arguments.
 pub mod front;
-pub mod netns;
+pub use flower_addon_agent::cli::netns;
 pub mod offline;
 pub mod outputs;
 pub mod policy;

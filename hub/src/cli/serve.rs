@@ -36,13 +36,20 @@ pub async fn mark_cas_in_force<S: crate::registration::store::ClusterStore>(
     Ok(())
 }
 
-/// Where standalone SuperLinks run, network-wise (`--superlink-network`).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SuperLinkNetwork {
-    /// A network namespace of its own per SuperLink, bridged by the hub.
-    Isolated,
-    /// The hub machine's network.
-    Host,
+use flower_addon_agent::netns::NetworkMode;
+
+/// This binary, whose `netns-bridge` gives standalone SuperLinks or SuperNodes network
+/// namespaces of their own, when `isolated` (`flag` says which setting asks for it).
+fn bridge_when(
+    isolated: bool,
+    flag: &str,
+) -> anyhow::Result<Option<crate::standalone::NetnsBridge>> {
+    if !isolated {
+        return Ok(None);
+    }
+    let program = std::env::current_exe()
+        .with_context(|| format!("{flag}: cannot find the flower-hub binary"))?;
+    Ok(Some(crate::standalone::NetnsBridge { program }))
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,8 +117,15 @@ pub struct ServeArgs {
     /// the Fleet and Control ports on the host as before and bridges them in. `host`: SuperLinks
     /// on the hub machine's network (ServerApps may then reach the network, and each other's
     /// SuperLinks). `--flower-sandbox false` implies `host`.
-    #[arg(long, value_enum, default_value_t = SuperLinkNetwork::Isolated)]
-    pub superlink_network: SuperLinkNetwork,
+    #[arg(long, value_enum, default_value_t = NetworkMode::Isolated)]
+    pub superlink_network: NetworkMode,
+    /// Standalone, with the sandbox: `isolated` runs each of the hub machine's own SuperNodes
+    /// (pools of Federations without `placementRef`, with their ClientApps) in a network
+    /// namespace of its own that reaches only its SuperLink's Fleet API (through the hub), so a
+    /// ClientApp cannot reach another Federation's SuperNodes or Control API, nor the network.
+    /// `host`: the hub machine's network. `--flower-sandbox false` implies `host`.
+    #[arg(long, value_enum, default_value_t = NetworkMode::Isolated)]
+    pub supernode_network: NetworkMode,
     /// Cluster lease: the hub pings agents every third of it, and a cluster without heartbeat
     /// for 5 leases becomes Available=Unknown and gets the unreachable taint (OCM's rule). In
     /// Kubernetes mode it is the `spec.leaseDurationSeconds` of ManagedClusters created on join;
@@ -317,14 +331,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 superlink_cert_validity: args.superlink_cert_validity,
                 local_port_base: args.local_port_base,
                 sandbox: args.flower_sandbox,
-                superlink_network: (args.flower_sandbox
-                    && args.superlink_network == SuperLinkNetwork::Isolated)
-                    .then(|| {
-                        std::env::current_exe()
-                            .map(|program| crate::standalone::NetnsBridge { program })
-                    })
-                    .transpose()
-                    .context("--superlink-network isolated: cannot find the flower-hub binary")?,
+                superlink_network: bridge_when(
+                    args.flower_sandbox && args.superlink_network == NetworkMode::Isolated,
+                    "--superlink-network isolated",
+                )?,
+                supernode_network: bridge_when(
+                    args.flower_sandbox && args.supernode_network == NetworkMode::Isolated,
+                    "--supernode-network isolated",
+                )?,
                 superlink_names: SuperLinkNames::new(
                     args.advertise_address.iter().map(String::as_str),
                     &args.superlink_name,

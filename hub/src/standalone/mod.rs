@@ -59,6 +59,10 @@ pub struct StandaloneConfig {
     /// With `sandbox`: each SuperLink (and its ServerApps) in a network namespace of its own,
     /// bridged by `bridge_program` ([`netns`]); `None`: on the hub machine's network.
     pub superlink_network: Option<NetnsBridge>,
+    /// With `sandbox`: each of the hub machine's own SuperNodes (with its ClientApps) in a
+    /// network namespace of its own ([`flower_addon_agent::process_runtime`]); `None`: on the
+    /// hub machine's network.
+    pub supernode_network: Option<NetnsBridge>,
     /// Names a Federation may ask for in its SuperLink certificate
     /// ([`crate::core::sans`]: `--advertise-address`es and `--superlink-name`).
     pub superlink_names: crate::core::sans::SuperLinkNames,

@@ -28,6 +28,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
                     port_base: self.config.local_port_base,
                     node_name: "hub".into(),
                     hide: self.config.sandbox.then(|| self.config.state_dir.clone()),
+                    bridge: self
+                        .config
+                        .supernode_network
+                        .as_ref()
+                        .map(|b| b.program.clone()),
                 };
                 match flower_addon_agent::process_runtime::ProcessRuntime::new(config) {
                     Ok(rt) => {

@@ -109,7 +109,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .then(|| flower_addon_agent::sandbox::Sandbox {
                 hide: self.config.state_dir.clone(),
                 keep: paths.dir.clone(),
-                network: self.isolated().is_some(),
+                network: self.isolated().map(|_| Default::default()),
                 confine: true,
             })
     }

@@ -98,6 +98,9 @@ impl Dirs {
             superlink_network: Some(flower_addon_hub::standalone::NetnsBridge {
                 program: flower_hub_binary(),
             }),
+            supernode_network: Some(flower_addon_hub::standalone::NetnsBridge {
+                program: flower_hub_binary(),
+            }),
             superlink_names: SuperLinkNames::new(["127.0.0.1"], &allowed).expect("names"),
             pod_policy: flower_addon_crds::policy::PodPolicy::new(
                 flower_addon_crds::policy::Admin::Hub,

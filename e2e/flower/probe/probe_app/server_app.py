@@ -11,6 +11,13 @@
   with no capability and `no_new_privs`, must not see, signal or enter (`/proc/PID/root`) the
   hub's process, must see only a few processes (a PID namespace of its own), and must fail to
   unmount and to enter a network namespace;
+- ClientApps: with `probe-client-refused` or `probe-client-host-pid` set, it sends a `query`
+  to every SuperNode of the Federation, whose ClientApp checks the same from its side
+  (`client_app.py`); an error or a missing reply fails the run;
+- the hub's bounds: with `probe-raise-bytes` set it fails with a message that long, full of
+  terminal escapes (the hub must keep its status bounded and clean); with `probe-sparse-bytes`
+  set it leaves a sparse file that large in its `output-dir` (the hub must refuse to list it, not
+  read it);
 - time: with `probe-wait-for` set, it runs until that file exists (at most 10 minutes), so a
   test can hold a run in progress for as long as it needs.
 
@@ -18,30 +25,21 @@ It completes when every check holds, printing what it tried."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import socket
 import time
 from pathlib import Path
 
-from flwr.app import Context
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+
+from probe_app import checks
+from probe_app.checks import ProbeError
 
 app = ServerApp()
 
 
-class ProbeError(Exception):
-    """Fails the run (not a RuntimeError: see examples/fedavg/fedavg_app/server_app.py)."""
-
-
-def _connects(address: str) -> str | None:
-    """None when a TCP connection to `address` opens within 3 s, else why not."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=3):
-            return None
-    except OSError as error:
-        return str(error) or type(error).__name__
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        print(f"probe: {line}", flush=True)
 
 
 def _files(context: Context) -> None:
@@ -49,69 +47,74 @@ def _files(context: Context) -> None:
     own_text = str(context.run_config.get("probe-own", ""))
     if not hidden_text and not own_text:
         return
-    hidden, own = Path(hidden_text), Path(own_text)
-    if not own.is_file():
-        raise ProbeError(f"probe: its own file {own} is not visible")
-    try:
-        hidden.read_bytes()
-    except OSError as error:
-        print(f"probe: {hidden} is hidden ({error})", flush=True)
-        return
-    raise ProbeError(f"probe: {hidden} is readable from a ServerApp")
-
-
-def _network(context: Context) -> None:
-    for address in str(context.run_config.get("probe-reached", "")).split():
-        why = _connects(address)
-        if why is not None:
-            raise ProbeError(f"probe: {address} must be reachable but is not ({why})")
-        print(f"probe: {address} reached", flush=True)
-    for address in str(context.run_config.get("probe-refused", "")).split():
-        why = _connects(address)
-        if why is None:
-            raise ProbeError(f"probe: {address} is reachable from a ServerApp")
-        print(f"probe: {address} refused ({why})", flush=True)
+    if not Path(own_text).is_file():
+        raise ProbeError(f"probe: its own file {own_text} is not visible")
+    _say([checks.hidden("ServerApp", hidden_text)])
 
 
 def _confined(context: Context) -> None:
     host_pid = str(context.run_config.get("probe-host-pid", ""))
     if not host_pid:
         return
-    if os.getuid() == 0 or os.geteuid() == 0:
-        raise ProbeError("probe: a ServerApp runs as root")
-    status = dict(
-        line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines()
-    )
-    if int(status["CapEff"].strip(), 16) != 0 or int(status["CapBnd"].strip(), 16) != 0:
-        raise ProbeError(f"probe: capabilities {status['CapEff'].strip()}")
-    if status.get("NoNewPrivs", "").strip() != "1":
-        raise ProbeError("probe: no_new_privs is not set")
-    print(f"probe: uid {os.getuid()}, no capability, no_new_privs", flush=True)
-    pids = [d for d in os.listdir("/proc") if d.isdigit()]
-    if host_pid in pids or len(pids) > 20:
-        raise ProbeError(f"probe: sees {len(pids)} processes, the hub's {host_pid} among them")
-    try:
-        os.kill(int(host_pid), 0)
-        raise ProbeError(f"probe: signalled the hub's process {host_pid}")
-    except OSError as error:
-        print(f"probe: the hub's process cannot be signalled ({error})", flush=True)
     hidden = str(context.run_config.get("probe-hidden", ""))
-    for path in [f"/proc/{host_pid}/root{hidden}", f"/proc/1/root{hidden}"]:
-        try:
-            Path(path).read_bytes()
-            raise ProbeError(f"probe: read {path}")
-        except OSError as error:
-            print(f"probe: {path} unreadable ({error})", flush=True)
-    libc = ctypes.CDLL(None, use_errno=True)
     own_dir = str(Path(str(context.run_config.get("probe-own", "/"))).parent.parent)
-    if libc.umount2(own_dir.encode(), 0) == 0:
-        raise ProbeError(f"probe: unmounted {own_dir}")
-    print(f"probe: cannot unmount {own_dir} (errno {ctypes.get_errno()})", flush=True)
-    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
-    if libc.setns(fd, 0x40000000) == 0:  # CLONE_NEWNET
-        raise ProbeError("probe: entered a network namespace")
-    print(f"probe: cannot enter a network namespace (errno {ctypes.get_errno()})", flush=True)
-    os.close(fd)
+    _say(checks.confined("ServerApp", host_pid, hidden, own_dir))
+
+
+def _network(context: Context) -> None:
+    _say(
+        checks.network(
+            "ServerApp",
+            str(context.run_config.get("probe-reached", "")),
+            str(context.run_config.get("probe-refused", "")),
+        )
+    )
+
+
+def _clients(grid: Grid, context: Context) -> None:
+    if not str(context.run_config.get("probe-client-refused", "")) and not str(
+        context.run_config.get("probe-client-host-pid", "")
+    ):
+        return
+    deadline = time.monotonic() + 120
+    node_ids = sorted(grid.get_node_ids())
+    while not node_ids:
+        if time.monotonic() > deadline:
+            raise ProbeError("probe: no SuperNode connected within 2 minutes")
+        time.sleep(1)
+        node_ids = sorted(grid.get_node_ids())
+    messages = [
+        Message(content=RecordDict(), dst_node_id=node_id, message_type=MessageType.QUERY)
+        for node_id in node_ids
+    ]
+    replies = list(grid.send_and_receive(messages, timeout=180))
+    errors = [r for r in replies if r.has_error()]
+    if errors:
+        raise ProbeError(
+            "probe: "
+            + "; ".join(
+                f"ClientApp of node {r.metadata.src_node_id}: {r.error.reason}" for r in errors
+            )
+        )
+    if len(replies) < len(node_ids):
+        raise ProbeError(f"probe: {len(replies)} ClientApp replies from {len(node_ids)} nodes")
+    for reply in replies:
+        said = reply.content["probe"]["said"]
+        print(f"probe: ClientApp of node {reply.metadata.src_node_id}: {said}", flush=True)
+
+
+def _hostile(context: Context) -> None:
+    sparse = int(context.run_config.get("probe-sparse-bytes", 0))
+    if sparse:
+        output_dir = Path(str(context.run_config.get("output-dir", "")))
+        # The directory may not exist yet: the app makes it (the hub gives only its path).
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with open(output_dir / "sparse.bin", "wb") as file:
+            file.truncate(sparse)
+        print(f"probe: left a sparse file of {sparse} bytes in {output_dir}", flush=True)
+    loud = int(context.run_config.get("probe-raise-bytes", 0))
+    if loud:
+        raise ProbeError("probe: \x1b[31mloud\x1b[0m " + "\x07x" * (loud // 2))
 
 
 def _wait(context: Context) -> None:
@@ -131,4 +134,6 @@ def main(grid: Grid, context: Context) -> None:
     _files(context)
     _confined(context)
     _network(context)
+    _clients(grid, context)
+    _hostile(context)
     _wait(context)

@@ -1,9 +1,9 @@
-//! `flower-hub netns-bridge`: runs a program in the network namespace the standalone hub gave
-//! it, bridging its loopback ports to Unix sockets ([`crate::standalone::netns`]).
+//! `netns-bridge` (of `flower-hub` and `flower-agent`): runs a program in the network namespace
+//! its supervisor gave it, bridging its loopback ports to Unix sockets ([`crate::netns`]).
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use crate::standalone::netns::{self, Bridged};
+use crate::netns::{self, Bridged};
 
 /// Arguments of `flower-hub netns-bridge`.
 #[derive(clap::Args, Debug)]
@@ -12,9 +12,10 @@ pub struct NetnsBridgeArgs {
     /// (`PORT=SOCKET`; repeatable). The socket appearing means the program is up.
     #[arg(long = "export", value_name = "PORT=SOCKET")]
     pub exports: Vec<Bridged>,
-    /// Listen on this loopback port and forward each connection to this Unix socket
-    /// (`PORT=SOCKET`; repeatable), before the program starts.
-    #[arg(long = "import", value_name = "PORT=SOCKET")]
+    /// Listen on this loopback port (at HOST, an address on the loopback; default 127.0.0.1)
+    /// and forward each connection to this Unix socket (`[HOST:]PORT=SOCKET`; repeatable),
+    /// before the program starts.
+    #[arg(long = "import", value_name = "[HOST:]PORT=SOCKET")]
     pub imports: Vec<Bridged>,
     /// The program to run, and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "PROGRAM")]
