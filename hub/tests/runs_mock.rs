@@ -584,3 +584,41 @@ async fn runs_reconciled_at_once_share_one_list_runs() {
     s.pass().await;
     assert_eq!(lists(&s), after_submit + 2, "asked again after the window");
 }
+
+#[tokio::test]
+async fn a_fab_url_the_admin_did_not_allow_fails_the_run_as_the_standalone_hub_fails_it() {
+    // The hub's own egress rules, in Kubernetes mode as standalone (`e2e/tests/standalone_runs.rs`
+    // checks the same words): loopback and the cloud metadata address are refused naming the
+    // rule and the flag that opens them, nothing is downloaded, no Flower call is made.
+    for (url, rule) in [
+        (
+            "http://127.0.0.2:9/fedavg.fab",
+            "refused: loopback addresses",
+        ),
+        (
+            "http://169.254.169.254/latest/meta-data/",
+            "refused: link-local addresses (cloud metadata services)",
+        ),
+    ] {
+        let mut run = flower_run(json!({"num-server-rounds": 2}));
+        run["spec"]["app"]["fab"] = json!({"url": url, "sha256": "0".repeat(64)});
+        let mut s = Setup::new(federation(true, "all ready"), vec![run]).await;
+        s.pass().await;
+        let failed = s.status();
+        let (state, reason, message) = condition(&failed, "Failed").expect("Failed");
+        assert_eq!(
+            (state.as_str(), reason.as_str()),
+            ("True", "InvalidApp"),
+            "{url}"
+        );
+        assert!(
+            message.contains(rule) && message.contains("--fab-url-allow"),
+            "{url}: {message}"
+        );
+        assert!(
+            !message.contains(url),
+            "the refusal names the rule, not the target: {message}"
+        );
+        assert!(s.fake.calls().is_empty(), "{:?}", s.fake.calls());
+    }
+}
