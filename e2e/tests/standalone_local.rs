@@ -291,12 +291,12 @@ fn a_serverapp_cannot_reach_another_federations_control_api(
         Ok(supernode_port(&log, "other/neighbour/site-a-0"))
     })?;
     let config = format!(
-        "probe-refused=\"{control}\" probe-reached=\"{own}\" probe-client-refused=\"{control} 127.0.0.1:{appio}\""
+        "probe-refused=\"{control} 127.0.0.1:{appio}\" probe-reached=\"{own}\" probe-client-refused=\"{control} 127.0.0.1:{appio}\""
     );
     let run = probe(flwr, hub_log, &config)
         .context("a ServerApp and ClientApps of quickstart connecting to neighbour")?;
     eprintln!(
-        "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host), but reached its own at {own}; its ClientApps reached neither that nor neighbour's SuperNode at 127.0.0.1:{appio} ({:.1}s)",
+        "run {run}: a ServerApp of quickstart could not reach neighbour's Control API at {control} (served to the host) nor its SuperNode at 127.0.0.1:{appio}, but reached its own Control API at {own}; its ClientApps reached neither of neighbour's ({:.1}s)",
         t.elapsed().as_secs_f64()
     );
     std::fs::remove_file(manifests.join("neighbour.yaml"))?;
