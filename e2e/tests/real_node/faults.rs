@@ -231,8 +231,9 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             let before = restarts_before.get(pod).copied().unwrap_or(0);
             ensure!(
                 after - before <= 1,
-                "hub pod {pod} restarted {} times through the outage of {what} (crash-looping?)",
-                after - before
+                "hub pod {pod} restarted {} times through the outage of {what} (crash-looping?); its containers' logs (each start its own file):\n{}",
+                after - before,
+                hub_container_logs(hub_node, 30)
             );
         }
         eprintln!(
@@ -253,6 +254,42 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
 /// The hub pod that has logged, at or after `since`, a work stream opened for each of
 /// `clusters` (its name), read from the container log files kubelet writes on the hub's node
 /// (`<node>/pod-logs/<ns>_<pod>_<uid>/hub/N.log`, CRI format: a timestamp first).
+/// The last `lines` lines of every log file of the hub pods' `hub` containers on the hub's node
+/// (the kubelet keeps one file per start, so a restarted container's earlier run is there too).
+fn hub_container_logs(hub_node: &e2e::RealNode, lines: usize) -> String {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(hub_node.dir().join("pod-logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|dir| {
+            dir.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{HUB_NS}_"))
+        })
+        .flat_map(|dir| {
+            std::fs::read_dir(dir.path().join("hub"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|f| f.path())
+        })
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            format!(
+                "--- {}:\n{}",
+                file.display(),
+                all[all.len().saturating_sub(lines)..].join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn streams_reopened(
     hub_node: &e2e::RealNode,
     since: k8s_openapi::jiff::Timestamp,
