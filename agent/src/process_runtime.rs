@@ -348,49 +348,6 @@ impl ProcessRuntime {
     }
 }
 
-/// An owned copy of what a [`SuperNodePoolInput`] borrows, so argv can be computed after ports.
-struct OwnedInput {
-    federation: String,
-    namespace: String,
-    spec: FederationSpec,
-    pool: SuperNodePoolSpec,
-    dialect: FlowerDialect,
-    version: flower_addon_crds::render::FlowerVersion,
-    fleet_address: String,
-    ca_secret_name: String,
-    cluster: ClusterContext,
-}
-
-impl OwnedInput {
-    fn input(&self) -> SuperNodePoolInput<'_> {
-        SuperNodePoolInput {
-            federation: &self.federation,
-            namespace: &self.namespace,
-            spec: &self.spec,
-            pool: &self.pool,
-            dialect: self.dialect,
-            version: self.version,
-            fleet_address: &self.fleet_address,
-            ca_secret_name: &self.ca_secret_name,
-            cluster: &self.cluster,
-        }
-    }
-}
-
-fn input_owned(input: &SuperNodePoolInput<'_>, cluster: &ClusterContext) -> OwnedInput {
-    OwnedInput {
-        federation: input.federation.to_owned(),
-        namespace: input.namespace.to_owned(),
-        spec: input.spec.clone(),
-        pool: input.pool.clone(),
-        dialect: input.dialect,
-        version: input.version,
-        fleet_address: input.fleet_address.to_owned(),
-        ca_secret_name: input.ca_secret_name.to_owned(),
-        cluster: cluster.clone(),
-    }
-}
-
 impl Runtime for ProcessRuntime {
     fn apply<'a>(&'a self, work: &'a ClusterWork) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
@@ -555,119 +512,6 @@ impl ProcessRuntime {
     }
 }
 
-/// A replica's processes, as started.
-struct Started {
-    supernode: Supervised,
-    superexec: Option<Supervised>,
-    forwarder: Option<network::FleetForwarder>,
-}
-
-impl ProcessRuntime {
-    /// Starts a replica's SuperNode (and SuperExec): on the host network, or each under a
-    /// `netns-bridge` in the replica's own network namespace — the SuperNode importing its
-    /// Fleet socket (served here) at the address it dials and exporting its ClientAppIo port,
-    /// the SuperExec importing that.
-    fn start_replica(
-        &self,
-        d: &DesiredReplica,
-        env: &BTreeMap<String, String>,
-        log_dir: &Path,
-        name: &str,
-        log_file: &Path,
-    ) -> Result<Started, RuntimeError> {
-        let supernode_program = self.absolute_program(render::SUPERNODE_PROGRAM);
-        let superexec_program = self.absolute_program(render::SUPEREXEC_PROGRAM);
-        let spec =
-            |what: &str, program: PathBuf, args: Vec<String>, log: PathBuf, network| ProcessSpec {
-                name: format!("{what}/{}", d.key.slug()),
-                program,
-                args,
-                env: env.clone(),
-                cwd: Some(self.config.state_dir.clone()),
-                log_file: log,
-                sandbox: self.sandbox(&d.key, network),
-            };
-        let superexec_log = log_dir.join(format!("{name}.superexec.log"));
-        let (Some(bridge), Some(inside)) = (self.bridge(), &d.fleet_inside) else {
-            let supernode = Supervised::start(spec(
-                "supernode",
-                supernode_program,
-                d.argv.clone(),
-                log_file.to_path_buf(),
-                None,
-            ));
-            let superexec = d.superexec_argv.clone().map(|args| {
-                Supervised::start(spec(
-                    "superexec",
-                    superexec_program,
-                    args,
-                    superexec_log.clone(),
-                    None,
-                ))
-            });
-            return Ok(Started {
-                supernode,
-                superexec,
-                forwarder: None,
-            });
-        };
-        let sockets = network::ReplicaSockets::new(&self.fed_dir(&d.key), &d.key.pool, d.key.index);
-        let io = |e: std::io::Error| {
-            RuntimeError::Apply(format!(
-                "replica {}: its network namespace's files in {}: {e}",
-                d.key.slug(),
-                sockets.fleet.parent().unwrap_or(Path::new("")).display()
-            ))
-        };
-        let network = network::replica_network(inside, &sockets).map_err(io)?;
-        let forwarder =
-            network::FleetForwarder::start(&sockets.fleet, &d.fleet_address).map_err(io)?;
-        let fleet = crate::netns::Bridged {
-            host: inside.host,
-            port: inside.port,
-            socket: sockets.fleet.clone(),
-        };
-        let appio = crate::netns::Bridged {
-            host: std::net::IpAddr::from([127, 0, 0, 1]),
-            port: d.port,
-            socket: sockets.appio.clone(),
-        };
-        let exports = if d.superexec_argv.is_some() {
-            vec![appio.clone()]
-        } else {
-            Vec::new()
-        };
-        let mut supernode_spec = spec(
-            "supernode",
-            bridge.to_path_buf(),
-            network::bridged_argv(&[fleet], &exports, &supernode_program, &d.argv),
-            log_file.to_path_buf(),
-            Some(network.clone()),
-        );
-        if inside.name.is_some() {
-            // gRPC's own resolver may not read /etc/hosts; the C library's does.
-            supernode_spec
-                .env
-                .insert("GRPC_DNS_RESOLVER".into(), "native".into());
-        }
-        let supernode = Supervised::start(supernode_spec);
-        let superexec = d.superexec_argv.as_ref().map(|args| {
-            Supervised::start(spec(
-                "superexec",
-                bridge.to_path_buf(),
-                network::bridged_argv(std::slice::from_ref(&appio), &[], &superexec_program, args),
-                superexec_log.clone(),
-                Some(network.clone()),
-            ))
-        });
-        Ok(Started {
-            supernode,
-            superexec,
-            forwarder: Some(forwarder),
-        })
-    }
-}
-
 async fn stop_replica(replica: Replica) {
     if let Some(se) = replica.superexec {
         se.stop().await;
@@ -711,8 +555,11 @@ fn which(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+mod input;
 mod network;
 mod readiness;
+use input::input_owned;
+mod start;
 use readiness::{ready_condition, replica_ready};
 #[cfg(test)]
 mod tests;
