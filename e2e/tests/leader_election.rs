@@ -2,7 +2,8 @@
 //! the hub's own RBAC) against a real hub apiserver. One leads: it holds the Lease, is ready,
 //! serves the work channel and reconciles; the other stands by, alive but not ready, with no
 //! work channel and no reconcile. A leader stopped gracefully hands over at the standby's next
-//! try; a killed one after the lease duration (target: takeover ≤ 15 s with the defaults).
+//! try; a killed one after the lease duration (target: takeover ≤ 20 s with the defaults: a
+//! 15 s lease and a 2 s retry).
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
@@ -214,8 +215,8 @@ async fn one_hub_leads_and_a_standby_takes_over() -> Result<()> {
     cp.processes().get_mut(b.name)?.signal(Signal::SIGKILL)?;
     let crash = wait_leading(&a, Duration::from_secs(30)).await?;
     ensure!(
-        crash <= Duration::from_secs(15),
-        "takeover after the leader was killed took {crash:?} (target 15 s)"
+        crash <= Duration::from_secs(20),
+        "takeover after the leader was killed took {crash:?} (target 20 s: a 15 s lease, a 2 s retry)"
     );
     ensure!(
         holder(&leases).await?.0 == "hub-a",
@@ -223,9 +224,102 @@ async fn one_hub_leads_and_a_standby_takes_over() -> Result<()> {
         holder(&leases).await?
     );
     eprintln!(
-        "leader_election: hub-b killed; hub-a took over in {:.1}s (lease 10 s, retry 2 s); test took {:.1}s",
+        "leader_election: hub-b killed; hub-a took over in {:.1}s (lease 15 s, retry 2 s); test took {:.1}s",
         crash.as_secs_f64(),
         t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Restarts every replica of `replicas` that has exited, as the kubelet restarts a container,
+/// and counts the exits per replica in `exits` (with the exit status, for the error).
+fn restart_exited(
+    cp: &mut e2e::ControlPlane,
+    replicas: &[&Replica],
+    kubeconfig: &Path,
+    exits: &mut Vec<(&'static str, String)>,
+) -> Result<()> {
+    for replica in replicas {
+        let log = cp.work_dir().join(format!("{}.log", replica.name));
+        if let Some(status) = cp.processes().get_mut(replica.name)?.exited() {
+            exits.push((replica.name, status.to_string()));
+            cp.processes().stop(replica.name).ok();
+            cp.processes()
+                .start_command(replica.name, replica.command(kubeconfig)?, &log)?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_rides_out_an_etcd_outage() -> Result<()> {
+    // Invariant: through an outage of the etcd the leader cannot renew, so it stops (once) and
+    // comes back (the Deployment's one replica, restarted as the kubelet would: the same pod
+    // name, so the same identity); once the apiserver serves again it leads and keeps leading —
+    // it does not stop a second time while the Lease is renewed 15 more times (a leader that
+    // takes the Lease while the apiserver still fails some requests must not lose it again: that
+    // cost a hub pod a second restart per etcd outage on a loaded machine).
+    let (mut cp, hub_sa) = e2e::addon::start_hub_with_rbac(NS).await?;
+    let client = cp.cluster("hub")?.client.clone();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), HUB_NS);
+    let a = Replica::new("hub-a")?;
+    let log = cp.work_dir().join(format!("{}.log", a.name));
+    cp.processes()
+        .start_command(a.name, a.command(&hub_sa.kubeconfig)?, &log)?;
+    wait_leading(&a, Duration::from_secs(60)).await?;
+
+    let outage = Duration::from_secs(60);
+    let downed = cp.stop_etcd()?;
+    let t = Instant::now();
+    let mut exits = Vec::new();
+    while t.elapsed() < outage {
+        restart_exited(&mut cp, &[&a], &hub_sa.kubeconfig, &mut exits)?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let during = exits.len();
+    ensure!(
+        during == 1,
+        "the hub stopped {during} times through a {outage:?} etcd outage (once: it cannot renew): {exits:?}"
+    );
+    cp.start_again(downed, Duration::from_secs(120)).await?;
+
+    // Renewals are counted as changes of the Lease's renew time under hub-a.
+    let mut seen: Option<String> = None;
+    let mut renewals = 0;
+    let started = Instant::now();
+    while renewals < 15 {
+        ensure!(
+            started.elapsed() < Duration::from_secs(180),
+            "the hub did not lead through 15 renewals within 180 s after the outage (exits {exits:?}, {renewals} renewals); log:\n{}",
+            cp.processes().log_tails(Some(&[a.name]))
+        );
+        restart_exited(&mut cp, &[&a], &hub_sa.kubeconfig, &mut exits)?;
+        if let Ok(Some(lease)) = leases.get_opt("flower-hub").await {
+            let spec = lease.spec.unwrap_or_default();
+            let renewed = spec.renew_time.map(|t| t.0.to_string());
+            if spec.holder_identity.as_deref() == Some(a.name) && renewed.is_some() {
+                if seen.is_some() && seen != renewed {
+                    renewals += 1;
+                }
+                seen = renewed;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    ensure!(
+        exits.len() == 1,
+        "the hub stopped again after the etcd outage: {exits:?}; log:\n{}",
+        cp.processes().log_tails(Some(&[a.name]))
+    );
+    ensure!(
+        a.readyz()?.0 == 200 && a.serves_channel(),
+        "the hub leads but is not ready: {:?}",
+        a.readyz()
+    );
+    eprintln!(
+        "leader_election: etcd stopped {:.0}s: the hub stopped once during it and led through 15 renewals {:.1}s after the apiserver was back",
+        outage.as_secs_f64(),
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -231,8 +231,9 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             let before = restarts_before.get(pod).copied().unwrap_or(0);
             ensure!(
                 after - before <= 1,
-                "hub pod {pod} restarted {} times through the outage of {what} (crash-looping?); its containers' logs (each start its own file):\n{}",
+                "hub pod {pod} restarted {} times through the outage of {what} (crash-looping?); {}\nits containers' logs (each start its own file):\n{}",
                 after - before,
+                hub_state(hub, &[]).await,
                 hub_container_logs(hub_node, 30)
             );
         }
@@ -251,9 +252,6 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
     Ok(())
 }
 
-/// The hub pod that has logged, at or after `since`, a work stream opened for each of
-/// `clusters` (its name), read from the container log files kubelet writes on the hub's node
-/// (`<node>/pod-logs/<ns>_<pod>_<uid>/hub/N.log`, CRI format: a timestamp first).
 /// The last `lines` lines of every log file of the hub pods' `hub` containers on the hub's node
 /// (the kubelet keeps one file per start, so a restarted container's earlier run is there too).
 fn hub_container_logs(hub_node: &e2e::RealNode, lines: usize) -> String {
@@ -290,6 +288,9 @@ fn hub_container_logs(hub_node: &e2e::RealNode, lines: usize) -> String {
         .join("\n")
 }
 
+/// The hub pod that has logged, at or after `since`, a work stream opened for each of
+/// `clusters` (its name), read from the container log files kubelet writes on the hub's node
+/// (`<node>/pod-logs/<ns>_<pod>_<uid>/hub/N.log`, CRI format: a timestamp first).
 fn streams_reopened(
     hub_node: &e2e::RealNode,
     since: k8s_openapi::jiff::Timestamp,

@@ -184,11 +184,12 @@ pub struct ServeArgs {
     /// Name of the leader Lease.
     #[arg(long, default_value = "flower-hub")]
     pub leader_elect_resource_name: String,
-    /// How long a standby waits after the leader's last renewal before taking over.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long a standby waits after the leader's last renewal before taking over
+    /// (controller-runtime's and kube-controller-manager's default).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
     /// How long the leader keeps trying to renew before it stops.
-    #[arg(long, default_value = "7s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
     /// How often the leader renews and standbys try.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]

@@ -103,7 +103,13 @@ impl Elector {
         tokio::pin!(stop);
         let mut logged = false;
         loop {
-            match self.try_acquire_or_renew().await {
+            // A request to an apiserver whose storage is down hangs until its own timeout: a
+            // standby stopped meanwhile (its pod deleted) exits at once, not after it.
+            let tried = tokio::select! {
+                () = &mut stop => return false,
+                tried = self.try_acquire_or_renew() => tried,
+            };
+            match tried {
                 Ok(true) => return true,
                 Ok(false) => {
                     if !logged {
@@ -422,6 +428,33 @@ mod tests {
             "leadership lost after {took:?}: past the lease (2.5 s)"
         );
         assert!(answered.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+    }
+
+    #[tokio::test]
+    async fn a_standby_stops_while_the_apiserver_holds_its_request() {
+        // Invariant: a standby asked to stop returns at once even while its try of the Lease is
+        // unanswered (etcd down: the apiserver holds requests until its own timeout); without
+        // that a deleted standby pod would wait out its grace period.
+        let service = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            std::future::pending::<()>().await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
+        });
+        let elector = Elector::new(kube::Client::new(service, "ns"), config(10, 7, 2));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let acquiring = tokio::spawn(async move {
+            elector
+                .acquire(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        tokio::task::yield_now().await;
+        stop.send(()).expect("acquire is waiting");
+        let acquired = tokio::time::timeout(Duration::from_secs(60), acquiring)
+            .await
+            .expect("acquire returned after the stop, with its request still unanswered")
+            .expect("acquire task");
+        assert!(!acquired, "acquire reported the Lease taken");
     }
 
     #[test]
