@@ -25,4 +25,5 @@ pub mod flower;
 pub mod kube;
 pub mod metrics;
 pub mod registration;
+pub mod runs;
 pub mod standalone;

@@ -1,26 +1,25 @@
 //! `FlowerRun`s in standalone mode: the manifests come from the manifests directory (with the
 //! ConfigMaps holding their FABs: the same files `kubectl apply -f` takes), and each run's status
 //! is kept in `<state>/runs/<namespace>/<name>.json`, written before every submission (it holds
-//! the pending submission a restarted hub adopts instead of submitting twice). What to do is
-//! [`crate::core::run::decide`]'s; this only loads, stores and calls.
+//! the pending submission a restarted hub adopts instead of submitting twice). The reconcile is
+//! [`crate::runs::reconcile`], the same as the Kubernetes mode's; this loads and stores.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use flower_addon_crds::run::{FlowerRun, FlowerRunSpec, FlowerRunStatus};
+use flower_addon_crds::run::{FlowerRun, FlowerRunSpec, FlowerRunStatus, RunOutput};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;
 use super::status::FederationSummary;
-use crate::core::run::{
-    self as core_run, Action, FederationState, SuperLinkState, SuperNodesState,
-};
+use crate::core::run::{OutputDir, OutputsFailure, RunEvent, SuperLinkState};
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
 use crate::flower::outputs;
-use crate::flower::runs::{self as flower_runs, CheckedApp, ConfigMapSource, LogFollowers};
+use crate::flower::runs::{self as flower_runs, ConfigMapSource, LogFollowers};
+use crate::runs::{Outcome, RunHost, Stored as PendingStored};
 
 type RunKey = (String, String);
 type FedKey = (String, String);
@@ -150,9 +149,15 @@ impl StandaloneRuns {
                     false,
                 )
                 .await;
-            let (status, action) = status;
-            stored.status = status;
-            stored.expired = action == Action::Delete;
+            match status {
+                Outcome::Store { status, .. } => stored.status = status,
+                Outcome::Delete { status, .. } => {
+                    stored.status = status;
+                    stored.expired = true;
+                }
+                // Only a deleted run is released; nothing was stored on a stale pass.
+                Outcome::Release { .. } | Outcome::Stale => {}
+            }
             self.store(&key, stored.clone());
             if !stored.expired {
                 entries.push(RunEntry {
@@ -179,7 +184,7 @@ impl StandaloneRuns {
                 continue;
             };
             let fed_key = (key.0.clone(), spec.federation_ref.name.clone());
-            let (status, action) = self
+            let outcome = self
                 .pass(
                     manifests,
                     federations,
@@ -192,17 +197,19 @@ impl StandaloneRuns {
                     true,
                 )
                 .await;
-            if action == Action::Release {
-                self.forget(&key);
-            } else {
-                self.store(&key, Stored { status, ..stored });
+            match outcome {
+                Outcome::Release { .. } => self.forget(&key),
+                Outcome::Store { status, .. } | Outcome::Delete { status, .. } => {
+                    self.store(&key, Stored { status, ..stored });
+                }
+                Outcome::Stale => {}
             }
         }
         self.followers.retain(|k| live.contains(k));
         entries
     }
 
-    /// Decides and acts for one run; the status to store and the action taken.
+    /// Reconciles one run ([`crate::runs::reconcile`]) with this mode's [`RunHost`].
     #[allow(clippy::too_many_arguments)]
     async fn pass(
         &mut self,
@@ -215,84 +222,24 @@ impl StandaloneRuns {
         spec: &FlowerRunSpec,
         current: &FlowerRunStatus,
         deleting: bool,
-    ) -> (FlowerRunStatus, Action) {
-        let run_name = format!("FlowerRun {}/{}", key.0, key.1);
-        let federation = match federations
-            .iter()
-            .find(|f| f.namespace == fed_key.0 && f.name == fed_key.1)
-        {
-            None => FederationState::Missing,
-            Some(f) if f.ready => FederationState::Ready,
-            Some(f) => FederationState::NotReady(
-                f.error
-                    .clone()
-                    .or_else(|| f.message.clone())
-                    .unwrap_or_else(|| "not ready".into()),
-            ),
-        };
+    ) -> Outcome {
+        let federation = crate::runs::federation_state(
+            federations
+                .iter()
+                .find(|f| f.namespace == fed_key.0 && f.name == fed_key.1)
+                .map(|f| {
+                    let why = f.error.as_deref().or(f.message.as_deref()).unwrap_or("");
+                    (f.ready, why, "")
+                }),
+        );
         let client = self.client(fed_key, endpoint);
-        let needs_superlink = core_run::needs_superlink(current, deleting);
-        let superlink = match (&client, needs_superlink) {
-            (_, false) => SuperLinkState::NotAsked,
-            (None, true) => SuperLinkState::Unreachable(format!(
-                "Federation {} has no SuperLink to reach",
-                fed_key.1
-            )),
-            (Some(client), true) => match lists.get(fed_key) {
-                Some(state) => state.clone(),
-                None => {
-                    let state = flower_runs::list(client).await;
-                    lists.insert(fed_key.clone(), state.clone());
-                    state
-                }
-            },
-        };
-        let outputs_root = manifests
+        let outputs = manifests
             .federations()
             .find(|f| {
                 f.metadata.namespace.as_deref() == Some(fed_key.0.as_str())
                     && f.metadata.name.as_deref() == Some(fed_key.1.as_str())
             })
-            .and_then(|f| f.spec.outputs.as_ref())
-            .map(|outputs| (outputs, self.outputs_root(fed_key)));
-        let mut checked: Option<CheckedApp> = None;
-        let app = if core_run::needs_app(current, deleting) {
-            let config_map = spec
-                .app
-                .fab
-                .config_map_ref
-                .as_ref()
-                .and_then(|r| manifests.config_map(&key.0, &r.name));
-            let (source, bytes) = flower_runs::fab_bytes_from(
-                &key.0,
-                &spec.app.fab,
-                config_map,
-                ConfigMapSource::ManifestsDirectory,
-                &self.fab_urls,
-            )
-            .await;
-            let output = outputs_root.as_ref().map(|(outputs, root)| {
-                // The root exists, as the volume's mount does in Kubernetes; the app makes
-                // its run's directory.
-                // The SuperLink's directory holds it: its confined ServerApps write there.
-                let made = std::fs::create_dir_all(root).and_then(|()| match root.parent() {
-                    Some(superlink_dir) => {
-                        flower_addon_agent::sandbox::hand_over(root, superlink_dir)
-                    }
-                    None => Ok(()),
-                });
-                if let Err(e) = made {
-                    tracing::warn!(dir = %root.display(), error = %e, "cannot make the outputs directory");
-                }
-                core_run::OutputDir::new(outputs, &root.to_string_lossy(), &key.0, &key.1)
-            });
-            let (state, app) =
-                flower_runs::check_app(&source, bytes, &spec.run_config, output.as_ref());
-            checked = app;
-            Some(state)
-        } else {
-            None
-        };
+            .and_then(|f| f.spec.outputs.clone());
         let claimed = self
             .stored
             .iter()
@@ -305,109 +252,43 @@ impl StandaloneRuns {
             })
             .filter_map(|(_, s)| s.status.run_id.as_deref()?.parse().ok())
             .collect();
-        let supernodes = match &client {
-            Some(client)
-                if federation == FederationState::Ready
-                    && core_run::needs_supernodes(current, deleting) =>
-            {
-                flower_runs::supernodes(client).await
-            }
-            _ => SuperNodesState::NotAsked,
-        };
-        let facts = core_run::Facts {
-            run_name: &run_name,
+        let outputs_root = self.outputs_root(fed_key);
+        let mut host = StandaloneRunHost {
+            manifests,
+            key,
+            fed_key,
             spec,
-            generation: None,
-            deleting,
-            federation,
-            app,
-            superlink,
-            supernodes,
-            config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
-            run_config_hash: core_run::run_config_hash(spec),
-            claimed,
-            now: Timestamp::now(),
+            outputs: outputs.as_ref(),
+            outputs_root,
+            lists,
+            runs: self,
         };
-        let decision = core_run::decide(current, &facts);
-        for event in &decision.events {
-            if event.warning {
-                tracing::warn!(run = %run_name, reason = event.reason, "{}", event.message);
-            } else {
-                tracing::info!(run = %run_name, reason = event.reason, "{}", event.message);
-            }
-        }
-        let mut status = decision.status;
-        match (&decision.action, &client) {
-            (Action::Submit, Some(client)) => {
-                if let Some(app) = &checked {
-                    // Stored before it is sent: a crash from here on is adopted, not resent.
-                    self.store(
-                        key,
-                        Stored {
-                            spec: Some(spec.clone()),
-                            status: status.clone(),
-                            expired: false,
-                        },
-                    );
-                    status = flower_runs::submit(client, &status, app).await;
-                    lists.remove(fed_key);
-                    if let Some(id) = &status.run_id {
-                        tracing::info!(run = %run_name, run_id = %id, attempt = status.attempts, "submitted");
-                    }
-                }
-            }
-            (Action::Stop(run_id) | Action::StopAndRelease(run_id), Some(client)) => {
-                if let Err(why) = flower_runs::stop(client, *run_id).await {
-                    status.details = Some(format!("stopping Flower run {run_id}: {why}"));
-                    return (status, Action::Nothing);
-                }
-                lists.remove(fed_key);
-            }
-            _ => {}
-        }
-        // The log: followed while the run goes on; the rest read once when it finished.
-        if let Some(client) = &client
-            && let Some(run_id) = status
-                .run_id
-                .as_deref()
-                .and_then(|id| id.parse::<u64>().ok())
+        let outcome = crate::runs::reconcile(
+            &mut host,
+            crate::runs::Run {
+                key,
+                spec,
+                generation: None,
+                current,
+                deleting,
+                federation,
+                keeps_outputs: outputs.is_some(),
+                client,
+                claimed,
+            },
+        )
+        .await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(never) => match never {},
+        };
+        if let Outcome::Store { events, .. }
+        | Outcome::Release { events }
+        | Outcome::Delete { events, .. } = &outcome
         {
-            let after = status.log_timestamp.unwrap_or(0.0);
-            let chunks = if core_run::active_run(&status).is_some() && !deleting {
-                self.followers.drain(key, client, run_id, after)
-            } else if core_run::active_run(current).is_some() || current.run_id != status.run_id {
-                self.followers.stop(key);
-                flower_runs::final_log(client, run_id, after, Duration::from_secs(5)).await
-            } else {
-                Vec::new()
-            };
-            for chunk in chunks {
-                core_run::add_log(&mut status, &chunk.text, chunk.timestamp);
-            }
+            crate::runs::log_events(key, events);
         }
-        if !deleting && core_run::outputs_to_list(&status, outputs_root.is_some()) {
-            let dir = self.outputs_root(fed_key).join(&key.0).join(&key.1);
-            let max_bytes = outputs_root
-                .and_then(|(spec, _)| spec.size_limit_bytes())
-                .unwrap_or(u64::MAX);
-            // Off the hub's task, and bounded: at most the size limit is read, within a minute.
-            let listing = tokio::task::spawn_blocking(move || outputs::list_dir(&dir, max_bytes));
-            let listed = match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, listing).await {
-                Ok(Ok(Ok(files))) => Ok(files),
-                Ok(Ok(Err(outputs::OutputsError::OverQuota { message }))) => {
-                    Err(core_run::OutputsFailure::OverQuota(message))
-                }
-                Ok(Ok(Err(e))) => Err(core_run::OutputsFailure::Retry(e.to_string())),
-                Ok(Err(e)) => Err(core_run::OutputsFailure::Retry(e.to_string())),
-                Err(_) => Err(core_run::OutputsFailure::Retry(format!(
-                    "listing took longer than {} s",
-                    core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
-                ))),
-            };
-            // Retried on the next pass while it fails (for the core's window).
-            let _ = core_run::record_outputs(&mut status, listed, Timestamp::now());
-        }
-        (status, decision.action)
+        outcome
     }
 
     /// `<state>/federations/<ns>/<fed>/outputs`: inside the directory the Federation's
@@ -452,6 +333,113 @@ impl StandaloneRuns {
         self.followers.stop(key);
         self.stored.remove(key);
         let _ = std::fs::remove_file(self.dir.join(&key.0).join(format!("{}.json", key.1)));
+    }
+}
+
+/// The standalone hub's side of one run's reconcile: ConfigMaps from the manifests directory,
+/// outputs under the state directory, the pending submission in the run's state file.
+struct StandaloneRunHost<'a> {
+    manifests: &'a Manifests,
+    key: &'a RunKey,
+    fed_key: &'a FedKey,
+    spec: &'a FlowerRunSpec,
+    outputs: Option<&'a flower_addon_crds::OutputsSpec>,
+    /// `<state>/federations/<ns>/<fed>/outputs`.
+    outputs_root: PathBuf,
+    /// This pass's run list per Federation.
+    lists: &'a mut BTreeMap<FedKey, SuperLinkState>,
+    runs: &'a mut StandaloneRuns,
+}
+
+impl RunHost for StandaloneRunHost<'_> {
+    type Error = std::convert::Infallible;
+
+    async fn config_map(&mut self, name: &str) -> Result<Option<ConfigMap>, Self::Error> {
+        Ok(self.manifests.config_map(&self.key.0, name).cloned())
+    }
+
+    fn config_map_source(&self) -> ConfigMapSource {
+        ConfigMapSource::ManifestsDirectory
+    }
+
+    fn fab_urls(&self) -> &FabUrlCache {
+        &self.runs.fab_urls
+    }
+
+    /// Under the state directory; the root exists, as the volume's mount does in Kubernetes,
+    /// in the SuperLink's directory (its confined ServerApps write there); the app makes its
+    /// run's directory.
+    fn output_dir(&mut self) -> Option<OutputDir> {
+        let outputs = self.outputs?;
+        let root = &self.outputs_root;
+        let made = std::fs::create_dir_all(root).and_then(|()| match root.parent() {
+            Some(superlink_dir) => flower_addon_agent::sandbox::hand_over(root, superlink_dir),
+            None => Ok(()),
+        });
+        if let Err(e) = made {
+            tracing::warn!(dir = %root.display(), error = %e, "cannot make the outputs directory");
+        }
+        Some(OutputDir::new(
+            outputs,
+            &root.to_string_lossy(),
+            &self.key.0,
+            &self.key.1,
+        ))
+    }
+
+    async fn list_runs(&mut self, client: &ControlClient) -> SuperLinkState {
+        if let Some(state) = self.lists.get(self.fed_key) {
+            return state.clone();
+        }
+        let state = flower_runs::list(client).await;
+        self.lists.insert(self.fed_key.clone(), state.clone());
+        state
+    }
+
+    fn forget_list(&mut self) {
+        self.lists.remove(self.fed_key);
+    }
+
+    async fn store_pending(
+        &mut self,
+        status: &FlowerRunStatus,
+        events: Vec<RunEvent>,
+    ) -> Result<PendingStored, Self::Error> {
+        self.runs.store(
+            self.key,
+            Stored {
+                spec: Some(self.spec.clone()),
+                status: status.clone(),
+                expired: false,
+            },
+        );
+        crate::runs::log_events(self.key, &events);
+        Ok(PendingStored::Yes)
+    }
+
+    fn with_followers<T>(&mut self, f: impl FnOnce(&mut LogFollowers<RunKey>) -> T) -> T {
+        f(&mut self.runs.followers)
+    }
+
+    /// Off the hub's task, reading at most the size limit.
+    async fn list_outputs(&mut self) -> Result<Vec<RunOutput>, OutputsFailure> {
+        let dir = self.outputs_root.join(&self.key.0).join(&self.key.1);
+        let max_bytes = self
+            .outputs
+            .and_then(|spec| spec.size_limit_bytes())
+            .unwrap_or(u64::MAX);
+        match tokio::task::spawn_blocking(move || outputs::list_dir(&dir, max_bytes)).await {
+            Ok(Ok(files)) => Ok(files),
+            Ok(Err(outputs::OutputsError::OverQuota { message })) => {
+                Err(OutputsFailure::OverQuota(message))
+            }
+            Ok(Err(e)) => Err(OutputsFailure::Retry(e.to_string())),
+            Err(e) => Err(OutputsFailure::Retry(e.to_string())),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        crate::runs::now_to_the_second()
     }
 }
 

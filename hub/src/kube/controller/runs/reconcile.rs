@@ -1,13 +1,12 @@
-//! One reconcile of a FlowerRun: the facts (Federation, app, SuperLink, claimed run ids), the
-//! core's decision, then the calls and writes it asks for, in the order that keeps `StartRun`
-//! from being sent twice: finalizer, status with the pending submission, `StartRun`, result.
+//! One reconcile of a FlowerRun in Kubernetes mode: the run, its Federation and the run ids
+//! other runs hold from the caches, then [`crate::runs::reconcile`] (the same as the standalone
+//! hub's) over this mode's [`RunHost`]: ConfigMaps and the outputs listing through the API, the
+//! pending submission stored with the finalizer, conditional on the resourceVersion read.
 use std::sync::Arc;
 use std::time::Duration;
 
 use flower_addon_crds::Federation;
-use flower_addon_crds::run::{
-    FlowerRun, FlowerRunSpec, FlowerRunStatus, RUN_FAILED, RUN_SUBMITTED, reason,
-};
+use flower_addon_crds::run::{FlowerRun, FlowerRunStatus, RunOutput};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -19,21 +18,16 @@ use kube::runtime::reflector::ObjectRef;
 use super::store::{self, Written};
 use super::{CONFLICT_RETRY, FedKey, RunContext, RunKey, has_finalizer};
 use crate::core::render::superlink_name;
-use crate::core::run::{
-    self as core_run, ACTIVE_POLL, Action as RunAction, AppState, FederationState, RunEvent,
-    SuperLinkState, SuperNodesState, UNREACHABLE_RETRY,
-};
+use crate::core::run::{FederationState, OutputDir, OutputsFailure, RunEvent, SuperLinkState};
 use crate::flower::control::ControlClient;
+use crate::flower::fab_url::FabUrlCache;
 use crate::flower::outputs;
-use crate::flower::runs::{self as flower_runs, CheckedApp, ConfigMapSource};
+use crate::flower::runs::{ConfigMapSource, LogFollowers};
 use crate::kube::controller::{Error, Result};
+use crate::runs::{Outcome, RunHost, Stored};
 
-/// How soon a run whose FAB is being downloaded from its URL is looked at again.
-const DOWNLOAD_RETRY: Duration = Duration::from_secs(3);
-/// How long the rest of a finished run's log is read.
-const FINAL_LOG_WAIT: Duration = Duration::from_secs(5);
-
-/// Reconciles one FlowerRun: facts → [`core_run::decide`] → act → store.
+/// Reconciles one FlowerRun: [`crate::runs::reconcile`], then the write, release or delete
+/// it asks for.
 pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Action> {
     let name = run.name_any();
     let namespace = run
@@ -49,43 +43,11 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
         ctx.followers().stop(&key);
         return Ok(Action::await_change());
     }
-    let run_name = format!("{namespace}/{name}");
     let current = run.status.clone().unwrap_or_default();
-    let spec = &run.spec;
-    let fed_key: FedKey = (namespace.clone(), spec.federation_ref.name.clone());
+    let fed_key: FedKey = (namespace.clone(), run.spec.federation_ref.name.clone());
     let fed = ctx
         .federations
         .get(&ObjectRef::new(&fed_key.1).within(&namespace));
-    let federation = federation_state(fed.as_deref());
-    // A finished run is not followed any more: it gets no client, so it makes no call.
-    let client = fed
-        .as_deref()
-        .filter(|_| deleting || !core_run::is_finished(&current))
-        .and_then(|f| ctx.control_client(&fed_key, f));
-    let mut checked: Option<CheckedApp> = None;
-    let app = if core_run::needs_app(&current, deleting)
-        && (federation == FederationState::Ready || current.pending_submission.is_some())
-    {
-        let output = fed
-            .as_deref()
-            .and_then(|f| output_dir(f, &namespace, &name));
-        let (state, app) = load_app(&ctx, &namespace, spec, output.as_ref()).await?;
-        checked = app;
-        Some(state)
-    } else {
-        None
-    };
-    let superlink = if asks_superlink(&current, spec, deleting, &federation, app.as_ref()) {
-        match &client {
-            Some(client) => ctx.list_runs(&fed_key, client).await,
-            None => SuperLinkState::Unreachable(format!(
-                "Federation {} has no SuperLink to reach",
-                fed_key.1
-            )),
-        }
-    } else {
-        SuperLinkState::NotAsked
-    };
     let claimed = ctx
         .runs
         .state()
@@ -94,272 +56,173 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
         .filter(|r| r.spec.federation_ref.name == fed_key.1)
         .filter_map(|r| r.status.as_ref()?.run_id.as_deref()?.parse().ok())
         .collect();
-    let supernodes = match &client {
-        Some(client)
-            if federation == FederationState::Ready
-                && core_run::needs_supernodes(&current, deleting) =>
-        {
-            flower_runs::supernodes(client).await
-        }
-        _ => SuperNodesState::NotAsked,
+    let mut host = KubeRunHost {
+        ctx: &ctx,
+        run: &run,
+        fed: fed.as_deref(),
+        fed_key: &fed_key,
+        stored: current.clone(),
+        read_at: run.resource_version(),
     };
-    let facts = core_run::Facts {
-        run_name: &run_name,
-        spec,
-        generation: run.metadata.generation,
-        deleting,
-        federation,
-        app,
-        superlink,
-        supernodes,
-        config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
-        run_config_hash: core_run::run_config_hash(spec),
-        claimed,
-        now: now(),
-    };
-    let decision = core_run::decide(&current, &facts);
-    let mut events = decision.events;
-    let mut status = decision.status;
-    let mut requeue = decision.requeue;
-    // A FAB still downloading (or whose URL failed for now) wakes no watch: look again.
-    if spec.app.fab.url.is_some() && matches!(facts.app, Some(AppState::Missing { .. })) {
-        requeue = Some(requeue.map_or(DOWNLOAD_RETRY, |r| r.min(DOWNLOAD_RETRY)));
-    }
-    // What the apiserver holds, and the resourceVersion a write is conditional on.
-    let mut stored = current.clone();
-    let mut read_at = run.resource_version();
-    match (&decision.action, &client) {
-        (RunAction::Submit, Some(client)) => {
-            let Some(app) = &checked else {
-                // The app went missing between the submission and its retry: stored, not sent.
-                return finish(&ctx, &run, &stored, status, read_at, events, requeue).await;
-            };
-            if !has_finalizer(&run) {
-                // Before the first submission: a deletion from here on stops the Flower run.
-                match store::add_finalizer(&ctx.client, &run).await? {
-                    // The status decided on must still be the apiserver's: the pending
-                    // submission is then written conditional on the patched object.
-                    Written::Stored(patched)
-                        if patched.status.clone().unwrap_or_default() == current =>
-                    {
-                        read_at = patched.resource_version();
-                    }
-                    _ => return Ok(Action::requeue(CONFLICT_RETRY)),
-                }
-            }
-            // Stored before it is sent: a crash from here on is adopted, not sent again.
-            match store::write_status(&ctx.client, &run, &status, read_at.as_deref()).await? {
-                Written::Stale => return Ok(Action::requeue(CONFLICT_RETRY)),
-                Written::Stored(_) => {}
-            }
-            publish(&ctx, &run, std::mem::take(&mut events)).await;
-            stored = status.clone();
-            // This pass holds the newest status (its write just went through): the result is
-            // stored whatever happened to the object's metadata meanwhile.
-            read_at = None;
-            status = flower_runs::submit(client, &status, app).await;
-            ctx.forget_list(&fed_key);
-            events.push(submission_event(&status));
-            requeue = Some(if status.run_id.is_some() {
-                ACTIVE_POLL
-            } else {
-                UNREACHABLE_RETRY
-            });
-        }
-        (RunAction::Stop(run_id) | RunAction::StopAndRelease(run_id), Some(client)) => {
-            let stopped = flower_runs::stop(client, *run_id).await;
-            ctx.forget_list(&fed_key);
-            if let Err(why) = stopped {
-                status.details = Some(format!("stopping Flower run {run_id}: {why}"));
-                requeue = Some(UNREACHABLE_RETRY);
-            } else if matches!(decision.action, RunAction::StopAndRelease(_)) {
-                tracing::info!(run = %run_name, run_id, "stopped; releasing");
-                return release(&ctx, &run, &key, events).await;
-            }
-        }
-        (RunAction::Release, _) => return release(&ctx, &run, &key, events).await,
-        (RunAction::Delete, _) => {
+    let outcome = crate::runs::reconcile(
+        &mut host,
+        crate::runs::Run {
+            key: &key,
+            spec: &run.spec,
+            generation: run.metadata.generation,
+            current: &current,
+            deleting,
+            federation: federation_state(fed.as_deref()),
+            keeps_outputs: fed.as_deref().is_some_and(|f| f.spec.outputs.is_some()),
+            client: fed.as_deref().and_then(|f| ctx.control_client(&fed_key, f)),
+            claimed,
+        },
+    )
+    .await?;
+    let KubeRunHost {
+        stored, read_at, ..
+    } = host;
+    match outcome {
+        Outcome::Stale => Ok(Action::requeue(CONFLICT_RETRY)),
+        Outcome::Release { events } => release(&ctx, &run, &key, events).await,
+        Outcome::Delete { events, .. } => {
             ctx.followers().stop(&key);
             store::delete(&ctx.client, &run).await?;
-            tracing::info!(run = %run_name, "deleted: ttlSecondsAfterFinished passed");
             publish(&ctx, &run, events).await;
-            return Ok(Action::await_change());
+            Ok(Action::await_change())
         }
-        _ => {}
+        Outcome::Store {
+            status,
+            events,
+            requeue,
+        } => finish(&ctx, &run, &stored, status, read_at, events, requeue).await,
     }
-    if let Some(client) = &client {
-        read_log(&ctx, client, &key, &current, &mut status, deleting).await;
+}
+
+/// The Kubernetes mode's side of one run's reconcile.
+struct KubeRunHost<'a> {
+    ctx: &'a RunContext,
+    run: &'a FlowerRun,
+    fed: Option<&'a Federation>,
+    fed_key: &'a FedKey,
+    /// What the apiserver holds.
+    stored: FlowerRunStatus,
+    /// The resourceVersion a write is conditional on (`None`: this pass wrote the newest).
+    read_at: Option<String>,
+}
+
+impl RunHost for KubeRunHost<'_> {
+    type Error = Error;
+
+    async fn config_map(&mut self, name: &str) -> Result<Option<ConfigMap>> {
+        let namespace = &self.fed_key.0;
+        Api::<ConfigMap>::namespaced(self.ctx.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|source| Error::Kube {
+                action: format!("get ConfigMap {namespace}/{name}"),
+                source,
+            })
     }
-    if let Some(fed) = fed.as_deref()
-        && !deleting
-        && core_run::outputs_to_list(&status, fed.spec.outputs.is_some())
-    {
-        let pod = format!("{}-0", superlink_name(&fed_key.1));
-        let listing = outputs::list_via_api(&ctx.client, &namespace, &pod, &namespace, &name);
-        let listed = match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, listing).await {
-            Ok(Ok(files)) => Ok(files),
-            Ok(Err(outputs::OutputsError::OverQuota { message })) => {
-                Err(core_run::OutputsFailure::OverQuota(message))
+
+    fn config_map_source(&self) -> ConfigMapSource {
+        ConfigMapSource::Cluster
+    }
+
+    fn fab_urls(&self) -> &FabUrlCache {
+        &self.ctx.fab_urls
+    }
+
+    /// Under the outputs volume's mount in the SuperLink pod.
+    fn output_dir(&mut self) -> Option<OutputDir> {
+        let outputs = self.fed?.spec.outputs.as_ref()?;
+        Some(OutputDir::new(
+            outputs,
+            outputs::OUTPUTS_MOUNT_DIR,
+            &self.fed_key.0,
+            &self.run.name_any(),
+        ))
+    }
+
+    async fn list_runs(&mut self, client: &ControlClient) -> SuperLinkState {
+        self.ctx.list_runs(self.fed_key, client).await
+    }
+
+    fn forget_list(&mut self) {
+        self.ctx.forget_list(self.fed_key);
+    }
+
+    async fn store_pending(
+        &mut self,
+        status: &FlowerRunStatus,
+        events: Vec<RunEvent>,
+    ) -> Result<Stored> {
+        if !has_finalizer(self.run) {
+            // Before the first submission: a deletion from here on stops the Flower run.
+            match store::add_finalizer(&self.ctx.client, self.run).await? {
+                // The status decided on must still be the apiserver's: the pending
+                // submission is then written conditional on the patched object.
+                Written::Stored(patched)
+                    if patched.status.clone().unwrap_or_default() == self.stored =>
+                {
+                    self.read_at = patched.resource_version();
+                }
+                _ => return Ok(Stored::Stale),
             }
-            Ok(Err(e)) => Err(core_run::OutputsFailure::Retry(e.to_string())),
-            Err(_) => Err(core_run::OutputsFailure::Retry(format!(
-                "pod {namespace}/{pod} did not answer within {} s",
-                core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
-            ))),
-        };
-        if let Some(retry) = core_run::record_outputs(&mut status, listed, now()) {
-            requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
         }
+        match store::write_status(&self.ctx.client, self.run, status, self.read_at.as_deref())
+            .await?
+        {
+            Written::Stale => return Ok(Stored::Stale),
+            Written::Stored(_) => {}
+        }
+        publish(self.ctx, self.run, events).await;
+        self.stored = status.clone();
+        // This pass holds the newest status (its write just went through): the result is
+        // stored whatever happened to the object's metadata meanwhile.
+        self.read_at = None;
+        Ok(Stored::Yes)
     }
-    finish(&ctx, &run, &stored, status, read_at, events, requeue).await
-}
 
-/// Where the run `namespace/name` writes its outputs, when its Federation keeps them: under
-/// the outputs volume's mount in the SuperLink pod.
-fn output_dir(fed: &Federation, namespace: &str, name: &str) -> Option<core_run::OutputDir> {
-    let outputs = fed.spec.outputs.as_ref()?;
-    Some(core_run::OutputDir::new(
-        outputs,
-        outputs::OUTPUTS_MOUNT_DIR,
-        namespace,
-        name,
-    ))
-}
-
-/// Whether the SuperLink's run list is asked for: when [`core_run::needs_superlink`] says so,
-/// except for a run not submitted yet that the core decides on without it (held by `suspend`,
-/// its Federation not Ready, its app missing or invalid) — the same decision, without a call.
-fn asks_superlink(
-    current: &FlowerRunStatus,
-    spec: &FlowerRunSpec,
-    deleting: bool,
-    federation: &FederationState,
-    app: Option<&AppState>,
-) -> bool {
-    if !core_run::needs_superlink(current, deleting) {
-        return false;
+    fn with_followers<T>(&mut self, f: impl FnOnce(&mut LogFollowers<RunKey>) -> T) -> T {
+        f(&mut self.ctx.followers())
     }
-    deleting
-        || current.run_id.is_some()
-        || current.pending_submission.is_some()
-        || (*federation == FederationState::Ready
-            && !spec.suspended()
-            && matches!(app, Some(AppState::Ready { .. })))
+
+    /// Through the API's exec into the SuperLink pod.
+    async fn list_outputs(&mut self) -> std::result::Result<Vec<RunOutput>, OutputsFailure> {
+        let namespace = &self.fed_key.0;
+        let pod = format!("{}-0", superlink_name(&self.fed_key.1));
+        outputs::list_via_api(
+            &self.ctx.client,
+            namespace,
+            &pod,
+            namespace,
+            &self.run.name_any(),
+        )
+        .await
+        .map_err(|e| match e {
+            outputs::OutputsError::OverQuota { message } => OutputsFailure::OverQuota(message),
+            e => OutputsFailure::Retry(e.to_string()),
+        })
+    }
+
+    fn now(&self) -> Timestamp {
+        crate::runs::now_to_the_second()
+    }
 }
 
 /// The Federation as the core sees it: missing, not Ready (the message of its `Ready`
 /// condition), or Ready.
 pub(super) fn federation_state(fed: Option<&Federation>) -> FederationState {
-    let Some(fed) = fed else {
-        return FederationState::Missing;
-    };
-    let ready = fed
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    match ready {
-        Some(c) if c.status == "True" => FederationState::Ready,
-        Some(c) if !c.message.is_empty() => FederationState::NotReady(c.message.clone()),
-        Some(c) => FederationState::NotReady(c.reason.clone()),
-        None => FederationState::NotReady("it has no Ready condition yet".into()),
-    }
-}
-
-/// The run's app from the ConfigMap its spec names (absent: the run waits for it), checked
-/// against its run config. An apiserver error is an error (retried), never a verdict on the app.
-async fn load_app(
-    ctx: &RunContext,
-    namespace: &str,
-    spec: &FlowerRunSpec,
-    output: Option<&core_run::OutputDir>,
-) -> Result<(AppState, Option<CheckedApp>)> {
-    let config_map = match &spec.app.fab.config_map_ref {
-        Some(reference) => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
-            .get_opt(&reference.name)
-            .await
-            .map_err(|source| Error::Kube {
-                action: format!("get ConfigMap {namespace}/{}", reference.name),
-                source,
-            })?,
-        None => None,
-    };
-    let (source, bytes) = flower_runs::fab_bytes_from(
-        namespace,
-        &spec.app.fab,
-        config_map.as_ref(),
-        ConfigMapSource::Cluster,
-        &ctx.fab_urls,
-    )
-    .await;
-    Ok(flower_runs::check_app(
-        &source,
-        bytes,
-        &spec.run_config,
-        output,
-    ))
-}
-
-/// The event of a submission's answer (the core's `submitted`, `submit_refused` or
-/// `submit_unanswered` wrote it into the conditions).
-fn submission_event(status: &FlowerRunStatus) -> RunEvent {
-    let condition = |type_: &str| {
-        status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == "True")
-    };
-    if status.run_id.is_some() {
-        let message = condition(RUN_SUBMITTED).map_or_else(String::new, |c| c.message.clone());
-        return RunEvent {
-            warning: false,
-            reason: "Submitted",
-            message: format!("submitted: {message}"),
-        };
-    }
-    let (reason, message) = match condition(RUN_FAILED) {
-        Some(c) if c.reason == reason::INVALID_APP => (reason::INVALID_APP, c.message.clone()),
-        Some(c) => (reason::FLOWER_FAILED, c.message.clone()),
-        None => (
-            reason::SUPERLINK_UNAVAILABLE,
-            status.details.clone().unwrap_or_default(),
-        ),
-    };
-    RunEvent {
-        warning: true,
-        reason,
-        message,
-    }
-}
-
-/// The log: followed while the run goes on; the rest read once when it finished (as the
-/// standalone hub does).
-async fn read_log(
-    ctx: &RunContext,
-    client: &Arc<ControlClient>,
-    key: &RunKey,
-    current: &FlowerRunStatus,
-    status: &mut FlowerRunStatus,
-    deleting: bool,
-) {
-    let Some(run_id) = status
-        .run_id
-        .as_deref()
-        .and_then(|id| id.parse::<u64>().ok())
-    else {
-        return;
-    };
-    let after = status.log_timestamp.unwrap_or(0.0);
-    let chunks = if core_run::active_run(status).is_some() && !deleting {
-        ctx.followers().drain(key, client, run_id, after)
-    } else if core_run::active_run(current).is_some() || current.run_id != status.run_id {
-        ctx.followers().stop(key);
-        flower_runs::final_log(client, run_id, after, FINAL_LOG_WAIT).await
-    } else {
-        Vec::new()
-    };
-    for chunk in chunks {
-        core_run::add_log(status, &chunk.text, chunk.timestamp);
-    }
+    let ready = fed.map(|fed| {
+        fed.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+    });
+    crate::runs::federation_state(ready.map(|c| match c {
+        Some(c) => (c.status == "True", c.message.as_str(), c.reason.as_str()),
+        None => (false, "", ""),
+    }))
 }
 
 /// Stores `status` when it differs from what the apiserver holds (`stored`), then publishes
@@ -426,10 +289,4 @@ async fn publish(ctx: &RunContext, run: &FlowerRun, events: Vec<RunEvent>) {
         )
         .await;
     }
-}
-
-/// Now, to the second: what the apiserver keeps of a time, so an unchanged run computes the
-/// status it read.
-fn now() -> Timestamp {
-    Timestamp::from_second(Timestamp::now().as_second()).unwrap_or(Timestamp::UNIX_EPOCH)
 }
