@@ -11,8 +11,9 @@
 //! - [`standalone`]: no Kubernetes — manifests from files, SuperLinks as supervised processes,
 //!   `status.json`.
 //!
-//! Both adapters share [`registration`] (CA, bootstrap tokens, the cluster store) and
-//! [`channel`] (the agents' gRPC join and work streams over mTLS). [`cli`] wires them into the
+//! Both adapters share [`registration`] (CA, bootstrap tokens, the cluster store),
+//! [`channel`] (the agents' gRPC join and work streams over mTLS) and [`runs`] (the one FlowerRun
+//! reconcile, over each mode's [`runs::RunHost`]). [`cli`] wires them into the
 //! `flower-hub` commands. No adapter imports another. [`metrics`] is what every part records
 //! for `/metrics`.
 #![forbid(unsafe_code)]

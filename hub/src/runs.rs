@@ -234,7 +234,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
             {
                 return Ok(Outcome::Stale);
             }
-            status = flower_runs::submit(client, &status, app).await;
+            status = flower_runs::submit(client, &status, app, || host.now()).await;
             host.forget_list();
             events.push(submission_event(&status));
             requeue = Some(if status.run_id.is_some() {
@@ -411,6 +411,15 @@ pub fn log_events(run: &RunKey, events: &[RunEvent]) {
             tracing::info!(run = %name, reason = event.reason, "{}", event.message);
         }
     }
+}
+
+/// What "now" is to a run's reconcile: [`wall_clock`] in the hub; a test sets a fixed one to
+/// compare the two modes' statuses byte for byte.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// The wall clock, to the second.
+pub fn wall_clock() -> Clock {
+    Arc::new(now_to_the_second)
 }
 
 /// Now, to the second.

@@ -1,8 +1,8 @@
 //! The Flower side of `FlowerRun`s, shared by both hub modes: the FAB read from its ConfigMap
 //! ([`fab_bytes`]) or downloaded from its URL ([`fab_bytes_from`]) and checked against the run
 //! config ([`check_app`]), the SuperLink's run list in the core's terms ([`list`]), the calls an
-//! [`Action`] needs ([`submit`], [`stop`]) and the log followers ([`LogFollowers`]). The adapters
-//! load the FAB, store the status and call [`crate::core::run::decide`].
+//! [`crate::core::run::Action`] needs ([`submit`], [`stop`]) and the log followers
+//! ([`LogFollowers`]), for [`crate::runs::reconcile`].
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -306,21 +306,23 @@ pub async fn supernodes(client: &ControlClient) -> SuperNodesState {
 }
 
 /// Sends the pending submission of `status` (already stored) and returns the status to store
-/// next: with the run id, failed (refused), or still pending (no answer).
+/// next: with the run id, failed (refused), or still pending (no answer), as of `now` (the
+/// caller's clock: the answer's time is when it is recorded).
 pub async fn submit(
     client: &ControlClient,
     status: &FlowerRunStatus,
     app: &CheckedApp,
+    now: impl Fn() -> Timestamp,
 ) -> FlowerRunStatus {
     match client.start_run(&app.fab, &app.config).await {
-        Ok(run_id) => core_run::submitted(status, run_id, Timestamp::now()),
+        Ok(run_id) => core_run::submitted(status, run_id, now()),
         Err(e @ (ControlError::Connect { .. } | ControlError::Protocol { .. })) => {
-            core_run::submit_unanswered(status, &e.to_string(), Timestamp::now())
+            core_run::submit_unanswered(status, &e.to_string(), now())
         }
         Err(ControlError::Refused { detail, .. }) => {
-            core_run::submit_refused(status, &detail, Timestamp::now())
+            core_run::submit_refused(status, &detail, now())
         }
-        Err(e) => core_run::submit_refused(status, &e.to_string(), Timestamp::now()),
+        Err(e) => core_run::submit_refused(status, &e.to_string(), now()),
     }
 }
 

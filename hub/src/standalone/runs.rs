@@ -68,6 +68,8 @@ pub struct StandaloneRuns {
     problems: Vec<String>,
     /// FABs downloaded from `spec.app.fab.url` (once per URL and hash).
     fab_urls: FabUrlCache,
+    /// Now, for the runs' statuses.
+    clock: crate::runs::Clock,
 }
 
 impl StandaloneRuns {
@@ -89,7 +91,14 @@ impl StandaloneRuns {
             broken,
             problems: Vec::new(),
             fab_urls: FabUrlCache::with_egress(egress),
+            clock: crate::runs::wall_clock(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the wall clock.
+    pub fn with_clock(mut self, clock: crate::runs::Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Problems of the last pass (`FILE: field: message`), for `status.json`.
@@ -439,7 +448,7 @@ impl RunHost for StandaloneRunHost<'_> {
     }
 
     fn now(&self) -> Timestamp {
-        crate::runs::now_to_the_second()
+        (self.runs.clock)()
     }
 }
 

@@ -1,7 +1,7 @@
 //! The hub's Kubernetes-mode `FlowerRun` controller (kube-runtime), beside the Federation
-//! controller. It loads, stores and watches; what to do is [`crate::core::run::decide`]'s, and
-//! the Flower calls are [`crate::flower::runs`]'s — the same as the standalone hub's
-//! ([`crate::standalone`]'s `runs`), so both modes do the same for the same input.
+//! controller. It loads, stores and watches; the reconcile is [`crate::runs::reconcile`] — the
+//! same as the standalone hub's ([`crate::standalone`]'s `runs`), so both modes do the same for
+//! the same input (`hub/tests/run_parity.rs` compares their statuses).
 //!
 //! - Watches: FlowerRuns in every namespace (a reconcile on a new run, a spec change —
 //!   `suspend` — and a deletion; its own status writes trigger nothing), Federations (a change of
@@ -82,6 +82,8 @@ pub struct RunContext {
     lists: Mutex<HashMap<FedKey, SharedList>>,
     /// [`LIST_SHARED_FOR`], or what a test sets.
     list_shared_for: Duration,
+    /// Now, for the runs' statuses.
+    clock: crate::runs::Clock,
 }
 
 /// One Federation's last run list and when it was asked.
@@ -117,7 +119,14 @@ impl RunContext {
             fab_urls: FabUrlCache::new(),
             lists: Mutex::default(),
             list_shared_for: LIST_SHARED_FOR,
+            clock: crate::runs::wall_clock(),
         }
+    }
+
+    /// Reads the time from `clock` instead of the wall clock.
+    pub fn with_clock(mut self, clock: crate::runs::Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Shares a Federation's run list for `window` instead of [`LIST_SHARED_FOR`] (zero: every

@@ -207,7 +207,7 @@ impl RunHost for KubeRunHost<'_> {
     }
 
     fn now(&self) -> Timestamp {
-        crate::runs::now_to_the_second()
+        (self.ctx.clock)()
     }
 }
 
