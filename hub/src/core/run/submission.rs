@@ -1,0 +1,224 @@
+//! Before a run has its Flower run: held, waiting (Federation, app, SuperNodes), submitted,
+//! or a lost submission adopted or sent again.
+use super::*;
+
+pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
+    let now = facts.now;
+    let s = &mut d.status;
+    if facts.spec.suspended() {
+        if !has_true(s, RUN_SUSPENDED) {
+            d.events
+                .push(normal("Suspended", "held by spec.suspend: not submitted"));
+        }
+        set(
+            s,
+            RUN_SUSPENDED,
+            true,
+            "Suspended",
+            "spec.suspend holds the run",
+            now,
+        );
+        s.details = Some("held by spec.suspend; set it to false to start the run".into());
+        return;
+    }
+    if has_true(s, RUN_SUSPENDED) {
+        set(
+            s,
+            RUN_SUSPENDED,
+            false,
+            "Resumed",
+            "spec.suspend is false",
+            now,
+        );
+        d.events
+            .push(normal("Resumed", "spec.suspend is false: submitting"));
+    }
+    if deadline_passed(s, facts) {
+        fail(s, reason::DEADLINE_EXCEEDED, &deadline_message(facts), now);
+        d.events
+            .push(warning(reason::DEADLINE_EXCEEDED, deadline_message(facts)));
+        return;
+    }
+    let waiting = match &facts.federation {
+        FederationState::Missing => Some(format!(
+            "Federation {} does not exist in this namespace; the run starts when it exists and is Ready",
+            facts.spec.federation_ref.name
+        )),
+        FederationState::NotReady(why) => Some(format!(
+            "Federation {} is not Ready ({why}); the run starts when it is",
+            facts.spec.federation_ref.name
+        )),
+        FederationState::Ready => None,
+    };
+    if let Some(message) = waiting {
+        wait(d, reason::FEDERATION_NOT_READY, message, None, facts.now);
+        return;
+    }
+    let fab_hash = match &facts.app {
+        Some(AppState::Ready { fab_hash }) => fab_hash.clone(),
+        Some(AppState::Missing { message }) => {
+            wait(d, reason::INVALID_APP, message.clone(), None, now);
+            return;
+        }
+        Some(AppState::Invalid { reason, message }) => {
+            fail(&mut d.status, reason, message, now);
+            d.events.push(warning(reason, message.clone()));
+            return;
+        }
+        None => return,
+    };
+    let runs = match &facts.superlink {
+        SuperLinkState::Runs(runs) => runs,
+        SuperLinkState::Unreachable(why) => {
+            let message = format!("the SuperLink's Control API does not answer: {why}");
+            wait(
+                d,
+                reason::SUPERLINK_UNAVAILABLE,
+                message,
+                Some(UNREACHABLE_RETRY),
+                now,
+            );
+            return;
+        }
+        SuperLinkState::NotAsked => return,
+    };
+    // A retry waits as a Job's pod does: 10 s after the first failure, doubling up to 6 min
+    // (a SuperLink that just came back still lists SuperNodes that have not reconnected).
+    if let Some(due) = retry_due(&d.status)
+        && now < due
+    {
+        d.requeue = Some(until(now, due));
+        return;
+    }
+    if let Some(failed_at) = retry_failed_at(&d.status)
+        && !supernodes_serving_since(d, facts, failed_at)
+    {
+        return;
+    }
+    let attempt = d.status.attempts + 1;
+    d.status.pending_submission = Some(PendingSubmission {
+        attempt,
+        known_run_ids: same_app(runs, &fab_hash, &facts.config_text)
+            .map(|r| r.run_id.to_string())
+            .take(MAX_KNOWN_RUNS)
+            .collect(),
+        fab_hash,
+        since: Time(now),
+    });
+    d.status.details = Some(format!("submitting attempt {attempt}"));
+    d.action = Action::Submit;
+}
+
+/// Whether every SuperNode the SuperLink lists `online` reached it after `failed_at` (the
+/// failure a retry follows); otherwise the run waits, saying which. Flower keeps a SuperNode
+/// that died without a goodbye (its pod killed, its node powered off) listed `online` for up to
+/// two heartbeat intervals, and a restarted one cannot connect until that session ends: a
+/// retry sent before then gives that SuperNode's messages to nobody and fails as the last
+/// attempt did. A live SuperNode sends a heartbeat every 24 s, so this waits at most that long
+/// for SuperNodes that are serving.
+pub(super) fn supernodes_serving_since(
+    d: &mut Decision,
+    facts: &Facts<'_>,
+    failed_at: Timestamp,
+) -> bool {
+    let since_failure = facts
+        .now
+        .duration_since(failed_at)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    let online = match &facts.supernodes {
+        SuperNodesState::Online(online) => online,
+        SuperNodesState::Unreachable(why) => {
+            let message = format!("the SuperLink's Control API does not answer: {why}");
+            wait(
+                d,
+                reason::SUPERLINK_UNAVAILABLE,
+                message,
+                Some(UNREACHABLE_RETRY),
+                facts.now,
+            );
+            return false;
+        }
+        SuperNodesState::NotAsked => {
+            d.requeue = Some(SUPERNODES_POLL);
+            return false;
+        }
+    };
+    let silent: Vec<u64> = online
+        .iter()
+        .filter(|(_, age)| age.is_some_and(|age| age >= since_failure))
+        .map(|(id, _)| *id)
+        .collect();
+    if silent.is_empty() {
+        return true;
+    }
+    let shown: Vec<String> = silent.iter().take(5).map(u64::to_string).collect();
+    let more = if silent.len() > shown.len() {
+        format!(" and {} more", silent.len() - shown.len())
+    } else {
+        String::new()
+    };
+    let message = format!(
+        "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then: {} of {} have not (node {}{more}). A SuperNode that stopped without a goodbye stays listed online for up to 60 s, and one restarted meanwhile connects only after that",
+        d.status.attempts,
+        silent.len(),
+        online.len(),
+        shown.join(", "),
+    );
+    wait(
+        d,
+        reason::SUPERNODES_NOT_SERVING,
+        message,
+        Some(SUPERNODES_POLL),
+        facts.now,
+    );
+    false
+}
+
+pub(super) fn adopt_or_resubmit(d: &mut Decision, facts: &Facts<'_>, pending: &PendingSubmission) {
+    let runs = match &facts.superlink {
+        SuperLinkState::Runs(runs) => runs,
+        SuperLinkState::Unreachable(why) => {
+            let message = format!(
+                "a submission (attempt {}) is unanswered and the SuperLink does not answer ({why}): \
+                 it is adopted, not sent again, once the SuperLink answers",
+                pending.attempt
+            );
+            wait(
+                d,
+                reason::SUPERLINK_UNAVAILABLE,
+                message,
+                Some(UNREACHABLE_RETRY),
+                facts.now,
+            );
+            return;
+        }
+        SuperLinkState::NotAsked => return,
+    };
+    let known: BTreeSet<&str> = pending.known_run_ids.iter().map(String::as_str).collect();
+    let found = same_app(runs, &pending.fab_hash, &facts.config_text)
+        .filter(|r| !known.contains(r.run_id.to_string().as_str()))
+        .filter(|r| !facts.claimed.contains(&r.run_id))
+        .map(|r| r.run_id)
+        .min();
+    match found {
+        Some(run_id) => {
+            d.status = submitted(&d.status, run_id, pending.since.0);
+            d.events.push(normal(
+                "Adopted",
+                format!(
+                    "found Flower run {run_id} of the unanswered submission (attempt {}) instead of submitting again",
+                    pending.attempt
+                ),
+            ));
+        }
+        None => {
+            // It never reached the SuperLink: send it again, as the same attempt.
+            d.status.details = Some(format!(
+                "the submission of attempt {} never reached the SuperLink: submitting again",
+                pending.attempt
+            ));
+            d.action = Action::Submit;
+        }
+    }
+}
