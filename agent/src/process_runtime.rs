@@ -258,6 +258,10 @@ impl ProcessRuntime {
                     if let Some(digest) = plan.ca_digest() {
                         env.insert(crate::work::CA_DIGEST_ENV.to_owned(), digest);
                     }
+                    // So does a new restart mark.
+                    if let Some(mark) = &plan.supernode_restart {
+                        env.insert(crate::work::SUPERNODE_RESTART_ENV.to_owned(), mark.clone());
+                    }
                     fresh.push((
                         key,
                         port,

@@ -90,6 +90,9 @@ pub struct FederationPlan {
     pub retired_node_keys: Vec<String>,
     /// The pools this cluster runs, in the Federation's order.
     pub pools: Vec<PoolPlan>,
+    /// The Federation's SuperNode restart mark: a change restarts every SuperNode
+    /// ([`SUPERNODE_RESTART_ENV`], [`flower_addon_crds::SUPERNODE_RESTART_ANNOTATION`]).
+    pub supernode_restart: Option<String>,
 }
 
 /// Pod template annotation (Kubernetes) and environment variable (processes) holding
@@ -98,6 +101,9 @@ pub struct FederationPlan {
 pub const CA_DIGEST_ANNOTATION: &str = "flower-addon.io/ca-bundle-sha256";
 /// The environment variable of [`CA_DIGEST_ANNOTATION`].
 pub const CA_DIGEST_ENV: &str = "FLOWER_ADDON_CA_BUNDLE_SHA256";
+/// The environment variable a process SuperNode carries its Federation's restart mark in (a
+/// change restarts it, as a changed pod template annotation rolls a pool's pods).
+pub const SUPERNODE_RESTART_ENV: &str = "FLOWER_ADDON_SUPERNODE_RESTART";
 
 impl FederationPlan {
     /// `namespace/name`.
@@ -195,6 +201,9 @@ pub fn decode_federation(
         registered_node_keys: fed.registered_node_keys.clone(),
         retired_node_keys: fed.retired_node_keys.clone(),
         pools,
+        supernode_restart: Some(fed.supernode_restart.trim())
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned),
     })
 }
 
@@ -249,6 +258,7 @@ mod tests {
                 cluster_count: 2,
                 registered_node_keys: vec!["k".into()],
                 retired_node_keys: vec!["r".into()],
+                supernode_restart: " 2026-12-06T06:00:00Z ".into(),
                 pools: vec![PoolWork {
                     name: "a".into(),
                     partition_offset: 3,
@@ -314,6 +324,11 @@ mod tests {
         assert_eq!(
             (plan.registered_node_keys, plan.retired_node_keys),
             (vec!["k".to_owned()], vec!["r".to_owned()])
+        );
+        assert_eq!(
+            plan.supernode_restart.as_deref(),
+            Some("2026-12-06T06:00:00Z"),
+            "the restart mark, trimmed"
         );
         assert_eq!(
             plan.pools[0].cluster,

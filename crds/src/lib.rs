@@ -38,3 +38,22 @@ pub const GROUP: &str = "flower-addon.io";
 pub const VERSION: &str = "v1alpha1";
 /// `apiVersion` of every flower-addon resource.
 pub const API_VERSION: &str = "flower-addon.io/v1alpha1";
+
+/// Annotation of a Federation whose change restarts all its SuperNodes, keys and identities
+/// kept, as `kubectl rollout restart` does for a Deployment (any value; a timestamp is usual).
+/// The agents carry it on the pools' pod templates and in the processes' environment.
+pub const SUPERNODE_RESTART_ANNOTATION: &str = "flower-addon.io/supernode-restart";
+/// Longest value of [`SUPERNODE_RESTART_ANNOTATION`] the hub sends on.
+pub const SUPERNODE_RESTART_MAX: usize = 63;
+
+/// The restart mark of a Federation ([`SUPERNODE_RESTART_ANNOTATION`]), trimmed; `None` when
+/// absent or empty.
+pub fn supernode_restart(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(SUPERNODE_RESTART_ANNOTATION)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}

@@ -70,6 +70,7 @@ fn federation(namespace: &str, name: &str, mode: &str, pools: &[(&str, i32)]) ->
         cluster_count: 1,
         registered_node_keys: Vec::new(),
         retired_node_keys: Vec::new(),
+        supernode_restart: String::new(),
     }
 }
 

@@ -31,8 +31,17 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
             federation: plan.id(),
             source,
         })?;
-        // A new CA bundle rolls the SuperNodes (they read it once, at start).
-        if let Some(digest) = plan.ca_digest() {
+        // A new CA bundle rolls the SuperNodes (they read it once, at start); so does a new
+        // restart mark.
+        let marks = [
+            (crate::work::CA_DIGEST_ANNOTATION, plan.ca_digest()),
+            (
+                flower_addon_crds::SUPERNODE_RESTART_ANNOTATION,
+                plan.supernode_restart.clone(),
+            ),
+        ];
+        for (annotation, value) in marks {
+            let Some(value) = value else { continue };
             let template = match &mut workload {
                 Workload::StatefulSet(s) => &mut s.spec.template,
                 Workload::DaemonSet(d) => &mut d.spec.template,
@@ -42,7 +51,7 @@ pub fn render_federation(plan: &FederationPlan) -> Result<Rendered, KubeRuntimeE
                 .get_or_insert_with(Default::default)
                 .annotations
                 .get_or_insert_with(Default::default)
-                .insert(crate::work::CA_DIGEST_ANNOTATION.to_owned(), digest);
+                .insert(annotation.to_owned(), value);
         }
         if plan.secure() {
             mount_node_keys(

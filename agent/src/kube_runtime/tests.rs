@@ -88,6 +88,45 @@ fn a_new_ca_bundle_rolls_the_supernodes() {
 }
 
 #[test]
+fn a_new_restart_mark_rolls_the_supernodes() {
+    // The Federation's restart mark is on every pool's pod template: a new one rolls the pods
+    // (a StatefulSet keeps their names, so their keys); none, no annotation.
+    let mark = |w: &ClusterWork| {
+        render(w)
+            .unwrap()
+            .workloads
+            .into_iter()
+            .map(|(_, workload)| {
+                let template = match workload {
+                    Workload::StatefulSet(s) => s.spec.template,
+                    Workload::DaemonSet(d) => d.spec.template,
+                };
+                template
+                    .metadata
+                    .unwrap_or_default()
+                    .annotations
+                    .unwrap_or_default()
+                    .get(flower_addon_crds::SUPERNODE_RESTART_ANNOTATION)
+                    .cloned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut w = work(false);
+    assert!(mark(&w).iter().all(Option::is_none), "{:?}", mark(&w));
+    w.federations[0].supernode_restart = "2026-12-06T06:00:00Z".into();
+    let first = mark(&w);
+    assert!(
+        !first.is_empty()
+            && first
+                .iter()
+                .all(|m| m.as_deref() == Some("2026-12-06T06:00:00Z")),
+        "{first:?}"
+    );
+    w.federations[0].supernode_restart = "2026-12-06T07:00:00Z".into();
+    assert_ne!(mark(&w), first);
+}
+
+#[test]
 fn rendering_is_deterministic() {
     // The same snapshot gives byte-identical objects, so re-applying changes nothing.
     let w = work(false);

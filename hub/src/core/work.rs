@@ -304,6 +304,9 @@ pub fn federation_work(
             cluster_count: share.clusters,
             registered_node_keys: keys.clone(),
             retired_node_keys: retired.clone(),
+            supernode_restart: flower_addon_crds::supernode_restart(&fed.metadata)
+                .unwrap_or_default()
+                .to_owned(),
         };
         per_cluster.push((share.cluster, work));
     }
@@ -365,6 +368,44 @@ supernodes:
         assert_eq!(shares[1].pools[0].pool, "b");
         assert_eq!(shares[1].pools[0].partition_offset, 2);
         assert_eq!(shares[0].partitions_total, 5);
+    }
+
+    #[test]
+    fn the_restart_mark_goes_to_every_selected_cluster() {
+        // The Federation's annotation, trimmed, is in each cluster's work; absent, empty.
+        let mut fed = Federation::new("fed", spec(TWO_POOLS));
+        fed.metadata.namespace = Some("team".into());
+        let selected = ["c1".to_owned(), "c2".to_owned()];
+        let labels = BTreeMap::new();
+        let inputs = WorkInputs {
+            selected: &selected,
+            labels: &labels,
+            fleet_address: "hub:30092",
+            ca_pem: "CA",
+            registered_node_keys: &[],
+            retired_node_keys: &[],
+        };
+        let marks = |fed: &Federation| -> Vec<String> {
+            federation_work(
+                fed,
+                FlowerVersion::parse("1.42.0").expect("version"),
+                &inputs,
+            )
+            .expect("work")
+            .per_cluster
+            .into_iter()
+            .map(|(_, w)| w.supernode_restart)
+            .collect()
+        };
+        assert_eq!(marks(&fed), ["", ""]);
+        fed.metadata.annotations = Some(BTreeMap::from([(
+            flower_addon_crds::SUPERNODE_RESTART_ANNOTATION.to_owned(),
+            " 2026-12-06T06:00:00Z ".to_owned(),
+        )]));
+        assert_eq!(
+            marks(&fed),
+            ["2026-12-06T06:00:00Z", "2026-12-06T06:00:00Z"]
+        );
     }
 
     #[test]

@@ -524,6 +524,7 @@ fn work_inputs(
     }
     registered.hash(&mut hasher);
     retired.hash(&mut hasher);
+    flower_addon_crds::supernode_restart(&fed.metadata).hash(&mut hasher);
     Some(hasher.finish())
 }
 

@@ -1,4 +1,3 @@
-
 use super::*;
 use flower_addon_crds::run::ConfigMapKeyRef;
 use k8s_openapi::ByteString;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn registration(name: &str, fp: &str) -> ClusterRegistration {
