@@ -288,6 +288,22 @@ impl World {
         })
     }
 
+    /// The pids of edge-1's 3 site-a SuperNodes.
+    fn site_a_pids(&self) -> Vec<u32> {
+        (0..3)
+            .flat_map(|i| supernode_pids(&self.key(0, "site-a", i)))
+            .collect()
+    }
+
+    /// edge-1's 3 site-a SuperNodes' pids once none is one of `before` and each has activated
+    /// since its start.
+    fn site_a_restarted(&self, before: &[u32]) -> Option<Vec<u32>> {
+        let now = self.site_a_pids();
+        let fresh = now.len() == 3 && !now.iter().any(|p| before.contains(p));
+        let activated = (0..3).all(|i| self.activated(0, "site-a", i));
+        (fresh && activated).then_some(now)
+    }
+
     fn key(&self, agent: usize, pool: &str, index: u32) -> PathBuf {
         self.agents[agent]
             .join("federations")
@@ -1171,6 +1187,63 @@ fn s7_revoked_cluster_keys_leave_the_superlink(w: &mut World) -> Result<()> {
     Ok(())
 }
 
+/// The Federation's restart mark (`flower-addon.io/supernode-restart`) set in its manifest:
+/// edge-1's 3 SuperNodes are started again (new pids) and activated with their own keys: the
+/// same node ids are online at the SuperLink afterwards.
+fn s9_restart_mark(w: &mut World) -> Result<()> {
+    let t = Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let online_ids = |w: &World| -> Result<std::collections::BTreeSet<u64>> {
+        let client = w.control_client()?;
+        Ok(rt
+            .block_on(client.list_nodes())?
+            .iter()
+            .filter(|n| n.serving())
+            .map(|n| n.node_id)
+            .collect())
+    };
+    let before = w.site_a_pids();
+    ensure!(before.len() == 3, "edge-1's SuperNodes: {before:?}");
+    let ids_before = online_ids(w)?;
+    // edge-1's 3 (the other agent was killed in scenario 6).
+    ensure!(
+        ids_before.len() >= 3,
+        "edge-1's 3 SuperNodes online before: {ids_before:?}"
+    );
+    let marked = |mark: &str| -> Result<String> {
+        Ok(w.federation_yaml(3)?.replacen(
+            "metadata:\n  name: quickstart\n",
+            &format!(
+                "metadata:\n  name: quickstart\n  annotations: {{flower-addon.io/supernode-restart: \"{mark}\"}}\n"
+            ),
+            1,
+        ))
+    };
+    let yaml = marked("2026-12-06T06:00:00Z")?;
+    ensure!(
+        yaml.contains("supernode-restart"),
+        "the quickstart manifest's metadata moved: {yaml}"
+    );
+    std::fs::write(w.manifests.join("federation.yaml"), yaml)?;
+    let after = Wait::new(
+        "edge-1's 3 SuperNodes restarted, activated, and the same node ids online",
+        Duration::from_secs(180),
+    )
+    .detail(|| w.logs())
+    .for_value_blocking(|| {
+        let restarted = w.site_a_restarted(&before);
+        Ok(restarted.filter(|_| online_ids(w).is_ok_and(|ids| ids == ids_before)))
+    })?;
+    eprintln!(
+        "  restart mark set: edge-1's SuperNodes restarted (pids {before:?} -> {after:?}) and the same node ids online after {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// On real Flower: the Flower CA rotated in three steps, the hub restarted after
 /// each (`flower-hub ca rotate` says so). Staged, both CAs are trusted and edge-1's SuperNodes
 /// restart on the new bundle; promoted, the SuperLink serves a certificate of the new CA and
@@ -1194,11 +1267,6 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
             ca_pem: Some(ca_pem),
             tunnel: None,
         })?)
-    }
-    fn pids(w: &World) -> Vec<u32> {
-        (0..3)
-            .flat_map(|i| supernode_pids(&w.key(0, "site-a", i)))
-            .collect()
     }
     fn bundle(w: &World) -> Result<Vec<String>> {
         let pem = std::fs::read_to_string(w.hub_ca())?;
@@ -1224,10 +1292,8 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
         )
         .detail(|| w.logs())
         .for_value_blocking(|| {
-            let now = pids(w);
-            let fresh = now.len() == 3 && !now.iter().any(|p| before.contains(p));
-            let activated = (0..3).all(|i| w.activated(0, "site-a", i));
-            Ok((fresh && activated && online(&rt, &client) == 3).then_some(now))
+            let restarted = w.site_a_restarted(before);
+            Ok(restarted.filter(|_| online(&rt, &client) == 3))
         })
     };
     let restart_hub = |w: &mut World| -> Result<()> {
@@ -1236,7 +1302,7 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
     };
     let old = bundle(w)?;
     ensure!(old.len() == 1, "one CA before the rotation: {old:?}");
-    let before = pids(w);
+    let before = w.site_a_pids();
     ensure!(before.len() == 3, "edge-1's SuperNodes: {before:?}");
 
     let t = Instant::now();
@@ -1313,7 +1379,7 @@ fn s8_flower_ca_rotation(w: &mut World) -> Result<()> {
     let run = w.flwr_run(3)?;
     // The SuperNodes trust the same two CAs (the new one now first): none restarted.
     ensure!(
-        pids(w) == after_stage,
+        w.site_a_pids() == after_stage,
         "promote restarted SuperNodes whose CAs did not change"
     );
     eprintln!(
@@ -1388,7 +1454,8 @@ fn standalone_hub_agents_and_real_flower() {
         w.dir.display(),
         w.venv.display()
     );
-    let scenarios: [(&str, Scenario, bool); 9] = [
+    const SCENARIOS: usize = 10;
+    let scenarios: [(&str, Scenario, bool); SCENARIOS] = [
         (
             "1 quickstart: 4/4 ready, flwr run completes",
             s1_quickstart,
@@ -1422,6 +1489,11 @@ fn standalone_hub_agents_and_real_flower() {
             s8_flower_ca_rotation,
             false,
         ),
+        (
+            "9 restart mark: every SuperNode restarted as itself",
+            s9_restart_mark,
+            false,
+        ),
     ];
     let mut results = Vec::new();
     for (name, run, fatal) in scenarios {
@@ -1448,7 +1520,7 @@ fn standalone_hub_agents_and_real_flower() {
         .filter_map(|(n, r, _)| r.as_ref().err().map(|e| format!("{n}: {e:#}")))
         .collect();
     assert!(
-        failures.is_empty() && results.len() == 9,
+        failures.is_empty() && results.len() == SCENARIOS,
         "failed scenarios:\n{}",
         failures.join("\n\n")
     );
