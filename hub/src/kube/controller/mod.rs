@@ -22,7 +22,10 @@
 
 pub(crate) mod apply;
 pub mod cache;
+mod context;
+mod error;
 pub mod placement;
+mod placement_state;
 pub mod runs;
 mod status;
 pub mod tls;
@@ -57,216 +60,16 @@ use flower_addon_agent::ops::Health;
 pub(crate) use apply::controller_ref;
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
 pub use cache::Caches;
+use context::WRITTEN_MAX;
+pub use context::{Context, RENEWAL_WAITS, Settings};
+pub use error::{Error, Result};
+pub use placement_state::OCM_PLACEMENT_RESYNC;
+use placement_state::*;
 pub use status::{Outcome, PlacementState, WorkloadReadiness, federation_status};
 pub use tls::hub_issues_tls;
 
 /// How often a converged Federation is reconciled anyway (drift, certificate renewal).
 pub const RESYNC: Duration = Duration::from_secs(300);
-
-/// Why a reconcile failed (retried by [`error_policy`]).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The apiserver refused a request.
-    #[error("{action}: {source}")]
-    Kube {
-        /// What the controller was doing, e.g. `apply StatefulSet f-superlink`.
-        action: String,
-        /// The client error.
-        source: kube::Error,
-    },
-    /// An object could not be serialized.
-    #[error("serialize {what}: {source}")]
-    Serialize {
-        /// The object.
-        what: String,
-        /// The serialization error.
-        source: serde_json::Error,
-    },
-    /// The hub CA could not issue the SuperLink certificate.
-    #[error("issue the SuperLink certificate: {0}")]
-    Ca(CaError),
-    /// The renderer refused a spec that validation accepted.
-    #[error(transparent)]
-    Render(#[from] HubRenderError),
-    /// The object lacks its namespace (the CRD is namespaced; only a broken cache gives this).
-    #[error("{0} has no namespace")]
-    NoNamespace(String),
-    /// The controller's caches did not list in time (apiserver slow, RBAC missing).
-    #[error(
-        "the controller's caches of StatefulSets, Services, Secrets and Placements did not list within {0:?}"
-    )]
-    NotCached(Duration),
-}
-
-/// `Result` of the controller.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-impl Error {
-    /// What the admin can do about it, for the Federation's `Degraded` condition and event.
-    pub fn fix(&self) -> &'static str {
-        match self {
-            Self::Kube { source, .. } => match source {
-                kube::Error::Api(status) if status.code == 403 => {
-                    "the hub's ServiceAccount lacks this permission: install the chart's RBAC (or manifests/hub/rbac.yaml) for this namespace"
-                }
-                kube::Error::Api(status) if status.code == 422 || status.code == 400 => {
-                    "the apiserver refused the object (an admission webhook, a quota or a LimitRange in this namespace): see the message"
-                }
-                _ => "the apiserver did not take the write; the hub retries every 15 s",
-            },
-            Self::Serialize { .. } | Self::Render(_) => {
-                "a defect in the hub: please report it with this message and the Federation"
-            }
-            Self::Ca(_) => {
-                "the hub's Flower CA (Secret flower-hub-flower-ca in the hub's namespace) is unreadable or incomplete: restore it from a backup, then restart the hub"
-            }
-            Self::NoNamespace(_) => "the Federation CRD must be namespaced: apply manifests/crds",
-            Self::NotCached(_) => {
-                "the hub could not list StatefulSets, Services, Secrets or Placements: check its RBAC and the apiserver"
-            }
-        }
-    }
-
-    /// A stable, low-cardinality name of the error kind (metrics, logs).
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Kube { .. } => "kube",
-            Self::Serialize { .. } => "serialize",
-            Self::Ca(_) => "ca",
-            Self::Render(_) => "render",
-            Self::NoNamespace(_) => "no_namespace",
-            Self::NotCached(_) => "not_cached",
-        }
-    }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    /// Client of the hub cluster.
-    pub client: Client,
-    /// CA issuing SuperLink certificates.
-    pub ca: Arc<HubCa>,
-    /// Event recorder (reporting controller [`HUB_FIELD_MANAGER`]).
-    pub recorder: Recorder,
-    /// Node address, certificate validity and names ([`Settings`]).
-    pub settings: Settings,
-    /// What the controller reads instead of asking the apiserver.
-    pub caches: Caches,
-    /// The status last written per Federation (by uid), with the resourceVersion it was computed
-    /// from ([`write_status`]).
-    written: std::sync::Mutex<HashMap<String, (Option<String>, FederationStatus)>>,
-    /// Where each Federation's Control API is, to ask for runs in progress before a renewal.
-    pub control: crate::kube::controller::runs::EndpointOf,
-    /// SuperLink certificate renewals waiting for runs in progress.
-    pub renewals: crate::flower::renewal::RenewalHolds,
-}
-
-/// Event reason: a SuperLink certificate due for renewal waits for the runs in progress.
-pub const RENEWAL_WAITS: &str = "CertificateRenewalWaits";
-
-/// Beyond this many remembered statuses the memory is cleared (it only saves no-op writes).
-const WRITTEN_MAX: usize = 10_000;
-
-impl Context {
-    /// A context for `client`, `ca` and `caches`.
-    pub fn new(client: Client, ca: Arc<HubCa>, caches: Caches) -> Self {
-        let recorder = apply::recorder(client.clone());
-        let forward = crate::kube::control::port_forward(client.clone());
-        let flower_ca = ca.clone();
-        Self {
-            client,
-            ca,
-            recorder,
-            settings: Settings::default(),
-            caches,
-            written: Default::default(),
-            control: Arc::new(move |fed| {
-                crate::kube::control::in_cluster_endpoint(fed, &flower_ca, &forward)
-            }),
-            renewals: Default::default(),
-        }
-    }
-
-    async fn publish(&self, fed: &Federation, type_: EventType, reason: &str, note: String) {
-        apply::publish(&self.recorder, fed, type_, "Reconcile", reason, note).await;
-    }
-
-    /// Whether the certificate of `fed`, due by age, waits for the runs in progress on its
-    /// SuperLink (the rule of both modes: [`crate::flower::renewal`]), and when to decide again;
-    /// an event says so when it starts waiting and when it stops.
-    async fn renewal_waits(
-        &self,
-        fed: &Federation,
-        not_before: std::time::SystemTime,
-        not_after: std::time::SystemTime,
-    ) -> Option<Duration> {
-        use crate::flower::renewal::Renewal;
-        let key = (fed.namespace().unwrap_or_default(), fed.name_any());
-        let decision = self
-            .renewals
-            .decide(
-                &key,
-                (self.control)(fed),
-                not_before,
-                not_after,
-                self.settings.superlink_cert_validity,
-            )
-            .await;
-        match decision {
-            Renewal::Wait {
-                runs,
-                until,
-                recheck,
-                first,
-            } => {
-                if first {
-                    let message = Renewal::waiting_message(&runs, until);
-                    tracing::info!(namespace = %key.0, federation = %key.1, "{message}");
-                    self.publish(fed, EventType::Normal, RENEWAL_WAITS, message)
-                        .await;
-                }
-                Some(recheck)
-            }
-            Renewal::Now {
-                waited_for: Some(runs),
-            } => {
-                tracing::info!(namespace = %key.0, federation = %key.1, ?runs, "SuperLink certificate renewal no longer waits (the runs ended, or its deadline came): renewing it");
-                None
-            }
-            Renewal::Now { waited_for: None } => None,
-        }
-    }
-}
-
-/// How the Federation controller issues SuperLink certificates and reaches the hub's nodes.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Address of the hub cluster's nodes that spokes reach (`serve --node-address`), for the
-    /// Fleet address of NodePort Federations without `externalAddress`.
-    pub node_address: Option<String>,
-    /// Validity of the SuperLink certificates the hub issues (renewed at 80 %).
-    pub superlink_cert_validity: Duration,
-    /// Names a Federation may ask for in its SuperLink certificate ([`crate::core::sans`]).
-    pub superlink_names: SuperLinkNames,
-    /// What the pods the hub makes in its cluster may do ([`crate::core::problems`]).
-    pub pod_policy: flower_addon_crds::policy::PodPolicy,
-    /// Where FlowerRuns' FAB URLs may be downloaded from.
-    pub fab_egress: crate::flower::fab_url::Egress,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            node_address: None,
-            superlink_cert_validity: crate::core::renewal::DEFAULT_SUPERLINK_CERT_VALIDITY,
-            superlink_names: SuperLinkNames::default(),
-            pod_policy: flower_addon_crds::policy::PodPolicy::new(
-                flower_addon_crds::policy::Admin::Hub,
-            ),
-            fab_egress: crate::flower::fab_url::Egress::default(),
-        }
-    }
-}
 
 /// The readiness check of the Federation controller.
 pub const READY_CHECK: &str = "federation-controller";
@@ -578,74 +381,6 @@ async fn namespace_problems(ctx: &Context, namespace: &str) -> Result<Vec<(Strin
         .unwrap_or_default())
 }
 
-/// The state of the Placement `fed` names (none, OCM's, or ours from the cache).
-async fn placement_state(fed: &Federation, ctx: &Context, namespace: &str) -> PlacementState {
-    match &fed.spec.placement_ref {
-        None => PlacementState::NotReferenced,
-        Some(r) if r.is_ocm() => ocm_placement_state(&ctx.client, namespace, &r.name).await,
-        Some(r) => {
-            let found = cache::cached(&ctx.caches.placements, namespace, &r.name);
-            PlacementState::of(&r.name, found.as_deref())
-        }
-    }
-}
-
-/// How often a Federation naming an OCM Placement is reconciled at least: the hub does not
-/// watch OCM's Placements, so their `PlacementSatisfied` reaches the Federation this late at most.
-pub const OCM_PLACEMENT_RESYNC: Duration = Duration::from_secs(30);
-
-/// When to reconcile again: at the resync, or when the SuperLink certificate is due if that is
-/// sooner, and for an OCM-placed Federation within [`OCM_PLACEMENT_RESYNC`].
-fn requeue_after(renew_in: Option<Duration>, ocm: bool) -> Duration {
-    let next = renew_in.map_or(RESYNC, |due| {
-        due.clamp(Duration::from_secs(1), RESYNC) + Duration::from_millis(100)
-    });
-    if ocm {
-        next.min(OCM_PLACEMENT_RESYNC)
-    } else {
-        next
-    }
-}
-
-/// The state of OCM Placement `namespace/name` (read from the API server at each reconcile: only
-/// Federations that name one pay for it), or that OCM is not installed.
-async fn ocm_placement_state(client: &Client, namespace: &str, name: &str) -> PlacementState {
-    if !crate::kube::ocm::installed(client).await {
-        return PlacementState::OcmNotInstalled {
-            name: name.to_owned(),
-        };
-    }
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        namespace,
-        &crate::kube::ocm::placement_resource(),
-    );
-    match api.get_opt(name).await {
-        Ok(None) => PlacementState::NotFound {
-            name: name.to_owned(),
-        },
-        Ok(Some(placement)) => PlacementState::Found {
-            name: name.to_owned(),
-            satisfied: placement.data["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "PlacementSatisfied")
-                .map(|c| {
-                    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
-                    (text("status"), text("reason"), text("message"))
-                }),
-        },
-        Err(e) => {
-            tracing::warn!(%namespace, placement = %name, error = %e, "cannot read the OCM Placement");
-            PlacementState::Found {
-                name: name.to_owned(),
-                satisfied: None,
-            }
-        }
-    }
-}
-
 /// Applies the SuperLink Services, the TLS Secret and the SuperLink, then prunes; each apply is
 /// skipped when the cached object already holds it ([`cache::apply`]). The Services go first
 /// when the hub issues the certificate of a placed Federation: its external address (and so the
@@ -845,28 +580,4 @@ async fn write_status(
         "status updated"
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod requeue_tests {
-    use super::*;
-
-    #[test]
-    fn an_ocm_placed_federation_is_reconciled_often_enough_to_mirror_ocms_status() {
-        assert_eq!(requeue_after(None, false), RESYNC);
-        assert_eq!(requeue_after(None, true), OCM_PLACEMENT_RESYNC);
-        let soon = Duration::from_secs(5);
-        assert_eq!(
-            requeue_after(Some(soon), true),
-            soon + Duration::from_millis(100)
-        );
-        assert_eq!(
-            requeue_after(Some(soon), false),
-            soon + Duration::from_millis(100)
-        );
-        assert_eq!(
-            requeue_after(Some(Duration::from_secs(3600)), false),
-            RESYNC + Duration::from_millis(100)
-        );
-    }
 }
