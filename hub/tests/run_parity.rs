@@ -9,13 +9,13 @@
 //! the mocked API does not serve; `real_node` and `standalone_runs` check both for real).
 mod fake_control;
 mod mock_api;
+mod run_support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
 use flower_addon_crds::Federation;
 use flower_addon_crds::policy::{Admin, PodPolicy};
 use flower_addon_crds::run::{FlowerRun, FlowerRunStatus};
@@ -31,6 +31,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use mock_api::objects::{Journal, Shared, objects_client};
+use run_support::FEDERATION;
 use serde_json::{Value, json};
 
 const NS: &str = "team";
@@ -64,35 +65,6 @@ struct Case {
     egress: Egress,
 }
 
-const FEDERATION: &str = r#"
-apiVersion: flower-addon.io/v1alpha1
-kind: Federation
-metadata: {name: fed, namespace: team}
-spec:
-  mode: StatefulSet
-  isolationMode: subprocess
-  insecure: false
-  superlink: {image: "flwr/superlink:1.42.0"}
-  supernodes:
-    image: "flwr/supernode:1.42.0"
-    pools: [{name: a, replicas: 2}]
-"#;
-
-fn federation((ready, message): (bool, &str)) -> Federation {
-    let mut fed: Federation = serde_saphyr::from_str(FEDERATION).expect("federation");
-    fed.status = Some(
-        serde_json::from_value(json!({"conditions": [{
-            "type": "Ready",
-            "status": if ready { "True" } else { "False" },
-            "reason": if ready { "AllReady" } else { "NotReady" },
-            "message": message,
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }]}))
-        .expect("status"),
-    );
-    fed
-}
-
 fn summary((ready, message): (bool, &str)) -> FederationSummary {
     let mut summary = FederationSummary::default();
     summary.namespace = NS.into();
@@ -121,14 +93,7 @@ fn from_config_map() -> Value {
 }
 
 fn config_map() -> Value {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fedavg");
-    let fab = flower_addon_hub::flower::fab::build_from_dir(&dir).expect("build the FAB");
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "fedavg-fab", "namespace": NS},
-        "binaryData": {"app.fab": base64::engine::general_purpose::STANDARD.encode(fab.bytes)},
-    })
+    run_support::config_map(&run_support::fab().0)
 }
 
 /// The Kubernetes mode's FlowerRun controller on a mocked API server.
@@ -166,7 +131,10 @@ async fn kube(case: &Case, flower_ca: &HubCa, clock: &TestClock) -> Kube {
     feds.apply_watcher_event(&watcher::Event::InitDone);
     runs.apply_watcher_event(&watcher::Event::Init);
     runs.apply_watcher_event(&watcher::Event::InitDone);
-    feds.apply_watcher_event(&watcher::Event::Apply(federation(case.federation)));
+    feds.apply_watcher_event(&watcher::Event::Apply(run_support::federation(
+        case.federation.0,
+        case.federation.1,
+    )));
     let ctx = RunContext::new(client, fed_store, run_store, endpoint_of)
         .with_list_shared_for(Duration::ZERO)
         .with_fab_egress(case.egress.clone())
@@ -204,7 +172,9 @@ impl Kube {
 
     fn set_federation(&mut self, state: (bool, &str)) {
         self.feds
-            .apply_watcher_event(&watcher::Event::Apply(federation(state)));
+            .apply_watcher_event(&watcher::Event::Apply(run_support::federation(
+                state.0, state.1,
+            )));
     }
 
     fn edit_run(&mut self, edit: impl FnOnce(&mut Value)) {

@@ -6,11 +6,11 @@
 //! all; and a reconcile on a stale object never submits a second time.
 mod fake_control;
 mod mock_api;
+mod run_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine;
 use flower_addon_crds::run::{FlowerRun, FlowerRunStatus};
 use flower_addon_crds::{Federation, RUN_FINALIZER};
 use flower_addon_hub::flower::control::ControlEndpoint;
@@ -20,41 +20,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use mock_api::objects::{Journal, Shared, objects_client};
+use run_support::{config_map, fab, federation};
 use serde_json::{Value, json};
 
 const NS: &str = "team";
 const RUN: &str = "fedavg";
-
-/// A Federation `fed` whose `Ready` condition is `ready` (with `message`).
-fn federation(ready: bool, message: &str) -> Federation {
-    let mut fed: Federation = serde_saphyr::from_str(
-        r#"
-apiVersion: flower-addon.io/v1alpha1
-kind: Federation
-metadata: {name: fed, namespace: team, uid: fed-uid}
-spec:
-  mode: StatefulSet
-  isolationMode: subprocess
-  insecure: false
-  superlink: {image: "flwr/superlink:1.42.0"}
-  supernodes:
-    image: "flwr/supernode:1.42.0"
-    pools: [{name: a, replicas: 2}]
-"#,
-    )
-    .expect("federation");
-    fed.status = Some(
-        serde_json::from_value(json!({"conditions": [{
-            "type": "Ready",
-            "status": if ready { "True" } else { "False" },
-            "reason": if ready { "AllReady" } else { "NotReady" },
-            "message": message,
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }]}))
-        .expect("status"),
-    );
-    fed
-}
 
 fn flower_run(run_config: Value) -> Value {
     json!({
@@ -66,22 +36,6 @@ fn flower_run(run_config: Value) -> Value {
             "app": {"fab": {"configMapRef": {"name": "fedavg-fab", "key": "app.fab"}}},
             "runConfig": run_config,
         },
-    })
-}
-
-/// The FAB of examples/fedavg, built by the hub's builder: its bytes and hash.
-fn fab() -> (Vec<u8>, String) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fedavg");
-    let fab = flower_addon_hub::flower::fab::build_from_dir(&dir).expect("build the FAB");
-    (fab.bytes, fab.hash)
-}
-
-fn config_map(fab: &[u8]) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "fedavg-fab", "namespace": NS},
-        "binaryData": {"app.fab": base64::engine::general_purpose::STANDARD.encode(fab)},
     })
 }
 
