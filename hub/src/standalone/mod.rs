@@ -12,6 +12,10 @@ pub mod netns;
 mod nodes;
 mod placements;
 mod running;
+mod views;
+
+pub use views::federation_dialect;
+use views::*;
 pub mod runs;
 pub mod status;
 pub mod superlink;
@@ -34,6 +38,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use superlink::SuperLinkPaths;
+
+/// How often a pass runs while work is held back for a starting SuperLink.
+const HOLD_POLL: Duration = Duration::from_millis(200);
 
 /// Settings of the standalone hub controller.
 #[derive(Clone, Debug)]
@@ -544,60 +551,4 @@ impl<S: ClusterStore> StandaloneHub<S> {
             self.work.set_many(changed);
         }
     }
-}
-
-fn fed_key(fed: &Federation) -> FedKey {
-    crate::core::federation_key(fed)
-}
-
-/// How often a pass runs while work is held back for a starting SuperLink.
-const HOLD_POLL: Duration = Duration::from_millis(200);
-
-/// The Flower version and dialect of a Federation (`spec.version`, else the SuperLink tag);
-/// versions without a supported dialect are refused with the field to fix.
-pub fn federation_dialect(fed: &Federation) -> Result<(FlowerVersion, FlowerDialect), String> {
-    crate::core::render::federation_dialect(fed).map_err(|e| e.to_string())
-}
-
-/// The placement view of a registered cluster, with the availability taint its `Available`
-/// condition calls for — the same rule as Kubernetes mode
-/// ([`ClusterStatus::availability_taint`](crate::registration::store::ClusterStatus::availability_taint)):
-/// the channel's lease checker sets `Unknown` after [`crate::registration::store::LEASE_GRACE_TIMES`] missed
-/// leases (also for clusters known before a hub restart), revocation sets `False`.
-fn cluster_view(record: &ClusterRecord) -> ClusterView {
-    let taints = record
-        .status
-        .availability_taint()
-        .map(|(key, added)| TaintView {
-            key: key.into(),
-            value: String::new(),
-            effect: TaintEffect::NoSelect,
-            time_added: Some(i64::try_from(added).unwrap_or(i64::MAX)),
-        })
-        .into_iter()
-        .collect();
-    let (allocatable_cpu_millis, allocatable_memory_bytes) =
-        placement::allocatable_view(&record.status.allocatable);
-    ClusterView {
-        name: record.registration.name.clone(),
-        labels: record.registration.labels.clone(),
-        claims: record.registration.claims.clone(),
-        accepted: record.hub_accepts_client,
-        taints,
-        allocatable_cpu_millis,
-        allocatable_memory_bytes,
-        other_decisions: 0,
-    }
-}
-
-/// Where a Federation's pools go, from [`StandaloneHub::reconcile_federation`].
-struct Placed {
-    /// Selected clusters.
-    selected: Vec<String>,
-    /// Pools no selected cluster runs.
-    unplaced: Vec<String>,
-    /// Why the Placement's cluster sets leave nothing to select from.
-    placement_problem: Option<String>,
-    /// The certificate names the hub refused ([`crate::core::sans`]), shown as the error.
-    refused: Option<String>,
 }
