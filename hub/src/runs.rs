@@ -209,63 +209,35 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         now: host.now(),
     };
     let decision = core_run::decide(current, &facts);
-    let mut events = decision.events;
-    let mut status = decision.status;
+    let events = decision.events;
+    let status = decision.status;
     let mut requeue = decision.requeue;
     // A FAB still downloading (or whose URL failed for now) wakes no watch: look again.
     if spec.app.fab.url.is_some() && matches!(facts.app, Some(AppState::Missing { .. })) {
         requeue = Some(requeue.map_or(DOWNLOAD_RETRY, |r| r.min(DOWNLOAD_RETRY)));
     }
-    match (&decision.action, &client) {
-        (Action::Submit, Some(client)) => {
-            let Some(app) = &checked else {
-                // The app went missing between the submission and its retry: stored, not sent.
-                return Ok(Outcome::Store {
-                    status,
-                    events,
-                    requeue,
-                });
-            };
-            // Stored before it is sent: a crash from here on is adopted, not sent again.
-            if host
-                .store_pending(&status, std::mem::take(&mut events))
-                .await?
-                == Stored::Stale
-            {
-                return Ok(Outcome::Stale);
-            }
-            status = flower_runs::submit(client, &status, app, || host.now()).await;
-            host.forget_list();
-            events.push(submission_event(&status));
-            requeue = Some(if status.run_id.is_some() {
-                ACTIVE_POLL
-            } else {
-                UNREACHABLE_RETRY
-            });
-        }
-        (Action::Stop(run_id) | Action::StopAndRelease(run_id), Some(client)) => {
-            let stopped = flower_runs::stop(client, *run_id).await;
-            host.forget_list();
-            if let Err(why) = stopped {
-                status.details = Some(format!("stopping Flower run {run_id}: {why}"));
-                requeue = Some(UNREACHABLE_RETRY);
-            } else if matches!(decision.action, Action::StopAndRelease(_)) {
-                tracing::info!(run = %run_name, run_id, "stopped; releasing");
-                host.with_followers(|f| f.stop(key));
-                return Ok(Outcome::Release { events });
-            }
-        }
-        (Action::Release, _) => {
-            host.with_followers(|f| f.stop(key));
-            return Ok(Outcome::Release { events });
-        }
-        (Action::Delete, _) => {
-            host.with_followers(|f| f.stop(key));
-            tracing::info!(run = %run_name, "deleted: ttlSecondsAfterFinished passed");
-            return Ok(Outcome::Delete { status, events });
-        }
-        _ => {}
-    }
+    let acted = act(
+        host,
+        key,
+        &run_name,
+        &decision.action,
+        client.as_ref(),
+        checked.as_ref(),
+        Acted {
+            status,
+            events,
+            requeue,
+        },
+    )
+    .await?;
+    let Acted {
+        mut status,
+        events,
+        mut requeue,
+    } = match acted {
+        Ok(acted) => acted,
+        Err(outcome) => return Ok(outcome),
+    };
     if let Some(client) = &client {
         read_log(host, client, key, current, &mut status, deleting).await;
     }
@@ -287,6 +259,87 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         events,
         requeue,
     })
+}
+
+/// What a pass carries from the decision to the log and outputs.
+struct Acted {
+    status: FlowerRunStatus,
+    events: Vec<RunEvent>,
+    requeue: Option<Duration>,
+}
+
+/// The call the decision asks for, in the order that keeps `StartRun` from being sent twice (the
+/// status holding the pending submission stored first); `Err` with the outcome when the pass ends
+/// here (released, deleted, stale, or an app gone missing before its submission).
+async fn act<H: RunHost>(
+    host: &mut H,
+    key: &RunKey,
+    run_name: &str,
+    action: &Action,
+    client: Option<&Arc<ControlClient>>,
+    checked: Option<&CheckedApp>,
+    acted: Acted,
+) -> Result<Result<Acted, Outcome>, H::Error> {
+    let Acted {
+        mut status,
+        mut events,
+        mut requeue,
+    } = acted;
+    match (action, client) {
+        (Action::Submit, Some(client)) => {
+            let Some(app) = checked else {
+                // The app went missing between the submission and its retry: stored, not sent.
+                return Ok(Err(Outcome::Store {
+                    status,
+                    events,
+                    requeue,
+                }));
+            };
+            // Stored before it is sent: a crash from here on is adopted, not sent again.
+            if host
+                .store_pending(&status, std::mem::take(&mut events))
+                .await?
+                == Stored::Stale
+            {
+                return Ok(Err(Outcome::Stale));
+            }
+            status = flower_runs::submit(client, &status, app, || host.now()).await;
+            host.forget_list();
+            events.push(submission_event(&status));
+            requeue = Some(if status.run_id.is_some() {
+                ACTIVE_POLL
+            } else {
+                UNREACHABLE_RETRY
+            });
+        }
+        (Action::Stop(run_id) | Action::StopAndRelease(run_id), Some(client)) => {
+            let stopped = flower_runs::stop(client, *run_id).await;
+            host.forget_list();
+            if let Err(why) = stopped {
+                status.details = Some(format!("stopping Flower run {run_id}: {why}"));
+                requeue = Some(UNREACHABLE_RETRY);
+            } else if matches!(action, Action::StopAndRelease(_)) {
+                tracing::info!(run = %run_name, run_id, "stopped; releasing");
+                host.with_followers(|f| f.stop(key));
+                return Ok(Err(Outcome::Release { events }));
+            }
+        }
+        (Action::Release, _) => {
+            host.with_followers(|f| f.stop(key));
+            return Ok(Err(Outcome::Release { events }));
+        }
+        (Action::Delete, _) => {
+            host.with_followers(|f| f.stop(key));
+            tracing::info!(run = %run_name, "deleted: ttlSecondsAfterFinished passed");
+            return Ok(Err(Outcome::Delete { status, events }));
+        }
+        _ => {}
+    }
+    Ok(Ok(Acted {
+        status,
+        events,
+        requeue,
+    }))
 }
 
 /// Whether the SuperLink's run list is asked for: when [`core_run::needs_superlink`] says so,
