@@ -97,6 +97,8 @@ struct AppliedFederation {
     pools: Vec<AppliedPool>,
     /// Why the Federation's work could not be applied, reported in every pool's condition.
     error: Option<String>,
+    /// The restart mark of the work it was applied from (`FederationWork.supernode_restart`).
+    supernode_restart: String,
 }
 
 /// Objects rendered for one Federation, ready to apply (what `flower-hub render --cluster`
@@ -268,6 +270,7 @@ impl KubeRuntime {
                         name: fed.name.clone(),
                         pools: rendered.workloads.into_iter().map(|(p, _)| p).collect(),
                         error: None,
+                        supernode_restart: fed.supernode_restart.trim().to_owned(),
                     });
                 }
                 Err(e) => {
@@ -308,6 +311,7 @@ impl KubeRuntime {
                         name: fed.name.clone(),
                         pools,
                         error: Some(e.to_string()),
+                        supernode_restart: fed.supernode_restart.trim().to_owned(),
                     });
                     first_error.get_or_insert(e);
                 }

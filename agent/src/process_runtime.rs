@@ -106,6 +106,8 @@ struct State {
     pools: PoolCounts,
     /// Replicas waiting for the hub to register their key, with that public key.
     pending: BTreeMap<ReplicaKey, String>,
+    /// The restart mark each Federation's SuperNodes were last started under.
+    marks: BTreeMap<(String, String), String>,
 }
 
 /// SuperNodes as local processes.
@@ -442,6 +444,16 @@ impl Runtime for ProcessRuntime {
                 );
             }
             state.pools = pools;
+            state.marks = work
+                .federations
+                .iter()
+                .map(|f| {
+                    (
+                        (f.namespace.clone(), f.name.clone()),
+                        f.supernode_restart.trim().to_owned(),
+                    )
+                })
+                .collect();
             Ok(())
         })
     }
@@ -459,6 +471,11 @@ impl Runtime for ProcessRuntime {
                 .map(|((namespace, name), pools)| FederationStatus {
                     namespace: namespace.clone(),
                     name: name.clone(),
+                    supernode_restart: state
+                        .marks
+                        .get(&(namespace.clone(), name.clone()))
+                        .cloned()
+                        .unwrap_or_default(),
                     pools: pools
                         .iter()
                         .map(|(pool, desired, unenforced)| {

@@ -118,6 +118,7 @@ impl Runtime for MemoryRuntime {
                 .map(|f| FederationStatus {
                     namespace: f.namespace.clone(),
                     name: f.name.clone(),
+                    supernode_restart: f.supernode_restart.trim().to_owned(),
                     pools: f
                         .pools
                         .iter()

@@ -57,3 +57,22 @@ pub fn supernode_restart(
         .map(|v| v.trim())
         .filter(|v| !v.is_empty())
 }
+
+/// The restart mark the agents apply: the user's mark ([`supernode_restart`]) and the hub's
+/// (`status.supernodeRestartAfterRun`, as `after-run-<id>`), joined by a space; `None` when
+/// neither is set. A change of either restarts every SuperNode of the Federation.
+pub fn supernode_restart_mark(fed: &Federation) -> Option<String> {
+    let hub = fed
+        .status
+        .as_ref()
+        .and_then(|s| s.supernode_restart_after_run.as_deref())
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(|id| format!("after-run-{id}"));
+    match (supernode_restart(&fed.metadata), hub) {
+        (None, None) => None,
+        (Some(user), None) => Some(user.to_owned()),
+        (None, Some(hub)) => Some(hub),
+        (Some(user), Some(hub)) => Some(format!("{user} {hub}")),
+    }
+}

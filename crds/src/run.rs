@@ -46,6 +46,9 @@ pub mod reason {
     /// A retry waits for the Federation's SuperNodes to reach the SuperLink again after the
     /// failed attempt (not a failure).
     pub const SUPERNODES_NOT_SERVING: &str = "SuperNodesNotServing";
+    /// A run waits while the hub restarts the Federation's SuperNodes after a Flower run that
+    /// ended without completing (not a failure).
+    pub const SUPERNODES_RESTARTING: &str = "SuperNodesRestarting";
     /// Flower ended the run `finished:failed` and no retries are left.
     pub const FLOWER_FAILED: &str = "FlowerFailed";
     /// The run was stopped (`spec.suspend` while running, or by someone else).

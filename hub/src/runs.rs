@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::core::run::{
     self as core_run, ACTIVE_POLL, Action, AppState, FederationState, OutputDir, OutputsFailure,
-    RunEvent, SuperLinkState, SuperNodesState, UNREACHABLE_RETRY,
+    Restart, RunEvent, SuperLinkState, SuperNodesState, UNREACHABLE_RETRY,
 };
 use crate::flower::control::ControlClient;
 use crate::flower::fab_url::FabUrlCache;
@@ -68,6 +68,11 @@ pub trait RunHost {
     /// Now, to the second (what a Kubernetes status keeps of a time, so an unchanged run
     /// computes the status it read).
     fn now(&self) -> Timestamp;
+    /// Restarts the Federation's SuperNodes after Flower run `after_run` ended without
+    /// completing ([`core_run::restart_after`]): records it as the Federation's
+    /// `supernodeRestartAfterRun`, which changes the restart mark of its work. `Ok(false)`: this
+    /// hub already asked for that restart (nothing written, nothing to say again).
+    async fn restart_supernodes(&mut self, after_run: u64) -> Result<bool, Self::Error>;
 }
 
 /// Whether [`RunHost::store_pending`] stored.
@@ -99,6 +104,9 @@ pub struct Run<'a> {
     pub client: Option<Arc<ControlClient>>,
     /// Flower run ids other FlowerRuns of the same Federation hold.
     pub claimed: BTreeSet<u64>,
+    /// The Flower run after which the hub last restarted the Federation's SuperNodes
+    /// (`status.supernodeRestartAfterRun`).
+    pub restarted_after: Option<u64>,
 }
 
 /// What the mode does after [`reconcile`].
@@ -157,6 +165,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         federation,
         keeps_outputs,
         claimed,
+        restarted_after,
         ..
     } = run;
     let run_name = format!("FlowerRun {}/{}", key.0, key.1);
@@ -185,6 +194,8 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
     } else {
         SuperLinkState::NotAsked
     };
+    let (restart, mut restart_events) =
+        restart_if_due(host, &superlink, restarted_after, &spec.federation_ref.name).await?;
     let supernodes = match &client {
         Some(client)
             if federation == FederationState::Ready
@@ -206,10 +217,12 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
         run_config_hash: core_run::run_config_hash(spec),
         claimed,
+        restart,
         now: host.now(),
     };
     let decision = core_run::decide(current, &facts);
-    let events = decision.events;
+    let mut events = decision.events;
+    events.append(&mut restart_events);
     let status = decision.status;
     let mut requeue = decision.requeue;
     // A FAB still downloading (or whose URL failed for now) wakes no watch: look again.
@@ -259,6 +272,34 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         events,
         requeue,
     })
+}
+
+/// The restart the SuperLink's run list asks for ([`core_run::restart_after`]), asked of the
+/// host when it is due, with the event that says so.
+async fn restart_if_due<H: RunHost>(
+    host: &mut H,
+    superlink: &SuperLinkState,
+    restarted_after: Option<u64>,
+    federation: &str,
+) -> Result<(Restart, Vec<RunEvent>), H::Error> {
+    let SuperLinkState::Runs(runs) = superlink else {
+        return Ok((Restart::None, Vec::new()));
+    };
+    let restart = core_run::restart_after(runs, restarted_after);
+    let mut events = Vec::new();
+    if let Restart::Due { after, status } = &restart
+        && host.restart_supernodes(*after).await?
+    {
+        events.push(RunEvent {
+            warning: false,
+            reason: reason::SUPERNODES_RESTARTING,
+            message: format!(
+                "Flower run {after} ended {status}: restarting Federation {federation}'s \
+                 SuperNodes, keys kept (a SuperNode working on its messages takes no other)"
+            ),
+        });
+    }
+    Ok((restart, events))
 }
 
 /// What a pass carries from the decision to the log and outputs.

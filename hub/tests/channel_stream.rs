@@ -403,6 +403,7 @@ fn report_of_pool(pool: PoolStatus) -> Status {
         observed_version: 1,
         cluster_name: "edge-1".into(),
         federations: vec![FederationStatus {
+            supernode_restart: String::new(),
             namespace: "default".into(),
             name: "fed".into(),
             pools: vec![PoolStatus {

@@ -100,6 +100,7 @@ fn report_keys(work: &InMemoryWorkSource) -> BTreeMap<&'static str, Vec<String>>
             &flower_addon_proto::Status {
                 cluster_name: cluster.into(),
                 federations: vec![flower_addon_proto::FederationStatus {
+                    supernode_restart: String::new(),
                     namespace: "team".into(),
                     name: "fed".into(),
                     pools: vec![flower_addon_proto::PoolStatus {

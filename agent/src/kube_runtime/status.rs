@@ -16,6 +16,10 @@ pub(super) struct Counts {
     pub(super) stale: bool,
     /// Desired SuperNodes not started because their key is not registered yet.
     pub(super) waiting: u32,
+    /// A rollout of a new pod template is under way (a restart mark, a new image): the
+    /// SuperNodes updated so far. Ready waits for its end, so a restart counts as done only when
+    /// every SuperNode runs the new template.
+    pub(super) rolling: Option<u32>,
 }
 
 fn non_negative(n: Option<i32>) -> u32 {
@@ -25,21 +29,30 @@ fn non_negative(n: Option<i32>) -> u32 {
 pub(super) fn statefulset_counts(s: &StatefulSet) -> Counts {
     let status = s.status.as_ref();
     let desired = non_negative(s.spec.replicas.or(Some(1)));
+    // A StatefulSet's rollout ends when its current revision is the update revision.
+    let rolling = status
+        .filter(|st| st.update_revision.is_some() && st.current_revision != st.update_revision)
+        .map(|st| non_negative(st.updated_replicas));
     Counts {
         desired,
         ready: non_negative(status.and_then(|st| st.ready_replicas)),
         stale: status.and_then(|st| st.observed_generation) < s.metadata.generation,
         waiting: 0,
+        rolling,
     }
 }
 
 pub(super) fn daemonset_counts(d: &DaemonSet) -> Counts {
     let status = d.status.as_ref();
+    let desired = non_negative(status.map(|st| st.desired_number_scheduled));
+    // `updatedNumberScheduled` is left out when 0: absent means none updated yet.
+    let updated = non_negative(status.and_then(|st| st.updated_number_scheduled));
     Counts {
-        desired: non_negative(status.map(|st| st.desired_number_scheduled)),
+        desired,
         ready: non_negative(status.map(|st| st.number_ready)),
         stale: status.and_then(|st| st.observed_generation) < d.metadata.generation,
         waiting: 0,
+        rolling: (status.is_some() && updated < desired).then_some(updated),
     }
 }
 
@@ -59,6 +72,16 @@ pub(super) fn ready_condition(what: &str, counts: Counts) -> Condition {
             "False",
             "Progressing",
             format!("{what}: the latest spec is not yet observed by its controller"),
+        );
+    }
+    if let Some(updated) = counts.rolling {
+        return condition(
+            "False",
+            "RollingOut",
+            format!(
+                "{what}: rolling out a new pod template: {updated}/{} SuperNodes updated, {} ready",
+                counts.desired, counts.ready
+            ),
         );
     }
     if counts.ready >= counts.desired && counts.desired > 0 {
@@ -178,6 +201,7 @@ impl super::KubeRuntime {
                 namespace: fed.namespace,
                 name: fed.name,
                 pools,
+                supernode_restart: fed.supernode_restart,
             });
         }
         out
@@ -253,6 +277,48 @@ mod tests {
             ..Default::default()
         });
         s
+    }
+
+    #[test]
+    fn a_rollout_keeps_a_pool_not_ready_until_every_supernode_runs_the_new_template() {
+        // A restart mark rolls the pods one by one; all of them ready under the old template
+        // (or mid-rollout) is not a restart done.
+        let mut s = sts("f-supernode-a", 3, 3);
+        let st = s.status.as_mut().unwrap();
+        st.current_revision = Some("f-supernode-a-1".into());
+        st.update_revision = Some("f-supernode-a-2".into());
+        st.updated_replicas = Some(1);
+        let cond = ready_condition("StatefulSet ns/f-supernode-a", statefulset_counts(&s));
+        assert_eq!(
+            (cond.status.as_str(), cond.reason.as_str()),
+            ("False", "RollingOut")
+        );
+        assert!(
+            cond.message.contains("1/3 SuperNodes updated"),
+            "{}",
+            cond.message
+        );
+        let st = s.status.as_mut().unwrap();
+        st.current_revision = st.update_revision.clone();
+        st.updated_replicas = Some(3);
+        let cond = ready_condition("StatefulSet ns/f-supernode-a", statefulset_counts(&s));
+        assert_eq!(cond.status, "True", "{}", cond.message);
+
+        let mut d = DaemonSet {
+            status: Some(k8s_openapi::api::apps::v1::DaemonSetStatus {
+                desired_number_scheduled: 2,
+                number_ready: 2,
+                updated_number_scheduled: None,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            ready_condition("d", daemonset_counts(&d)).reason,
+            "RollingOut"
+        );
+        d.status.as_mut().unwrap().updated_number_scheduled = Some(2);
+        assert_eq!(ready_condition("d", daemonset_counts(&d)).status, "True");
     }
 
     #[test]

@@ -144,6 +144,7 @@ fn readiness_needs_every_replica_and_a_fresh_status() {
         ready,
         stale,
         waiting: 0,
+        rolling: None,
     };
     assert_eq!(ready_condition("x", c(2, 2, false)).status, "True");
     assert_eq!(ready_condition("x", c(2, 1, false)).status, "False");
@@ -761,6 +762,7 @@ fn readiness_says_when_supernodes_wait_for_their_key() {
         ready: 0,
         stale: false,
         waiting: 2,
+        rolling: None,
     };
     let cond = ready_condition("x", waiting);
     assert_eq!(

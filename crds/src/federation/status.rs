@@ -42,6 +42,13 @@ pub struct FederationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The Flower run after which the hub last restarted the Federation's SuperNodes (written by
+    /// the hub's FlowerRun controller): Flower's SuperNodes that were working on a message of a
+    /// run that ended without completing (stopped, or failed) wait for ever for its reply to be
+    /// taken and take no other message, so the hub restarts them, keys and identities kept, once
+    /// no run of the SuperLink is pending, starting or running. A new value restarts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_restart_after_run: Option<String>,
 }
 
 /// Addresses of the SuperLink.
@@ -148,4 +155,9 @@ pub struct ClusterStatus {
     /// What is wrong, when something is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The SuperNode restart mark the cluster's agent last reported its pools applied from
+    /// (see the `flower-addon.io/supernode-restart` annotations); a restart is done when every
+    /// cluster reports the Federation's mark with its pools ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_restart: Option<String>,
 }

@@ -126,6 +126,7 @@ async fn flood(
     let report = flower_addon_proto::Status {
         cluster_name: "c1".into(),
         federations: vec![flower_addon_proto::FederationStatus {
+            supernode_restart: String::new(),
             namespace: "fl".into(),
             name: "flood".into(),
             pools: vec![flower_addon_proto::PoolStatus {

@@ -89,6 +89,7 @@ mod tests {
     fn report(keys: &[&str]) -> Status {
         Status {
             federations: vec![FederationStatus {
+                supernode_restart: String::new(),
                 namespace: "team".into(),
                 name: "fed".into(),
                 pools: vec![PoolStatus {

@@ -248,6 +248,7 @@ mod tests {
     fn status(fed: &str, keys: &[&str]) -> Status {
         Status {
             federations: vec![FederationStatus {
+                supernode_restart: String::new(),
                 namespace: "ns".into(),
                 name: fed.into(),
                 pools: vec![PoolStatus {

@@ -201,6 +201,7 @@ mod tests {
             details: String::new(),
             fab_hash: String::new(),
             config: Default::default(),
+            finished_at: String::new(),
         }
     }
 

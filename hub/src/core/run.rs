@@ -20,6 +20,7 @@ mod conditions;
 mod follow;
 mod log;
 mod outputs;
+mod restart;
 mod submission;
 
 use conditions::*;
@@ -30,6 +31,7 @@ pub use outputs::{
     OUTPUTS_LIST_TIMEOUT, OUTPUTS_LIST_WINDOW, OUTPUTS_LISTED, OUTPUTS_RETRY, OutputDir,
     OutputsFailure, outputs_to_list, record_outputs,
 };
+pub use restart::{Restart, restart_after};
 use submission::*;
 
 /// How soon to look again while the SuperLink does not answer.
@@ -87,6 +89,9 @@ pub struct ListedRun {
     pub fab_hash: String,
     /// Its run config, each value as text (see `flower::control::scalar_text`).
     pub config: BTreeMap<String, String>,
+    /// When it finished, as Flower writes it (ISO 8601 in UTC, so text order is time order;
+    /// empty before).
+    pub finished_at: String,
 }
 
 /// What the SuperLink said, when asked.
@@ -137,6 +142,9 @@ pub struct Facts<'a> {
     pub run_config_hash: String,
     /// Flower run ids other FlowerRuns of the same Federation hold (never adopted here).
     pub claimed: BTreeSet<u64>,
+    /// Whether the Federation's SuperNodes are to be restarted first ([`restart_after`] of the
+    /// SuperLink's run list; [`Restart::None`] when it was not asked).
+    pub restart: Restart,
     /// Now.
     pub now: Timestamp,
 }

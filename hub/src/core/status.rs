@@ -13,7 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 /// whether the cluster is connected (`Available=True`), and what is missing, naming the pools
 /// that are not ready and why their runtime says so. With `online` (the keys whose SuperNode the
 /// Federation's SuperLink lists online), a SuperNode is ready only when it is connected to the
-/// SuperLink: each pool's `ready` is at most the number of its keys online.
+/// SuperLink: each pool's `ready` is at most the number of its keys online. `mark` is the
+/// Federation's restart mark ([`flower_addon_crds::supernode_restart_mark`]): a report from
+/// pools applied under another mark is a restart not done yet.
 pub fn cluster_status(
     namespace: &str,
     federation: &str,
@@ -21,6 +23,7 @@ pub fn cluster_status(
     connected: bool,
     report: Option<(&AgentStatus, i64)>,
     online: Option<&std::collections::BTreeSet<String>>,
+    mark: Option<&str>,
 ) -> ClusterStatus {
     let observed = report.and_then(|(status, _)| {
         status
@@ -50,11 +53,18 @@ pub fn cluster_status(
         .unwrap_or_default();
     let desired: i32 = pools.iter().map(|p| p.desired).sum();
     let ready: i32 = pools.iter().map(|p| p.ready.min(p.desired)).sum();
+    let applied = observed
+        .map(|f| f.supernode_restart.trim())
+        .filter(|m| !m.is_empty());
     let message = match observed {
         None => Some("no status report for this Federation from the agent yet".to_owned()),
         Some(_) if !connected => {
             Some("the cluster's agent is not connected (lease expired)".to_owned())
         }
+        Some(_) if applied != mark => Some(format!(
+            "restarting its SuperNodes: the agent has not yet applied restart mark {:?}",
+            mark.unwrap_or("")
+        )),
         Some(f) if ready < desired => {
             let why: Vec<String> = f
                 .pools
@@ -92,7 +102,33 @@ pub fn cluster_status(
             .and_then(|(_, at)| k8s_openapi::jiff::Timestamp::from_second(at).ok())
             .map(Time),
         message,
+        supernode_restart: applied.map(str::to_owned),
     }
+}
+
+/// Why a run may not be sent to `fed` yet because its SuperNodes' restart
+/// ([`flower_addon_crds::supernode_restart_mark`]) is not done: a listed cluster still reports
+/// pools applied under another mark, or (with a mark) reports them not all ready. Read from the
+/// listed entries themselves, so a `Ready` condition not yet recomputed after a new mark does
+/// not let a run through.
+pub fn restart_pending(fed: &Federation) -> Option<String> {
+    let mark = flower_addon_crds::supernode_restart_mark(fed);
+    let listed = fed.status.as_ref().map_or(&[][..], |s| &s.clusters[..]);
+    let behind = listed.iter().find(|c| {
+        c.supernode_restart.as_deref() != mark.as_deref() || (mark.is_some() && c.message.is_some())
+    })?;
+    let what = match &behind.message {
+        Some(message) => message.clone(),
+        None => format!(
+            "pools applied under restart mark {:?}",
+            behind.supernode_restart.as_deref().unwrap_or("")
+        ),
+    };
+    Some(format!(
+        "its SuperNodes are restarting (restart mark {:?}): cluster {}: {what}",
+        mark.as_deref().unwrap_or(""),
+        behind.name
+    ))
 }
 
 /// How many of a pool's reported keys the SuperLink lists online.
@@ -448,36 +484,143 @@ mod tests {
                     }],
                     ..Default::default()
                 }],
+                ..Default::default()
             }],
             ..Default::default()
         }
     }
 
     #[test]
+    fn a_run_sees_a_restart_pending_until_every_listed_cluster_is_back_under_the_mark() {
+        // Read from the entries, not from `Ready`: right after the hub records a restart the
+        // entries still show the old mark, and a `Ready=True` not yet recomputed must not let a
+        // run through.
+        let mut fed: Federation = serde_saphyr::from_str(
+            "apiVersion: flower-addon.io/v1alpha1\nkind: Federation\n\
+             metadata: {name: fed, namespace: team}\n\
+             spec: {mode: StatefulSet, isolationMode: subprocess, insecure: true, \
+             superlink: {image: \"flwr/superlink:1.42.0\"}, \
+             supernodes: {image: \"flwr/supernode:1.42.0\", pools: []}}\n",
+        )
+        .expect("federation");
+        let entry = |mark: Option<&str>, message: Option<&str>| ClusterStatus {
+            name: "s1".into(),
+            supernode_restart: mark.map(str::to_owned),
+            message: message.map(str::to_owned),
+            ..Default::default()
+        };
+        fed.status = Some(flower_addon_crds::FederationStatus {
+            clusters: vec![entry(None, None)],
+            ..Default::default()
+        });
+        assert_eq!(restart_pending(&fed), None);
+        fed.status.as_mut().unwrap().supernode_restart_after_run = Some("7".into());
+        let why = restart_pending(&fed).expect("a new mark is a restart pending");
+        assert!(
+            why.contains("after-run-7") && why.contains("cluster s1"),
+            "{why}"
+        );
+        fed.status.as_mut().unwrap().clusters = vec![entry(Some("after-run-7"), Some("1/2 ready"))];
+        assert!(restart_pending(&fed).unwrap().contains("1/2 ready"));
+        fed.status.as_mut().unwrap().clusters = vec![entry(Some("after-run-7"), None)];
+        assert_eq!(restart_pending(&fed), None);
+    }
+
+    #[test]
+    fn a_restart_is_done_only_when_the_agent_applied_the_federations_mark() {
+        // Invariant: pools ready under an older restart mark are not the restart done, so a
+        // run waiting for it is not sent to SuperNodes that may still be wedged.
+        let mut r = report(2, "");
+        let s = cluster_status(
+            "team",
+            "fed",
+            "s1",
+            true,
+            Some((&r, 0)),
+            None,
+            Some("after-run-7"),
+        );
+        assert!(
+            s.message.as_deref().is_some_and(
+                |m| m.contains("restarting its SuperNodes") && m.contains("after-run-7")
+            ),
+            "{:?}",
+            s.message
+        );
+        assert_eq!(s.supernode_restart, None);
+        r.federations[0].supernode_restart = "after-run-7".into();
+        let s = cluster_status(
+            "team",
+            "fed",
+            "s1",
+            true,
+            Some((&r, 0)),
+            None,
+            Some("after-run-7"),
+        );
+        assert_eq!(
+            (s.message, s.supernode_restart.as_deref()),
+            (None, Some("after-run-7"))
+        );
+        // Applied, but the rollout still going: the pool's own reason is the message.
+        let mut rolling = report(1, "rolling out a new pod template: 1/2 SuperNodes updated");
+        rolling.federations[0].supernode_restart = "after-run-7".into();
+        let s = cluster_status(
+            "team",
+            "fed",
+            "s1",
+            true,
+            Some((&rolling, 0)),
+            None,
+            Some("after-run-7"),
+        );
+        assert!(s.message.unwrap().contains("rolling out"));
+        // A mark reported by a Federation without one is a restart not taken back yet.
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), None, None);
+        assert!(s.message.is_some());
+    }
+
+    #[test]
     fn a_cluster_entry_sums_its_pools_and_names_what_is_missing() {
         // No report, a disconnected agent and a pool short of replicas each say why, the last
         // with the runtime's own reason.
-        let none = cluster_status("team", "fed", "s1", true, None, None);
+        let none = cluster_status("team", "fed", "s1", true, None, None, None);
         assert_eq!(none.supernodes, None);
         assert!(none.message.unwrap().contains("no status report"));
         let r = report(1, "pod fed-a-1 is Pending");
-        let short = cluster_status("team", "fed", "s1", true, Some((&r, 1_700_000_000)), None);
+        let short = cluster_status(
+            "team",
+            "fed",
+            "s1",
+            true,
+            Some((&r, 1_700_000_000)),
+            None,
+            None,
+        );
         assert_eq!(short.supernodes.as_deref(), Some("1/2"));
         assert_eq!(
             short.message.as_deref(),
             Some("1/2 SuperNodes ready (pool a: pod fed-a-1 is Pending)")
         );
         assert!(short.last_report.is_some());
-        let gone = cluster_status("team", "fed", "s1", false, Some((&r, 1_700_000_000)), None);
+        let gone = cluster_status(
+            "team",
+            "fed",
+            "s1",
+            false,
+            Some((&r, 1_700_000_000)),
+            None,
+            None,
+        );
         assert!(gone.message.unwrap().contains("not connected"));
         let full = report(2, "");
         assert_eq!(
-            cluster_status("team", "fed", "s1", true, Some((&full, 0)), None).message,
+            cluster_status("team", "fed", "s1", true, Some((&full, 0)), None, None).message,
             None
         );
         // Another Federation's report is not this one's.
         assert_eq!(
-            cluster_status("team", "other", "s1", true, Some((&full, 0)), None).supernodes,
+            cluster_status("team", "other", "s1", true, Some((&full, 0)), None, None).supernodes,
             None
         );
     }
@@ -489,7 +632,7 @@ mod tests {
         let mut r = report(2, "");
         r.federations[0].pools[0].node_public_keys = vec!["k1".into(), "k2 ".into()];
         let one: std::collections::BTreeSet<String> = ["k2".to_owned()].into();
-        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&one));
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&one), None);
         assert_eq!(s.supernodes.as_deref(), Some("1/2"));
         assert_eq!(s.online, Some(1));
         assert_eq!(
@@ -497,13 +640,13 @@ mod tests {
             Some("1/2 SuperNodes ready; 1/2 SuperNodes connected to the SuperLink")
         );
         let both: std::collections::BTreeSet<String> = ["k1".to_owned(), "k2".to_owned()].into();
-        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&both));
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), Some(&both), None);
         assert_eq!(
             (s.supernodes.as_deref(), s.online, s.message),
             (Some("2/2"), Some(2), None)
         );
         // Without the list (insecure Federation), the agent's readiness stands.
-        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), None);
+        let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), None, None);
         assert_eq!((s.supernodes.as_deref(), s.online), (Some("2/2"), None));
     }
 }

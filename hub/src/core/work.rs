@@ -304,9 +304,7 @@ pub fn federation_work(
             cluster_count: share.clusters,
             registered_node_keys: keys.clone(),
             retired_node_keys: retired.clone(),
-            supernode_restart: flower_addon_crds::supernode_restart(&fed.metadata)
-                .unwrap_or_default()
-                .to_owned(),
+            supernode_restart: flower_addon_crds::supernode_restart_mark(fed).unwrap_or_default(),
         };
         per_cluster.push((share.cluster, work));
     }

@@ -284,6 +284,7 @@ pub async fn list(client: &ControlClient) -> SuperLinkState {
                     details: r.details,
                     fab_hash: r.fab_hash,
                     config: r.config,
+                    finished_at: r.finished_at,
                 })
                 .collect(),
         ),

@@ -218,7 +218,20 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let views: Vec<ClusterView> = clusters.iter().map(cluster_view).collect();
 
         let decisions = self.decide_placements(&views, now);
-        let federations: Vec<Federation> = self.manifests.federations().cloned().collect();
+        // The hub's own restarts of SuperNodes ride in the status, as in Kubernetes mode.
+        let federations: Vec<Federation> = self
+            .manifests
+            .federations()
+            .cloned()
+            .map(|mut fed| {
+                if let Some(after) = self.runs.restarted_after(&fed_key(&fed)) {
+                    fed.status
+                        .get_or_insert_default()
+                        .supernode_restart_after_run = Some(after.to_string());
+                }
+                fed
+            })
+            .collect();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut summaries = Vec::new();
         let mut live: BTreeSet<FedKey> = BTreeSet::new();

@@ -70,7 +70,13 @@ pub struct StandaloneRuns {
     fab_urls: FabUrlCache,
     /// Now, for the runs' statuses.
     clock: crate::runs::Clock,
+    /// Per Federation, the Flower run after which the hub last restarted its SuperNodes (the
+    /// Kubernetes mode's `status.supernodeRestartAfterRun`), kept in [`RESTARTS_FILE`].
+    restarts: BTreeMap<FedKey, u64>,
 }
+
+/// File under the state directory holding [`StandaloneRuns::restarted_after`].
+pub const RESTARTS_FILE: &str = "supernode-restarts.json";
 
 impl StandaloneRuns {
     /// Loads every stored run under `<state_dir>/runs/`. A file that cannot be read is reported
@@ -92,7 +98,15 @@ impl StandaloneRuns {
             problems: Vec::new(),
             fab_urls: FabUrlCache::with_egress(egress),
             clock: crate::runs::wall_clock(),
+            restarts: load_restarts(&state_dir.join(RESTARTS_FILE)),
         }
+    }
+
+    /// The Flower run after which the hub last restarted Federation `key`'s SuperNodes: the
+    /// hub puts it in the Federation's `status.supernodeRestartAfterRun` before computing its
+    /// work, as the Kubernetes hub's FlowerRun controller writes it.
+    pub fn restarted_after(&self, key: &FedKey) -> Option<u64> {
+        self.restarts.get(key).copied()
     }
 
     /// Reads the time from `clock` instead of the wall clock.
@@ -262,6 +276,7 @@ impl StandaloneRuns {
             .filter_map(|(_, s)| s.status.run_id.as_deref()?.parse().ok())
             .collect();
         let outputs_root = self.outputs_root(fed_key);
+        let restarted_after = self.restarted_after(fed_key);
         let mut host = StandaloneRunHost {
             manifests,
             key,
@@ -284,6 +299,7 @@ impl StandaloneRuns {
                 keeps_outputs: outputs.is_some(),
                 client,
                 claimed,
+                restarted_after,
             },
         )
         .await;
@@ -336,6 +352,32 @@ impl StandaloneRuns {
             tracing::warn!(path = %path.display(), %error, "cannot store FlowerRun state");
         }
         self.stored.insert(key.clone(), stored);
+    }
+
+    /// Records a restart of Federation `key`'s SuperNodes (written before it is acted on, so a
+    /// restarted hub does not restart them again); `false` when it was recorded already.
+    fn restart_supernodes(&mut self, key: &FedKey, after_run: u64) -> bool {
+        if self.restarts.get(key) == Some(&after_run) {
+            return false;
+        }
+        self.restarts.insert(key.clone(), after_run);
+        let path = self.state_dir.join(RESTARTS_FILE);
+        let entries: Vec<(&str, &str, u64)> = self
+            .restarts
+            .iter()
+            .map(|((ns, name), id)| (ns.as_str(), name.as_str(), *id))
+            .collect();
+        if let Err(error) = write_json_atomically(&path, &entries) {
+            tracing::warn!(path = %path.display(), %error, "cannot store the SuperNode restarts");
+        }
+        tracing::info!(
+            namespace = %key.0,
+            federation = %key.1,
+            after_run,
+            reason = flower_addon_crds::run::reason::SUPERNODES_RESTARTING,
+            "restarting the Federation's SuperNodes after a Flower run that ended without completing"
+        );
+        true
     }
 
     fn forget(&mut self, key: &RunKey) {
@@ -447,6 +489,10 @@ impl RunHost for StandaloneRunHost<'_> {
         }
     }
 
+    async fn restart_supernodes(&mut self, after_run: u64) -> Result<bool, Self::Error> {
+        Ok(self.runs.restart_supernodes(self.fed_key, after_run))
+    }
+
     fn now(&self) -> Timestamp {
         (self.runs.clock)()
     }
@@ -525,7 +571,29 @@ fn load(dir: &Path, broken: &mut BTreeMap<RunKey, String>) -> BTreeMap<RunKey, S
     out
 }
 
+/// [`RESTARTS_FILE`] as `[[namespace, name, run id], …]`; absent or unreadable: none (the
+/// next run that ends without completing restarts the SuperNodes, which is harmless).
+fn load_restarts(path: &Path) -> BTreeMap<FedKey, u64> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return BTreeMap::new();
+    };
+    match serde_json::from_slice::<Vec<(String, String, u64)>>(&bytes) {
+        Ok(entries) => entries
+            .into_iter()
+            .map(|(ns, name, id)| ((ns, name), id))
+            .collect(),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "ignoring unreadable SuperNode restarts");
+            BTreeMap::new()
+        }
+    }
+}
+
 fn write_atomically(path: &Path, stored: &Stored) -> std::io::Result<()> {
+    write_json_atomically(path, stored)
+}
+
+fn write_json_atomically(path: &Path, stored: &impl Serialize) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

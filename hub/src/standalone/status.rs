@@ -98,6 +98,10 @@ pub struct FederationSummary {
     /// Whether the spec names a Placement (else its pools run on the hub machine).
     #[serde(skip)]
     placed: bool,
+    /// The restart mark its SuperNodes must run under
+    /// ([`flower_addon_crds::supernode_restart_mark`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernode_restart: Option<String>,
 }
 
 impl FederationSummary {
@@ -115,6 +119,7 @@ impl FederationSummary {
             warning: crate::core::render::version_warning(fed),
             spec_pools: crate::core::status::spec_pools(fed),
             placed: fed.spec.placement_ref.is_some(),
+            supernode_restart: flower_addon_crds::supernode_restart_mark(fed),
             ..Self::default()
         }
     }
@@ -166,6 +171,7 @@ impl FederationSummary {
                 connected(cluster),
                 report.as_ref().map(|r| (r, now)),
                 online,
+                self.supernode_restart.as_deref(),
             );
             for pool in &entry.pools {
                 self.ready_supernodes += u32::try_from(pool.ready.min(pool.desired)).unwrap_or(0);

@@ -82,6 +82,21 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         }
         SuperLinkState::NotAsked => return,
     };
+    // SuperNodes that may be wedged by a run that ended without completing are restarted
+    // first: a run sent to them gets their replies never.
+    if let Some(message) = facts
+        .restart
+        .waiting_message(&facts.spec.federation_ref.name)
+    {
+        wait(
+            d,
+            reason::SUPERNODES_RESTARTING,
+            message,
+            Some(SUPERNODES_POLL),
+            now,
+        );
+        return;
+    }
     // A retry waits as a Job's pod does: 10 s after the first failure, doubling up to 6 min
     // (a SuperLink that just came back still lists SuperNodes that have not reconnected).
     if let Some(due) = retry_due(&d.status)

@@ -26,6 +26,7 @@ fn listed(run_id: u64, status: &str, hash: &str) -> ListedRun {
         details: String::new(),
         fab_hash: hash.into(),
         config: BTreeMap::new(),
+        finished_at: String::new(),
     }
 }
 
@@ -44,6 +45,7 @@ fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'
         config_text: BTreeMap::new(),
         run_config_hash: run_config_hash(spec),
         claimed: BTreeSet::new(),
+        restart: Restart::None,
         now: at(now),
     }
 }
@@ -725,4 +727,92 @@ fn outputs_over_the_size_limit_end_with_a_condition_and_no_retry() {
         reason::OUTPUTS_OVER_QUOTA
     ));
     assert!(status.details.unwrap().contains("more than 1Gi"));
+}
+
+// === SuperNode restarts after a run that ended without completing ===
+
+fn ended(run_id: u64, status: &str, finished_at: &str) -> ListedRun {
+    ListedRun {
+        finished_at: finished_at.into(),
+        ..listed(run_id, status, "h")
+    }
+}
+
+#[test]
+fn a_run_that_ended_without_completing_restarts_the_supernodes_once_nothing_runs() {
+    // Invariant: the latest stopped or failed run asks for one restart, after the runs still
+    // going end; a completed run asks for none; the restart done is not asked for again.
+    let runs = vec![
+        ended(9, "finished:completed", "2026-12-06T08:00:09+00:00"),
+        ended(3, "finished:failed", "2026-12-06T08:00:03+00:00"),
+        ended(5, "finished:stopped", "2026-12-06T08:00:05+00:00"),
+    ];
+    assert_eq!(
+        restart_after(&runs, None),
+        Restart::Due {
+            after: 5,
+            status: "finished:stopped".into()
+        }
+    );
+    assert_eq!(restart_after(&runs, Some(5)), Restart::None);
+    assert_eq!(restart_after(&runs, Some(3)), restart_after(&runs, None));
+    let mut going = runs.clone();
+    going.push(listed(11, "running", "h"));
+    going.push(listed(12, "pending", "h"));
+    assert_eq!(
+        restart_after(&going, Some(3)),
+        Restart::Waiting {
+            after: 5,
+            status: "finished:stopped".into(),
+            active: vec![11, 12]
+        }
+    );
+    assert_eq!(
+        restart_after(&[ended(9, "finished:completed", "x")], None),
+        Restart::None
+    );
+    assert_eq!(restart_after(&[], None), Restart::None);
+}
+
+#[test]
+fn a_run_waits_for_the_supernodes_restart_before_it_is_submitted() {
+    // A new run (or a retry) is not sent to SuperNodes that may be wedged: it waits, saying so,
+    // and is submitted once the restart is no longer asked for.
+    let s = spec();
+    let runs = vec![ended(5, "finished:stopped", "2026-12-06T08:00:05+00:00")];
+    for restart in [
+        restart_after(&runs, None),
+        Restart::Waiting {
+            after: 5,
+            status: "finished:stopped".into(),
+            active: vec![11],
+        },
+    ] {
+        let mut f = facts(&s, runs.clone(), 100);
+        f.restart = restart;
+        let d = decide(&FlowerRunStatus::default(), &f);
+        assert_eq!(d.action, Action::Nothing);
+        assert!(
+            is(
+                &d.status,
+                RUN_SUBMITTED,
+                "False",
+                reason::SUPERNODES_RESTARTING
+            ),
+            "{:?}",
+            d.status.conditions
+        );
+        assert!(
+            d.status
+                .details
+                .unwrap()
+                .contains("Flower run 5 ended finished:stopped")
+        );
+        assert_eq!(d.requeue, Some(SUPERNODES_POLL));
+    }
+    let f = facts(&s, runs, 100);
+    assert_eq!(
+        decide(&FlowerRunStatus::default(), &f).action,
+        Action::Submit
+    );
 }

@@ -542,9 +542,12 @@ async fn write_status(
     );
     let status = federation_status(fed, outcome, placement, &now);
     // `status.clusters` is the work source's (its own field manager); compare the rest.
+    // Fields other writers own: the clusters' reports (the work source) and the hub's
+    // SuperNode restart (the FlowerRun controller).
     let current = fed.status.clone().map(|mut s| {
         s.clusters.clear();
         s.cluster_totals = None;
+        s.supernode_restart_after_run = None;
         s
     });
     if current.as_ref() == Some(&status) {

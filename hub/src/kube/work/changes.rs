@@ -23,7 +23,7 @@ pub(super) fn federation_inputs(fed: &Federation) -> u64 {
     fed.metadata.uid.hash(&mut hasher);
     fed.metadata.generation.hash(&mut hasher);
     fed.metadata.deletion_timestamp.is_some().hash(&mut hasher);
-    flower_addon_crds::supernode_restart(&fed.metadata).hash(&mut hasher);
+    flower_addon_crds::supernode_restart_mark(fed).hash(&mut hasher);
     // The controller catching up with a new spec ends a hold ([`super::hold`]).
     fed.status
         .as_ref()

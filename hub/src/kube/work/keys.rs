@@ -145,6 +145,7 @@ mod tests {
         Report {
             status: Status {
                 federations: vec![FederationStatus {
+                    supernode_restart: String::new(),
                     namespace: "team".into(),
                     name: fed.into(),
                     pools: vec![PoolStatus {

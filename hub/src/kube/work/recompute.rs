@@ -58,7 +58,7 @@ pub(super) fn work_inputs(
     }
     registered.hash(&mut hasher);
     retired.hash(&mut hasher);
-    flower_addon_crds::supernode_restart(&fed.metadata).hash(&mut hasher);
+    flower_addon_crds::supernode_restart_mark(fed).hash(&mut hasher);
     Some(hasher.finish())
 }
 

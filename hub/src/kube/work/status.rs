@@ -269,6 +269,7 @@ fn cluster_status(
         connected,
         report.map(|r| (&r.status, r.at)),
         online,
+        flower_addon_crds::supernode_restart_mark(fed).as_deref(),
     )
 }
 

@@ -84,7 +84,14 @@ pub struct RunContext {
     list_shared_for: Duration,
     /// Now, for the runs' statuses.
     clock: crate::runs::Clock,
+    /// The restarts this hub wrote (Federation → Flower run), so a cache that does not show the
+    /// write yet neither writes nor announces it again.
+    restarts: Mutex<HashMap<FedKey, u64>>,
 }
+
+/// The field manager of `status.supernodeRestartAfterRun` (the Federation controller's and the
+/// work source's status writes leave it alone).
+pub const RESTART_FIELD_MANAGER: &str = "flower-addon-hub-restarts";
 
 /// One Federation's last run list and when it was asked.
 type SharedList = Arc<tokio::sync::Mutex<Option<(std::time::Instant, SuperLinkState)>>>;
@@ -120,6 +127,7 @@ impl RunContext {
             lists: Mutex::default(),
             list_shared_for: LIST_SHARED_FOR,
             clock: crate::runs::wall_clock(),
+            restarts: Mutex::default(),
         }
     }
 
@@ -155,6 +163,62 @@ impl RunContext {
         let state = crate::flower::runs::list(client).await;
         *slot = Some((std::time::Instant::now(), state.clone()));
         state
+    }
+
+    /// Records `status.supernodeRestartAfterRun` of Federation `key` (under
+    /// [`RESTART_FIELD_MANAGER`], a field no other writer of the status owns); `Ok(false)` when
+    /// the Federation shows it already or this hub wrote it before.
+    async fn restart_supernodes(
+        &self,
+        key: &FedKey,
+        fed: Option<&Federation>,
+        after_run: u64,
+    ) -> Result<bool, super::Error> {
+        let value = after_run.to_string();
+        let shown = fed
+            .and_then(|f| f.status.as_ref())
+            .and_then(|s| s.supernode_restart_after_run.as_deref())
+            == Some(value.as_str());
+        let written = self
+            .restarts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            == Some(&after_run);
+        if shown || written || fed.is_none() {
+            return Ok(false);
+        }
+        let body = serde_json::json!({
+            "apiVersion": flower_addon_crds::API_VERSION,
+            "kind": "Federation",
+            "status": {"supernodeRestartAfterRun": value},
+        });
+        kube::api::Api::<Federation>::namespaced(self.client.clone(), &key.0)
+            .patch_status(
+                &key.1,
+                &kube::api::PatchParams::apply(RESTART_FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| super::Error::Kube {
+                action: format!(
+                    "record the SuperNode restart of Federation {}/{}",
+                    key.0, key.1
+                ),
+                source,
+            })?;
+        self.restarts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), after_run);
+        tracing::info!(
+            namespace = %key.0,
+            federation = %key.1,
+            after_run,
+            reason = flower_addon_crds::run::reason::SUPERNODES_RESTARTING,
+            "restarting the Federation's SuperNodes after a Flower run that ended without completing"
+        );
+        Ok(true)
     }
 
     /// Drops `key`'s shared run list: a run was submitted or stopped, so the next pass asks.

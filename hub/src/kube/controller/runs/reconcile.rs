@@ -76,6 +76,7 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
             keeps_outputs: fed.as_deref().is_some_and(|f| f.spec.outputs.is_some()),
             client: fed.as_deref().and_then(|f| ctx.control_client(&fed_key, f)),
             claimed,
+            restarted_after: fed.as_deref().and_then(restarted_after),
         },
     )
     .await?;
@@ -209,11 +210,31 @@ impl RunHost for KubeRunHost<'_> {
     fn now(&self) -> Timestamp {
         (self.ctx.clock)()
     }
+
+    async fn restart_supernodes(&mut self, after_run: u64) -> Result<bool> {
+        self.ctx
+            .restart_supernodes(self.fed_key, self.fed, after_run)
+            .await
+    }
+}
+
+/// `status.supernodeRestartAfterRun` of `fed`.
+pub(super) fn restarted_after(fed: &Federation) -> Option<u64> {
+    fed.status
+        .as_ref()?
+        .supernode_restart_after_run
+        .as_deref()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The Federation as the core sees it: missing, not Ready (the message of its `Ready`
 /// condition), or Ready.
 pub(super) fn federation_state(fed: Option<&Federation>) -> FederationState {
+    if let Some(why) = fed.and_then(crate::core::status::restart_pending) {
+        return FederationState::NotReady(why);
+    }
     let ready = fed.map(|fed| {
         fed.status
             .as_ref()

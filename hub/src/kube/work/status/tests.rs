@@ -16,6 +16,7 @@ fn cluster_status_sums_the_reported_pools_and_names_what_is_missing() {
             observed_version: 1,
             cluster_name: "s1".into(),
             federations: vec![flower_addon_proto::FederationStatus {
+                supernode_restart: String::new(),
                 namespace: "team".into(),
                 name: "fed".into(),
                 pools: vec![flower_addon_proto::PoolStatus {
@@ -114,6 +115,7 @@ async fn the_status_writer_patches_status_clusters_as_its_own_field_manager() {
                 status: AgentStatus {
                     cluster_name: cluster.into(),
                     federations: vec![flower_addon_proto::FederationStatus {
+                        supernode_restart: String::new(),
                         namespace: "team".into(),
                         name: "fed".into(),
                         pools: vec![flower_addon_proto::PoolStatus {
