@@ -124,6 +124,14 @@ async fn kube(case: &Case, flower_ca: &HubCa, clock: &TestClock) -> Kube {
     let endpoint_of: EndpointOf = Arc::new(move |_| Some(endpoint.clone()));
     let mut objects = vec![case.run.clone()];
     objects.extend(case.config_map.clone());
+    // The Federation, for the hub's record of a SuperNode restart.
+    objects.push(
+        serde_json::to_value(run_support::federation(
+            case.federation.0,
+            case.federation.1,
+        ))
+        .expect("Federation"),
+    );
     let (client, objects) = objects_client(objects, Journal::default());
     let (fed_store, mut feds) = reflector::store::<Federation>();
     let (run_store, mut runs) = reflector::store::<FlowerRun>();
@@ -517,4 +525,25 @@ async fn a_run_suspended_while_it_runs_is_stopped_alike_in_both_modes() {
         reasons(&stopped)
     );
     both.pass("stopped, looked at again").await;
+    // Flower's SuperNodes that worked on the stopped run's messages may take no other: both
+    // hubs record one restart of the Federation's SuperNodes after that run (docs/operations.md).
+    let run_id = stopped.run_id.clone().expect("run id");
+    let kube_restart = both
+        .kube
+        .objects
+        .lock()
+        .expect("objects")
+        .get("federations", NS, "fed")
+        .and_then(|f| {
+            f["status"]["supernodeRestartAfterRun"]
+                .as_str()
+                .map(str::to_owned)
+        });
+    let standalone_restart = both
+        .standalone
+        .runs
+        .restarted_after(&(NS.to_owned(), "fed".to_owned()))
+        .map(|id| id.to_string());
+    assert_eq!(kube_restart.as_deref(), Some(run_id.as_str()));
+    assert_eq!(standalone_restart.as_deref(), Some(run_id.as_str()));
 }
