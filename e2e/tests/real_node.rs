@@ -204,6 +204,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0): {refused}");
     let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
     another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
+    a_run_stopped_mid_round_is_followed_by_a_supernode_restart(hub, &[spoke, spoke2]).await?;
     faults::a_spoke_node_power_cycled_mid_run(hub, spoke, &[spoke2], spoke_node, &controls).await?;
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
@@ -1774,6 +1775,144 @@ async fn another_federations_serverapp_cannot_reach_control(hub: &Cluster) -> Re
         "real_node: a ServerApp of classic could not reach auth's Control API ({refused} refused, {reached} reached) in {:.1}s: {said:?}",
         t.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Flower's stop defect, handled by the hub (docs/operations.md, "A run is stopped mid-round"):
+/// FlowerRun `stopme` on `auth` is suspended in its second round, while ClientApps work, so its
+/// SuperNodes may be left waiting for ever for replies Flower refuses. A FlowerRun needing every
+/// one of `auth`'s 6 SuperNodes in every round, written right after the stop, waits while the hub
+/// restarts them (it records the stopped run as `status.supernodeRestartAfterRun`, the agents
+/// roll the pools under mark `after-run-<id>`) and then completes on its first attempt, with no
+/// manual step.
+async fn a_run_stopped_mid_round_is_followed_by_a_supernode_restart(
+    hub: &Cluster,
+    spokes: &[&Cluster],
+) -> Result<()> {
+    use flower_addon_crds::Federation;
+    use flower_addon_crds::run::FlowerRun;
+    let runs = Api::<FlowerRun>::namespaced(hub.client.clone(), "fl");
+    let feds = Api::<Federation>::namespaced(hub.client.clone(), "fl");
+    let pp = kube::api::PostParams::default();
+    runs.create(
+        &pp,
+        &fedavg_run(
+            "stopme",
+            "auth",
+            serde_json::json!({"runConfig": {"num-server-rounds": 100000, "min-nodes": 6}}),
+        )?,
+    )
+    .await?;
+    flower_run_past_round_one(&runs, "stopme").await?;
+    runs.patch(
+        "stopme",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+    )
+    .await?;
+    let t_stop = Instant::now();
+    let stopped =
+        flower_run_ended(&runs, "stopme", "after suspend", Duration::from_secs(120)).await?;
+    let stopped_id = stopped.run_id.clone().context("stopme's Flower run id")?;
+    ensure!(
+        stopped.flower_status.as_deref() == Some("finished:stopped"),
+        "stopme: {stopped:#?}"
+    );
+    // Written right after the stop: it must wait for the restart.
+    runs.create(
+        &pp,
+        &fedavg_run(
+            "after-stop",
+            "auth",
+            serde_json::json!({"runConfig": {
+                "num-server-rounds": 2, "min-nodes": 6, "round-timeout": 120.0,
+            }}),
+        )?,
+    )
+    .await?;
+    let mark = format!("after-run-{stopped_id}");
+    let waited = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::<String>::new()));
+    wait_for(
+        &format!("auth's SuperNodes restarted under {mark} and the waiting run submitted"),
+        Duration::from_secs(300),
+        || {
+            let (runs, feds, mark, waited) =
+                (runs.clone(), feds.clone(), mark.clone(), waited.clone());
+            let stopped_id = stopped_id.clone();
+            async move {
+                let run = runs.get("after-stop").await?.status.unwrap_or_default();
+                for c in &run.conditions {
+                    if c.type_ == "Submitted" && c.status == "False" {
+                        waited
+                            .lock()
+                            .map_err(|_| anyhow!("poisoned"))?
+                            .insert(format!("{}: {}", c.reason, c.message));
+                    }
+                }
+                let fed = feds.get("auth").await?.status.unwrap_or_default();
+                let recorded = fed.supernode_restart_after_run.as_deref() == Some(&stopped_id);
+                let back = !fed.clusters.is_empty()
+                    && fed.clusters.iter().all(|c| {
+                        c.supernode_restart.as_deref() == Some(mark.as_str()) && c.message.is_none()
+                    });
+                Ok((recorded && back && run.run_id.is_some()).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let waited_for = waited.lock().map_err(|_| anyhow!("poisoned"))?.clone();
+    let restart_s = t_stop.elapsed().as_secs_f64();
+    ensure!(
+        waited_for
+            .iter()
+            .any(|w| w.starts_with("SuperNodesRestarting")
+                || (w.starts_with("FederationNotReady") && w.contains("restarting"))),
+        "the run written after the stop must wait for the SuperNodes' restart; it said: {waited_for:#?}"
+    );
+    // Every SuperNode pod of auth runs the restarted template.
+    for spoke in spokes {
+        let pods = Api::<Pod>::namespaced(spoke.client.clone(), "fl")
+            .list(
+                &kube::api::ListParams::default()
+                    .labels("flower.flwr.ai/federation=auth,app.kubernetes.io/name=supernode"),
+            )
+            .await?;
+        for pod in &pods.items {
+            let carried = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(flower_addon_crds::SUPERNODE_RESTART_ANNOTATION));
+            ensure!(
+                carried.map(String::as_str) == Some(mark.as_str()),
+                "SuperNode pod {} on {} carries restart mark {carried:?}, not {mark}",
+                pod.metadata.name.as_deref().unwrap_or(""),
+                spoke.name
+            );
+        }
+    }
+    let done = flower_run_ended(
+        &runs,
+        "after-stop",
+        "after the restart",
+        Duration::from_secs(360),
+    )
+    .await?;
+    ensure!(
+        done.conditions
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+            && done.attempts == 1,
+        "after the hub's restart a run needing all 6 SuperNodes must complete on its first attempt: {done:#?}"
+    );
+    eprintln!(
+        "real_node: FlowerRun fl/stopme suspended mid-round (Flower run {stopped_id} finished:stopped); the hub restarted auth's 6 SuperNodes (mark {mark}) and submitted the waiting run {restart_s:.1}s after the stop was seen (it waited: {waited_for:?}); it completed needing every SuperNode in {:.1}s more",
+        t_stop.elapsed().as_secs_f64() - restart_s
+    );
+    for name in ["stopme", "after-stop"] {
+        runs.delete(name, &kube::api::DeleteParams::default())
+            .await?;
+    }
     Ok(())
 }
 

@@ -261,10 +261,12 @@ async fn flower_runs_on_the_standalone_hub() -> Result<()> {
     the_run_command_submits_follows_and_deletes(&hub).await?;
     a_fab_from_a_url_runs_and_a_wrong_hash_fails(&mut hub).await?;
     hostile_apps_leave_the_hub_answering(&hub).await?;
-    // After the runs that need every SuperNode to answer: a run stopped mid-round can leave a
-    // Flower 1.42 SuperNode waiting forever for the reply to a message it pulled just before
-    // the stop (docs/operations.md, "A run is stopped mid-round"). The next step restarts every process.
+    // A run stopped mid-round can leave a Flower 1.42 SuperNode waiting forever for the reply
+    // to a message it pulled just before the stop (docs/operations.md, "A run is stopped
+    // mid-round"): the hub restarts the SuperNodes itself, and a run needing every one of them
+    // completes next, with no manual step.
     suspend_and_deadline_stop_running_runs(&hub).await?;
+    after_the_stops_a_run_needing_every_supernode_completes(&hub).await?;
     a_lost_answer_is_adopted_not_resubmitted(&mut hub).await?;
     eprintln!("standalone_runs: total {:.1}s", t0.elapsed().as_secs_f64());
     Ok(())
@@ -789,6 +791,81 @@ async fn suspend_and_deadline_stop_running_runs(hub: &Hub) -> Result<()> {
     eprintln!(
         "standalone_runs: activeDeadlineSeconds 20 -> DeadlineExceeded {:.1}s after the manifest was written",
         t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// After runs stopped mid-round, the hub restarts the Federation's SuperNodes on its own (its
+/// record names the last stopped run; every cluster reports its pools back under that mark) and
+/// a run that needs a reply from every SuperNode in every round completes on the first attempt.
+async fn after_the_stops_a_run_needing_every_supernode_completes(hub: &Hub) -> Result<()> {
+    let t = Instant::now();
+    let record = hub.state.join("supernode-restarts.json");
+    let after: u64 = Wait::new(
+        "the hub's record of a SuperNode restart",
+        Duration::from_secs(60),
+    )
+    .every(Duration::from_millis(200))
+    .for_value_blocking(|| {
+        let Ok(text) = std::fs::read_to_string(&record) else {
+            return Ok(None);
+        };
+        let entries: Vec<(String, String, u64)> = serde_json::from_str(&text)?;
+        Ok(entries
+            .into_iter()
+            .find(|(ns, name, _)| ns == "default" && name == "quickstart")
+            .map(|(_, _, id)| id))
+    })?;
+    let stopped: Vec<String> = ["stopme", "deadline"]
+        .iter()
+        .filter_map(|name| Some(hub.run(name)?["runId"].as_str()?.to_owned()))
+        .collect();
+    ensure!(
+        stopped.contains(&after.to_string()),
+        "the restart follows one of the stopped runs {stopped:?}, not {after}"
+    );
+    let mark = format!("after-run-{after}");
+    let back = Wait::new(
+        format!("every SuperNode back under restart mark {mark}"),
+        Duration::from_secs(180),
+    )
+    .every(Duration::from_millis(500))
+    .for_value_blocking(|| {
+        let fed = hub.status()["federations"][0].clone();
+        let clusters = fed["clusters"].as_array().cloned().unwrap_or_default();
+        let all_back = !clusters.is_empty()
+            && clusters
+                .iter()
+                .all(|c| c["supernodeRestart"] == mark.as_str() && c["message"].is_null());
+        Ok((all_back && fed["ready"] == true).then_some(fed))
+    })?;
+    let restarted_in = t.elapsed();
+    // min-nodes is every SuperNode of the Federation, and the app fails a round that misses a
+    // reply: a wedged SuperNode fails it at the round timeout.
+    let every = back["desiredSupernodes"]
+        .as_u64()
+        .context("desired SuperNodes")?;
+    std::fs::write(
+        hub.manifests.join("run-after-stop.yaml"),
+        flower_run(
+            "after-stop",
+            &format!("{{num-server-rounds: 2, min-nodes: {every}, round-timeout: 120.0}}"),
+            "",
+        ),
+    )?;
+    let done = hub.wait_run("after-stop", "Complete", Duration::from_secs(300), |s| {
+        condition(s, "Complete").is_some_and(|c| c.0 == "True")
+            || condition(s, "Failed").is_some_and(|c| c.0 == "True")
+    })?;
+    ensure!(
+        is(&done, "Complete", "Completed") && done["attempts"] == 1,
+        "after the hub's restart a run needing all {every} SuperNodes must complete on its first attempt:\n{done:#}\nSuperNode logs:\n{}",
+        hub.supernode_logs(30)
+    );
+    eprintln!(
+        "standalone_runs: after the stops the hub restarted the SuperNodes (after Flower run {after}): all {every} back and the Federation Ready {:.1}s after the stops were seen; a run needing every SuperNode completed {:.1}s later",
+        restarted_in.as_secs_f64(),
+        (t.elapsed() - restarted_in).as_secs_f64()
     );
     Ok(())
 }
