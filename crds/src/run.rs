@@ -232,6 +232,12 @@ pub struct FlowerRunStatus {
     /// adopted from the SuperLink's run list instead of submitted again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_submission: Option<PendingSubmission>,
+    /// When this run, waiting to be submitted, saw its Federation's SuperNodes back after a
+    /// restart by the hub: it is submitted once every SuperNode the SuperLink lists online has
+    /// reached it since (a restarted SuperNode's old session stays listed for up to 60 s, and a
+    /// message for it then fails `Node Unavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supernodes_restarted_at: Option<Time>,
     /// Why the hub asked Flower to stop the run (`Stopped`, `DeadlineExceeded`), until Flower
     /// reports it stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -397,7 +397,8 @@ async fn a_full_database_volume_is_named_and_nothing_is_torn_down() -> Result<()
 }
 
 // The classic dialect (Flower 1.25: gRPC Control, its `default` federation, gRPC log stream):
-// a run completes with its log and progress, and an unknown key is refused.
+// a run completes with its log and progress, an unknown key is refused, and after runs stopped
+// mid-round the hub restarts the SuperNodes and a run needing every one completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flower_runs_on_flower_1_25() -> Result<()> {
     e2e::install_crypto();
@@ -406,6 +407,8 @@ async fn flower_runs_on_flower_1_25() -> Result<()> {
     let (hub, fab_hash) = ready_hub(dir.path(), "1.25.0").await?;
     a_run_completes_with_its_log_and_progress(&hub, &fab_hash).await?;
     an_unknown_key_fails_before_any_flower_call(&hub).await?;
+    suspend_and_deadline_stop_running_runs(&hub).await?;
+    after_the_stops_a_run_needing_every_supernode_completes(&hub).await?;
     eprintln!(
         "standalone_runs 1.25.0: total {:.1}s",
         t0.elapsed().as_secs_f64()

@@ -107,6 +107,9 @@ pub struct Run<'a> {
     /// The Flower run after which the hub last restarted the Federation's SuperNodes
     /// (`status.supernodeRestartAfterRun`).
     pub restarted_after: Option<u64>,
+    /// Why the Federation's SuperNodes are not all back from a restart yet
+    /// ([`crate::core::status::restart_pending`]); `None` when they are.
+    pub restarting: Option<String>,
 }
 
 /// What the mode does after [`reconcile`].
@@ -166,6 +169,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         keeps_outputs,
         claimed,
         restarted_after,
+        restarting,
         ..
     } = run;
     let run_name = format!("FlowerRun {}/{}", key.0, key.1);
@@ -194,8 +198,11 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
     } else {
         SuperLinkState::NotAsked
     };
-    let (restart, mut restart_events) =
+    let (mut restart, mut restart_events) =
         restart_if_due(host, &superlink, restarted_after, &spec.federation_ref.name).await?;
+    if let (Restart::None, Some(why)) = (&restart, restarting) {
+        restart = Restart::Rolling(why);
+    }
     let supernodes = match &client {
         Some(client)
             if federation == FederationState::Ready

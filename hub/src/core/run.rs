@@ -230,7 +230,7 @@ pub fn needs_supernodes(status: &FlowerRunStatus, deleting: bool) -> bool {
         && !is_finished(status)
         && status.run_id.is_none()
         && status.pending_submission.is_none()
-        && retry_failed_at(status).is_some()
+        && (retry_failed_at(status).is_some() || status.supernodes_restarted_at.is_some())
 }
 
 /// When the attempt that a pending retry follows failed: the `Running=False` condition with
@@ -306,6 +306,7 @@ pub fn decide(current: &FlowerRunStatus, facts: &Facts<'_>) -> Decision {
 pub fn submitted(status: &FlowerRunStatus, run_id: u64, now: Timestamp) -> FlowerRunStatus {
     let mut s = status.clone();
     let pending = s.pending_submission.take();
+    s.supernodes_restarted_at = None;
     s.attempts = pending.as_ref().map_or(s.attempts + 1, |p| p.attempt);
     s.fab_hash = pending.map(|p| p.fab_hash).or(s.fab_hash);
     record_run(&mut s, run_id, now);

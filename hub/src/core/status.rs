@@ -114,8 +114,14 @@ pub fn cluster_status(
 pub fn restart_pending(fed: &Federation) -> Option<String> {
     let mark = flower_addon_crds::supernode_restart_mark(fed);
     let listed = fed.status.as_ref().map_or(&[][..], |s| &s.clusters[..]);
+    restart_pending_of(mark.as_deref(), listed)
+}
+
+/// [`restart_pending`] of a Federation whose restart mark is `mark`, from its listed cluster
+/// entries.
+pub fn restart_pending_of(mark: Option<&str>, listed: &[ClusterStatus]) -> Option<String> {
     let behind = listed.iter().find(|c| {
-        c.supernode_restart.as_deref() != mark.as_deref() || (mark.is_some() && c.message.is_some())
+        c.supernode_restart.as_deref() != mark || (mark.is_some() && c.message.is_some())
     })?;
     let what = match &behind.message {
         Some(message) => message.clone(),
@@ -126,7 +132,7 @@ pub fn restart_pending(fed: &Federation) -> Option<String> {
     };
     Some(format!(
         "its SuperNodes are restarting (restart mark {:?}): cluster {}: {what}",
-        mark.as_deref().unwrap_or(""),
+        mark.unwrap_or(""),
         behind.name
     ))
 }

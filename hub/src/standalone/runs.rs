@@ -246,15 +246,16 @@ impl StandaloneRuns {
         current: &FlowerRunStatus,
         deleting: bool,
     ) -> Outcome {
-        let federation = crate::runs::federation_state(
-            federations
-                .iter()
-                .find(|f| f.namespace == fed_key.0 && f.name == fed_key.1)
-                .map(|f| {
-                    let why = f.error.as_deref().or(f.message.as_deref()).unwrap_or("");
-                    (f.ready, why, "")
-                }),
-        );
+        let summary = federations
+            .iter()
+            .find(|f| f.namespace == fed_key.0 && f.name == fed_key.1);
+        let restarting = summary.and_then(|f| {
+            crate::core::status::restart_pending_of(f.supernode_restart.as_deref(), &f.clusters)
+        });
+        let federation = crate::runs::federation_state(summary.map(|f| {
+            let why = f.error.as_deref().or(f.message.as_deref()).unwrap_or("");
+            (f.ready, why, "")
+        }));
         let client = self.client(fed_key, endpoint);
         let outputs = manifests
             .federations()
@@ -300,6 +301,7 @@ impl StandaloneRuns {
                 client,
                 claimed,
                 restarted_after,
+                restarting,
             },
         )
         .await;

@@ -30,6 +30,9 @@ pub enum Restart {
         /// How it ended.
         status: String,
     },
+    /// Under way: not every cluster reports its pools back under the Federation's restart mark
+    /// (what is missing; `core::status::restart_pending`).
+    Rolling(String),
 }
 
 /// Whether the SuperNodes are to be restarted: the latest run that ended without completing
@@ -88,6 +91,9 @@ impl Restart {
                 "Flower run {after} ended {status}: restarting Federation {federation}'s \
                  SuperNodes (keys kept; a SuperNode working on its messages takes no other); \
                  the run is submitted when they are back"
+            )),
+            Restart::Rolling(why) => Some(format!(
+                "Federation {federation}: {why}; the run is submitted when they are back"
             )),
         }
     }

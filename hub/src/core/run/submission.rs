@@ -39,6 +39,32 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
             .push(warning(reason::DEADLINE_EXCEEDED, deadline_message(facts)));
         return;
     }
+    // SuperNodes being restarted first (their Federation is not Ready meanwhile, for that).
+    if let Some(message) = facts
+        .restart
+        .waiting_message(&facts.spec.federation_ref.name)
+    {
+        wait(
+            d,
+            reason::SUPERNODES_RESTARTING,
+            message,
+            Some(SUPERNODES_POLL),
+            now,
+        );
+        d.status.supernodes_restarted_at = None;
+        return;
+    }
+    // Back from a restart this run waited for: from now on, every SuperNode listed online must
+    // reach the SuperLink before the run is sent (an old session stays listed for a while).
+    if d.status.supernodes_restarted_at.is_none()
+        && d.status.conditions.iter().any(|c| {
+            c.type_ == RUN_SUBMITTED
+                && c.status == "False"
+                && c.reason == reason::SUPERNODES_RESTARTING
+        })
+    {
+        d.status.supernodes_restarted_at = Some(Time(now));
+    }
     let waiting = match &facts.federation {
         FederationState::Missing => Some(format!(
             "Federation {} does not exist in this namespace; the run starts when it exists and is Ready",
@@ -82,21 +108,6 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         }
         SuperLinkState::NotAsked => return,
     };
-    // SuperNodes that may be wedged by a run that ended without completing are restarted
-    // first: a run sent to them gets their replies never.
-    if let Some(message) = facts
-        .restart
-        .waiting_message(&facts.spec.federation_ref.name)
-    {
-        wait(
-            d,
-            reason::SUPERNODES_RESTARTING,
-            message,
-            Some(SUPERNODES_POLL),
-            now,
-        );
-        return;
-    }
     // A retry waits as a Job's pod does: 10 s after the first failure, doubling up to 6 min
     // (a SuperLink that just came back still lists SuperNodes that have not reconnected).
     if let Some(due) = retry_due(&d.status)
@@ -105,8 +116,18 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         d.requeue = Some(until(now, due));
         return;
     }
-    if let Some(failed_at) = retry_failed_at(&d.status)
-        && !supernodes_serving_since(d, facts, failed_at)
+    // After a failure, or after a restart of the SuperNodes: whichever came last.
+    let since = match (
+        retry_failed_at(&d.status),
+        &d.status.supernodes_restarted_at,
+    ) {
+        (Some(failed), Some(back)) => Some((failed.max(back.0), back.0 >= failed)),
+        (Some(failed), None) => Some((failed, false)),
+        (None, Some(back)) => Some((back.0, true)),
+        (None, None) => None,
+    };
+    if let Some((since, restarted)) = since
+        && !supernodes_serving_since(d, facts, since, restarted)
     {
         return;
     }
@@ -135,6 +156,7 @@ pub(super) fn supernodes_serving_since(
     d: &mut Decision,
     facts: &Facts<'_>,
     failed_at: Timestamp,
+    restarted: bool,
 ) -> bool {
     let since_failure = facts
         .now
@@ -173,9 +195,16 @@ pub(super) fn supernodes_serving_since(
     } else {
         String::new()
     };
+    let what = if restarted {
+        "the hub restarted the Federation's SuperNodes; the run waits until every SuperNode the SuperLink lists online has reached it since they were back".to_owned()
+    } else {
+        format!(
+            "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then",
+            d.status.attempts
+        )
+    };
     let message = format!(
-        "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then: {} of {} have not (node {}{more}). A SuperNode that stopped without a goodbye stays listed online for up to 60 s, and one restarted meanwhile connects only after that",
-        d.status.attempts,
+        "{what}: {} of {} have not (node {}{more}). A SuperNode that stopped without a goodbye stays listed online for up to 60 s, and one restarted meanwhile connects only after that",
         silent.len(),
         online.len(),
         shown.join(", "),

@@ -816,3 +816,64 @@ fn a_run_waits_for_the_supernodes_restart_before_it_is_submitted() {
         Action::Submit
     );
 }
+
+#[test]
+fn back_from_a_restart_a_run_waits_for_every_supernode_to_reach_the_superlink_again() {
+    // A restarted SuperNode's old session stays listed online (and counted ready) for up to
+    // 60 s; a message for it then fails `Node Unavailable`. So a run that waited for a restart
+    // is sent only once every SuperNode listed online reached the SuperLink since it saw them
+    // back.
+    let s = spec();
+    let mut f = facts(&s, Vec::new(), 100);
+    f.restart = Restart::Rolling("its SuperNodes are restarting: cluster s1: 2/3 ready".into());
+    let rolling = decide(&FlowerRunStatus::default(), &f);
+    assert!(is(
+        &rolling.status,
+        RUN_SUBMITTED,
+        "False",
+        reason::SUPERNODES_RESTARTING
+    ));
+    assert!(rolling.status.details.as_deref().unwrap().contains("2/3 ready"));
+    assert_eq!(rolling.action, Action::Nothing);
+
+    // Back (at 110 s): an old session last heard of 30 s before is still listed.
+    let mut f = facts(&s, Vec::new(), 110);
+    f.supernodes = SuperNodesState::NotAsked;
+    let back = decide(&rolling.status, &f);
+    assert_eq!(back.status.supernodes_restarted_at, Some(Time(at(110))));
+    assert_eq!(back.action, Action::Nothing);
+    assert!(needs_supernodes(&back.status, false));
+    let mut f = facts(&s, Vec::new(), 115);
+    f.supernodes = SuperNodesState::Online(vec![
+        (1, Some(Duration::from_secs(2))),
+        (2, Some(Duration::from_secs(35))),
+    ]);
+    let old_session = decide(&back.status, &f);
+    assert_eq!(old_session.action, Action::Nothing);
+    assert!(is(
+        &old_session.status,
+        RUN_SUBMITTED,
+        "False",
+        reason::SUPERNODES_NOT_SERVING
+    ));
+    assert!(
+        old_session
+            .status
+            .details
+            .as_deref()
+            .unwrap()
+            .contains("restarted the Federation's SuperNodes"),
+        "{:?}",
+        old_session.status.details
+    );
+    // Every one heard of since: submitted, and the mark of the restart goes.
+    let mut f = facts(&s, Vec::new(), 150);
+    f.supernodes = SuperNodesState::Online(vec![
+        (1, Some(Duration::from_secs(3))),
+        (2, Some(Duration::from_secs(10))),
+    ]);
+    let sent = decide(&old_session.status, &f);
+    assert_eq!(sent.action, Action::Submit);
+    let recorded = submitted(&sent.status, 42, at(151));
+    assert_eq!(recorded.supernodes_restarted_at, None);
+}

@@ -77,6 +77,9 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
             client: fed.as_deref().and_then(|f| ctx.control_client(&fed_key, f)),
             claimed,
             restarted_after: fed.as_deref().and_then(restarted_after),
+            restarting: fed
+                .as_deref()
+                .and_then(crate::core::status::restart_pending),
         },
     )
     .await?;
@@ -232,9 +235,6 @@ pub(super) fn restarted_after(fed: &Federation) -> Option<u64> {
 /// The Federation as the core sees it: missing, not Ready (the message of its `Ready`
 /// condition), or Ready.
 pub(super) fn federation_state(fed: Option<&Federation>) -> FederationState {
-    if let Some(why) = fed.and_then(crate::core::status::restart_pending) {
-        return FederationState::NotReady(why);
-    }
     let ready = fed.map(|fed| {
         fed.status
             .as_ref()
