@@ -115,7 +115,7 @@ async fn hub_state(hub: &Cluster, spokes: &[&Cluster]) -> String {
 /// controller-managers and schedulers go too). Expected: no SuperNode pod on a spoke is
 /// recreated or restarted; the hub pod restarts at most once per outage (a leader that cannot
 /// renew its Lease stops, as controller-runtime's do, and waits as a standby until the apiserver
-/// is back) and does not crash-loop; within [`CONVERGENCE`] of the apiservers answering again
+/// is back) and does not crash-loop; within [`CONVERGENCE`] of the hub's apiserver serving again
 /// both agents' work streams are open on the leading hub (its own log says so), and within
 /// [`CONVERGENCE`] of every apiserver serving again the Placement's decisions and the
 /// Federations' online counts are those of before (no re-placement).
@@ -127,7 +127,7 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
 ) -> Result<()> {
     for what in ["the hub's kube-apiserver", "the shared etcd"] {
         eprintln!(
-            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once, both agents' streams on the hub within {}s of the apiservers answering again, and within {}s of every apiserver serving again the same decisions and online counts",
+            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once, both agents' streams on the hub within {}s of its apiserver serving again, and within {}s of every apiserver serving again the same decisions and online counts",
             OUTAGE.as_secs(),
             CONVERGENCE.as_secs(),
             CONVERGENCE.as_secs()
@@ -172,13 +172,27 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         // succeeds again (each storage client reconnects after its own backoff), and what the
         // hub does must not be judged by that. Waited for longer than the target, so that a miss
         // is measured.
-        let leader = wait_for(
-            &format!("after {what} came back: both agents' work streams opened on the hub (its log on the node)"),
-            CONVERGENCE * 4,
-            || async { streams_reopened(hub_node, since, &["spoke-1", "spoke-2"]) },
-        )
-        .await;
-        let streams = t_up.elapsed();
+        // Measured from the hub's apiserver serving again, not from its `/readyz`: nothing the
+        // hub does reaches the apiserver before (after an etcd outage that took 46 s once). The
+        // two are watched side by side.
+        let (leader, hub_serving) = tokio::join!(
+            async {
+                let leader = wait_for(
+                    &format!("after {what} came back: both agents' work streams opened on the hub (its log on the node)"),
+                    CONVERGENCE * 4,
+                    || async { streams_reopened(hub_node, since, &["spoke-1", "spoke-2"]) },
+                )
+                .await;
+                (leader, t_up.elapsed())
+            },
+            async {
+                let served = serves_again(hub, true, Duration::from_secs(240)).await;
+                (served, t_up.elapsed())
+            }
+        );
+        let (leader, streams) = leader;
+        let (hub_served, hub_serving) = hub_serving;
+        hub_served?;
         let leader = match leader {
             Ok(leader) => leader,
             Err(error) => {
@@ -208,12 +222,14 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         )
         .await?;
         let converged = t_up.elapsed();
-        if streams > CONVERGENCE || converged - serving > CONVERGENCE {
+        let streams_late = streams.saturating_sub(hub_serving);
+        if streams_late > CONVERGENCE || converged - serving > CONVERGENCE {
             eprintln!("{}", hub_state(hub, spokes).await);
         }
         ensure!(
-            streams <= CONVERGENCE && converged - serving <= CONVERGENCE,
-            "after {what} came back: both agents' streams on the hub after {:.1}s, every apiserver serving again after {:.1}s, decisions and online counts as before after {:.1}s (target: {}s for the streams, and {}s after the apiservers serve)",
+            streams_late <= CONVERGENCE && converged - serving <= CONVERGENCE,
+            "after {what} came back: the hub's apiserver serving again after {:.1}s, both agents' streams on the hub after {:.1}s, every apiserver serving again after {:.1}s, decisions and online counts as before after {:.1}s (target: {}s for the streams after the hub's apiserver serves, and {}s after every apiserver serves)",
+            hub_serving.as_secs_f64(),
             streams.as_secs_f64(),
             serving.as_secs_f64(),
             converged.as_secs_f64(),
@@ -238,9 +254,10 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             );
         }
         eprintln!(
-            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?}; {} SuperNode pods unchanged (UIDs, restarts)",
+            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then the hub's apiserver serving after {:.1}s, both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?}; {} SuperNode pods unchanged (UIDs, restarts)",
             OUTAGE.as_secs_f64(),
             ready_again.as_secs_f64(),
+            hub_serving.as_secs_f64(),
             streams.as_secs_f64(),
             serving.as_secs_f64(),
             converged.as_secs_f64(),

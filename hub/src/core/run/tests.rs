@@ -833,7 +833,14 @@ fn back_from_a_restart_a_run_waits_for_every_supernode_to_reach_the_superlink_ag
         "False",
         reason::SUPERNODES_RESTARTING
     ));
-    assert!(rolling.status.details.as_deref().unwrap().contains("2/3 ready"));
+    assert!(
+        rolling
+            .status
+            .details
+            .as_deref()
+            .unwrap()
+            .contains("2/3 ready")
+    );
     assert_eq!(rolling.action, Action::Nothing);
 
     // Back (at 110 s): an old session last heard of 30 s before is still listed.
