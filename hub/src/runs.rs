@@ -297,6 +297,12 @@ async fn restart_if_due<H: RunHost>(
     if let Restart::Due { after, status } = &restart
         && host.restart_supernodes(*after).await?
     {
+        tracing::info!(
+            federation,
+            after_run = after,
+            reason = reason::SUPERNODES_RESTARTING,
+            "restarting the Federation's SuperNodes after a Flower run that ended {status}"
+        );
         events.push(RunEvent {
             warning: false,
             reason: reason::SUPERNODES_RESTARTING,

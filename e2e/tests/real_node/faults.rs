@@ -810,16 +810,22 @@ async fn restart_marks(spoke: &Cluster) -> Result<std::collections::BTreeMap<Str
         .items
         .into_iter()
         .map(|p| {
-            let mark = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(flower_addon_crds::SUPERNODE_RESTART_ANNOTATION))
-                .cloned()
-                .unwrap_or_default();
-            (p.metadata.name.unwrap_or_default(), mark)
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                restart_mark(&p),
+            )
         })
         .collect())
+}
+
+/// The restart mark a SuperNode pod runs under (empty without one).
+fn restart_mark(pod: &Pod) -> String {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(flower_addon_crds::SUPERNODE_RESTART_ANNOTATION))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// `(name, uid, restarts)` of `spoke`'s SuperNode pods once every one is Ready again, each
@@ -846,14 +852,9 @@ async fn supernodes_back_restarted(
                 let all_back = list.len() == before.len()
                     && list.iter().all(|p| {
                         let name = p.metadata.name.as_deref().unwrap_or_default();
-                        let mark = p
-                            .metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get(flower_addon_crds::SUPERNODE_RESTART_ANNOTATION))
-                            .cloned()
-                            .unwrap_or_default();
-                        let replaced = marks_before.get(name).is_some_and(|m| *m != mark);
+                        let replaced = marks_before
+                            .get(name)
+                            .is_some_and(|m| *m != restart_mark(p));
                         pod_ready(p)
                             && before.iter().any(|(n, _, restarts)| {
                                 n == name

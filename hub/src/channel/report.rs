@@ -10,6 +10,8 @@ pub const MAX_KEY_LINE: usize = 1024;
 pub const MAX_NAME: usize = 253;
 /// Longest condition field accepted (a container's termination message is at most 4 KiB).
 pub const MAX_CONDITION_TEXT: usize = 8 * 1024;
+/// Longest restart mark accepted back: the user's mark, a space and `after-run-<u64>`.
+pub const MAX_RESTART_MARK: usize = flower_addon_crds::SUPERNODE_RESTART_MAX + 32;
 
 /// Checks every field of `status` that the hub acts on; the error names the field and the rule.
 pub fn check_status(status: &Status) -> Result<(), String> {
@@ -17,6 +19,16 @@ pub fn check_status(status: &Status) -> Result<(), String> {
         let at = format!("federations[{f}]");
         check_name(&format!("{at}.namespace"), &fed.namespace)?;
         check_name(&format!("{at}.name"), &fed.name)?;
+        // Written into the Federation's status as the cluster's restart mark.
+        let mark = &fed.supernode_restart;
+        if mark.len() > MAX_RESTART_MARK
+            || mark.chars().any(|c| !(c.is_ascii_graphic() || c == ' '))
+        {
+            return Err(format!(
+                "{at}.supernode_restart is not a restart mark the hub sent (at most \
+                 {MAX_RESTART_MARK} printable ASCII characters)"
+            ));
+        }
         for (p, pool) in fed.pools.iter().enumerate() {
             let at = format!("{at}.pools[{p}]");
             check_name(&format!("{at}.name"), &pool.name)?;
@@ -113,6 +125,24 @@ mod tests {
     fn a_well_formed_report_passes() {
         assert_eq!(check_status(&report(&[KEY])), Ok(()));
         assert_eq!(check_status(&report(&[])), Ok(()));
+        let mut marked = report(&[]);
+        marked.federations[0].supernode_restart =
+            format!("{} after-run-{}", "m".repeat(63), u64::MAX);
+        assert_eq!(check_status(&marked), Ok(()));
+    }
+
+    #[test]
+    fn a_restart_mark_the_hub_cannot_have_sent_is_refused_naming_the_field() {
+        // It goes into the Federation's status: bounded and printable, as the marks the hub sends.
+        for bad in [
+            "x".repeat(MAX_RESTART_MARK + 1),
+            "after-run-1\n\u{1b}[2J".to_owned(),
+        ] {
+            let mut r = report(&[]);
+            r.federations[0].supernode_restart = bad;
+            let why = check_status(&r).expect_err("refused");
+            assert!(why.contains("federations[0].supernode_restart"), "{why}");
+        }
     }
 
     #[test]

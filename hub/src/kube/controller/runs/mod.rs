@@ -211,13 +211,6 @@ impl RunContext {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.clone(), after_run);
-        tracing::info!(
-            namespace = %key.0,
-            federation = %key.1,
-            after_run,
-            reason = flower_addon_crds::run::reason::SUPERNODES_RESTARTING,
-            "restarting the Federation's SuperNodes after a Flower run that ended without completing"
-        );
         Ok(true)
     }
 
