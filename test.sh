@@ -110,14 +110,11 @@ done
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings (first run compiles everything: several minutes)"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-
 # `cargo test --no-run` rather than `cargo build --bins`: the tests' dev-dependencies enable more
 # features of shared crates (tokio among them), so a plain build compiled ~95 crates a second time
 # for the tests. This builds every test binary and flower-hub/flower-agent (into target/debug,
 # what the image and the e2e tests use) with one feature set.
-step "building flower-hub, flower-agent and every test binary (cargo test --no-run)"
+step "building flower-hub, flower-agent and every test binary (cargo test --no-run; cold: several minutes)"
 cargo test --workspace --no-run --quiet
 
 step "container images for the real nodes: e2e/images/build.sh (base, pause, Flower, ours from ./Dockerfile)"
@@ -129,24 +126,29 @@ IMAGES="$(FLOWER_ADDON_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" e2e/images/bu
 export FLOWER_ADDON_IMAGES="$IMAGES"
 echo "    $IMAGES ($((SECONDS - t_img)) s)"
 
-# real_node (three clusters on real nodes, our image, Flower, OCM, and the fault scenarios: the
-# hub's control plane and etcd down, a node power-cycled, spokes cut off, a rolling upgrade) is
-# the longest test by far and mostly waits (on pods, leases and outages): it runs after the
-# others, and beside it the tests that run Flower as processes on loopback (standalone hubs,
-# agents and SuperNodes; nothing they start can meet real_node's nodes, netns or ports), then
-# the quickstart demos.
+# The rest runs in three lanes at once; most of it waits (on pods, leases, outages, Flower's
+# rounds and session timeouts), so on 2 cores three lanes take about as long as the longest:
+# - real_node (three clusters on real nodes, our image, Flower, OCM, and the fault scenarios: the
+#   hub's control plane and etcd down, a node power-cycled, spokes cut off, a rolling upgrade),
+#   the longest test by far, in the foreground (its output is what you see);
+# - "checks": clippy (into target/clippy, so that it never holds the build lock the other lanes'
+#   `cargo test` take), then every other test but the ones that run Flower as processes: unit,
+#   golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower on a real node;
+# - "processes": the tests that run Flower as processes on loopback (standalone hubs, agents and
+#   SuperNodes), then the quickstart demos one after the other.
+# Tests that run real nodes at once share the host's state through e2e/src/node/host.rs; every
+# port is chosen free at the moment, control-plane boots take turns (a lock in the temp dir).
+# A lane that fails ends the others at once.
 REAL_NODE_TEST=pods_run_on_a_real_node
-BESIDE_TESTS=(standalone_flower standalone_local standalone_runs)
-beside_targets=()
-for t in "${BESIDE_TESTS[@]}"; do beside_targets+=(--test "$t"); done
-# Their test names, skipped (exactly) in the first run: each runs once.
-beside_skips=()
+PROCESS_TESTS=(standalone_flower standalone_local standalone_runs)
+process_targets=()
+for t in "${PROCESS_TESTS[@]}"; do process_targets+=(--test "$t"); done
+# Their test names, skipped (exactly) in the checks lane: each runs once.
+process_skips=()
 while IFS= read -r name; do
-  beside_skips+=(--skip "$name")
-done < <(cargo test --workspace --quiet "${beside_targets[@]}" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p')
-(( ${#beside_skips[@]} > 0 )) || { echo "test.sh: no tests listed in ${BESIDE_TESTS[*]}" >&2; exit 1; }
-step "cargo test --workspace (all but real_node and ${BESIDE_TESTS[*]}): unit, golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower"
-cargo test --workspace -- --exact --skip "$REAL_NODE_TEST" "${beside_skips[@]}" 2>&1 | tee "$LOG_DIR/cargo-test.log"
+  process_skips+=(--skip "$name")
+done < <(cargo test --workspace --quiet "${process_targets[@]}" -- --list --format terse 2>/dev/null | sed -n 's/: test$//p')
+(( ${#process_skips[@]} > 0 )) || { echo "test.sh: no tests listed in ${PROCESS_TESTS[*]}" >&2; exit 1; }
 
 # Flower 1.25.0's SuperLink sometimes fails a SuperNode's message pull with "Both bytes_sent and
 # bytes_recv cannot be zero" (a bug inside Flower; that SuperNode then never replies and the round
@@ -158,7 +160,7 @@ run_demos() {
   for version in "${FLOWER_MATRIX[@]}"; do
     case "$version" in 1.42.0 | 1.25.0) rounds=3 ;; *) rounds=1 ;; esac
     for attempt in 1 2; do
-      step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run, $rounds rounds)"
+      lane_step "quickstart end to end with Flower $version: ./demo.sh (hub + 2 agents + flwr run, $rounds rounds)"
       work="$LOG_DIR/demo-$version-$attempt"
       # The binaries the tests ran (a plain `cargo build` would compile ~95 crates again with the
       # feature set of a build without the tests' dev-dependencies).
@@ -179,38 +181,81 @@ run_demos() {
     done
   done
 }
-: > "$LOG_DIR/demos-passed"
-step "real_node (real nodes, OCM, faults), with ${BESIDE_TESTS[*]} and then the quickstart demos of Flower ${FLOWER_MATRIX[*]} beside it (log $LOG_DIR/beside.log)"
-# Beside real_node: the loopback Flower tests (cargo takes its build lock only to see that
-# nothing needs building), then the demos.
-run_beside() {
+# A lane's step lines go to its log and, prefixed with the lane, to the console (fd 3).
+lane_step() {
+  step "$@"
+  printf '==> [%4ds] %s: %s\n' "$((SECONDS - T0))" "$LANE" "$*" >&3
+}
+checks_lane() {
   set -o pipefail
-  step "beside real_node: cargo test ${BESIDE_TESTS_LIST}"
+  lane_step "cargo clippy --workspace --all-targets -- -D warnings (into target/clippy; cold: several minutes)"
+  CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings || return 1
+  lane_step "cargo test --workspace (all but real_node and ${PROCESS_TESTS_LIST})"
   # shellcheck disable=SC2086
-  cargo test --workspace $BESIDE_TARGETS 2>&1 | tee "$LOG_DIR/beside-tests.log" || return 1
+  cargo test --workspace -- --exact --skip "$REAL_NODE_TEST" $PROCESS_SKIPS > "$LOG_DIR/cargo-test.log" 2>&1 || return 1
+  lane_step "cargo test done: $(grep -cE '^test result: ok\.' "$LOG_DIR/cargo-test.log") test binaries passed"
+}
+processes_lane() {
+  set -o pipefail
+  lane_step "cargo test ${PROCESS_TESTS_LIST}"
+  # shellcheck disable=SC2086
+  cargo test --workspace $PROCESS_TARGETS > "$LOG_DIR/process-tests.log" 2>&1 || return 1
+  lane_step "cargo test ${PROCESS_TESTS_LIST} done"
   run_demos
 }
-export -f run_demos run_beside step
-export LOG_DIR FLOWER_125_BUG T0
-# (The child's step lines count from the suite's start: SECONDS is set to where it is now.)
-FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" BESIDE_TESTS_LIST="${BESIDE_TESTS[*]}" \
-  BESIDE_TARGETS="${beside_targets[*]}" DEMOS_START=$SECONDS \
-  setsid bash -c 'SECONDS=$DEMOS_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); run_beside' \
-  > "$LOG_DIR/beside.log" 2>&1 &
-DEMOS_PID=$!
-trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$DEMOS_PID" 2>/dev/null || true' EXIT
+: > "$LOG_DIR/demos-passed"
+export -f run_demos lane_step checks_lane processes_lane step
+export LOG_DIR FLOWER_125_BUG T0 REAL_NODE_TEST
+export FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" PROCESS_TESTS_LIST="${PROCESS_TESTS[*]}" \
+  PROCESS_TARGETS="${process_targets[*]}" PROCESS_SKIPS="${process_skips[*]}"
+exec 3>&1
+step "three lanes: real_node here; checks (clippy, cargo test of all but real_node and ${PROCESS_TESTS[*]}; log $LOG_DIR/checks.log) and processes (${PROCESS_TESTS[*]}, then the quickstart demos of Flower ${FLOWER_MATRIX[*]}; log $LOG_DIR/processes.log) beside it"
+# Each lane in a session of its own (ended with all its children on failure); its step lines
+# count from the suite's start (SECONDS is set to where it is now).
+export LANE_START=$SECONDS
+LANE=checks setsid bash -c 'SECONDS=$LANE_START; checks_lane' > "$LOG_DIR/checks.log" 2>&1 &
+CHECKS_PID=$!
+LANE=processes setsid bash -c 'SECONDS=$LANE_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); processes_lane' \
+  > "$LOG_DIR/processes.log" 2>&1 &
+PROCESSES_PID=$!
 # --workspace: the same feature resolution as the build above (with -p e2e alone cargo would
 # compile the hub and agent libraries again for a smaller feature set).
-cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"
-await "$DEMOS_PID" "${BESIDE_TESTS[*]} and the quickstart demos" "$LOG_DIR/beside.log"
-grep -E '^test result|^==> \[|^test.sh:|finished:completed' "$LOG_DIR/beside.log" | grep -E 'test result|beside real_node|quickstart end to end|test.sh:|finished' | sed 's/^/    /' || true
-cargo_passed="$(cat "$LOG_DIR/cargo-test.log" "$LOG_DIR/real-node.log" "$LOG_DIR/beside-tests.log" | grep -E '^test result: ok\.' | awk '{s += $4} END {print s + 0}')"
+setsid bash -c 'set -o pipefail; cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"' &
+REAL_NODE_PID=$!
+trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$CHECKS_PID" "-$PROCESSES_PID" "-$REAL_NODE_PID" 2>/dev/null || true' EXIT
+declare -A LANE_OF=([$CHECKS_PID]=checks [$PROCESSES_PID]=processes [$REAL_NODE_PID]=real_node)
+# Each lane's log, then the log of the tests it ran.
+declare -A LANE_LOGS=([checks]="$LOG_DIR/checks.log $LOG_DIR/cargo-test.log"
+  [processes]="$LOG_DIR/processes.log $LOG_DIR/process-tests.log" [real_node]="$LOG_DIR/real-node.log")
+while (( ${#LANE_OF[@]} > 0 )); do
+  rc=0
+  wait -n -p done_pid "${!LANE_OF[@]}" || rc=$?
+  lane="${LANE_OF[$done_pid]}"
+  unset "LANE_OF[$done_pid]"
+  if (( rc != 0 )); then
+    read -r -a logs <<< "${LANE_LOGS[$lane]}"
+    # The lane's own step lines say which step failed; then what each failing test said.
+    echo "test.sh: the $lane lane failed (rc $rc; the other lanes are stopped); its steps:" >&2
+    grep -E '^==> \[' "${logs[0]}" >&2 || true
+    for f in "${logs[@]}"; do
+      [[ -s "$f" ]] || continue
+      echo "--- failing tests in $f (up to 60 lines each, backtraces left out):" >&2
+      awk '/^---- .* stdout ----$|panicked at/ { p = 1; n = 0 } p && /^[Ss]tack backtrace:/ { p = 0 } p && n < 60 { print; n++ }' "$f" >&2
+      echo "--- the end of $f:" >&2
+      tail -n 30 "$f" >&2
+    done
+    exit 1
+  fi
+  echo "==> [$(printf '%4d' $((SECONDS - T0)))s] lane $lane passed"
+done
+grep -E '^test result' "$LOG_DIR/cargo-test.log" "$LOG_DIR/process-tests.log" | sed 's/^/    /' || true
+cargo_passed="$(cat "$LOG_DIR/cargo-test.log" "$LOG_DIR/real-node.log" "$LOG_DIR/process-tests.log" | grep -E '^test result: ok\.' | awk '{s += $4} END {print s + 0}')"
 (( cargo_passed > 0 )) || { echo "test.sh: cargo test ran no test" >&2; exit 1; }
 grep -qE '^test result: ok\. 1 passed' "$LOG_DIR/real-node.log" \
   || { echo "test.sh: real_node did not run its test" >&2; exit 1; }
-beside_ran="$(grep -cE '^test result: ok\. [1-9]' "$LOG_DIR/beside-tests.log" || true)"
-(( beside_ran == ${#BESIDE_TESTS[@]} )) \
-  || { echo "test.sh: $beside_ran of ${#BESIDE_TESTS[@]} test binaries beside real_node ran tests" >&2; exit 1; }
+process_ran="$(grep -cE '^test result: ok\. [1-9]' "$LOG_DIR/process-tests.log" || true)"
+(( process_ran == ${#PROCESS_TESTS[@]} )) \
+  || { echo "test.sh: $process_ran of ${#PROCESS_TESTS[@]} test binaries of the processes lane ran tests" >&2; exit 1; }
 demos_passed="$(wc -l < "$LOG_DIR/demos-passed")"
 (( demos_passed == ${#FLOWER_MATRIX[@]} )) \
   || { echo "test.sh: $demos_passed of ${#FLOWER_MATRIX[@]} demos passed" >&2; exit 1; }

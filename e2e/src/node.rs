@@ -10,8 +10,10 @@
 //! (kubelet, kube-proxy, containerd) by pid, container shims and container processes by the pids
 //! containerd recorded, `kube-proxy --cleanup`, the node's cgroups, every mount under its directory
 //! (overlay rootfs, shm, pod netns, kubelet volumes), its netns (and with it every iptables rule
-//! kubelet, kube-proxy and the CNI plugins wrote, which all live in that netns), and the kernel
-//! settings kubelet changes; [`NodeNetwork`] removes its bridge when the last node is gone.
+//! kubelet, kube-proxy and the CNI plugins wrote, which all live in that netns); [`NodeNetwork`]
+//! removes its bridge when the last node is gone, and the host's own state (kernel settings kubelet
+//! changes, fixed directories) is put back when the last run on this machine using it ends
+//! (several test processes may run real nodes at once: `host`).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use crate::cluster::{Cluster, node_ready};
+
+mod host;
 use crate::process::Processes;
 
 /// Environment variable naming the directory holding `kubelet` and `kube-proxy`.
@@ -62,16 +66,6 @@ spec:
 const NODE_STATE_FILE: &str = "node-state.json";
 /// Where the Debian package containernetworking-plugins installs the CNI plugins.
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
-/// Kernel settings kubelet sets on start (`setupKernelTunables`); restored when the last node of
-/// a run is gone ([`NodeNetwork`]'s drop; not after a killed run).
-const KUBELET_SYSCTLS: &[&str] = &[
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-];
 
 fn script(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -274,26 +268,10 @@ pub struct NodeNetwork {
     k: u8,
     bridge: String,
     next_node: AtomicU8,
-    /// Host directories that kubelet, containerd, CNI and `ip netns` make at fixed paths and that
-    /// did not exist before: removed at the end when empty.
-    new_dirs: Vec<&'static str>,
-    /// Whether /run/netns was a mount point before (`ip netns add` makes it one).
-    netns_was_mounted: bool,
-    /// Kernel settings kubelet changes, as they were before any node started.
-    sysctls: Vec<(String, String)>,
+    /// What the nodes change on the host (fixed directories, the `/run/netns` mount, kernel
+    /// settings kubelet writes): put back when the last run using the host ends.
+    _host: host::HostUse,
 }
-
-/// Fixed host paths the node components create whatever their configuration (deepest first).
-const HOST_DIRS: &[&str] = &[
-    "/var/lib/kubelet/device-plugins",
-    "/var/lib/kubelet",
-    "/var/log/containers",
-    "/var/lib/cni/results",
-    "/var/lib/cni",
-    "/run/containerd/s",
-    "/run/containerd",
-    "/run/netns",
-];
 
 fn is_mount_point(path: &str) -> bool {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -321,20 +299,7 @@ impl NodeNetwork {
                 k,
                 bridge,
                 next_node: AtomicU8::new(0),
-                new_dirs: HOST_DIRS
-                    .iter()
-                    .copied()
-                    .filter(|d| !Path::new(d).exists())
-                    .collect(),
-                netns_was_mounted: is_mount_point("/run/netns"),
-                sysctls: KUBELET_SYSCTLS
-                    .iter()
-                    .filter_map(|s| {
-                        std::fs::read_to_string(Path::new("/proc/sys").join(s))
-                            .ok()
-                            .map(|v| (s.to_string(), v.trim().to_string()))
-                    })
-                    .collect(),
+                _host: host::HostUse::take()?,
             };
             run("ip", &["link", "add", &net.bridge, "type", "bridge"])?;
             let up = (|| -> Result<()> {
@@ -400,24 +365,7 @@ impl NodeNetwork {
 impl Drop for NodeNetwork {
     fn drop(&mut self) {
         run_quiet("ip", &["link", "del", &self.bridge]);
-        // kubelet's device-plugin socket is at a fixed path; ours if the directory is.
-        if self.new_dirs.contains(&"/var/lib/kubelet/device-plugins") {
-            let _ = std::fs::remove_file("/var/lib/kubelet/device-plugins/kubelet.sock");
-        }
-        let netns_empty = std::fs::read_dir("/run/netns").is_ok_and(|mut d| d.next().is_none());
-        if !self.netns_was_mounted && netns_empty && is_mount_point("/run/netns") {
-            run_quiet("umount", &["/run/netns"]);
-        }
-        for d in &self.new_dirs {
-            // Only when empty: another run may be using it.
-            let _ = std::fs::remove_dir(d);
-        }
-        for (key, value) in &self.sysctls {
-            let path = Path::new("/proc/sys").join(key);
-            if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() != value) {
-                let _ = std::fs::write(&path, value);
-            }
-        }
+        // Then `_host` is dropped: the host is put back if no other run uses it.
     }
 }
 
@@ -1376,7 +1324,7 @@ pub fn reap_orphans() {
     if netns_empty && is_mount_point("/run/netns") {
         run_quiet("umount", &["/run/netns"]);
     }
-    for d in HOST_DIRS {
+    for d in host::HOST_DIRS {
         let _ = std::fs::remove_dir(d);
     }
 }
