@@ -110,7 +110,7 @@ impl JoinSettings {
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
             {
-                let (k, v) = crate::cli::join::parse_pair(item).map_err(|e| {
+                let (k, v) = parse_pair(item).map_err(|e| {
                     BootstrapError::Invalid(format!(
                         "secret {secret}: key {key}: {e}; write comma-separated key=value pairs"
                     ))
@@ -206,6 +206,17 @@ pub async fn read_secret(
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect()
     }))
+}
+
+/// Parses `key=value`.
+pub fn parse_pair(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!("empty key in {s:?}"));
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 #[cfg(test)]

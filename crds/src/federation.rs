@@ -25,15 +25,7 @@ pub const DEFAULT_FLEET_PORT: i32 = 9092;
 pub const DEFAULT_SERVERAPPIO_PORT: i32 = 9091;
 /// Default Control API port (`flwr run`), `spec.superlink.service.ports.extra`.
 pub const DEFAULT_CONTROL_PORT: i32 = 9093;
-/// Maximum number of SuperNode pools in one Federation.
-pub const MAX_POOLS: usize = 16;
-/// Maximum number of entries in one pool's `nodeConfig` (bounds the CEL cost).
-pub const MAX_NODE_CONFIG_ENTRIES: usize = 64;
-/// Maximum length of a `nodeConfig` key or string value (bounds the CEL cost).
-pub const MAX_NODE_CONFIG_LENGTH: usize = 1024;
-/// Maximum `replicas` of one pool on one cluster (pool or `clusterOverrides`): bounds how many
-/// SuperNodes, and the objects the hub and agents render for them, one Federation can ask for.
-pub const MAX_REPLICAS: i32 = 1000;
+pub use crate::limits::{MAX_NODE_CONFIG_ENTRIES, MAX_NODE_CONFIG_LENGTH, MAX_POOLS, MAX_REPLICAS};
 
 /// Desired state of a Flower federation: a SuperLink and one or more SuperNode pools.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod clusterset;
 pub mod crdgen;
 pub mod federation;
+mod limits;
 pub mod parse;
 pub mod placement;
 pub mod policy;

@@ -23,7 +23,7 @@ pub(crate) fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
 pub(crate) fn node_config_value_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "x-kubernetes-int-or-string": true,
-        "maxLength": crate::federation::MAX_NODE_CONFIG_LENGTH,
+        "maxLength": crate::limits::MAX_NODE_CONFIG_LENGTH,
     })
 }
 

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use flower_addon_crds::{ManagedCluster, PLACEMENT_LABEL, PlacementDecision};
-use flower_addon_hub::core::source::{InMemoryWorkSource, WorkSource};
+use flower_addon_hub::channel::source::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::kube::controller::placement;
 use flower_addon_hub::kube::work::KubeWorkSource;
 use flower_addon_hub::registration::store::file::FileStore;

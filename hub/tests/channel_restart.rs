@@ -108,7 +108,7 @@ async fn an_agent_keeps_its_work_until_a_restarted_hub_has_decided_it() {
     // Invariant: a restarted standalone hub (a gated work source) sends a reconnecting agent
     // nothing, not an empty list that would stop its SuperNodes, until it has computed that
     // cluster's work; then it sends it at once.
-    use flower_addon_hub::core::source::InMemoryWorkSource;
+    use flower_addon_hub::channel::source::InMemoryWorkSource;
     use flower_addon_hub::registration::store::file::FileStore;
     use flower_addon_proto::FederationWork;
     let dir = tempfile::tempdir().expect("tmp");

@@ -15,7 +15,7 @@ use std::time::Duration;
 mod standalone_support;
 use standalone_support::{Dirs, register};
 
-use flower_addon_hub::core::source::{InMemoryWorkSource, WorkSource};
+use flower_addon_hub::channel::source::{InMemoryWorkSource, WorkSource};
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::standalone::StandaloneHub;
 

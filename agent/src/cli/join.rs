@@ -186,16 +186,7 @@ pub async fn join_options(
     Ok(settings.into_options(store, &format!("secret {label} or the flags"), max_wait)?)
 }
 
-/// Parses `key=value`.
-pub fn parse_pair(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected key=value, got {s:?}"))?;
-    if k.is_empty() {
-        return Err(format!("empty key in {s:?}"));
-    }
-    Ok((k.to_string(), v.to_string()))
-}
+pub use crate::bootstrap::parse_pair;
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     parse_duration(s)

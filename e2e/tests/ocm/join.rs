@@ -9,7 +9,7 @@ use anyhow::{Result, ensure};
 use e2e::cluster::ControlPlane;
 use e2e::harness::{Wait, wait_until};
 use e2e::ocm::{OcmHub, managed_cluster_resource};
-use flower_addon_hub::core::source::WorkSource;
+use flower_addon_hub::channel::source::WorkSource;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 

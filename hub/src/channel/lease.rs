@@ -1,7 +1,6 @@
 //! Cluster leases: every message of a cluster's stream renews its lease; no heartbeat for
 //! [`LEASE_GRACE_TIMES`] leases makes it `Available=Unknown` (OCM's rule), counted afresh from a
 //! hub start for clusters the hub does not hear from.
-use super::work::is_current;
 use super::{Shared, internal};
 use crate::registration::store::{CONDITION_AVAILABLE, ClusterStore, LEASE_GRACE_TIMES};
 use crate::registration::tokens::unix_now;
@@ -46,13 +45,13 @@ fn last_seen_slot(name: &str, lease_duration: Duration, unix: u64) -> u64 {
 /// first message of each stream (a reconnection, also after a hub restart), and then only as a
 /// coarse last-seen ([`last_seen_slot`]). Only the cluster's current stream renews: a
 /// message that raced a revocation must not make the revoked cluster Available again.
-pub(super) fn renew_lease<S: ClusterStore, W: crate::core::source::WorkSource>(
+pub(super) fn renew_lease<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
     lease_duration: Duration,
 ) {
-    if !is_current(shared, name, stream) {
+    if !shared.is_current(name, stream) {
         return;
     }
     let now = Instant::now();
@@ -87,7 +86,7 @@ pub(super) fn renew_lease<S: ClusterStore, W: crate::core::source::WorkSource>(
                 .update_status(&name, |st| {
                     // Checked again under the status lock: the revocation watcher removes the
                     // stream before it records Available=False under the same lock.
-                    if !is_current(&shared, &name, stream) {
+                    if !shared.is_current(&name, stream) {
                         return;
                     }
                     st.last_heartbeat_unix = Some(at);
@@ -96,7 +95,7 @@ pub(super) fn renew_lease<S: ClusterStore, W: crate::core::source::WorkSource>(
                     }
                     // The stream was authorized, so the cluster is accepted: a HubAccepted
                     // condition the revocation watcher has not written yet goes with this write.
-                    super::work::acceptance_conditions(st, true, at);
+                    super::acceptance::acceptance_conditions(st, true, at);
                 })
                 .await;
             if let Err(error) = result {
@@ -117,7 +116,7 @@ pub(super) fn renew_lease<S: ClusterStore, W: crate::core::source::WorkSource>(
 /// [`LEASE_GRACE_TIMES`] × the lease. Clusters the store says are available when the hub starts
 /// get a fresh grace period from the start, so one whose agent died while no hub ran does not
 /// stay `Available=True` for ever.
-pub(crate) fn spawn_lease_checker<S: ClusterStore, W: crate::core::source::WorkSource>(
+pub(crate) fn spawn_lease_checker<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -167,7 +166,9 @@ pub(crate) fn spawn_lease_checker<S: ClusterStore, W: crate::core::source::WorkS
 
 /// Starts a grace period now for every accepted cluster the store records as available (or
 /// never saw), unless its stream already renewed the lease.
-async fn seed_leases<S: ClusterStore, W: crate::core::source::WorkSource>(shared: &Shared<S, W>) {
+async fn seed_leases<S: ClusterStore, W: crate::channel::source::WorkSource>(
+    shared: &Shared<S, W>,
+) {
     let clusters = match shared.store.list_clusters().await {
         Ok(clusters) => clusters,
         Err(error) => {

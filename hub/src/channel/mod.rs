@@ -19,15 +19,17 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
+mod acceptance;
 pub mod conns;
 mod lease;
 pub mod limits;
 pub(crate) mod registration;
 pub mod report;
+pub mod source;
 pub mod tls;
 pub mod work;
 
-use crate::core::source::WorkSource;
+use crate::channel::source::WorkSource;
 pub(crate) use registration::validate_cluster_name;
 
 /// Errors starting or running the channel server.
@@ -130,6 +132,14 @@ pub(crate) struct Shared<S, W> {
     /// Bounds the status writes that streams start beside themselves (heartbeats, allocatable
     /// resources), so 10,000 connecting clusters queue here rather than at the store.
     pub(crate) store_writes: tokio::sync::Semaphore,
+}
+
+impl<S, W> Shared<S, W> {
+    /// Whether `stream` is still the registered stream of `name` (not revoked, replaced or
+    /// closed).
+    pub(crate) fn is_current(&self, name: &str, stream: u64) -> bool {
+        self.streams.get(name).is_some_and(|e| e.id == stream)
+    }
 }
 
 /// Status writes started by streams that run at once ([`Shared::store_writes`]).

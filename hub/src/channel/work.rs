@@ -4,9 +4,7 @@
 use super::lease::renew_lease;
 use super::tls::PeerInfo;
 use super::{Shared, internal};
-use crate::registration::store::{
-    CONDITION_AVAILABLE, CONDITION_HUB_ACCEPTED, ClusterStatus, ClusterStore,
-};
+use crate::registration::store::{CONDITION_AVAILABLE, ClusterStore};
 use crate::registration::tokens::unix_now;
 use flower_addon_proto::agent_message::Kind as AgentKind;
 use flower_addon_proto::hub_message::Kind as HubKind;
@@ -20,12 +18,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Reason of `Available=False` on a cluster the hub no longer accepts (`hubAcceptsClient=false`).
-pub const REASON_REVOKED: &str = "ClusterRevoked";
+pub use super::acceptance::{REASON_ADMIN_REVOKED, REASON_REVOKED, acceptance_conditions};
 
 /// The open stream of one cluster, so a newer stream or a revocation can stop it.
 pub(crate) struct StreamEntry {
-    id: u64,
+    pub(super) id: u64,
     key_fingerprint: String,
     stop: oneshot::Sender<Status>,
 }
@@ -42,7 +39,7 @@ pub(crate) struct WorkService<S, W> {
 }
 
 #[tonic::async_trait]
-impl<S: ClusterStore, W: crate::core::source::WorkSource> Work for WorkService<S, W> {
+impl<S: ClusterStore, W: crate::channel::source::WorkSource> Work for WorkService<S, W> {
     type ConnectStream = ReceiverStream<Result<HubMessage, Status>>;
 
     async fn connect(
@@ -100,7 +97,7 @@ impl<S: ClusterStore, W: crate::core::source::WorkSource> Work for WorkService<S
 
 /// Drives one cluster's stream until the agent leaves, the stream is replaced or revoked, or the
 /// hub stops.
-async fn run_stream<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn run_stream<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     name: String,
     id: u64,
@@ -215,7 +212,7 @@ async fn send(
 }
 
 /// Checks that a message speaks only for the stream's own cluster, then records it.
-async fn handle_agent_message<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn handle_agent_message<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     stream: u64,
@@ -261,7 +258,7 @@ async fn handle_agent_message<S: ClusterStore, W: crate::core::source::WorkSourc
 /// Stores the allocatable resources a cluster reports (for the `ResourceAllocatable*`
 /// prioritizers) when they changed; bounded to the two keys placement reads. Written beside the
 /// stream, like the heartbeat.
-fn record_allocatable<S: ClusterStore, W: crate::core::source::WorkSource>(
+fn record_allocatable<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Arc<Shared<S, W>>,
     name: &str,
     reported: &std::collections::HashMap<String, String>,
@@ -300,14 +297,9 @@ fn record_allocatable<S: ClusterStore, W: crate::core::source::WorkSource>(
     });
 }
 
-/// Whether `stream` is still the registered stream of `name` (not revoked, replaced or closed).
-pub(super) fn is_current<S, W>(shared: &Shared<S, W>, name: &str, stream: u64) -> bool {
-    shared.streams.get(name).is_some_and(|e| e.id == stream)
-}
-
 /// Closes the stream of any cluster that is deleted, no longer accepted or re-bound to another
 /// key, as soon as the store announces the change.
-pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: crate::core::source::WorkSource>(
+pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: Arc<Shared<S, W>>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -386,7 +378,7 @@ pub(crate) fn spawn_revocation_watcher<S: ClusterStore, W: crate::core::source::
 }
 
 /// The names of every stored cluster and every open stream, sorted, without duplicates.
-async fn every_cluster<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn every_cluster<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Shared<S, W>,
 ) -> Vec<String> {
     let stored = match shared.store.cached_clusters() {
@@ -434,56 +426,9 @@ fn distrust(
     }
 }
 
-/// Reason of `HubAcceptedManagedCluster=False` once an accepted cluster is revoked.
-pub const REASON_ADMIN_REVOKED: &str = "HubClusterAdminRevoked";
-
-/// Brings the acceptance conditions of `status` in line with `hub_accepts_client`: accepted →
-/// `HubAcceptedManagedCluster=True`; revoked after having been accepted →
-/// `HubAcceptedManagedCluster=False` and `Available=False` (a cluster still waiting for
-/// acceptance keeps its `WaitingForAcceptance`). Returns whether a condition's status changed.
-pub fn acceptance_conditions(
-    status: &mut ClusterStatus,
-    hub_accepts_client: bool,
-    now: u64,
-) -> bool {
-    let is = |st: &ClusterStatus, t: &str, v: &str| st.condition(t).is_some_and(|c| c.status == v);
-    if hub_accepts_client {
-        if is(status, CONDITION_HUB_ACCEPTED, "True") {
-            return false;
-        }
-        return status.set_condition(
-            CONDITION_HUB_ACCEPTED,
-            "True",
-            "HubClusterAdminAccepted",
-            "",
-            now,
-        );
-    }
-    let mut changed = false;
-    if is(status, CONDITION_HUB_ACCEPTED, "True") {
-        changed |= status.set_condition(
-            CONDITION_HUB_ACCEPTED,
-            "False",
-            REASON_ADMIN_REVOKED,
-            "hubAcceptsClient=false: set it to true (`flower-hub accept`) to let the cluster back in",
-            now,
-        );
-    }
-    if is(status, CONDITION_AVAILABLE, "True") {
-        changed |= status.set_condition(
-            CONDITION_AVAILABLE,
-            "False",
-            REASON_REVOKED,
-            "hubAcceptsClient=false: the hub closed the cluster's work stream and sends it no work",
-            now,
-        );
-    }
-    changed
-}
-
 /// Writes [`acceptance_conditions`] for cluster `name` when they change anything (so the
 /// write's own change event finds nothing to do).
-async fn sync_acceptance<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn sync_acceptance<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
 ) {
@@ -499,7 +444,7 @@ async fn sync_acceptance<S: ClusterStore, W: crate::core::source::WorkSource>(
 }
 
 /// [`sync_acceptance`] of a record already read (no read when nothing changes).
-async fn sync_acceptance_of<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn sync_acceptance_of<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Shared<S, W>,
     record: crate::registration::store::ClusterRecord,
 ) {
@@ -525,7 +470,7 @@ async fn sync_acceptance_of<S: ClusterStore, W: crate::core::source::WorkSource>
 
 /// Records `Available=False` (reason [`REASON_REVOKED`]) on a cluster whose acceptance the
 /// admin withdrew.
-async fn mark_revoked<S: ClusterStore, W: crate::core::source::WorkSource>(
+async fn mark_revoked<S: ClusterStore, W: crate::channel::source::WorkSource>(
     shared: &Shared<S, W>,
     name: &str,
 ) {

@@ -1,10 +1,10 @@
 //! `flower-hub serve`: the long-running hub. Its flags, the standalone hub and what both modes
 //! share (the ops endpoints, the listeners, the work channel's settings) are here; Kubernetes
 //! mode is the submodule `kubernetes`.
+use crate::channel::source::InMemoryWorkSource;
 use crate::channel::{ChannelConfig, ChannelServer};
 use crate::cli::registration::DEFAULT_PORT;
 use crate::core::sans::SuperLinkNames;
-use crate::core::source::InMemoryWorkSource;
 use crate::registration::store::file::FileStore;
 use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
 use crate::standalone::{StandaloneConfig, StandaloneHub};
@@ -394,7 +394,7 @@ fn channel_config(args: &ServeArgs, advertise: Vec<String>) -> ChannelConfig {
 /// stop through `stop`.
 async fn serve_until_signal<
     S: crate::registration::store::ClusterStore + 'static,
-    W: crate::core::source::WorkSource + 'static,
+    W: crate::channel::source::WorkSource + 'static,
 >(
     server: ChannelServer<S, W>,
     listeners: Vec<tokio::net::TcpListener>,

@@ -15,7 +15,7 @@ use flower_addon_crds::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::placement::selector_matches;
+use super::selector::selector_matches;
 
 /// Which clusters a set holds.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,10 +1,12 @@
 //! The hub's pure core, shared by both adapters (Kubernetes controllers; standalone files and
 //! processes): which clusters a Placement may select ([`clustersets`]) and selects ([`placement`]),
 //! what each selected cluster runs ([`work`]), the SuperLink's arguments ([`superlink`]) and
-//! objects ([`render`]), what keeps a Federation from being applied ([`problems`]), the versioned
-//! index of each cluster's work that the work channel serves from ([`source`]), and when a
-//! SuperLink certificate is re-issued ([`renewal`]), and what to do next for a `FlowerRun` ([`run`]). Nothing here does I/O; every function is
-//! unit-tested without a cluster or a process.
+//! objects ([`render`]), what keeps a Federation from being applied ([`problems`]), when a
+//! SuperLink certificate is re-issued ([`renewal`]), and what to do next for a `FlowerRun`
+//! ([`run`]). Nothing here does I/O, reads a clock (callers pass the time) or imports the modules
+//! above it (`flower`, `kube`, `standalone`, `channel`); every function is unit-tested without a
+//! cluster or a process. The versioned index of each cluster's work that the work channel serves
+//! from is `crate::channel::source`.
 pub mod clustersets;
 pub mod hold;
 pub mod nodekeys;
@@ -14,7 +16,7 @@ pub mod render;
 pub mod renewal;
 pub mod run;
 pub mod sans;
-pub mod source;
+pub mod selector;
 pub mod status;
 pub mod superlink;
 pub mod text;

@@ -23,6 +23,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::selector::{requirement_matches, selector_matches};
+
 pub use flower_addon_crds::{TAINT_UNAVAILABLE, TAINT_UNREACHABLE};
 mod spec;
 pub use spec::{placement_policy, policy_from_spec};
@@ -459,33 +461,6 @@ fn matches_predicates(predicates: &[PredicateView], cluster: &ClusterView) -> bo
                 .iter()
                 .all(|req| requirement_matches(req, &cluster.claims))
     })
-}
-
-/// True when `labels` satisfy the Kubernetes label selector (an empty selector matches all).
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v))
-        && selector
-            .match_expressions
-            .iter()
-            .flatten()
-            .all(|req| requirement_matches(req, labels))
-}
-
-fn requirement_matches(req: &LabelSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let values = req.values.as_deref().unwrap_or(&[]);
-    let value = labels.get(&req.key);
-    match req.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        // Unknown operators match nothing; validation reports them before we get here.
-        _ => false,
-    }
 }
 
 /// Allocatable CPU (millicores) and memory (bytes) from reported quantities (`cpu`, `memory`).

@@ -17,7 +17,7 @@ use flower_addon_crds::{Federation, PLACEMENT_LABEL, PlacementDecision};
 use flower_addon_proto::{FederationWork, PoolWork};
 use k8s_openapi::api::core::v1::ResourceRequirements;
 
-use crate::core::placement::selector_matches;
+use crate::core::selector::selector_matches;
 
 /// One pool on one cluster.
 #[derive(Clone, Debug, PartialEq)]

@@ -33,11 +33,8 @@ mod copy;
 pub use copy::copy_verified;
 use copy::{Verify, destination};
 
-/// Port of the SuperLink pod's `outputs-server` sidecar.
-pub const OUTPUTS_PORT: u16 = 9099;
-/// Where the Federation's outputs volume is mounted on the SuperLink pod (the ServerApp's
-/// container and the sidecar).
-pub const OUTPUTS_MOUNT_DIR: &str = "/var/lib/flwr/outputs";
+/// The SuperLink pod's outputs sidecar port and mount, as the pod is rendered.
+pub use crate::core::render::{OUTPUTS_MOUNT_DIR, OUTPUTS_PORT};
 /// Files one run may output; a listing with more is an error.
 pub const MAX_FILES: usize = 1000;
 /// Directory nesting below a run's directory that a listing follows.

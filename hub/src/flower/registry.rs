@@ -52,6 +52,14 @@ pub struct Diagnosis {
     pub message: String,
 }
 
+impl Diagnosis {
+    /// `(reason, message)` of the `SuperLinkHealthy=False` condition it makes
+    /// ([`crate::core::status::superlink_health`]).
+    pub fn health(&self) -> (&'static str, &str) {
+        (self.fault.reason(), &self.message)
+    }
+}
+
 /// What the registry knows of one Federation's SuperLink.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FederationKeys {

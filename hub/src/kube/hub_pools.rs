@@ -29,8 +29,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::time::Instant;
 
+use crate::channel::source::WorkSource;
 use crate::core::HUB_CLUSTER;
-use crate::core::source::WorkSource;
 use crate::kube::backoff::ShortBackoff;
 use crate::kube::work::KubeWorkSource;
 

@@ -30,10 +30,10 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::channel::source::{InMemoryWorkSource, WorkSource};
 use crate::core::HUB_CLUSTER;
 use crate::core::render::in_cluster_fleet_address;
 use crate::core::render::{federation_dialect, spoke_fleet_address};
-use crate::core::source::{InMemoryWorkSource, WorkSource};
 use crate::core::work::{WorkInputs, placed_on};
 use crate::flower::registry::NodeKeyRegistry;
 use crate::kube::backoff::ShortBackoff;

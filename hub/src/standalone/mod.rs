@@ -20,9 +20,9 @@ pub mod runs;
 pub mod status;
 pub mod superlink;
 
+use crate::channel::source::InMemoryWorkSource;
 use crate::core::HUB_CLUSTER;
 use crate::core::placement::{self, ClusterView, TaintEffect, TaintView};
-use crate::core::source::InMemoryWorkSource;
 use crate::core::superlink::SuperLinkPorts;
 use crate::core::work::WorkInputs;
 use crate::registration::ca::HubCa;

@@ -7,7 +7,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// Runs the pools of Federations without `placementRef` on this machine and records their
     /// status like an agent's report.
     pub(super) async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
-        use crate::core::source::WorkSource;
+        use crate::channel::source::WorkSource;
         use flower_addon_agent::runtime::Runtime;
         let Some(federations) = crate::core::hold::hold(
             federations.unwrap_or_default(),

@@ -1,7 +1,7 @@
 //! Status of the standalone hub, written to `<state>/status.json` after every reconcile pass and
 //! printed by `flower-hub status` (a table like `kubectl get federation`, or JSON).
+use crate::channel::source::InMemoryWorkSource;
 use crate::core::placement::ClusterView;
-use crate::core::source::InMemoryWorkSource;
 use crate::registration::store::{CONDITION_AVAILABLE, ClusterRecord};
 use flower_addon_crds::Federation;
 use serde::{Deserialize, Serialize};
@@ -137,8 +137,11 @@ impl FederationSummary {
     ) -> Self {
         let online = keys.map(|k| &k.online);
         self.superlink_healthy = keys.map(|k| {
-            let (status, reason, message) =
-                crate::core::status::superlink_health(k.problem.as_ref());
+            let (status, reason, message) = crate::core::status::superlink_health(
+                k.problem
+                    .as_ref()
+                    .map(crate::flower::registry::Diagnosis::health),
+            );
             HealthSummary {
                 status: status.to_owned(),
                 reason: reason.to_owned(),

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 use flower_addon_agent::credentials::Credentials;
 use flower_addon_agent::join::{JoinError, JoinOptions, join};
+use flower_addon_hub::channel::source::InMemoryWorkSource;
 use flower_addon_hub::channel::{ChannelConfig, ChannelServer};
-use flower_addon_hub::core::source::InMemoryWorkSource;
 use flower_addon_hub::registration::ca::HubCa;
 use flower_addon_hub::registration::store::file::FileStore;
 use flower_addon_hub::registration::store::{ClusterRecord, ClusterStore, load_or_create_ca};

@@ -25,7 +25,7 @@ use e2e::ControlPlane;
 use e2e::addon::HUB_NS;
 use flower_addon_agent::channel::{RunOptions, run};
 use flower_addon_agent::runtime::{MemoryRuntime, Runtime};
-use flower_addon_hub::core::source::WorkSource;
+use flower_addon_hub::channel::source::WorkSource;
 use flower_addon_hub::kube::store::KubeStore;
 use flower_addon_hub::registration::ca::CaRole;
 use rand::rngs::StdRng;

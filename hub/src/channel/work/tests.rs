@@ -1,4 +1,5 @@
 use super::*;
+use crate::registration::store::{CONDITION_HUB_ACCEPTED, ClusterStatus};
 
 fn status_of(conditions: &[(&str, &str)]) -> ClusterStatus {
     let mut st = ClusterStatus::default();

@@ -26,7 +26,8 @@ pub use flower_addon_crds::render::address::{host_of, with_default_port};
 pub use network_policy::render_superlink_network_policy;
 pub use service::{render_superlink_control_service, render_superlink_service};
 pub use superlink::{
-    STATE_MOUNT_DIR, STATE_VOLUME, SUPERLINK_CONTAINER, TLS_MOUNT_DIR, render_superlink,
+    OUTPUTS_MOUNT_DIR, OUTPUTS_PORT, STATE_MOUNT_DIR, STATE_VOLUME, SUPERLINK_CONTAINER,
+    TLS_MOUNT_DIR, render_superlink,
 };
 
 /// Why a Federation cannot be rendered.

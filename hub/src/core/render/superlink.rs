@@ -16,13 +16,17 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use crate::flower::outputs::{OUTPUTS_MOUNT_DIR, OUTPUTS_PORT};
-
 use crate::core::superlink::{
     SuperLinkLayout, SuperLinkPorts, serverapp_superexec_argv, superlink_argv,
 };
 
 use super::{HubRenderError, name, namespace, superlink_name, superlink_tls_secret_name};
+
+/// Port of the SuperLink pod's `outputs-server` sidecar.
+pub const OUTPUTS_PORT: u16 = 9099;
+/// Where the Federation's outputs volume is mounted on the SuperLink pod (the ServerApp's
+/// container and the sidecar).
+pub const OUTPUTS_MOUNT_DIR: &str = "/var/lib/flwr/outputs";
 
 /// Volume holding the SuperLink database. An `emptyDir` (survives container restarts) unless
 /// `spec.superlink.volumeClaimTemplates` has a claim with this name (survives pod deletion).

@@ -137,28 +137,34 @@ impl FabUrlCache {
                 return FabBytes::Missing(failing.message.clone());
             }
         }
+        let started = Instant::now();
         let result = download(url, Some(sha256), &self.shared.limits).await;
         let mut state = self.lock();
         state.downloading.remove(&key);
         let retry_after = self.shared.retry_after;
-        // A failure older than two retry intervals no longer counts towards MAX_ATTEMPTS.
+        // A failure older than two retry intervals no longer counts towards MAX_ATTEMPTS: for
+        // this URL, older when this attempt started (an attempt may take longer than that: a
+        // server that hangs until the 30 s timeout, against 10 s between attempts, would
+        // otherwise restart the count each time and be tried for ever).
+        let previous = state
+            .failed
+            .remove(url)
+            .filter(|f| started.duration_since(f.at) < retry_after * 2);
         state.failed.retain(|_, f| f.at.elapsed() < retry_after * 2);
         match result {
             Ok(bytes) => {
                 tracing::info!(%url, bytes = bytes.len(), "downloaded FAB");
-                state.failed.remove(url);
                 state.insert(key, Done::Found(bytes.clone()));
                 FabBytes::Found(bytes)
             }
             Err(e) if e.is_transient() => {
-                let attempts = state.failed.get(url).map_or(0, |f| f.attempts) + 1;
+                let attempts = previous.map_or(0, |f| f.attempts) + 1;
                 if attempts >= MAX_ATTEMPTS {
                     tracing::warn!(%url, error = %e, attempts, "FAB download failed; giving up");
                     let message = format!(
                         "{e}; gave up after {attempts} attempts {} s apart",
                         self.shared.retry_after.as_secs_f64()
                     );
-                    state.failed.remove(url);
                     state.insert(key, Done::Refused(message.clone()));
                     return FabBytes::Unusable(message);
                 }
@@ -180,7 +186,6 @@ impl FabUrlCache {
             Err(e) => {
                 tracing::warn!(%url, error = %e, "FAB download refused");
                 let message = e.to_string();
-                state.failed.remove(url);
                 state.insert(key, Done::Refused(message.clone()));
                 FabBytes::Unusable(message)
             }

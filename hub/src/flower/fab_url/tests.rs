@@ -855,3 +855,27 @@ async fn the_cache_gives_a_failing_url_up_after_thirty_attempts() {
     assert_eq!(cache.get(&url, &hash).await, last, "remembered");
     assert_eq!(server.hits.load(Ordering::SeqCst), 30);
 }
+
+#[tokio::test]
+async fn a_url_whose_downloads_time_out_keeps_counting_its_attempts() {
+    // Invariant: the attempt count of a URL survives an attempt that takes longer than the
+    // time between attempts (a server that hangs until the download timeout: 30 s against 10 s
+    // in the hub), so such a URL is given up after 30 attempts like any other, not tried for ever.
+    let server = serve(vec![("/hangs.fab", Reply::Declared(1024))]).await;
+    let retry = Duration::from_millis(20);
+    let limits = DownloadLimits {
+        timeout: Duration::from_millis(200),
+        ..quick()
+    };
+    let cache = FabUrlCache::with_limits(limits, retry);
+    let url = server.url("/hangs.fab");
+    let hash = "b".repeat(64);
+    for attempt in 1..=3 {
+        let got = cache.get(&url, &hash).await;
+        assert!(
+            matches!(&got, FabBytes::Missing(m) if m.contains(&format!("attempt {attempt} of 30"))),
+            "attempt {attempt}: {got:?}"
+        );
+        tokio::time::sleep(retry + Duration::from_millis(10)).await;
+    }
+}

@@ -111,8 +111,11 @@ pub(super) async fn write_cluster_statuses(
                     .find(|c| c.type_ == crate::core::status::SUPERLINK_HEALTHY)
             });
             let health = keys.as_ref().map(|k| {
-                let (status, reason, message) =
-                    crate::core::status::superlink_health(k.problem.as_ref());
+                let (status, reason, message) = crate::core::status::superlink_health(
+                    k.problem
+                        .as_ref()
+                        .map(crate::flower::registry::Diagnosis::health),
+                );
                 health_condition(
                     current_health,
                     status,
