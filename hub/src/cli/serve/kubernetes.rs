@@ -23,14 +23,28 @@ pub use crate::kube::store::CA_SECRET;
 /// Kubernetes mode: the Federation controller (SuperLink, Service, TLS Secret and, for
 /// Federations without `placementRef`, the pools in this cluster), the Placement controller
 /// (PlacementDecisions from ManagedClusters), the FlowerRun controller (runs submitted to,
-/// followed on and stopped at the Federations' SuperLinks), and the work channel on `--listen` (agents join
-/// into ManagedClusters, tokens are Secrets, work comes from Federations + PlacementDecisions),
-/// with the hub CA kept in the Secret `flower-hub-ca` of `--namespace`.
+/// followed on and stopped at the Federations' SuperLinks), and the work channel on `--listen`
+/// (agents join into ManagedClusters, tokens are Secrets, work comes from Federations +
+/// PlacementDecisions), with the hub CA kept in the Secret `flower-hub-ca` of `--namespace`.
+///
+/// In steps: check the flags; serve health and metrics; connect to the API; with
+/// `--leader-elect`, wait to lead; load the CAs; start the work source and the controllers; serve
+/// the work channel until stopped.
 pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
+    let leader = leader_config(&args)?;
+    if let Some(why) = args.pod_policy.policy()?.level_conflict("flower-hub serve") {
+        anyhow::bail!(why);
+    }
+    runtime.block_on(serve(args, leader))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--leader-elect`'s settings, checked.
+fn leader_config(args: &ServeArgs) -> anyhow::Result<Option<crate::kube::leader::LeaderConfig>> {
     let leader = args
         .leader_elect
         .then(|| crate::kube::leader::LeaderConfig {
@@ -44,220 +58,301 @@ pub(super) fn serve_kubernetes(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(config) = &leader {
         config.validate().map_err(anyhow::Error::msg)?;
     }
-    if let Some(why) = args.pod_policy.policy()?.level_conflict("flower-hub serve") {
-        anyhow::bail!(why);
-    }
-    runtime.block_on(async move {
-        let mut checks = vec![
-            CHANNEL_READY,
-            WORK_SOURCE_READY,
-            crate::kube::controller::READY_CHECK,
-            crate::kube::controller::placement::READY_CHECK,
-        ];
-        if leader.is_some() {
-            checks.push(LEADER_READY);
-        }
-        let health = Health::new(&checks);
-        // The scrape-time gauges read the work source's caches, which exist only once it has
-        // started: until then a scrape shows the counters alone.
-        let refresh: Arc<std::sync::OnceLock<Refresh>> = Arc::default();
-        let deferred: Refresh = {
-            let refresh = refresh.clone();
-            Arc::new(move || match refresh.get() {
-                Some(r) => r(),
-                None => Box::pin(async { crate::metrics::refresh_process() }),
-            })
-        };
-        serve_ops(&args, health.clone(), false, Some(deferred)).await?;
-        let kube_config = kube::Config::infer().await.context(
-            "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
-        )?;
-        let fab_egress = api_server_refused(
-            crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
-                .map_err(anyhow::Error::msg)?,
-            &kube_config.cluster_url,
-        )
-        .await;
-        let client = kube::Client::try_from(kube_config).context(
-            "connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)",
-        )?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stop_tx = Arc::new(stop_tx);
+    Ok(leader)
+}
+
+/// How the hub stops: on a signal, or when it lost the lead (then it exits with that error).
+struct Stop {
+    tx: Arc<tokio::sync::watch::Sender<bool>>,
+    rx: tokio::sync::watch::Receiver<bool>,
+    lost: Arc<std::sync::Mutex<Option<crate::kube::leader::LeadershipLost>>>,
+}
+
+impl Stop {
+    /// Stops on SIGTERM/SIGINT.
+    fn on_signal() -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tx = Arc::new(tx);
         {
-            let stop_tx = stop_tx.clone();
+            let tx = tx.clone();
             tokio::spawn(async move {
                 shutdown_signal().await;
                 tracing::info!("stopping");
-                let _ = stop_tx.send(true);
+                let _ = tx.send(true);
             });
         }
-        // A standby waits here, serving /healthz but not ready, until it holds the Lease.
-        let elector = leader.map(|config| Arc::new(crate::kube::leader::Elector::new(client.clone(), config)));
-        if let Some(elector) = &elector {
-            let config = elector.config();
-            println!(
-                "flower-hub: leader election on Lease {}/{} as {}: waiting to lead",
-                config.namespace, config.name, config.identity
-            );
-            if !elector.acquire(wait_stop(stop_rx.clone())).await {
-                return anyhow::Ok(());
-            }
-            println!("flower-hub: leading");
-            health.set(LEADER_READY, true);
+        Self {
+            tx,
+            rx,
+            lost: Arc::default(),
         }
-        let lost: Arc<std::sync::Mutex<Option<crate::kube::leader::LeadershipLost>>> =
-            Arc::default();
-        if let Some(elector) = &elector {
-            let (elector, lost, stop_tx) = (elector.clone(), lost.clone(), stop_tx.clone());
-            tokio::spawn(async move {
-                let why = elector.hold().await;
-                tracing::error!(error = %why, "no longer the leader: stopping");
-                if let Ok(mut lost) = lost.lock() {
-                    *lost = Some(why);
-                }
-                let _ = stop_tx.send(true);
-            });
-        }
-        // Just after an outage the apiserver answers /readyz before every request succeeds
-        // (504s while its storage clients reconnect): a new leader retries these reads instead
-        // of exiting (which cost the hub pod a second restart per etcd outage). Anything else
-        // (the lost-CA refusal among them) still stops the hub.
-        let ca = Arc::new(
-            retry_transient("reading the work-channel CA", &stop_rx, || {
-                load_or_create_ca_secret(client.clone(), &args.namespace)
-            })
-            .await?,
-        );
-        let flower_ca = retry_transient("reading the Flower CA", &stop_rx, || async {
-            let store = crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace);
-            crate::registration::store::load_or_create_ca_noting_loss(&store, CaRole::Flower)
-                .await
-                .with_context(|| {
-                    format!(
-                        "the CA Secret {}/{}",
-                        args.namespace,
-                        crate::kube::store::FLOWER_CA_SECRET
-                    )
-                })
-        })
-        .await?;
-        if let Some(message) = &flower_ca.replaced_lost {
-            publish_lost_flower_ca(client.clone(), &args.namespace, message).await;
-        }
-        let flower_ca = Arc::new(flower_ca.ca);
-        retry_transient("marking the CAs in force", &stop_rx, || async {
-            super::mark_cas_in_force(
-                &crate::kube::store::KubeStore::without_watch(client.clone(), &args.namespace),
-                &ca,
-                &flower_ca,
-            )
-            .await
-        })
-        .await?;
-        println!(
-            "flower-hub: Kubernetes mode, work-channel CA in secret {}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {}/{}",
-            args.namespace,
-            ca.hash(),
-            args.namespace,
-            crate::kube::store::FLOWER_CA_SECRET
-        );
-        let store = Arc::new(
-            crate::kube::store::KubeStore::new(client.clone(), args.namespace.clone())
-                .with_lease_duration(args.lease_duration),
-        );
-        let listeners = bind(&args.listen).await?;
-        health.set(CHANNEL_READY, true);
-        let pod_policy = args.pod_policy.policy()?;
-        let work = Arc::new(
-            crate::kube::work::KubeWorkSource::start_with_policy(
-                client.clone(),
-                flower_ca.clone(),
-                pod_policy.clone(),
-            )
-            .await?,
-        );
-        health.set(WORK_SOURCE_READY, true);
-        let _ = refresh.set(crate::kube::metrics::refresh(
+    }
+
+    fn wait(&self) -> impl Future<Output = ()> + Send + 'static {
+        wait_stop(self.rx.clone())
+    }
+}
+
+async fn serve(
+    args: ServeArgs,
+    leader: Option<crate::kube::leader::LeaderConfig>,
+) -> anyhow::Result<()> {
+    let (health, refresh) = serve_health_and_metrics(&args, leader.is_some()).await?;
+    let kube_config = kube::Config::infer()
+        .await
+        .context("connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let fab_egress = api_server_refused(
+        crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
+            .map_err(anyhow::Error::msg)?,
+        &kube_config.cluster_url,
+    )
+    .await;
+    let client = kube::Client::try_from(kube_config)
+        .context("connect to the hub cluster's Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let stop = Stop::on_signal();
+    let elector =
+        leader.map(|config| Arc::new(crate::kube::leader::Elector::new(client.clone(), config)));
+    if let Some(elector) = &elector
+        && !lead(elector, &health, &stop).await
+    {
+        return Ok(());
+    }
+    let (ca, flower_ca) = load_cas(&client, &args.namespace, &stop.rx).await?;
+    let store = Arc::new(
+        crate::kube::store::KubeStore::new(client.clone(), args.namespace.clone())
+            .with_lease_duration(args.lease_duration),
+    );
+    let listeners = bind(&args.listen).await?;
+    health.set(CHANNEL_READY, true);
+    let pod_policy = args.pod_policy.policy()?;
+    let work = Arc::new(
+        crate::kube::work::KubeWorkSource::start_with_policy(
             client.clone(),
-            work.federations(),
-            work.clusters(),
-        ));
-        let config = channel_config(
-            &args,
-            kubernetes_advertise(&args.advertise_address, &args.namespace),
-        );
-        let node_address = args.node_address.clone().filter(|a| !a.is_empty());
-        let superlink_names = SuperLinkNames::new(
-            args.advertise_address
-                .iter()
-                .chain(&node_address)
-                .map(String::as_str),
-            &args.superlink_name,
-        )?;
-        let runs_ca = flower_ca.clone();
-        let federations = tokio::spawn(crate::kube::controller::run(
-            client.clone(),
-            flower_ca,
-            crate::kube::controller::Settings {
-                node_address,
-                superlink_cert_validity: args.superlink_cert_validity,
-                superlink_names,
-                pod_policy: pod_policy.clone(),
-                fab_egress: fab_egress.clone(),
-            },
-            health.clone(),
-            wait_stop(stop_rx.clone()),
-        ));
-        let local_pools = tokio::spawn(crate::kube::hub_pools::run(
-            client.clone(),
-            work.clone(),
-            pod_policy,
-            wait_stop(stop_rx.clone()),
-        ));
-        let runs = tokio::spawn(crate::kube::controller::runs::run(
-            client.clone(),
-            runs_ca,
-            fab_egress,
-            wait_stop(stop_rx.clone()),
-        ));
-        let ocm_addon = tokio::spawn(crate::kube::ocm_addon::run(
-            client.clone(),
-            store.clone(),
-            ca.clone(),
-            config.cert_validity,
-            wait_stop(stop_rx.clone()),
-        ));
-        let placements = tokio::spawn(crate::kube::controller::placement::run(
+            flower_ca.clone(),
+            pod_policy.clone(),
+        )
+        .await?,
+    );
+    health.set(WORK_SOURCE_READY, true);
+    let _ = refresh.set(crate::kube::metrics::refresh(
+        client.clone(),
+        work.federations(),
+        work.clusters(),
+    ));
+    let config = channel_config(
+        &args,
+        kubernetes_advertise(&args.advertise_address, &args.namespace),
+    );
+    let controllers = spawn_controllers(
+        &args,
+        Controllers {
             client,
+            work: work.clone(),
+            store: store.clone(),
+            ca: ca.clone(),
+            flower_ca,
+            cert_validity: config.cert_validity,
+            fab_egress,
+            pod_policy,
             health,
-            wait_stop(stop_rx.clone()),
-        ));
-        println!(
-            "flower-hub: serving the work channel on {}",
-            args.listen
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        ChannelServer::new(store, work, ca, config)
-            .serve(listeners, wait_stop(stop_rx.clone()))
-            .await?;
-        let _ = federations.await;
-        let _ = local_pools.await;
-        let _ = placements.await;
-        let _ = ocm_addon.await;
-        let _ = runs.await;
-        if let Some(lost) = lost.lock().ok().and_then(|mut l| l.take()) {
-            return Err(anyhow::Error::new(lost));
+        },
+        &stop,
+    )?;
+    println!(
+        "flower-hub: serving the work channel on {}",
+        args.listen
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    ChannelServer::new(store, work, ca, config)
+        .serve(listeners, stop.wait())
+        .await?;
+    for task in controllers {
+        let _ = task.await;
+    }
+    if let Some(lost) = stop.lost.lock().ok().and_then(|mut l| l.take()) {
+        return Err(anyhow::Error::new(lost));
+    }
+    // Stopped on a signal: a standby takes over at its next try.
+    if let Some(elector) = &elector {
+        elector.release().await;
+    }
+    Ok(())
+}
+
+/// Serves /healthz, /readyz and /metrics. The scrape-time gauges read the work source's caches,
+/// which exist only once it has started: until the returned cell is set a scrape shows the
+/// counters alone.
+async fn serve_health_and_metrics(
+    args: &ServeArgs,
+    leader_elect: bool,
+) -> anyhow::Result<(Arc<Health>, Arc<std::sync::OnceLock<Refresh>>)> {
+    let mut checks = vec![
+        CHANNEL_READY,
+        WORK_SOURCE_READY,
+        crate::kube::controller::READY_CHECK,
+        crate::kube::controller::placement::READY_CHECK,
+    ];
+    if leader_elect {
+        checks.push(LEADER_READY);
+    }
+    let health = Health::new(&checks);
+    let refresh: Arc<std::sync::OnceLock<Refresh>> = Arc::default();
+    let deferred: Refresh = {
+        let refresh = refresh.clone();
+        Arc::new(move || match refresh.get() {
+            Some(r) => r(),
+            None => Box::pin(async { crate::metrics::refresh_process() }),
+        })
+    };
+    serve_ops(args, health.clone(), false, Some(deferred)).await?;
+    Ok((health, refresh))
+}
+
+/// A standby waits here, serving /healthz but not ready, until it holds the Lease; then a task
+/// keeps it and stops the hub when it is lost. False: stopped before leading.
+async fn lead(elector: &Arc<crate::kube::leader::Elector>, health: &Health, stop: &Stop) -> bool {
+    let config = elector.config();
+    println!(
+        "flower-hub: leader election on Lease {}/{} as {}: waiting to lead",
+        config.namespace, config.name, config.identity
+    );
+    if !elector.acquire(stop.wait()).await {
+        return false;
+    }
+    println!("flower-hub: leading");
+    health.set(LEADER_READY, true);
+    let (elector, lost, tx) = (elector.clone(), stop.lost.clone(), stop.tx.clone());
+    tokio::spawn(async move {
+        let why = elector.hold().await;
+        tracing::error!(error = %why, "no longer the leader: stopping");
+        if let Ok(mut lost) = lost.lock() {
+            *lost = Some(why);
         }
-        // Stopped on a signal: a standby takes over at its next try.
-        if let Some(elector) = &elector {
-            elector.release().await;
-        }
-        anyhow::Ok(())
-    })?;
-    Ok(ExitCode::SUCCESS)
+        let _ = tx.send(true);
+    });
+    true
+}
+
+/// The work-channel CA and the Flower CA from their Secrets (made when missing; a lost Flower CA
+/// is replaced and said so), both marked in force.
+///
+/// Just after an outage the apiserver answers /readyz before every request succeeds (504s while
+/// its storage clients reconnect): a new leader retries these reads instead of exiting (which
+/// cost the hub pod a second restart per etcd outage). Anything else (the lost-CA refusal among
+/// them) still stops the hub.
+async fn load_cas(
+    client: &kube::Client,
+    namespace: &str,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<(Arc<HubCa>, Arc<HubCa>)> {
+    let ca = Arc::new(
+        retry_transient("reading the work-channel CA", stop, || {
+            load_or_create_ca_secret(client.clone(), namespace)
+        })
+        .await?,
+    );
+    let flower_ca = retry_transient("reading the Flower CA", stop, || async {
+        let store = crate::kube::store::KubeStore::without_watch(client.clone(), namespace);
+        crate::registration::store::load_or_create_ca_noting_loss(&store, CaRole::Flower)
+            .await
+            .with_context(|| {
+                format!(
+                    "the CA Secret {namespace}/{}",
+                    crate::kube::store::FLOWER_CA_SECRET
+                )
+            })
+    })
+    .await?;
+    if let Some(message) = &flower_ca.replaced_lost {
+        publish_lost_flower_ca(client.clone(), namespace, message).await;
+    }
+    let flower_ca = Arc::new(flower_ca.ca);
+    retry_transient("marking the CAs in force", stop, || async {
+        super::mark_cas_in_force(
+            &crate::kube::store::KubeStore::without_watch(client.clone(), namespace),
+            &ca,
+            &flower_ca,
+        )
+        .await
+    })
+    .await?;
+    println!(
+        "flower-hub: Kubernetes mode, work-channel CA in secret {namespace}/{CA_SECRET} (hash {}), SuperLink certificates from the Flower CA in {namespace}/{}",
+        ca.hash(),
+        crate::kube::store::FLOWER_CA_SECRET
+    );
+    Ok((ca, flower_ca))
+}
+
+/// What the controllers share.
+struct Controllers {
+    client: kube::Client,
+    work: Arc<crate::kube::work::KubeWorkSource>,
+    store: Arc<crate::kube::store::KubeStore>,
+    ca: Arc<HubCa>,
+    flower_ca: Arc<HubCa>,
+    cert_validity: std::time::Duration,
+    fab_egress: crate::flower::fab_url::Egress,
+    pod_policy: flower_addon_crds::policy::PodPolicy,
+    health: Arc<Health>,
+}
+
+/// Starts the Federation, hub-pool, FlowerRun, OCM addon and Placement controllers; each ends
+/// when the hub stops.
+fn spawn_controllers(
+    args: &ServeArgs,
+    c: Controllers,
+    stop: &Stop,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let node_address = args.node_address.clone().filter(|a| !a.is_empty());
+    let superlink_names = SuperLinkNames::new(
+        args.advertise_address
+            .iter()
+            .chain(&node_address)
+            .map(String::as_str),
+        &args.superlink_name,
+    )?;
+    let federations = tokio::spawn(crate::kube::controller::run(
+        c.client.clone(),
+        c.flower_ca.clone(),
+        crate::kube::controller::Settings {
+            node_address,
+            superlink_cert_validity: args.superlink_cert_validity,
+            superlink_names,
+            pod_policy: c.pod_policy.clone(),
+            fab_egress: c.fab_egress.clone(),
+        },
+        c.health.clone(),
+        stop.wait(),
+    ));
+    let local_pools = tokio::spawn(crate::kube::hub_pools::run(
+        c.client.clone(),
+        c.work,
+        c.pod_policy,
+        stop.wait(),
+    ));
+    let runs = tokio::spawn(crate::kube::controller::runs::run(
+        c.client.clone(),
+        c.flower_ca,
+        c.fab_egress,
+        stop.wait(),
+    ));
+    let ocm_addon = tokio::spawn(crate::kube::ocm_addon::run(
+        c.client.clone(),
+        c.store,
+        c.ca,
+        c.cert_validity,
+        stop.wait(),
+    ));
+    let placements = tokio::spawn(crate::kube::controller::placement::run(
+        c.client,
+        c.health,
+        stop.wait(),
+    ));
+    Ok(vec![federations, local_pools, placements, ocm_addon, runs])
 }
 
 /// Names in the hub's server certificate in Kubernetes mode: `--advertise-address` values, then

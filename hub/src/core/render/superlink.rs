@@ -115,79 +115,11 @@ pub fn render_superlink(
     let object_name = superlink_name(fed_name);
     let labels = component_labels(fed_name, "superlink", "superlink", None);
     let meta_labels = object_labels(fed_name, "superlink", "superlink", None);
-
-    let ports = match dialect {
-        FlowerDialect::Classic | FlowerDialect::Transitional | FlowerDialect::TransitionalHttp => {
-            let mut ports = vec![
-                port("fleet", classic_ports::FLEET),
-                port("control", classic_ports::CONTROL),
-            ];
-            if process && dialect != FlowerDialect::TransitionalHttp {
-                ports.push(port("serverappio", classic_ports::SERVERAPPIO));
-            }
-            ports
-        }
-        FlowerDialect::Unified => vec![port("api", unified_ports::SUPERLINK)],
-    };
-
-    // Volumes: ours (state, TLS), then the spec's, then the podTemplate's; first name wins.
     let state_is_claim = superlink
         .volume_claim_templates
         .iter()
         .any(|c| c.metadata.name == STATE_VOLUME);
-    let mut volumes = Vec::new();
-    if !state_is_claim {
-        volumes.push(Volume {
-            name: STATE_VOLUME.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        });
-    }
-    let tls_mount = VolumeMount {
-        name: TLS_VOLUME.to_owned(),
-        mount_path: TLS_MOUNT_DIR.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    };
-    if !spec.insecure {
-        volumes.push(Volume {
-            name: TLS_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(superlink_tls_secret_name(fed)),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
-    }
-    let outputs_mount = spec.outputs.as_ref().map(|outputs| {
-        if outputs.volume_claim_template.is_none() {
-            volumes.push(Volume {
-                name: OUTPUTS_VOLUME.to_owned(),
-                persistent_volume_claim: outputs.claim_name.as_ref().map(|claim| {
-                    PersistentVolumeClaimVolumeSource {
-                        claim_name: claim.clone(),
-                        read_only: None,
-                    }
-                }),
-                // An emptyDir is held to the size limit by the kubelet; a claim by its size.
-                empty_dir: outputs.claim_name.is_none().then(|| EmptyDirVolumeSource {
-                    size_limit: Some(outputs.size_limit.clone().unwrap_or_else(|| {
-                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                            flower_addon_crds::DEFAULT_OUTPUTS_SIZE_LIMIT.to_owned(),
-                        )
-                    })),
-                    ..EmptyDirVolumeSource::default()
-                }),
-                ..Volume::default()
-            });
-        }
-        VolumeMount {
-            name: OUTPUTS_VOLUME.to_owned(),
-            mount_path: OUTPUTS_MOUNT_DIR.to_owned(),
-            ..VolumeMount::default()
-        }
-    });
-    append_volumes(&mut volumes, &superlink.volumes);
+    let (volumes, outputs_mount) = pod_volumes(fed, state_is_claim);
 
     let mut mounts = vec![VolumeMount {
         name: STATE_VOLUME.to_owned(),
@@ -195,7 +127,7 @@ pub fn render_superlink(
         ..VolumeMount::default()
     }];
     if !spec.insecure {
-        mounts.push(tls_mount.clone());
+        mounts.push(tls_mount());
     }
     // In process isolation the ServerApp runs in the SuperExec sidecar and writes there; the
     // SuperLink container gets the mount too (the subprocess ServerApp of the other mode).
@@ -206,86 +138,26 @@ pub fn render_superlink(
         name: SUPERLINK_CONTAINER.to_owned(),
         image: Some(superlink.image.clone()),
         args: Some(superlink_argv(fed, version, dialect, &layout)),
-        ports: Some(ports),
+        ports: Some(superlink_ports(dialect, process)),
         env: non_empty(superlink.env.clone()),
         resources: superlink.resources.clone(),
         volume_mounts: Some(mounts),
         ..Container::default()
     }];
     if layout.ports.front {
-        let mut args = vec![
-            "fleet-front".to_owned(),
-            format!("--listen=0.0.0.0:{}", layout.ports.fleet),
-            format!("--upstream=127.0.0.1:{}", layout.ports.control),
-        ];
-        let mut front_mounts = Vec::new();
-        if spec.insecure {
-            args.push("--insecure".to_owned());
-        } else {
-            args.push(format!("--tls-dir={TLS_MOUNT_DIR}"));
-            front_mounts.push(tls_mount.clone());
-        }
-        containers.push(Container {
-            name: FRONT_CONTAINER.to_owned(),
-            image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
-            image_pull_policy: Some("IfNotPresent".to_owned()),
-            args: Some(args),
-            ports: Some(vec![port("fleet", i32::from(layout.ports.fleet))]),
-            volume_mounts: non_empty(front_mounts),
-            ..Container::default()
-        });
+        containers.push(front_container(fed, &layout));
     }
     if process {
-        let image = superlink
-            .superexec_image
-            .clone()
-            .filter(|s| !s.is_empty())
-            .ok_or(HubRenderError::MissingSuperExecImage)?;
-        let mut sidecar_mounts: Vec<VolumeMount> = outputs_mount.clone().into_iter().collect();
-        // From 1.37 the sidecar dials the SuperLink's TLS server and trusts its CA.
-        if !spec.insecure && dialect.control_over_http() {
-            sidecar_mounts.push(tls_mount);
-        }
-        let user_mounts = if superlink.superexec_volume_mounts.is_empty() {
-            &superlink.volume_mounts
-        } else {
-            &superlink.superexec_volume_mounts
-        };
-        append_mounts(&mut sidecar_mounts, user_mounts);
-        containers.push(Container {
-            name: "superexec-serverapp".to_owned(),
-            image: Some(image),
-            args: Some(serverapp_superexec_argv(fed, version, dialect, &layout)),
-            env: non_empty(superlink.env.clone()),
-            resources: superlink.superexec_resources.clone(),
-            volume_mounts: non_empty(sidecar_mounts),
-            ..Container::default()
-        });
+        containers.push(superexec_container(
+            fed,
+            version,
+            dialect,
+            &layout,
+            outputs_mount.as_ref(),
+        )?);
     }
-
     if let Some(mount) = &outputs_mount {
-        containers.push(Container {
-            name: OUTPUTS_CONTAINER.to_owned(),
-            image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
-            image_pull_policy: Some("IfNotPresent".to_owned()),
-            args: Some(vec![
-                "outputs-server".to_owned(),
-                format!("--listen=127.0.0.1:{OUTPUTS_PORT}"),
-                format!("--dir={OUTPUTS_MOUNT_DIR}"),
-                format!(
-                    "--max-bytes={}",
-                    spec.outputs
-                        .as_ref()
-                        .and_then(|o| o.size_limit_bytes())
-                        .unwrap_or(u64::MAX)
-                ),
-            ]),
-            volume_mounts: Some(vec![VolumeMount {
-                read_only: Some(true),
-                ..mount.clone()
-            }]),
-            ..Container::default()
-        });
+        containers.push(outputs_container(fed, mount));
     }
 
     let mut pod = PodSpec {
@@ -347,4 +219,175 @@ pub fn render_superlink(
         },
         status: None,
     })
+}
+
+/// The `superlink` container's ports in `dialect`.
+fn superlink_ports(dialect: FlowerDialect, process: bool) -> Vec<ContainerPort> {
+    match dialect {
+        FlowerDialect::Classic | FlowerDialect::Transitional | FlowerDialect::TransitionalHttp => {
+            let mut ports = vec![
+                port("fleet", classic_ports::FLEET),
+                port("control", classic_ports::CONTROL),
+            ];
+            if process && dialect != FlowerDialect::TransitionalHttp {
+                ports.push(port("serverappio", classic_ports::SERVERAPPIO));
+            }
+            ports
+        }
+        FlowerDialect::Unified => vec![port("api", unified_ports::SUPERLINK)],
+    }
+}
+
+/// The mount of the SuperLink's TLS Secret ([`TLS_VOLUME`]).
+fn tls_mount() -> VolumeMount {
+    VolumeMount {
+        name: TLS_VOLUME.to_owned(),
+        mount_path: TLS_MOUNT_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The pod's volumes: ours (state unless claimed, TLS, outputs unless claimed by a template),
+/// then the spec's; first name wins. With the outputs volume's mount when there is one.
+fn pod_volumes(fed: &Federation, state_is_claim: bool) -> (Vec<Volume>, Option<VolumeMount>) {
+    let spec = &fed.spec;
+    let mut volumes = Vec::new();
+    if !state_is_claim {
+        volumes.push(Volume {
+            name: STATE_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if !spec.insecure {
+        volumes.push(Volume {
+            name: TLS_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(superlink_tls_secret_name(fed)),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let outputs_mount = spec.outputs.as_ref().map(|outputs| {
+        if outputs.volume_claim_template.is_none() {
+            volumes.push(Volume {
+                name: OUTPUTS_VOLUME.to_owned(),
+                persistent_volume_claim: outputs.claim_name.as_ref().map(|claim| {
+                    PersistentVolumeClaimVolumeSource {
+                        claim_name: claim.clone(),
+                        read_only: None,
+                    }
+                }),
+                // An emptyDir is held to the size limit by the kubelet; a claim by its size.
+                empty_dir: outputs.claim_name.is_none().then(|| EmptyDirVolumeSource {
+                    size_limit: Some(outputs.size_limit.clone().unwrap_or_else(|| {
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                            flower_addon_crds::DEFAULT_OUTPUTS_SIZE_LIMIT.to_owned(),
+                        )
+                    })),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+        }
+        VolumeMount {
+            name: OUTPUTS_VOLUME.to_owned(),
+            mount_path: OUTPUTS_MOUNT_DIR.to_owned(),
+            ..VolumeMount::default()
+        }
+    });
+    append_volumes(&mut volumes, &spec.superlink.volumes);
+    (volumes, outputs_mount)
+}
+
+/// The `fleet-front` sidecar: the Fleet port SuperNodes reach, passing only Fleet calls on to
+/// the SuperLink's API port.
+fn front_container(fed: &Federation, layout: &SuperLinkLayout) -> Container {
+    let mut args = vec![
+        "fleet-front".to_owned(),
+        format!("--listen=0.0.0.0:{}", layout.ports.fleet),
+        format!("--upstream=127.0.0.1:{}", layout.ports.control),
+    ];
+    let mut mounts = Vec::new();
+    if fed.spec.insecure {
+        args.push("--insecure".to_owned());
+    } else {
+        args.push(format!("--tls-dir={TLS_MOUNT_DIR}"));
+        mounts.push(tls_mount());
+    }
+    Container {
+        name: FRONT_CONTAINER.to_owned(),
+        image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(args),
+        ports: Some(vec![port("fleet", i32::from(layout.ports.fleet))]),
+        volume_mounts: non_empty(mounts),
+        ..Container::default()
+    }
+}
+
+/// The `superexec-serverapp` sidecar of process isolation (it runs the ServerApps).
+fn superexec_container(
+    fed: &Federation,
+    version: FlowerVersion,
+    dialect: FlowerDialect,
+    layout: &SuperLinkLayout,
+    outputs_mount: Option<&VolumeMount>,
+) -> Result<Container, HubRenderError> {
+    let superlink = &fed.spec.superlink;
+    let image = superlink
+        .superexec_image
+        .clone()
+        .filter(|s| !s.is_empty())
+        .ok_or(HubRenderError::MissingSuperExecImage)?;
+    let mut mounts: Vec<VolumeMount> = outputs_mount.cloned().into_iter().collect();
+    // From 1.37 the sidecar dials the SuperLink's TLS server and trusts its CA.
+    if !fed.spec.insecure && dialect.control_over_http() {
+        mounts.push(tls_mount());
+    }
+    let user_mounts = if superlink.superexec_volume_mounts.is_empty() {
+        &superlink.volume_mounts
+    } else {
+        &superlink.superexec_volume_mounts
+    };
+    append_mounts(&mut mounts, user_mounts);
+    Ok(Container {
+        name: "superexec-serverapp".to_owned(),
+        image: Some(image),
+        args: Some(serverapp_superexec_argv(fed, version, dialect, layout)),
+        env: non_empty(superlink.env.clone()),
+        resources: superlink.superexec_resources.clone(),
+        volume_mounts: non_empty(mounts),
+        ..Container::default()
+    })
+}
+
+/// The outputs sidecar: serves the outputs volume (read-only) on the pod's loopback, where the
+/// hub reaches it through a port-forward.
+fn outputs_container(fed: &Federation, mount: &VolumeMount) -> Container {
+    Container {
+        name: OUTPUTS_CONTAINER.to_owned(),
+        image: Some(flower_addon_crds::render::ADDON_IMAGE.to_owned()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(vec![
+            "outputs-server".to_owned(),
+            format!("--listen=127.0.0.1:{OUTPUTS_PORT}"),
+            format!("--dir={OUTPUTS_MOUNT_DIR}"),
+            format!(
+                "--max-bytes={}",
+                fed.spec
+                    .outputs
+                    .as_ref()
+                    .and_then(|o| o.size_limit_bytes())
+                    .unwrap_or(u64::MAX)
+            ),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            read_only: Some(true),
+            ..mount.clone()
+        }]),
+        ..Container::default()
+    }
 }
