@@ -207,24 +207,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
     let process = is_process(input.spec);
     let pool = input.pool;
     let spec = input.spec;
-
-    let superexec_image = if process {
-        match pool
-            .images
-            .superexec_client_app
-            .as_deref()
-            .filter(|s| !s.is_empty())
-        {
-            Some(image) => Some(image.to_owned()),
-            None => {
-                return Err(RenderError::MissingSuperExecImage {
-                    pool: pool.name.clone(),
-                });
-            }
-        }
-    } else {
-        None
-    };
+    let superexec_image = superexec_image(input, process)?;
 
     // Env: spec.supernodes.env, overridden by the pool's; then downward-API and GPU variables.
     let mut env = merge_env(&spec.supernodes.env, &pool.env);
@@ -254,106 +237,24 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
         },
         node_config,
     );
-
-    let gpu_resources = gpu_request(gpu);
-    let amd = mount_all_vendor(gpu) == Some(GpuVendor::Amd);
-
-    // Volumes: the pool's, then ours (CA bundle, AMD devices), then the podTemplate's.
-    let mut volumes = Vec::new();
-    append_volumes(&mut volumes, &pool.volumes);
-    let mut our_mounts = Vec::new();
-    if !spec.insecure {
-        append_volumes(&mut volumes, &[ca_volume(input.ca_secret_name)]);
-        our_mounts.push(VolumeMount {
-            name: CA_VOLUME.to_owned(),
-            mount_path: CA_MOUNT_DIR.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-    }
-    if amd {
-        append_volumes(&mut volumes, &amd_volumes());
-    }
-    let device_mounts = if amd { amd_mounts() } else { Vec::new() };
-
-    let mut supernode_mounts = pool.volume_mounts.clone();
-    append_mounts(&mut supernode_mounts, &our_mounts);
-    append_mounts(&mut supernode_mounts, &device_mounts);
-
-    let mut supernode_resources = pool.supernode_resources.clone();
-    if !process {
-        add_gpu(&mut supernode_resources, &gpu_resources);
-    }
-    let privileged = amd.then(|| SecurityContext {
-        privileged: Some(true),
-        ..SecurityContext::default()
-    });
-    let port_name = if input.dialect.supernode_host_port() {
-        "runtime"
-    } else {
-        "clientappio"
-    };
-    let mut containers = vec![Container {
-        name: "supernode".to_owned(),
-        image: Some(
-            pool.images
-                .supernode
-                .clone()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| spec.supernodes.image.clone()),
-        ),
-        args: Some(args),
-        ports: Some(vec![ContainerPort {
-            name: Some(port_name.to_owned()),
-            container_port: runtime_port(input.dialect),
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
-        env: non_empty(supernode_env),
-        resources: supernode_resources.filter(not_empty_resources),
-        volume_mounts: non_empty(supernode_mounts),
-        security_context: privileged.clone(),
-        ..Container::default()
-    }];
+    let parts = PodParts::of(input);
+    let mut containers = vec![supernode_container(input, args, supernode_env, &parts)];
     if let Some(image) = superexec_image {
-        let mut mounts = if pool.superexec_volume_mounts.is_empty() {
-            pool.volume_mounts.clone()
-        } else {
-            pool.superexec_volume_mounts.clone()
-        };
-        append_mounts(&mut mounts, &device_mounts);
-        let mut resources = pool.superexec_resources.clone();
-        add_gpu(&mut resources, &gpu_resources);
-        containers.push(Container {
-            name: "superexec-clientapp".to_owned(),
-            image: Some(image),
-            args: Some(clientapp_superexec_args(
-                input.version,
-                runtime_port(input.dialect),
-            )),
-            env: non_empty(env),
-            resources: resources.filter(not_empty_resources),
-            volume_mounts: non_empty(mounts),
-            security_context: privileged,
-            ..Container::default()
-        });
+        containers.push(superexec_clientapp_container(input, image, env, &parts));
     }
-
-    let name = pool_workload_name(input.federation, &pool.name);
-    let component = format!("pool-{}", pool.name);
-    let labels = component_labels(input.federation, "supernode", &component, Some(&pool.name));
-    let meta_labels = object_labels(input.federation, "supernode", &component, Some(&pool.name));
     let mut pod = PodSpec {
         containers,
-        volumes: non_empty(volumes),
+        volumes: non_empty(parts.volumes),
         // Code a ServerApp sends runs here: no API token unless the pod template asks for one.
         automount_service_account_token: Some(false),
         runtime_class_name: (mount_all_vendor(gpu) == Some(GpuVendor::Nvidia))
             .then(|| "nvidia".to_owned()),
         ..PodSpec::default()
     };
+    let component = format!("pool-{}", pool.name);
+    let meta_labels = object_labels(input.federation, "supernode", &component, Some(&pool.name));
     let mut pod_meta = ObjectMeta {
-        labels: Some(meta_labels.clone()),
+        labels: Some(meta_labels),
         ..ObjectMeta::default()
     };
     if let Some(template) = &pool.pod_template {
@@ -365,6 +266,166 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
         metadata: Some(pod_meta),
         spec: Some(pod),
     };
+    Ok(workload(input, replicas, uses.partition, template))
+}
+
+/// The pool's `superexec-clientapp` image in process isolation (required there); `None` in
+/// subprocess isolation.
+fn superexec_image(
+    input: &SuperNodePoolInput<'_>,
+    process: bool,
+) -> Result<Option<String>, RenderError> {
+    if !process {
+        return Ok(None);
+    }
+    match input
+        .pool
+        .images
+        .superexec_client_app
+        .as_deref()
+        .filter(|s| !s.is_empty())
+    {
+        Some(image) => Ok(Some(image.to_owned())),
+        None => Err(RenderError::MissingSuperExecImage {
+            pool: input.pool.name.clone(),
+        }),
+    }
+}
+
+/// A pool pod's volumes and what its containers mount of them, and its GPU request.
+struct PodParts {
+    /// The pool's, then ours (CA bundle, AMD devices); the podTemplate's are merged later.
+    volumes: Vec<Volume>,
+    /// The CA bundle's mount (unless `insecure`).
+    our_mounts: Vec<VolumeMount>,
+    /// AMD's device mounts (whole-node AMD GPUs only).
+    device_mounts: Vec<VolumeMount>,
+    gpu_resources: Option<(String, Quantity)>,
+    /// Whole-node AMD GPUs: the containers run privileged.
+    privileged: Option<SecurityContext>,
+}
+
+impl PodParts {
+    fn of(input: &SuperNodePoolInput<'_>) -> Self {
+        let gpu = input.pool.gpu.as_ref();
+        let amd = mount_all_vendor(gpu) == Some(GpuVendor::Amd);
+        let mut volumes = Vec::new();
+        append_volumes(&mut volumes, &input.pool.volumes);
+        let mut our_mounts = Vec::new();
+        if !input.spec.insecure {
+            append_volumes(&mut volumes, &[ca_volume(input.ca_secret_name)]);
+            our_mounts.push(VolumeMount {
+                name: CA_VOLUME.to_owned(),
+                mount_path: CA_MOUNT_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            });
+        }
+        if amd {
+            append_volumes(&mut volumes, &amd_volumes());
+        }
+        Self {
+            volumes,
+            our_mounts,
+            device_mounts: if amd { amd_mounts() } else { Vec::new() },
+            gpu_resources: gpu_request(gpu),
+            privileged: amd.then(|| SecurityContext {
+                privileged: Some(true),
+                ..SecurityContext::default()
+            }),
+        }
+    }
+}
+
+/// The `supernode` container (it holds the GPUs in subprocess isolation).
+fn supernode_container(
+    input: &SuperNodePoolInput<'_>,
+    args: Vec<String>,
+    env: Vec<EnvVar>,
+    parts: &PodParts,
+) -> Container {
+    let pool = input.pool;
+    let mut mounts = pool.volume_mounts.clone();
+    append_mounts(&mut mounts, &parts.our_mounts);
+    append_mounts(&mut mounts, &parts.device_mounts);
+    let mut resources = pool.supernode_resources.clone();
+    if !is_process(input.spec) {
+        add_gpu(&mut resources, &parts.gpu_resources);
+    }
+    let port_name = if input.dialect.supernode_host_port() {
+        "runtime"
+    } else {
+        "clientappio"
+    };
+    Container {
+        name: "supernode".to_owned(),
+        image: Some(
+            pool.images
+                .supernode
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| input.spec.supernodes.image.clone()),
+        ),
+        args: Some(args),
+        ports: Some(vec![ContainerPort {
+            name: Some(port_name.to_owned()),
+            container_port: runtime_port(input.dialect),
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        env: non_empty(env),
+        resources: resources.filter(not_empty_resources),
+        volume_mounts: non_empty(mounts),
+        security_context: parts.privileged.clone(),
+        ..Container::default()
+    }
+}
+
+/// The `superexec-clientapp` container of process isolation (it runs the ClientApps and holds
+/// the GPUs).
+fn superexec_clientapp_container(
+    input: &SuperNodePoolInput<'_>,
+    image: String,
+    env: Vec<EnvVar>,
+    parts: &PodParts,
+) -> Container {
+    let pool = input.pool;
+    let mut mounts = if pool.superexec_volume_mounts.is_empty() {
+        pool.volume_mounts.clone()
+    } else {
+        pool.superexec_volume_mounts.clone()
+    };
+    append_mounts(&mut mounts, &parts.device_mounts);
+    let mut resources = pool.superexec_resources.clone();
+    add_gpu(&mut resources, &parts.gpu_resources);
+    Container {
+        name: "superexec-clientapp".to_owned(),
+        image: Some(image),
+        args: Some(clientapp_superexec_args(
+            input.version,
+            runtime_port(input.dialect),
+        )),
+        env: non_empty(env),
+        resources: resources.filter(not_empty_resources),
+        volume_mounts: non_empty(mounts),
+        security_context: parts.privileged.clone(),
+        ..Container::default()
+    }
+}
+
+/// The pool's StatefulSet (`replicas`; ordinals from the cluster's partition offset when the
+/// node config uses `{partition}`) or DaemonSet (no `replicas`: one per node).
+fn workload(
+    input: &SuperNodePoolInput<'_>,
+    replicas: Option<i32>,
+    uses_partition: bool,
+    template: PodTemplateSpec,
+) -> Workload {
+    let pool = input.pool;
+    let name = pool_workload_name(input.federation, &pool.name);
+    let component = format!("pool-{}", pool.name);
+    let labels = component_labels(input.federation, "supernode", &component, Some(&pool.name));
+    let meta_labels = object_labels(input.federation, "supernode", &component, Some(&pool.name));
     let metadata = ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(input.namespace.to_owned()),
@@ -375,7 +436,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
         match_labels: Some(labels),
         ..LabelSelector::default()
     };
-    Ok(match replicas {
+    match replicas {
         Some(replicas) => Workload::StatefulSet(StatefulSet {
             metadata,
             spec: StatefulSetSpec {
@@ -383,7 +444,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
                 selector,
                 service_name: Some(name),
                 template,
-                ordinals: uses.partition.then(|| StatefulSetOrdinals {
+                ordinals: uses_partition.then(|| StatefulSetOrdinals {
                     start: Some(i32::try_from(input.cluster.partition_offset).unwrap_or(i32::MAX)),
                 }),
                 volume_claim_templates: non_empty(
@@ -402,7 +463,7 @@ pub(super) fn render(input: &SuperNodePoolInput<'_>) -> Result<Workload, RenderE
             },
             status: None,
         }),
-    })
+    }
 }
 
 /// A PersistentVolumeClaim for a StatefulSet's `volumeClaimTemplates`.
