@@ -40,7 +40,6 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
     let spec = &fed.spec;
     let mut errors = Vec::new();
     check_object_names(&mut errors, &fed.metadata);
-
     if let Some(version) = &spec.version
         && version.is_empty()
     {
@@ -49,12 +48,21 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             "must not be empty when set",
         ));
     }
+    validate_references(&mut errors, spec);
+    validate_superlink(&mut errors, spec);
+    validate_supernodes(&mut errors, spec);
+    validate_cluster_overrides(&mut errors, spec);
+    errors
+}
+
+/// `spec.placementRef`, `spec.tls` and `spec.outputs`.
+fn validate_references(errors: &mut Vec<FieldError>, spec: &crate::FederationSpec) {
     if let Some(placement) = &spec.placement_ref {
-        check_dns_subdomain(&mut errors, "spec.placementRef.name", &placement.name);
+        check_dns_subdomain(errors, "spec.placementRef.name", &placement.name);
     }
     if let Some(tls) = &spec.tls {
         if let Some(secret) = &tls.secret_name {
-            check_dns_subdomain(&mut errors, "spec.tls.secretName", secret);
+            check_dns_subdomain(errors, "spec.tls.secretName", secret);
         }
         if tls.extra_sans.len() > 32 {
             errors.push(FieldError::new(
@@ -74,7 +82,7 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
 
     if let Some(outputs) = &spec.outputs {
         if let Some(claim) = &outputs.claim_name {
-            check_dns_subdomain(&mut errors, "spec.outputs.claimName", claim);
+            check_dns_subdomain(errors, "spec.outputs.claimName", claim);
         }
         if outputs.claim_name.is_some() && outputs.volume_claim_template.is_some() {
             errors.push(FieldError::new("spec.outputs", MSG_OUTPUTS_ONE_VOLUME));
@@ -101,8 +109,10 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             }
         }
     }
+}
 
-    // === superlink ===
+/// `spec.superlink`.
+fn validate_superlink(errors: &mut Vec<FieldError>, spec: &crate::FederationSpec) {
     let sl = &spec.superlink;
     if sl.image.is_empty() {
         errors.push(FieldError::new("spec.superlink.image", "must not be empty"));
@@ -119,7 +129,25 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
         )),
         _ => {}
     }
-    let ports = &sl.service.ports;
+    validate_superlink_service(errors, &sl.service);
+    if let Some(addr) = &sl.external_address
+        && let Err(why) = check_host_port(addr)
+    {
+        errors.push(FieldError::new("spec.superlink.externalAddress", why));
+    }
+    if sl.volume_claim_templates.len() > 16 {
+        errors.push(FieldError::new(
+            "spec.superlink.volumeClaimTemplates",
+            "must have at most 16 items",
+        ));
+    }
+    check_claim_templates(errors, "spec.superlink", &sl.volume_claim_templates);
+}
+
+/// `spec.superlink.service`: ports, node ports (in range, each its own, Control only when
+/// exposed) and load-balancer source ranges.
+fn validate_superlink_service(errors: &mut Vec<FieldError>, service: &crate::SuperLinkServiceSpec) {
+    let ports = &service.ports;
     for (name, port) in [
         ("grpc", ports.grpc),
         ("serverAppIO", ports.server_app_io),
@@ -132,7 +160,7 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             ));
         }
     }
-    let node_ports = &sl.service.node_ports;
+    let node_ports = &service.node_ports;
     let pinned = [
         ("grpc", node_ports.grpc),
         ("serverAppIO", node_ports.server_app_io),
@@ -142,7 +170,7 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
     for (name, port) in pinned {
         let Some(port) = port else { continue };
         let path = format!("spec.superlink.service.nodePorts.{name}");
-        if sl.service.type_ == ServiceType::ClusterIP {
+        if service.type_ == ServiceType::ClusterIP {
             errors.push(FieldError::new(
                 path,
                 "node ports need spec.superlink.service.type NodePort or LoadBalancer; set the type or remove nodePorts",
@@ -157,16 +185,16 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
         }
     }
     if node_ports.extra.is_some()
-        && sl.service.type_ != ServiceType::ClusterIP
-        && !sl.service.expose_control
+        && service.type_ != ServiceType::ClusterIP
+        && !service.expose_control
     {
         errors.push(FieldError::new(
             "spec.superlink.service.nodePorts.extra",
             "the Control API is not exposed (it would let whoever reaches the port run code on every SuperNode); remove nodePorts.extra, or set spec.superlink.service.exposeControl: true",
         ));
     }
-    let ranges = &sl.service.load_balancer_source_ranges;
-    if !ranges.is_empty() && sl.service.type_ != ServiceType::LoadBalancer {
+    let ranges = &service.load_balancer_source_ranges;
+    if !ranges.is_empty() && service.type_ != ServiceType::LoadBalancer {
         errors.push(FieldError::new(
             "spec.superlink.service.loadBalancerSourceRanges",
             "only a LoadBalancer Service has source ranges; set spec.superlink.service.type LoadBalancer or remove them",
@@ -186,20 +214,10 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             ));
         }
     }
-    if let Some(addr) = &sl.external_address
-        && let Err(why) = check_host_port(addr)
-    {
-        errors.push(FieldError::new("spec.superlink.externalAddress", why));
-    }
-    if sl.volume_claim_templates.len() > 16 {
-        errors.push(FieldError::new(
-            "spec.superlink.volumeClaimTemplates",
-            "must have at most 16 items",
-        ));
-    }
-    check_claim_templates(&mut errors, "spec.superlink", &sl.volume_claim_templates);
+}
 
-    // === supernodes ===
+/// `spec.supernodes`: the image, and each pool (unique names, valid in this mode).
+fn validate_supernodes(errors: &mut Vec<FieldError>, spec: &crate::FederationSpec) {
     let sn = &spec.supernodes;
     if sn.image.is_empty() {
         errors.push(FieldError::new(
@@ -225,7 +243,7 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
                 MSG_DUPLICATE_POOL_NAME,
             ));
         }
-        validate_pool(&mut errors, &at, spec.mode, spec.isolation_mode, pool);
+        validate_pool(errors, &at, spec.mode, spec.isolation_mode, pool);
         if pool.cluster_selector.is_some() && spec.placement_ref.is_none() {
             errors.push(FieldError::new(
                 format!("{at}.clusterSelector"),
@@ -233,8 +251,6 @@ pub fn validate_federation(fed: &Federation) -> Vec<FieldError> {
             ));
         }
     }
-    validate_cluster_overrides(&mut errors, spec);
-    errors
 }
 
 /// `spec.clusterOverrides`: they select spoke clusters, name existing pools, and hold what a
