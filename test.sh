@@ -9,7 +9,9 @@
 # chart tests) and Debian packages
 # (containerd, runc, CNI plugins, buildah, mmdebstrap, iptables), and the container images the
 # real-node tests run (Debian base, pause, Flower 1.42.0/1.25.0, our Dockerfile; ~12 min cold).
-# A warm run (cache present) takes ~40 min (real_node with its fault scenarios ~18 of them); see docs/testing.md for the measured figures.
+# A warm run (cache present) takes ~35-42 min on 2 cores: the build ~5, then three lanes at once
+# (real_node with its fault scenarios, the longest, ~30 of them); see docs/testing.md for the
+# measured figures.
 set -euo pipefail
 cd "$(dirname "$0")"
 export FLOWER_ADDON_CACHE="${FLOWER_ADDON_CACHE:-$HOME/.cache/flower-addon}"
