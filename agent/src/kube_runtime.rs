@@ -502,15 +502,23 @@ impl KubeRuntime {
                 let stored = match workload {
                     Workload::StatefulSet(s) => {
                         let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
-                        self.send(&api, key.clone(), s)
-                            .await?
-                            .map(|s| (s.metadata.uid.clone(), status::statefulset_counts(&s)))
+                        self.send(&api, key.clone(), s).await?.map(|s| {
+                            (
+                                s.metadata.uid.clone(),
+                                s.metadata.generation,
+                                status::statefulset_counts(&s),
+                            )
+                        })
                     }
                     Workload::DaemonSet(d) => {
                         let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
-                        self.send(&api, key.clone(), d)
-                            .await?
-                            .map(|d| (d.metadata.uid.clone(), status::daemonset_counts(&d)))
+                        self.send(&api, key.clone(), d).await?.map(|d| {
+                            (
+                                d.metadata.uid.clone(),
+                                d.metadata.generation,
+                                status::daemonset_counts(&d),
+                            )
+                        })
                     }
                 };
                 Ok::<_, KubeRuntimeError>((pool, key, stored))
@@ -519,7 +527,7 @@ impl KubeRuntime {
         let stored = futures::future::try_join_all(workloads).await?;
         futures::future::try_join_all(supporting).await?;
         for (pool, key, stored) in stored {
-            let Some((uid, counts)) = stored else {
+            let Some((uid, generation, counts)) = stored else {
                 continue;
             };
             let note = match pool.kind {
@@ -552,7 +560,7 @@ impl KubeRuntime {
             );
             // Until the workload cache has it, the status is read from the apply's answer.
             if let Some(cache) = &self.workloads {
-                cache.just_applied(key, counts);
+                cache.just_applied(key, status::Applied { generation, counts });
             }
         }
         Ok(rendered)

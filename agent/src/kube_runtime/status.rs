@@ -119,10 +119,21 @@ pub(super) fn ready_condition(what: &str, counts: Counts) -> Condition {
 pub(super) struct WorkloadCache {
     pub(super) statefulsets: kube::runtime::reflector::Store<StatefulSet>,
     pub(super) daemonsets: kube::runtime::reflector::Store<DaemonSet>,
-    /// Counts from the answers of applies whose object the stores have not shown yet: a
-    /// workload just created is read from there, not asked of the apiserver again. An entry
-    /// goes once the store holds the object, so a workload deleted later is found missing.
-    pub(super) fresh: std::sync::Mutex<std::collections::BTreeMap<super::ObjectKey, Counts>>,
+    /// Counts from the answers of applies whose object the stores have not shown yet, with the
+    /// `metadata.generation` that answer carried: a workload just created is read from there,
+    /// not asked of the apiserver again, and a workload just changed (a restart mark, a new
+    /// image) is not read from the store's copy of the spec before the change, which still
+    /// looks rolled out and ready. An entry goes once the store holds the object at that
+    /// generation or later, so a workload deleted later is found missing.
+    pub(super) fresh: std::sync::Mutex<std::collections::BTreeMap<super::ObjectKey, Applied>>,
+}
+
+/// What the answer of an apply said of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Applied {
+    /// `metadata.generation` of the answer (the spec the counts are of).
+    pub(super) generation: Option<i64>,
+    pub(super) counts: Counts,
 }
 
 impl WorkloadCache {
@@ -138,9 +149,9 @@ impl WorkloadCache {
     }
 
     /// Remembers the counts of a workload the runtime just applied (from the apply's answer).
-    pub(super) fn just_applied(&self, key: super::ObjectKey, counts: Counts) {
+    pub(super) fn just_applied(&self, key: super::ObjectKey, applied: Applied) {
         if let Ok(mut fresh) = self.fresh.lock() {
-            fresh.insert(key, counts);
+            fresh.insert(key, applied);
         }
     }
 
@@ -156,25 +167,32 @@ impl WorkloadCache {
                 if !listed(self.statefulsets.wait_until_ready().now_or_never()) {
                     return None;
                 }
-                let key = ObjectRef::new(&pool.workload).within(namespace);
-                self.statefulsets.get(&key).map(|s| statefulset_counts(&s))
+                self.statefulsets
+                    .get(&ObjectRef::new(&pool.workload).within(namespace))
+                    .map(|s| (s.metadata.generation, statefulset_counts(&s)))
             }
             _ => {
                 if !listed(self.daemonsets.wait_until_ready().now_or_never()) {
                     return None;
                 }
-                let key = ObjectRef::new(&pool.workload).within(namespace);
-                self.daemonsets.get(&key).map(|d| daemonset_counts(&d))
+                self.daemonsets
+                    .get(&ObjectRef::new(&pool.workload).within(namespace))
+                    .map(|d| (d.metadata.generation, daemonset_counts(&d)))
             }
         };
         let mut fresh = self.fresh.lock().ok()?;
         let fresh_key = (pool.kind, namespace.to_owned(), pool.workload.clone());
-        Some(match cached {
-            Some(counts) => {
+        let applied = fresh.get(&fresh_key).copied();
+        Some(match (cached, applied) {
+            // The store is behind the last apply: its counts are of the spec before it.
+            (Some((generation, _)), Some(applied)) if generation < applied.generation => {
+                Some(applied.counts)
+            }
+            (Some((_, counts)), _) => {
                 fresh.remove(&fresh_key);
                 Some(counts)
             }
-            None => fresh.get(&fresh_key).copied(),
+            (None, applied) => applied.map(|a| a.counts),
         })
     }
 }
@@ -340,7 +358,14 @@ mod tests {
         };
         assert_eq!(cache.counts("ns", &pool), Some(None), "in neither");
         let key = (Kind::StatefulSet, "ns".to_owned(), pool.workload.clone());
-        cache.just_applied(key, statefulset_counts(&sts(&pool.workload, 2, 0)));
+        let created = sts(&pool.workload, 2, 0);
+        cache.just_applied(
+            key,
+            Applied {
+                generation: created.metadata.generation,
+                counts: statefulset_counts(&created),
+            },
+        );
         let counts = cache.counts("ns", &pool).flatten().expect("from the apply");
         assert_eq!((counts.desired, counts.ready), (2, 0));
         // The watch delivers it: the cache answers, and the apply's answer is forgotten.
@@ -350,5 +375,73 @@ mod tests {
         // Deleted by hand afterwards: missing, not the old answer.
         writer.apply_watcher_event(&watcher::Event::Delete(sts(&pool.workload, 2, 1)));
         assert_eq!(cache.counts("ns", &pool), Some(None));
+    }
+
+    #[test]
+    fn a_workload_just_changed_is_not_read_from_the_stores_copy_of_the_old_spec() {
+        // A restart mark changes the pod template: until the watch delivers the new generation,
+        // the store still holds the old spec, rolled out and all ready. Read from there, a
+        // restart would count as done before a single pod rolled.
+        let (statefulsets, mut writer) = reflector::store::<StatefulSet>();
+        let (daemonsets, mut ds_writer) = reflector::store::<DaemonSet>();
+        for w in [watcher::Event::Init, watcher::Event::InitDone] {
+            ds_writer.apply_watcher_event(&w);
+        }
+        let at = |generation: i64, observed: i64, ready: i32| {
+            let mut s = sts("f-supernode-a", 3, ready);
+            s.metadata.generation = Some(generation);
+            let st = s.status.as_mut().unwrap();
+            st.observed_generation = Some(observed);
+            st.current_revision = Some(format!("f-supernode-a-{observed}"));
+            st.update_revision = Some(format!("f-supernode-a-{observed}"));
+            st.updated_replicas = Some(3);
+            s
+        };
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(at(1, 1, 3)));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let cache = WorkloadCache::new(statefulsets, daemonsets);
+        let pool = AppliedPool {
+            name: "a".into(),
+            workload: "f-supernode-a".into(),
+            kind: Kind::StatefulSet,
+            node_public_keys: Vec::new(),
+            waiting: 0,
+        };
+        let ready = |cache: &WorkloadCache| {
+            let counts = cache.counts("ns", &pool).flatten().expect("counts");
+            ready_condition("StatefulSet ns/f-supernode-a", counts).status
+        };
+        assert_eq!(ready(&cache), "True", "rolled out before the change");
+        // The apply's answer: generation 2, not yet observed by the controller.
+        let answer = at(2, 1, 3);
+        let key = (Kind::StatefulSet, "ns".to_owned(), pool.workload.clone());
+        cache.just_applied(
+            key.clone(),
+            Applied {
+                generation: answer.metadata.generation,
+                counts: statefulset_counts(&answer),
+            },
+        );
+        assert_eq!(ready(&cache), "False", "the store still holds generation 1");
+        assert!(
+            cache.fresh.lock().unwrap().contains_key(&key),
+            "kept until the store catches up"
+        );
+        // The watch delivers generation 2, then the controller's rollout: still not ready.
+        writer.apply_watcher_event(&watcher::Event::Apply(at(2, 1, 3)));
+        assert_eq!(ready(&cache), "False", "not yet observed");
+        assert!(
+            !cache.fresh.lock().unwrap().contains_key(&key),
+            "the store holds it now"
+        );
+        let mut rolling = at(2, 2, 3);
+        let st = rolling.status.as_mut().unwrap();
+        st.current_revision = Some("f-supernode-a-1".into());
+        st.updated_replicas = Some(1);
+        writer.apply_watcher_event(&watcher::Event::Apply(rolling));
+        assert_eq!(ready(&cache), "False", "rolling");
+        writer.apply_watcher_event(&watcher::Event::Apply(at(2, 2, 3)));
+        assert_eq!(ready(&cache), "True", "rolled out");
     }
 }
