@@ -195,102 +195,23 @@ impl KubeWorkSource {
         ca: Arc<HubCa>,
         policy: PodPolicy,
     ) -> Result<Self, KubeWorkError> {
-        let status_client = client.clone();
-        let keys_client = client.clone();
-        let client_for_ocm = client.clone();
-        let (federations, fed_writer) = reflector::store::<Federation>();
-        let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
-        let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
-        let (superlinks, sts_writer) =
-            reflector::store::<k8s_openapi::api::apps::v1::StatefulSet>();
-        // Each reflector wakes the recompute only for what can change the work (`changes`).
-        let feds = changes::relevant(
-            reflector::reflector(
-                fed_writer,
-                watcher(Api::<Federation>::all(client.clone()), Default::default()),
-            )
-            .backoff(ShortBackoff::default()),
-            changes::federation_inputs,
-        )
-        .boxed();
-        let decs = changes::relevant(
-            reflector::reflector(
-                dec_writer,
-                watcher(
-                    Api::<PlacementDecision>::all(client.clone()),
-                    watcher::Config::default().labels(PLACEMENT_LABEL),
-                ),
-            )
-            .backoff(ShortBackoff::default()),
-            changes::decision_inputs,
-        )
-        .boxed();
-        let mcs = changes::relevant(
-            reflector::reflector(
-                mc_writer,
-                watcher(
-                    Api::<ManagedCluster>::all(client.clone()),
-                    Default::default(),
-                )
-                .modify(strip_managed_fields),
-            )
-            .backoff(ShortBackoff::default()),
-            changes::cluster_inputs,
-        )
-        .boxed();
-        let applied = format!(
-            "{}={}",
-            crate::kube::controller::APPLIED_BY_LABEL,
-            crate::kube::controller::HUB_FIELD_MANAGER
-        );
-        let stss = changes::relevant(
-            reflector::reflector(
-                sts_writer,
-                watcher(
-                    Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(client),
-                    watcher::Config::default().labels(&applied),
-                )
-                .modify(strip_managed_fields),
-            )
-            .backoff(ShortBackoff::default()),
-            hold::statefulset_inputs,
-        )
-        .boxed();
-        let mut streams = vec![feds, decs, mcs, stss];
-        let ocm = if crate::kube::ocm::installed(&client_for_ocm).await {
-            let (ocm, ocm_streams) = ocm_reflectors(&client_for_ocm);
-            streams.extend(ocm_streams);
-            tracing::info!(
-                "Open Cluster Management is installed: Federations may name its Placements"
-            );
-            Some(ocm)
-        } else {
-            None
-        };
-        let mut events = futures::stream::select_all(streams);
-        let stores = Stores {
-            federations,
-            decisions,
-            clusters,
-            superlinks,
-            ocm,
-        };
+        let (stores, streams) = reflectors(&client).await;
+        let events = futures::stream::select_all(streams);
         let inner = Arc::new(InMemoryWorkSource::new());
         let (ready_tx, mut ready_rx) = watch::channel(false);
-        let work = inner.clone();
         let reports: Arc<DashMap<String, Report>> = Arc::new(DashMap::new());
         let (reported, reported_rx) = watch::channel(0u64);
         let registry = Arc::new(NodeKeyRegistry::new());
-        let (keys_changed, mut keys_rx) = watch::channel(0u64);
+        let (keys_changed, keys_rx) = watch::channel(0u64);
         let status_task = tokio::spawn(status::write_cluster_statuses(
-            status_client,
+            client.clone(),
             stores.clone(),
             reports.clone(),
             registry.clone(),
             reported_rx.clone(),
         ));
         let keys_task = tokio::spawn(keys::sync_node_keys(
-            keys_client,
+            client,
             stores.clone(),
             reports.clone(),
             registry.clone(),
@@ -298,71 +219,24 @@ impl KubeWorkSource {
             reported_rx,
             keys_changed,
         ));
-        let fed_store = stores.federations.clone();
-        let cluster_store = stores.clusters.clone();
-        let task_registry = registry.clone();
-        let task = tokio::spawn(async move {
-            let mut state = State {
-                ca,
-                policy,
-                registry: task_registry,
-                sent: BTreeMap::new(),
-                last_good: BTreeMap::new(),
-                memo: BTreeMap::new(),
-                holds: hold::Holds::default(),
-            };
-            let mut hold_ends: Option<tokio::time::Instant> = None;
-            let mut ready = false;
-            let mut last_pass: Option<tokio::time::Instant> = None;
-            loop {
-                // A reflector event, or SuperLinks now holding other keys (work carries them).
-                // … or a hold running out ([`hold::HOLD_MAX`]).
-                let hold_end = async {
-                    match hold_ends {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let next = tokio::select! {
-                    event = events.next() => event.is_some(),
-                    changed = keys_rx.changed() => changed.is_ok(),
-                    () = hold_end => true,
-                };
-                if !next {
-                    break;
-                }
-                // The first change after a quiet spell is computed at once (a user's edit reaches
-                // its clusters without a debounce); during a burst, passes are at least DEBOUNCE
-                // apart and the events in between are coalesced into the next one (bounded by
-                // MAX_DELAY, so a steady stream of heartbeats cannot starve the recompute).
-                if last_pass.is_some_and(|t| t.elapsed() < DEBOUNCE) {
-                    let deadline = tokio::time::Instant::now() + MAX_DELAY;
-                    while let Ok(Some(_)) = tokio::time::timeout_at(
-                        deadline.min(tokio::time::Instant::now() + DEBOUNCE),
-                        events.next(),
-                    )
-                    .await
-                    {}
-                }
-                // Whatever is already queued belongs to this pass.
-                while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
-                if !ready {
-                    ready = is_ready(&stores);
-                    if !ready {
-                        continue;
-                    }
-                }
-                let started = std::time::Instant::now();
-                hold_ends = state.recompute(&stores, &work);
-                tracing::debug!(
-                    took_us = started.elapsed().as_micros() as u64,
-                    "work recomputed"
-                );
-                last_pass = Some(tokio::time::Instant::now());
-                let _ = ready_tx.send(true);
-            }
-            tracing::warn!("work source watches ended");
-        });
+        let state = State {
+            ca,
+            policy,
+            registry: registry.clone(),
+            sent: BTreeMap::new(),
+            last_good: BTreeMap::new(),
+            memo: BTreeMap::new(),
+            holds: hold::Holds::default(),
+        };
+        let (federations, clusters) = (stores.federations.clone(), stores.clusters.clone());
+        let task = tokio::spawn(recompute_loop(
+            events,
+            keys_rx,
+            stores,
+            inner.clone(),
+            state,
+            ready_tx,
+        ));
         let waited = tokio::time::timeout(READY_TIMEOUT, ready_rx.wait_for(|r| *r)).await;
         if !matches!(waited, Ok(Ok(_))) {
             task.abort();
@@ -378,8 +252,8 @@ impl KubeWorkSource {
             status_task,
             keys_task,
             registry,
-            federations: fed_store,
-            clusters: cluster_store,
+            federations,
+            clusters,
         })
     }
 
@@ -422,6 +296,147 @@ fn is_ready(stores: &Stores) -> bool {
     .into_iter()
     .chain(ocm)
     .all(|r| matches!(r, Some(Ok(()))))
+}
+
+/// The reflectors the work is computed from (Federations, PlacementDecisions, ManagedClusters,
+/// the hub's SuperLink StatefulSets, and OCM's kinds when it is installed), each waking the
+/// recompute only for what can change the work ([`changes`]).
+async fn reflectors(client: &Client) -> (Stores, Vec<futures::stream::BoxStream<'static, ()>>) {
+    let (federations, fed_writer) = reflector::store::<Federation>();
+    let (decisions, dec_writer) = reflector::store::<PlacementDecision>();
+    let (clusters, mc_writer) = reflector::store::<ManagedCluster>();
+    let (superlinks, sts_writer) = reflector::store::<k8s_openapi::api::apps::v1::StatefulSet>();
+    let feds = changes::relevant(
+        reflector::reflector(
+            fed_writer,
+            watcher(Api::<Federation>::all(client.clone()), Default::default()),
+        )
+        .backoff(ShortBackoff::default()),
+        changes::federation_inputs,
+    )
+    .boxed();
+    let decs = changes::relevant(
+        reflector::reflector(
+            dec_writer,
+            watcher(
+                Api::<PlacementDecision>::all(client.clone()),
+                watcher::Config::default().labels(PLACEMENT_LABEL),
+            ),
+        )
+        .backoff(ShortBackoff::default()),
+        changes::decision_inputs,
+    )
+    .boxed();
+    let mcs = changes::relevant(
+        reflector::reflector(
+            mc_writer,
+            watcher(
+                Api::<ManagedCluster>::all(client.clone()),
+                Default::default(),
+            )
+            .modify(strip_managed_fields),
+        )
+        .backoff(ShortBackoff::default()),
+        changes::cluster_inputs,
+    )
+    .boxed();
+    let applied = format!(
+        "{}={}",
+        crate::kube::controller::APPLIED_BY_LABEL,
+        crate::kube::controller::HUB_FIELD_MANAGER
+    );
+    let stss = changes::relevant(
+        reflector::reflector(
+            sts_writer,
+            watcher(
+                Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(client.clone()),
+                watcher::Config::default().labels(&applied),
+            )
+            .modify(strip_managed_fields),
+        )
+        .backoff(ShortBackoff::default()),
+        hold::statefulset_inputs,
+    )
+    .boxed();
+    let mut streams = vec![feds, decs, mcs, stss];
+    let ocm = if crate::kube::ocm::installed(client).await {
+        let (ocm, ocm_streams) = ocm_reflectors(client);
+        streams.extend(ocm_streams);
+        tracing::info!("Open Cluster Management is installed: Federations may name its Placements");
+        Some(ocm)
+    } else {
+        None
+    };
+    let stores = Stores {
+        federations,
+        decisions,
+        clusters,
+        superlinks,
+        ocm,
+    };
+    (stores, streams)
+}
+
+/// Recomputes every cluster's work on a reflector event, on SuperLinks now holding other keys
+/// (work carries them) or on a hold running out ([`hold::HOLD_MAX`]), once every reflector has
+/// listed; `ready` turns true after the first pass. Ends when the watches do.
+async fn recompute_loop(
+    mut events: futures::stream::SelectAll<futures::stream::BoxStream<'static, ()>>,
+    mut keys_rx: watch::Receiver<u64>,
+    stores: Stores,
+    work: Arc<InMemoryWorkSource>,
+    mut state: State,
+    ready_tx: watch::Sender<bool>,
+) {
+    let mut hold_ends: Option<tokio::time::Instant> = None;
+    let mut ready = false;
+    let mut last_pass: Option<tokio::time::Instant> = None;
+    loop {
+        let hold_end = async {
+            match hold_ends {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = tokio::select! {
+            event = events.next() => event.is_some(),
+            changed = keys_rx.changed() => changed.is_ok(),
+            () = hold_end => true,
+        };
+        if !next {
+            break;
+        }
+        // The first change after a quiet spell is computed at once (a user's edit reaches its
+        // clusters without a debounce); during a burst, passes are at least DEBOUNCE apart and
+        // the events in between are coalesced into the next one (bounded by MAX_DELAY, so a
+        // steady stream of heartbeats cannot starve the recompute).
+        if last_pass.is_some_and(|t| t.elapsed() < DEBOUNCE) {
+            let deadline = tokio::time::Instant::now() + MAX_DELAY;
+            while let Ok(Some(_)) = tokio::time::timeout_at(
+                deadline.min(tokio::time::Instant::now() + DEBOUNCE),
+                events.next(),
+            )
+            .await
+            {}
+        }
+        // Whatever is already queued belongs to this pass.
+        while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
+        if !ready {
+            ready = is_ready(&stores);
+            if !ready {
+                continue;
+            }
+        }
+        let started = std::time::Instant::now();
+        hold_ends = state.recompute(&stores, &work);
+        tracing::debug!(
+            took_us = started.elapsed().as_micros() as u64,
+            "work recomputed"
+        );
+        last_pass = Some(tokio::time::Instant::now());
+        let _ = ready_tx.send(true);
+    }
+    tracing::warn!("work source watches ended");
 }
 
 /// Reflectors on OCM's PlacementDecisions and ManagedClusters; every event wakes the recompute
