@@ -4,15 +4,18 @@
 use super::superlink::SuperLinkPaths;
 use super::{StandaloneHub, fed_key};
 use crate::core::superlink::{
-    SuperLinkLayout, fleet_listen_address, serverapp_superexec_argv, superlink_argv, superlink_sans,
+    SuperLinkLayout, serverapp_superexec_argv, superlink_argv, superlink_sans,
 };
 use crate::registration::store::ClusterStore;
 use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
+use sockets::{Sockets, bridged, fleet_listening};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod sockets;
 
 /// A SuperLink process the hub runs, and what it was started with.
 pub(super) struct RunningSuperLink {
@@ -47,15 +50,6 @@ pub(super) enum Listening {
     Tcp(String, u16),
     /// Its bridge's socket (which appears once the port inside accepts connections).
     Unix(PathBuf),
-}
-
-/// The Unix sockets of a SuperLink in a network namespace of its own ([`super::netns`]), in its
-/// directory: Control (also the whole server in the unified dialect), the Fleet API where it has
-/// a port of its own, ServerAppIO for a classic process-isolation SuperExec.
-struct Sockets {
-    control: PathBuf,
-    fleet: Option<PathBuf>,
-    serverappio: Option<PathBuf>,
 }
 
 /// How long a started SuperLink's work is held back at most while it does not listen yet (a
@@ -234,6 +228,31 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
     }
 
+    /// Whether the SuperLink of `key` runs with `argv` and `certificate`; if it runs with
+    /// others, it is stopped (to be started again).
+    async fn keep_or_stop(
+        &mut self,
+        key: &(String, String),
+        argv: &[String],
+        certificate: &str,
+    ) -> bool {
+        if let Some(running) = self.superlinks.get(key)
+            && running.argv == argv
+            && running.certificate == certificate
+        {
+            return true;
+        }
+        if let Some(old) = self.superlinks.remove(key) {
+            if old.argv == argv {
+                tracing::info!(federation = %key.1, "SuperLink certificate renewed: restarting it");
+            } else {
+                tracing::info!(federation = %key.1, "SuperLink arguments changed: restarting it");
+            }
+            stop_superlink(old).await;
+        }
+        false
+    }
+
     pub(super) async fn ensure_superlink(
         &mut self,
         fed: &Federation,
@@ -257,43 +276,16 @@ impl<S: ClusterStore> StandaloneHub<S> {
             None => host_layout.clone(),
         };
         let argv = superlink_argv(fed, version, dialect, &layout);
-        if let Some(running) = self.superlinks.get(&key)
-            && running.argv == argv
-            && running.certificate == certificate
-        {
+        if self.keep_or_stop(&key, &argv, &certificate).await {
             return Ok(());
-        }
-        if let Some(old) = self.superlinks.remove(&key) {
-            if old.argv == argv {
-                tracing::info!(federation = %key.1, "SuperLink certificate renewed: restarting it");
-            } else {
-                tracing::info!(federation = %key.1, "SuperLink arguments changed: restarting it");
-            }
-            stop_superlink(old).await;
         }
         std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
         let process = fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process;
         let ports = layout.ports;
-        let sockets = bridge.as_ref().map(|_| Sockets {
-            control: paths.dir.join("control.sock"),
-            fleet: (!ports.front && ports.fleet != ports.control)
-                .then(|| paths.dir.join("fleet.sock")),
-            serverappio: (process
-                && matches!(
-                    dialect,
-                    FlowerDialect::Classic | FlowerDialect::Transitional
-                ))
-            .then(|| paths.dir.join("serverappio.sock")),
-        });
-        if let Some(sockets) = &sockets {
-            for socket in [Some(&sockets.control), sockets.fleet.as_ref()]
-                .into_iter()
-                .flatten()
-                .chain(&sockets.serverappio)
-            {
-                super::netns::check_socket_path(socket)?;
-            }
-        }
+        let sockets = match bridge {
+            Some(_) => Some(Sockets::for_superlink(paths, ports, process, dialect)?),
+            None => None,
+        };
         let mut served = Vec::new();
         let started = self
             .serve_on_host(fed, &host_layout, paths, sockets.as_ref(), &mut served)
@@ -305,65 +297,61 @@ impl<S: ClusterStore> StandaloneHub<S> {
             }
             return Err(e);
         }
-        let flower_superlink = self.flower_program("flower-superlink");
-        let (program, args) = match (&bridge, &sockets) {
-            (Some(bridge), Some(sockets)) => {
-                let mut args = vec!["netns-bridge".to_owned()];
-                args.push(format!(
-                    "--export={}={}",
-                    ports.control,
-                    sockets.control.display()
-                ));
-                if let Some(fleet) = &sockets.fleet {
-                    args.push(format!("--export={}={}", ports.fleet, fleet.display()));
-                }
-                if let (Some(socket), Some(port)) = (&sockets.serverappio, ports.serverappio) {
-                    args.push(format!("--export={port}={}", socket.display()));
-                }
-                args.push("--".to_owned());
-                args.push(flower_superlink.display().to_string());
-                args.extend(argv.iter().cloned());
-                (bridge.program.clone(), args)
-            }
-            _ => (flower_superlink, argv.clone()),
-        };
+        let (program, args) = bridged(
+            self.flower_program("flower-superlink"),
+            argv.clone(),
+            bridge
+                .as_ref()
+                .zip(sockets.as_ref())
+                .map(|(bridge, sockets)| {
+                    let mut exports = vec![format!(
+                        "--export={}={}",
+                        ports.control,
+                        sockets.control.display()
+                    )];
+                    if let Some(fleet) = &sockets.fleet {
+                        exports.push(format!("--export={}={}", ports.fleet, fleet.display()));
+                    }
+                    if let (Some(socket), Some(port)) = (&sockets.serverappio, ports.serverappio) {
+                        exports.push(format!("--export={port}={}", socket.display()));
+                    }
+                    (bridge, exports)
+                }),
+        );
+        // Flower installs FABs under FLWR_HOME: one per SuperLink.
+        let mut env = self.flower_env();
+        let home = paths.dir.join("superlink-home");
+        env.insert("FLWR_HOME".into(), home.display().to_string());
         let superlink = Supervised::start(ProcessSpec {
             name: format!("superlink/{}/{}", key.0, key.1),
             program,
             args,
-            env: {
-                // Flower installs FABs under FLWR_HOME: one per SuperLink.
-                let mut env = self.flower_env();
-                env.insert(
-                    "FLWR_HOME".into(),
-                    paths.dir.join("superlink-home").display().to_string(),
-                );
-                env
-            },
+            env,
             cwd: Some(paths.dir.clone()),
             log_file: paths.log.clone(),
             sandbox: self.sandbox(paths),
         });
         let superexec = process.then(|| {
-            let superexec_args = serverapp_superexec_argv(fed, version, dialect, &layout);
-            let flower_superexec = self.flower_program("flower-superexec");
-            let (program, args) = match (&bridge, &sockets) {
-                (Some(bridge), Some(sockets)) => {
-                    // It dials ServerAppIO (classic) or the SuperLink's one server on its own
-                    // loopback: the same port, imported from the SuperLink's namespace.
-                    let import = match (&sockets.serverappio, ports.serverappio) {
-                        (Some(socket), Some(port)) => {
-                            format!("--import={port}={}", socket.display())
-                        }
-                        _ => format!("--import={}={}", ports.control, sockets.control.display()),
-                    };
-                    let mut args = vec!["netns-bridge".to_owned(), import, "--".to_owned()];
-                    args.push(flower_superexec.display().to_string());
-                    args.extend(superexec_args);
-                    (bridge.program.clone(), args)
-                }
-                _ => (flower_superexec, superexec_args),
-            };
+            // It dials ServerAppIO (classic) or the SuperLink's one server on its own loopback:
+            // the same port, imported from the SuperLink's namespace.
+            let (program, args) = bridged(
+                self.flower_program("flower-superexec"),
+                serverapp_superexec_argv(fed, version, dialect, &layout),
+                bridge
+                    .as_ref()
+                    .zip(sockets.as_ref())
+                    .map(|(bridge, sockets)| {
+                        let import = match (&sockets.serverappio, ports.serverappio) {
+                            (Some(socket), Some(port)) => {
+                                format!("--import={port}={}", socket.display())
+                            }
+                            _ => {
+                                format!("--import={}={}", ports.control, sockets.control.display())
+                            }
+                        };
+                        (bridge, vec![import])
+                    }),
+            );
             Supervised::start(ProcessSpec {
                 name: format!("superexec-serverapp/{}/{}", key.0, key.1),
                 program,
@@ -375,18 +363,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             })
         });
         tracing::info!(namespace = %key.0, federation = %key.1, isolated = bridge.is_some(), "started the SuperLink");
-        let fleet = match &sockets {
-            Some(sockets) => Listening::Unix(
-                sockets
-                    .fleet
-                    .clone()
-                    .unwrap_or_else(|| sockets.control.clone()),
-            ),
-            None => {
-                let (host, port) = fleet_listen_address(dialect, &layout);
-                Listening::Tcp(host, port)
-            }
-        };
+        let fleet = fleet_listening(sockets.as_ref(), dialect, &layout);
         self.superlinks.insert(
             key,
             RunningSuperLink {
