@@ -201,41 +201,17 @@ pub fn federation_status(
         endpoints: Some(endpoints(fed, external, previous.endpoints.as_ref())),
         ..FederationStatus::default()
     };
-    let mut conditions = Vec::new();
     let placement = placement.condition();
-    match outcome {
+    let mut conditions = match outcome {
         Outcome::Invalid(problems) => {
             // Nothing was touched, workloads keep running: their last known readiness stays.
             keep_readiness(&mut status, &previous);
-            let message = problems
-                .iter()
-                .map(|(path, msg)| {
-                    if path.is_empty() {
-                        msg.clone()
-                    } else {
-                        format!("{path}: {msg}")
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            conditions.push(cond("Degraded", "True", "InvalidSpec", &message));
-            conditions.push(cond(
-                "Ready",
-                "False",
-                "InvalidSpec",
-                "the spec is invalid; nothing was applied (see Degraded)",
-            ));
-            conditions.push(cond(
-                "Reconciling",
-                "False",
-                "InvalidSpec",
-                "waiting for a valid spec",
-            ));
+            invalid_conditions(problems)
         }
         Outcome::Failed(message) => {
             // What was applied before keeps running: its last known readiness stays.
             keep_readiness(&mut status, &previous);
-            conditions.push(cond("Degraded", "True", "ReconcileFailed", message));
+            let mut conditions = vec![cond("Degraded", "True", "ReconcileFailed", message)];
             if let Some(ready) = previous.conditions.iter().find(|c| c.type_ == "Ready") {
                 conditions.push(ready.clone());
             }
@@ -245,45 +221,9 @@ pub fn federation_status(
                 "RetryingAfterError",
                 "retried every 15 s until it succeeds (see Degraded)",
             ));
+            conditions
         }
         Outcome::Applied { superlink, .. } => {
-            // `status.clusters` (a bounded list) and `status.clusterTotals` are written from the
-            // clusters' reports by the work source (its own field manager): the spokes' agents, or
-            // the hub's own pools ([`crate::kube::hub_pools`]); the totals and Ready are computed
-            // here from them.
-            let clusters = previous.clusters.clone();
-            let totals = crate::core::status::totals_of(fed, &previous);
-            let pool_totals = pool_totals_over_clusters(fed, &totals);
-            let desired: i32 = pool_totals.iter().map(|p| p.desired).sum();
-            let ready: i32 = pool_totals.iter().map(|p| p.ready).sum();
-            status.desired_supernodes = desired;
-            status.ready_supernodes = ready;
-            status.supernodes = Some(format!("{ready}/{desired}"));
-            status.selected_clusters = totals.selected;
-            // Each pool summed over the clusters that reported it, in spec order.
-            status.pools = pool_totals
-                .iter()
-                .map(|p| PoolStatus {
-                    name: p.name.clone(),
-                    kind: Some(p.kind.to_owned()),
-                    desired: p.desired,
-                    ready: p.ready,
-                    conditions: vec![keep_time(
-                        previous
-                            .pools
-                            .iter()
-                            .find(|q| q.name == p.name)
-                            .map_or(&[][..], |q| &q.conditions[..]),
-                        if p.is_ready() {
-                            cond("Ready", "True", "SuperNodesReady", &p.summary("pool"))
-                        } else {
-                            cond("Ready", "False", "SuperNodesNotReady", &p.summary("pool"))
-                        },
-                        now,
-                        generation,
-                    )],
-                })
-                .collect();
             let mut problems: Vec<String> = Vec::new();
             if let Some((_, Some(reason))) = &placement {
                 problems.push(reason.clone());
@@ -291,46 +231,17 @@ pub fn federation_status(
             if let Some(Err(why)) = external {
                 problems.push(why.to_string());
             }
-            let superlink_ready = if superlink.is_ready() {
-                Ok(())
-            } else {
-                Err(superlink.summary("SuperLink"))
-            };
-            let readiness = crate::core::status::readiness(
-                superlink_ready,
+            applied_conditions(
+                fed,
+                &previous,
+                &mut status,
+                superlink,
+                external,
                 &problems,
-                fed.spec.placement_ref.is_some(),
-                &clusters,
-                &totals,
-            );
-            match external {
-                // Valid in general, but in Kubernetes mode nothing outside reaches the SuperLink.
-                Some(Err(why @ ExternalAddressError::NotExposed)) => conditions.push(cond(
-                    "Degraded",
-                    "True",
-                    "SuperLinkNotExposed",
-                    &why.to_string(),
-                )),
-                _ => conditions.push(cond("Degraded", "False", "Valid", "the spec is valid")),
-            }
-            match readiness {
-                Ok(()) => {
-                    let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
-                    conditions.push(cond("Ready", "True", "AllReady", &message));
-                    conditions.push(cond(
-                        "Reconciling",
-                        "False",
-                        "Converged",
-                        "every object is applied and ready",
-                    ));
-                }
-                Err(message) => {
-                    conditions.push(cond("Ready", "False", "NotReady", &message));
-                    conditions.push(cond("Reconciling", "True", "Progressing", &message));
-                }
-            }
+                now,
+            )
         }
-    }
+    };
     conditions.extend(placement.map(|(c, _)| c));
     if let Some(warning) = crate::core::render::version_warning(fed) {
         conditions.push(cond(
@@ -345,6 +256,134 @@ pub fn federation_status(
         .map(|c| keep_time(&previous.conditions, c, now, generation))
         .collect();
     status
+}
+
+/// Degraded, Ready and Reconciling of an invalid spec (`(field path, message)` problems).
+fn invalid_conditions(problems: &[(String, String)]) -> Vec<Condition> {
+    let message = problems
+        .iter()
+        .map(|(path, msg)| {
+            if path.is_empty() {
+                msg.clone()
+            } else {
+                format!("{path}: {msg}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    vec![
+        cond("Degraded", "True", "InvalidSpec", &message),
+        cond(
+            "Ready",
+            "False",
+            "InvalidSpec",
+            "the spec is invalid; nothing was applied (see Degraded)",
+        ),
+        cond(
+            "Reconciling",
+            "False",
+            "InvalidSpec",
+            "waiting for a valid spec",
+        ),
+    ]
+}
+
+/// An applied Federation's SuperNode counts and pools in `status`, and its Degraded, Ready and
+/// Reconciling conditions.
+///
+/// `status.clusters` (a bounded list) and `status.clusterTotals` are written from the clusters'
+/// reports by the work source (its own field manager): the spokes' agents, or the hub's own
+/// pools ([`crate::kube::hub_pools`]); the totals and Ready are computed here from them.
+fn applied_conditions(
+    fed: &Federation,
+    previous: &FederationStatus,
+    status: &mut FederationStatus,
+    superlink: &WorkloadReadiness,
+    external: Option<&Result<ExternalEndpoints, ExternalAddressError>>,
+    problems: &[String],
+    now: &Time,
+) -> Vec<Condition> {
+    let totals = crate::core::status::totals_of(fed, previous);
+    let pool_totals = pool_totals_over_clusters(fed, &totals);
+    let desired: i32 = pool_totals.iter().map(|p| p.desired).sum();
+    let ready: i32 = pool_totals.iter().map(|p| p.ready).sum();
+    status.desired_supernodes = desired;
+    status.ready_supernodes = ready;
+    status.supernodes = Some(format!("{ready}/{desired}"));
+    status.selected_clusters = totals.selected;
+    status.pools = pool_statuses(&pool_totals, previous, now, fed.metadata.generation);
+    let superlink_ready = if superlink.is_ready() {
+        Ok(())
+    } else {
+        Err(superlink.summary("SuperLink"))
+    };
+    let readiness = crate::core::status::readiness(
+        superlink_ready,
+        problems,
+        fed.spec.placement_ref.is_some(),
+        &previous.clusters,
+        &totals,
+    );
+    let mut conditions = Vec::new();
+    match external {
+        // Valid in general, but in Kubernetes mode nothing outside reaches the SuperLink.
+        Some(Err(why @ ExternalAddressError::NotExposed)) => conditions.push(cond(
+            "Degraded",
+            "True",
+            "SuperLinkNotExposed",
+            &why.to_string(),
+        )),
+        _ => conditions.push(cond("Degraded", "False", "Valid", "the spec is valid")),
+    }
+    match readiness {
+        Ok(()) => {
+            let message = format!("SuperLink and {ready}/{desired} SuperNodes ready");
+            conditions.push(cond("Ready", "True", "AllReady", &message));
+            conditions.push(cond(
+                "Reconciling",
+                "False",
+                "Converged",
+                "every object is applied and ready",
+            ));
+        }
+        Err(message) => {
+            conditions.push(cond("Ready", "False", "NotReady", &message));
+            conditions.push(cond("Reconciling", "True", "Progressing", &message));
+        }
+    }
+    conditions
+}
+
+/// Each pool summed over the clusters that reported it, in spec order, with its Ready condition.
+fn pool_statuses(
+    pool_totals: &[WorkloadReadiness],
+    previous: &FederationStatus,
+    now: &Time,
+    generation: Option<i64>,
+) -> Vec<PoolStatus> {
+    pool_totals
+        .iter()
+        .map(|p| PoolStatus {
+            name: p.name.clone(),
+            kind: Some(p.kind.to_owned()),
+            desired: p.desired,
+            ready: p.ready,
+            conditions: vec![keep_time(
+                previous
+                    .pools
+                    .iter()
+                    .find(|q| q.name == p.name)
+                    .map_or(&[][..], |q| &q.conditions[..]),
+                if p.is_ready() {
+                    cond("Ready", "True", "SuperNodesReady", &p.summary("pool"))
+                } else {
+                    cond("Ready", "False", "SuperNodesNotReady", &p.summary("pool"))
+                },
+                now,
+                generation,
+            )],
+        })
+        .collect()
 }
 
 /// `superlinkService` (Control API in the cluster) and, for a placed Federation, the external
