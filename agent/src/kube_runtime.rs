@@ -76,6 +76,14 @@ impl Kind {
 /// `(kind, namespace, name)` of an object the snapshot wants.
 type ObjectKey = (Kind, String, String);
 
+/// A workload as [`KubeRuntime::apply_rendered`] applied it: its pool, its key, and the uid and
+/// what the apply answered with (`None`: unchanged, not sent).
+type AppliedWorkload<'r> = (
+    &'r AppliedPool,
+    ObjectKey,
+    Option<(Option<String>, status::Applied)>,
+);
+
 /// One pool as applied, for [`Runtime::status`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppliedPool {
@@ -131,6 +139,7 @@ impl Rendered {
 }
 
 mod applier;
+mod apply;
 mod error;
 pub mod keys;
 mod owned;
@@ -401,168 +410,16 @@ impl KubeRuntime {
         base: &Rendered,
         desired: &mut BTreeSet<ObjectKey>,
     ) -> Result<Rendered, KubeRuntimeError> {
-        let ns = plan.namespace.as_str();
-        let refused = |violations| KubeRuntimeError::Policy {
-            federation: format!("{ns}/{}", plan.name),
-            violations,
+        self.admit(plan, base).await?;
+        let pool_keys = if plan.secure() {
+            self.ensure_keys(plan, base, desired).await?
+        } else {
+            FederationKeys::new()
         };
-        // The policy first: a refused Federation writes nothing, not even its keys.
-        if let Some(why) = self.policy.namespace_refusal(ns) {
-            return Err(refused(vec![why]));
-        }
-        let violations = policy::violations(&self.policy, base);
-        if !violations.is_empty() {
-            return Err(refused(violations));
-        }
-        if !self.sent().has_namespace(ns) {
-            if let Some(why) =
-                ensure_namespace(&self.client, ns, &self.policy, self.applier.manager()).await?
-            {
-                return Err(refused(vec![why]));
-            }
-            self.sent().namespace_exists(ns);
-        }
-        if self.policy.refuse_foreign_objects {
-            self.check_ownership(plan, base).await?;
-        }
-        let mut pool_keys = FederationKeys::new();
-        if plan.secure() {
-            let mut nodes = None;
-            for (pool, workload) in &base.workloads {
-                let names = match workload {
-                    Workload::StatefulSet(s) => keys::statefulset_key_names(s),
-                    Workload::DaemonSet(d) => {
-                        if nodes.is_none() {
-                            nodes = Some(self.list_nodes().await?);
-                        }
-                        keys::daemonset_key_names(d, nodes.as_deref().unwrap_or_default())
-                    }
-                };
-                let found = keys::ensure_pool_keys(
-                    &self.client,
-                    &self.applier,
-                    plan,
-                    (&pool.name, workload),
-                    &names,
-                )
-                .await?;
-                let key = (
-                    Kind::Secret,
-                    ns.to_owned(),
-                    node_key_secret_name(&plan.name, &pool.name),
-                );
-                if let Some(lost) = &found.lost {
-                    self.record(
-                        &key,
-                        lost.uid.clone(),
-                        events::Event {
-                            type_: events::EventType::Warning,
-                            reason: keys::NODE_KEYS_RECREATED.to_owned(),
-                            note: Some(lost.note()),
-                            action: "Recreate".to_owned(),
-                            secondary: None,
-                        },
-                    );
-                }
-                desired.insert(key);
-                pool_keys.insert(pool.name.clone(), found.keys);
-            }
-        }
         let mut rendered = render_federation_with_keys(plan, &pool_keys)?;
         self.stamp(&mut rendered, plan);
-        // The workloads first, all at once (their pods are what takes long to start), then the
-        // Secret and Services they use, all at once: on a busy apiserver a write shared with
-        // others lands later, and a pod that starts before its Secret or Service exists waits
-        // for it. On the first error the rest is dropped (applied again next time).
-        let mut supporting: Vec<BoxFuture<'_, Result<(), KubeRuntimeError>>> = Vec::new();
-        if let Some(secret) = &rendered.secret {
-            let name = secret.metadata.name.clone().unwrap_or_default();
-            let key = (Kind::Secret, ns.to_owned(), name);
-            desired.insert(key.clone());
-            let api = Api::<Secret>::namespaced(self.client.clone(), ns);
-            supporting.push(Box::pin(async move {
-                self.send(&api, key, secret).await.map(drop)
-            }));
-        }
-        for service in &rendered.services {
-            let name = service.metadata.name.clone().unwrap_or_default();
-            let key = (Kind::Service, ns.to_owned(), name);
-            desired.insert(key.clone());
-            let api =
-                Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.client.clone(), ns);
-            supporting.push(Box::pin(async move {
-                self.send(&api, key, service).await.map(drop)
-            }));
-        }
-        let mut workloads = Vec::with_capacity(rendered.workloads.len());
-        for (pool, workload) in &rendered.workloads {
-            let key = (pool.kind, ns.to_owned(), pool.workload.clone());
-            desired.insert(key.clone());
-            workloads.push(async move {
-                let stored = match workload {
-                    Workload::StatefulSet(s) => {
-                        let api = Api::<StatefulSet>::namespaced(self.client.clone(), ns);
-                        self.send(&api, key.clone(), s).await?.map(|s| {
-                            (
-                                s.metadata.uid.clone(),
-                                s.metadata.generation,
-                                status::statefulset_counts(&s),
-                            )
-                        })
-                    }
-                    Workload::DaemonSet(d) => {
-                        let api = Api::<DaemonSet>::namespaced(self.client.clone(), ns);
-                        self.send(&api, key.clone(), d).await?.map(|d| {
-                            (
-                                d.metadata.uid.clone(),
-                                d.metadata.generation,
-                                status::daemonset_counts(&d),
-                            )
-                        })
-                    }
-                };
-                Ok::<_, KubeRuntimeError>((pool, key, stored))
-            });
-        }
-        let stored = futures::future::try_join_all(workloads).await?;
-        futures::future::try_join_all(supporting).await?;
-        for (pool, key, stored) in stored {
-            let Some((uid, generation, counts)) = stored else {
-                continue;
-            };
-            let note = match pool.kind {
-                Kind::StatefulSet if pool.waiting > 0 => format!(
-                    "applied for Federation {ns}/{}, pool {}: {} SuperNode(s), {} waiting for the hub to register their key",
-                    plan.name,
-                    pool.name,
-                    counts.desired + pool.waiting,
-                    pool.waiting
-                ),
-                Kind::StatefulSet => format!(
-                    "applied for Federation {ns}/{}, pool {}: {} SuperNode(s)",
-                    plan.name, pool.name, counts.desired
-                ),
-                _ => format!(
-                    "applied for Federation {ns}/{}, pool {}: one SuperNode per node",
-                    plan.name, pool.name
-                ),
-            };
-            self.record(
-                &key,
-                uid,
-                events::Event {
-                    type_: events::EventType::Normal,
-                    reason: "Applied".to_owned(),
-                    note: Some(note),
-                    action: "Apply".to_owned(),
-                    secondary: None,
-                },
-            );
-            // Until the workload cache has it, the status is read from the apply's answer.
-            if let Some(cache) = &self.workloads {
-                cache.just_applied(key, status::Applied { generation, counts });
-            }
-        }
+        let stored = self.apply_rendered(plan, &rendered, desired).await?;
+        self.record_applied(plan, stored);
         Ok(rendered)
     }
 
