@@ -12,10 +12,10 @@
 /// Kept here for callers of the process runtime's key files; made in [`crate::node_key`].
 pub use crate::node_key::ensure_node_key;
 
-use crate::render::{self, ClusterContext, FlowerDialect, ProcessReplica, SuperNodePoolInput};
+use crate::render::{self, ClusterContext, FlowerDialect, SuperNodePoolInput};
 use crate::runtime::{BoxFuture, Runtime, RuntimeError};
 use crate::supervise::{ProcessSpec, Supervised};
-use flower_addon_crds::{DeploymentMode, FederationSpec, SuperNodePoolSpec};
+use flower_addon_crds::{FederationSpec, SuperNodePoolSpec};
 use flower_addon_proto::{ClusterWork, FederationStatus, PoolStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -97,7 +97,10 @@ struct DesiredReplica {
 
 /// Desired replicas per pool, in work order, keyed by (namespace, federation), with the pool's
 /// resource fields this runtime cannot enforce (reported in its Ready condition).
-type PoolCounts = BTreeMap<(String, String), Vec<(String, u32, Vec<&'static str>)>>;
+type PoolCounts = BTreeMap<(String, String), Vec<PoolCount>>;
+/// One pool of a Federation: its name, replicas, and the resource limits the runtime does not
+/// enforce.
+type PoolCount = (String, u32, Vec<&'static str>);
 
 #[derive(Default)]
 struct State {
@@ -192,165 +195,6 @@ impl ProcessRuntime {
 
     fn env(&self) -> BTreeMap<String, String> {
         crate::supervise::flower_env(self.config.flower_bin.as_deref())
-    }
-
-    fn desired(
-        &self,
-        work: &ClusterWork,
-        taken_ports: &BTreeMap<ReplicaKey, u16>,
-    ) -> Result<(Vec<DesiredReplica>, PoolCounts), RuntimeError> {
-        let mut out = Vec::new();
-        let mut pools = BTreeMap::new();
-        let mut used: BTreeSet<u16> = BTreeSet::new();
-        let mut fresh = Vec::new();
-        for fed in &work.federations {
-            let plan = crate::work::decode_federation(work, fed)
-                .map_err(|e| RuntimeError::Apply(e.to_string()))?;
-            let fed_dir = self
-                .config
-                .state_dir
-                .join("federations")
-                .join(&plan.namespace)
-                .join(&plan.name);
-            std::fs::create_dir_all(&fed_dir).map_err(io_err(&fed_dir))?;
-            let ca_file = fed_dir.join("ca.crt");
-            if let Some(pem) = &plan.ca_bundle_pem {
-                write_if_changed(&ca_file, pem.as_bytes())?;
-            }
-            let mut fed_pools = Vec::new();
-            for pool_plan in &plan.pools {
-                let pool = &pool_plan.spec;
-                let replicas = match plan.spec.mode {
-                    DeploymentMode::StatefulSet => pool.replicas.unwrap_or(1).max(0) as u32,
-                    // A device is one node: a DaemonSet pool runs once here.
-                    DeploymentMode::DaemonSet => 1,
-                };
-                let unenforced = render::unenforced_resources(pool);
-                if !unenforced.is_empty() {
-                    tracing::warn!(federation = %plan.name, pool = %pool.name, fields = %unenforced.join(", "), "the process runtime does not enforce these resource limits");
-                }
-                fed_pools.push((pool.name.clone(), replicas, unenforced));
-                let ca_secret = render::spoke_ca_secret_name(&plan.name);
-                let input = SuperNodePoolInput {
-                    federation: &plan.name,
-                    namespace: &plan.namespace,
-                    spec: &plan.spec,
-                    pool,
-                    dialect: plan.dialect,
-                    version: plan.version,
-                    fleet_address: &plan.fleet_address,
-                    ca_secret_name: &ca_secret,
-                    cluster: &pool_plan.cluster,
-                };
-                for index in 0..replicas {
-                    let key = ReplicaKey {
-                        namespace: plan.namespace.clone(),
-                        federation: plan.name.clone(),
-                        pool: pool.name.clone(),
-                        index,
-                    };
-                    let port = taken_ports.get(&key).copied();
-                    if let Some(p) = port {
-                        used.insert(p);
-                    }
-                    let mut env = render::process_env(&plan.spec, pool, index).map_err(|e| {
-                        RuntimeError::Apply(format!("federation {}: {e}", plan.id()))
-                    })?;
-                    // A new CA bundle restarts the SuperNode (it reads it once, at start).
-                    if let Some(digest) = plan.ca_digest() {
-                        env.insert(crate::work::CA_DIGEST_ENV.to_owned(), digest);
-                    }
-                    // So does a new restart mark.
-                    if let Some(mark) = &plan.supernode_restart {
-                        env.insert(crate::work::SUPERNODE_RESTART_ENV.to_owned(), mark.clone());
-                    }
-                    fresh.push((
-                        key,
-                        port,
-                        input_owned(&input, &pool_plan.cluster),
-                        (plan.spec.insecure, plan.spec.supernode_auth()),
-                        (
-                            plan.registered_node_keys.clone(),
-                            plan.retired_node_keys.clone(),
-                        ),
-                        env,
-                    ));
-                }
-            }
-            pools.insert((plan.namespace.clone(), plan.name.clone()), fed_pools);
-        }
-        // Second pass: ports (existing replicas keep theirs) and argv.
-        let mut next = self.config.port_base;
-        for (key, port, owned, (insecure, auth), (registered_keys, retired_keys), env) in fresh {
-            let port = match port {
-                Some(p) => p,
-                None => {
-                    while used.contains(&next) || !port_free(next) {
-                        next = next.checked_add(1).ok_or_else(|| {
-                            RuntimeError::Apply("no free port for a SuperNode".into())
-                        })?;
-                    }
-                    used.insert(next);
-                    next
-                }
-            };
-            let fed_dir = self
-                .config
-                .state_dir
-                .join("federations")
-                .join(&key.namespace)
-                .join(&key.federation);
-            let ca_file = fed_dir.join("ca.crt");
-            let input = owned.input();
-            let replica = ProcessReplica {
-                index: key.index,
-                runtime_port: port,
-                node_name: &self.config.node_name,
-                root_certificates: (!insecure).then_some(ca_file.as_path()),
-            };
-            let mut argv = render::supernode_argv(&input, &replica)
-                .map_err(|e| RuntimeError::Apply(e.to_string()))?;
-            let mut public_key = None;
-            if auth {
-                let key_file = fed_dir
-                    .join("keys")
-                    .join(format!("{}-{}.key", key.pool, key.index));
-                crate::node_key::retire_node_key(&key_file, &retired_keys);
-                public_key = Some(
-                    ensure_node_key(&key_file).map_err(|e| RuntimeError::Apply(e.to_string()))?,
-                );
-                argv.push("--auth-supernode-private-key".into());
-                argv.push(key_file.display().to_string());
-            }
-            let superexec_argv = (owned.spec.isolation_mode
-                == flower_addon_crds::IsolationMode::Process)
-                .then(|| render::superexec_clientapp_argv(owned.version, port));
-            let fleet_inside = self
-                .bridge()
-                .map(|_| network::fleet_inside(&owned.fleet_address))
-                .transpose()
-                .map_err(|e| {
-                    RuntimeError::Apply(format!(
-                        "federation {}/{}: {e}",
-                        key.namespace, key.federation
-                    ))
-                })?;
-            let registered = public_key
-                .as_ref()
-                .is_none_or(|k| registered_keys.iter().any(|r| r.trim() == k.trim()));
-            out.push(DesiredReplica {
-                registered,
-                key,
-                argv,
-                env,
-                superexec_argv,
-                public_key,
-                port,
-                fleet_address: owned.fleet_address.clone(),
-                fleet_inside,
-            });
-        }
-        Ok((out, pools))
     }
 }
 
@@ -576,10 +420,10 @@ fn which(program: &Path) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+mod desired;
 mod input;
 mod network;
 mod readiness;
-use input::input_owned;
 mod start;
 use readiness::{ready_condition, replica_ready};
 #[cfg(test)]
