@@ -146,37 +146,10 @@ pub async fn run(
         .reflect(fed_writer)
         .applied_objects()
         .predicate_filter(reconcile_inputs, PredicateConfig::default());
-    let sts = listed
-        .watch(
-            "statefulsets",
-            watcher(Api::<StatefulSet>::all(client.clone()), owned.clone())
-                .backoff(ShortBackoff::default()),
-        )
-        .reflect(sts_writer)
-        .touched_objects();
-    let svcs = listed
-        .watch(
-            "services",
-            watcher(Api::<Service>::all(client.clone()), owned.clone())
-                .backoff(ShortBackoff::default()),
-        )
-        .reflect(svc_writer)
-        .touched_objects();
-    let policies = listed
-        .watch(
-            "networkpolicies",
-            watcher(Api::<NetworkPolicy>::all(client.clone()), owned.clone())
-                .backoff(ShortBackoff::default()),
-        )
-        .reflect(policy_writer)
-        .touched_objects();
-    let tls = listed
-        .watch(
-            "secrets",
-            watcher(Api::<Secret>::all(client.clone()), owned).backoff(ShortBackoff::default()),
-        )
-        .reflect(secret_writer)
-        .touched_objects();
+    let sts = owned_objects(&listed, "statefulsets", &client, &owned, sts_writer);
+    let svcs = owned_objects(&listed, "services", &client, &owned, svc_writer);
+    let policies = owned_objects(&listed, "networkpolicies", &client, &owned, policy_writer);
+    let tls = owned_objects(&listed, "secrets", &client, &owned, secret_writer);
     let placement_events = listed
         .watch(
             "placements",
@@ -256,6 +229,34 @@ pub async fn run(
         })
         .await;
     tracing::info!("federation controller stopped");
+}
+
+/// The watch of a kind the hub applies (`owned`: its label), feeding `writer`'s cache; every
+/// object it touches wakes the reconcile of the Federation that owns it.
+fn owned_objects<K>(
+    listed: &Arc<crate::kube::list_gate::ListGate>,
+    name: &'static str,
+    client: &Client,
+    owned: &watcher::Config,
+    writer: kube::runtime::reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + use<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    listed
+        .watch(
+            name,
+            watcher(Api::<K>::all(client.clone()), owned.clone()).backoff(ShortBackoff::default()),
+        )
+        .reflect(writer)
+        .touched_objects()
 }
 
 /// Runs one reconcile of `controller`, counting it, its time and its error kind in the metrics.
