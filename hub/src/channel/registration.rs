@@ -93,27 +93,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
 
     async fn join_inner(&self, remote: &str, req: JoinRequest) -> Result<JoinResponse, Status> {
         let shared = &self.shared;
-        // Rated per address, an IPv6 one by its /64 (a host holds the whole /64).
-        let rated = remote
-            .parse::<std::net::IpAddr>()
-            .map(|ip| crate::flower::front::PeerKey::of(ip).to_string())
-            .unwrap_or_else(|_| remote.to_owned());
-        if !shared.limiter.allow(&format!("addr:{rated}")) {
-            return Err(Status::resource_exhausted(format!(
-                "too many join attempts from {remote}; retry in a few seconds"
-            )));
-        }
-        let (token_id, secret) =
-            tokens::parse(&req.token).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if !shared.limiter.allow(&format!("token:{token_id}")) {
-            return Err(Status::resource_exhausted(
-                "too many join attempts with this token; retry in a few seconds",
-            ));
-        }
-        validate_cluster_name(&req.cluster_name)?;
-        validate_map("labels", &req.labels)?;
-        validate_map("claims", &req.claims)?;
-        validate_agent_version(&req.agent_version)?;
+        let (token_id, secret) = self.admit(remote, &req)?;
         let record = shared
             .store
             .get_token(token_id)
@@ -128,10 +108,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 tokens::TokenError::Unknown.to_string(),
             ));
         };
-        let refuse = |error: tokens::TokenError| {
-            tracing::info!(token_id, cluster = %req.cluster_name, %remote, %error, "join refused");
-            Status::permission_denied(error.to_string())
-        };
+        let refuse = |error| refused(token_id, &req.cluster_name, remote, error);
         token.check_name(&req.cluster_name).map_err(refuse)?;
         let fingerprint = csr_key_fingerprint(&req.csr_pem).map_err(|e| {
             Status::invalid_argument(format!(
@@ -142,8 +119,8 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
         // Identity is the admin's: labels (placement, auto-accept) come from the token or the
         // ManagedCluster; what the agent asserts about itself — its labels and claims — is
         // recorded as claims only (explicit claims win over labels of the same name).
-        let mut claims: BTreeMap<String, String> = req.labels.into_iter().collect();
-        claims.extend(req.claims);
+        let mut claims: BTreeMap<String, String> = req.labels.clone().into_iter().collect();
+        claims.extend(req.claims.clone());
         let joining = Joining {
             name: name.clone(),
             key_fingerprint: fingerprint,
@@ -178,24 +155,66 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 ))
             }
         })?;
-        // Registering a cluster (new, or binding a pre-created one) uses the token once.
+        let accepted = self.record(decision, &name, token_id, remote).await?;
+        // Still under the join lock: the status and certificate follow this join's record.
+        self.answer(&name, accepted, &req.csr_pem).await
+    }
+
+    /// What a join must pass before the store is read: the rate limits (per address, an IPv6
+    /// one by its /64, and per token), a well-formed token, and a valid name, labels, claims and
+    /// agent version. The token's id and secret.
+    fn admit<'r>(&self, remote: &str, req: &'r JoinRequest) -> Result<(&'r str, &'r str), Status> {
+        let limiter = &self.shared.limiter;
+        let rated = remote
+            .parse::<std::net::IpAddr>()
+            .map(|ip| crate::flower::front::PeerKey::of(ip).to_string())
+            .unwrap_or_else(|_| remote.to_owned());
+        if !limiter.allow(&format!("addr:{rated}")) {
+            return Err(Status::resource_exhausted(format!(
+                "too many join attempts from {remote}; retry in a few seconds"
+            )));
+        }
+        let (token_id, secret) =
+            tokens::parse(&req.token).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if !limiter.allow(&format!("token:{token_id}")) {
+            return Err(Status::resource_exhausted(
+                "too many join attempts with this token; retry in a few seconds",
+            ));
+        }
+        validate_cluster_name(&req.cluster_name)?;
+        validate_map("labels", &req.labels)?;
+        validate_map("claims", &req.claims)?;
+        validate_agent_version(&req.agent_version)?;
+        Ok((token_id, secret))
+    }
+
+    /// Records a join's `decision` (registering a cluster, new or pre-created, uses the token
+    /// once); whether the cluster is accepted.
+    async fn record(
+        &self,
+        decision: JoinDecision,
+        name: &str,
+        token_id: &str,
+        remote: &str,
+    ) -> Result<bool, Status> {
+        let store = &self.shared.store;
         let use_token = || async {
-            match shared.store.use_token(token_id).await {
+            match store.use_token(token_id).await {
                 Ok(true) => Ok(()),
-                Ok(false) => Err(refuse(tokens::TokenError::UsedUp)),
+                Ok(false) => Err(refused(token_id, name, remote, tokens::TokenError::UsedUp)),
                 Err(e) => Err(internal("counting the token's use", e)),
             }
         };
-        let accepted = match decision {
+        Ok(match decision {
             JoinDecision::Register {
                 registration,
                 auto_accepted: auto,
             } => {
                 if !auto {
-                    self.check_pending_room(&name).await?;
+                    self.check_pending_room(name).await?;
                 }
                 use_token().await?;
-                match shared.store.create_cluster(&registration, auto).await {
+                match store.create_cluster(&registration, auto).await {
                     Ok(()) => {}
                     Err(StoreError::AlreadyExists(_)) => {
                         return Err(Status::aborted(format!(
@@ -212,8 +231,7 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
                 accepted,
             } => {
                 use_token().await?;
-                shared
-                    .store
+                store
                     .update_registration(&registration)
                     .await
                     .map_err(|e| internal("binding the pre-created cluster to its key", e))?;
@@ -225,18 +243,14 @@ impl<S: ClusterStore, W: WorkSource> RegistrationService<S, W> {
             }
             JoinDecision::Rejoin { update, accepted } => {
                 if let Some(updated) = update {
-                    shared
-                        .store
+                    store
                         .update_registration(&updated)
                         .await
                         .map_err(|e| internal("updating the cluster", e))?;
                 }
                 accepted
             }
-        };
-
-        // Still under the join lock: the status and certificate follow this join's record.
-        self.answer(&name, accepted, &req.csr_pem).await
+        })
     }
 
     /// The answer to a join of cluster `name` once it is recorded: pending (the condition says
@@ -414,6 +428,12 @@ pub(crate) fn record_issue(
     st.client_cert_not_after_unix = Some(not_after);
     st.client_cert_issuer = Some(ca.hash().to_owned());
     st.channel_bundle = Some(crate::registration::ca::bundle_id(ca.bundle_pem()));
+}
+
+/// `PERMISSION_DENIED` for a join the token does not allow, logged.
+fn refused(token_id: &str, cluster: &str, remote: &str, error: tokens::TokenError) -> Status {
+    tracing::info!(token_id, cluster, %remote, %error, "join refused");
+    Status::permission_denied(error.to_string())
 }
 
 #[cfg(test)]
