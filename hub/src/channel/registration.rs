@@ -432,7 +432,7 @@ pub(crate) fn record_issue(
 
 /// `PERMISSION_DENIED` for a join the token does not allow, logged.
 fn refused(token_id: &str, cluster: &str, remote: &str, error: tokens::TokenError) -> Status {
-    tracing::info!(token_id, cluster, %remote, %error, "join refused");
+    tracing::info!(token_id, cluster = %cluster, %remote, %error, "join refused");
     Status::permission_denied(error.to_string())
 }
 
