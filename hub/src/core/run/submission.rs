@@ -3,6 +3,35 @@
 use super::*;
 
 pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
+    if held(d, facts) || waits_for_restart(d, facts) || waits_for_federation(d, facts) {
+        return;
+    }
+    let Some(fab_hash) = app_hash(d, facts) else {
+        return;
+    };
+    let Some(runs) = listed_runs(d, facts) else {
+        return;
+    };
+    if !retry_may_go(d, facts) {
+        return;
+    }
+    let attempt = d.status.attempts + 1;
+    d.status.pending_submission = Some(PendingSubmission {
+        attempt,
+        known_run_ids: same_app(runs, &fab_hash, &facts.config_text)
+            .map(|r| r.run_id.to_string())
+            .take(MAX_KNOWN_RUNS)
+            .collect(),
+        fab_hash,
+        since: Time(facts.now),
+    });
+    d.status.details = Some(format!("submitting attempt {attempt}"));
+    d.action = Action::Submit;
+}
+
+/// Whether the run is held: by `spec.suspend` (said once), or failed by its deadline. A run no
+/// longer suspended says it resumed.
+fn held(d: &mut Decision, facts: &Facts<'_>) -> bool {
     let now = facts.now;
     let s = &mut d.status;
     if facts.spec.suspended() {
@@ -19,7 +48,7 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
             now,
         );
         s.details = Some("held by spec.suspend; set it to false to start the run".into());
-        return;
+        return true;
     }
     if has_true(s, RUN_SUSPENDED) {
         set(
@@ -37,9 +66,16 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         fail(s, reason::DEADLINE_EXCEEDED, &deadline_message(facts), now);
         d.events
             .push(warning(reason::DEADLINE_EXCEEDED, deadline_message(facts)));
-        return;
+        return true;
     }
-    // SuperNodes being restarted first (their Federation is not Ready meanwhile, for that).
+    false
+}
+
+/// Whether the run waits for its Federation's SuperNodes being restarted (checked before the
+/// Federation's readiness: it is not Ready meanwhile, for that). Once back from such a wait,
+/// the time is recorded: from then on, every SuperNode listed online must reach the SuperLink
+/// before the run is sent (an old session stays listed for a while).
+fn waits_for_restart(d: &mut Decision, facts: &Facts<'_>) -> bool {
     if let Some(message) = facts
         .restart
         .waiting_message(&facts.spec.federation_ref.name)
@@ -49,13 +85,11 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
             reason::SUPERNODES_RESTARTING,
             message,
             Some(SUPERNODES_POLL),
-            now,
+            facts.now,
         );
         d.status.supernodes_restarted_at = None;
-        return;
+        return true;
     }
-    // Back from a restart this run waited for: from now on, every SuperNode listed online must
-    // reach the SuperLink before the run is sent (an old session stays listed for a while).
     if d.status.supernodes_restarted_at.is_none()
         && d.status.conditions.iter().any(|c| {
             c.type_ == RUN_SUBMITTED
@@ -63,8 +97,13 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
                 && c.reason == reason::SUPERNODES_RESTARTING
         })
     {
-        d.status.supernodes_restarted_at = Some(Time(now));
+        d.status.supernodes_restarted_at = Some(Time(facts.now));
     }
+    false
+}
+
+/// Whether the run waits for its Federation to exist and be Ready.
+fn waits_for_federation(d: &mut Decision, facts: &Facts<'_>) -> bool {
     let waiting = match &facts.federation {
         FederationState::Missing => Some(format!(
             "Federation {} does not exist in this namespace; the run starts when it exists and is Ready",
@@ -76,25 +115,37 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         )),
         FederationState::Ready => None,
     };
-    if let Some(message) = waiting {
-        wait(d, reason::FEDERATION_NOT_READY, message, None, facts.now);
-        return;
+    match waiting {
+        Some(message) => {
+            wait(d, reason::FEDERATION_NOT_READY, message, None, facts.now);
+            true
+        }
+        None => false,
     }
-    let fab_hash = match &facts.app {
-        Some(AppState::Ready { fab_hash }) => fab_hash.clone(),
+}
+
+/// The app's FAB hash once it is ready; otherwise the run waits (missing), fails (invalid), or
+/// the app was not loaded this pass.
+fn app_hash(d: &mut Decision, facts: &Facts<'_>) -> Option<String> {
+    match &facts.app {
+        Some(AppState::Ready { fab_hash }) => Some(fab_hash.clone()),
         Some(AppState::Missing { message }) => {
-            wait(d, reason::INVALID_APP, message.clone(), None, now);
-            return;
+            wait(d, reason::INVALID_APP, message.clone(), None, facts.now);
+            None
         }
         Some(AppState::Invalid { reason, message }) => {
-            fail(&mut d.status, reason, message, now);
+            fail(&mut d.status, reason, message, facts.now);
             d.events.push(warning(reason, message.clone()));
-            return;
+            None
         }
-        None => return,
-    };
-    let runs = match &facts.superlink {
-        SuperLinkState::Runs(runs) => runs,
+        None => None,
+    }
+}
+
+/// The SuperLink's run list; the run waits while its Control API does not answer.
+fn listed_runs<'f>(d: &mut Decision, facts: &'f Facts<'_>) -> Option<&'f [ListedRun]> {
+    match &facts.superlink {
+        SuperLinkState::Runs(runs) => Some(runs),
         SuperLinkState::Unreachable(why) => {
             let message = format!("the SuperLink's Control API does not answer: {why}");
             wait(
@@ -102,21 +153,27 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
                 reason::SUPERLINK_UNAVAILABLE,
                 message,
                 Some(UNREACHABLE_RETRY),
-                now,
+                facts.now,
             );
-            return;
+            None
         }
-        SuperLinkState::NotAsked => return,
-    };
-    // A retry waits as a Job's pod does: 10 s after the first failure, doubling up to 6 min
-    // (a SuperLink that just came back still lists SuperNodes that have not reconnected).
+        SuperLinkState::NotAsked => None,
+    }
+}
+
+/// Whether a retry (or a run back from a SuperNode restart) may be sent now. A retry waits as a
+/// Job's pod does: 10 s after the first failure, doubling up to 6 min (a SuperLink that just
+/// came back still lists SuperNodes that have not reconnected); then, after a failure or a
+/// restart, whichever came last, until every SuperNode listed online reached the SuperLink
+/// since.
+fn retry_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
+    let now = facts.now;
     if let Some(due) = retry_due(&d.status)
         && now < due
     {
         d.requeue = Some(until(now, due));
-        return;
+        return false;
     }
-    // After a failure, or after a restart of the SuperNodes: whichever came last.
     let since = match (
         retry_failed_at(&d.status),
         &d.status.supernodes_restarted_at,
@@ -126,23 +183,10 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
         (None, Some(back)) => Some((back.0, true)),
         (None, None) => None,
     };
-    if let Some((since, restarted)) = since
-        && !supernodes_serving_since(d, facts, since, restarted)
-    {
-        return;
+    match since {
+        Some((since, restarted)) => supernodes_serving_since(d, facts, since, restarted),
+        None => true,
     }
-    let attempt = d.status.attempts + 1;
-    d.status.pending_submission = Some(PendingSubmission {
-        attempt,
-        known_run_ids: same_app(runs, &fab_hash, &facts.config_text)
-            .map(|r| r.run_id.to_string())
-            .take(MAX_KNOWN_RUNS)
-            .collect(),
-        fab_hash,
-        since: Time(now),
-    });
-    d.status.details = Some(format!("submitting attempt {attempt}"));
-    d.action = Action::Submit;
 }
 
 /// Whether every SuperNode the SuperLink lists `online` reached it after `failed_at` (the
