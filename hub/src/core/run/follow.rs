@@ -41,66 +41,9 @@ pub(super) fn follow(d: &mut Decision, facts: &Facts<'_>) {
     }
     let changed = previous.as_deref() != Some(run.status.as_str());
     match run.status.as_str() {
-        "running" => {
-            if d.status.started_at.is_none() {
-                d.status.started_at = Some(Time(now));
-            }
-            set(
-                &mut d.status,
-                RUN_RUNNING,
-                true,
-                "Running",
-                &format!("Flower run {run_id} is running"),
-                now,
-            );
-            if changed {
-                d.events
-                    .push(normal("Running", format!("Flower run {run_id} is running")));
-            }
-        }
-        "finished:completed" => {
-            set(
-                &mut d.status,
-                RUN_RUNNING,
-                false,
-                "Finished",
-                "the run finished",
-                now,
-            );
-            set(
-                &mut d.status,
-                RUN_COMPLETE,
-                true,
-                "Completed",
-                &format!("Flower run {run_id} finished:completed"),
-                now,
-            );
-            d.status.finished_at = Some(Time(now));
-            d.status.stop_reason = None;
-            d.events.push(normal(
-                "Completed",
-                format!("Flower run {run_id} finished:completed"),
-            ));
-            expire(d, facts);
-            return;
-        }
-        "finished:stopped" => {
-            let why = d
-                .status
-                .stop_reason
-                .take()
-                .unwrap_or_else(|| reason::STOPPED.to_owned());
-            let message = if why == reason::DEADLINE_EXCEEDED {
-                deadline_message(facts)
-            } else {
-                format!("Flower run {run_id} was stopped")
-            };
-            let why = static_reason(&why);
-            fail(&mut d.status, why, &message, now);
-            d.events.push(warning(why, message));
-            expire(d, facts);
-            return;
-        }
+        "running" => running(d, run_id, changed, now),
+        "finished:completed" => return completed(d, facts, run_id),
+        "finished:stopped" => return stopped(d, facts, run_id),
         status if status.starts_with("finished") => {
             let message = format!(
                 "Flower run {run_id} ended {status}{}",
@@ -115,7 +58,80 @@ pub(super) fn follow(d: &mut Decision, facts: &Facts<'_>) {
         }
         _ => {}
     }
-    // Still going: stop it when asked to or when its time is up.
+    still_going(d, facts, run_id);
+}
+
+/// Flower run `run_id` runs: the run's start time (once) and its Running condition (an event
+/// when it `changed` to running).
+fn running(d: &mut Decision, run_id: u64, changed: bool, now: Timestamp) {
+    if d.status.started_at.is_none() {
+        d.status.started_at = Some(Time(now));
+    }
+    set(
+        &mut d.status,
+        RUN_RUNNING,
+        true,
+        "Running",
+        &format!("Flower run {run_id} is running"),
+        now,
+    );
+    if changed {
+        d.events
+            .push(normal("Running", format!("Flower run {run_id} is running")));
+    }
+}
+
+/// Flower run `run_id` finished:completed: the run is Complete.
+fn completed(d: &mut Decision, facts: &Facts<'_>, run_id: u64) {
+    let now = facts.now;
+    set(
+        &mut d.status,
+        RUN_RUNNING,
+        false,
+        "Finished",
+        "the run finished",
+        now,
+    );
+    set(
+        &mut d.status,
+        RUN_COMPLETE,
+        true,
+        "Completed",
+        &format!("Flower run {run_id} finished:completed"),
+        now,
+    );
+    d.status.finished_at = Some(Time(now));
+    d.status.stop_reason = None;
+    d.events.push(normal(
+        "Completed",
+        format!("Flower run {run_id} finished:completed"),
+    ));
+    expire(d, facts);
+}
+
+/// Flower run `run_id` finished:stopped: the run failed for the reason it was stopped (the
+/// deadline, or a stop).
+fn stopped(d: &mut Decision, facts: &Facts<'_>, run_id: u64) {
+    let why = d
+        .status
+        .stop_reason
+        .take()
+        .unwrap_or_else(|| reason::STOPPED.to_owned());
+    let message = if why == reason::DEADLINE_EXCEEDED {
+        deadline_message(facts)
+    } else {
+        format!("Flower run {run_id} was stopped")
+    };
+    let why = static_reason(&why);
+    fail(&mut d.status, why, &message, facts.now);
+    d.events.push(warning(why, message));
+    expire(d, facts);
+}
+
+/// A run still going: stopped when asked to (`spec.suspend`) or when its time is up, and
+/// followed again within `ACTIVE_POLL` (sooner when its deadline comes first).
+fn still_going(d: &mut Decision, facts: &Facts<'_>, run_id: u64) {
+    let now = facts.now;
     if d.status.stop_reason.is_none() {
         let stop = if facts.spec.suspended() {
             Some((
