@@ -1,5 +1,7 @@
 //! Validation of a Placement (the CRD schema's rules plus what the schema cannot say).
 use super::*;
+use crate::placement::Toleration;
+use crate::{ClusterPredicate, PrioritizerPolicy};
 
 /// Validates a Placement: what its schema enforces and what OCM rejects as misconfigured.
 pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
@@ -32,36 +34,57 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
         ));
     }
     for (i, pred) in spec.predicates.iter().enumerate() {
-        let Some(sel) = &pred.required_cluster_selector else {
-            continue;
-        };
-        let at = format!("spec.predicates[{i}].requiredClusterSelector");
-        if let Some(ls) = &sel.label_selector {
-            for (j, req) in ls.match_expressions.iter().flatten().enumerate() {
-                check_selector_requirement(
-                    &mut errors,
-                    &format!("{at}.labelSelector.matchExpressions[{j}]"),
-                    &req.operator,
-                    req.values.as_deref().unwrap_or(&[]),
-                );
-            }
-        }
-        if let Some(cs) = &sel.claim_selector {
-            for (j, req) in cs.match_expressions.iter().enumerate() {
-                check_selector_requirement(
-                    &mut errors,
-                    &format!("{at}.claimSelector.matchExpressions[{j}]"),
-                    &req.operator,
-                    req.values.as_deref().unwrap_or(&[]),
-                );
-            }
-        }
+        check_predicate(&mut errors, i, pred);
     }
     if let Some(policy) = &spec.prioritizer_policy {
-        for (i, config) in policy.configurations.iter().enumerate() {
-            let at = format!("spec.prioritizerPolicy.configurations[{i}]");
-            let coordinate = &config.score_coordinate;
-            match coordinate.type_ {
+        check_prioritizers(&mut errors, policy);
+    }
+    if spec.tolerations.len() > 32 {
+        errors.push(FieldError::new(
+            "spec.tolerations",
+            "must have at most 32 items",
+        ));
+    }
+    for (i, t) in spec.tolerations.iter().enumerate() {
+        check_toleration(&mut errors, i, t);
+    }
+    errors
+}
+
+/// `spec.predicates[i]`: each selector requirement of its required cluster selector.
+fn check_predicate(errors: &mut Vec<FieldError>, i: usize, pred: &ClusterPredicate) {
+    let Some(sel) = &pred.required_cluster_selector else {
+        return;
+    };
+    let at = format!("spec.predicates[{i}].requiredClusterSelector");
+    if let Some(ls) = &sel.label_selector {
+        for (j, req) in ls.match_expressions.iter().flatten().enumerate() {
+            check_selector_requirement(
+                errors,
+                &format!("{at}.labelSelector.matchExpressions[{j}]"),
+                &req.operator,
+                req.values.as_deref().unwrap_or(&[]),
+            );
+        }
+    }
+    if let Some(cs) = &sel.claim_selector {
+        for (j, req) in cs.match_expressions.iter().enumerate() {
+            check_selector_requirement(
+                errors,
+                &format!("{at}.claimSelector.matchExpressions[{j}]"),
+                &req.operator,
+                req.values.as_deref().unwrap_or(&[]),
+            );
+        }
+    }
+}
+
+/// `spec.prioritizerPolicy.configurations`: built-in prioritizers only, weights in -10..=10.
+fn check_prioritizers(errors: &mut Vec<FieldError>, policy: &PrioritizerPolicy) {
+    for (i, config) in policy.configurations.iter().enumerate() {
+        let at = format!("spec.prioritizerPolicy.configurations[{i}]");
+        let coordinate = &config.score_coordinate;
+        match coordinate.type_ {
                 ScoreCoordinateType::AddOn => errors.push(FieldError::new(
                     format!("{at}.scoreCoordinate.type"),
                     "AddOn scores (OCM's AddOnPlacementScore) are not served by flower-addon; use type BuiltIn with one of Balance, Steady, ResourceAllocatableCPU, ResourceAllocatableMemory",
@@ -84,59 +107,53 @@ pub fn validate_placement(placement: &Placement) -> Vec<FieldError> {
                     )),
                 },
             }
-            if !(-10..=10).contains(&config.weight) {
-                errors.push(FieldError::new(
-                    format!("{at}.weight"),
-                    "must be between -10 and 10",
-                ));
-            }
+        if !(-10..=10).contains(&config.weight) {
+            errors.push(FieldError::new(
+                format!("{at}.weight"),
+                "must be between -10 and 10",
+            ));
         }
     }
-    if spec.tolerations.len() > 32 {
+}
+
+/// `spec.tolerations[i]`.
+fn check_toleration(errors: &mut Vec<FieldError>, i: usize, t: &Toleration) {
+    let at = format!("spec.tolerations[{i}]");
+    let key_empty = t.key.as_deref().unwrap_or("").is_empty();
+    match t.operator.unwrap_or(TolerationOperator::Equal) {
+        TolerationOperator::Exists if t.value.as_deref().is_some_and(|v| !v.is_empty()) => {
+            errors.push(FieldError::new(
+                format!("{at}.value"),
+                "must be empty when operator is Exists",
+            ));
+        }
+        TolerationOperator::Equal if key_empty => errors.push(FieldError::new(
+            format!("{at}.key"),
+            "must be set when operator is Equal",
+        )),
+        _ => {}
+    }
+    // OCM's own taint keys never appear on this hub's clusters: tolerating them would
+    // silently not keep a cluster through an outage.
+    if let Some(ours) = t.key.as_deref().and_then(|k| match k {
+        "cluster.open-cluster-management.io/unreachable" => Some(crate::TAINT_UNREACHABLE),
+        "cluster.open-cluster-management.io/unavailable" => Some(crate::TAINT_UNAVAILABLE),
+        _ => None,
+    }) {
         errors.push(FieldError::new(
-            "spec.tolerations",
-            "must have at most 32 items",
+            format!("{at}.key"),
+            format!(
+                "{:?} is OCM's taint, which this hub never sets: tolerate {ours:?} instead",
+                t.key.as_deref().unwrap_or_default()
+            ),
         ));
     }
-    for (i, t) in spec.tolerations.iter().enumerate() {
-        let at = format!("spec.tolerations[{i}]");
-        let key_empty = t.key.as_deref().unwrap_or("").is_empty();
-        match t.operator.unwrap_or(TolerationOperator::Equal) {
-            TolerationOperator::Exists if t.value.as_deref().is_some_and(|v| !v.is_empty()) => {
-                errors.push(FieldError::new(
-                    format!("{at}.value"),
-                    "must be empty when operator is Exists",
-                ));
-            }
-            TolerationOperator::Equal if key_empty => errors.push(FieldError::new(
-                format!("{at}.key"),
-                "must be set when operator is Equal",
-            )),
-            _ => {}
-        }
-        // OCM's own taint keys never appear on this hub's clusters: tolerating them would
-        // silently not keep a cluster through an outage.
-        if let Some(ours) = t.key.as_deref().and_then(|k| match k {
-            "cluster.open-cluster-management.io/unreachable" => Some(crate::TAINT_UNREACHABLE),
-            "cluster.open-cluster-management.io/unavailable" => Some(crate::TAINT_UNAVAILABLE),
-            _ => None,
-        }) {
-            errors.push(FieldError::new(
-                format!("{at}.key"),
-                format!(
-                    "{:?} is OCM's taint, which this hub never sets: tolerate {ours:?} instead",
-                    t.key.as_deref().unwrap_or_default()
-                ),
-            ));
-        }
-        if t.toleration_seconds.is_some_and(|s| s < 0) {
-            errors.push(FieldError::new(
-                format!("{at}.tolerationSeconds"),
-                "must be greater than or equal to 0",
-            ));
-        }
+    if t.toleration_seconds.is_some_and(|s| s < 0) {
+        errors.push(FieldError::new(
+            format!("{at}.tolerationSeconds"),
+            "must be greater than or equal to 0",
+        ));
     }
-    errors
 }
 
 pub(super) fn check_selector_requirement(
