@@ -246,123 +246,138 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(async move {
-        let health = Health::new(&[CHANNEL_READY, STANDALONE_READY]);
-        serve_ops(&args, health.clone(), true, None).await?;
-        let store = Arc::new(FileStore::open(&dir)?);
-        // Child processes run in subdirectories: every path handed to them must be absolute.
-        let dir =
-            std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
-        let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
-        let flower_ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await?);
-        mark_cas_in_force(store.as_ref(), &ca, &flower_ca).await?;
-        let listeners = bind(&args.listen).await?;
-        health.set(CHANNEL_READY, true);
-        let port = listeners
-            .first()
-            .and_then(|l| l.local_addr().ok())
-            .map(|a| a.port())
-            .unwrap_or(DEFAULT_PORT);
-        let host = args
-            .advertise_address
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1".to_string());
-        let hub = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
-        std::fs::write(dir.join("hub-address"), format!("{hub}\n"))
-            .with_context(|| format!("write {}", dir.join("hub-address").display()))?;
-        println!(
-            "flower-hub: serving the work channel on {hub} (CA hash {})",
-            ca.hash()
-        );
-        println!(
-            "flower-hub: add a cluster with `flower-hub token create --state-dir {}`",
-            dir.display()
-        );
-
-        // Notice `accept`/`revoke` run from other processes.
-        {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    if let Err(error) = store.poll_external_changes() {
-                        tracing::warn!(%error, "cannot scan the state directory");
-                    }
-                }
-            });
-        }
-        let config = channel_config(&args, args.advertise_address.clone());
-        let work = Arc::new(InMemoryWorkSource::gated());
-        let manifests_dir = args
-            .manifests
-            .clone()
-            .unwrap_or_else(|| dir.join("manifests"));
-        std::fs::create_dir_all(&manifests_dir)
-            .with_context(|| format!("create {}", manifests_dir.display()))?;
-        let manifests_dir = std::fs::canonicalize(&manifests_dir)
-            .with_context(|| format!("resolve {}", manifests_dir.display()))?;
-        let flower_bin = match &args.flower_bin {
-            Some(d) => Some(
-                std::fs::canonicalize(d)
-                    .with_context(|| format!("--flower-bin {}: not found", d.display()))?,
-            ),
-            None => None,
-        };
-        println!(
-            "flower-hub: reading Federations and Placements from {}",
-            manifests_dir.display()
-        );
-        // SuperLink certificates come from the Flower CA, never from the CA agents pin.
-        let controller = StandaloneHub::new(
-            store.clone(),
-            work.clone(),
-            flower_ca,
-            StandaloneConfig {
-                state_dir: dir.clone(),
-                manifests_dir,
-                flower_bin,
-                superlink_host: args.superlink_host.clone(),
-                advertise: args.advertise_address.clone(),
-                superlink_cert_validity: args.superlink_cert_validity,
-                local_port_base: args.local_port_base,
-                sandbox: args.flower_sandbox,
-                superlink_network: bridge_when(
-                    args.flower_sandbox && args.superlink_network == NetworkMode::Isolated,
-                    "--superlink-network isolated",
-                )?,
-                supernode_network: bridge_when(
-                    args.flower_sandbox && args.supernode_network == NetworkMode::Isolated,
-                    "--supernode-network isolated",
-                )?,
-                superlink_names: SuperLinkNames::new(
-                    args.advertise_address.iter().map(String::as_str),
-                    &args.superlink_name,
-                )?,
-                pod_policy: args.pod_policy.policy()?,
-                fab_egress: crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
-                    .map_err(anyhow::Error::msg)?,
-            },
-        )
-        .with_health(health, STANDALONE_READY);
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let controller = tokio::spawn(controller.run(wait_stop(stop_rx.clone())));
-        serve_until_signal(
-            ChannelServer::new(store, work, ca, config),
-            listeners,
-            stop_tx,
-        )
-        .await?;
-        // The controller stops its SuperLinks before the hub exits.
-        let _ = controller.await;
-        anyhow::Ok(())
-    })?;
+    runtime.block_on(serve_standalone(args, dir))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Standalone mode: the work channel and the standalone controller (Federations and Placements
+/// from files, SuperLinks and the hub's own SuperNodes as processes) on the state in `dir`.
+async fn serve_standalone(args: ServeArgs, dir: PathBuf) -> anyhow::Result<()> {
+    let health = Health::new(&[CHANNEL_READY, STANDALONE_READY]);
+    serve_ops(&args, health.clone(), true, None).await?;
+    let store = Arc::new(FileStore::open(&dir)?);
+    // Child processes run in subdirectories: every path handed to them must be absolute.
+    let dir = std::fs::canonicalize(&dir).with_context(|| format!("resolve {}", dir.display()))?;
+    let ca = Arc::new(load_or_create_ca(store.as_ref()).await?);
+    let flower_ca = Arc::new(load_or_create_flower_ca(store.as_ref()).await?);
+    mark_cas_in_force(store.as_ref(), &ca, &flower_ca).await?;
+    let listeners = bind(&args.listen).await?;
+    health.set(CHANNEL_READY, true);
+    let hub = advertised_hub(&args, &listeners);
+    std::fs::write(dir.join("hub-address"), format!("{hub}\n"))
+        .with_context(|| format!("write {}", dir.join("hub-address").display()))?;
+    println!(
+        "flower-hub: serving the work channel on {hub} (CA hash {})",
+        ca.hash()
+    );
+    println!(
+        "flower-hub: add a cluster with `flower-hub token create --state-dir {}`",
+        dir.display()
+    );
+    // Notice `accept`/`revoke` run from other processes.
+    {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if let Err(error) = store.poll_external_changes() {
+                    tracing::warn!(%error, "cannot scan the state directory");
+                }
+            }
+        });
+    }
+    let config = channel_config(&args, args.advertise_address.clone());
+    let work = Arc::new(InMemoryWorkSource::gated());
+    // SuperLink certificates come from the Flower CA, never from the CA agents pin.
+    let controller = StandaloneHub::new(
+        store.clone(),
+        work.clone(),
+        flower_ca,
+        standalone_config(&args, dir)?,
+    )
+    .with_health(health, STANDALONE_READY);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let controller = tokio::spawn(controller.run(wait_stop(stop_rx.clone())));
+    serve_until_signal(
+        ChannelServer::new(store, work, ca, config),
+        listeners,
+        stop_tx,
+    )
+    .await?;
+    // The controller stops its SuperLinks before the hub exits.
+    let _ = controller.await;
+    Ok(())
+}
+
+/// Where agents reach a standalone hub: the first `--advertise-address` (127.0.0.1 without
+/// one) and the port the first listener got.
+fn advertised_hub(args: &ServeArgs, listeners: &[tokio::net::TcpListener]) -> String {
+    let port = listeners
+        .first()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.port())
+        .unwrap_or(DEFAULT_PORT);
+    let host = args
+        .advertise_address
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1".to_string());
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The standalone controller's settings from the flags: the manifests directory (made when
+/// missing), the Flower binaries, the sandbox and its networks, the SuperLink names, the pod
+/// policy and where FABs may come from.
+fn standalone_config(args: &ServeArgs, dir: PathBuf) -> anyhow::Result<StandaloneConfig> {
+    let manifests_dir = args
+        .manifests
+        .clone()
+        .unwrap_or_else(|| dir.join("manifests"));
+    std::fs::create_dir_all(&manifests_dir)
+        .with_context(|| format!("create {}", manifests_dir.display()))?;
+    let manifests_dir = std::fs::canonicalize(&manifests_dir)
+        .with_context(|| format!("resolve {}", manifests_dir.display()))?;
+    let flower_bin = match &args.flower_bin {
+        Some(d) => Some(
+            std::fs::canonicalize(d)
+                .with_context(|| format!("--flower-bin {}: not found", d.display()))?,
+        ),
+        None => None,
+    };
+    println!(
+        "flower-hub: reading Federations and Placements from {}",
+        manifests_dir.display()
+    );
+    Ok(StandaloneConfig {
+        state_dir: dir,
+        manifests_dir,
+        flower_bin,
+        superlink_host: args.superlink_host.clone(),
+        advertise: args.advertise_address.clone(),
+        superlink_cert_validity: args.superlink_cert_validity,
+        local_port_base: args.local_port_base,
+        sandbox: args.flower_sandbox,
+        superlink_network: bridge_when(
+            args.flower_sandbox && args.superlink_network == NetworkMode::Isolated,
+            "--superlink-network isolated",
+        )?,
+        supernode_network: bridge_when(
+            args.flower_sandbox && args.supernode_network == NetworkMode::Isolated,
+            "--supernode-network isolated",
+        )?,
+        superlink_names: SuperLinkNames::new(
+            args.advertise_address.iter().map(String::as_str),
+            &args.superlink_name,
+        )?,
+        pod_policy: args.pod_policy.policy()?,
+        fab_egress: crate::flower::fab_url::Egress::allowing(&args.fab_url_allow)
+            .map_err(anyhow::Error::msg)?,
+    })
 }
 
 /// Binds every `--listen` address.
