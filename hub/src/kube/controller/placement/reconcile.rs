@@ -14,44 +14,9 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     let now = now_seconds();
     let problems = validate_placement(&placement);
     if !problems.is_empty() {
-        let message = problems
-            .iter()
-            .map(|e| format!("{}: {}", e.path, e.message))
-            .collect::<Vec<_>>()
-            .join("; ");
-        tracing::info!(placement = %name, %namespace, %message, "misconfigured; decisions kept");
-        if placement
-            .status
-            .as_ref()
-            .and_then(|s| {
-                s.conditions
-                    .iter()
-                    .find(|c| c.type_ == CONDITION_MISCONFIGURED)
-            })
-            .is_none_or(|c| c.status != "True" || c.message != message)
-        {
-            ctx.publish(
-                &placement,
-                EventType::Warning,
-                "Misconfigured",
-                message.clone(),
-            )
-            .await;
-        }
-        let mut status = placement.status.clone().unwrap_or_default();
-        set_condition(
-            &mut status.conditions,
-            CONDITION_MISCONFIGURED,
-            "True",
-            "Misconfigured",
-            &message,
-            placement.metadata.generation,
-            now,
-        );
-        write_status(&placement, &ctx, &namespace, status).await?;
+        misconfigured(&placement, &ctx, &namespace, &problems, now).await?;
         return Ok(Action::await_change());
     }
-
     // The first reconciles can come before the watches have listed once (and several
     // Placements' reconciles wait at once: see `until_listed`).
     if crate::kube::list_gate::until_listed(&ctx.clusters)
@@ -69,14 +34,6 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
     {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let mut clusters: Vec<ClusterView> = ctx
-        .clusters
-        .state()
-        .iter()
-        .map(|mc| cluster_view(mc))
-        .collect();
-    clusters.sort_by(|a, b| a.name.cmp(&b.name));
-    let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
     let uid = placement.uid().unwrap_or_default();
     // Every Placement's decisions, from the cache: ours (the previous selection) and the
     // others' (how loaded each cluster is, for the Balance prioritizer).
@@ -90,23 +47,12 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
                 && d.labels().get(PLACEMENT_LABEL) == Some(&name)
                 && d.owner_references().iter().any(|r| r.uid == uid)
         });
-    let mut other_decisions: BTreeMap<String, u32> = BTreeMap::new();
-    for d in &others {
-        for decision in d.status.iter().flat_map(|s| s.decisions.iter()) {
-            *other_decisions
-                .entry(decision.cluster_name.clone())
-                .or_default() += 1;
-        }
-    }
-    for cluster in &mut clusters {
-        cluster.other_decisions = other_decisions.get(&cluster.name).copied().unwrap_or(0);
-    }
+    let clusters = cluster_views(&ctx, &others);
     let previous: BTreeSet<String> = existing
         .iter()
         .flat_map(|d| d.status.iter().flat_map(|s| s.decisions.iter()))
         .map(|d| d.cluster_name.clone())
         .collect();
-
     let sets: Vec<ClusterSetView> = ctx
         .sets
         .state()
@@ -120,6 +66,7 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         &previous,
         now,
     );
+    let decisions_api = Api::<PlacementDecision>::namespaced(ctx.client.clone(), &namespace);
     write_decisions(&placement, &decisions_api, &existing, &outcome.selected).await?;
     let status = placement_status(&placement, &outcome, now);
     write_status(&placement, &ctx, &namespace, status).await?;
@@ -138,6 +85,76 @@ pub async fn reconcile(placement: Arc<Placement>, ctx: Arc<PlacementContext>) ->
         Some(secs) => Action::requeue(Duration::from_secs(secs.max(0) as u64 + 1).min(RESYNC)),
         None => Action::requeue(RESYNC),
     })
+}
+
+/// A misconfigured Placement keeps its decisions: its `PlacementMisconfigured` condition says
+/// why (a Warning event when the message is new).
+async fn misconfigured(
+    placement: &Placement,
+    ctx: &PlacementContext,
+    namespace: &str,
+    problems: &[flower_addon_crds::validate::FieldError],
+    now: i64,
+) -> Result<()> {
+    let message = problems
+        .iter()
+        .map(|e| format!("{}: {}", e.path, e.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    tracing::info!(placement = %placement.name_any(), %namespace, %message, "misconfigured; decisions kept");
+    if placement
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_MISCONFIGURED)
+        })
+        .is_none_or(|c| c.status != "True" || c.message != message)
+    {
+        ctx.publish(
+            placement,
+            EventType::Warning,
+            "Misconfigured",
+            message.clone(),
+        )
+        .await;
+    }
+    let mut status = placement.status.clone().unwrap_or_default();
+    set_condition(
+        &mut status.conditions,
+        CONDITION_MISCONFIGURED,
+        "True",
+        "Misconfigured",
+        &message,
+        placement.metadata.generation,
+        now,
+    );
+    write_status(placement, ctx, namespace, status).await
+}
+
+/// Every ManagedCluster as placement sees it, by name, with how many decisions of `others`
+/// (the other Placements) name it.
+fn cluster_views(ctx: &PlacementContext, others: &[PlacementDecision]) -> Vec<ClusterView> {
+    let mut clusters: Vec<ClusterView> = ctx
+        .clusters
+        .state()
+        .iter()
+        .map(|mc| cluster_view(mc))
+        .collect();
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut other_decisions: BTreeMap<String, u32> = BTreeMap::new();
+    for d in others {
+        for decision in d.status.iter().flat_map(|s| s.decisions.iter()) {
+            *other_decisions
+                .entry(decision.cluster_name.clone())
+                .or_default() += 1;
+        }
+    }
+    for cluster in &mut clusters {
+        cluster.other_decisions = other_decisions.get(&cluster.name).copied().unwrap_or(0);
+    }
+    clusters
 }
 
 /// Applies the decision pages (one empty page when nothing is selected) and deletes the rest.
