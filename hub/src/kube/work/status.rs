@@ -71,11 +71,9 @@ pub(super) async fn write_cluster_statuses(
             .collect();
         written.retain(|key, _| live.contains(key));
         for fed in federations {
-            let namespace = fed.namespace().unwrap_or_default();
+            let key = (fed.namespace().unwrap_or_default(), fed.name_any());
             let selected = decided.placed_on(&fed, |c| clusters.contains_key(c));
-            let keys = registry
-                .get(&(namespace.clone(), fed.name_any()))
-                .filter(|k| k.listed);
+            let keys = registry.get(&key).filter(|k| k.listed);
             let all: Vec<flower_addon_crds::ClusterStatus> = selected
                 .iter()
                 .map(|name| {
@@ -92,19 +90,6 @@ pub(super) async fn write_cluster_statuses(
             let listed = all.len().min(crate::core::status::LISTED_CLUSTERS);
             let totals = crate::core::status::cluster_totals(&fed, &all, listed);
             let want = crate::core::status::listed_clusters(all);
-            let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
-            let current_totals = fed.status.as_ref().and_then(|s| s.cluster_totals.as_ref());
-            let key = (namespace.clone(), fed.name_any());
-            let version = fed.resource_version();
-            let last = written.get(&key);
-            let totals_written = current_totals == Some(&totals)
-                || last.is_some_and(|(at, _, t, _)| *at == version && *t == totals);
-            let listed_written = !needs_status_write(
-                current,
-                &want,
-                last.map(|(at, listed, _, _)| (at, listed)),
-                &version,
-            );
             let current_health = fed.status.as_ref().and_then(|s| {
                 s.conditions
                     .iter()
@@ -124,53 +109,98 @@ pub(super) async fn write_cluster_statuses(
                     fed.metadata.generation,
                 )
             });
-            let health_written = same_condition(current_health, health.as_ref())
-                || last.is_some_and(|(at, _, _, h)| {
-                    *at == version && same_condition(h.as_ref(), health.as_ref())
-                });
-            if totals_written && listed_written && health_written {
+            let wanted = (fed.resource_version(), want, totals, health);
+            if already_written(&fed, &wanted, written.get(&key)) {
                 continue;
             }
-            let mut status = serde_json::json!({"clusters": want, "clusterTotals": totals});
-            if let Some(health) = &health {
-                status["conditions"] = serde_json::json!([health]);
+            if write_one(&client, &recorder, &fed, &wanted).await {
+                written.insert(key, wanted);
             }
-            let body = serde_json::json!({
-                "apiVersion": flower_addon_crds::API_VERSION,
-                "kind": "Federation",
-                "status": status,
-            });
-            let name = fed.name_any();
-            let result = Api::<Federation>::namespaced(client.clone(), &namespace)
-                .patch_status(
-                    &name,
-                    &kube::api::PatchParams::apply(CLUSTER_STATUS_FIELD_MANAGER),
-                    &kube::api::Patch::Apply(&body),
+        }
+    }
+}
+
+/// Whether `wanted` (the resourceVersion it is computed from, the listed clusters, the totals
+/// and the health condition) is what `fed`'s status holds, or what was `last` written from the
+/// same resourceVersion (the cache has not caught up with that write yet).
+fn already_written(fed: &Federation, wanted: &WrittenStatus, last: Option<&WrittenStatus>) -> bool {
+    let (version, want, totals, health) = wanted;
+    let current = fed.status.as_ref().map(|s| &s.clusters[..]).unwrap_or(&[]);
+    let current_totals = fed.status.as_ref().and_then(|s| s.cluster_totals.as_ref());
+    let current_health = fed.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::core::status::SUPERLINK_HEALTHY)
+    });
+    let totals_written = current_totals == Some(totals)
+        || last.is_some_and(|(at, _, t, _)| at == version && t == totals);
+    let listed_written = !needs_status_write(
+        current,
+        want,
+        last.map(|(at, listed, _, _)| (at, listed)),
+        version,
+    );
+    let health_written = same_condition(current_health, health.as_ref())
+        || last.is_some_and(|(at, _, _, h)| {
+            at == version && same_condition(h.as_ref(), health.as_ref())
+        });
+    totals_written && listed_written && health_written
+}
+
+/// Applies `wanted`'s clusters, totals and health condition to `fed`'s status under
+/// [`CLUSTER_STATUS_FIELD_MANAGER`], with a Warning event when the SuperLink newly turned
+/// unhealthy. Whether it was written.
+async fn write_one(
+    client: &Client,
+    recorder: &kube::runtime::events::Recorder,
+    fed: &Federation,
+    wanted: &WrittenStatus,
+) -> bool {
+    let (_, want, totals, health) = wanted;
+    let namespace = fed.namespace().unwrap_or_default();
+    let current_health = fed.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::core::status::SUPERLINK_HEALTHY)
+    });
+    let mut status = serde_json::json!({"clusters": want, "clusterTotals": totals});
+    if let Some(health) = health {
+        status["conditions"] = serde_json::json!([health]);
+    }
+    let body = serde_json::json!({
+        "apiVersion": flower_addon_crds::API_VERSION,
+        "kind": "Federation",
+        "status": status,
+    });
+    let name = fed.name_any();
+    let result = Api::<Federation>::namespaced(client.clone(), &namespace)
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::apply(CLUSTER_STATUS_FIELD_MANAGER),
+            &kube::api::Patch::Apply(&body),
+        )
+        .await;
+    match result {
+        Ok(_) => {
+            if let Some(h) = health.as_ref().filter(|h| {
+                h.status == "False"
+                    && !current_health.is_some_and(|c| c.status == "False" && c.reason == h.reason)
+            }) {
+                crate::kube::controller::apply::publish(
+                    recorder,
+                    fed,
+                    EventType::Warning,
+                    "Diagnose",
+                    &h.reason,
+                    h.message.clone(),
                 )
                 .await;
-            match result {
-                Ok(_) => {
-                    if let Some(h) = health.as_ref().filter(|h| {
-                        h.status == "False"
-                            && !current_health
-                                .is_some_and(|c| c.status == "False" && c.reason == h.reason)
-                    }) {
-                        crate::kube::controller::apply::publish(
-                            &recorder,
-                            fed.as_ref(),
-                            EventType::Warning,
-                            "Diagnose",
-                            &h.reason,
-                            h.message.clone(),
-                        )
-                        .await;
-                    }
-                    written.insert(key, (version, want, totals, health));
-                }
-                Err(error) => {
-                    tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
-                }
             }
+            true
+        }
+        Err(error) => {
+            tracing::warn!(%namespace, federation = %name, %error, "cannot write the per-cluster status");
+            false
         }
     }
 }
