@@ -216,109 +216,25 @@ impl<S: ClusterStore> StandaloneHub<S> {
         };
         let now = crate::registration::tokens::unix_now() as i64;
         let views: Vec<ClusterView> = clusters.iter().map(cluster_view).collect();
-
         let decisions = self.decide_placements(&views, now);
-        // The hub's own restarts of SuperNodes ride in the status, as in Kubernetes mode.
-        let federations: Vec<Federation> = self
-            .manifests
-            .federations()
-            .cloned()
-            .map(|mut fed| {
-                if let Some(after) = self.runs.restarted_after(&fed_key(&fed)) {
-                    fed.status
-                        .get_or_insert_default()
-                        .supernode_restart_after_run = Some(after.to_string());
-                }
-                fed
-            })
-            .collect();
+        let federations = self.federations_with_restarts();
         let mut per_cluster: BTreeMap<String, Vec<FederationWork>> = BTreeMap::new();
         let mut summaries = Vec::new();
-        let mut live: BTreeSet<FedKey> = BTreeSet::new();
         for fed in &federations {
-            let key = fed_key(fed);
-            live.insert(key.clone());
-            let mut summary = FederationSummary::new(fed);
-            if let Ok((_, dialect)) = crate::core::render::federation_dialect(fed) {
-                let endpoints = self.endpoints(fed, dialect);
-                summary.fleet = Some(endpoints.fleet);
-                summary.control = endpoints.control;
-            }
-            let started = std::time::Instant::now();
-            let result = self
-                .reconcile_federation(fed, &views, &decisions, &mut per_cluster)
-                .await;
-            crate::metrics::hub().reconciled(
-                "federation",
-                started.elapsed(),
-                result.as_ref().err().map(|_| "reconcile"),
+            summaries.push(
+                self.summarize_federation(fed, &views, &decisions, &mut per_cluster)
+                    .await,
             );
-            match result {
-                Ok(placed) => {
-                    summary.selected = placed.selected;
-                    summary.unplaced_pools = placed.unplaced;
-                    summary.placement = placed.placement_problem;
-                    summary.error = placed.refused;
-                }
-                Err(message) => summary.error = Some(message),
-            }
-            summaries.push(summary);
         }
-        // Federations removed from the manifests: stop their SuperLinks.
-        let gone: Vec<FedKey> = self
-            .superlinks
-            .keys()
-            .filter(|k| !live.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.renewals.forget(&key);
-            if let Some(sl) = self.superlinks.remove(&key) {
-                tracing::info!(namespace = %key.0, federation = %key.1, "Federation removed: stopping its SuperLink");
-                stop_superlink(sl).await;
-            }
-        }
-
+        let live: BTreeSet<FedKey> = federations.iter().map(fed_key).collect();
+        self.stop_removed(&live).await;
         self.update_held(&live).await;
         let local_work = per_cluster.remove(HUB_CLUSTER);
         self.run_local(local_work).await;
         self.send_work(&clusters, per_cluster);
         self.sync_node_keys(&federations, &views).await;
 
-        // The hub machine's own pools are always reachable; agents by their Available condition.
-        let available: BTreeSet<&str> = clusters
-            .iter()
-            .filter(|c| {
-                c.status
-                    .condition(crate::registration::store::CONDITION_AVAILABLE)
-                    .is_some_and(|a| a.status == "True")
-            })
-            .map(|c| c.registration.name.as_str())
-            .chain([HUB_CLUSTER])
-            .collect();
-        let superlinks = self.superlinks_state();
-        let mut status = HubStatus {
-            federations: summaries
-                .into_iter()
-                .map(|s| {
-                    let keys = self
-                        .keys
-                        .get(&(s.namespace.clone(), s.name.clone()))
-                        .filter(|k| k.listed);
-                    s.finish(&self.work, &superlinks, keys.as_ref(), |c| {
-                        available.contains(c)
-                    })
-                })
-                .collect(),
-            clusters: clusters
-                .iter()
-                .zip(&views)
-                .map(|(c, v)| ClusterSummary::new(c, v))
-                .collect(),
-            problems: self.manifests.problems().to_vec(),
-            runs: Vec::new(),
-            manifests_dir: Some(self.config.manifests_dir.display().to_string()),
-        };
+        let mut status = self.hub_status(summaries, &clusters, &views);
         let endpoints: BTreeMap<FedKey, crate::flower::control::ControlEndpoint> = federations
             .iter()
             .filter_map(|f| Some((fed_key(f), self.control_endpoint(f)?)))
@@ -333,6 +249,120 @@ impl<S: ClusterStore> StandaloneHub<S> {
         self.record_metrics(&status, &clusters);
         if let Err(error) = status.write(&self.config.state_dir) {
             tracing::warn!(%error, "cannot write status.json");
+        }
+    }
+
+    /// The manifests' Federations, each with the hub's own restart of its SuperNodes in its
+    /// status, as in Kubernetes mode.
+    fn federations_with_restarts(&self) -> Vec<Federation> {
+        self.manifests
+            .federations()
+            .cloned()
+            .map(|mut fed| {
+                if let Some(after) = self.runs.restarted_after(&fed_key(&fed)) {
+                    fed.status
+                        .get_or_insert_default()
+                        .supernode_restart_after_run = Some(after.to_string());
+                }
+                fed
+            })
+            .collect()
+    }
+
+    /// Reconciles one Federation (its work added to `per_cluster`), timed in the metrics; its
+    /// summary for `status.json`.
+    async fn summarize_federation(
+        &mut self,
+        fed: &Federation,
+        views: &[ClusterView],
+        decisions: &BTreeMap<placements::PlacementKey, placements::Decision>,
+        per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
+    ) -> FederationSummary {
+        let mut summary = FederationSummary::new(fed);
+        if let Ok((_, dialect)) = crate::core::render::federation_dialect(fed) {
+            let endpoints = self.endpoints(fed, dialect);
+            summary.fleet = Some(endpoints.fleet);
+            summary.control = endpoints.control;
+        }
+        let started = std::time::Instant::now();
+        let result = self
+            .reconcile_federation(fed, views, decisions, per_cluster)
+            .await;
+        crate::metrics::hub().reconciled(
+            "federation",
+            started.elapsed(),
+            result.as_ref().err().map(|_| "reconcile"),
+        );
+        match result {
+            Ok(placed) => {
+                summary.selected = placed.selected;
+                summary.unplaced_pools = placed.unplaced;
+                summary.placement = placed.placement_problem;
+                summary.error = placed.refused;
+            }
+            Err(message) => summary.error = Some(message),
+        }
+        summary
+    }
+
+    /// Stops the SuperLinks of Federations no longer in the manifests (`live`).
+    async fn stop_removed(&mut self, live: &BTreeSet<FedKey>) {
+        let gone: Vec<FedKey> = self
+            .superlinks
+            .keys()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.renewals.forget(&key);
+            if let Some(sl) = self.superlinks.remove(&key) {
+                tracing::info!(namespace = %key.0, federation = %key.1, "Federation removed: stopping its SuperLink");
+                stop_superlink(sl).await;
+            }
+        }
+    }
+
+    /// `status.json` of this pass but its runs: each Federation's summary finished against the
+    /// work and the SuperLinks, the clusters, the manifests' problems.
+    fn hub_status(
+        &self,
+        summaries: Vec<FederationSummary>,
+        clusters: &[ClusterRecord],
+        views: &[ClusterView],
+    ) -> HubStatus {
+        // The hub machine's own pools are always reachable; agents by their Available condition.
+        let available: BTreeSet<&str> = clusters
+            .iter()
+            .filter(|c| {
+                c.status
+                    .condition(crate::registration::store::CONDITION_AVAILABLE)
+                    .is_some_and(|a| a.status == "True")
+            })
+            .map(|c| c.registration.name.as_str())
+            .chain([HUB_CLUSTER])
+            .collect();
+        let superlinks = self.superlinks_state();
+        HubStatus {
+            federations: summaries
+                .into_iter()
+                .map(|s| {
+                    let keys = self
+                        .keys
+                        .get(&(s.namespace.clone(), s.name.clone()))
+                        .filter(|k| k.listed);
+                    s.finish(&self.work, &superlinks, keys.as_ref(), |c| {
+                        available.contains(c)
+                    })
+                })
+                .collect(),
+            clusters: clusters
+                .iter()
+                .zip(views)
+                .map(|(c, v)| ClusterSummary::new(c, v))
+                .collect(),
+            problems: self.manifests.problems().to_vec(),
+            runs: Vec::new(),
+            manifests_dir: Some(self.config.manifests_dir.display().to_string()),
         }
     }
 
