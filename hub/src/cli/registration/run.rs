@@ -180,8 +180,8 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     // Checked here as the hub will: a typo fails now, not after the submission.
     let overrides = crate::flower::fab::check_overrides(&fab.config, &overrides)?;
     let project = fab.fab_id.rsplit('/').next().unwrap_or("run").to_owned();
-    let name = match args.name {
-        Some(n) => n,
+    let name = match &args.name {
+        Some(n) => n.clone(),
         None => format!(
             "{}-{}",
             dns_part(&project),
@@ -189,27 +189,50 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         ),
     };
     let ns = args.federation_namespace.clone();
+    let (config_map, run) = run_objects(&args, &ns, &name, &fab.bytes, overrides);
+    let problems = flower_addon_crds::validate_flower_run(&run);
+    if let Some(p) = problems.first() {
+        anyhow::bail!("{}: {}", p.path, p.message);
+    }
+    let hub = Hub::open(&args.hub_args).await?;
+    store_run(&hub, &ns, &name, &config_map, &run).await?;
+    println!(
+        "FlowerRun {ns}/{name} submitted (app {} {}, FAB {} bytes, sha256 {})",
+        fab.fab_id,
+        fab.version,
+        fab.bytes.len(),
+        fab.hash
+    );
+    if args.follow || args.wait {
+        return follow(&hub, &ns, &name, args.follow).await;
+    }
+    println!("follow it with: flower-hub run logs {name} --federation-namespace {ns} --follow");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The FlowerRun `ns/name` of `submit` and the ConfigMap `<name>-fab` holding its FAB.
+fn run_objects(
+    args: &SubmitArgs,
+    ns: &str,
+    name: &str,
+    fab: &[u8],
+    overrides: std::collections::BTreeMap<String, crate::flower::fab::ConfigValue>,
+) -> (ConfigMap, FlowerRun) {
     let config_map_name = format!("{name}-fab");
     let config_map = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(config_map_name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some([("flower-addon.io/flowerrun".to_owned(), name.clone())].into()),
+            name: Some(config_map_name.to_owned()),
+            namespace: Some(ns.to_owned()),
+            labels: Some([("flower-addon.io/flowerrun".to_owned(), name.to_owned())].into()),
             ..Default::default()
         },
-        binary_data: Some(
-            [(
-                FAB_KEY.to_owned(),
-                k8s_openapi::ByteString(fab.bytes.clone()),
-            )]
-            .into(),
-        ),
+        binary_data: Some([(FAB_KEY.to_owned(), k8s_openapi::ByteString(fab.to_vec()))].into()),
         ..Default::default()
     };
     let run = FlowerRun {
         metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
+            name: Some(name.to_owned()),
+            namespace: Some(ns.to_owned()),
             ..Default::default()
         },
         spec: FlowerRunSpec {
@@ -219,7 +242,7 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             app: RunApp {
                 fab: FabSource {
                     config_map_ref: Some(ConfigMapKeyRef {
-                        name: config_map_name.clone(),
+                        name: config_map_name.to_owned(),
                         key: FAB_KEY.into(),
                     }),
                     url: None,
@@ -245,20 +268,28 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         },
         status: None,
     };
-    let problems = flower_addon_crds::validate_flower_run(&run);
-    if let Some(p) = problems.first() {
-        anyhow::bail!("{}: {}", p.path, p.message);
-    }
-    let hub = Hub::open(&args.hub_args).await?;
-    match &hub {
+    (config_map, run)
+}
+
+/// Creates `run` and its `config_map` (Kubernetes: both objects, the ConfigMap removed again
+/// when the run cannot be made; standalone: one manifest file, never over an existing one).
+async fn store_run(
+    hub: &Hub,
+    ns: &str,
+    name: &str,
+    config_map: &ConfigMap,
+    run: &FlowerRun,
+) -> anyhow::Result<()> {
+    let config_map_name = format!("{name}-fab");
+    match hub {
         Hub::Kube { client, .. } => {
-            let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), &ns);
-            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), &ns);
+            let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
+            let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
             let pp = kube::api::PostParams::default();
-            maps.create(&pp, &config_map)
+            maps.create(&pp, config_map)
                 .await
                 .with_context(|| format!("creating ConfigMap {ns}/{config_map_name}"))?;
-            if let Err(e) = runs.create(&pp, &run).await {
+            if let Err(e) = runs.create(&pp, run).await {
                 // Nothing half-made is left behind.
                 let _ = maps
                     .delete(&config_map_name, &kube::api::DeleteParams::default())
@@ -270,7 +301,7 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             }
         }
         Hub::File { dir, .. } => {
-            let path = standalone_file(dir, &ns, &name)?;
+            let path = standalone_file(dir, ns, name)?;
             anyhow::ensure!(
                 !path.exists(),
                 "{} exists: FlowerRun {ns}/{name} was submitted before; pick another --name",
@@ -278,9 +309,9 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             );
             let text = format!(
                 "# Made by `flower-hub run submit`; `flower-hub run stop|delete {name}` edit or remove it.\n---\n{}---\n{}",
-                serde_saphyr::to_string(&with_kind(&config_map, "v1", "ConfigMap")?)?,
+                serde_saphyr::to_string(&with_kind(config_map, "v1", "ConfigMap")?)?,
                 serde_saphyr::to_string(&with_kind(
-                    &run,
+                    run,
                     flower_addon_crds::API_VERSION,
                     "FlowerRun"
                 )?)?,
@@ -288,18 +319,7 @@ async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             write_new(&path, &text)?;
         }
     }
-    println!(
-        "FlowerRun {ns}/{name} submitted (app {} {}, FAB {} bytes, sha256 {})",
-        fab.fab_id,
-        fab.version,
-        fab.bytes.len(),
-        fab.hash
-    );
-    if args.follow || args.wait {
-        return follow(&hub, &ns, &name, args.follow).await;
-    }
-    println!("follow it with: flower-hub run logs {name} --federation-namespace {ns} --follow");
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The ConfigMap key `submit` stores the FAB under.
