@@ -16,6 +16,32 @@ pub struct ContainerCommand {
     pub env: Vec<(String, String)>,
 }
 
+/// `arg` with the kubelet's `$(NAME)` references to the container's environment expanded: a
+/// defined name is replaced by its value, `$$` is a literal `$`, anything else stays as written.
+fn expand(arg: &str, env: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+            && let Some((_, value)) = env.iter().find(|(k, _)| *k == inner[..end])
+        {
+            out.push_str(value);
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 impl ContainerCommand {
     /// Reads container `container` of the Deployment in `manifest`, as it would run in
     /// `namespace`. Environment sources a local process cannot have (Secrets, ConfigMaps, other
@@ -66,6 +92,7 @@ impl ContainerCommand {
             };
             env.push((var.name, value));
         }
+        let argv = argv.iter().map(|a| expand(a, &env)).collect();
         Ok(Self { argv, env })
     }
 
@@ -103,5 +130,22 @@ impl ContainerCommand {
         out.push(program.display().to_string());
         out.extend(self.argv.iter().skip(1).cloned());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    #[test]
+    fn arguments_expand_the_containers_variables_as_the_kubelet_does() {
+        let env = vec![("POD_NAMESPACE".to_owned(), "flower-addon-ocm".to_owned())];
+        assert_eq!(expand("$(POD_NAMESPACE)", &env), "flower-addon-ocm");
+        assert_eq!(
+            expand("ns=$(POD_NAMESPACE)/x", &env),
+            "ns=flower-addon-ocm/x"
+        );
+        assert_eq!(expand("$$(POD_NAMESPACE)", &env), "$(POD_NAMESPACE)");
+        assert_eq!(expand("$(UNSET) $ $(", &env), "$(UNSET) $ $(");
     }
 }

@@ -581,3 +581,56 @@ async fn approve(csrs: &Api<CertificateSigningRequest>, name: &str) -> Result<()
         .with_context(|| format!("approve CSR {name}"))?;
     Ok(())
 }
+
+/// Every StatefulSet, DaemonSet, Secret and Service of ours in `namespace` (`Kind/name`), with
+/// its owners (`Kind/name/uid`).
+pub async fn objects_of_ours(
+    client: &Client,
+    namespace: &str,
+) -> Result<Vec<(String, Vec<String>)>> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{Secret, Service};
+    use kube::core::ObjectMeta;
+    let params = ListParams::default().labels(&format!(
+        "app.kubernetes.io/managed-by={}",
+        flower_addon_crds::render::MANAGED_BY
+    ));
+    let describe = |kind: &str, m: &ObjectMeta| {
+        let owners = m
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| format!("{}/{}/{}", o.kind, o.name, o.uid))
+            .collect();
+        (
+            format!("{kind}/{}", m.name.as_deref().unwrap_or("")),
+            owners,
+        )
+    };
+    let mut out = Vec::new();
+    for s in Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await?
+    {
+        out.push(describe("StatefulSet", &s.metadata));
+    }
+    for d in Api::<DaemonSet>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await?
+    {
+        out.push(describe("DaemonSet", &d.metadata));
+    }
+    for s in Api::<Secret>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await?
+    {
+        out.push(describe("Secret", &s.metadata));
+    }
+    for s in Api::<Service>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await?
+    {
+        out.push(describe("Service", &s.metadata));
+    }
+    Ok(out)
+}

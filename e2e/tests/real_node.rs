@@ -2617,18 +2617,7 @@ spec:
     flwr.run_completes("placed by OCM, SuperNodes of the addon agents")
         .await?;
     // edge-1 relabelled in OCM: its SuperNode leaves and its key is unregistered.
-    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(spoke.client.clone(), "fl");
-    let mut edge1_keys = Vec::new();
-    let secret = secrets
-        .get(&flower_addon_crds::render::node_key_secret_name(
-            "ocmfed", "a",
-        ))
-        .await?;
-    for (pod, key) in secret.data.unwrap_or_default() {
-        let line =
-            flower_addon_agent::node_key::public_key_of(&String::from_utf8_lossy(&key.0), &pod)?;
-        edge1_keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
-    }
+    let edge1_keys = node_keys_of(&spoke.client, "ocmfed", "a").await?;
     ensure!(
         edge1_keys.len() == 1,
         "edge-1 keys of ocmfed: {}",
@@ -2665,7 +2654,29 @@ spec:
     )
     .await?;
     let relabelled = t_relabel.elapsed();
-    // The addon disabled on edge-2: OCM removes its agent, the hub stops trusting it.
+    // The addon disabled on edge-2: OCM removes its agent, the hub stops trusting it, and
+    // nothing of the addon's stays: no SuperNode pod, Secret, Service or workload on spoke-2
+    // (its install namespace owns them), no key of edge-2 registered on the SuperLink.
+    let spoke2_objects = || async {
+        let owner = format!("Namespace/{AGENTS_NS}/");
+        Ok::<_, anyhow::Error>(
+            e2e::ocm::objects_of_ours(&spoke2.client, "fl")
+                .await?
+                .into_iter()
+                .filter(|(_, owners)| owners.iter().any(|o| o.starts_with(&owner)))
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let addon_objects = spoke2_objects().await?;
+    ensure!(
+        ["StatefulSet/", "Secret/", "Service/"]
+            .iter()
+            .all(|kind| addon_objects.iter().any(|o| o.starts_with(kind))),
+        "the addon agent's objects on spoke-2 are not all owned by its namespace {AGENTS_NS}: {addon_objects:?}"
+    );
+    let edge2_keys = node_keys_of(&spoke2.client, "ocmfed", "a").await?;
+    let pods2 = Api::<Pod>::namespaced(spoke2.client.clone(), "fl");
     let t_disable = Instant::now();
     let addons: Api<kube::api::DynamicObject> =
         Api::namespaced_with(hub.client.clone(), "edge-2", &addon_resource);
@@ -2687,14 +2698,80 @@ spec:
         },
     )
     .await?;
+    let untrusted = t_disable.elapsed();
+    wait_for(
+        "ocmfed's SuperNode pod, workload, Secrets and Service gone from spoke-2, edge-2's key unregistered",
+        Duration::from_secs(180),
+        || {
+            let (pods2, lp, control, keys) = (pods2.clone(), lp.clone(), &control, &edge2_keys);
+            async move {
+                let left = spoke2_objects().await?;
+                let pods = pods2.list(&lp).await?.items.len();
+                let nodes = control.list_nodes().await?;
+                let registered = nodes
+                    .iter()
+                    .filter(|n| n.public_key_der.as_ref().is_some_and(|k| keys.contains(k)))
+                    .any(|n| n.status != "unregistered");
+                Ok((left.is_empty() && pods == 0 && !registered).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let cleaned = t_disable.elapsed();
+    // Enabled again: the agent, its SuperNode and a run come back.
+    let t_reenable = Instant::now();
+    apply_yaml(
+        &hub.client,
+        "apiVersion: addon.open-cluster-management.io/v1alpha1\nkind: ManagedClusterAddOn\nmetadata: {name: flower-addon, namespace: edge-2}\nspec: {}\n",
+        "edge-2",
+    )
+    .await?;
+    wait_for(
+        "ocmfed's SuperNode online on edge-2 again once the addon is enabled again",
+        Duration::from_secs(300),
+        || {
+            let feds = feds.clone();
+            async move {
+                let fed = feds.get("ocmfed").await?;
+                Ok((online(&fed, "edge-2") == 1).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let back = t_reenable.elapsed();
+    // edge-1 left the Placement above: one SuperNode, edge-2's.
+    FlwrFromTheHost::connect(hub, "1.42.0", "ocmfed", 1)?
+        .run_completes("placed by OCM, after the addon was disabled and enabled again on edge-2")
+        .await?;
     eprintln!(
-        "real_node: OCM addon: agents installed by OCM and their certificates signed by the hub, Available in {:.1}s; ocmfed placed by OCM's Placement online on edge-1 and edge-2 at {:.1}s; edge-1 relabelled in OCM: SuperNode gone and key unregistered in {:.1}s; addon disabled on edge-2: agent removed and trust ended in {:.1}s",
+        "real_node: OCM addon: agents installed by OCM and their certificates signed by the hub, Available in {:.1}s; ocmfed placed by OCM's Placement online on edge-1 and edge-2 at {:.1}s; edge-1 relabelled in OCM: SuperNode gone and key unregistered in {:.1}s; addon disabled on edge-2: agent removed and trust ended in {:.1}s, no pod, workload, Secret, Service or registered key left after {:.1}s ({} objects); enabled again: SuperNode online in {:.1}s and a run completed",
         enabled.as_secs_f64(),
         placed.as_secs_f64(),
         relabelled.as_secs_f64(),
-        t_disable.elapsed().as_secs_f64()
+        untrusted.as_secs_f64(),
+        cleaned.as_secs_f64(),
+        addon_objects.len(),
+        back.as_secs_f64()
     );
     Ok(())
+}
+
+/// The SubjectPublicKeyInfo DER of each SuperNode key pool `pool` of Federation `federation`
+/// holds in its key Secret on a spoke.
+async fn node_keys_of(client: &kube::Client, federation: &str, pool: &str) -> Result<Vec<Vec<u8>>> {
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), "fl");
+    let secret = secrets
+        .get(&flower_addon_crds::render::node_key_secret_name(
+            federation, pool,
+        ))
+        .await?;
+    let mut keys = Vec::new();
+    for (pod, key) in secret.data.unwrap_or_default() {
+        let line =
+            flower_addon_agent::node_key::public_key_of(&String::from_utf8_lossy(&key.0), &pod)?;
+        keys.push(flower_addon_hub::flower::keys::openssh_to_spki_der(&line)?);
+    }
+    Ok(keys)
 }
 
 /// The same on 1.42.0 with process isolation (the ServerApp and ClientApps in

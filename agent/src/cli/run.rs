@@ -40,6 +40,15 @@ pub struct RunArgs {
     /// Runtime that applies the work.
     #[arg(long, value_enum, default_value = "process")]
     pub runtime: RuntimeKind,
+    /// Kubernetes runtime: make the Namespace NAME the owner (`metadata.ownerReferences`) of
+    /// every object this agent applies (SuperNode workloads, their key Secrets, CA Secrets and
+    /// Services), so Kubernetes' garbage collector removes them when that namespace goes. The
+    /// OCM addon passes its install namespace, which OCM's work agent deletes when the addon is
+    /// disabled on this cluster or the cluster leaves OCM: no SuperNode outlives its agent.
+    /// Without it, the workloads stay when the agent goes (uninstall with the agent's own
+    /// manifests, which prune nothing on their own).
+    #[arg(long, value_name = "NAME")]
+    pub owner_namespace: Option<String>,
     /// Directory holding `flower-supernode` (a venv's `bin/`; process runtime). Default: PATH.
     #[arg(long, env = "FLOWER_BIN_DIR")]
     pub flower_bin: Option<PathBuf>,
@@ -181,6 +190,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     {
         anyhow::bail!(why);
     }
+    if let Some(name) = &args.owner_namespace {
+        anyhow::ensure!(
+            args.runtime == RuntimeKind::Kubernetes,
+            "--owner-namespace {name:?} makes a Namespace own the objects the Kubernetes runtime applies: give --runtime kubernetes, or leave it out"
+        );
+        flower_addon_crds::dns_label(name).map_err(|why| {
+            anyhow::anyhow!("--owner-namespace {name:?}: {why} (a namespace name)")
+        })?;
+    }
     // One thread: everything the agent does waits on the network or its children, and a
     // worker per core (with a malloc arena each) would make its memory grow with the machine.
     let tokio = tokio::runtime::Builder::new_current_thread()
@@ -320,10 +338,13 @@ async fn run_with(
             let id = args.policy.installation_id(&describe)?;
             let policy = args.policy.policy()?;
             tracing::info!(installation = %id, ?policy, "pod policy");
-            Arc::new(
-                KubeRuntime::with_applier(client, Applier::agent().with_installation(id))
-                    .with_policy(policy),
-            )
+            let mut applier = Applier::agent().with_installation(id);
+            if let Some(name) = &args.owner_namespace {
+                let owner = namespace_owner(&client, name).await?;
+                tracing::info!(namespace = %name, uid = %owner.uid, "every object applied is owned by this namespace");
+                applier = applier.with_owner(owner);
+            }
+            Arc::new(KubeRuntime::with_applier(client, applier).with_policy(policy))
         }
     };
     health.set("runtime", true);
@@ -340,6 +361,41 @@ async fn run_with(
         rt.shutdown().await;
     }
     result.map_err(anyhow::Error::from)
+}
+
+/// The owner reference of the Namespace `name` (`--owner-namespace`).
+async fn namespace_owner(
+    client: &kube::Client,
+    name: &str,
+) -> anyhow::Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let ns = kube::Api::<Namespace>::all(client.clone())
+        .get_opt(name)
+        .await
+        .with_context(|| format!("--owner-namespace {name}: read the Namespace"))?
+        .with_context(|| {
+            format!(
+                "--owner-namespace {name}: no such Namespace (the OCM addon passes its own, $(POD_NAMESPACE))"
+            )
+        })?;
+    let uid = ns
+        .metadata
+        .uid
+        .with_context(|| format!("--owner-namespace {name}: the Namespace has no uid"))?;
+    anyhow::ensure!(
+        ns.metadata.deletion_timestamp.is_none(),
+        "--owner-namespace {name}: the Namespace is being deleted; objects it owned would go with it"
+    );
+    Ok(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Namespace".to_owned(),
+            name: name.to_owned(),
+            uid,
+            controller: None,
+            block_owner_deletion: None,
+        },
+    )
 }
 
 #[cfg(test)]

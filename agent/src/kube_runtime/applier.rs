@@ -47,6 +47,19 @@ impl Applier {
         self
     }
 
+    /// The same applier, making `owner` (a cluster-scoped object, e.g. the OCM addon's install
+    /// Namespace) the owner of everything it applies, so the garbage collector removes it all
+    /// when the owner goes.
+    pub fn with_owner(
+        mut self,
+        owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    ) -> Self {
+        self.owners = Some(std::sync::Arc::new(move |_: &str, _: &str| {
+            Some(owner.clone())
+        }));
+        self
+    }
+
     /// The installation id, if any.
     pub fn installation(&self) -> Option<&str> {
         self.installation.as_deref()
@@ -153,5 +166,29 @@ mod tests {
                 .selector()
                 .ends_with(",!flower-addon.io/installation")
         );
+    }
+
+    #[test]
+    fn an_owner_given_owns_every_object_applied() {
+        // The OCM addon's install Namespace: its deletion takes every pool object with it.
+        let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            name: "flower-addon-ocm".into(),
+            uid: "u-1".into(),
+            ..Default::default()
+        };
+        let applier = Applier::agent()
+            .with_installation("x")
+            .with_owner(owner.clone());
+        for (ns, fed) in [("fl", "a"), ("team-b", "b")] {
+            let mut stamped = ObjectMeta::default();
+            applier.stamp(&mut stamped, ns, fed);
+            assert_eq!(stamped.owner_references, Some(vec![owner.clone()]));
+            assert!(applier.owns(&stamped));
+        }
+        let mut unowned = ObjectMeta::default();
+        Applier::agent().stamp(&mut unowned, "fl", "a");
+        assert_eq!(unowned.owner_references, None);
     }
 }

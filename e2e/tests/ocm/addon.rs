@@ -4,7 +4,9 @@
 //! klusterlet's CSR is signed by flower-hub (no token of ours), the agent runs on that
 //! certificate and gets the work of a Federation placed by an OCM Placement; another cluster's
 //! klusterlet cannot get a cluster's identity; disabling the addon, or OCM no longer accepting a
-//! cluster, ends the hub's trust in it.
+//! cluster, ends the hub's trust in it. Disabled with its agent already gone, the addon leaves no
+//! pool, Secret or Service of ours on the spoke (the addon's namespace owns them all, and the
+//! garbage collector removes them with it); enabled again, the pool comes back.
 //!
 //! The kwok "pods" of the agent's Deployment are not real: the agent runs as a local process,
 //! with the command line of the Deployment OCM's work agent applied on the spoke (template
@@ -293,8 +295,27 @@ spec:
         "a cluster was registered for a ManagedClusterAddOn without an OCM ManagedCluster"
     );
 
-    // Disable the addon on edge-1: OCM's work agent removes the agent's Deployment, and the hub
-    // deletes the cluster, whose agent stops its SuperNodes.
+    // Disable the addon on edge-1 with its agent already gone (as a node lost with the agent's
+    // pod): nothing of ours may outlive the addon. OCM's work agent deletes the addon's
+    // namespace, which owns every object the agent applied, so the garbage collector removes
+    // the pool, its key Secrets, CA Secret and Service; the hub stops trusting edge-1.
+    let ours_on_spoke1 = e2e::ocm::objects_of_ours(&spoke1, NS).await?;
+    let owner_uid = Api::<k8s_openapi::api::core::v1::Namespace>::all(spoke1.clone())
+        .get(AGENT_NS)
+        .await?
+        .metadata
+        .uid;
+    ensure!(
+        ours_on_spoke1.len() >= 3
+            && ours_on_spoke1
+                .iter()
+                .all(|(_, owners)| owners.contains(&format!(
+                    "Namespace/{AGENT_NS}/{}",
+                    owner_uid.as_deref().unwrap_or("")
+                ))),
+        "every object the addon agent applied on spoke-1 must be owned by its namespace {AGENT_NS}: {ours_on_spoke1:#?}"
+    );
+    cp.processes().stop("agent-edge-1")?;
     let t_disable = Instant::now();
     addons
         .delete("flower-addon", &DeleteParams::default())
@@ -306,7 +327,7 @@ spec:
     )
     .await?;
     let untrusted = t_disable.elapsed();
-    let deployments: Api<Deployment> = Api::namespaced(spoke1, AGENT_NS);
+    let deployments: Api<Deployment> = Api::namespaced(spoke1.clone(), AGENT_NS);
     wait_until(
         "OCM's work agent to remove the agent's Deployment from spoke-1",
         Duration::from_secs(90),
@@ -314,11 +335,60 @@ spec:
     )
     .await?;
     wait_until(
-        "the refused agent to stop fed's pool on spoke-1",
-        Duration::from_secs(60),
-        || async { Ok(sets.list(&ListParams::default()).await?.items.is_empty()) },
+        "the garbage collector to remove fed's pool, its Secrets and Service from spoke-1 with the addon's namespace",
+        Duration::from_secs(120),
+        || async { Ok(e2e::ocm::objects_of_ours(&spoke1, NS).await?.is_empty()) },
     )
     .await?;
+    let collected = t_disable.elapsed();
+    let feds: Api<flower_addon_crds::Federation> = Api::namespaced(hub.clone(), NS);
+    wait_until(
+        "fed's status to stop listing edge-1 (its SuperNode keys unregistered with it)",
+        Duration::from_secs(60),
+        || async {
+            let fed = feds.get("fed").await?;
+            Ok(fed
+                .status
+                .as_ref()
+                .is_some_and(|s| s.clusters.iter().all(|c| c.name != "edge-1")))
+        },
+    )
+    .await?;
+
+    // Enabled again: the agent comes back through OCM and so does the pool.
+    let t_reenable = Instant::now();
+    enable(&hub, "edge-1").await?;
+    let spoke1_secrets: Api<Secret> = Api::namespaced(spoke1.clone(), AGENT_NS);
+    let secret = Wait::new(
+        "OCM's klusterlet of edge-1 to store a new certificate once the addon is enabled again",
+        Duration::from_secs(120),
+    )
+    .for_value(|| {
+        let secrets = spoke1_secrets.clone();
+        async move {
+            Ok(secrets
+                .get_opt(CERT_SECRET)
+                .await?
+                .filter(|s| s.data.as_ref().is_some_and(|d| d.contains_key("tls.key"))))
+        }
+    })
+    .await?;
+    start_agent(
+        cp,
+        &addon,
+        "spoke-1",
+        "edge-1",
+        &secret.data.unwrap_or_default(),
+    )
+    .await?;
+    wait_until(
+        "fed's pool back on spoke-1 once the addon is enabled again",
+        Duration::from_secs(120),
+        || async { Ok(!sets.list(&ListParams::default()).await?.items.is_empty()) },
+    )
+    .await?;
+    let back = t_reenable.elapsed();
+    // OCM no longer accepts edge-2: the hub deletes it too.
     // OCM no longer accepts edge-2: the hub deletes it too.
     clusters
         .patch(
@@ -334,14 +404,16 @@ spec:
     )
     .await?;
     eprintln!(
-        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; OCM's hub controllers down {}s: nothing torn down, the decision made meanwhile applied {:.1}s after they were back; forged CSR refused ({message:?}); trust ended {:.1}s after the addon was disabled",
+        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; OCM's hub controllers down {}s: nothing torn down, the decision made meanwhile applied {:.1}s after they were back; forged CSR refused ({message:?}); trust ended {:.1}s after the addon was disabled, its pool, Secrets and Service collected after {:.1}s, back {:.1}s after enabling it again",
         issued["edge-1"].as_secs_f64(),
         issued["edge-2"].as_secs_f64(),
         connected.as_secs_f64(),
         pool.as_secs_f64(),
         OCM_OUTAGE.as_secs(),
         resumed.as_secs_f64(),
-        untrusted.as_secs_f64()
+        untrusted.as_secs_f64(),
+        collected.as_secs_f64(),
+        back.as_secs_f64()
     );
     Ok(())
 }
