@@ -65,11 +65,13 @@ pub fn cluster_status(
             "restarting its SuperNodes: the agent has not yet applied restart mark {:?}",
             mark.unwrap_or("")
         )),
-        Some(f) if ready < desired => {
+        // A pool whose runtime says it is not Ready is not, whatever its counts: a rollout (a
+        // restart mark) keeps most replicas ready while it replaces them one by one.
+        Some(f) if ready < desired || f.pools.iter().any(said_not_ready) => {
             let why: Vec<String> = f
                 .pools
                 .iter()
-                .filter(|p| p.ready < p.desired)
+                .filter(|p| p.ready < p.desired || said_not_ready(p))
                 .filter_map(|p| {
                     let message = &p.conditions.iter().find(|c| c.r#type == "Ready")?.message;
                     (!message.is_empty()).then(|| format!("pool {}: {message}", p.name))
@@ -135,6 +137,14 @@ pub fn restart_pending_of(mark: Option<&str>, listed: &[ClusterStatus]) -> Optio
         mark.unwrap_or(""),
         behind.name
     ))
+}
+
+/// Whether the agent's `Ready` condition of `pool` is `False` (e.g. `RollingOut`: a new pod
+/// template replacing its SuperNodes one by one while the others count as ready).
+fn said_not_ready(pool: &flower_addon_proto::PoolStatus) -> bool {
+    pool.conditions
+        .iter()
+        .any(|c| c.r#type == "Ready" && c.status == "False")
 }
 
 /// How many of a pool's reported keys the SuperLink lists online.

@@ -235,6 +235,29 @@ fn a_restart_is_done_only_when_the_agent_applied_the_federations_mark() {
         Some("after-run-7"),
     );
     assert!(s.message.unwrap().contains("rolling out"));
+    // Mid-rollout with every replica ready (one replaced, the next not yet stopped): the
+    // counts say 2/2, the pool's Ready=False says the restart is not done.
+    let mut rolling = report(2, "rolling out a new pod template: 1/2 SuperNodes updated, 2 ready");
+    rolling.federations[0].supernode_restart = "after-run-7".into();
+    rolling.federations[0].pools[0].conditions[0].status = "False".into();
+    let s = cluster_status(
+        "team",
+        "fed",
+        "s1",
+        true,
+        Some((&rolling, 0)),
+        None,
+        Some("after-run-7"),
+    );
+    assert!(
+        s.message
+            .as_deref()
+            .is_some_and(|m| m.contains("rolling out") && m.contains("pool a")),
+        "{:?}",
+        s.message
+    );
+    let listed = [s];
+    assert!(restart_pending_of(Some("after-run-7"), &listed).is_some());
     // A mark reported by a Federation without one is a restart not taken back yet.
     let s = cluster_status("team", "fed", "s1", true, Some((&r, 0)), None, None);
     assert!(s.message.is_some());
