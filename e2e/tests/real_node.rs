@@ -35,6 +35,8 @@
 //! (`e2e/node/build.sh`) and the images (`e2e/images/build.sh`); fails loudly, never skips, when one
 //! is missing.
 
+#[path = "real_node/cli.rs"]
+mod cli;
 #[path = "real_node/faults.rs"]
 mod faults;
 
@@ -204,7 +206,12 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     eprintln!("real_node: hand-made SuperNode pods on spoke-2 (1.42.0): {refused}");
     let fedavg = a_flower_run_completes_on_the_placed_federation(hub, &flwr[0], &outputs).await?;
     another_namespace_can_neither_run_there_nor_read_the_outputs(hub).await?;
-    a_run_stopped_mid_round_is_followed_by_a_supernode_restart(hub, &[spoke, spoke2]).await?;
+    let bob = cli::flowerrun_editor(hub).await?;
+    let cli = cli::a_flowerrun_editor_trains_with_the_cli(hub, &bob).await?;
+    eprintln!(
+        "real_node: user bob (the chart's FlowerRun editor role in fl only), flower-hub run as the README shows it: {cli}"
+    );
+    a_run_stopped_mid_round_is_followed_by_a_supernode_restart(hub, &[spoke, spoke2], &bob).await?;
     faults::a_spoke_node_power_cycled_mid_run(hub, spoke, &[spoke2], spoke_node, &controls).await?;
     a_deleted_superlink_pod_comes_back_with_its_state(hub, &state, &flwr[0], &fedavg).await?;
     restarts_of_the_hub_and_agent_pods_leave_supernodes_running(hub, spoke).await?;
@@ -1779,7 +1786,8 @@ async fn another_federations_serverapp_cannot_reach_control(hub: &Cluster) -> Re
 }
 
 /// Flower's stop defect, handled by the hub (docs/operations.md, "A run is stopped mid-round"):
-/// FlowerRun `stopme` on `auth` is suspended in its second round, while ClientApps work, so its
+/// FlowerRun `stopme` on `auth` is stopped by bob's `flower-hub run stop` (it suspends it) in
+/// its second round, while ClientApps work, so its
 /// SuperNodes may be left waiting for ever for replies Flower refuses. A FlowerRun needing every
 /// one of `auth`'s 6 SuperNodes in every round, written right after the stop, waits while the hub
 /// restarts them (it records the stopped run as `status.supernodeRestartAfterRun`, the agents
@@ -1788,6 +1796,7 @@ async fn another_federations_serverapp_cannot_reach_control(hub: &Cluster) -> Re
 async fn a_run_stopped_mid_round_is_followed_by_a_supernode_restart(
     hub: &Cluster,
     spokes: &[&Cluster],
+    bob: &cli::CliUser,
 ) -> Result<()> {
     use flower_addon_crds::Federation;
     use flower_addon_crds::run::FlowerRun;
@@ -1804,13 +1813,13 @@ async fn a_run_stopped_mid_round_is_followed_by_a_supernode_restart(
     )
     .await?;
     flower_run_past_round_one(&runs, "stopme").await?;
-    runs.patch(
-        "stopme",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
-    )
-    .await?;
+    // `flower-hub run stop` as bob (it sets `spec.suspend: true`).
+    let said = bob.ok(&["run", "stop", "stopme", "--federation-namespace", "fl"])?;
     let t_stop = Instant::now();
+    ensure!(
+        said.contains("spec.suspend set"),
+        "run stop stopme printed: {said}"
+    );
     let stopped =
         flower_run_ended(&runs, "stopme", "after suspend", Duration::from_secs(120)).await?;
     let stopped_id = stopped.run_id.clone().context("stopme's Flower run id")?;

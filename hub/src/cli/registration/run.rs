@@ -271,8 +271,10 @@ fn run_objects(
     (config_map, run)
 }
 
-/// Creates `run` and its `config_map` (Kubernetes: both objects, the ConfigMap removed again
-/// when the run cannot be made; standalone: one manifest file, never over an existing one).
+/// Creates `run` and its `config_map` (Kubernetes: the FlowerRun, then the ConfigMap owned by
+/// it, so the garbage collector deletes it with the run and a user needs no right on ConfigMaps
+/// but `create` (the chart's FlowerRun roles); the run removed again when its ConfigMap cannot
+/// be made. Standalone: one manifest file, never over an existing one).
 async fn store_run(
     hub: &Hub,
     ns: &str,
@@ -286,17 +288,31 @@ async fn store_run(
             let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
             let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
             let pp = kube::api::PostParams::default();
-            maps.create(&pp, config_map)
-                .await
-                .with_context(|| format!("creating ConfigMap {ns}/{config_map_name}"))?;
-            if let Err(e) = runs.create(&pp, run).await {
-                // Nothing half-made is left behind.
-                let _ = maps
-                    .delete(&config_map_name, &kube::api::DeleteParams::default())
-                    .await;
-                return Err(anyhow::Error::new(e).context(format!(
+            // Until its ConfigMap exists the hub says the run waits for its app.
+            let created = runs.create(&pp, run).await.with_context(|| {
+                format!(
                     "creating FlowerRun {ns}/{name} (is the FlowerRun CRD installed: \
                      `flower-hub crds | kubectl apply -f -`?)"
+                )
+            })?;
+            let mut config_map = config_map.clone();
+            config_map.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: flower_addon_crds::API_VERSION.to_owned(),
+                    kind: "FlowerRun".to_owned(),
+                    name: name.to_owned(),
+                    uid: created.metadata.uid.clone().unwrap_or_default(),
+                    controller: None,
+                    block_owner_deletion: None,
+                },
+            ]);
+            if let Err(e) = maps.create(&pp, &config_map).await {
+                // Nothing half-made is left behind.
+                let _ = runs.delete(name, &kube::api::DeleteParams::default()).await;
+                return Err(anyhow::Error::new(e).context(format!(
+                    "creating ConfigMap {ns}/{config_map_name} with the FAB (FlowerRun {ns}/{name} \
+                     deleted again; you need `create` on configmaps in {ns}, which the \
+                     flower-addon-flowerrun-editor role grants)"
                 )));
             }
         }

@@ -237,7 +237,10 @@ fn a_restart_is_done_only_when_the_agent_applied_the_federations_mark() {
     assert!(s.message.unwrap().contains("rolling out"));
     // Mid-rollout with every replica ready (one replaced, the next not yet stopped): the
     // counts say 2/2, the pool's Ready=False says the restart is not done.
-    let mut rolling = report(2, "rolling out a new pod template: 1/2 SuperNodes updated, 2 ready");
+    let mut rolling = report(
+        2,
+        "rolling out a new pod template: 1/2 SuperNodes updated, 2 ready",
+    );
     rolling.federations[0].supernode_restart = "after-run-7".into();
     rolling.federations[0].pools[0].conditions[0].status = "False".into();
     let s = cluster_status(

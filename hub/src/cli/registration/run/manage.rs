@@ -164,22 +164,10 @@ pub(super) async fn delete(args: NameArgs) -> anyhow::Result<ExitCode> {
     match &hub {
         Hub::Kube { client, .. } => {
             let runs: kube::Api<FlowerRun> = kube::Api::namespaced(client.clone(), ns);
+            // The ConfigMap `submit` made is owned by the run: it goes with it.
             runs.delete(name, &kube::api::DeleteParams::default())
                 .await
                 .with_context(|| format!("deleting FlowerRun {ns}/{name}"))?;
-            let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), ns);
-            let made = maps
-                .get_opt(&format!("{name}-fab"))
-                .await?
-                .is_some_and(|m| {
-                    m.metadata
-                        .labels
-                        .is_some_and(|l| l.get("flower-addon.io/flowerrun") == Some(name))
-                });
-            if made {
-                maps.delete(&format!("{name}-fab"), &kube::api::DeleteParams::default())
-                    .await?;
-            }
         }
         Hub::File { dir, .. } => {
             let path = standalone_file(dir, ns, name)?;
