@@ -281,7 +281,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     Ok(())
 }
 
-/// Kubernetes-mode SuperNode authentication end to end (#9 items 5 and 6a, Flower 1.42.0 and
+/// Kubernetes-mode SuperNode authentication end to end (Flower 1.42.0 and
 /// 1.25.0): two TLS Federations with two pools each, placed on both spokes, get
 /// `--enable-supernode-auth` on their SuperLinks (hub pod), the agent pods make one key pair per
 /// SuperNode pod in a Secret on each spoke and report the public keys, the hub pod registers
