@@ -245,7 +245,9 @@ spec:
         "fed's StatefulSet on spoke-1 changed when OCM's hub controllers came back"
     );
 
-    // A ManagedClusterAddOn in a namespace with no OCM ManagedCluster: nothing is registered.
+    // A ManagedClusterAddOn in a namespace with no OCM ManagedCluster, and a CSR for that
+    // cluster from what looks like its klusterlet (its user and group, impersonated): refused,
+    // nothing registered.
     e2e::apply_yaml(
         &hub,
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: ghost}\n",
@@ -253,6 +255,53 @@ spec:
     )
     .await?;
     enable(&hub, "ghost").await?;
+    // What OCM grants a cluster's klusterlet on the hub: creating CSRs.
+    e2e::apply_yaml(
+        &hub,
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: test-ghost-csr}
+rules: [{apiGroups: [certificates.k8s.io], resources: [certificatesigningrequests], verbs: [create, get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: test-ghost-csr}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: test-ghost-csr}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: Group, name: "system:open-cluster-management:ghost"}]
+"#,
+        "default",
+    )
+    .await?;
+    let ghost_klusterlet = {
+        let mut kubeconfig = kube::config::Kubeconfig::read_from(&cp.cluster("hub")?.kubeconfig)?;
+        for user in &mut kubeconfig.auth_infos {
+            if let Some(auth) = user.auth_info.as_mut() {
+                auth.impersonate = Some("system:open-cluster-management:ghost:agent".into());
+                auth.impersonate_groups = Some(vec![
+                    "system:open-cluster-management:ghost".into(),
+                    "system:authenticated".into(),
+                ]);
+            }
+        }
+        Client::try_from(
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
+        )?
+    };
+    Api::<CertificateSigningRequest>::all(ghost_klusterlet)
+        .create(&PostParams::default(), &forged_csr("ghost")?)
+        .await
+        .context("ghost's klusterlet (impersonated) creates a CSR")?;
+    let ghost_refusal = refused(
+        &hub,
+        "addon-ghost-flower-addon-forged",
+        "ghost's klusterlet",
+    )
+    .await?;
+    ensure!(
+        ghost_refusal.contains("join the cluster to OCM"),
+        "refusal of ghost's CSR: {ghost_refusal}"
+    );
 
     // edge-1's klusterlet asks for edge-2's identity (labels and all): refused by the hub, no
     // certificate.
@@ -262,29 +311,12 @@ spec:
     csrs.create(&PostParams::default(), &forged)
         .await
         .context("edge-1's klusterlet creates a CSR naming edge-2")?;
-    let admin_csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
-    let refusal = Wait::new(
-        "the hub to refuse edge-1's klusterlet a certificate for edge-2",
-        Duration::from_secs(30),
+    let message = refused(
+        &hub,
+        "addon-edge-2-flower-addon-forged",
+        "edge-1's klusterlet for edge-2",
     )
-    .for_value(|| {
-        let admin_csrs = admin_csrs.clone();
-        async move {
-            let csr = admin_csrs.get("addon-edge-2-flower-addon-forged").await?;
-            let status = csr.status.unwrap_or_default();
-            ensure!(
-                status.certificate.is_none_or(|c| c.0.is_empty()),
-                "a certificate was issued for the forged CSR"
-            );
-            Ok(status
-                .conditions
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True"))
-        }
-    })
     .await?;
-    let message = refusal.message.unwrap_or_default();
     ensure!(
         message.contains("not the klusterlet of cluster \"edge-2\""),
         "refusal: {message}"
@@ -404,7 +436,7 @@ spec:
     )
     .await?;
     eprintln!(
-        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; OCM's hub controllers down {}s: nothing torn down, the decision made meanwhile applied {:.1}s after they were back; forged CSR refused ({message:?}); trust ended {:.1}s after the addon was disabled, its pool, Secrets and Service collected after {:.1}s, back {:.1}s after enabling it again",
+        "ocm_addon: certificates signed and stored by OCM's klusterlets {:.1}s / {:.1}s after enabling; agents connected in {:.1}s; OCM-placed pool applied in {:.1}s; OCM's hub controllers down {}s: nothing torn down, the decision made meanwhile applied {:.1}s after they were back; forged CSR refused ({message:?}); ghost's refused ({ghost_refusal:?}); trust ended {:.1}s after the addon was disabled, its pool, Secrets and Service collected after {:.1}s, back {:.1}s after enabling it again",
         issued["edge-1"].as_secs_f64(),
         issued["edge-2"].as_secs_f64(),
         connected.as_secs_f64(),
@@ -539,6 +571,33 @@ async fn start_agent(
     let log = cp.work_dir().join(format!("{name}.log"));
     cp.processes()
         .start(&name, std::path::Path::new("/usr/bin/env"), &argv, &log)
+}
+
+/// Waits until the hub refused CSR `name` (Denied or Failed, no certificate); its message.
+async fn refused(hub: &Client, name: &str, what: &str) -> Result<String> {
+    let csrs: Api<CertificateSigningRequest> = Api::all(hub.clone());
+    let refusal = Wait::new(
+        format!("the hub to refuse {what} a certificate"),
+        Duration::from_secs(30),
+    )
+    .for_value(|| {
+        let csrs = csrs.clone();
+        async move {
+            let csr = csrs.get(name).await?;
+            let status = csr.status.unwrap_or_default();
+            ensure!(
+                status.certificate.is_none_or(|c| c.0.is_empty()),
+                "a certificate was issued for CSR {name}"
+            );
+            Ok(status
+                .conditions
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True"))
+        }
+    })
+    .await?;
+    Ok(refusal.message.unwrap_or_default())
 }
 
 /// A CSR with `cluster`'s labels and the addon's subject, as a klusterlet makes them.
