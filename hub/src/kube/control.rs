@@ -45,65 +45,17 @@ struct PortForward {
 impl Opener for PortForward {
     fn open(&self) -> Opening<'_> {
         Box::pin(async move {
-            let failed = |detail: String| {
-                std::io::Error::other(format!(
-                    "port-forward to pod {}/{} port {}: {detail}",
-                    self.namespace, self.pod, self.port
-                ))
-            };
-            let pods = kube::Api::<Pod>::namespaced(self.client.clone(), &self.namespace);
-            let mut forwarder = pods
-                .portforward(&self.pod, &[self.port])
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            let stream = forwarder
-                .take_stream(self.port)
-                .ok_or_else(|| failed("the port-forward has no stream".into()))?;
-            Ok(Box::new(Forwarded {
-                stream,
-                _forwarder: forwarder,
-            }) as Box<dyn IoStream>)
+            let stream =
+                crate::kube::portforward::open(&self.client, &self.namespace, &self.pod, self.port)
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::other(format!(
+                            "port-forward to pod {}/{} port {}: {e}",
+                            self.namespace, self.pod, self.port
+                        ))
+                    })?;
+            Ok(Box::new(stream) as Box<dyn IoStream>)
         })
-    }
-}
-
-/// A port-forwarded stream that keeps its forwarder (the WebSocket) open while it is in use.
-struct Forwarded<S> {
-    stream: S,
-    _forwarder: kube::api::Portforwarder,
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Forwarded<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Forwarded<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

@@ -14,6 +14,7 @@ pub mod list_gate;
 pub mod metrics;
 pub mod ocm;
 pub mod ocm_addon;
+pub mod portforward;
 pub mod store;
 pub mod work;
 

@@ -155,7 +155,6 @@ async fn forward_until_signal(
     port: u16,
     listener: tokio::net::TcpListener,
 ) -> anyhow::Result<()> {
-    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
     let signal = crate::cli::serve::shutdown_signal();
     tokio::pin!(signal);
     loop {
@@ -163,16 +162,11 @@ async fn forward_until_signal(
             () = &mut signal => return Ok(()),
             accepted = listener.accept() => accepted?,
         };
-        let (pods, pod) = (pods.clone(), pod.to_owned());
+        let (client, ns, pod) = (client.clone(), ns.to_owned(), pod.to_owned());
         tokio::spawn(async move {
             let forwarded = async {
-                let mut forwarder = pods.portforward(&pod, &[port]).await?;
-                let mut stream = forwarder
-                    .take_stream(port)
-                    .context("the port-forward has no stream")?;
+                let mut stream = crate::kube::portforward::open(&client, &ns, &pod, port).await?;
                 tokio::io::copy_bidirectional(&mut tcp, &mut stream).await?;
-                drop(stream);
-                forwarder.join().await?;
                 anyhow::Ok(())
             };
             if let Err(e) = forwarded.await {

@@ -56,6 +56,8 @@ struct Failing {
 /// Transient failures in a row after which a URL is given up for good (about 5 minutes at the
 /// default 10 s between tries): the run then fails instead of waiting for ever.
 pub(super) const MAX_ATTEMPTS: u32 = 30;
+/// After how many retry intervals without an attempt a URL's failures are forgotten.
+const FORGET_AFTER: u32 = 10;
 
 #[derive(Clone)]
 pub(super) enum Done {
@@ -142,15 +144,18 @@ impl FabUrlCache {
         let mut state = self.lock();
         state.downloading.remove(&key);
         let retry_after = self.shared.retry_after;
-        // A failure older than two retry intervals no longer counts towards MAX_ATTEMPTS: for
-        // this URL, older when this attempt started (an attempt may take longer than that: a
-        // server that hangs until the 30 s timeout, against 10 s between attempts, would
-        // otherwise restart the count each time and be tried for ever).
+        // A failure older than FORGET_AFTER retry intervals no longer counts towards
+        // MAX_ATTEMPTS (nobody asked for the URL for that long): for this URL, older when this
+        // attempt started (an attempt may take longer than the interval: a server that hangs
+        // until the 30 s timeout, against 10 s between attempts, would otherwise restart the
+        // count each time and be tried for ever). Generous, so a busy hub that looks again late
+        // does not restart the count either.
+        let forget = retry_after * FORGET_AFTER;
         let previous = state
             .failed
             .remove(url)
-            .filter(|f| started.duration_since(f.at) < retry_after * 2);
-        state.failed.retain(|_, f| f.at.elapsed() < retry_after * 2);
+            .filter(|f| started.duration_since(f.at) < forget);
+        state.failed.retain(|_, f| f.at.elapsed() < forget);
         match result {
             Ok(bytes) => {
                 tracing::info!(%url, bytes = bytes.len(), "downloaded FAB");

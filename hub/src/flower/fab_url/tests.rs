@@ -879,3 +879,26 @@ async fn a_url_whose_downloads_time_out_keeps_counting_its_attempts() {
         tokio::time::sleep(retry + Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn a_url_not_asked_for_ten_retry_intervals_starts_counting_afresh() {
+    // Failures count towards giving up while the URL keeps being asked for; after ten retry
+    // intervals without an attempt they are forgotten (a lower bound of time only: waiting
+    // longer cannot make this pass wrongly).
+    let server = serve(vec![("/busy.fab", Reply::Status(503))]).await;
+    let retry = Duration::from_millis(20);
+    let cache = FabUrlCache::with_limits(quick(), retry);
+    let url = server.url("/busy.fab");
+    let hash = "c".repeat(64);
+    let first = cache.get(&url, &hash).await;
+    assert!(
+        matches!(&first, FabBytes::Missing(m) if m.contains("attempt 1 of 30")),
+        "{first:?}"
+    );
+    tokio::time::sleep(retry * 10 + Duration::from_millis(50)).await;
+    let again = cache.get(&url, &hash).await;
+    assert!(
+        matches!(&again, FabBytes::Missing(m) if m.contains("attempt 1 of 30")),
+        "{again:?}"
+    );
+}

@@ -10,7 +10,6 @@ use flower_addon_crds::run::RunOutput;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
-use k8s_openapi::api::core::v1::Pod;
 use tokio::io::AsyncWriteExt;
 
 use super::server::dns_subdomain;
@@ -129,34 +128,36 @@ impl<'a> Target<'a> {
     /// An HTTP/1 connection to the pod's sidecar through a port-forward (kept open while the
     /// connection is).
     async fn connect(&self, client: &kube::Client, what: &str) -> Result<Sidecar, OutputsError> {
-        let pods = kube::Api::<Pod>::namespaced(client.clone(), self.pod_namespace);
-        let mut forwarder = match pods.portforward(self.pod, &[OUTPUTS_PORT]).await {
-            Ok(forwarder) => forwarder,
-            Err(kube::Error::Api(e)) if e.code == 403 => {
+        use crate::kube::portforward::{OpenError, open};
+        let stream = match open(client, self.pod_namespace, self.pod, OUTPUTS_PORT).await {
+            Ok(stream) => stream,
+            Err(OpenError::Kube(kube::Error::Api(e))) if e.code == 403 => {
                 return Err(OutputsError::Forbidden {
                     namespace: self.pod_namespace.to_owned(),
                     message: e.message,
                 });
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => return Err(self.not_running(e.message)),
-            Err(source) => {
+            Err(OpenError::Kube(kube::Error::Api(e))) if e.code == 404 => {
+                return Err(self.not_running(e.message));
+            }
+            Err(OpenError::Kube(source)) => {
                 return Err(OutputsError::Kube {
                     what: what.to_owned(),
                     pod: self.pod(),
                     source,
                 });
             }
+            Err(OpenError::NoStream) => {
+                return Err(self.not_running("the port-forward has no stream".into()));
+            }
         };
-        let stream = forwarder
-            .take_stream(OUTPUTS_PORT)
-            .ok_or_else(|| self.not_running("the port-forward has no stream".into()))?;
         let (sender, connection) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .map_err(|e| self.not_running(format!("port-forward: {e}")))?;
+        // The connection owns the stream, and the stream its forwarder.
         tokio::spawn(async move {
             let _ = connection.await;
-            drop(forwarder);
         });
         Ok(sender)
     }
