@@ -127,13 +127,15 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
 ) -> Result<()> {
     for what in ["the hub's kube-apiserver", "the shared etcd"] {
         eprintln!(
-            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once, both agents' streams on the hub within {}s of its apiserver serving again, and within {}s of every apiserver serving again the same decisions and online counts",
+            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once per stretch of {}s or more its apiserver answers nothing, both agents' streams on the hub within {}s of its apiserver serving again, and within {}s of every apiserver serving again the same decisions and online counts",
             OUTAGE.as_secs(),
+            RENEW_DEADLINE.as_secs(),
             CONVERGENCE.as_secs(),
             CONVERGENCE.as_secs()
         );
         let before = running(hub, spokes).await?;
         let restarts_before = hub_restarts(hub).await?;
+        let probe = ApiserverProbe::start(hub);
         let etcd = what.contains("etcd");
         let downed = if etcd {
             cp.stop_etcd()?
@@ -243,18 +245,27 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             after.supernodes
         );
         let restarts_after = hub_restarts(hub).await?;
+        // The hub gives its Lease up (and the kubelet restarts it) each time the apiserver does
+        // not answer for its renew deadline: once for the outage, and once more for every
+        // further stretch that long, which a loaded machine's control plane may have right after
+        // (seen: the apiservers unanswering again 1 s after the hub led, for a minute). A restart
+        // beyond those is a crash.
+        let stalls = probe.stop().await;
         for (pod, after) in &restarts_after {
             let before = restarts_before.get(pod).copied().unwrap_or(0);
+            let allowed = i32::try_from(stalls.len()).unwrap_or(i32::MAX).max(1);
             ensure!(
-                after - before <= 1,
-                "hub pod {pod} restarted {} times through the outage of {what} (crash-looping?); {}\nits containers' logs (each start its own file):\n{}",
+                after - before <= allowed,
+                "hub pod {pod} restarted {} times through the outage of {what}, with {} stretch(es) of {}s or more in which its apiserver answered nothing ({stalls:?}) (crash-looping?); {}\nits containers' logs (each start its own file):\n{}",
                 after - before,
+                stalls.len(),
+                RENEW_DEADLINE.as_secs(),
                 hub_state(hub, &[]).await,
                 hub_container_logs(hub_node, 30)
             );
         }
         eprintln!(
-            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then the hub's apiserver serving after {:.1}s, both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?}; {} SuperNode pods unchanged (UIDs, restarts)",
+            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then the hub's apiserver serving after {:.1}s, both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?} (the apiserver unanswering for {}s or more: {:?}); {} SuperNode pods unchanged (UIDs, restarts)",
             OUTAGE.as_secs_f64(),
             ready_again.as_secs_f64(),
             hub_serving.as_secs_f64(),
@@ -263,10 +274,66 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             converged.as_secs_f64(),
             restarts_before,
             restarts_after,
+            RENEW_DEADLINE.as_secs(),
+            stalls,
             after.supernodes.values().map(Vec::len).sum::<usize>()
         );
     }
     Ok(())
+}
+
+/// The hub's leader election renew deadline (`--leader-elect-renew-deadline`, 10 s by default):
+/// an apiserver that answers nothing for that long makes the hub give its Lease up.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Asks the hub cluster's apiserver for the hub's Lease every half second (each ask bounded to
+/// 2 s) and remembers when it answered.
+struct ApiserverProbe {
+    task: tokio::task::JoinHandle<()>,
+    answers: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+    started: Instant,
+}
+
+impl ApiserverProbe {
+    fn start(hub: &Cluster) -> Self {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(hub.client.clone(), HUB_NS);
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = answers.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let asked =
+                    tokio::time::timeout(Duration::from_secs(2), leases.get_opt("flower-hub"))
+                        .await;
+                if matches!(asked, Ok(Ok(_)))
+                    && let Ok(mut seen) = seen.lock()
+                {
+                    seen.push(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Self {
+            task,
+            answers,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops; the stretches of [`RENEW_DEADLINE`] or more without an answer, as (seconds after
+    /// the start, length in seconds).
+    async fn stop(self) -> Vec<(u64, u64)> {
+        self.task.abort();
+        let _ = self.task.await;
+        let mut times = vec![self.started];
+        times.extend(self.answers.lock().map(|a| a.clone()).unwrap_or_default());
+        times.push(Instant::now());
+        times
+            .windows(2)
+            .filter(|w| w[1] - w[0] >= RENEW_DEADLINE)
+            .map(|w| ((w[0] - self.started).as_secs(), (w[1] - w[0]).as_secs()))
+            .collect()
+    }
 }
 
 /// The last `lines` lines of every log file of the hub pods' `hub` containers on the hub's node
