@@ -2083,18 +2083,9 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
     )
     .await?;
     // The admin's kubeconfig acting as alice (`as:`), for this client and for the CLI.
-    let mut kubeconfig = kube::config::Kubeconfig::read_from(&hub.kubeconfig)?;
-    for user in &mut kubeconfig.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.impersonate = Some("alice".into());
-        }
-    }
     let dir = tempfile::tempdir()?;
-    let alice_kubeconfig = dir.path().join("alice.kubeconfig");
-    std::fs::write(&alice_kubeconfig, serde_json::to_string(&kubeconfig)?)?;
-    let alice = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
-    )?;
+    let alice_user = cli::impersonating(hub, "alice").await?;
+    let (alice, alice_kubeconfig) = (alice_user.client.clone(), alice_user.kubeconfig.clone());
     let run = |name: &str| fedavg_run(name, "auth", json!({}));
     let in_fl = Api::<FlowerRun>::namespaced(alice.clone(), "fl")
         .create(&Default::default(), &run("alices")?)

@@ -60,14 +60,19 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}]
         "fl",
     )
     .await?;
+    impersonating(hub, "bob").await
+}
+
+/// The hub admin's kubeconfig acting as `user` (`as:`), for the CLI and for the test.
+pub async fn impersonating(hub: &Cluster, user: &str) -> Result<CliUser> {
     let mut kubeconfig = kube::config::Kubeconfig::read_from(&hub.kubeconfig)?;
-    for user in &mut kubeconfig.auth_infos {
-        if let Some(auth) = user.auth_info.as_mut() {
-            auth.impersonate = Some("bob".into());
+    for auth_info in &mut kubeconfig.auth_infos {
+        if let Some(auth) = auth_info.auth_info.as_mut() {
+            auth.impersonate = Some(user.to_owned());
         }
     }
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("bob.kubeconfig");
+    let path = dir.path().join(format!("{user}.kubeconfig"));
     std::fs::write(&path, serde_json::to_string(&kubeconfig)?)?;
     let client = kube::Client::try_from(
         kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?,
