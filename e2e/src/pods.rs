@@ -117,8 +117,9 @@ pub async fn dump(pods: &Api<Pod>, prefix: &str) -> String {
     let Ok(list) = pods.list(&Default::default()).await else {
         return format!("(cannot list pods for {prefix}*)");
     };
-    let tail = |previous| LogParams {
+    let tail = |previous, container: &str| LogParams {
         previous,
+        container: Some(container.to_owned()),
         tail_lines: Some(60),
         ..Default::default()
     };
@@ -134,9 +135,7 @@ pub async fn dump(pods: &Api<Pod>, prefix: &str) -> String {
             .as_ref()
             .and_then(|s| s.container_statuses.clone())
             .unwrap_or_default();
-        let mut restarted = false;
         for c in &statuses {
-            restarted |= c.restart_count > 0;
             out.push_str(&format!(
                 "container {} ready={} restarts={} state={} last={}\n",
                 c.name,
@@ -146,11 +145,23 @@ pub async fn dump(pods: &Api<Pod>, prefix: &str) -> String {
                 serde_json::to_string(&c.last_state).unwrap_or_default(),
             ));
         }
-        let now = pods.logs(&name, &tail(false)).await.unwrap_or_default();
-        out.push_str(&format!("log (tail):\n{now}\n"));
-        if restarted {
-            let before = pods.logs(&name, &tail(true)).await.unwrap_or_default();
-            out.push_str(&format!("previous container's log (tail):\n{before}\n"));
+        // Each container's log: a pod of several (a SuperLink and its fleet-front) names none.
+        for c in &statuses {
+            let now = pods
+                .logs(&name, &tail(false, &c.name))
+                .await
+                .unwrap_or_default();
+            out.push_str(&format!("{} log (tail):\n{now}\n", c.name));
+            if c.restart_count > 0 {
+                let before = pods
+                    .logs(&name, &tail(true, &c.name))
+                    .await
+                    .unwrap_or_default();
+                out.push_str(&format!(
+                    "{} previous container's log (tail):\n{before}\n",
+                    c.name
+                ));
+            }
         }
     }
     out

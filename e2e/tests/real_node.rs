@@ -197,7 +197,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
         ("auth", flwr[0].control_client()?, 6),
         ("classic", flwr[1].control_client()?, 4),
     ];
-    runs_complete(&flwr, "the placed Federations", &[spoke, spoke2]).await?;
+    runs_complete(hub, &flwr, "the placed Federations", &[spoke, spoke2]).await?;
     the_fleet_endpoint_serves_no_control_api(hub, &flwr).await?;
     another_federations_serverapp_cannot_reach_control(hub).await?;
     let refused =
@@ -236,6 +236,7 @@ async fn pods_run_on_a_real_node() -> Result<()> {
     )
     .await?;
     runs_complete(
+        hub,
         &flwr,
         "after the hub and agent pods were replaced, the hub's control plane was down, a spoke's node was power-cycled, the spokes were cut off and the hub and an agent were upgraded",
         &[spoke, spoke2],
@@ -325,6 +326,10 @@ spec:
   superlink:
     image: flwr/superlink:1.42.0
     service: {type: NodePort}
+    # Flower's pods do the training: without a request they are BestEffort, and on a node
+    # whose hub or agent pod is busy they get about 2/53 of its CPU (cgroup shares 2 against
+    # the 50m-request pod's 51), which stalled rounds on a loaded machine.
+    resources: {requests: {cpu: 100m}}
     volumeClaimTemplates:
       - metadata: {name: superlink-state}
         spec:
@@ -342,8 +347,8 @@ spec:
   supernodes:
     image: flwr/supernode:1.42.0
     pools:
-      - {name: a, replicas: 2, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
-      - {name: b, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: a, replicas: 2, images: {}, supernodeResources: {requests: {cpu: 100m}}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: b, replicas: 1, images: {}, supernodeResources: {requests: {cpu: 100m}}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 ---
 apiVersion: flower-addon.io/v1alpha1
 kind: Federation
@@ -357,11 +362,12 @@ spec:
     image: flwr/superlink:1.25.0
     # The opt-in: flwr reaches the Control API on its own NodePort.
     service: {type: NodePort, exposeControl: true}
+    resources: {requests: {cpu: 100m}}
   supernodes:
     image: flwr/supernode:1.25.0
     pools:
-      - {name: a, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
-      - {name: b, replicas: 1, images: {}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: a, replicas: 1, images: {}, supernodeResources: {requests: {cpu: 100m}}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
+      - {name: b, replicas: 1, images: {}, supernodeResources: {requests: {cpu: 100m}}, nodeConfig: {partition-id: "{partition}", num-partitions: "{partitions}"}}
 "#,
         "fl",
     )
@@ -2428,17 +2434,24 @@ impl FlwrFromTheHost {
 /// attempt (e2e/flower/NOTES.md, fact 9; test.sh does the same for the demo); any other failure
 /// fails at once. The bug is a race in the SuperLink (a pull of an object the ServerApp has not
 /// pushed yet); a loaded machine hit it twice in a row, so one retry was not enough.
-async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str, spokes: &[&Cluster]) -> Result<()> {
+async fn runs_complete(
+    hub: &Cluster,
+    flwr: &[FlwrFromTheHost; 2],
+    when: &str,
+    spokes: &[&Cluster],
+) -> Result<()> {
     let federation = &flwr[1].federation;
     let mut counts = flower_125_bug_counts(spokes, federation).await?;
     let (a, mut b) = tokio::join!(flwr[0].run_completes(when), flwr[1].run_completes(when));
-    a?;
+    if let Err(error) = a {
+        return Err(error.context(federation_pods(hub, spokes, &flwr[0].federation).await));
+    }
     for attempt in 1..=2 {
         let Err(error) = b else { return Ok(()) };
         let now = flower_125_bug_counts(spokes, federation).await?;
         let hit = e2e::pods::logged_since(&counts, &now);
         if hit.is_empty() {
-            return Err(error);
+            return Err(error.context(federation_pods(hub, spokes, federation).await));
         }
         counts = now;
         // The failed run was stopped if it was still running (`HostFlwr::follow`), so the
@@ -2452,6 +2465,24 @@ async fn runs_complete(flwr: &[FlwrFromTheHost; 2], when: &str, spokes: &[&Clust
         b = flwr[1].run_completes(when).await;
     }
     b
+}
+
+/// The pods of Federation `federation` (namespace `fl`) with their status and last log lines:
+/// its SuperLink in the hub cluster and its SuperNodes on `spokes`, to tell which one stalled a
+/// run.
+async fn federation_pods(hub: &Cluster, spokes: &[&Cluster], federation: &str) -> String {
+    let mut out = format!(
+        "Federation {federation}'s SuperLink:\n{}",
+        e2e::pods::dump(&Api::namespaced(hub.client.clone(), "fl"), federation).await
+    );
+    for spoke in spokes {
+        out += &format!(
+            "\n{federation}'s SuperNodes on {}:\n{}",
+            spoke.name,
+            e2e::pods::dump(&Api::namespaced(spoke.client.clone(), "fl"), federation).await
+        );
+    }
+    out
 }
 
 /// What Flower 1.25.0's SuperLink answers a SuperNode's message pull with, sometimes.
