@@ -286,42 +286,7 @@ impl KubeRuntime {
                     tracing::warn!(federation = %id, kind = e.metric_label(), error = %e, "federation not applied");
                     desired.extend(self.sent().failed(fed));
                     keep.insert((fed.namespace.clone(), fed.name.clone()));
-                    let mut pools = declared_pools(fed);
-                    for pool in &pools {
-                        let key = (pool.kind, fed.namespace.clone(), pool.workload.clone());
-                        self.record(
-                            &key,
-                            None,
-                            events::Event {
-                                type_: events::EventType::Warning,
-                                reason: "ApplyFailed".to_owned(),
-                                note: Some(
-                                    format!("Federation {id}, pool {}: {e}", pool.name)
-                                        .chars()
-                                        .take(1000)
-                                        .collect(),
-                                ),
-                                action: "Apply".to_owned(),
-                                secondary: None,
-                            },
-                        );
-                    }
-                    // The keys stay on the cluster: keep reporting them so the hub keeps them.
-                    let before = previous.iter().find(same);
-                    for pool in &mut pools {
-                        if let Some(old) =
-                            before.and_then(|b| b.pools.iter().find(|p| p.name == pool.name))
-                        {
-                            pool.node_public_keys = old.node_public_keys.clone();
-                        }
-                    }
-                    applied.push(AppliedFederation {
-                        namespace: fed.namespace.clone(),
-                        name: fed.name.clone(),
-                        pools,
-                        error: Some(e.to_string()),
-                        supernode_restart: fed.supernode_restart.trim().to_owned(),
-                    });
+                    applied.push(self.not_applied(fed, &e, previous.iter().find(same)));
                     first_error.get_or_insert(e);
                 }
             }
@@ -365,6 +330,48 @@ impl KubeRuntime {
                 );
                 Ok(())
             }
+        }
+    }
+
+    /// A Federation whose work failed to render or apply with `e`: a Warning event on each of
+    /// its pools, and its report with the error and the SuperNode keys reported `before` (they
+    /// stay on the cluster: reporting them keeps them registered on the hub).
+    fn not_applied(
+        &self,
+        fed: &FederationWork,
+        e: &KubeRuntimeError,
+        before: Option<&AppliedFederation>,
+    ) -> AppliedFederation {
+        let id = format!("{}/{}", fed.namespace, fed.name);
+        let mut pools = declared_pools(fed);
+        for pool in &mut pools {
+            let key = (pool.kind, fed.namespace.clone(), pool.workload.clone());
+            self.record(
+                &key,
+                None,
+                events::Event {
+                    type_: events::EventType::Warning,
+                    reason: "ApplyFailed".to_owned(),
+                    note: Some(
+                        format!("Federation {id}, pool {}: {e}", pool.name)
+                            .chars()
+                            .take(1000)
+                            .collect(),
+                    ),
+                    action: "Apply".to_owned(),
+                    secondary: None,
+                },
+            );
+            if let Some(old) = before.and_then(|b| b.pools.iter().find(|p| p.name == pool.name)) {
+                pool.node_public_keys = old.node_public_keys.clone();
+            }
+        }
+        AppliedFederation {
+            namespace: fed.namespace.clone(),
+            name: fed.name.clone(),
+            pools,
+            error: Some(e.to_string()),
+            supernode_restart: fed.supernode_restart.trim().to_owned(),
         }
     }
 

@@ -261,24 +261,34 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
     if let Some(client) = &client {
         read_log(host, client, key, current, &mut status, deleting).await;
     }
-    if !deleting && core_run::outputs_to_list(&status, keeps_outputs) {
-        let listed =
-            match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, host.list_outputs()).await {
-                Ok(listed) => listed,
-                Err(_) => Err(OutputsFailure::Retry(format!(
-                    "the outputs were not listed within {} s",
-                    core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
-                ))),
-            };
-        if let Some(retry) = core_run::record_outputs(&mut status, listed, host.now()) {
-            requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
-        }
+    if !deleting
+        && core_run::outputs_to_list(&status, keeps_outputs)
+        && let Some(retry) = record_outputs(host, &mut status).await
+    {
+        requeue = Some(requeue.map_or(retry, |r| r.min(retry)));
     }
     Ok(Outcome::Store {
         status,
         events,
         requeue,
     })
+}
+
+/// Lists the run's outputs (within [`core_run::OUTPUTS_LIST_TIMEOUT`]) into `status`; when to
+/// look again if the listing failed for now.
+async fn record_outputs<H: RunHost>(
+    host: &mut H,
+    status: &mut FlowerRunStatus,
+) -> Option<Duration> {
+    let listed =
+        match tokio::time::timeout(core_run::OUTPUTS_LIST_TIMEOUT, host.list_outputs()).await {
+            Ok(listed) => listed,
+            Err(_) => Err(OutputsFailure::Retry(format!(
+                "the outputs were not listed within {} s",
+                core_run::OUTPUTS_LIST_TIMEOUT.as_secs()
+            ))),
+        };
+    core_run::record_outputs(status, listed, host.now())
 }
 
 /// The restart the SuperLink's run list asks for ([`core_run::restart_after`]), asked of the

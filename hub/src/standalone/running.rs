@@ -303,20 +303,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             bridge
                 .as_ref()
                 .zip(sockets.as_ref())
-                .map(|(bridge, sockets)| {
-                    let mut exports = vec![format!(
-                        "--export={}={}",
-                        ports.control,
-                        sockets.control.display()
-                    )];
-                    if let Some(fleet) = &sockets.fleet {
-                        exports.push(format!("--export={}={}", ports.fleet, fleet.display()));
-                    }
-                    if let (Some(socket), Some(port)) = (&sockets.serverappio, ports.serverappio) {
-                        exports.push(format!("--export={port}={}", socket.display()));
-                    }
-                    (bridge, exports)
-                }),
+                .map(|(bridge, sockets)| (bridge, sockets.superlink_exports(ports))),
         );
         // Flower installs FABs under FLWR_HOME: one per SuperLink.
         let mut env = self.flower_env();
@@ -340,17 +327,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 bridge
                     .as_ref()
                     .zip(sockets.as_ref())
-                    .map(|(bridge, sockets)| {
-                        let import = match (&sockets.serverappio, ports.serverappio) {
-                            (Some(socket), Some(port)) => {
-                                format!("--import={port}={}", socket.display())
-                            }
-                            _ => {
-                                format!("--import={}={}", ports.control, sockets.control.display())
-                            }
-                        };
-                        (bridge, vec![import])
-                    }),
+                    .map(|(bridge, sockets)| (bridge, vec![sockets.superexec_import(ports)])),
             );
             Supervised::start(ProcessSpec {
                 name: format!("superexec-serverapp/{}/{}", key.0, key.1),

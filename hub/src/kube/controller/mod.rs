@@ -180,36 +180,11 @@ pub async fn run(
         },
     );
     context.settings = settings;
-    let referencing = federations.clone();
-    let in_namespace = federations.clone();
-    Controller::for_stream(feds, federations)
+    Controller::for_stream(feds, federations.clone())
         // A namespace's Pod Security labels decide whether its Federations may run there.
-        .watches_stream(namespace_events, move |ns: Namespace| {
-            let namespace = ns.name_any();
-            in_namespace
-                .state()
-                .iter()
-                .filter(|f| f.namespace().as_deref() == Some(namespace.as_str()))
-                .map(|f| ObjectRef::from_obj(f.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        .watches_stream(namespace_events, federations_in(federations.clone()))
         // A Placement's PlacementSatisfied is mirrored on the Federations that reference it.
-        .watches_stream(placement_events, move |placement: Placement| {
-            let namespace = placement.namespace();
-            let name = placement.name_any();
-            referencing
-                .state()
-                .iter()
-                .filter(|f| {
-                    f.namespace() == namespace
-                        && f.spec
-                            .placement_ref
-                            .as_ref()
-                            .is_some_and(|r| r.name == name)
-                })
-                .map(|f| ObjectRef::from_obj(f.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        .watches_stream(placement_events, federations_placed_by(federations))
         .owns_stream(sts)
         .owns_stream(svcs)
         .owns_stream(policies)
@@ -229,6 +204,43 @@ pub async fn run(
         })
         .await;
     tracing::info!("federation controller stopped");
+}
+
+/// The Federations of a namespace (from the cache `federations`).
+fn federations_in(
+    federations: kube::runtime::reflector::Store<Federation>,
+) -> impl Fn(Namespace) -> Vec<ObjectRef<Federation>> + Send + Sync + 'static {
+    move |ns: Namespace| {
+        let namespace = ns.name_any();
+        federations
+            .state()
+            .iter()
+            .filter(|f| f.namespace().as_deref() == Some(namespace.as_str()))
+            .map(|f| ObjectRef::from_obj(f.as_ref()))
+            .collect()
+    }
+}
+
+/// The Federations that reference a Placement (from the cache `federations`).
+fn federations_placed_by(
+    federations: kube::runtime::reflector::Store<Federation>,
+) -> impl Fn(Placement) -> Vec<ObjectRef<Federation>> + Send + Sync + 'static {
+    move |placement: Placement| {
+        let namespace = placement.namespace();
+        let name = placement.name_any();
+        federations
+            .state()
+            .iter()
+            .filter(|f| {
+                f.namespace() == namespace
+                    && f.spec
+                        .placement_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name == name)
+            })
+            .map(|f| ObjectRef::from_obj(f.as_ref()))
+            .collect()
+    }
 }
 
 /// The watch of a kind the hub applies (`owned`: its label), feeding `writer`'s cache; every

@@ -49,6 +49,32 @@ impl Sockets {
         }
         Ok(sockets)
     }
+
+    /// The SuperLink's `netns-bridge` flags: each of its `ports` exported as its socket.
+    pub(super) fn superlink_exports(&self, ports: SuperLinkPorts) -> Vec<String> {
+        let mut exports = vec![format!(
+            "--export={}={}",
+            ports.control,
+            self.control.display()
+        )];
+        if let Some(fleet) = &self.fleet {
+            exports.push(format!("--export={}={}", ports.fleet, fleet.display()));
+        }
+        if let (Some(socket), Some(port)) = (&self.serverappio, ports.serverappio) {
+            exports.push(format!("--export={port}={}", socket.display()));
+        }
+        exports
+    }
+
+    /// The ServerApp SuperExec's `netns-bridge` flag: the port it dials on its own loopback
+    /// (ServerAppIO in the classic dialect, else the SuperLink's one server), imported from the
+    /// SuperLink's namespace.
+    pub(super) fn superexec_import(&self, ports: SuperLinkPorts) -> String {
+        match (&self.serverappio, ports.serverappio) {
+            (Some(socket), Some(port)) => format!("--import={port}={}", socket.display()),
+            _ => format!("--import={}={}", ports.control, self.control.display()),
+        }
+    }
 }
 
 /// Where the SuperLink serves Fleet: its socket in a network namespace of its own, else its
