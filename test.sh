@@ -188,12 +188,23 @@ lane_step() {
   step "$@"
   printf '==> [%4ds] %s: %s\n' "$((SECONDS - T0))" "$LANE" "$*" >&3
 }
-# The CPU weight of this lane's session against the other lanes (autogroup nice, -20..19), where
-# the kernel groups by session.
-lane_priority() {
-  if [[ -w /proc/self/autogroup ]]; then
-    echo "$1" > /proc/self/autogroup || true
+# Each lane runs in a CPU cgroup of its own (LANE_CGROUP, made below), so that the kernel weighs
+# lanes, not processes or sessions: the standalone hubs and agents start every program they
+# supervise in a session of its own, and with the kernel's autogroup each session weighed as much
+# as a whole real node (its pods are in the node's cgroup): the processes lane outweighed each
+# spoke's node about fifteen to one. lane_weight sets this lane's weight (cgroup v1 cpu.shares;
+# v2 cpu.weight, scaled).
+lane_weight() {
+  [[ -n "${LANE_CGROUP:-}" ]] || return 0
+  if [[ -f "$LANE_CGROUP/cpu.weight" ]]; then
+    echo $(( $1 * 100 / 1024 > 0 ? $1 * 100 / 1024 : 1 )) > "$LANE_CGROUP/cpu.weight" || true
+  else
+    echo "$1" > "$LANE_CGROUP/cpu.shares" || true
   fi
+}
+# Moves the calling shell (and all it starts from then on) into its lane's cgroup.
+in_lane_cgroup() {
+  [[ -z "${LANE_CGROUP:-}" ]] || echo "$BASHPID" > "$LANE_CGROUP/cgroup.procs"
 }
 checks_lane() {
   set -o pipefail
@@ -201,14 +212,12 @@ checks_lane() {
   # Clippy compiles the workspace from scratch: minutes of both cores. Beside it Flower's own
   # clocks run in the other lanes: Flower 1.42 gives a ClientApp or ServerApp process 30 s from
   # being claimed to its first heartbeat. A SuperNode whose `flwr-clientapp` took longer (on a
-  # real node sharing the CPU with the compiler) logs "Runtime task-token authentication
-  # failed", and the round waits on it until the run is stopped. So the lane's session runs
-  # clippy at the lowest weight (autogroup nice 19: the scheduler weighs sessions, not
-  # processes, when autogroup is on; plain `nice` where it is off), the tests after it at the
-  # normal one.
-  lane_priority 19
+  # real node short of CPU) logs "Runtime task-token authentication failed", and the round
+  # waits on it until the run is stopped. So clippy runs at the lowest weight (2), the tests
+  # after it at the normal one.
+  lane_weight 2
   CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/clippy" nice -n 19 cargo clippy --workspace --all-targets --quiet -- -D warnings || return 1
-  lane_priority 0
+  lane_weight 1024
   lane_step "cargo test --workspace (all but real_node and ${PROCESS_TESTS_LIST})"
   # shellcheck disable=SC2086
   cargo test --workspace -- --exact --skip "$REAL_NODE_TEST" $PROCESS_SKIPS > "$LOG_DIR/cargo-test.log" 2>&1 || return 1
@@ -223,25 +232,63 @@ processes_lane() {
   run_demos
 }
 : > "$LOG_DIR/demos-passed"
-export -f run_demos lane_step lane_priority checks_lane processes_lane step
+export -f run_demos lane_step lane_weight in_lane_cgroup checks_lane processes_lane step
 export LOG_DIR FLOWER_125_BUG T0 REAL_NODE_TEST
 export FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" PROCESS_TESTS_LIST="${PROCESS_TESTS[*]}" \
   PROCESS_TARGETS="${process_targets[*]}" PROCESS_SKIPS="${process_skips[*]}"
 exec 3>&1
 step "three lanes: real_node here; checks (clippy, cargo test of all but real_node and ${PROCESS_TESTS[*]}; log $LOG_DIR/checks.log) and processes (${PROCESS_TESTS[*]}, then the quickstart demos of Flower ${FLOWER_MATRIX[*]}; log $LOG_DIR/processes.log) beside it"
+# The lanes' CPU cgroups (see lane_weight): under the cgroup v1 cpu hierarchy, or cgroup v2's
+# root with the cpu controller enabled for its children; none where neither is writable (the
+# lanes then share the CPU as the kernel decides). real_node's lane holds three clusters' control
+# planes (their nodes' pods are in cgroups of their own, 1024 each), the processes lane its hubs,
+# SuperLinks, SuperNodes and their apps: each weighs 2048, the checks lane 1024 (2 while clippy
+# compiles).
+CGROUP_PARENT=""
+if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+  if [[ -w /sys/fs/cgroup ]] && grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+    CGROUP_PARENT=/sys/fs/cgroup
+  fi
+elif [[ -w /sys/fs/cgroup/cpu ]]; then
+  CGROUP_PARENT=/sys/fs/cgroup/cpu
+fi
+declare -A LANE_CGROUPS=()
+for lane in checks processes real_node; do
+  dir="$CGROUP_PARENT/flower-addon-test.$$.$lane"
+  if [[ -n "$CGROUP_PARENT" ]] && mkdir "$dir" 2>/dev/null; then
+    LANE_CGROUPS[$lane]="$dir"
+  fi
+done
+for lane in processes real_node; do
+  LANE_CGROUP="${LANE_CGROUPS[$lane]:-}" lane_weight 2048
+done
+# Ends whatever still runs in the lanes' cgroups (a failed lane's processes that left its
+# session: the standalone hubs' and agents' own children) and removes the cgroups.
+remove_lane_cgroups() {
+  local dir pid _
+  for dir in "${LANE_CGROUPS[@]}"; do
+    for _ in $(seq 1 50); do
+      for pid in $(cat "$dir/cgroup.procs" 2>/dev/null); do
+        kill -KILL "$pid" 2>/dev/null || true
+      done
+      rmdir "$dir" 2>/dev/null && break
+      sleep 0.2
+    done
+  done
+}
 # Each lane in a session of its own (ended with all its children on failure); its step lines
 # count from the suite's start (SECONDS is set to where it is now).
 export LANE_START=$SECONDS
-LANE=checks setsid bash -c 'SECONDS=$LANE_START; checks_lane' > "$LOG_DIR/checks.log" 2>&1 &
+LANE=checks LANE_CGROUP="${LANE_CGROUPS[checks]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; checks_lane' > "$LOG_DIR/checks.log" 2>&1 &
 CHECKS_PID=$!
-LANE=processes setsid bash -c 'SECONDS=$LANE_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); processes_lane' \
+LANE=processes LANE_CGROUP="${LANE_CGROUPS[processes]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); processes_lane' \
   > "$LOG_DIR/processes.log" 2>&1 &
 PROCESSES_PID=$!
 # --workspace: the same feature resolution as the build above (with -p e2e alone cargo would
 # compile the hub and agent libraries again for a smaller feature set).
-setsid bash -c 'set -o pipefail; cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"' &
+LANE_CGROUP="${LANE_CGROUPS[real_node]:-}" setsid bash -c 'in_lane_cgroup; set -o pipefail; cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"' &
 REAL_NODE_PID=$!
-trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$CHECKS_PID" "-$PROCESSES_PID" "-$REAL_NODE_PID" 2>/dev/null || true' EXIT
+trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$CHECKS_PID" "-$PROCESSES_PID" "-$REAL_NODE_PID" 2>/dev/null || true; remove_lane_cgroups' EXIT
 declare -A LANE_OF=([$CHECKS_PID]=checks [$PROCESSES_PID]=processes [$REAL_NODE_PID]=real_node)
 # Each lane's log, then the log of the tests it ran.
 declare -A LANE_LOGS=([checks]="$LOG_DIR/checks.log $LOG_DIR/cargo-test.log"

@@ -1,8 +1,8 @@
 //! A Federation without `placementRef` on the standalone hub runs its pools on the hub machine
 //! (the standalone counterpart of flower-operator's "in the hub cluster"), with real Flower
 //! 1.42.0, TLS and SuperNode authentication; stopping the hub leaves no Flower process behind.
-//! A second hub (run at once) checks what a ServerApp can reach: not the hub's state, not
-//! another Federation's Control API.
+//! A second hub checks what a ServerApp can reach: not the hub's state, not another
+//! Federation's Control API. The two tests take turns ([`TURN`]).
 //!
 //! Needs `target/debug/flower-hub` (test.sh builds it first) and `e2e/flower/venv.sh`.
 use std::path::Path;
@@ -564,8 +564,19 @@ fn start_local_hub(hub_bin: &Path, venv: &Path, extra: &[&str]) -> Result<LocalH
     })
 }
 
+/// Held by each test for its whole run: two hubs with their SuperLinks, SuperNodes and
+/// ServerApps at once, beside the suite's other lanes on two cores, kept a ServerApp from its
+/// first heartbeat within Flower 1.42's 30 s ("No heartbeat received from the task").
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Waits for [`TURN`] (a test that panicked holding it passes it on all the same).
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn federation_without_placement_runs_on_the_standalone_hub() {
+    let _turn = take_turn();
     // Invariant: no placementRef → the pools run beside the SuperLink, connect over TLS with
     // registered keys (2/2 ready), and a stopped hub stops them all.
     let hub_bin = binary("flower-hub").expect("flower-hub");
@@ -649,6 +660,7 @@ fn federation_without_placement_runs_on_the_standalone_hub() {
 
 #[test]
 fn serverapps_reach_neither_the_hub_state_nor_another_federations_control_api() {
+    let _turn = take_turn();
     // Invariant: a ServerApp (code whoever reaches a Control API runs next to the SuperLink)
     // reads neither the hub's CA keys nor another Federation's Control API, and a SuperNode
     // trusts only its own Federation's SuperLink. A hub of its own with the default certificate
