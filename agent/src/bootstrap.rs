@@ -19,6 +19,8 @@ use crate::tls::HubAddress;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use flower_addon_runtime::cli::parse_pair;
+
 /// Default name of the bootstrap Secret (manifests/agent/bootstrap-secret.yaml).
 pub const DEFAULT_BOOTSTRAP_SECRET: &str = "flower-agent-bootstrap";
 /// Default name of the Secret the agent keeps its credentials in.
@@ -206,17 +208,6 @@ pub async fn read_secret(
             .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
             .collect()
     }))
-}
-
-/// Parses `key=value`.
-pub fn parse_pair(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected key=value, got {s:?}"))?;
-    if k.is_empty() {
-        return Err(format!("empty key in {s:?}"));
-    }
-    Ok((k.to_string(), v.to_string()))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! flower-addon agent library: registration client, work channel client and runtimes. The
-//! SuperNode renderer they use is the pure one in `flower_addon_crds::render` (re-exported as
-//! [`render`]), shared with the hub.
+//! flower-addon agent library: joining the hub (bootstrap, CSR, credentials), the work channel
+//! client and the OCM addon identity. The runtimes it drives, and what it shares with the hub,
+//! are in `flower_addon_runtime` (re-exported here under their old paths).
 #![deny(unsafe_code)]
 #![deny(rust_2018_idioms)]
 
@@ -8,19 +8,9 @@ pub mod bootstrap;
 pub mod channel;
 pub mod cli;
 pub mod credentials;
-pub mod files;
-pub mod guard;
 pub mod join;
-pub mod kube_runtime;
-pub mod metrics;
-pub mod netns;
-pub mod node_key;
 pub mod ocm_addon;
-pub mod ops;
-pub mod process_runtime;
-pub use flower_addon_crds::render;
-pub mod runtime;
-pub mod sandbox;
-pub mod supervise;
-pub mod tls;
-pub mod work;
+pub use flower_addon_runtime::{
+    files, guard, kube_runtime, metrics, netns, node_key, ops, process_runtime, render, runtime,
+    sandbox, supervise, tls, work,
+};

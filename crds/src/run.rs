@@ -10,13 +10,36 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 /// Flower's own limit on a FAB (`FAB_MAX_SIZE`): 10 MB.
 pub const FAB_MAX_BYTES: usize = 10 * 1024 * 1024;
 /// Most run-config entries a FlowerRun may set.
 pub const MAX_RUN_CONFIG_ENTRIES: usize = 64;
+
+/// A FlowerRun `runConfig`: a map whose values are strings, integers, floats or booleans.
+///
+/// A structural schema cannot say "one of four scalar types", so each value is free-form
+/// (`x-kubernetes-preserve-unknown-fields`); `validate_flower_run` and the hub reject lists and
+/// objects with a message naming the key.
+fn run_config_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": MAX_RUN_CONFIG_ENTRIES,
+        "additionalProperties": {
+            "x-kubernetes-preserve-unknown-fields": true,
+        },
+    })
+}
+
+/// One FlowerRun `runConfig` value (see [`run_config_schema`]).
+fn run_config_value_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 /// Lines of the run's log kept in `status.logTail`.
 pub const LOG_TAIL_LINES: usize = 50;
 /// Finalizer that stops the Flower run before a deleted FlowerRun goes away.
@@ -89,7 +112,7 @@ pub struct FlowerRunSpec {
     /// integers, floats and booleans. A key the app does not declare fails the run before any
     /// Flower call.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "crate::schema_helpers::run_config_schema")]
+    #[schemars(schema_with = "run_config_schema")]
     pub run_config: BTreeMap<String, RunConfigValue>,
     /// `true` before the run started holds it; `true` while it runs stops it (Flower's
     /// `StopRun`), ending `Failed` with reason `Stopped`. The only field that may change.
@@ -163,7 +186,7 @@ pub struct ConfigMapKeyRef {
 /// One run-config value: Flower's scalar types (and, to be refused, anything else).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(untagged)]
-#[schemars(schema_with = "crate::schema_helpers::run_config_value_schema")]
+#[schemars(schema_with = "run_config_value_schema")]
 pub enum RunConfigValue {
     /// `true`/`false`.
     Bool(bool),

@@ -40,25 +40,3 @@ pub(crate) fn preserve_unknown_object_list(_: &mut SchemaGenerator) -> Schema {
         },
     })
 }
-
-/// A FlowerRun `runConfig`: a map whose values are strings, integers, floats or booleans.
-///
-/// A structural schema cannot say "one of four scalar types", so each value is free-form
-/// (`x-kubernetes-preserve-unknown-fields`); `validate_flower_run` and the hub reject lists and
-/// objects with a message naming the key.
-pub(crate) fn run_config_schema(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "type": "object",
-        "maxProperties": crate::run::MAX_RUN_CONFIG_ENTRIES,
-        "additionalProperties": {
-            "x-kubernetes-preserve-unknown-fields": true,
-        },
-    })
-}
-
-/// One FlowerRun `runConfig` value (see [`run_config_schema`]).
-pub(crate) fn run_config_value_schema(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
-}

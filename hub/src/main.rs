@@ -9,7 +9,7 @@ use std::process::ExitCode;
 #[command(name = "flower-hub", version, about, long_about = None)]
 struct Cli {
     #[command(flatten)]
-    global: flower_addon_agent::cli::GlobalArgs,
+    global: flower_addon_runtime::cli::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -89,7 +89,7 @@ enum Command {
     /// Run one supervised program and end everything it leaves behind when it exits, is stopped
     /// or the hub dies (what `serve` starts its SuperLinks and SuperNodes under).
     #[command(hide = true)]
-    Guard(flower_addon_agent::guard::GuardArgs),
+    Guard(flower_addon_runtime::guard::GuardArgs),
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  flower-hub completions bash > /etc/bash_completion.d/flower-hub\n  flower-hub completions zsh > \"${fpath[1]}/_flower-hub\""
@@ -108,13 +108,13 @@ fn main() -> ExitCode {
         .expect("install the rustls ring crypto provider");
     let cli = Cli::parse();
     if let Command::Guard(args) = &cli.command {
-        return flower_addon_agent::guard::run(&args.name);
+        return flower_addon_runtime::guard::run(&args.name);
     }
     if matches!(cli.command, Command::Serve(_))
         && let Ok(exe) = std::env::current_exe()
     {
         // Every program `serve` supervises runs under `flower-hub guard`: none outlives the hub.
-        flower_addon_agent::supervise::guard_with(exe);
+        flower_addon_runtime::supervise::guard_with(exe);
     }
     // Servers keep Rust's ignored SIGPIPE: a write to a gone peer stays an error they handle.
     if !matches!(
@@ -154,7 +154,7 @@ fn main() -> ExitCode {
         Command::OutputsServer(args) => outputs::outputs_server(args),
         Command::NetnsBridge(args) => netns::netns_bridge(args),
         Command::Guard(_) => unreachable!("handled above"),
-        Command::Completions { shell } => Ok(flower_addon_agent::cli::print_completions::<Cli>(
+        Command::Completions { shell } => Ok(flower_addon_runtime::cli::print_completions::<Cli>(
             shell,
             "flower-hub",
         )),

@@ -3,7 +3,7 @@
 //! per-cluster gauges are snapshots, replaced whole by each mode from what it already holds
 //! ([`HubMetrics::set_federations`], [`HubMetrics::set_clusters`]), so a deleted Federation
 //! leaves no series behind. `flower-hub serve` serves [`registry`] on `--metrics-bind-address`.
-use flower_addon_agent::metrics::latency_buckets;
+use flower_addon_runtime::metrics::latency_buckets;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -273,15 +273,15 @@ pub fn registry(processes: bool) -> Registry {
         m.supernodes.clone(),
     );
     if processes {
-        flower_addon_agent::metrics::register_processes(&mut r, "flower_addon_hub");
+        flower_addon_runtime::metrics::register_processes(&mut r, "flower_addon_hub");
     }
-    flower_addon_agent::metrics::register_resident_memory(&mut r);
+    flower_addon_runtime::metrics::register_resident_memory(&mut r);
     r
 }
 
 /// Sets the scrape-time gauges of the process itself (resident memory).
 pub fn refresh_process() {
-    flower_addon_agent::metrics::refresh();
+    flower_addon_runtime::metrics::refresh();
 }
 
 #[cfg(test)]

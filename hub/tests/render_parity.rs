@@ -1,5 +1,8 @@
-//! One test per flower-operator defect listed in PARITY.md (each would fail if we had it), and
-//! the hub side's rendering facts (SuperLink StatefulSet and Service).
+//! One test per flower-operator defect we must not copy (each would fail if we had it): SuperNodes
+//! dialing a port the SuperLink does not serve, spokes given a cluster-internal address, the
+//! dialect not following the version, labels left behind on the Service, unstable env and volume
+//! order, node-config values expanded by a shell, plaintext by default; and the hub side's
+//! rendering facts (SuperLink StatefulSet and Service).
 
 use flower_addon_agent::kube_runtime::Rendered;
 use flower_addon_crds::Federation;

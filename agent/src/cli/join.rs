@@ -186,31 +186,10 @@ pub async fn join_options(
     Ok(settings.into_options(store, &format!("secret {label} or the flags"), max_wait)?)
 }
 
-pub use crate::bootstrap::parse_pair;
+pub use flower_addon_runtime::cli::{parse_duration, parse_pair};
 
 fn humantime_duration(s: &str) -> Result<Duration, String> {
     parse_duration(s)
-}
-
-/// Parses durations like `90s`, `10m`, `24h`, `30d`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 90s, 10m, 24h, 30d"))?;
-    let scale: u64 = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(format!("invalid duration unit in {s:?}: use s, m, h or d")),
-    };
-    let secs = n
-        .checked_mul(scale)
-        .ok_or_else(|| format!("duration {s:?} is too long"))?;
-    Ok(Duration::from_secs(secs))
 }
 
 /// `flower-agent join`: joins (again, idempotently with the stored key) and stores the

@@ -79,7 +79,7 @@ impl FleetFrontArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    flower_addon_agent::cli::join::parse_duration(s)
+    flower_addon_runtime::cli::parse_duration(s)
 }
 
 /// A byte count: digits, optionally followed by `KiB`, `MiB` or `GiB`.

@@ -54,7 +54,7 @@ pub struct RenderArgs {
     /// the files hold no ManagedCluster of that name): pools are narrowed by their
     /// `clusterSelector` and `spec.clusterOverrides` are merged in, exactly as the hub does.
     /// Without labels the cluster has none: pools with a `clusterSelector` are not shown.
-    #[arg(long = "label", requires = "cluster", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    #[arg(long = "label", requires = "cluster", value_parser = flower_addon_runtime::cli::parse_pair)]
     pub labels: Vec<(String, String)>,
     /// The hub admin's pod policy the Federations are judged by (as `flower-hub serve`'s).
     #[command(flatten)]

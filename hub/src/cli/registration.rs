@@ -58,7 +58,7 @@ pub struct AcceptArgs {
     /// Label to give the cluster, `key=value` (repeatable), set before it is accepted. Labels
     /// are the admin's (placement selects on them); what the agent reported is shown as claims
     /// by `flower-hub status`.
-    #[arg(long = "label", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    #[arg(long = "label", value_parser = flower_addon_runtime::cli::parse_pair)]
     pub labels: Vec<(String, String)>,
     #[command(flatten)]
     hub_args: HubArgs,
@@ -87,7 +87,7 @@ pub struct StatusArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    flower_addon_agent::cli::join::parse_duration(s)
+    flower_addon_runtime::cli::parse_duration(s)
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {

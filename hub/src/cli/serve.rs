@@ -9,7 +9,7 @@ use crate::registration::store::file::FileStore;
 use crate::registration::store::{load_or_create_ca, load_or_create_flower_ca};
 use crate::standalone::{StandaloneConfig, StandaloneHub};
 use anyhow::Context;
-use flower_addon_agent::ops::{Health, Metrics, Refresh};
+use flower_addon_runtime::ops::{Health, Metrics, Refresh};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,7 +36,7 @@ pub async fn mark_cas_in_force<S: crate::registration::store::ClusterStore>(
     Ok(())
 }
 
-use flower_addon_agent::netns::NetworkMode;
+use flower_addon_runtime::netns::NetworkMode;
 
 /// This binary, whose `netns-bridge` gives standalone SuperLinks or SuperNodes network
 /// namespaces of their own, when `isolated` (`flag` says which setting asks for it).
@@ -86,7 +86,7 @@ pub struct ServeArgs {
     )]
     pub superlink_name: Vec<String>,
     /// Accept joining clusters whose labels include `key=value` (repeatable; all must match).
-    #[arg(long = "auto-accept", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    #[arg(long = "auto-accept", value_parser = flower_addon_runtime::cli::parse_pair)]
     pub auto_accept: Vec<(String, String)>,
     /// Validity of agent client certificates (renewed by agents at 80 %).
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
@@ -173,7 +173,7 @@ pub struct ServeArgs {
     /// cache has listed: the Kubernetes controllers' and work source's, or the standalone hub's
     /// first pass over its manifests).
     #[command(flatten)]
-    pub ops: flower_addon_agent::ops::OpsArgs,
+    pub ops: flower_addon_runtime::ops::OpsArgs,
     /// Kubernetes mode: run as one of several replicas. Only the holder of the Lease
     /// `--leader-elect-resource-name` in `--namespace` reconciles, writes status and serves the work
     /// channel; the others wait, not ready (so the hub Service sends agents to the leader), and
@@ -211,7 +211,7 @@ async fn serve_ops(
 ) -> anyhow::Result<()> {
     let refresh = refresh
         .unwrap_or_else(|| Arc::new(|| Box::pin(async { crate::metrics::refresh_process() })));
-    flower_addon_agent::ops::serve(
+    flower_addon_runtime::ops::serve(
         &args.ops,
         Metrics {
             registry: crate::metrics::registry(processes),
@@ -224,7 +224,7 @@ async fn serve_ops(
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    flower_addon_agent::cli::join::parse_duration(s)
+    flower_addon_runtime::cli::parse_duration(s)
 }
 
 /// `flower-hub serve`.
@@ -432,7 +432,7 @@ async fn wait_stop(mut rx: tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-pub use flower_addon_agent::cli::shutdown_signal;
+pub use flower_addon_runtime::cli::shutdown_signal;
 
 /// Raises the soft limit on open files to the hard one (as Go's runtime does): the work channel
 /// holds one connection per agent, and its caps ([`crate::channel::conns`]), not a default soft

@@ -1,12 +1,12 @@
 //! `flower-hub render --cluster X`: what X's agent applies, computed by the code that runs — the
 //! hub's work split ([`crate::core::work::federation_work`]) produces the message X gets, and
-//! the agent's decoder and renderer ([`flower_addon_agent::work::decode_federation`],
-//! [`flower_addon_agent::kube_runtime::render_federation`]) turn it into objects.
+//! the agent's decoder and renderer ([`flower_addon_runtime::work::decode_federation`],
+//! [`flower_addon_runtime::kube_runtime::render_federation`]) turn it into objects.
 use std::collections::BTreeMap;
 
-use flower_addon_agent::kube_runtime::{Rendered, render_federation};
 use flower_addon_crds::{Federation, ManagedCluster, Object};
 use flower_addon_proto::ClusterWork;
+use flower_addon_runtime::kube_runtime::{Rendered, render_federation};
 
 use crate::core::render::federation_dialect;
 use crate::core::work::{WorkInputs, decided, federation_work};
@@ -190,7 +190,7 @@ fn cluster_objects(
         cluster_name: selection.cluster.clone(),
         federations: vec![work],
     };
-    let plan = flower_addon_agent::work::decode_federation(&snapshot, &snapshot.federations[0])?;
+    let plan = flower_addon_runtime::work::decode_federation(&snapshot, &snapshot.federations[0])?;
     let mut rendered = render_federation(&plan)?;
     rendered.secret = None;
     Ok(Some(rendered))

@@ -3,12 +3,17 @@
 //! [`flower_addon_crds::render::supernode_argv`]). The adapters differ only in the
 //! [`SuperLinkLayout`] they pass: where the files are and where it listens.
 use flower_addon_crds::Federation;
+use flower_addon_crds::render::address::host_of;
 use flower_addon_crds::render::dialect::{
     FIRST_DISABLE_RUNTIME_DEPS_VERSION, classic_ports, superexec_connect_args, unified_ports,
 };
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion, isolation_arg};
 
-use crate::core::render::{host_of, superlink_name};
+/// Name of the SuperLink StatefulSet and Service, `<fed>-superlink` (the SuperLink's certificate
+/// names it too).
+pub fn superlink_name(federation: &str) -> String {
+    format!("{federation}-superlink")
+}
 
 /// The ports a SuperLink listens on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

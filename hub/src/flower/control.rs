@@ -370,7 +370,7 @@ fn grpc_error(method: &'static str, address: String, status: &tonic::Status) -> 
         Code::Unavailable => {
             return ControlError::Connect {
                 address,
-                detail: flower_addon_agent::tls::error_chain(status),
+                detail: flower_addon_runtime::tls::error_chain(status),
             };
         }
         // Flower < 1.35 says "Public key already in use" with FAILED_PRECONDITION.

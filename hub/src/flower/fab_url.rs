@@ -232,7 +232,7 @@ async fn get(
         })??;
     let broke = |e: hyper::Error| UrlError::Protocol {
         url: target.url.clone(),
-        reason: flower_addon_agent::tls::error_chain(&e),
+        reason: flower_addon_runtime::tls::error_chain(&e),
     };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
@@ -339,7 +339,7 @@ async fn connect(
         .map_err(|e| UrlError::Tls {
             url: target.url.clone(),
             address,
-            reason: flower_addon_agent::tls::error_chain(&e),
+            reason: flower_addon_runtime::tls::error_chain(&e),
         })?;
     Ok(Box::new(stream))
 }
@@ -375,7 +375,7 @@ async fn read_body(target: Target, exchange: Exchange, max: usize) -> Result<Bod
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| UrlError::Protocol {
             url: target.url.clone(),
-            reason: flower_addon_agent::tls::error_chain(&e),
+            reason: flower_addon_runtime::tls::error_chain(&e),
         })?;
         if let Ok(data) = frame.into_data() {
             if bytes.len() + data.len() > max {

@@ -5,7 +5,8 @@
 //! ([`sync_keys`]), and the files runs output with the sidecar serving them ([`outputs`]).
 pub mod control;
 pub mod diagnose;
-pub mod fab;
+/// FABs: the `flower-addon-fab` crate (`hub/fab`).
+pub use flower_addon_fab as fab;
 pub mod fab_url;
 pub mod front;
 pub mod keys;

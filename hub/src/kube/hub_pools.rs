@@ -1,7 +1,7 @@
 //! The hub's own cluster as a cluster like the others: the pools of Federations without
 //! `placementRef` are the work of [`HUB_CLUSTER`] ([`crate::kube::work`] computes it like every
 //! spoke's), applied by the agent's Kubernetes runtime embedded in the hub
-//! ([`flower_addon_agent::kube_runtime::KubeRuntime`]) under its own field manager
+//! ([`flower_addon_runtime::kube_runtime::KubeRuntime`]) under its own field manager
 //! [`LOCAL_POOLS_FIELD_MANAGER`] and owned by their Federation, and reported back like an
 //! agent's status. So hub-local pools get exactly what placed pools get: one key pair per
 //! SuperNode made in the cluster, registered with the SuperLink before the SuperNode starts,
@@ -15,11 +15,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flower_addon_agent::kube_runtime::{
-    APPLIED_BY_LABEL, Applier, KubeRuntime, OwnerFn, WORKLOAD_MISSING,
-};
 use flower_addon_crds::Federation;
 use flower_addon_proto::{ClusterWork, Status};
+use flower_addon_runtime::kube_runtime::{
+    APPLIED_BY_LABEL, Applier, KubeRuntime, OwnerFn, WORKLOAD_MISSING,
+};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::Secret;

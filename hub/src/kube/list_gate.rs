@@ -4,7 +4,7 @@
 //! Seen in the stream rather than by awaiting `Store::wait_until_ready`: kube-runtime's store
 //! readiness wakes only the last task that polled it, so a second waiter (the controller itself
 //! waits on its reader store) could leave the other asleep for ever.
-use flower_addon_agent::ops::Health;
+use flower_addon_runtime::ops::Health;
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
 use std::collections::BTreeSet;

@@ -3,8 +3,8 @@
 //! SuperLink pods for their container restarts: a scrape sends no request to the apiserver.
 use crate::kube::backoff::ShortBackoff;
 use crate::metrics::{FederationLabels, FederationSample};
-use flower_addon_agent::ops::Refresh;
 use flower_addon_crds::{Federation, ManagedCluster};
+use flower_addon_runtime::ops::Refresh;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

@@ -55,7 +55,7 @@ pub async fn run_hub_cluster(
         client.clone(),
         ca,
         settings,
-        flower_addon_agent::ops::Health::new(&[]),
+        flower_addon_runtime::ops::Health::new(&[]),
         stopped(stop_rx.clone()),
     ));
     let local_pools = tokio::spawn(hub_pools::run(client, work, pod_policy, stopped(stop_rx)));
@@ -65,4 +65,10 @@ pub async fn run_hub_cluster(
     let _ = local_pools.await;
     let _ = runs.await;
     Ok(())
+}
+
+/// Drops `metadata.managedFields` from a cached object: nothing the hub does reads them, and
+/// over 10,000 ManagedClusters they are most of the cache.
+pub(crate) fn strip_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }

@@ -67,42 +67,91 @@ pub fn addon_resource() -> ApiResource {
     ))
 }
 
+/// Why the hub refuses an addon CSR or no longer backs an addon cluster: written into the CSR's
+/// condition and the log, each naming the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The CSR is for another addon.
+    #[error(
+        "label {ADDON_LABEL} is {addon:?}; the signer {} serves the addon {:?} only",
+        flower_addon_proto::OCM_ADDON_SIGNER,
+        flower_addon_proto::OCM_ADDON_NAME
+    )]
+    OtherAddon { addon: Option<String> },
+    /// The CSR names no cluster.
+    #[error("label {CLUSTER_LABEL} is missing: OCM's klusterlet names its cluster there")]
+    NoCluster,
+    /// The requester is not that cluster's klusterlet.
+    #[error(
+        "requested by {requester:?}, who is not the klusterlet of cluster {cluster:?} (not in group {group:?}): a cluster's addon certificate is asked for by that cluster's own klusterlet only"
+    )]
+    NotItsKlusterlet {
+        requester: String,
+        cluster: String,
+        group: String,
+    },
+    /// OCM allows the name, a flower-addon cluster cannot have it.
+    #[error("OCM cluster {cluster:?} cannot be a flower-addon cluster: {why}")]
+    ClusterName { cluster: String, why: String },
+    /// `spec.request` is not a PEM certificate request.
+    #[error("spec.request is not a PEM certificate request")]
+    NotPem,
+    /// `spec.request` does not parse as a certificate request.
+    #[error("spec.request is not a valid certificate request: {0}")]
+    BadRequest(String),
+    /// The subject is not the one the hub issues for.
+    #[error(
+        "the request's subject must be CN={cn} alone (the AddOnTemplate's registration customSigner.subject: {{user: {cn}}}, as in manifests/ocm/addon-template.yaml)",
+        cn = flower_addon_proto::OCM_ADDON_AGENT_CN
+    )]
+    Subject,
+    /// OCM has no ManagedCluster of that name.
+    #[error("OCM has no ManagedCluster {0:?}: join the cluster to OCM first")]
+    NotInOcm(String),
+    /// OCM has not accepted the cluster.
+    #[error(
+        "OCM's ManagedCluster {0:?} is not accepted (spec.hubAcceptsClient): `clusteradm accept --clusters {0}`"
+    )]
+    NotAccepted(String),
+    /// The addon is not enabled on the cluster.
+    #[error(
+        "the addon is not enabled on {0:?}: create ManagedClusterAddOn {name} in namespace {0} (`clusteradm addon enable --names {name} --clusters {0}`)",
+        name = flower_addon_proto::OCM_ADDON_NAME
+    )]
+    NotEnabled(String),
+}
+
 /// The cluster a CSR of the addon's signer asks a certificate for, once it is clear the cluster's
-/// own klusterlet asked and asked for what the hub issues; otherwise why not (an error message
-/// that names the field and the fix).
-pub fn requested_cluster(csr: &CertificateSigningRequest) -> Result<String, String> {
+/// own klusterlet asked and asked for what the hub issues; otherwise why not.
+pub fn requested_cluster(csr: &CertificateSigningRequest) -> Result<String, Refusal> {
     let labels = csr.labels();
     let addon = labels.get(ADDON_LABEL).map(String::as_str);
     if addon != Some(flower_addon_proto::OCM_ADDON_NAME) {
-        return Err(format!(
-            "label {ADDON_LABEL} is {addon:?}; the signer {} serves the addon {:?} only",
-            flower_addon_proto::OCM_ADDON_SIGNER,
-            flower_addon_proto::OCM_ADDON_NAME
-        ));
+        return Err(Refusal::OtherAddon {
+            addon: addon.map(str::to_owned),
+        });
     }
     let Some(cluster) = labels.get(CLUSTER_LABEL).filter(|c| !c.is_empty()) else {
-        return Err(format!(
-            "label {CLUSTER_LABEL} is missing: OCM's klusterlet names its cluster there"
-        ));
+        return Err(Refusal::NoCluster);
     };
     let group = format!("{KLUSTERLET_GROUP_PREFIX}{cluster}");
     let groups = csr.spec.groups.as_deref().unwrap_or_default();
     if !groups.contains(&group) {
-        return Err(format!(
-            "requested by {:?}, who is not the klusterlet of cluster {cluster:?} (not in group {group:?}): a cluster's addon certificate is asked for by that cluster's own klusterlet only",
-            csr.spec.username.as_deref().unwrap_or_default()
-        ));
+        return Err(Refusal::NotItsKlusterlet {
+            requester: csr.spec.username.clone().unwrap_or_default(),
+            cluster: cluster.clone(),
+            group,
+        });
     }
     if let Err(status) = crate::channel::registration::validate_cluster_name(cluster) {
-        return Err(format!(
-            "OCM cluster {cluster:?} cannot be a flower-addon cluster: {}",
-            status.message()
-        ));
+        return Err(Refusal::ClusterName {
+            cluster: cluster.clone(),
+            why: status.message().to_owned(),
+        });
     }
-    let pem = String::from_utf8(csr.spec.request.0.clone())
-        .map_err(|_| "spec.request is not a PEM certificate request".to_string())?;
+    let pem = String::from_utf8(csr.spec.request.0.clone()).map_err(|_| Refusal::NotPem)?;
     let request = CertificateSigningRequestParams::from_pem(&pem)
-        .map_err(|e| format!("spec.request is not a valid certificate request: {e}"))?;
+        .map_err(|e| Refusal::BadRequest(e.to_string()))?;
     let subject = &request.params.distinguished_name;
     let common_name = subject.get(&DnType::CommonName).and_then(dn_text);
     let others = subject
@@ -110,11 +159,7 @@ pub fn requested_cluster(csr: &CertificateSigningRequest) -> Result<String, Stri
         .filter(|(ty, _)| **ty != DnType::CommonName)
         .count();
     if common_name.as_deref() != Some(flower_addon_proto::OCM_ADDON_AGENT_CN) || others > 0 {
-        return Err(format!(
-            "the request's subject must be CN={} alone (the AddOnTemplate's registration customSigner.subject: {{user: {}}}, as in manifests/ocm/addon-template.yaml)",
-            flower_addon_proto::OCM_ADDON_AGENT_CN,
-            flower_addon_proto::OCM_ADDON_AGENT_CN
-        ));
+        return Err(Refusal::Subject);
     }
     Ok(cluster.clone())
 }
@@ -141,22 +186,15 @@ pub struct OcmCluster {
 }
 
 /// Whether OCM lets the addon agent of `cluster` in; otherwise why not.
-pub fn admit(cluster: &str, ocm: &OcmCluster) -> Result<(), String> {
+pub fn admit(cluster: &str, ocm: &OcmCluster) -> Result<(), Refusal> {
     if !ocm.exists {
-        return Err(format!(
-            "OCM has no ManagedCluster {cluster:?}: join the cluster to OCM first"
-        ));
+        return Err(Refusal::NotInOcm(cluster.to_owned()));
     }
     if !ocm.accepted {
-        return Err(format!(
-            "OCM's ManagedCluster {cluster:?} is not accepted (spec.hubAcceptsClient): `clusteradm accept --clusters {cluster}`"
-        ));
+        return Err(Refusal::NotAccepted(cluster.to_owned()));
     }
     if !ocm.addon_enabled {
-        return Err(format!(
-            "the addon is not enabled on {cluster:?}: create ManagedClusterAddOn {name} in namespace {cluster} (`clusteradm addon enable --names {name} --clusters {cluster}`)",
-            name = flower_addon_proto::OCM_ADDON_NAME
-        ));
+        return Err(Refusal::NotEnabled(cluster.to_owned()));
     }
     Ok(())
 }
@@ -287,7 +325,7 @@ impl<S: ClusterStore> Registrar<S> {
             Ok(cluster) => self.sign(csr, &cluster, approved).await,
             Err(why) => {
                 tracing::warn!(csr = %name, requester = csr.spec.username.as_deref().unwrap_or_default(), reason = %why, "refused an OCM addon CSR");
-                self.refuse(csr, approved, &why).await
+                self.refuse(csr, approved, &why.to_string()).await
             }
         };
         if let Err(error) = result {

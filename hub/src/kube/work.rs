@@ -334,7 +334,7 @@ async fn reflectors(client: &Client) -> (Stores, Vec<futures::stream::BoxStream<
                 Api::<ManagedCluster>::all(client.clone()),
                 Default::default(),
             )
-            .modify(strip_managed_fields),
+            .modify(super::strip_managed_fields),
         )
         .backoff(ShortBackoff::default()),
         changes::cluster_inputs,
@@ -352,7 +352,7 @@ async fn reflectors(client: &Client) -> (Stores, Vec<futures::stream::BoxStream<
                 Api::<k8s_openapi::api::apps::v1::StatefulSet>::all(client.clone()),
                 watcher::Config::default().labels(&applied),
             )
-            .modify(strip_managed_fields),
+            .modify(super::strip_managed_fields),
         )
         .backoff(ShortBackoff::default()),
         hold::statefulset_inputs,
@@ -479,12 +479,6 @@ fn ocm_reflectors(client: &Client) -> (OcmStores, Vec<futures::stream::BoxStream
 }
 
 type FedKey = (String, String);
-
-/// Drops `metadata.managedFields` from a cached object: nothing the hub does reads them, and
-/// over 10,000 ManagedClusters they are most of the cache.
-pub(crate) fn strip_managed_fields<K: kube::Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
-}
 
 impl WorkSource for KubeWorkSource {
     fn snapshot(&self, cluster: &str) -> ClusterWork {

@@ -14,7 +14,7 @@
 //! deterministic), in both hub modes, with nothing to persist, clean up or back up. It follows
 //! the Flower CA's rotation: while a next CA is staged or a replaced one not yet retired, a
 //! Federation's bundle holds the CA derived from each, the signing one first.
-use super::ca::{CaError, CaMaterial, IssuedKeyPair, issue_serving_cert};
+use super::pki::{CaError, CaMaterial, IssuedKeyPair, issue_serving_cert};
 use hmac::{Hmac, Mac};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
@@ -73,7 +73,7 @@ impl FederationCa {
                 what: "Federation CA certificate PEM",
                 detail: e.to_string(),
             })?;
-        let hash = super::ca::ca_cert_hash(&der)?;
+        let hash = super::pki::ca_cert_hash(&der)?;
         Ok(Self {
             bundle_pem,
             cert_pem,

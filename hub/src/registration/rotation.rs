@@ -159,7 +159,7 @@ mod tests {
     use super::*;
 
     fn hashes(ca: &HubCa) -> Vec<String> {
-        flower_addon_agent::tls::bundle_hashes(ca.bundle_pem())
+        flower_addon_runtime::tls::bundle_hashes(ca.bundle_pem())
     }
 
     #[test]

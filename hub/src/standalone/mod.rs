@@ -31,7 +31,7 @@ use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
 use flower_addon_proto::{ClusterWork, FederationWork};
 use manifests::Manifests;
-use running::{RunningSuperLink, stop_superlink};
+use running::{RunningSuperLink, SuperLinkError, stop_superlink};
 use status::{ClusterSummary, FederationSummary, HubStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -61,13 +61,13 @@ pub struct StandaloneConfig {
     /// First local port tried for the hub machine's own SuperNodes (`--local-port-base`).
     pub local_port_base: u16,
     /// Whether SuperLinks and the hub machine's SuperNodes run with `state_dir` hidden but for
-    /// their own directory ([`flower_addon_agent::sandbox`]).
+    /// their own directory ([`flower_addon_runtime::sandbox`]).
     pub sandbox: bool,
     /// With `sandbox`: each SuperLink (and its ServerApps) in a network namespace of its own,
     /// bridged by `bridge_program` ([`netns`]); `None`: on the hub machine's network.
     pub superlink_network: Option<NetnsBridge>,
     /// With `sandbox`: each of the hub machine's own SuperNodes (with its ClientApps) in a
-    /// network namespace of its own ([`flower_addon_agent::process_runtime`]); `None`: on the
+    /// network namespace of its own ([`flower_addon_runtime::process_runtime`]); `None`: on the
     /// hub machine's network.
     pub supernode_network: Option<NetnsBridge>,
     /// Names a Federation may ask for in its SuperLink certificate
@@ -112,9 +112,9 @@ pub struct StandaloneHub<S: ClusterStore> {
     /// SuperLinks slow to answer (or many keys to register) delay no other Federation's work.
     key_sync: Option<tokio::task::JoinHandle<()>>,
     /// Process runtime for the pools of Federations without `placementRef` (started on need).
-    local: Option<Arc<flower_addon_agent::process_runtime::ProcessRuntime>>,
+    local: Option<Arc<flower_addon_runtime::process_runtime::ProcessRuntime>>,
     /// The readiness check passed after the first pass.
-    ready: Option<(Arc<flower_addon_agent::ops::Health>, &'static str)>,
+    ready: Option<(Arc<flower_addon_runtime::ops::Health>, &'static str)>,
     /// Federations whose work the last pass held back ([`crate::core::hold`]).
     held: BTreeSet<FedKey>,
     /// The FlowerRuns ([`runs`]).
@@ -156,7 +156,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// Sets readiness check `check` of `health` once the first pass over the manifests is done.
     pub fn with_health(
         mut self,
-        health: Arc<flower_addon_agent::ops::Health>,
+        health: Arc<flower_addon_runtime::ops::Health>,
         check: &'static str,
     ) -> Self {
         health.set(check, false);
@@ -300,7 +300,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 summary.placement = placed.placement_problem;
                 summary.error = placed.refused;
             }
-            Err(message) => summary.error = Some(message),
+            Err(error) => summary.error = Some(error.to_string()),
         }
         summary
     }
@@ -406,9 +406,9 @@ impl<S: ClusterStore> StandaloneHub<S> {
         views: &[ClusterView],
         decisions: &BTreeMap<placements::PlacementKey, placements::Decision>,
         per_cluster: &mut BTreeMap<String, Vec<FederationWork>>,
-    ) -> Result<Placed, String> {
+    ) -> Result<Placed, FederationError> {
         let key = fed_key(fed);
-        let (version, dialect) = federation_dialect(fed)?;
+        let (version, dialect) = crate::core::render::federation_dialect(fed)?;
         let paths = SuperLinkPaths::new(&self.config.state_dir, &key.0, &key.1);
         // Certificate names the hub may not issue (every SuperNode trusts the one Flower CA, so a
         // name is the admin's to allow, not the Federation author's): the SuperLink and its
@@ -431,19 +431,17 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let selected: Vec<String> = match &fed.spec.placement_ref {
             None => vec![HUB_CLUSTER.to_owned()],
             Some(placement_ref) if placement_ref.is_ocm() => {
-                return Err(format!(
-                    "spec.placementRef.apiGroup: {} Placements are read from an Open Cluster Management hub, which a standalone hub does not have: drop apiGroup and place with a Placement in the manifests directory",
-                    crate::kube::ocm::GROUP
-                ));
+                return Err(FederationError::OcmPlacement);
             }
             Some(placement_ref) => {
                 let placed = (key.0.clone(), placement_ref.name.clone());
-                let decision = decisions.get(&placed).ok_or_else(|| {
-                    format!(
-                        "spec.placementRef.name: Placement {}/{} not found in the manifests directory",
-                        key.0, placement_ref.name
-                    )
-                })?;
+                let decision =
+                    decisions
+                        .get(&placed)
+                        .ok_or_else(|| FederationError::PlacementMissing {
+                            namespace: key.0.clone(),
+                            name: placement_ref.name.clone(),
+                        })?;
                 placement_problem = decision.problem.clone();
                 decision.selected.clone()
             }
@@ -453,12 +451,14 @@ impl<S: ClusterStore> StandaloneHub<S> {
         } else if !refused.is_empty() {
             self.ca
                 .federation(&key.0, &key.1)
-                .map_err(|e| format!("cannot derive the Federation's SuperLink CA: {e}"))?
+                .map_err(SuperLinkError::Ca)?
                 .bundle_pem()
                 .to_owned()
         } else {
-            std::fs::read_to_string(&paths.ca)
-                .map_err(|e| format!("{}: {e}", paths.ca.display()))?
+            std::fs::read_to_string(&paths.ca).map_err(|source| SuperLinkError::File {
+                path: paths.ca.clone(),
+                source,
+            })?
         };
         let fleet = self.endpoints(fed, dialect).fleet;
         let labels: BTreeMap<String, BTreeMap<String, String>> = views
@@ -478,8 +478,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                 registered_node_keys: &registered,
                 retired_node_keys: &retired,
             },
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         for (cluster, work) in works.per_cluster {
             per_cluster.entry(cluster).or_default().push(work);
         }

@@ -8,7 +8,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     /// status like an agent's report.
     pub(super) async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
         use crate::channel::source::WorkSource;
-        use flower_addon_agent::runtime::Runtime;
+        use flower_addon_runtime::runtime::Runtime;
         let Some(federations) = crate::core::hold::hold(
             federations.unwrap_or_default(),
             self.sent.get(HUB_CLUSTER),
@@ -22,7 +22,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let runtime = match &self.local {
             Some(rt) => rt.clone(),
             None => {
-                let config = flower_addon_agent::process_runtime::ProcessRuntimeConfig {
+                let config = flower_addon_runtime::process_runtime::ProcessRuntimeConfig {
                     state_dir: self.config.state_dir.join("local-pools"),
                     flower_bin: self.config.flower_bin.clone(),
                     port_base: self.config.local_port_base,
@@ -34,7 +34,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
                         .as_ref()
                         .map(|b| b.program.clone()),
                 };
-                match flower_addon_agent::process_runtime::ProcessRuntime::new(config) {
+                match flower_addon_runtime::process_runtime::ProcessRuntime::new(config) {
                     Ok(rt) => {
                         let rt = Arc::new(rt);
                         self.local = Some(rt.clone());

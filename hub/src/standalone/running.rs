@@ -6,10 +6,11 @@ use super::{StandaloneHub, fed_key};
 use crate::core::superlink::{
     SuperLinkLayout, serverapp_superexec_argv, superlink_argv, superlink_sans,
 };
+use crate::registration::ca::CaError;
 use crate::registration::store::ClusterStore;
-use flower_addon_agent::supervise::{ProcessSpec, Supervised};
 use flower_addon_crds::Federation;
 use flower_addon_crds::render::{FlowerDialect, FlowerVersion};
+use flower_addon_runtime::supervise::{ProcessSpec, Supervised};
 use sockets::{Sockets, bridged, fleet_listening};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,54 @@ pub(super) struct RunningSuperLink {
     /// on loopback), and in a network namespace the bridges of its Fleet and Control ports;
     /// each task with its stop signal.
     pub(super) served: Vec<Served>,
+}
+
+/// Why a Federation's SuperLink could not be set up on the standalone hub: one variant per step,
+/// each saying what failed and where (the Federation's status shows it).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SuperLinkError {
+    /// The Federation's own CA, derived from the Flower CA.
+    #[error("cannot derive the Federation's SuperLink CA: {0}")]
+    Ca(#[source] CaError),
+    /// Issuing the SuperLink's serving certificate.
+    #[error("cannot issue the SuperLink certificate: {0}")]
+    Issue(#[source] CaError),
+    /// The certificate just issued has no validity to read.
+    #[error("the issued SuperLink certificate does not parse")]
+    IssuedUnreadable,
+    /// A file or directory of the SuperLink's (certificate, key, CA bundle, its directory).
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A host port the hub serves for the SuperLink (`field` names it in the spec).
+    #[error("{field}: cannot listen on {host}:{port} for {what}: {source}")]
+    Listen {
+        field: &'static str,
+        host: String,
+        port: u16,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Fleet front's TLS from the SuperLink's PEM files.
+    #[error("{0}")]
+    FrontTls(#[source] crate::flower::front::FrontError),
+    /// A socket path of a SuperLink in a network namespace of its own (too long for a Unix
+    /// socket: the message says how long it may be).
+    #[error("{0}")]
+    SocketPath(String),
+}
+
+impl SuperLinkError {
+    fn file(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::File {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }
 
 /// A task the hub runs for a SuperLink, and its stop signal.
@@ -97,10 +146,10 @@ impl<S: ClusterStore> StandaloneHub<S> {
 
     /// The state directory hidden from a SuperLink but for its own directory: code run through its
     /// Control API must not read the CA keys, tokens or other Federations.
-    fn sandbox(&self, paths: &SuperLinkPaths) -> Option<flower_addon_agent::sandbox::Sandbox> {
+    fn sandbox(&self, paths: &SuperLinkPaths) -> Option<flower_addon_runtime::sandbox::Sandbox> {
         self.config
             .sandbox
-            .then(|| flower_addon_agent::sandbox::Sandbox {
+            .then(|| flower_addon_runtime::sandbox::Sandbox {
                 hide: self.config.state_dir.clone(),
                 keep: paths.dir.clone(),
                 network: self.isolated().map(|_| Default::default()),
@@ -117,7 +166,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
     }
 
     pub(super) fn flower_env(&self) -> BTreeMap<String, String> {
-        flower_addon_agent::supervise::flower_env(self.config.flower_bin.as_deref())
+        flower_addon_runtime::supervise::flower_env(self.config.flower_bin.as_deref())
     }
 
     /// Issues the SuperLink certificate when there is none, its names or CA changed, or it is
@@ -128,7 +177,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         &self,
         fed: &Federation,
         paths: &SuperLinkPaths,
-    ) -> Result<String, String> {
+    ) -> Result<String, SuperLinkError> {
         let sans = superlink_sans(fed, self.config.advertise.iter().cloned());
         let sans_file = paths.dir.join("tls/sans");
         let want = sans.join("\n");
@@ -142,7 +191,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         let ca = self
             .ca
             .federation(&namespace, &name)
-            .map_err(|e| format!("cannot derive the Federation's SuperLink CA: {e}"))?;
+            .map_err(SuperLinkError::Ca)?;
         let ca_file = std::fs::read_to_string(&paths.ca).ok();
         let same_ca = ca_file
             .as_deref()
@@ -177,14 +226,14 @@ impl<S: ClusterStore> StandaloneHub<S> {
         }
         let issued = ca
             .issue_superlink_cert(&name, &sans, validity)
-            .map_err(|e| format!("cannot issue the SuperLink certificate: {e}"))?;
+            .map_err(SuperLinkError::Issue)?;
         write_private(&paths.key, issued.key_pem.as_bytes())?;
         write_file(&paths.cert, issued.cert_pem.as_bytes())?;
         write_file(&paths.ca, ca.bundle_pem().as_bytes())?;
         write_file(&sans_file, want.as_bytes())?;
         tracing::info!(federation = %name, sans = %sans.join(","), "issued the SuperLink certificate");
         let (not_before, not_after) = crate::core::renewal::certificate_validity(&issued.cert_pem)
-            .ok_or("the issued SuperLink certificate does not parse")?;
+            .ok_or(SuperLinkError::IssuedUnreadable)?;
         Ok(validity_marker(not_before, not_after))
     }
 
@@ -260,7 +309,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         dialect: FlowerDialect,
         paths: &SuperLinkPaths,
         certificate: String,
-    ) -> Result<(), String> {
+    ) -> Result<(), SuperLinkError> {
         let key = fed_key(fed);
         // Where SuperNodes and `flwr` reach it on the hub machine; in a network namespace of
         // its own the SuperLink itself listens on that namespace's loopback, and the hub serves
@@ -279,7 +328,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         if self.keep_or_stop(&key, &argv, &certificate).await {
             return Ok(());
         }
-        std::fs::create_dir_all(&paths.dir).map_err(|e| format!("{}: {e}", paths.dir.display()))?;
+        std::fs::create_dir_all(&paths.dir).map_err(SuperLinkError::file(&paths.dir))?;
         let process = fed.spec.isolation_mode == flower_addon_crds::IsolationMode::Process;
         let ports = layout.ports;
         let sockets = match bridge {
@@ -368,7 +417,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
         paths: &SuperLinkPaths,
         sockets: Option<&Sockets>,
         served: &mut Vec<Served>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SuperLinkError> {
         let ports = host_layout.ports;
         let control_upstream = match sockets {
             Some(s) => format!("unix:{}", s.control.display()),
@@ -415,15 +464,18 @@ impl<S: ClusterStore> StandaloneHub<S> {
 async fn bridge_port(
     listen: (&str, u16),
     socket: PathBuf,
-    field: &str,
-    what: &str,
-) -> Result<Served, String> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        format!(
-            "{field}: cannot listen on {}:{} for {what}: {e}",
-            listen.0, listen.1
-        )
-    })?;
+    field: &'static str,
+    what: &'static str,
+) -> Result<Served, SuperLinkError> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| SuperLinkError::Listen {
+            field,
+            host: listen.0.to_owned(),
+            port: listen.1,
+            what,
+            source,
+        })?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(super::netns::serve_to_unix_until(listener, socket, async {
         let _ = stopped.await;
@@ -450,14 +502,12 @@ async fn start_front(
     layout: &SuperLinkLayout,
     paths: &SuperLinkPaths,
     upstream: String,
-) -> Result<Served, String> {
+) -> Result<Served, SuperLinkError> {
     use crate::flower::front::{FrontConfig, FrontTls};
     let tls = if fed.spec.insecure {
         None
     } else {
-        let read = |p: &std::path::Path| {
-            std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))
-        };
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(SuperLinkError::file(p));
         Some(
             FrontTls::from_pem(
                 &read(&paths.ca)?,
@@ -465,16 +515,19 @@ async fn start_front(
                 &read(&paths.key)?,
                 "127.0.0.1",
             )
-            .map_err(|e| e.to_string())?,
+            .map_err(SuperLinkError::FrontTls)?,
         )
     };
     let listen = (layout.bind_host.as_str(), layout.ports.fleet);
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        format!(
-            "spec.superlink.service.ports.grpc: cannot listen on {}:{} for SuperNodes (the Fleet front): {e}",
-            listen.0, listen.1
-        )
-    })?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| SuperLinkError::Listen {
+            field: "spec.superlink.service.ports.grpc",
+            host: listen.0.to_owned(),
+            port: listen.1,
+            what: "SuperNodes (the Fleet front)",
+            source,
+        })?;
     let config = FrontConfig {
         upstream: upstream.clone(),
         tls,
@@ -496,14 +549,14 @@ fn validity_marker(not_before: std::time::SystemTime, not_after: std::time::Syst
     format!("{}..{}", secs(not_before), secs(not_after))
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    flower_addon_agent::files::write_atomic(path, bytes, flower_addon_agent::files::PUBLIC)
-        .map_err(|e| format!("{}: {e}", path.display()))
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), SuperLinkError> {
+    flower_addon_runtime::files::write_atomic(path, bytes, flower_addon_runtime::files::PUBLIC)
+        .map_err(SuperLinkError::file(path))
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    flower_addon_agent::files::write_atomic(path, bytes, flower_addon_agent::files::PRIVATE)
-        .map_err(|e| format!("{}: {e}", path.display()))
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SuperLinkError> {
+    flower_addon_runtime::files::write_atomic(path, bytes, flower_addon_runtime::files::PRIVATE)
+        .map_err(SuperLinkError::file(path))
 }
 
 /// The DER of the first certificate of a PEM bundle.

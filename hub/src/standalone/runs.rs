@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;
 use super::status::FederationSummary;
+pub use super::status::RunEntry;
 use crate::core::run::{OutputDir, OutputsFailure, RunEvent, SuperLinkState};
 use crate::flower::control::{ControlClient, ControlEndpoint};
 use crate::flower::fab_url::FabUrlCache;
@@ -29,20 +30,6 @@ type FedKey = (String, String);
 
 /// Directory of the runs' state under the state directory.
 pub const RUNS_DIR: &str = "runs";
-
-/// One FlowerRun in `status.json` (`flower-hub status`, `flower-hub run list`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RunEntry {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// The Federation it runs on.
-    pub federation: String,
-    /// Its status, as a FlowerRun's `status` in Kubernetes mode.
-    pub status: FlowerRunStatus,
-}
 
 /// What is stored per run.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -25,9 +25,23 @@ pub struct HubStatus {
     /// The manifests directory the hub reads (where `flower-hub run submit` writes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifests_dir: Option<String>,
-    /// One entry per FlowerRun ([`super::runs`]).
+    /// One entry per FlowerRun (kept by the standalone run reconciler, `runs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub runs: Vec<super::runs::RunEntry>,
+    pub runs: Vec<RunEntry>,
+}
+
+/// One FlowerRun in `status.json` (`flower-hub status`, `flower-hub run list`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunEntry {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The Federation it runs on.
+    pub federation: String,
+    /// Its status, as a FlowerRun's `status` in Kubernetes mode.
+    pub status: flower_addon_crds::run::FlowerRunStatus,
 }
 
 /// Status of one Federation.

@@ -42,6 +42,30 @@ pub(super) fn cluster_view(record: &ClusterRecord) -> ClusterView {
     }
 }
 
+/// Why a pass could not place a Federation (shown in its status): one variant per step.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FederationError {
+    /// `spec.version` or the SuperLink image names a Flower version without a dialect.
+    #[error("{0}")]
+    Dialect(#[from] crate::core::render::HubRenderError),
+    /// Its SuperLink's certificate, process or host ports.
+    #[error("{0}")]
+    SuperLink(#[from] super::running::SuperLinkError),
+    /// An OCM Placement, which only a Kubernetes hub reads.
+    #[error(
+        "spec.placementRef.apiGroup: cluster.open-cluster-management.io Placements are read from an Open Cluster Management hub, which a standalone hub does not have: drop apiGroup and place with a Placement in the manifests directory"
+    )]
+    OcmPlacement,
+    /// The Placement it names is not in the manifests directory.
+    #[error(
+        "spec.placementRef.name: Placement {namespace}/{name} not found in the manifests directory"
+    )]
+    PlacementMissing { namespace: String, name: String },
+    /// Its pools' work could not be encoded.
+    #[error("{0}")]
+    Work(#[from] serde_json::Error),
+}
+
 /// Where a Federation's pools go, from [`StandaloneHub::reconcile_federation`].
 pub(super) struct Placed {
     /// Selected clusters.

@@ -267,7 +267,7 @@ fn wait_for(role: CaRole) -> &'static str {
 fn print_status(role: CaRole, ca: &HubCa, hub: &Hub, changed: bool) {
     let phase = RotationPhase::of(ca.material());
     println!("signing CA: {}", ca.hash());
-    let trusted = flower_addon_agent::tls::bundle_hashes(ca.bundle_pem());
+    let trusted = flower_addon_runtime::tls::bundle_hashes(ca.bundle_pem());
     println!("trusted:    {}", trusted.join(", "));
     println!("rotation:   {}", phase.as_str());
     if changed {

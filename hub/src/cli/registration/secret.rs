@@ -1,5 +1,5 @@
 //! `flower-hub token create -o secret`: the bootstrap Secret an agent installed with
-//! `manifests/agent` joins with (keys read by `flower_addon_agent::bootstrap`).
+//! `manifests/agent` joins with (keys read by the agent's `bootstrap` module).
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ObjectMeta;
 use std::collections::BTreeMap;

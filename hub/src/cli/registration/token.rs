@@ -67,14 +67,14 @@ pub struct TokenCreateArgs {
     pub cluster_name: Option<String>,
     /// Label the cluster gets, `key=value` (repeatable): the admin's labels, which placement
     /// and `serve --auto-accept` match. Labels an agent reports itself are recorded as claims.
-    #[arg(long = "label", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    #[arg(long = "label", value_parser = flower_addon_runtime::cli::parse_pair)]
     pub labels: Vec<(String, String)>,
     /// How many clusters the token may register (unlimited when absent); re-joins of a cluster
     /// already registered with the same key do not count.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub uses: Option<u32>,
     /// Cluster claim the agent reports, `name=value` (repeatable).
-    #[arg(long = "claim", value_parser = flower_addon_agent::cli::join::parse_pair)]
+    #[arg(long = "claim", value_parser = flower_addon_runtime::cli::parse_pair)]
     pub claims: Vec<(String, String)>,
     /// Name of the bootstrap Secret (`-o secret`).
     #[arg(long, default_value = secret::DEFAULT_SECRET_NAME)]

@@ -8,7 +8,7 @@ use crate::channel::ChannelServer;
 use crate::core::sans::SuperLinkNames;
 use crate::registration::ca::{CaRole, HubCa};
 use anyhow::Context;
-use flower_addon_agent::ops::{Health, Refresh};
+use flower_addon_runtime::ops::{Health, Refresh};
 use std::process::ExitCode;
 use std::sync::Arc;
 

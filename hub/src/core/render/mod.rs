@@ -106,10 +106,7 @@ pub fn version_warning(fed: &Federation) -> Option<String> {
     federation_dialect(fed).ok()?.0.unverified_warning()
 }
 
-/// Name of the SuperLink StatefulSet and Service, `<fed>-superlink`.
-pub fn superlink_name(federation: &str) -> String {
-    format!("{federation}-superlink")
-}
+pub use crate::core::superlink::superlink_name;
 
 /// Name of the Secret with the SuperLink's `tls.crt`, `tls.key` and `ca.crt`: `spec.tls.secretName`
 /// or `<fed>-superlink-tls` (issued by the hub CA).

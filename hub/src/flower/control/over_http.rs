@@ -117,7 +117,7 @@ impl HttpTransport {
     pub(super) fn connect_error(&self, e: &(dyn std::error::Error + 'static)) -> ControlError {
         ControlError::Connect {
             address: self.address.clone(),
-            detail: flower_addon_agent::tls::error_chain(e),
+            detail: flower_addon_runtime::tls::error_chain(e),
         }
     }
 }

@@ -223,7 +223,7 @@ impl LogStream {
                     Some(Err(e)) => {
                         return Some(Err(ControlError::Connect {
                             address: self.address.clone(),
-                            detail: flower_addon_agent::tls::error_chain(&e),
+                            detail: flower_addon_runtime::tls::error_chain(&e),
                         }));
                     }
                     Some(Ok(frame)) => {

@@ -55,7 +55,7 @@ use crate::core::render::{
 use crate::core::sans::SuperLinkNames;
 use crate::kube::backoff::ShortBackoff;
 use crate::registration::ca::{CaError, HubCa};
-use flower_addon_agent::ops::Health;
+use flower_addon_runtime::ops::Health;
 
 pub(crate) use apply::controller_ref;
 pub use apply::{APPLIED_BY_LABEL, HUB_FIELD_MANAGER};
@@ -363,10 +363,10 @@ pub async fn reconcile(fed: Arc<Federation>, ctx: Arc<Context>) -> Result<Action
 /// Why the Federation's namespace may not take its SuperLink (its Pod Security `enforce` label is
 /// weaker than the hub's `--namespace-pod-security`, and `--allow weaker-namespaces` was not
 /// given); the labels it lacks are added first, as on spokes
-/// ([`flower_addon_agent::kube_runtime::ensure_namespace`]), so the API server enforces the
+/// ([`flower_addon_runtime::kube_runtime::ensure_namespace`]), so the API server enforces the
 /// same level on every pod there.
 async fn namespace_problems(ctx: &Context, namespace: &str) -> Result<Vec<(String, String)>> {
-    use flower_addon_agent::kube_runtime::{ensure_namespace, label_namespace};
+    use flower_addon_runtime::kube_runtime::{ensure_namespace, label_namespace};
     let policy = &ctx.settings.pod_policy;
     let cached = ctx.caches.namespaces.get(&ObjectRef::new(namespace));
     let refusal = match cached {
@@ -381,7 +381,7 @@ async fn namespace_problems(ctx: &Context, namespace: &str) -> Result<Vec<(Strin
         None => ensure_namespace(&ctx.client, namespace, policy, apply::HUB_FIELD_MANAGER).await,
     }
     .map_err(|error| match error {
-        flower_addon_agent::kube_runtime::KubeRuntimeError::Kube { action, source } => {
+        flower_addon_runtime::kube_runtime::KubeRuntimeError::Kube { action, source } => {
             Error::Kube { action, source }
         }
         other => Error::Kube {

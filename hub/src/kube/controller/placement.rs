@@ -154,7 +154,7 @@ impl PlacementContext {
 /// listed.
 pub async fn run(
     client: Client,
-    health: Arc<flower_addon_agent::ops::Health>,
+    health: Arc<flower_addon_runtime::ops::Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let listed = crate::kube::list_gate::ListGate::new(
@@ -180,7 +180,7 @@ pub async fn run(
                 Api::<ManagedCluster>::all(client.clone()),
                 watcher::Config::default(),
             )
-            .modify(crate::kube::work::strip_managed_fields)
+            .modify(crate::kube::strip_managed_fields)
             .backoff(ShortBackoff::default()),
         )
         .reflect(writer)

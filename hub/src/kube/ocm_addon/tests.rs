@@ -59,7 +59,12 @@ fn another_clusters_klusterlet_is_refused() {
     let (request, _) = csr("edge-2", "edge-1", flower_addon_proto::OCM_ADDON_AGENT_CN);
     let why = requested_cluster(&request).unwrap_err();
     assert!(
-        why.contains("not the klusterlet of cluster \"edge-2\""),
+        matches!(&why, Refusal::NotItsKlusterlet { cluster, .. } if cluster == "edge-2"),
+        "{why:?}"
+    );
+    assert!(
+        why.to_string()
+            .contains("not the klusterlet of cluster \"edge-2\""),
         "{why}"
     );
     // A prefix is not a cluster (OCM's own approver checks the user name by prefix, so
@@ -80,6 +85,7 @@ fn labels_subject_and_names_are_checked_with_the_fix() {
     assert!(
         requested_cluster(&request)
             .unwrap_err()
+            .to_string()
             .contains(ADDON_LABEL)
     );
     let (mut request, _) = csr("edge-1", "edge-1", flower_addon_proto::OCM_ADDON_AGENT_CN);
@@ -92,6 +98,7 @@ fn labels_subject_and_names_are_checked_with_the_fix() {
     assert!(
         requested_cluster(&request)
             .unwrap_err()
+            .to_string()
             .contains(CLUSTER_LABEL)
     );
     // The template's subject was changed: the klusterlet would refuse what the hub issues.
@@ -101,12 +108,14 @@ fn labels_subject_and_names_are_checked_with_the_fix() {
         "system:open-cluster-management:cluster:edge-1:addon:flower-addon:agent:x",
     );
     let why = requested_cluster(&request).unwrap_err();
-    assert!(why.contains("customSigner.subject"), "{why}");
+    assert_eq!(why, Refusal::Subject);
+    assert!(why.to_string().contains("customSigner.subject"), "{why}");
     // OCM allows names the addon's clusters cannot have.
     let (request, _) = csr("Edge_1", "Edge_1", flower_addon_proto::OCM_ADDON_AGENT_CN);
     assert!(
         requested_cluster(&request)
             .unwrap_err()
+            .to_string()
             .contains("cannot be a flower-addon cluster")
     );
     let (mut request, _) = csr("edge-1", "edge-1", flower_addon_proto::OCM_ADDON_AGENT_CN);
@@ -114,6 +123,7 @@ fn labels_subject_and_names_are_checked_with_the_fix() {
     assert!(
         requested_cluster(&request)
             .unwrap_err()
+            .to_string()
             .contains("spec.request")
     );
 }
@@ -149,7 +159,7 @@ fn ocm_must_accept_the_cluster_and_enable_the_addon() {
             "clusteradm addon enable",
         ),
     ] {
-        let why = admit("edge-1", &ocm).unwrap_err();
+        let why = admit("edge-1", &ocm).unwrap_err().to_string();
         assert!(why.contains(says), "{why}");
     }
 }

@@ -82,7 +82,7 @@ pub(super) fn spawn(
     let api = Api::<ManagedCluster>::all(client);
     tokio::spawn(async move {
         let mut events = watcher(api, watcher::Config::default())
-            .modify(crate::kube::work::strip_managed_fields)
+            .modify(crate::kube::strip_managed_fields)
             .backoff(ShortBackoff::default())
             .boxed();
         let mut filter = ChangeFilter::default();

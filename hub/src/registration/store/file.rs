@@ -214,7 +214,8 @@ impl ClusterStore for FileStore {
         let path = self.dir.join(material);
         let body = serde_json::to_vec_pretty(ca).map_err(|e| corrupt(&path, e))?;
         // Never replaces an existing CA: a racing process keeps the one someone may trust.
-        flower_addon_agent::files::create_new(&path, &body, 0o600).map_err(|e| io_err(&path, e))?;
+        flower_addon_runtime::files::create_new(&path, &body, 0o600)
+            .map_err(|e| io_err(&path, e))?;
         let stored: CaMaterial = read_json(&path)?.ok_or_else(|| StoreError::Corrupt {
             path: path.display().to_string(),
             detail: "vanished after creation".into(),
@@ -491,7 +492,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, S
 
 /// Writes `body` to `path` atomically: temp file with `mode`, fsync, rename over `path`.
 pub(crate) fn write_atomic(path: &Path, body: &[u8], mode: u32) -> Result<(), StoreError> {
-    flower_addon_agent::files::write_atomic(path, body, mode).map_err(|e| io_err(path, e))
+    flower_addon_runtime::files::write_atomic(path, body, mode).map_err(|e| io_err(path, e))
 }
 
 fn io_err(path: &Path, source: std::io::Error) -> StoreError {

@@ -28,7 +28,7 @@ impl Sockets {
         ports: SuperLinkPorts,
         process: bool,
         dialect: FlowerDialect,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, super::SuperLinkError> {
         let sockets = Self {
             control: paths.dir.join("control.sock"),
             fleet: (!ports.front && ports.fleet != ports.control)
@@ -45,7 +45,8 @@ impl Sockets {
             .flatten()
             .chain(&sockets.serverappio)
         {
-            crate::standalone::netns::check_socket_path(socket)?;
+            crate::standalone::netns::check_socket_path(socket)
+                .map_err(super::SuperLinkError::SocketPath)?;
         }
         Ok(sockets)
     }

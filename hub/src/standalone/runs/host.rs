@@ -39,7 +39,7 @@ impl RunHost for StandaloneRunHost<'_> {
         let outputs = self.outputs?;
         let root = &self.outputs_root;
         let made = std::fs::create_dir_all(root).and_then(|()| match root.parent() {
-            Some(superlink_dir) => flower_addon_agent::sandbox::hand_over(root, superlink_dir),
+            Some(superlink_dir) => flower_addon_runtime::sandbox::hand_over(root, superlink_dir),
             None => Ok(()),
         });
         if let Err(e) = made {

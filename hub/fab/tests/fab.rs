@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 
-use flower_addon_hub::flower::fab::{
-    self, ConfigValue, FAB_MAX_SIZE, Fab, FabError, RunConfigError, check_overrides,
+use flower_addon_fab::{
+    self as fab, ConfigValue, FAB_MAX_SIZE, Fab, FabError, RunConfigError, check_overrides,
     parse_run_config,
 };
 use proptest::prelude::*;

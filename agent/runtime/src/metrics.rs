@@ -33,8 +33,8 @@ pub struct AgentMetrics {
     pub apply_duration: Histogram,
     /// 1 while the work stream to the hub is open.
     pub hub_connected: Gauge,
-    /// 1 while the last connection failed on certificate trust (see
-    /// [`crate::channel::locked_out`]).
+    /// 1 while the last connection failed on certificate trust (the agent's
+    /// `channel::locked_out`).
     pub hub_locked_out: Gauge,
     /// Times the work stream opened.
     pub hub_connects: Counter,
