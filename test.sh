@@ -241,9 +241,9 @@ step "three lanes: real_node here; checks (clippy, cargo test of all but real_no
 # The lanes' CPU cgroups (see lane_weight): under the cgroup v1 cpu hierarchy, or cgroup v2's
 # root with the cpu controller enabled for its children; none where neither is writable (the
 # lanes then share the CPU as the kernel decides). real_node's lane holds three clusters' control
-# planes (their nodes' pods are in cgroups of their own, 1024 each), the processes lane its hubs,
-# SuperLinks, SuperNodes and their apps: each weighs 2048, the checks lane 1024 (2 while clippy
-# compiles).
+# planes (their nodes' pods are in cgroups of their own, 2048 each: e2e::node::NODE_CPU_SHARES),
+# the processes lane its hubs, SuperLinks, SuperNodes and their apps: each weighs 2048, the
+# checks lane 1024 (2 while clippy compiles).
 CGROUP_PARENT=""
 if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
   if [[ -w /sys/fs/cgroup ]] && grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
@@ -288,7 +288,16 @@ PROCESSES_PID=$!
 # compile the hub and agent libraries again for a smaller feature set).
 LANE_CGROUP="${LANE_CGROUPS[real_node]:-}" setsid bash -c 'in_lane_cgroup; set -o pipefail; cargo test --workspace --test real_node -- --exact "$REAL_NODE_TEST" 2>&1 | tee "$LOG_DIR/real-node.log"' &
 REAL_NODE_PID=$!
-trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$CHECKS_PID" "-$PROCESSES_PID" "-$REAL_NODE_PID" 2>/dev/null || true; remove_lane_cgroups' EXIT
+# A real node's containers live in cgroups of their own, not in its lane's: once the lanes'
+# processes (kubelet and containerd among them) are ended, `e2e reap` removes what the nodes of a
+# failed or killed real_node left (containers, mounts, namespaces, veths, bridges, cgroups).
+reap_real_nodes() {
+  local e2e="${CARGO_TARGET_DIR:-target}/debug/e2e"
+  if [[ -x "$e2e" ]]; then
+    "$e2e" reap || true
+  fi
+}
+trap 'kill -- "-$VENVS_PID" "-$IMAGES_PID" "-$CHECKS_PID" "-$PROCESSES_PID" "-$REAL_NODE_PID" 2>/dev/null || true; remove_lane_cgroups; reap_real_nodes' EXIT
 declare -A LANE_OF=([$CHECKS_PID]=checks [$PROCESSES_PID]=processes [$REAL_NODE_PID]=real_node)
 # Each lane's log, then the log of the tests it ran.
 declare -A LANE_LOGS=([checks]="$LOG_DIR/checks.log $LOG_DIR/cargo-test.log"

