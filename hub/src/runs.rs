@@ -31,6 +31,10 @@ pub type RunKey = (String, String);
 pub const DOWNLOAD_RETRY: Duration = Duration::from_secs(3);
 /// How long the rest of a finished run's log is read.
 pub const FINAL_LOG_WAIT: Duration = Duration::from_secs(5);
+/// A pause (milliseconds) after each step of a submission that a crash can interrupt: after the
+/// pending submission is stored and after Flower answered. For the crash-window tests, which
+/// kill the hub inside those windows; unset (the default) there is none.
+pub const SUBMISSION_PAUSE_ENV: &str = "FLOWER_HUB_TEST_SUBMISSION_PAUSE_MS";
 
 /// What a mode provides to [`reconcile`] for one run.
 #[allow(async_fn_in_trait)]
@@ -367,8 +371,11 @@ async fn act<H: RunHost>(
             {
                 return Ok(Err(Outcome::Stale));
             }
+            submission_step(run_name, "submission: pending stored", true).await;
+            submission_step(run_name, "submission: sending", false).await;
             status = flower_runs::submit(client, &status, app, || host.now()).await;
             host.forget_list();
+            submission_step(run_name, "submission: answered", true).await;
             events.push(submission_event(&status));
             requeue = Some(if status.run_id.is_some() {
                 ACTIVE_POLL
@@ -404,6 +411,22 @@ async fn act<H: RunHost>(
         events,
         requeue,
     }))
+}
+
+/// Logs a step of a submission (the windows a crash can fall into: after the pending submission
+/// was stored, while `StartRun` is in flight, after Flower answered and before the status is
+/// written), then, with `pause` and [`SUBMISSION_PAUSE_ENV`] set, waits that long.
+async fn submission_step(run_name: &str, step: &'static str, pause: bool) {
+    static PAUSE: std::sync::LazyLock<Option<Duration>> = std::sync::LazyLock::new(|| {
+        std::env::var(SUBMISSION_PAUSE_ENV)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(Duration::from_millis)
+    });
+    tracing::info!(run = %run_name, "{step}");
+    if pause && let Some(pause) = *PAUSE {
+        tokio::time::sleep(pause).await;
+    }
 }
 
 /// Whether the SuperLink's run list is asked for: when [`core_run::needs_superlink`] says so,
