@@ -241,7 +241,7 @@ step "three lanes: real_node here; checks (clippy, cargo test of all but real_no
 # The lanes' CPU cgroups (see lane_weight): under the cgroup v1 cpu hierarchy, or cgroup v2's
 # root with the cpu controller enabled for its children; none where neither is writable (the
 # lanes then share the CPU as the kernel decides). real_node's lane holds three clusters' control
-# planes (their nodes' pods are in cgroups of their own, 2048 each: e2e::node::NODE_CPU_SHARES),
+# planes (their nodes' pods are in cgroups of their own, 1024 each: e2e::node::NODE_CPU_SHARES),
 # the processes lane its hubs, SuperLinks, SuperNodes and their apps: each weighs 2048, the
 # checks lane 1024 (2 while clippy compiles).
 CGROUP_PARENT=""
