@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use e2e::harness::{fatal, wait_for};
+use e2e::harness::{Wait, fatal, wait_for};
 use e2e::pods::pod_ready;
 use e2e::{Cluster, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
@@ -209,20 +209,33 @@ pub async fn hub_control_plane_outages_tear_nothing_down(
             serves_again(cluster, cluster.name == hub.name, Duration::from_secs(240)).await?;
         }
         let serving = t_up.elapsed();
-        let after = wait_for(
-            &format!("after {what} came back: the decisions and online counts of before"),
+        // The last look, for the timeout's message: which decisions or counts differ.
+        let last = std::sync::Mutex::new(String::new());
+        let after = Wait::new(
+            format!("after {what} came back: the decisions and online counts of before"),
             CONVERGENCE * 4,
-            || {
-                let before = &before;
-                async move {
-                    let now = running(hub, spokes).await.map_err(fatal)?;
-                    Ok(
-                        (now.decisions == before.decisions && now.online == before.online)
-                            .then_some(now),
-                    )
-                }
-            },
         )
+        .detail(|| {
+            format!(
+                "before: decisions {:?}, online {:?}\nlast seen: {}",
+                before.decisions,
+                before.online,
+                last.lock().map(|l| l.clone()).unwrap_or_default()
+            )
+        })
+        .for_value(|| {
+            let (before, last) = (&before, &last);
+            async move {
+                let now = running(hub, spokes).await.map_err(fatal)?;
+                if let Ok(mut last) = last.lock() {
+                    *last = format!("decisions {:?}, online {:?}", now.decisions, now.online);
+                }
+                Ok(
+                    (now.decisions == before.decisions && now.online == before.online)
+                        .then_some(now),
+                )
+            }
+        })
         .await?;
         let converged = t_up.elapsed();
         let streams_late = streams.saturating_sub(hub_serving);
