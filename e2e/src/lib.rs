@@ -21,6 +21,7 @@ pub mod apply;
 pub mod bench;
 pub mod bins;
 pub mod cluster;
+pub mod crash;
 pub mod deployment;
 pub mod dns;
 pub mod flwr;

@@ -22,6 +22,9 @@ const NS: &str = "default";
 const FED: &str = "quickstart";
 const KEY_FLAG: &str = "--auth-supernode-private-key";
 
+#[path = "standalone_flower/crash.rs"]
+mod crash;
+
 /// Everything one run of the scenarios shares.
 struct World {
     work: Option<tempfile::TempDir>,
@@ -43,6 +46,8 @@ struct World {
     ports: SpacedPorts,
     /// Hub, agents, joins and hand-started SuperNodes, each in its own process group.
     procs: Processes,
+    /// Environment of the hub process besides Flower's (scenario 10's submission pause).
+    hub_env: Vec<(&'static str, String)>,
 }
 
 /// `program args…` with the environment every Flower-side process of this test gets.
@@ -141,6 +146,7 @@ impl World {
             ops_ports,
             ports,
             procs: Processes::default(),
+            hub_env: Vec::new(),
         })
     }
 
@@ -544,7 +550,9 @@ fn start_hub(w: &mut World) -> Result<()> {
         "2s",
     ]);
     let args: Vec<String> = args.into_iter().chain(w.ops_args(0)).collect();
-    w.start_daemon("hub", &hub_bin, &args)?;
+    let mut cmd = command(&hub_bin, &args);
+    cmd.envs(w.hub_env.iter().map(|(k, v)| (k, v)));
+    w.procs.start_group("hub", cmd, &w.dir.join("hub.log"))?;
     let hub_addr = w.hub_dir.join("hub-address");
     Wait::new("the hub to write hub-address", Duration::from_secs(20))
         .detail(|| w.logs())
@@ -1454,7 +1462,7 @@ fn standalone_hub_agents_and_real_flower() {
         w.dir.display(),
         w.venv.display()
     );
-    const SCENARIOS: usize = 10;
+    const SCENARIOS: usize = 11;
     let scenarios: [(&str, Scenario, bool); SCENARIOS] = [
         (
             "1 quickstart: 4/4 ready, flwr run completes",
@@ -1492,6 +1500,11 @@ fn standalone_hub_agents_and_real_flower() {
         (
             "9 restart mark: every SuperNode restarted as itself",
             s9_restart_mark,
+            false,
+        ),
+        (
+            "10 hub SIGKILLed around FlowerRun submissions: none sent twice, none lost",
+            crash::s10_hub_killed_around_submissions,
             false,
         ),
     ];

@@ -114,6 +114,9 @@ pub struct Run<'a> {
     /// Why the Federation's SuperNodes are not all back from a restart yet
     /// ([`crate::core::status::restart_pending`]); `None` when they are.
     pub restarting: Option<String>,
+    /// When this hub started the SuperNodes it runs itself for the Federation
+    /// ([`core_run::Facts::supernodes_started_at`]; `None`: it runs none).
+    pub supernodes_started_at: Option<Timestamp>,
 }
 
 /// What the mode does after [`reconcile`].
@@ -174,6 +177,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         claimed,
         restarted_after,
         restarting,
+        supernodes_started_at,
         ..
     } = run;
     let run_name = format!("FlowerRun {}/{}", key.0, key.1);
@@ -210,7 +214,11 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
     let supernodes = match &client {
         Some(client)
             if federation == FederationState::Ready
-                && core_run::needs_supernodes(current, deleting) =>
+                && core_run::needs_supernodes(
+                    current,
+                    deleting,
+                    supernodes_started_at.is_some(),
+                ) =>
         {
             flower_runs::supernodes(client).await
         }
@@ -225,6 +233,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         app,
         superlink,
         supernodes,
+        supernodes_started_at,
         config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
         run_config_hash: core_run::run_config_hash(spec),
         claimed,

@@ -134,8 +134,14 @@ pub struct Facts<'a> {
     pub app: Option<AppState>,
     /// The SuperLink.
     pub superlink: SuperLinkState,
-    /// Its SuperNodes; asked only while a retry waits for them ([`needs_supernodes`]).
+    /// Its SuperNodes; asked only while a submission waits for them ([`needs_supernodes`]).
     pub supernodes: SuperNodesState,
+    /// When this hub started the SuperNodes it runs itself for the Federation (standalone: its
+    /// pools without `placementRef`, first started by this hub process); `None` when it runs
+    /// none. A submission waits until every SuperNode the SuperLink lists online reached it
+    /// since then: after a hub restart the SuperLink still lists the sessions of the SuperNodes
+    /// the last hub ran, and the new ones connect only once those end.
+    pub supernodes_started_at: Option<Timestamp>,
     /// The spec's run config as Flower lists it (`flower::control::config_text`).
     pub config_text: BTreeMap<String, String>,
     /// [`run_config_hash`] of the spec.
@@ -222,15 +228,22 @@ pub fn needs_superlink(status: &FlowerRunStatus, deleting: bool) -> bool {
     !is_finished(status)
 }
 
-/// Whether [`decide`] needs the SuperLink's SuperNodes ([`SuperNodesState`]): a failed attempt
-/// waits to be submitted again. A retry goes only to SuperNodes that reached the SuperLink after
-/// the failure ([`retry_failed_at`]).
-pub fn needs_supernodes(status: &FlowerRunStatus, deleting: bool) -> bool {
+/// Whether [`decide`] needs the SuperLink's SuperNodes ([`SuperNodesState`]): a run waits to
+/// be submitted after a failed attempt, a restart of its SuperNodes, or the hub starting them
+/// (`supernodes_started`: [`Facts::supernodes_started_at`] is set). It goes only to SuperNodes
+/// that reached the SuperLink since the last of those ([`retry_failed_at`]).
+pub fn needs_supernodes(
+    status: &FlowerRunStatus,
+    deleting: bool,
+    supernodes_started: bool,
+) -> bool {
+    // A pending submission is asked too: one that never reached the SuperLink is sent again.
     !deleting
         && !is_finished(status)
         && status.run_id.is_none()
-        && status.pending_submission.is_none()
-        && (retry_failed_at(status).is_some() || status.supernodes_restarted_at.is_some())
+        && (retry_failed_at(status).is_some()
+            || status.supernodes_restarted_at.is_some()
+            || supernodes_started)
 }
 
 /// When the attempt that a pending retry follows failed: the `Running=False` condition with

@@ -63,6 +63,9 @@ pub struct StandaloneRuns {
     /// Per Federation, the Flower run after which the hub last restarted its SuperNodes (the
     /// Kubernetes mode's `status.supernodeRestartAfterRun`), kept in [`RESTARTS_FILE`].
     restarts: BTreeMap<FedKey, u64>,
+    /// Per Federation with pools on the hub machine, when this hub process first started them
+    /// ([`crate::runs::Run::supernodes_started_at`]).
+    local_started: BTreeMap<FedKey, Timestamp>,
 }
 
 /// File under the state directory holding [`StandaloneRuns::restarted_after`].
@@ -89,6 +92,7 @@ impl StandaloneRuns {
             fab_urls: FabUrlCache::with_egress(egress),
             clock: crate::runs::wall_clock(),
             restarts: load_restarts(&state_dir.join(RESTARTS_FILE)),
+            local_started: BTreeMap::new(),
         }
     }
 
@@ -97,6 +101,13 @@ impl StandaloneRuns {
     /// work, as the Kubernetes hub's FlowerRun controller writes it.
     pub fn restarted_after(&self, key: &FedKey) -> Option<u64> {
         self.restarts.get(key).copied()
+    }
+
+    /// The hub started Federation `key`'s pools on the hub machine (kept from the first time:
+    /// the SuperNodes of an earlier hub are the ones a submission must not count on).
+    pub fn local_supernodes_started(&mut self, key: &FedKey) {
+        let now = (self.clock)();
+        self.local_started.entry(key.clone()).or_insert(now);
     }
 
     /// Reads the time from `clock` instead of the wall clock.
@@ -268,6 +279,7 @@ impl StandaloneRuns {
             .collect();
         let outputs_root = self.outputs_root(fed_key);
         let restarted_after = self.restarted_after(fed_key);
+        let supernodes_started_at = self.local_started.get(fed_key).copied();
         let mut host = StandaloneRunHost {
             manifests,
             key,
@@ -292,6 +304,7 @@ impl StandaloneRuns {
                 claimed,
                 restarted_after,
                 restarting,
+                supernodes_started_at,
             },
         )
         .await;

@@ -12,7 +12,7 @@ pub(super) fn before_submission(d: &mut Decision, facts: &Facts<'_>) {
     let Some(runs) = listed_runs(d, facts) else {
         return;
     };
-    if !retry_may_go(d, facts) {
+    if !submission_may_go(d, facts) {
         return;
     }
     let attempt = d.status.attempts + 1;
@@ -163,10 +163,10 @@ fn listed_runs<'f>(d: &mut Decision, facts: &'f Facts<'_>) -> Option<&'f [Listed
 
 /// Whether a retry (or a run back from a SuperNode restart) may be sent now. A retry waits as a
 /// Job's pod does: 10 s after the first failure, doubling up to 6 min (a SuperLink that just
-/// came back still lists SuperNodes that have not reconnected); then, after a failure or a
-/// restart, whichever came last, until every SuperNode listed online reached the SuperLink
-/// since.
-fn retry_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
+/// came back still lists SuperNodes that have not reconnected); then, after a failure, a
+/// restart of the SuperNodes or the hub starting them, whichever came last, until every
+/// SuperNode listed online reached the SuperLink since.
+fn submission_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
     let now = facts.now;
     if let Some(due) = retry_due(&d.status)
         && now < due
@@ -174,19 +174,37 @@ fn retry_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
         d.requeue = Some(until(now, due));
         return false;
     }
-    let since = match (
-        retry_failed_at(&d.status),
-        &d.status.supernodes_restarted_at,
-    ) {
-        (Some(failed), Some(back)) => Some((failed.max(back.0), back.0 >= failed)),
-        (Some(failed), None) => Some((failed, false)),
-        (None, Some(back)) => Some((back.0, true)),
-        (None, None) => None,
-    };
+    // The last of them; a later one in this order wins a tie.
+    let mut since: Option<(Timestamp, Since)> = None;
+    for (at, why) in [
+        (retry_failed_at(&d.status), Since::Failure),
+        (
+            d.status.supernodes_restarted_at.as_ref().map(|t| t.0),
+            Since::Restart,
+        ),
+        (facts.supernodes_started_at, Since::Start),
+    ] {
+        if let Some(at) = at
+            && since.is_none_or(|(last, _)| at >= last)
+        {
+            since = Some((at, why));
+        }
+    }
     match since {
-        Some((since, restarted)) => supernodes_serving_since(d, facts, since, restarted),
+        Some((since, why)) => supernodes_serving_since(d, facts, since, why),
         None => true,
     }
+}
+
+/// What a submission waits on the SuperNodes after ([`supernodes_serving_since`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Since {
+    /// The last attempt failed.
+    Failure,
+    /// The hub restarted the Federation's SuperNodes.
+    Restart,
+    /// The hub started the SuperNodes it runs itself (it started).
+    Start,
 }
 
 /// Whether every SuperNode the SuperLink lists `online` reached it after `failed_at` (the
@@ -200,7 +218,7 @@ pub(super) fn supernodes_serving_since(
     d: &mut Decision,
     facts: &Facts<'_>,
     failed_at: Timestamp,
-    restarted: bool,
+    why: Since,
 ) -> bool {
     let since_failure = facts
         .now
@@ -239,13 +257,13 @@ pub(super) fn supernodes_serving_since(
     } else {
         String::new()
     };
-    let what = if restarted {
-        "the hub restarted the Federation's SuperNodes; the run waits until every SuperNode the SuperLink lists online has reached it since they were back".to_owned()
-    } else {
-        format!(
+    let what = match why {
+        Since::Restart => "the hub restarted the Federation's SuperNodes; the run waits until every SuperNode the SuperLink lists online has reached it since they were back".to_owned(),
+        Since::Start => "the hub started the SuperNodes it runs for the Federation; the run waits until every SuperNode the SuperLink lists online has reached it since (the SuperLink may still list those of an earlier hub)".to_owned(),
+        Since::Failure => format!(
             "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then",
             d.status.attempts
-        )
+        ),
     };
     let message = format!(
         "{what}: {} of {} have not (node {}{more}). A SuperNode that stopped without a goodbye stays listed online for up to 60 s, and one restarted meanwhile connects only after that",
@@ -301,7 +319,11 @@ pub(super) fn adopt_or_resubmit(d: &mut Decision, facts: &Facts<'_>, pending: &P
             ));
         }
         None => {
-            // It never reached the SuperLink: send it again, as the same attempt.
+            // It never reached the SuperLink: send it again, as the same attempt, to SuperNodes
+            // that serve (the hub restarted meanwhile, maybe with SuperNodes of its own).
+            if !submission_may_go(d, facts) {
+                return;
+            }
             d.status.details = Some(format!(
                 "the submission of attempt {} never reached the SuperLink: submitting again",
                 pending.attempt

@@ -42,6 +42,7 @@ fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'
         }),
         superlink: SuperLinkState::Runs(runs),
         supernodes: SuperNodesState::Online(Vec::new()),
+        supernodes_started_at: None,
         config_text: BTreeMap::new(),
         run_config_hash: run_config_hash(spec),
         claimed: BTreeSet::new(),
@@ -313,14 +314,17 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
     spec.backoff_limit = Some(1);
     let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 0);
     assert!(
-        !needs_supernodes(&s, false),
+        !needs_supernodes(&s, false, false),
         "a run in progress lists no SuperNodes"
     );
     let failed = listed(1, "finished:failed", "h");
     let d = decide(&s, &facts(&spec, vec![failed.clone()], 5));
     assert_eq!(retry_failed_at(&d.status), Some(at(5)));
-    assert!(needs_supernodes(&d.status, false));
-    assert!(!needs_supernodes(&d.status, true), "not while deleting");
+    assert!(needs_supernodes(&d.status, false, false));
+    assert!(
+        !needs_supernodes(&d.status, true, false),
+        "not while deleting"
+    );
     // 15 s after the failure: node 7 last reached the SuperLink 20 s ago (before the
     // failure), node 8 3 s ago.
     let mut f = facts(&spec, vec![failed.clone()], 20);
@@ -380,9 +384,98 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
     assert_eq!(go.action, Action::Submit);
     assert_eq!(go.status.pending_submission.as_ref().unwrap().attempt, 2);
     assert!(
-        !needs_supernodes(&go.status, false),
+        needs_supernodes(&go.status, false, false),
+        "pending: a submission that never reached the SuperLink is sent again after the same wait"
+    );
+    let answered = submitted(&go.status, 2, at(31));
+    assert!(
+        !needs_supernodes(&answered, false, false),
         "submitted: no more listing"
     );
+}
+
+#[test]
+fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_hub_started_them() {
+    // Invariant: after a hub (re)start that started the SuperNodes it runs itself, the first
+    // submission goes only when every SuperNode the SuperLink lists online reached it since
+    // then (the sessions of the SuperNodes an earlier hub ran stay listed until Flower ends
+    // them, and the new ones connect only after that). A hub that runs none asks nothing.
+    let mut spec = spec();
+    spec.backoff_limit = Some(1);
+    let fresh = FlowerRunStatus::default();
+    assert!(!needs_supernodes(&fresh, false, false));
+    assert!(needs_supernodes(&fresh, false, true));
+    assert!(!needs_supernodes(&fresh, true, true), "not while deleting");
+    // Started at 10; at 25, node 7 last reached the SuperLink 20 s ago (an earlier hub's).
+    let mut f = facts(&spec, vec![], 25);
+    f.supernodes_started_at = Some(at(10));
+    f.supernodes = SuperNodesState::Online(vec![
+        (7, Some(Duration::from_secs(20))),
+        (8, Some(Duration::from_secs(4))),
+    ]);
+    let waiting = decide(&fresh, &f);
+    assert_eq!(waiting.action, Action::Nothing);
+    assert_eq!(waiting.requeue, Some(SUPERNODES_POLL));
+    assert!(
+        is(
+            &waiting.status,
+            RUN_SUBMITTED,
+            "False",
+            reason::SUPERNODES_NOT_SERVING
+        ),
+        "{:?}",
+        waiting.status.conditions
+    );
+    let message = waiting.status.details.clone().unwrap();
+    assert!(
+        message.contains("the hub started the SuperNodes") && message.contains("(node 7)"),
+        "{message}"
+    );
+    // Not asked: nothing is sent.
+    let mut unasked = facts(&spec, vec![], 26);
+    unasked.supernodes_started_at = Some(at(10));
+    unasked.supernodes = SuperNodesState::NotAsked;
+    assert_eq!(decide(&waiting.status, &unasked).action, Action::Nothing);
+    // Flower ended node 7's session; the new SuperNodes reached it since the start: it goes.
+    let mut back = facts(&spec, vec![], 40);
+    back.supernodes_started_at = Some(at(10));
+    back.supernodes = SuperNodesState::Online(vec![
+        (8, Some(Duration::from_secs(3))),
+        (9, Some(Duration::from_secs(1))),
+    ]);
+    let go = decide(&waiting.status, &back);
+    assert_eq!(go.action, Action::Submit);
+    assert_eq!(go.status.pending_submission.as_ref().unwrap().attempt, 1);
+    // The hub died with that submission pending and a new one started its SuperNodes at 50:
+    // the SuperLink never had the run, so it is sent again, once node 8 and 9's sessions of the
+    // dead hub ended and the new ones reached the SuperLink.
+    let mut restarted = facts(&spec, vec![], 60);
+    restarted.supernodes_started_at = Some(at(50));
+    restarted.supernodes = SuperNodesState::Online(vec![
+        (8, Some(Duration::from_secs(20))),
+        (9, Some(Duration::from_secs(21))),
+    ]);
+    let held = decide(&go.status, &restarted);
+    assert_eq!(held.action, Action::Nothing, "{:?}", held.status.details);
+    assert!(held.status.pending_submission.is_some(), "still pending");
+    restarted.now = at(90);
+    restarted.supernodes = SuperNodesState::Online(vec![(10, Some(Duration::from_secs(2)))]);
+    let resent = decide(&held.status, &restarted);
+    assert_eq!(resent.action, Action::Submit);
+    assert_eq!(resent.status.pending_submission.unwrap().attempt, 1);
+    // A start long before a failure: the failure is what a retry waits after.
+    let s = submit(&spec, &FlowerRunStatus::default(), vec![], 1, 41);
+    let failed = decide(
+        &s,
+        &facts(&spec, vec![listed(1, "finished:failed", "h")], 50),
+    );
+    let mut later = facts(&spec, vec![listed(1, "finished:failed", "h")], 70);
+    later.supernodes_started_at = Some(at(10));
+    later.supernodes = SuperNodesState::Online(vec![(8, Some(Duration::from_secs(22)))]);
+    let d = decide(&failed.status, &later);
+    assert_eq!(d.action, Action::Nothing);
+    let message = d.status.details.clone().unwrap();
+    assert!(message.contains("attempt 1 failed"), "{message}");
 }
 
 #[test]
@@ -849,7 +942,7 @@ fn back_from_a_restart_a_run_waits_for_every_supernode_to_reach_the_superlink_ag
     let back = decide(&rolling.status, &f);
     assert_eq!(back.status.supernodes_restarted_at, Some(Time(at(110))));
     assert_eq!(back.action, Action::Nothing);
-    assert!(needs_supernodes(&back.status, false));
+    assert!(needs_supernodes(&back.status, false, false));
     let mut f = facts(&s, Vec::new(), 115);
     f.supernodes = SuperNodesState::Online(vec![
         (1, Some(Duration::from_secs(2))),
