@@ -133,11 +133,13 @@ echo "    $IMAGES ($((SECONDS - t_img)) s)"
 # - real_node (three clusters on real nodes, our image, Flower, OCM, and the fault scenarios: the
 #   hub's control plane and etcd down, a node power-cycled, spokes cut off, a rolling upgrade),
 #   the longest test by far, in the foreground (its output is what you see);
-# - "checks": clippy (into target/clippy, so that it never holds the build lock the other lanes'
-#   `cargo test` take), then every other test but the ones that run Flower as processes: unit,
-#   golden, CLI, loopback mTLS, real apiservers, OCM, the soak, real Flower on a real node;
+# - "checks": clippy (into $FLOWER_ADDON_CACHE/clippy-target: a target directory of its own, so
+#   that it never holds the build lock the other lanes' `cargo test` take, and kept between runs,
+#   so that a warm run compiles only the workspace's crates), then every other test but the ones
+#   that run Flower as processes: unit, golden, CLI, loopback mTLS, real apiservers, OCM, the
+#   soak, real Flower on a real node; then the quickstart demos one after the other;
 # - "processes": the tests that run Flower as processes on loopback (standalone hubs, agents and
-#   SuperNodes), then the quickstart demos one after the other.
+#   SuperNodes, the hub killed 20 times around submissions).
 # Tests that run real nodes at once share the host's state through e2e/src/node/host.rs; every
 # port is chosen free at the moment, control-plane boots take turns (a lock in the temp dir).
 # A lane that fails ends the others at once.
@@ -208,7 +210,7 @@ in_lane_cgroup() {
 }
 checks_lane() {
   set -o pipefail
-  lane_step "cargo clippy --workspace --all-targets -- -D warnings (into target/clippy; cold: several minutes, on the CPU the other lanes leave)"
+  lane_step "cargo clippy --workspace --all-targets -- -D warnings (into $CLIPPY_TARGET; cold: several minutes, on the CPU the other lanes leave)"
   # Clippy compiles the workspace from scratch: minutes of both cores. Beside it Flower's own
   # clocks run in the other lanes: Flower 1.42 gives a ClientApp or ServerApp process 30 s from
   # being claimed to its first heartbeat. A SuperNode whose `flwr-clientapp` took longer (on a
@@ -216,12 +218,15 @@ checks_lane() {
   # waits on it until the run is stopped. So clippy runs at the lowest weight (2), the tests
   # after it at the normal one.
   lane_weight 2
-  CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/clippy" nice -n 19 cargo clippy --workspace --all-targets --quiet -- -D warnings || return 1
+  CARGO_TARGET_DIR="$CLIPPY_TARGET" nice -n 19 cargo clippy --workspace --all-targets --quiet -- -D warnings || return 1
   lane_weight 1024
   lane_step "cargo test --workspace (all but real_node and ${PROCESS_TESTS_LIST})"
   # shellcheck disable=SC2086
   cargo test --workspace -- --exact --skip "$REAL_NODE_TEST" $PROCESS_SKIPS > "$LOG_DIR/cargo-test.log" 2>&1 || return 1
   lane_step "cargo test done: $(grep -cE '^test result: ok\.' "$LOG_DIR/cargo-test.log") test binaries passed"
+  # The demos run Flower as the processes lane does, at its weight.
+  lane_weight 2048
+  run_demos
 }
 processes_lane() {
   set -o pipefail
@@ -229,21 +234,22 @@ processes_lane() {
   # shellcheck disable=SC2086
   cargo test --workspace $PROCESS_TARGETS > "$LOG_DIR/process-tests.log" 2>&1 || return 1
   lane_step "cargo test ${PROCESS_TESTS_LIST} done"
-  run_demos
 }
 : > "$LOG_DIR/demos-passed"
 export -f run_demos lane_step lane_weight in_lane_cgroup checks_lane processes_lane step
-export LOG_DIR FLOWER_125_BUG T0 REAL_NODE_TEST
+# Clippy's own target directory, kept with the cache: only the workspace's crates compile again.
+CLIPPY_TARGET="$FLOWER_ADDON_CACHE/clippy-target"
+export LOG_DIR FLOWER_125_BUG T0 REAL_NODE_TEST CLIPPY_TARGET
 export FLOWER_MATRIX_LIST="${FLOWER_MATRIX[*]}" PROCESS_TESTS_LIST="${PROCESS_TESTS[*]}" \
   PROCESS_TARGETS="${process_targets[*]}" PROCESS_SKIPS="${process_skips[*]}"
 exec 3>&1
-step "three lanes: real_node here; checks (clippy, cargo test of all but real_node and ${PROCESS_TESTS[*]}; log $LOG_DIR/checks.log) and processes (${PROCESS_TESTS[*]}, then the quickstart demos of Flower ${FLOWER_MATRIX[*]}; log $LOG_DIR/processes.log) beside it"
+step "three lanes: real_node here; checks (clippy, cargo test of all but real_node and ${PROCESS_TESTS[*]}, then the quickstart demos of Flower ${FLOWER_MATRIX[*]}; log $LOG_DIR/checks.log) and processes (${PROCESS_TESTS[*]}; log $LOG_DIR/processes.log) beside it"
 # The lanes' CPU cgroups (see lane_weight): under the cgroup v1 cpu hierarchy, or cgroup v2's
 # root with the cpu controller enabled for its children; none where neither is writable (the
 # lanes then share the CPU as the kernel decides). real_node's lane holds three clusters' control
 # planes (their nodes' pods are in cgroups of their own, 1024 each: e2e::node::NODE_CPU_SHARES),
 # the processes lane its hubs, SuperLinks, SuperNodes and their apps: each weighs 2048, the
-# checks lane 1024 (2 while clippy compiles).
+# checks lane 1024 (2 while clippy compiles, 2048 for the demos).
 CGROUP_PARENT=""
 if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
   if [[ -w /sys/fs/cgroup ]] && grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
@@ -279,9 +285,9 @@ remove_lane_cgroups() {
 # Each lane in a session of its own (ended with all its children on failure); its step lines
 # count from the suite's start (SECONDS is set to where it is now).
 export LANE_START=$SECONDS
-LANE=checks LANE_CGROUP="${LANE_CGROUPS[checks]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; checks_lane' > "$LOG_DIR/checks.log" 2>&1 &
+LANE=checks LANE_CGROUP="${LANE_CGROUPS[checks]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); checks_lane' > "$LOG_DIR/checks.log" 2>&1 &
 CHECKS_PID=$!
-LANE=processes LANE_CGROUP="${LANE_CGROUPS[processes]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; FLOWER_MATRIX=($FLOWER_MATRIX_LIST); processes_lane' \
+LANE=processes LANE_CGROUP="${LANE_CGROUPS[processes]:-}" setsid bash -c 'in_lane_cgroup; SECONDS=$LANE_START; processes_lane' \
   > "$LOG_DIR/processes.log" 2>&1 &
 PROCESSES_PID=$!
 # --workspace: the same feature resolution as the build above (with -p e2e alone cargo would

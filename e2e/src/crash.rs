@@ -34,11 +34,19 @@ pub fn aim(i: usize, rng: &mut impl Rng) -> (&'static str, Duration) {
     (marker, Duration::from_millis(ms))
 }
 
-/// Whether the hub `log` has a line with `what` about FlowerRun `default/run`.
+/// Whether the hub `log` has a line with `what` about FlowerRun `default/run` (the run's name
+/// ends the line, as in the submission steps, or is followed by more fields, as in events).
 pub fn logged(log: &str, what: &str, run: &str) -> bool {
-    let suffix = format!("default/{run}");
-    log.lines()
-        .any(|l| l.contains(what) && l.trim_end().ends_with(&suffix))
+    let name = format!("default/{run}");
+    log.lines().any(|l| {
+        l.contains(what)
+            && l.match_indices(&name).any(|(at, _)| {
+                l[at + name.len()..]
+                    .chars()
+                    .next()
+                    .is_none_or(char::is_whitespace)
+            })
+    })
 }
 
 /// Where a kill fell in FlowerRun `run`'s submission, by the killed hub's `log` and the run's
@@ -158,6 +166,14 @@ mod tests {
         assert_eq!(window(log, &Value::Null, "b"), "before the submission");
         let stored = serde_json::json!({"status": {"runId": "7"}});
         assert_eq!(window(log, &stored, "a"), "after the status write");
+    }
+
+    #[test]
+    fn a_run_is_found_in_the_log_by_its_whole_name() {
+        let log = "x INFO Adopted: found Flower run 3 run=default/crash01-run reason=\"Adopted\"\n";
+        assert!(logged(log, "Adopted", "crash01-run"));
+        assert!(!logged(log, "Adopted", "crash01"));
+        assert!(!logged(log, "Submitted", "crash01-run"));
     }
 
     #[test]

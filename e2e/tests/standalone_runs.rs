@@ -1062,9 +1062,9 @@ async fn a_lost_answer_is_adopted_not_resubmitted(hub: &mut Hub) -> Result<()> {
 
 // The hub SIGKILLed around a FlowerRun's submission while it runs the Federation's SuperNodes
 // itself (no placement): the kill ends them too, and the restarted hub starts new ones while the
-// SuperLink still lists the killed ones' sessions online (Flower ends them after up to two
-// heartbeat intervals; the new SuperNodes cannot connect before). A submission waits until every
-// SuperNode listed online reached the SuperLink since the hub started its own, so a run killed
+// SuperLink, started again, still lists the killed ones' sessions online (Flower ends them after
+// up to two heartbeat intervals; the new SuperNodes cannot connect before). A submission waits
+// until every SuperNode listed online reached the SuperLink since it started, so a run killed
 // before Flower had it completes on its first attempt (sent earlier, it failed in round 1 with
 // "Node Unavailable"). Each kill ends with exactly one Flower run per attempt, all finished.
 // The many-kill test is standalone_flower's scenario 10 (SuperNodes run by an agent survive a
@@ -1148,7 +1148,7 @@ async fn a_hub_killed_with_its_own_supernodes_submits_to_the_new_ones() -> Resul
             );
         }
         if attempts > 1 {
-            eprintln!("{}", e2e::crash::Tally::run_lines(&hub.log(), &name, 12));
+            eprintln!("{}", e2e::crash::Tally::run_lines(&hub.log(), &name, 30));
         }
         eprintln!(
             "standalone_runs: kill {}/{kills} ({window}): {name} Complete on attempt {attempts} after {:.1}s",

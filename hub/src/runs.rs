@@ -114,9 +114,9 @@ pub struct Run<'a> {
     /// Why the Federation's SuperNodes are not all back from a restart yet
     /// ([`crate::core::status::restart_pending`]); `None` when they are.
     pub restarting: Option<String>,
-    /// When this hub started the SuperNodes it runs itself for the Federation
-    /// ([`core_run::Facts::supernodes_started_at`]; `None`: it runs none).
-    pub supernodes_started_at: Option<Timestamp>,
+    /// When the Federation's SuperLink last started, when the mode knows
+    /// ([`core_run::Facts::superlink_started_at`]).
+    pub superlink_started_at: Option<Timestamp>,
 }
 
 /// What the mode does after [`reconcile`].
@@ -177,7 +177,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         claimed,
         restarted_after,
         restarting,
-        supernodes_started_at,
+        superlink_started_at,
         ..
     } = run;
     let run_name = format!("FlowerRun {}/{}", key.0, key.1);
@@ -217,7 +217,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
                 && core_run::needs_supernodes(
                     current,
                     deleting,
-                    supernodes_started_at.is_some(),
+                    superlink_started_at.is_some(),
                 ) =>
         {
             flower_runs::supernodes(client).await
@@ -233,7 +233,7 @@ pub async fn reconcile<H: RunHost>(host: &mut H, run: Run<'_>) -> Result<Outcome
         app,
         superlink,
         supernodes,
-        supernodes_started_at,
+        superlink_started_at,
         config_text: flower_runs::config_text(&spec.run_config, checked.as_ref()),
         run_config_hash: core_run::run_config_hash(spec),
         claimed,

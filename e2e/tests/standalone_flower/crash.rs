@@ -49,6 +49,13 @@ pub(super) fn s10_hub_killed_around_submissions(w: &mut World) -> Result<()> {
             base64::engine::general_purpose::STANDARD.encode(&fab.bytes)
         ),
     )?;
+    // edge-2's agent was killed in scenario 6: its pool leaves the Federation, which is Ready
+    // again on edge-1's SuperNodes alone (their arguments do not change).
+    let manifest = w.manifests.join("federation.yaml");
+    let text = std::fs::read_to_string(&manifest)?;
+    let without_b = without_pool(&text, "site-b")?;
+    std::fs::write(&manifest, &without_b)?;
+    w.wait_ready(3, Duration::from_secs(60))?;
     // The hub again, pausing in each window of a submission.
     w.hub_env = vec![(
         flower_addon_hub::runs::SUBMISSION_PAUSE_ENV,
@@ -125,7 +132,7 @@ pub(super) fn s10_hub_killed_around_submissions(w: &mut World) -> Result<()> {
             .check(&name, window, &done, &before, &after, &log)
             .with_context(|| format!("hub log:\n{}\n{}", tail_text(&log, 60), w.logs()))?;
         if attempts > 1 {
-            eprintln!("{}", e2e::crash::Tally::run_lines(&log, &name, 12));
+            eprintln!("{}", e2e::crash::Tally::run_lines(&log, &name, 30));
         }
         eprintln!(
             "  kill {}/{kills} ({window}): {name} Complete on attempt {attempts} after {:.1}s",
@@ -138,9 +145,33 @@ pub(super) fn s10_hub_killed_around_submissions(w: &mut World) -> Result<()> {
         tally.summary(kills, t0.elapsed())
     );
     // The hub as before, without the pause.
+    std::fs::write(&manifest, text)?;
     w.hub_env.clear();
     w.procs.stop("hub")?;
     start_hub(w)
+}
+
+/// Federation manifest `text` without pool `name` (its `- name:` line and the lines indented
+/// under it).
+fn without_pool(text: &str, name: &str) -> Result<String> {
+    let head = format!("      - name: {name}");
+    let mut out = Vec::new();
+    let mut skipping = false;
+    let mut found = false;
+    for line in text.lines() {
+        if line == head {
+            skipping = true;
+            found = true;
+            continue;
+        }
+        if skipping && line.starts_with("        ") {
+            continue;
+        }
+        skipping = false;
+        out.push(line);
+    }
+    ensure!(found, "no pool {name} in the Federation manifest:\n{text}");
+    Ok(out.join("\n") + "\n")
 }
 
 /// The last `lines` lines of `text`.

@@ -136,12 +136,12 @@ pub struct Facts<'a> {
     pub superlink: SuperLinkState,
     /// Its SuperNodes; asked only while a submission waits for them ([`needs_supernodes`]).
     pub supernodes: SuperNodesState,
-    /// When this hub started the SuperNodes it runs itself for the Federation (standalone: its
-    /// pools without `placementRef`, first started by this hub process); `None` when it runs
-    /// none. A submission waits until every SuperNode the SuperLink lists online reached it
-    /// since then: after a hub restart the SuperLink still lists the sessions of the SuperNodes
-    /// the last hub ran, and the new ones connect only once those end.
-    pub supernodes_started_at: Option<Timestamp>,
+    /// When the Federation's SuperLink last started, when the hub knows (standalone: it runs
+    /// it); `None` otherwise. A submission waits until every SuperNode the SuperLink lists online
+    /// reached it since then: a SuperLink started again (crashed, or with a hub that crashed)
+    /// still lists the sessions it had before, for up to two heartbeat intervals, and
+    /// SuperNodes that died with it (the hub's own) connect again only once those end.
+    pub superlink_started_at: Option<Timestamp>,
     /// The spec's run config as Flower lists it (`flower::control::config_text`).
     pub config_text: BTreeMap<String, String>,
     /// [`run_config_hash`] of the spec.
@@ -229,21 +229,17 @@ pub fn needs_superlink(status: &FlowerRunStatus, deleting: bool) -> bool {
 }
 
 /// Whether [`decide`] needs the SuperLink's SuperNodes ([`SuperNodesState`]): a run waits to
-/// be submitted after a failed attempt, a restart of its SuperNodes, or the hub starting them
-/// (`supernodes_started`: [`Facts::supernodes_started_at`] is set). It goes only to SuperNodes
-/// that reached the SuperLink since the last of those ([`retry_failed_at`]).
-pub fn needs_supernodes(
-    status: &FlowerRunStatus,
-    deleting: bool,
-    supernodes_started: bool,
-) -> bool {
+/// be submitted after a failed attempt, a restart of its SuperNodes, or when the hub knows when
+/// its SuperLink started (`superlink_started`: [`Facts::superlink_started_at`] is set). It goes
+/// only to SuperNodes that reached the SuperLink since the last of those ([`retry_failed_at`]).
+pub fn needs_supernodes(status: &FlowerRunStatus, deleting: bool, superlink_started: bool) -> bool {
     // A pending submission is asked too: one that never reached the SuperLink is sent again.
     !deleting
         && !is_finished(status)
         && status.run_id.is_none()
         && (retry_failed_at(status).is_some()
             || status.supernodes_restarted_at.is_some()
-            || supernodes_started)
+            || superlink_started)
 }
 
 /// When the attempt that a pending retry follows failed: the `Running=False` condition with

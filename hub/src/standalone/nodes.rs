@@ -9,16 +9,11 @@ impl<S: ClusterStore> StandaloneHub<S> {
     pub(super) async fn run_local(&mut self, federations: Option<Vec<FederationWork>>) {
         use crate::channel::source::WorkSource;
         use flower_addon_runtime::runtime::Runtime;
-        let federations = federations.unwrap_or_default();
-        // From the first time this hub means to run them (their start may be held back until
-        // the SuperLink listens): a run is not sent to the sessions of an earlier hub's.
-        for fed in &federations {
-            self.runs
-                .local_supernodes_started(&(fed.namespace.clone(), fed.name.clone()));
-        }
-        let Some(federations) =
-            crate::core::hold::hold(federations, self.sent.get(HUB_CLUSTER), &self.held)
-        else {
+        let Some(federations) = crate::core::hold::hold(
+            federations.unwrap_or_default(),
+            self.sent.get(HUB_CLUSTER),
+            &self.held,
+        ) else {
             return;
         };
         if federations.is_empty() && self.local.is_none() {

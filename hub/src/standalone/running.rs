@@ -109,6 +109,14 @@ pub(super) const LISTEN_HOLD: Duration = Duration::from_secs(30);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 
 impl RunningSuperLink {
+    /// When its SuperLink process last started (its supervisor starts it again when it exits).
+    pub(super) fn started_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        let started = self.superlink.state().started_at?;
+        k8s_openapi::jiff::Timestamp::now()
+            .checked_sub(started.elapsed())
+            .ok()
+    }
+
     /// Whether its Federation's work is held back: started, not listening yet (probed now, a
     /// loopback connect that is accepted or refused at once), for less than [`LISTEN_HOLD`].
     pub(super) async fn holding(&mut self) -> bool {

@@ -63,9 +63,9 @@ pub struct StandaloneRuns {
     /// Per Federation, the Flower run after which the hub last restarted its SuperNodes (the
     /// Kubernetes mode's `status.supernodeRestartAfterRun`), kept in [`RESTARTS_FILE`].
     restarts: BTreeMap<FedKey, u64>,
-    /// Per Federation with pools on the hub machine, when this hub process first started them
-    /// ([`crate::runs::Run::supernodes_started_at`]).
-    local_started: BTreeMap<FedKey, Timestamp>,
+    /// Per Federation, when its SuperLink process last started
+    /// ([`crate::runs::Run::superlink_started_at`]), as of the hub's last pass.
+    superlinks_started: BTreeMap<FedKey, Timestamp>,
 }
 
 /// File under the state directory holding [`StandaloneRuns::restarted_after`].
@@ -92,7 +92,7 @@ impl StandaloneRuns {
             fab_urls: FabUrlCache::with_egress(egress),
             clock: crate::runs::wall_clock(),
             restarts: load_restarts(&state_dir.join(RESTARTS_FILE)),
-            local_started: BTreeMap::new(),
+            superlinks_started: BTreeMap::new(),
         }
     }
 
@@ -103,11 +103,9 @@ impl StandaloneRuns {
         self.restarts.get(key).copied()
     }
 
-    /// The hub started Federation `key`'s pools on the hub machine (kept from the first time:
-    /// the SuperNodes of an earlier hub are the ones a submission must not count on).
-    pub fn local_supernodes_started(&mut self, key: &FedKey) {
-        let now = (self.clock)();
-        self.local_started.entry(key.clone()).or_insert(now);
+    /// When each Federation's SuperLink process last started (the hub runs and restarts them).
+    pub fn set_superlinks_started(&mut self, started: BTreeMap<FedKey, Timestamp>) {
+        self.superlinks_started = started;
     }
 
     /// Reads the time from `clock` instead of the wall clock.
@@ -279,7 +277,7 @@ impl StandaloneRuns {
             .collect();
         let outputs_root = self.outputs_root(fed_key);
         let restarted_after = self.restarted_after(fed_key);
-        let supernodes_started_at = self.local_started.get(fed_key).copied();
+        let superlink_started_at = self.superlinks_started.get(fed_key).copied();
         let mut host = StandaloneRunHost {
             manifests,
             key,
@@ -304,7 +302,7 @@ impl StandaloneRuns {
                 claimed,
                 restarted_after,
                 restarting,
-                supernodes_started_at,
+                superlink_started_at,
             },
         )
         .await;

@@ -164,7 +164,7 @@ fn listed_runs<'f>(d: &mut Decision, facts: &'f Facts<'_>) -> Option<&'f [Listed
 /// Whether a retry (or a run back from a SuperNode restart) may be sent now. A retry waits as a
 /// Job's pod does: 10 s after the first failure, doubling up to 6 min (a SuperLink that just
 /// came back still lists SuperNodes that have not reconnected); then, after a failure, a
-/// restart of the SuperNodes or the hub starting them, whichever came last, until every
+/// restart of the SuperNodes or the SuperLink's start, whichever came last, until every
 /// SuperNode listed online reached the SuperLink since.
 fn submission_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
     let now = facts.now;
@@ -182,7 +182,7 @@ fn submission_may_go(d: &mut Decision, facts: &Facts<'_>) -> bool {
             d.status.supernodes_restarted_at.as_ref().map(|t| t.0),
             Since::Restart,
         ),
-        (facts.supernodes_started_at, Since::Start),
+        (facts.superlink_started_at, Since::Start),
     ] {
         if let Some(at) = at
             && since.is_none_or(|(last, _)| at >= last)
@@ -203,7 +203,7 @@ pub(super) enum Since {
     Failure,
     /// The hub restarted the Federation's SuperNodes.
     Restart,
-    /// The hub started the SuperNodes it runs itself (it started).
+    /// The SuperLink started.
     Start,
 }
 
@@ -259,7 +259,7 @@ pub(super) fn supernodes_serving_since(
     };
     let what = match why {
         Since::Restart => "the hub restarted the Federation's SuperNodes; the run waits until every SuperNode the SuperLink lists online has reached it since they were back".to_owned(),
-        Since::Start => "the hub started the SuperNodes it runs for the Federation; the run waits until every SuperNode the SuperLink lists online has reached it since (the SuperLink may still list those of an earlier hub)".to_owned(),
+        Since::Start => "the Federation's SuperLink started again; the run waits until every SuperNode it lists online has reached it since (it still lists the sessions it had before)".to_owned(),
         Since::Failure => format!(
             "attempt {} failed; the next one waits until every SuperNode the SuperLink lists online has reached it since then",
             d.status.attempts
@@ -320,7 +320,7 @@ pub(super) fn adopt_or_resubmit(d: &mut Decision, facts: &Facts<'_>, pending: &P
         }
         None => {
             // It never reached the SuperLink: send it again, as the same attempt, to SuperNodes
-            // that serve (the hub restarted meanwhile, maybe with SuperNodes of its own).
+            // that serve (the hub, and maybe the SuperLink, restarted meanwhile).
             if !submission_may_go(d, facts) {
                 return;
             }

@@ -42,7 +42,7 @@ fn facts<'a>(spec: &'a FlowerRunSpec, runs: Vec<ListedRun>, now: i64) -> Facts<'
         }),
         superlink: SuperLinkState::Runs(runs),
         supernodes: SuperNodesState::Online(Vec::new()),
-        supernodes_started_at: None,
+        superlink_started_at: None,
         config_text: BTreeMap::new(),
         run_config_hash: run_config_hash(spec),
         claimed: BTreeSet::new(),
@@ -395,11 +395,11 @@ fn a_retry_waits_for_supernodes_that_reached_the_superlink_since_the_failure() {
 }
 
 #[test]
-fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_hub_started_them() {
-    // Invariant: after a hub (re)start that started the SuperNodes it runs itself, the first
-    // submission goes only when every SuperNode the SuperLink lists online reached it since
-    // then (the sessions of the SuperNodes an earlier hub ran stay listed until Flower ends
-    // them, and the new ones connect only after that). A hub that runs none asks nothing.
+fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_it_started() {
+    // Invariant: when the hub knows its SuperLink (re)started, a submission goes only when
+    // every SuperNode the SuperLink lists online reached it since then (the sessions it had
+    // before stay listed until Flower ends them; SuperNodes that died with it connect again
+    // only after that). A hub that does not know asks nothing.
     let mut spec = spec();
     spec.backoff_limit = Some(1);
     let fresh = FlowerRunStatus::default();
@@ -408,7 +408,7 @@ fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_
     assert!(!needs_supernodes(&fresh, true, true), "not while deleting");
     // Started at 10; at 25, node 7 last reached the SuperLink 20 s ago (an earlier hub's).
     let mut f = facts(&spec, vec![], 25);
-    f.supernodes_started_at = Some(at(10));
+    f.superlink_started_at = Some(at(10));
     f.supernodes = SuperNodesState::Online(vec![
         (7, Some(Duration::from_secs(20))),
         (8, Some(Duration::from_secs(4))),
@@ -428,17 +428,17 @@ fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_
     );
     let message = waiting.status.details.clone().unwrap();
     assert!(
-        message.contains("the hub started the SuperNodes") && message.contains("(node 7)"),
+        message.contains("SuperLink started again") && message.contains("(node 7)"),
         "{message}"
     );
     // Not asked: nothing is sent.
     let mut unasked = facts(&spec, vec![], 26);
-    unasked.supernodes_started_at = Some(at(10));
+    unasked.superlink_started_at = Some(at(10));
     unasked.supernodes = SuperNodesState::NotAsked;
     assert_eq!(decide(&waiting.status, &unasked).action, Action::Nothing);
     // Flower ended node 7's session; the new SuperNodes reached it since the start: it goes.
     let mut back = facts(&spec, vec![], 40);
-    back.supernodes_started_at = Some(at(10));
+    back.superlink_started_at = Some(at(10));
     back.supernodes = SuperNodesState::Online(vec![
         (8, Some(Duration::from_secs(3))),
         (9, Some(Duration::from_secs(1))),
@@ -446,11 +446,11 @@ fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_
     let go = decide(&waiting.status, &back);
     assert_eq!(go.action, Action::Submit);
     assert_eq!(go.status.pending_submission.as_ref().unwrap().attempt, 1);
-    // The hub died with that submission pending and a new one started its SuperNodes at 50:
-    // the SuperLink never had the run, so it is sent again, once node 8 and 9's sessions of the
-    // dead hub ended and the new ones reached the SuperLink.
+    // The hub died with that submission pending and a new one started the SuperLink at 50:
+    // it never had the run, so it is sent again, once node 8 and 9's sessions from before
+    // ended and the SuperNodes reached the new SuperLink.
     let mut restarted = facts(&spec, vec![], 60);
-    restarted.supernodes_started_at = Some(at(50));
+    restarted.superlink_started_at = Some(at(50));
     restarted.supernodes = SuperNodesState::Online(vec![
         (8, Some(Duration::from_secs(20))),
         (9, Some(Duration::from_secs(21))),
@@ -470,7 +470,7 @@ fn a_first_submission_waits_for_supernodes_that_reached_the_superlink_since_the_
         &facts(&spec, vec![listed(1, "finished:failed", "h")], 50),
     );
     let mut later = facts(&spec, vec![listed(1, "finished:failed", "h")], 70);
-    later.supernodes_started_at = Some(at(10));
+    later.superlink_started_at = Some(at(10));
     later.supernodes = SuperNodesState::Online(vec![(8, Some(Duration::from_secs(22)))]);
     let d = decide(&failed.status, &later);
     assert_eq!(d.action, Action::Nothing);

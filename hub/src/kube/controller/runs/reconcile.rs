@@ -80,8 +80,8 @@ pub async fn reconcile(run: Arc<FlowerRun>, ctx: Arc<RunContext>) -> Result<Acti
             restarting: fed
                 .as_deref()
                 .and_then(crate::core::status::restart_pending),
-            // The hub's SuperNodes are pods: a restarted hub leaves them running.
-            supernodes_started_at: None,
+            // Not read from the SuperLink pod yet: a restarted hub leaves it running.
+            superlink_started_at: None,
         },
     )
     .await?;
