@@ -239,12 +239,7 @@ impl<S: ClusterStore> StandaloneHub<S> {
             .iter()
             .filter_map(|f| Some((fed_key(f), self.control_endpoint(f)?)))
             .collect();
-        self.runs.set_superlinks_started(
-            self.superlinks
-                .iter()
-                .filter_map(|(k, sl)| Some((k.clone(), sl.started_at()?)))
-                .collect(),
-        );
+        self.runs.set_superlinks_started(self.superlink_starts());
         status.runs = self
             .runs
             .reconcile(&self.manifests, &status.federations, |k| {

@@ -2,7 +2,7 @@
 //! start, restart on an argument or certificate change, and stop, and the Fleet front that keeps
 //! the Control API on loopback. What they run with comes from [`crate::core::superlink`].
 use super::superlink::SuperLinkPaths;
-use super::{StandaloneHub, fed_key};
+use super::{FedKey, StandaloneHub, fed_key};
 use crate::core::superlink::{
     SuperLinkLayout, serverapp_superexec_argv, superlink_argv, superlink_sans,
 };
@@ -145,6 +145,14 @@ impl RunningSuperLink {
 }
 
 impl<S: ClusterStore> StandaloneHub<S> {
+    /// When each running SuperLink last started (what a run's submission waits after).
+    pub(super) fn superlink_starts(&self) -> BTreeMap<FedKey, k8s_openapi::jiff::Timestamp> {
+        self.superlinks
+            .iter()
+            .filter_map(|(k, sl)| Some((k.clone(), sl.started_at()?)))
+            .collect()
+    }
+
     pub(super) fn flower_program(&self, name: &str) -> PathBuf {
         match &self.config.flower_bin {
             Some(dir) => dir.join(name),
