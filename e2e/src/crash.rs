@@ -2,6 +2,7 @@
 //! fell (by what the killed hub logged and stored), and what must hold after each one: exactly
 //! one Flower run per attempt of that FlowerRun (none sent twice, none lost), all finished.
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -63,6 +64,35 @@ pub fn window(log: &str, stored: &Value, run: &str) -> &'static str {
     } else {
         "before the submission"
     }
+}
+
+/// SIGKILLs `hub` (state directory `state`) and waits for it to exit and for nothing of `state`
+/// to be left running (its guard ends them all). Returns where the kill fell in FlowerRun
+/// `run`'s submission, by the killed hub's `log` and the run's stored state.
+pub fn kill(
+    hub: &mut crate::process::Proc,
+    state: &Path,
+    run: &str,
+    log: impl Fn() -> String,
+) -> Result<&'static str> {
+    use crate::harness::{Wait, processes_of};
+    hub.signal(nix::sys::signal::Signal::SIGKILL)?;
+    Wait::new("the killed hub to exit", Duration::from_secs(10))
+        .every(Duration::from_millis(20))
+        .until_blocking(|| Ok(hub.exited().is_some()))?;
+    let stored: Value = std::fs::read(state.join(format!("runs/default/{run}.json")))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    let window = window(&log(), &stored, run);
+    Wait::new(
+        "no process of the killed hub's state directory",
+        Duration::from_secs(10),
+    )
+    .every(Duration::from_millis(100))
+    .detail(|| format!("{:?}", processes_of(state)))
+    .until_blocking(|| Ok(processes_of(state).is_empty()))?;
+    Ok(window)
 }
 
 /// What the kills of one test came to.

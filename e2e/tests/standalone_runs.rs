@@ -1105,24 +1105,10 @@ async fn a_hub_killed_with_its_own_supernodes_submits_to_the_new_ones() -> Resul
         .detail(|| tail(&hub.log(), 40))
         .until_blocking(|| Ok(e2e::crash::logged(&hub.log(), marker, &name)))?;
         std::thread::sleep(delay);
-        let crashed = hub.procs.get_mut("hub")?;
-        crashed.signal(nix::sys::signal::Signal::SIGKILL)?;
-        Wait::new("the killed hub to exit", Duration::from_secs(10))
-            .every(Duration::from_millis(20))
-            .until_blocking(|| Ok(crashed.exited().is_some()))?;
-        let stored: Value = std::fs::read(hub.state.join(format!("runs/default/{name}.json")))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null);
-        let window = e2e::crash::window(&hub.log(), &stored, &name);
-        // Nothing of the killed hub's state directory outlives it (its guard ends them all).
-        Wait::new(
-            "no process of the killed hub's state directory",
-            Duration::from_secs(10),
-        )
-        .every(Duration::from_millis(100))
-        .detail(|| format!("{:?}", e2e::harness::processes_of(&hub.state)))
-        .until_blocking(|| Ok(e2e::harness::processes_of(&hub.state).is_empty()))?;
+        let log = hub.log.clone();
+        let window = e2e::crash::kill(hub.procs.get_mut("hub")?, &hub.state, &name, || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        })?;
         hub.procs.stop("hub")?;
         hub.start()?;
         let done = hub.wait_ended(&name, Duration::from_secs(300))?;

@@ -92,25 +92,11 @@ pub(super) fn s10_hub_killed_around_submissions(w: &mut World) -> Result<()> {
             ))
         })?;
         std::thread::sleep(delay);
-        let hub = w.procs.get_mut("hub")?;
-        hub.signal(Signal::SIGKILL)?;
-        Wait::new("the killed hub to exit", Duration::from_secs(10))
-            .every(Duration::from_millis(20))
-            .until_blocking(|| Ok(hub.exited().is_some()))?;
-        let stored: Value = std::fs::read(w.hub_dir.join(format!("runs/{NS}/{name}.json")))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or(Value::Null);
         let killed_log = std::fs::read_to_string(&hub_log).unwrap_or_default();
-        let window = e2e::crash::window(&killed_log, &stored, &name);
-        // Nothing of the killed hub's state directory outlives it (its guard ends them all).
-        Wait::new(
-            "no process of the killed hub's state directory",
-            Duration::from_secs(10),
-        )
-        .every(Duration::from_millis(100))
-        .detail(|| format!("{:?}", e2e::harness::processes_of(&w.hub_dir)))
-        .until_blocking(|| Ok(e2e::harness::processes_of(&w.hub_dir).is_empty()))?;
+        let hub_dir = w.hub_dir.clone();
+        let window = e2e::crash::kill(w.procs.get_mut("hub")?, &hub_dir, &name, || {
+            std::fs::read_to_string(&hub_log).unwrap_or_default()
+        })?;
         w.procs.stop("hub")?;
         start_hub(w)?;
         let done = Wait::new(
